@@ -1,0 +1,36 @@
+"""The local lab rack, written as you would write your own inventory.
+
+`llamarack lab up` boots these four hosts on this machine (real Debian
+bookworm with systemd, each with a fake NVIDIA driver reporting the GPU in
+its name); then `pyinfra inventory/lab.py deploy.py` provisions them.
+
+For a real rack, copy this file: list your hosts with their addresses, put
+settings shared by a group in the group's data (as below) or in
+group_data/<group>.py, and per-host settings in the host's dict.
+"""
+
+# Two V100 16 GB hosts, one V100 32 GB, one T4: a typical mixed rack.
+v100 = [
+    ("lab-v100-a", {"ssh_hostname": "10.77.0.11"}),
+    ("lab-v100-b", {"ssh_hostname": "10.77.0.12"}),
+    ("lab-v100-32", {"ssh_hostname": "10.77.0.13"}),
+]
+t4 = [
+    ("lab-t4", {"ssh_hostname": "10.77.0.14"}),
+]
+
+# The lab's hosts have no real GPU and no conda channel in reach: build
+# llama.cpp for the CPU and use a venv. The rest are the defaults of
+# group_data/all.py. The rack shares one ccache, so a build compiles once.
+lab = (
+    v100 + t4,
+    {
+        "ssh_user": "root",
+        "ssh_key": "/run/llamarack-lab/id_ed25519",
+        "ssh_known_hosts_file": "/dev/null",
+        "ssh_strict_host_key_checking": "off",
+        "llamacpp_backend": "cpu",
+        "python_env_backend": "venv",
+        "llamacpp_ccache_dir": "/var/cache/llamarack-ccache",
+    },
+)

@@ -1,0 +1,27 @@
+"""llamarack lab: a rack of real Debian bookworm hosts on one machine.
+
+Each host is an overlay of one cached image, booted with systemd in
+systemd-nspawn, in its own network namespace on the bridge lrlab0
+(10.77.0.0/24), reachable by real SSH; pyinfra deploys to it like to a
+real server. A fake NVIDIA driver package (the one test double) gives each
+host the nvidia-smi of the GPUs it pretends to have.
+"""
+
+from .profiles import (  # noqa: F401
+    DEFAULT_PROFILES, DEFAULT_RACK, FIRST_HOST_OCTET, GATEWAY, PROFILES, SUBNET,
+    host_ip,
+)
+from .paths import GUEST_CCACHE_DIR
+
+BRIDGE = "lrlab0"
+
+# Group data of the generated inventory (lab-only settings). One place, so
+# the rest of llamarack can rename keys.
+LAB_GROUP_DATA = {
+    "ssh_user": "root",
+    "ssh_known_hosts_file": "/dev/null",
+    "ssh_strict_host_key_checking": "off",
+    "llamacpp_backend": "cpu",
+    "python_env_backend": "venv",
+    "llamacpp_ccache_dir": GUEST_CCACHE_DIR,
+}

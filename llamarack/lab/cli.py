@@ -1,0 +1,99 @@
+"""`llamarack lab ...`: the click group attached to the main CLI."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from . import rack as rackmod
+from .fake_nvidia import deb
+from .util import LabError
+
+
+def _fail(e: Exception) -> None:
+    raise click.ClickException(str(e))
+
+
+@click.group(name="lab")
+def lab() -> None:
+    """A rack of real Debian hosts (systemd-nspawn + SSH) on this machine."""
+
+
+@lab.command()
+@click.argument("n", type=int, required=False)
+@click.option("--gpus", "gpus", metavar="SPEC",
+              help="profiles, e.g. v100-16gb,v100-16gb,v100-32gb,t4 or v100-16gb*2")
+@click.option("--driver-version", default=deb.DEFAULT_VERSION, show_default=True,
+              help="fake NVIDIA driver installed on GPU hosts")
+def up(n, gpus, driver_version):
+    """Start a rack of N hosts (default: the 4-host default rack)."""
+    try:
+        rack = rackmod.up(n, gpus, driver_version)
+    except (LabError, ValueError) as e:
+        _fail(e)
+    for h in rack.hosts:
+        click.echo(f"{h.name:16} {h.ip:12} {h.profile}")
+    click.echo(f"inventory: {rack.inventory_path}")
+
+
+@lab.command()
+def down():
+    """Stop the rack and remove everything it created."""
+    errors = rackmod.down()
+    for e in errors:
+        click.echo(f"warning: {e}", err=True)
+    if errors:
+        sys.exit(1)
+
+
+@lab.command()
+def status():
+    """Show the hosts of the running rack."""
+    st = rackmod.status()
+    if not st:
+        click.echo("no rack is up")
+        sys.exit(3)
+    for h in st:
+        state = "up" if h["alive"] and h["ssh"] else ("booting" if h["alive"] else "down")
+        click.echo(f"{h['name']:16} {h['ip']:12} {h['profile']:10} {state}")
+
+
+@lab.command()
+@click.argument("host")
+@click.option("--version", "version", help="install this driver version (module stays until reboot)")
+@click.option("--state", "state", type=click.Choice(["ok", "missing", "no-module"]),
+              help="ok: module of the installed version loaded now; missing: package "
+                   "removed; no-module: module will not load (now and at boot)")
+def driver(host, version, state):
+    """Simulate a driver package upgrade or a broken driver on HOST."""
+    from . import driver as drivermod
+    if not version and not state:
+        raise click.UsageError("give --version and/or --state")
+    try:
+        rack = rackmod.require_running()
+        click.echo(drivermod.set_driver(rack, host, version=version, state=state))
+    except LabError as e:
+        _fail(e)
+
+
+@lab.command(context_settings={"ignore_unknown_options": True})
+@click.argument("host")
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED)
+def ssh(host, cmd):
+    """SSH to HOST as root (or run CMD there)."""
+    try:
+        rack = rackmod.require_running()
+        args = rack.ssh_command(host, " ".join(cmd) if cmd else None, tty=not cmd)
+    except LabError as e:
+        _fail(e)
+    os.execvp(args[0], args)
+
+
+def main() -> None:  # python -m llamarack.lab.cli
+    lab()
+
+
+if __name__ == "__main__":
+    main()

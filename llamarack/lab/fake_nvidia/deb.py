@@ -1,0 +1,80 @@
+"""Build the lab's fake `nvidia-driver` package with dpkg-deb.
+
+A real .deb, so that installing, upgrading and removing the driver on a
+lab host goes through dpkg like on a real server (version in the package
+database, files replaced in place, the loaded module untouched until
+reboot).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..util import LabError, run
+
+HERE = Path(__file__).parent
+PACKAGE = "nvidia-driver"
+DEFAULT_VERSION = "550.127.05"
+VERSION_RE = re.compile(r"\d{3}\.\d{2,3}(\.\d{2})?")
+
+
+def check_version(version: str) -> str:
+    if not VERSION_RE.fullmatch(version):
+        raise LabError(f"not a driver version: {version!r} (e.g. 550.127.05)")
+    return version
+
+
+def deb_name(version: str) -> str:
+    return f"{PACKAGE}_{version}-1_amd64.deb"
+
+
+def build_deb(version: str, out_dir: Path) -> Path:
+    """Build (or reuse) nvidia-driver_<version>-1_amd64.deb in out_dir."""
+    check_version(version)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / deb_name(version)
+    # the package content depends on the scripts: rebuild if they are newer
+    newest = max(p.stat().st_mtime for p in HERE.iterdir() if p.is_file())
+    if out.exists() and out.stat().st_mtime >= newest:
+        return out
+    with tempfile.TemporaryDirectory(prefix="lab-deb-") as tmp:
+        root = Path(tmp) / "pkg"
+        dirs = {
+            "DEBIAN": 0o755, "usr/bin": 0o755, "usr/lib/x86_64-linux-gnu": 0o755,
+            "usr/lib/llamarack-lab": 0o755, "lib/systemd/system/multi-user.target.wants": 0o755,
+        }
+        for d in dirs:
+            (root / d).mkdir(parents=True)
+        (root / "DEBIAN/control").write_text(
+            f"Package: {PACKAGE}\n"
+            f"Version: {version}-1\n"
+            "Architecture: amd64\n"
+            "Maintainer: llamarack lab <lab@llamarack.invalid>\n"
+            "Depends: python3\n"
+            "Section: non-free/x11\n"
+            "Priority: optional\n"
+            f"Description: NVIDIA driver {version} (llamarack lab fake)\n"
+            " Test double of the NVIDIA driver for llamarack lab hosts: a\n"
+            " fake nvidia-smi and a fake kernel module loaded at boot.\n")
+        shutil.copy(HERE / "nvidia_smi.py", root / "usr/bin/nvidia-smi")
+        shutil.copy(HERE / "nvidia_module.py", root / "usr/lib/llamarack-lab/nvidia-module")
+        for exe in ("usr/bin/nvidia-smi", "usr/lib/llamarack-lab/nvidia-module"):
+            os.chmod(root / exe, 0o755)
+        (root / "usr/lib/llamarack-lab/nvidia-module-version").write_text(version + "\n")
+        lib = root / f"usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{version}"
+        lib.write_text(f"llamarack lab fake NVML {version}\n")
+        (root / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1").symlink_to(lib.name)
+        shutil.copy(HERE / "nvidia-module.service", root / "lib/systemd/system/nvidia-module.service")
+        (root / "lib/systemd/system/multi-user.target.wants/nvidia-module.service").symlink_to(
+            "../nvidia-module.service")
+        for p in root.rglob("*"):
+            if not p.is_symlink():
+                os.chmod(p, 0o755 if p.is_dir() or os.access(p, os.X_OK) else 0o644)
+        tmp_out = out.with_suffix(".part")
+        run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(tmp_out)])
+        os.replace(tmp_out, out)
+    return out

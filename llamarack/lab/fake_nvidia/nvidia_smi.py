@@ -1,0 +1,240 @@
+#!/usr/bin/python3
+"""Fake nvidia-smi for llamarack lab hosts (the one allowed test double).
+
+Installed as /usr/bin/nvidia-smi by the lab's `nvidia-driver` package. It
+prints what a real driver prints, in the real formats (captured from a
+real H200 host with driver 580.159.04; see tests/fixtures/nvidia-smi/):
+
+- GPUs come from /etc/llamarack-lab/gpus.json (what hardware the host has);
+- the "kernel module" version is read from /proc/driver/nvidia/version,
+  written at boot by the package's nvidia-module.service;
+- the user-space library version is the suffix of the installed
+  /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.<version> marker.
+
+So an upgraded package without a reboot gives the NVML version mismatch,
+and no loaded module gives the "couldn't communicate" failure, with the
+real messages and exit codes. LLAMARACK_FAKE_NVIDIA_ROOT prefixes all
+paths (unit tests only). Standard library only: it runs on the guest.
+"""
+
+import glob
+import json
+import os
+import re
+import sys
+import time
+
+ROOT = os.environ.get("LLAMARACK_FAKE_NVIDIA_ROOT", "")
+PROC_VERSION = ROOT + "/proc/driver/nvidia/version"
+LIB_GLOB = ROOT + "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.*.*"
+GPUS_JSON = ROOT + "/etc/llamarack-lab/gpus.json"
+
+# driver branch -> highest CUDA version it supports (what nvidia-smi shows)
+CUDA_BY_BRANCH = {
+    590: "13.1", 580: "13.0", 575: "12.9", 570: "12.8", 565: "12.7",
+    560: "12.6", 555: "12.5", 550: "12.4", 545: "12.3", 535: "12.2",
+    530: "12.1", 525: "12.0", 520: "11.8", 515: "11.7", 510: "11.6",
+    470: "11.4", 460: "11.2", 450: "11.0", 440: "10.2", 418: "10.1",
+}
+
+MSG_NO_DRIVER = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
+    "driver. Make sure that the latest NVIDIA driver is installed and "
+    "running.\n\n"
+)
+EXIT_NO_DRIVER = 9
+EXIT_MISMATCH = 18
+EXIT_BAD_ARG = 2
+
+
+def cuda_version(driver):
+    branch = int(driver.split(".")[0])
+    known = [b for b in CUDA_BY_BRANCH if b <= branch]
+    return CUDA_BY_BRANCH[max(known)] if known else "N/A"
+
+
+def module_version():
+    try:
+        text = open(PROC_VERSION).read()
+    except OSError:
+        return None
+    m = re.search(r"Kernel Module(?: for x86_64)?\s+(\S+)", text)
+    return m.group(1) if m else None
+
+
+def library_version():
+    for path in sorted(glob.glob(LIB_GLOB)):
+        ver = path.rsplit("libnvidia-ml.so.", 1)[1]
+        if re.fullmatch(r"\d+\.\d+(\.\d+)?", ver):
+            return ver
+    return None
+
+
+def load_gpus():
+    try:
+        with open(GPUS_JSON) as f:
+            return json.load(f)
+    except OSError:
+        return []
+
+
+# --- query fields --------------------------------------------------------
+# canonical name -> (header, unit or None, getter(gpu, index, driver))
+FIELDS = {
+    "index": ("index", None, lambda g, i, d: str(i)),
+    "count": ("count", None, lambda g, i, d: str(len(load_gpus()))),
+    "name": ("name", None, lambda g, i, d: g["name"]),
+    "uuid": ("uuid", None, lambda g, i, d: g["uuid"]),
+    "driver_version": ("driver_version", None, lambda g, i, d: d),
+    "memory.total": ("memory.total", "MiB", lambda g, i, d: str(g["memory_mib"])),
+    "memory.used": ("memory.used", "MiB", lambda g, i, d: str(g.get("memory_used_mib", 0))),
+    "memory.free": ("memory.free", "MiB",
+                    lambda g, i, d: str(g["memory_mib"] - g.get("memory_used_mib", 0))),
+    "compute_cap": ("compute_cap", None, lambda g, i, d: g["compute_cap"]),
+    "pci.bus_id": ("pci.bus_id", None, lambda g, i, d: g["bus_id"]),
+    "pstate": ("pstate", None, lambda g, i, d: g.get("pstate", "P0")),
+    "temperature.gpu": ("temperature.gpu", None, lambda g, i, d: str(g.get("temperature_c", 37))),
+    "power.limit": ("power.limit", "W", lambda g, i, d: "%.2f" % g.get("power_cap_w", 300)),
+}
+ALIASES = {
+    "gpu_name": "name", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id",
+    "compute_capability": "compute_cap", "enforced.power.limit": "power.limit",
+}
+
+
+def query(fields_arg, fmt_arg, driver):
+    opts = [o.strip() for o in fmt_arg.split(",")]
+    if not opts or opts[0] != "csv":
+        sys.stdout.write('"%s" is not a valid format.\n\n' % fmt_arg)
+        return EXIT_BAD_ARG
+    fields = []
+    for raw in fields_arg.split(","):
+        name = raw.strip()
+        canon = ALIASES.get(name, name)
+        if canon not in FIELDS or (canon == "compute_cap" and driver_major(driver) < 510):
+            sys.stdout.write('Field "%s" is not a valid field to query.\n\n' % name)
+            return EXIT_BAD_ARG
+        fields.append(canon)
+    return fields, "noheader" in opts, "nounits" in opts
+
+
+def driver_major(driver):
+    return int(driver.split(".")[0]) if driver else 0
+
+
+def print_query(fields, noheader, nounits, driver):
+    out = []
+    if not noheader:
+        heads = []
+        for f in fields:
+            head, unit, _ = FIELDS[f]
+            heads.append(head if unit is None or nounits else "%s [%s]" % (head, unit))
+        out.append(", ".join(heads))
+    for i, gpu in enumerate(load_gpus()):
+        vals = []
+        for f in fields:
+            _, unit, get = FIELDS[f]
+            v = get(gpu, i, driver)
+            vals.append(v if unit is None or nounits else "%s %s" % (v, unit))
+        out.append(", ".join(vals))
+    sys.stdout.write("".join(line + "\n" for line in out))
+    return 0
+
+
+# --- the plain table (580-style layout, also used by 535+ drivers) -------
+SEP = "+-----------------------------------------+------------------------+----------------------+"
+WIDE = "+-----------------------------------------------------------------------------------------+"
+
+
+def print_table(driver):
+    gpus = load_gpus()
+    lines = [time.strftime("%a %b %d %H:%M:%S %Y") + "       ", WIDE,
+             "| NVIDIA-SMI %-23sDriver Version: %-15sCUDA Version: %-9s|"
+             % (driver, driver, cuda_version(driver)),
+             SEP,
+             "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
+             "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |",
+             "|                                         |                        |               MIG M. |",
+             "|=========================================+========================+======================|"]
+    for i, g in enumerate(gpus):
+        mem = "%dMiB / %dMiB" % (g.get("memory_used_mib", 0), g["memory_mib"])
+        lines += [
+            "|%4d  %-30s%3s  |%19s %3s |%21s |" % (
+                i, g["name"][:30], "On", g["bus_id"], "Off", g.get("ecc", "0")),
+            "|%4s%6s%6s%16s / %5s |%23s |%8s%13s |" % (
+                "N/A", "%dC" % g.get("temperature_c", 37), g.get("pstate", "P0"),
+                "%dW" % g.get("power_usage_w", 40), "%dW" % g.get("power_cap_w", 300),
+                mem, "0%", "Default"),
+            "|%41s|%24s|%21s |" % ("", "", g.get("mig", "N/A")),
+            SEP,
+        ]
+    if not gpus:
+        lines = [lines[0], "No devices were found"]
+    else:
+        lines += ["", WIDE,
+                  "| Processes:                                                                              |",
+                  "|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |",
+                  "|        ID   ID                                                               Usage      |",
+                  "|=========================================================================================|",
+                  "|  No running processes found                                                             |",
+                  WIDE]
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+def main(argv):
+    qfields = fmt = None
+    mode = "table"
+    it = iter(argv)
+    for arg in it:
+        if arg.startswith("--query-gpu="):
+            qfields, mode = arg.split("=", 1)[1], "query"
+        elif arg == "--query-gpu":
+            qfields, mode = next(it, ""), "query"
+        elif arg.startswith("--format="):
+            fmt = arg.split("=", 1)[1]
+        elif arg == "--format":
+            fmt = next(it, "")
+        elif arg in ("-L", "--list-gpus"):
+            mode = "list"
+        elif arg == "--version":
+            mode = "version"
+        else:
+            sys.stdout.write('Invalid combination of input arguments. Please run '
+                             '"nvidia-smi -h" for help.\n\n')
+            return EXIT_BAD_ARG
+
+    lib = library_version()
+    mod = module_version()
+    parsed = None
+    if mode == "query":
+        if fmt is None:
+            sys.stdout.write("The --format option is required when --query-gpu is used.\n\n")
+            return EXIT_BAD_ARG
+        parsed = query(qfields, fmt, lib or mod or "")
+        if isinstance(parsed, int):
+            return parsed
+    if mod is None:
+        sys.stdout.write(MSG_NO_DRIVER)
+        return EXIT_NO_DRIVER
+    if lib is None or lib != mod:
+        lib_mm = ".".join((lib or "").split(".")[:2])
+        sys.stdout.write("Failed to initialize NVML: Driver/library version mismatch\n"
+                         "NVML library version: %s\n" % lib_mm)
+        return EXIT_MISMATCH
+    if mode == "query":
+        return print_query(*parsed, mod)
+    if mode == "list":
+        for i, g in enumerate(load_gpus()):
+            sys.stdout.write("GPU %d: %s (UUID: %s)\n" % (i, g["name"], g["uuid"]))
+        return 0
+    if mode == "version":
+        sys.stdout.write("NVIDIA-SMI version  : %s\nNVML version        : %s\n"
+                         "DRIVER version      : %s\nCUDA Version        : %s\n"
+                         % (mod, ".".join(mod.split(".")[:2]), mod, cuda_version(mod)))
+        return 0
+    return print_table(mod)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,207 @@
+"""One lab host: overlay root + per-host files + a supervised nspawn.
+
+The overlay's lower dir is the shared unpacked image; everything that makes
+the host itself (hostname, machine-id, SSH host key, authorized_keys,
+resolv.conf, GPU description, installed driver) lands in its upper dir.
+The launcher runs in its own cgroup (v1 name=systemd and the unified
+hierarchy): nspawn with --keep-unit puts the guest under it, and that
+cgroup is how `down` finds and kills exactly this host's processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from . import paths, profiles
+from .util import LabError, run
+
+CGROUP_ROOTS = [Path("/sys/fs/cgroup/systemd"), Path("/sys/fs/cgroup/unified")]
+CGROUP_PARENT = "llamarack-lab"
+SUPERVISOR = Path(__file__).parent / "supervisor.py"
+
+
+# --- cgroups -----------------------------------------------------------------
+
+def cgroup_dirs(name: str) -> list[Path]:
+    return [r / CGROUP_PARENT / name for r in CGROUP_ROOTS if (r / "cgroup.procs").exists()]
+
+
+def make_cgroups(name: str) -> list[str]:
+    dirs = cgroup_dirs(name)
+    if not dirs:
+        raise LabError("no name=systemd or unified cgroup hierarchy under /sys/fs/cgroup")
+    for d in dirs:
+        d.mkdir(parents=True, exist_ok=True)
+    return [str(d) for d in dirs]
+
+
+def cgroup_pids(cgroup: str) -> set[int]:
+    pids: set[int] = set()
+    for procs in Path(cgroup).rglob("cgroup.procs"):
+        try:
+            pids |= {int(x) for x in procs.read_text().split()}
+        except OSError:
+            pass
+    return pids
+
+
+def kill_cgroups(cgroups: list[str], timeout: float = 10) -> list[str]:
+    """SIGKILL every process in the cgroups until they are empty, then
+    remove them (deepest first)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = set().union(*(cgroup_pids(c) for c in cgroups if Path(c).exists()))
+        if not pids:
+            break
+        if time.monotonic() > deadline:
+            return [f"processes left in {cgroups}: {sorted(pids)}"]
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:  # reap it if it is our own child (e.g. a supervisor)
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        time.sleep(0.05)
+    errors = []
+    for c in cgroups:
+        root = Path(c)
+        if not root.exists():
+            continue
+        subdirs = sorted((p for p in root.rglob("*") if p.is_dir()),
+                         key=lambda p: len(p.parts), reverse=True)
+        for d in subdirs + [root]:
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.05)  # a zombie is still being reaped
+            else:
+                errors.append(f"could not remove cgroup {d}")
+    return errors
+
+
+def _join_cgroups(cgroups: list[str]) -> None:
+    for c in cgroups:
+        Path(c, "cgroup.procs").write_text(str(os.getpid()))
+
+
+def spawn_in_cgroups(cmd: list[str], cgroups: list[str], log: Path) -> int:
+    """Start cmd detached, already inside the cgroups; return its PID."""
+    with open(log, "ab") as out:
+        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                             start_new_session=True, preexec_fn=lambda: _join_cgroups(cgroups))
+    return p.pid
+
+
+# --- root filesystem ---------------------------------------------------------
+
+def make_overlay(hdir: Path, lower: Path) -> Path:
+    for d in ("upper", "work", "root"):
+        (hdir / d).mkdir(parents=True, exist_ok=True)
+    root = hdir / "root"
+    run(["mount", "-t", "overlay", "overlay", "-o",
+         f"lowerdir={lower},upperdir={hdir / 'upper'},workdir={hdir / 'work'}", str(root)])
+    return root
+
+
+def personalize(root: Path, name: str, ip: str, profile: str, pubkey: str) -> str:
+    """Write the per-host files (they land in the overlay's upper dir).
+    Returns the host's public SSH host key line."""
+    (root / "etc/hostname").write_text(name + "\n")
+    (root / "etc/hosts").write_text(
+        f"127.0.0.1\tlocalhost\n{ip}\t{name}\n::1\tlocalhost ip6-localhost ip6-loopback\n")
+    (root / "etc/machine-id").write_text(uuid.uuid4().hex + "\n")
+    resolv = root / "etc/resolv.conf"
+    if resolv.is_symlink():
+        resolv.unlink()
+    shutil.copy("/etc/resolv.conf", resolv)
+    ak = root / "root/.ssh/authorized_keys"
+    ak.parent.mkdir(mode=0o700, exist_ok=True)
+    ak.write_text(pubkey.strip() + "\n")
+    ak.chmod(0o600)
+    key = root / "etc/ssh/ssh_host_ed25519_key"
+    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{name}", "-f", str(key)])
+    lab_etc = root / "etc/llamarack-lab"
+    lab_etc.mkdir(exist_ok=True)
+    (lab_etc / "gpus.json").write_text(json.dumps(profiles.gpus_json(name, profile), indent=2) + "\n")
+    (lab_etc / "profile").write_text(profile + "\n")
+    (root / "var/cache/llamarack-ccache").mkdir(parents=True, exist_ok=True)
+    return key.with_suffix(".pub").read_text().strip()
+
+
+def install_deb_offline(root: Path, deb: Path) -> None:
+    """dpkg -i into the stopped host's root (the package has no maintainer
+    scripts, so no chroot is needed); its unit loads the module at boot."""
+    run(["dpkg", f"--root={root}", "--force-unsafe-io", "-i", str(deb)])
+
+
+# --- process -----------------------------------------------------------------
+
+def nspawn_command(name: str, root: Path, netns: str, lxcfs_dir: str | None) -> list[str]:
+    cmd = [
+        "systemd-nspawn", "--quiet", "--boot", "--register=no", "--keep-unit",
+        f"--machine={name}", f"--directory={root}",
+        f"--network-namespace-path=/run/netns/{netns}",
+        "--resolv-conf=off", "--timezone=off", "--link-journal=no", "--console=read-only",
+        f"--bind={paths.CCACHE_DIR}:{paths.GUEST_CCACHE_DIR}",
+    ]
+    if lxcfs_dir:
+        cmd.append(f"--bind-ro={lxcfs_dir}:/var/lib/lxcfs")
+    return cmd
+
+
+def launch(name: str, hdir: Path, nspawn_cmd: list[str]) -> dict:
+    """Start the supervisor (relaunches nspawn after a guest reboot) in the
+    host's own cgroups."""
+    cgroups = make_cgroups(name)
+    if any(cgroup_pids(c) for c in cgroups):
+        raise LabError(f"cgroup of {name} is not empty: another lab running?")
+    pid = spawn_in_cgroups([sys.executable, str(SUPERVISOR), *nspawn_cmd],
+                           cgroups, hdir / "console.log")
+    return {"pid": pid, "cgroups": cgroups}
+
+
+def ssh_banner(ip: str, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((ip, 22), timeout=timeout) as s:
+            s.settimeout(timeout)
+            return s.recv(8).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def wait_ssh(ip: str, timeout: float, alive=lambda: True) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ssh_banner(ip):
+            return
+        if not alive():
+            raise LabError(f"host {ip}: nspawn exited during boot")
+        time.sleep(0.1)
+    raise LabError(f"host {ip}: no SSH after {timeout:.0f} s")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie child of ours is not alive
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -1,0 +1,26 @@
+"""Where the lab keeps things.
+
+The state dir holds everything of a running rack (host overlays, keys,
+rack.json, inventory) on a tmpfs the lab mounts itself: the disk is slow
+for many small files and /run here is not a tmpfs. The cache dir is on
+persistent disk and keeps the packed image and the shared ccache.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DEFAULT_STATE_DIR = "/run/llamarack-lab"
+DEFAULT_CACHE_DIR = "/var/cache/llamarack/lab"
+# One llama.cpp compile shared by all hosts: bound read-write into guests.
+CCACHE_DIR = Path("/var/cache/llamarack/ccache")
+GUEST_CCACHE_DIR = "/var/cache/llamarack-ccache"
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("LLAMARACK_LAB_DIR", DEFAULT_STATE_DIR))
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LLAMARACK_LAB_CACHE", DEFAULT_CACHE_DIR))

@@ -1,0 +1,108 @@
+"""pytest plugin for tests that need the lab rack.
+
+Register with `pytest_plugins = ["llamarack.lab.pytest_plugin"]`.
+
+- fixture `lab_rack` (session): brings up the default rack and tears it
+  down at the end. With LLAMARACK_LAB_REUSE=1 a rack that is already up
+  and healthy is used as is and left up; a rack started here is then also
+  left up for the next run. A rack that cannot start is a test failure,
+  never a skip.
+- marker `lab`: tests that need the rack (select with -m lab, or
+  deselect with -m "not lab").
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from . import driver as drivermod
+from . import rack as rackmod
+from . import trace
+from .util import LabError
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "lab: needs the llamarack lab rack (root, systemd-nspawn); "
+                   "fails, does not skip, when the lab cannot start")
+
+
+def pyinfra_command() -> list[str]:
+    exe = shutil.which("pyinfra")
+    return [exe] if exe else [sys.executable, "-m", "pyinfra"]
+
+
+def parse_pyinfra_totals(output: str) -> dict[str, int]:
+    """Grand total line of pyinfra's results table:
+    {'hosts': N, 'success': changed ops, 'error': N, 'no_change': N}."""
+    m = re.search(r"^\s*Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s*$", output, re.M)
+    if not m:
+        raise AssertionError("no 'Grand total' line in pyinfra output:\n" + output[-3000:])
+    vals = [0 if v == "-" else int(v) for v in m.groups()]
+    return dict(zip(["hosts", "success", "error", "no_change"], vals))
+
+
+class LabRack:
+    """What tests get: the hosts and helpers to act on them."""
+
+    def __init__(self, rack: rackmod.Rack):
+        self.rack = rack
+
+    @property
+    def hosts(self) -> list[rackmod.LabHost]:
+        return self.rack.hosts
+
+    @property
+    def inventory_path(self) -> Path:
+        return self.rack.inventory_path
+
+    def ssh(self, host: str, cmd: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return self.rack.ssh(host, cmd, timeout=timeout)
+
+    def run_pyinfra(self, deploy, *args: str, inventory=None, timeout: float = 900):
+        """Run pyinfra (-y) on the rack's inventory. deploy is a deploy file
+        or a list of CLI words (e.g. ["server.shell", "commands=true"]).
+        Returns (returncode, stdout+stderr)."""
+        ops = [str(deploy)] if isinstance(deploy, (str, os.PathLike)) else list(deploy)
+        cmd = [*pyinfra_command(), "-y", str(inventory or self.inventory_path), *ops, *args]
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=timeout)
+        return r.returncode, r.stdout
+
+    def driver(self, host: str, version: str | None = None, state: str | None = None) -> str:
+        return drivermod.set_driver(self.rack, host, version=version, state=state)
+
+
+@pytest.fixture(scope="session")
+def lab_rack():
+    reuse = os.environ.get("LLAMARACK_LAB_REUSE") == "1"
+    existing = rackmod.load()
+    started = False
+    try:
+        if existing is not None and reuse and rackmod.healthy(existing):
+            rack = existing
+        else:
+            if existing is not None:
+                if not reuse:
+                    pytest.fail("a lab rack is already up: run 'llamarack lab down' or set "
+                                "LLAMARACK_LAB_REUSE=1", pytrace=False)
+                rackmod.down()  # up but unhealthy: start afresh
+            before = trace.machine_snapshot()
+            rack = rackmod.up()
+            started = True
+    except LabError as e:
+        pytest.fail(f"lab rack could not start: {e}", pytrace=False)
+    yield LabRack(rack)
+    if started and not reuse:
+        errors = rackmod.down()
+        after = trace.machine_snapshot()
+        if errors or after != before:
+            diff = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+            pytest.fail(f"lab down left traces: {errors} {diff}", pytrace=False)

@@ -1,0 +1,479 @@
+"""Every llamarack setting: its default, its type, what it means.
+
+This module is the one place that lists settings. A setting is a field of one
+role's frozen dataclass; the host-data key is ``<role prefix>_<field name>``
+(``llamacpp_commit``, ``server_port``...). ``load_settings`` turns one host's
+data into a ``Settings`` object and rejects bad data (unknown key, wrong type,
+impossible value) before any host is touched, naming the host, the key, what
+was given and what is allowed.
+
+Roles receive their own frozen settings object and never read ``host.data``.
+``inventory/group_data/all.py`` and the README's table are generated from
+these classes (``llamarack settings``) and a test keeps them in step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping, Optional
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.version import InvalidVersion
+from packaging.version import Version as PkgVersion
+
+from .errors import SettingsError
+
+# Value kinds that need more than a Python type to check.
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+QUANT_TYPES = (
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+    "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K",
+    "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS",
+    "F16", "BF16",
+)  # fmt: skip
+
+
+def _dotted_version(value: str) -> Optional[str]:
+    if not re.fullmatch(r"\d+(\.\d+)*", value):
+        return "a dotted numeric version such as 520.61.05"
+    return None
+
+
+def _pep440_version(value: str) -> Optional[str]:
+    try:
+        PkgVersion(value)
+    except InvalidVersion:
+        return "a PEP 440 version such as 2.1.2"
+    return None
+
+
+def _requirement(value: str) -> Optional[str]:
+    try:
+        Requirement(value)
+    except InvalidRequirement:
+        return "a pip requirement such as 'numpy<2'"
+    return None
+
+
+def _git_revision(value: str) -> Optional[str]:
+    if not re.fullmatch(r"[0-9a-f]{7,40}", value):
+        return "a commit sha (7 to 40 lowercase hex digits); branches move, so they are not pins"
+    return None
+
+
+def _sha256(value: str) -> Optional[str]:
+    if not re.fullmatch(r"[0-9a-f]{64}", value):
+        return "a sha256 hex digest (64 lowercase hex digits)"
+    return None
+
+
+def _cuda_arch(value: str) -> Optional[str]:
+    if not re.fullmatch(r"\d{2,3}[af]?", value):
+        return "a CUDA architecture such as 70 (V100), 75 (T4), 60 (P100), 61 (P40), 90 (H100/H200)"
+    return None
+
+
+def _absolute_path(value: str) -> Optional[str]:
+    if not value.startswith("/"):
+        return "an absolute path"
+    return None
+
+
+def _url(value: str) -> Optional[str]:
+    if not re.fullmatch(r"(https?|file)://\S+", value):
+        return "an http(s):// or file:// URL"
+    return None
+
+
+def _positive(value: int) -> Optional[str]:
+    if value <= 0:
+        return "a positive integer"
+    return None
+
+
+def _port(value: int) -> Optional[str]:
+    if not 1 <= value <= 65535:
+        return "a TCP port (1-65535)"
+    return None
+
+
+def _name(value: str) -> Optional[str]:
+    if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", value):
+        return "a system user name (lowercase letters, digits, - and _)"
+    return None
+
+
+def setting(default: Any, doc: str, check: Optional[Callable[[Any], Optional[str]]] = None):
+    """A settings field: its default, a one-line meaning and an optional value check.
+
+    ``check`` returns None when the value is fine, else a phrase saying what is
+    allowed ("a positive integer"). It is applied to every element of a tuple.
+    """
+    return field(default=default, metadata={"doc": doc, "check": check})
+
+
+@dataclass(frozen=True)
+class GeneralSettings:
+    """Where llamarack keeps its state on a host."""
+
+    prefix = "llamarack"
+
+    root: str = setting(
+        "/opt/llamarack",
+        "everything llamarack owns on a host lives under this directory",
+        _absolute_path,
+    )
+    service_user: str = setting("llamarack", "system user that runs llama-server", _name)
+
+
+@dataclass(frozen=True)
+class DriverSettings:
+    """Checks on the NVIDIA driver; llamarack never installs one unless asked."""
+
+    prefix = "driver"
+
+    min_version: str = setting(
+        "520.61.05",
+        "lowest driver accepted (the toolkit's own floor applies as well)",
+        _dotted_version,
+    )
+    hold_packages: bool = setting(
+        True, "apt-mark hold the installed driver packages so upgrades cannot move them"
+    )
+    reboot_on_mismatch: bool = setting(
+        False, "reboot a host whose driver library and loaded module differ, then check again"
+    )
+
+
+@dataclass(frozen=True)
+class ToolchainSettings:
+    """The CUDA toolkit and host compiler llama.cpp is built with."""
+
+    prefix = "toolchain"
+
+    cuda_version: str = setting(
+        "11.8", "CUDA toolkit version to build with (13+ cannot build for Volta/Pascal)",
+        _dotted_version,
+    )
+    cuda_source: Literal["system", "conda", "debian"] = setting(
+        "system",
+        "where the toolkit comes from: system (/usr/local/cuda-X), conda env, or Debian non-free",
+    )
+    cuda_home: Optional[str] = setting(
+        None, "toolkit directory; None searches /usr/local/cuda-<version> and /usr", _absolute_path
+    )
+    install_gcc: bool = setting(
+        True, "install gcc-N/g++-N when the default gcc is newer than the toolkit accepts"
+    )
+
+
+@dataclass(frozen=True)
+class PythonEnvSettings:
+    """The Python environment for AWQ quantization, with the reference pins."""
+
+    prefix = "python_env"
+
+    backend: Literal["conda", "venv"] = setting(
+        "conda", "conda (Miniforge under the root) or venv (system python3)"
+    )
+    python_version: str = setting("3.10", "Python version of the env", _dotted_version)
+    conda_installer_url: str = setting(
+        "https://github.com/conda-forge/miniforge/releases/download/24.11.3-0/"
+        "Miniforge3-24.11.3-0-Linux-x86_64.sh",
+        "Miniforge installer (point at a mirror for air-gapped racks)",
+        _url,
+    )
+    conda_installer_sha256: Optional[str] = setting(
+        None, "sha256 of the installer; required with the conda backend", _sha256
+    )
+    conda_channels: tuple[str, ...] = setting(("conda-forge",), "conda channels, in order")
+    index_url: str = setting("https://pypi.org/simple", "pip index for everything but torch", _url)
+    torch_index_url: str = setting(
+        "https://download.pytorch.org/whl/cu118", "pip index torch is installed from", _url
+    )
+    torch_version: str = setting("2.1.2", "torch pin", _pep440_version)
+    transformers_version: str = setting("4.44.2", "transformers pin", _pep440_version)
+    accelerate_version: str = setting("0.33.0", "accelerate pin", _pep440_version)
+    autoawq_version: str = setting("0.2.7", "autoawq pin", _pep440_version)
+    numpy_requirement: str = setting(
+        "numpy<2", "numpy constraint (torch < 2.3 fails with numpy 2)", _requirement
+    )
+
+
+@dataclass(frozen=True)
+class LlamacppSettings:
+    """The llama.cpp source and build."""
+
+    prefix = "llamacpp"
+
+    git_url: str = setting(
+        "https://github.com/ggml-org/llama.cpp.git", "llama.cpp git repository (or a mirror)"
+    )
+    commit: str = setting("0c1e57098", "pinned llama.cpp commit", _git_revision)
+    backend: Literal["cuda", "cpu"] = setting(
+        "cuda", "cuda for GPU hosts; cpu builds without CUDA (hosts with no GPU, like the lab)"
+    )
+    cuda_archs: Optional[tuple[str, ...]] = setting(
+        None, "CUDA architectures to build for; None means those of the host's GPUs", _cuda_arch
+    )
+    ccache_dir: Optional[str] = setting(
+        None, "ccache directory, e.g. one shared by the rack over NFS", _absolute_path
+    )
+    build_jobs: Optional[int] = setting(None, "parallel compile jobs; None means nproc", _positive)
+    force_rebuild: bool = setting(False, "rebuild even when the build inputs are unchanged")
+    keep_builds: int = setting(2, "builds kept for rollback, the current one included", _positive)
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """Which model is served and how it is quantized."""
+
+    prefix = "model"
+
+    source: Literal["hf", "gguf", "url"] = setting(
+        "hf", "hf (convert a checkpoint), gguf (a prequantized file from a hub) or url"
+    )
+    repo: Optional[str] = setting(None, "hub repository id, e.g. Qwen/Qwen2.5-7B-Instruct")
+    revision: Optional[str] = setting(None, "hub commit sha the repository is pinned to", _git_revision)
+    file: Optional[str] = setting(None, "file name in the repository (source gguf)")
+    url: Optional[str] = setting(None, "download URL (source url)", _url)
+    sha256: Optional[str] = setting(None, "sha256 of the file at url (source url)", _sha256)
+    hf_endpoint: str = setting("https://huggingface.co", "Hugging Face endpoint or mirror", _url)
+    hf_token_file: Optional[str] = setting(
+        None, "file on the control machine holding the hub token (never printed)"
+    )
+    quant: str = setting("Q4_K_M", "llama-quantize type")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """How llama-server runs."""
+
+    prefix = "server"
+
+    listen: str = setting("0.0.0.0", "address llama-server listens on")
+    port: int = setting(8080, "port llama-server listens on", _port)
+    ctx_size: Optional[int] = setting(
+        None, "context length; None means the largest that fits the card", _positive
+    )
+    cache_type_k: str = setting("q4_0", "K cache type")
+    cache_type_v: str = setting("q4_0", "V cache type (quantized V needs flash attention)")
+    flash_attn: bool = setting(True, "flash attention")
+    mmap: bool = setting(False, "mmap the model file (off: copy weights to the GPU once)")
+    gpu_layers: int = setting(99, "layers offloaded to the GPU (99 = all)", _positive)
+    parallel: int = setting(1, "parallel sequences (slots)", _positive)
+    api_key_file: Optional[str] = setting(
+        None, "file on the control machine holding the API key (never printed)"
+    )
+
+
+# Values restricted to a fixed set beyond what a Literal type says.
+_CHOICES = {
+    ("model", "quant"): QUANT_TYPES,
+    ("server", "cache_type_k"): KV_CACHE_TYPES,
+    ("server", "cache_type_v"): KV_CACHE_TYPES,
+}
+
+ROLE_SETTINGS = (
+    GeneralSettings,
+    DriverSettings,
+    ToolchainSettings,
+    PythonEnvSettings,
+    LlamacppSettings,
+    ModelSettings,
+    ServerSettings,
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All of one host's settings, one frozen object per role."""
+
+    host: str
+    general: GeneralSettings
+    driver: DriverSettings
+    toolchain: ToolchainSettings
+    python_env: PythonEnvSettings
+    llamacpp: LlamacppSettings
+    model: ModelSettings
+    server: ServerSettings
+
+
+@dataclass(frozen=True)
+class SettingInfo:
+    """One setting as documentation and checks see it."""
+
+    key: str
+    role: type
+    name: str
+    type: Any
+    default: Any
+    doc: str
+    check: Optional[Callable[[Any], Optional[str]]]
+    choices: Optional[tuple]
+
+
+def all_settings() -> list[SettingInfo]:
+    """Every setting of every role, in declaration order."""
+    infos = []
+    for role in ROLE_SETTINGS:
+        hints = typing.get_type_hints(role)
+        for f in dataclasses.fields(role):
+            infos.append(
+                SettingInfo(
+                    key=f"{role.prefix}_{f.name}",
+                    role=role,
+                    name=f.name,
+                    type=hints[f.name],
+                    default=f.default,
+                    doc=f.metadata["doc"],
+                    check=f.metadata["check"],
+                    choices=_CHOICES.get((role.prefix, f.name)) or _literal_choices(hints[f.name]),
+                )
+            )
+    return infos
+
+
+def defaults() -> dict[str, Any]:
+    return {info.key: info.default for info in all_settings()}
+
+
+def _literal_choices(tp) -> Optional[tuple]:
+    if typing.get_origin(tp) is Literal:
+        return typing.get_args(tp)
+    return None
+
+
+def describe_type(info: SettingInfo) -> str:
+    """A short human form of a setting's type, for errors and docs."""
+    if info.choices:
+        return "one of " + ", ".join(repr(c) for c in info.choices)
+    tp, optional = _unwrap_optional(info.type)
+    if typing.get_origin(tp) is tuple:
+        text = f"a list of {typing.get_args(tp)[0].__name__}"
+    else:
+        text = {str: "a string", int: "an integer", bool: "true or false", float: "a number"}[tp]
+    return text + (" or None" if optional else "")
+
+
+def _unwrap_optional(tp):
+    if typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0], True
+    return tp, False
+
+
+def _coerce(info: SettingInfo, value: Any) -> tuple[Any, Optional[str]]:
+    """Check one value against its setting; return (value, problem or None)."""
+    tp, optional = _unwrap_optional(info.type)
+    if value is None:
+        return value, None if optional else describe_type(info)
+
+    if info.choices is not None:
+        if value not in info.choices:
+            return value, describe_type(info)
+        return value, None
+
+    if typing.get_origin(tp) is tuple:
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            return value, describe_type(info)
+        items = tuple(value)
+        for item in items:
+            problem = info.check(item) if info.check else None
+            if problem:
+                return value, problem
+        return items, None
+
+    # bool is an int in Python: never let True stand for 1 or 1 for True.
+    if tp is bool and not isinstance(value, bool):
+        return value, describe_type(info)
+    if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
+        return value, describe_type(info)
+    if tp is str and not isinstance(value, str):
+        return value, describe_type(info)
+    if info.check:
+        problem = info.check(value)
+        if problem:
+            return value, problem
+    return value, None
+
+
+def load_settings(host_name: str, data: Mapping[str, Any]) -> Settings:
+    """Build one host's settings from its data (inventory + group data).
+
+    Keys that do not start with a llamarack role prefix belong to pyinfra or
+    the user and are ignored. A key with a role prefix that names no setting
+    is an error (most likely a typo), as is any value of the wrong type.
+    All problems of a host are reported together.
+    """
+    infos = all_settings()
+    by_key = {info.key: info for info in infos}
+    prefixes = tuple(f"{role.prefix}_" for role in ROLE_SETTINGS)
+    problems: list[str] = []
+
+    for key in data:
+        if key.startswith(prefixes) and key not in by_key:
+            close = difflib.get_close_matches(key, by_key, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            problems.append(f"unknown setting {key!r}{hint}")
+
+    values: dict[type, dict[str, Any]] = {role: {} for role in ROLE_SETTINGS}
+    for info in infos:
+        if info.key not in data:
+            continue
+        value, problem = _coerce(info, data[info.key])
+        if problem:
+            problems.append(f"{info.key}: given {data[info.key]!r}; allowed: {problem}")
+        else:
+            values[info.role][info.name] = value
+
+    roles = {role: role(**values[role]) for role in ROLE_SETTINGS}
+    settings = Settings(
+        host=host_name,
+        general=roles[GeneralSettings],
+        driver=roles[DriverSettings],
+        toolchain=roles[ToolchainSettings],
+        python_env=roles[PythonEnvSettings],
+        llamacpp=roles[LlamacppSettings],
+        model=roles[ModelSettings],
+        server=roles[ServerSettings],
+    )
+    problems.extend(_cross_checks(settings))
+    if problems:
+        raise SettingsError(host_name, problems)
+    return settings
+
+
+def _cross_checks(s: Settings) -> list[str]:
+    """Checks that involve more than one setting."""
+    problems = []
+    if s.python_env.backend == "conda" and not s.python_env.conda_installer_sha256:
+        problems.append(
+            "python_env_conda_installer_sha256: given None; allowed: the installer's sha256 "
+            "(required with python_env_backend='conda': downloads are pinned)"
+        )
+    if s.server.cache_type_v != "f16" and not s.server.flash_attn:
+        problems.append(
+            f"server_flash_attn: given False; allowed: True while server_cache_type_v is "
+            f"{s.server.cache_type_v!r} (a quantized V cache needs flash attention)"
+        )
+    model = s.model
+    if model.source in ("hf", "gguf") and model.repo and not model.revision:
+        problems.append(
+            f"model_revision: given None; allowed: a commit sha of {model.repo} "
+            "(a branch can move under you)"
+        )
+    if model.source == "gguf" and model.repo and not model.file:
+        problems.append("model_file: given None; allowed: the GGUF file name in model_repo")
+    if model.source == "url" and not (model.url and model.sha256):
+        problems.append("model_url/model_sha256: a url source needs both")
+    return problems
+
+
+def settings_for(host) -> Settings:
+    """The one place that reads pyinfra host data: build the current host's settings."""
+    return load_settings(host.name, host.data.dict())

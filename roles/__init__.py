@@ -1,0 +1,1 @@
+"""One module per role, each with one ``@deploy`` entry point taking frozen settings."""

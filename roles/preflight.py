@@ -1,0 +1,83 @@
+"""Preflight: read the host's facts and run every compatibility rule before any change.
+
+A host that fails a rule gets a single operation that prints the rule's
+message and fails, so pyinfra stops that host and goes on with the others;
+``deploy.py`` adds nothing more for it. With ``--dry`` the messages are
+printed while the deploy is planned.
+"""
+
+from io import StringIO
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+from pyinfra.facts.server import LinuxDistribution
+from pyinfra.operations import files
+
+from llamarack.facts import (
+    CudaToolkits,
+    GccVersions,
+    InstallableGccMajors,
+    NvidiaKernelModule,
+    NvidiaSmi,
+    RecordedGpus,
+    gpus_record,
+)
+from llamarack.operations import refuse
+from llamarack.rules import HostFacts, evaluate
+from llamarack.settings import Settings
+
+
+def gather(settings: Settings) -> HostFacts:
+    """Read everything the rules look at; the CUDA-only facts only on CUDA builds."""
+    cuda = settings.llamacpp.backend == "cuda"
+    return HostFacts(
+        driver=host.get_fact(NvidiaSmi),
+        module=host.get_fact(NvidiaKernelModule),
+        toolkits=tuple(host.get_fact(CudaToolkits)) if cuda else (),
+        gcc=host.get_fact(GccVersions),
+        gcc_installable=host.get_fact(InstallableGccMajors) if cuda else (),
+        recorded_gpus=host.get_fact(RecordedGpus, path=gpus_record_path(settings)),
+    )
+
+
+def gpus_record_path(settings: Settings) -> str:
+    return f"{settings.general.root}/state/gpus.json"
+
+
+@deploy("llamarack preflight")
+def preflight(settings: Settings) -> bool:
+    """
+    Run the compatibility rules; return True when the host may be changed.
+
+    + settings: the host's settings (all roles: the rules span them)
+
+    On success the GPU list is recorded under the llamarack root, so a later
+    run can still tell which cards the host has when the driver hides them.
+    """
+    distro = host.get_fact(LinuxDistribution)
+    if distro.get("name") not in ("Debian", "Ubuntu"):
+        failures = [f"{host.name}: os: found {distro.get('name')}; needed Debian or Ubuntu "
+                    "(apt, systemd). Fix: use a Debian or Ubuntu host"]  # fmt: skip
+    else:
+        facts = gather(settings)
+        failures = [f.message(host.name) for f in evaluate(settings, facts)]
+
+    if failures:
+        for message in failures:
+            logger.error(message)
+        refuse(name="Preflight refused this host", reason="\n".join(failures))
+        return False
+
+    if facts.driver.gpus:
+        files.directory(
+            name="llamarack state directory",
+            path=f"{settings.general.root}/state",
+            mode="755",
+        )
+        files.put(
+            name="Record the GPUs the driver lists",
+            src=StringIO(gpus_record(facts.driver.gpus)),
+            dest=gpus_record_path(settings),
+            mode="644",
+        )
+    return True

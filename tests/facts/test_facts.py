@@ -1,0 +1,84 @@
+"""Fact fixtures, in pyinfra's style: raw command output in, parsed fact out.
+
+Each ``<Fact>/<case>.json`` holds the ``output`` lines a host printed for the
+fact's command, the expected ``fact`` and the ``source`` of the output.
+"""
+
+import dataclasses
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from pyinfra.api.exceptions import FactProcessError
+
+import llamarack.facts as facts
+
+HERE = Path(__file__).parent
+CASES = sorted(HERE.glob("*/*.json"))
+
+
+def as_json(value):
+    """The fact as the fixtures write it (dataclasses as dicts, tuples as lists)."""
+
+    def plain(v):
+        if dataclasses.is_dataclass(v):
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {str(k): plain(x) for k, x in v.items()}
+        return v
+
+    return json.loads(json.dumps(plain(value)))
+
+
+@pytest.mark.parametrize("path", CASES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_fact_fixture(path):
+    case = json.loads(path.read_text())
+    fact = getattr(facts, path.parent.name)()
+    assert as_json(fact.process(case["output"])) == case["fact"]
+
+
+def test_every_fact_has_fixtures():
+    fact_classes = {n for n in facts.__all__ if n[0].isupper() and hasattr(getattr(facts, n), "command")}
+    assert fact_classes == {p.parent.name for p in CASES}
+
+
+@pytest.mark.parametrize(
+    "fact, output",
+    [
+        (facts.NvidiaSmi, ["garbage"]),
+        (facts.NvidiaSmi, ["0, Tesla T4, GPU-x, lots, 7.5, 550.1", "llamarack: exit 0"]),
+        (facts.NvidiaKernelModule, ["NVRM version: something else"]),
+        (facts.GccVersions, ["gcc not-a-version"]),
+        (facts.CudaToolkits, ["toolkit /usr/local/cuda", "nvcc: NVIDIA (R) Cuda compiler driver"]),
+        (facts.CmakeVersion, ["bash: cmake: broken"]),
+        (facts.FreeDiskBytes, ["df: /opt: No such file"]),
+        (facts.RecordedGpus, ["{not json"]),
+    ],
+)
+def test_unexpected_output_is_a_fact_process_error(fact, output):
+    with pytest.raises(FactProcessError):
+        fact().process(output)
+
+
+def test_recorded_gpus_round_trip():
+    gpus = facts.NvidiaSmi().process(json.loads((HERE / "NvidiaSmi/v100_two_gpus.json").read_text())["output"]).gpus
+    record = facts.gpus_record(gpus)
+    assert facts.RecordedGpus().process(record.splitlines()) == gpus
+
+
+def run_here(command: str) -> list[str]:
+    return subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True).stdout.splitlines()
+
+
+def test_commands_run_on_a_real_debian_host(tmp_path):
+    """The commands are valid shell and their real output here parses."""
+    gcc = facts.GccVersions()
+    assert gcc.process(run_here(gcc.command())).default
+    assert facts.NvidiaSmi().process(run_here(facts.NvidiaSmi().command())).state in {"missing", "ok"}
+    for toolkit in facts.CudaToolkits().process(run_here(facts.CudaToolkits().command())):
+        assert toolkit.max_gcc and toolkit.version
+    free = facts.FreeDiskBytes()
+    assert free.process(run_here(free.command(str(tmp_path / "not yet" / "there")))) > 0

@@ -1,0 +1,48 @@
+"""Preflight through the real pyinfra CLI on @local (this machine: no NVIDIA driver).
+
+These show the guard path end to end without the lab; the lab tests show
+the same on booted hosts with fake drivers.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def pyinfra(*args):
+    result = subprocess.run(
+        [sys.executable, "-m", "pyinfra", "-y", "@local", "deploy.py", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return result.returncode, result.stdout + result.stderr
+
+
+def test_bad_data_stops_before_any_operation():
+    rc, out = pyinfra("--data", "llamacpp_comit=abc", "--data", "python_env_backend=venv")
+    assert rc != 0
+    assert "bad settings for host @local" in out
+    assert "unknown setting 'llamacpp_comit'; did you mean 'llamacpp_commit'?" in out
+    assert "Beginning operation run" not in out
+
+
+def test_cuda_host_without_driver_is_refused_and_nothing_runs():
+    rc, out = pyinfra("--data", "python_env_backend=venv")
+    assert rc != 0
+    assert "@local: driver-installed: found no nvidia-smi" in out
+    assert "Fix: install the NVIDIA driver" in out
+    assert "Preflight refused this host" in out
+    assert "executed 0 commands" in out
+
+
+def test_dry_run_shows_the_refusal_without_running_it():
+    rc, out = pyinfra("--data", "python_env_backend=venv", "--dry")
+    assert "@local: driver-installed: found no nvidia-smi" in out
+    assert "Beginning operation run" not in out
+
+
+def test_cpu_host_without_gpu_passes_and_changes_nothing():
+    rc, out = pyinfra("--data", "python_env_backend=venv", "--data", "llamacpp_backend=cpu")
+    assert rc == 0, out
+    assert "refused" not in out

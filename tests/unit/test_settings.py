@@ -1,0 +1,112 @@
+"""Settings: defaults reproduce the reference recipe; bad data is refused with a clear message."""
+
+import runpy
+from pathlib import Path
+
+import pytest
+
+from llamarack.errors import SettingsError
+from llamarack.settings import all_settings, defaults, load_settings
+from llamarack.settings_docs import group_data_file, markdown_table
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV = {"python_env_backend": "venv"}
+
+
+def test_defaults_are_the_reference_recipe():
+    s = load_settings("gpu01", {"python_env_conda_installer_sha256": "a" * 64})
+    assert s.driver.min_version == "520.61.05"
+    assert s.toolchain.cuda_version == "11.8"
+    assert s.python_env.backend == "conda" and s.python_env.python_version == "3.10"
+    assert (s.python_env.torch_version, s.python_env.transformers_version) == ("2.1.2", "4.44.2")
+    assert (s.python_env.accelerate_version, s.python_env.autoawq_version) == ("0.33.0", "0.2.7")
+    assert s.python_env.torch_index_url.endswith("/cu118")
+    assert s.llamacpp.backend == "cuda" and s.llamacpp.cuda_archs is None
+    assert s.model.quant == "Q4_K_M"
+    assert (s.server.cache_type_k, s.server.cache_type_v) == ("q4_0", "q4_0")
+    assert s.server.flash_attn and not s.server.mmap and s.server.gpu_layers == 99
+
+
+def test_every_outside_source_is_a_setting():
+    keys = set(defaults())
+    for key in (
+        "python_env_conda_installer_url",
+        "python_env_conda_installer_sha256",
+        "python_env_conda_channels",
+        "python_env_index_url",
+        "python_env_torch_index_url",
+        "llamacpp_git_url",
+        "model_hf_endpoint",
+    ):
+        assert key in keys
+
+
+def test_settings_are_frozen():
+    s = load_settings("gpu01", VENV)
+    with pytest.raises(Exception):
+        s.server.port = 1
+
+
+def test_values_are_typed_and_lists_become_tuples():
+    s = load_settings("gpu01", {**VENV, "llamacpp_cuda_archs": ["70", "75"], "server_ctx_size": 8192})
+    assert s.llamacpp.cuda_archs == ("70", "75")
+    assert s.server.ctx_size == 8192
+
+
+def test_foreign_keys_are_left_to_pyinfra_and_the_user():
+    load_settings("gpu01", {**VENV, "ssh_hostname": "10.0.0.1", "my_rack_label": "b3", "_sudo": True})
+
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        ({"llamacpp_comit": "abc1234"}, "unknown setting 'llamacpp_comit'; did you mean 'llamacpp_commit'?"),
+        ({"server_port": "8080"}, "server_port: given '8080'; allowed: an integer"),
+        ({"server_port": 70000}, "server_port: given 70000; allowed: a TCP port (1-65535)"),
+        ({"server_ctx_size": 0}, "server_ctx_size: given 0; allowed: a positive integer"),
+        ({"server_ctx_size": True}, "server_ctx_size: given True; allowed: an integer or None"),
+        ({"server_flash_attn": "yes"}, "server_flash_attn: given 'yes'; allowed: true or false"),
+        ({"model_quant": "Q4_K_X"}, "model_quant: given 'Q4_K_X'; allowed: one of 'Q4_0'"),
+        ({"server_cache_type_k": "q3"}, "server_cache_type_k: given 'q3'; allowed: one of 'f32'"),
+        ({"driver_min_version": "latest"}, "driver_min_version: given 'latest'; allowed: a dotted numeric"),
+        ({"python_env_torch_version": "2.1.x"}, "python_env_torch_version: given '2.1.x'; allowed: a PEP 440"),
+        ({"python_env_numpy_requirement": "numpy<<2"}, "allowed: a pip requirement"),
+        ({"llamacpp_commit": "master"}, "llamacpp_commit: given 'master'; allowed: a commit sha"),
+        ({"llamacpp_cuda_archs": ["sm_70"]}, "allowed: a CUDA architecture such as 70"),
+        ({"llamacpp_backend": "rocm"}, "llamacpp_backend: given 'rocm'; allowed: one of 'cuda', 'cpu'"),
+        ({"llamarack_root": "opt/llamarack"}, "llamarack_root: given 'opt/llamarack'; allowed: an absolute path"),
+        ({"model_hf_endpoint": "hf.co"}, "allowed: an http(s):// or file:// URL"),
+        ({"python_env_backend": "conda"}, "python_env_conda_installer_sha256: given None"),
+        ({"server_cache_type_v": "q8_0", "server_flash_attn": False}, "a quantized V cache needs flash attention"),
+        ({"model_repo": "org/model"}, "model_revision: given None; allowed: a commit sha of org/model"),
+    ],
+)
+def test_bad_data_names_host_key_value_and_what_is_allowed(data, expected):
+    with pytest.raises(SettingsError) as err:
+        load_settings("gpu07", {**VENV, **data})
+    text = str(err.value)
+    assert text.startswith("bad settings for host gpu07:")
+    assert expected in text
+
+
+def test_all_problems_of_a_host_are_reported_together():
+    with pytest.raises(SettingsError) as err:
+        load_settings("gpu07", {**VENV, "server_port": 0, "llamacpp_keep_builds": -1})
+    assert len(err.value.problems) == 2
+
+
+def test_every_setting_has_a_one_line_doc():
+    for info in all_settings():
+        assert info.doc and "\n" not in info.doc, info.key
+
+
+def test_group_data_all_is_generated_from_the_settings():
+    path = ROOT / "inventory/group_data/all.py"
+    assert path.read_text() == group_data_file(), "run: llamarack settings --group-data > " + str(path)
+    values = {k: v for k, v in runpy.run_path(str(path)).items() if not k.startswith("__")}
+    assert values == {k: list(v) if isinstance(v, tuple) else v for k, v in defaults().items()}
+
+
+def test_readme_settings_table_matches_the_settings():
+    readme = (ROOT / "README.md").read_text()
+    assert markdown_table() in readme, "run: llamarack settings --markdown, paste into README.md"
