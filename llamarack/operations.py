@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import shlex
 
+from pyinfra import host
 from pyinfra.api import StringCommand, operation
+
+from .build import BuildPlan
+from .facts.llamacpp import GitHead, LlamacppBuilds
 
 
 @operation(is_idempotent=False)
@@ -17,3 +21,155 @@ def refuse(reason: str):
     pyinfra then drops the host from the run; the other hosts go on.
     """
     yield StringCommand(f"printf '%s\\n' {shlex.quote(reason)} >&2; exit 1")
+
+
+@operation()
+def checkout(git_url: str, commit: str, dest: str):
+    """
+    Check out a pinned commit of a git repository, and verify it.
+
+    + git_url: repository (or mirror) to fetch from
+    + commit: the pinned sha (full, or a prefix of at least 7 digits)
+    + dest: work tree on the host (created on first use)
+
+    No-op when ``dest`` already has the commit checked out.
+    """
+    head = host.get_fact(GitHead, path=dest)
+    if head and head.startswith(commit):
+        host.noop(f"{dest} is at {commit[:12]}")
+        return
+
+    q_dest, q_url = shlex.quote(dest), shlex.quote(git_url)
+    if head is None:
+        yield f"rm -rf {q_dest} && mkdir -p {q_dest} && git clone --quiet --no-checkout {q_url} {q_dest}"
+    else:
+        yield f"git -C {q_dest} remote set-url origin {q_url} && git -C {q_dest} fetch --quiet origin"
+    yield (
+        f"git -C {q_dest} -c advice.detachedHead=false checkout --quiet --force --detach {commit}"
+        f" && git -C {q_dest} clean --quiet -fdx"
+    )
+    # The commit asked for is the commit checked out (a prefix could be ambiguous).
+    yield (
+        f'test "$(git -C {q_dest} rev-parse HEAD)" = '
+        f'"$(git -C {q_dest} rev-parse --verify {commit}^{{commit}})"'
+    )
+
+
+@operation()
+def build(plan: BuildPlan, src: str, root: str, ccache_dir=None, jobs=None):
+    """
+    Build llama.cpp into ``<root>/builds/<stamp>``, verify it, and record it.
+
+    + plan: the BuildPlan (inputs and stamp)
+    + src: the checked-out source tree
+    + root: the llamarack root
+    + ccache_dir: ccache directory (shared by a rack), None for the default
+    + jobs: parallel compile jobs, None for nproc
+
+    The build directory counts only once ``build-info.json`` is written, the
+    last step, after ``--version`` runs and, on CUDA builds, ``cuobjdump``
+    lists a cubin for every requested arch. A failed build leaves nothing
+    that looks good, and ``current`` is not touched here.
+    """
+    builds = host.get_fact(LlamacppBuilds, root=root)
+    if plan.stamp in builds.verified:
+        host.noop(f"llama.cpp build {plan.stamp} exists and was verified")
+        return
+
+    d = shlex.quote(f"{root}/builds/{plan.stamp}")
+    env = _build_env(plan, root, ccache_dir)
+    args = " ".join(shlex.quote(a) for a in plan.cmake_args)
+    targets = " ".join(plan.targets)
+    jobs_arg = str(jobs) if jobs else "$(nproc)"
+
+    yield f"rm -rf {d} && mkdir -p {d}"
+    yield (
+        f"cd {d} && {env} cmake -S {shlex.quote(src)} -B build {args} > configure.log 2>&1"
+        " || { tail -n 40 configure.log >&2; exit 1; }"
+    )
+    # Progress: one line per finished percent step goes to build.log as it
+    # happens (`tail -f` it, or run pyinfra with -vvv to see it live).
+    yield (
+        f"cd {d} && set -o pipefail && {env} cmake --build build --config Release -j {jobs_arg}"
+        f" --target {targets} 2>&1 | tee build.log | grep --line-buffered -E '^\\[ *[0-9]+%\\]'"
+        " || { tail -n 60 build.log >&2; exit 1; }"
+    )
+    yield f"ln -sfn build/bin {d}/bin"
+    yield (
+        f"{d}/bin/llama-server --version > {d}/version.txt 2>&1"
+        f" && grep -q {shlex.quote(plan.commit[:9])} {d}/version.txt"
+        f" || {{ echo 'llama-server --version failed or names another commit:' >&2; cat {d}/version.txt >&2; exit 1; }}"
+    )
+    if plan.backend == "cuda":
+        cuobjdump = shlex.quote(f"{plan.cuda_home}/bin/cuobjdump")
+        yield f"{cuobjdump} --list-elf {d}/build/bin/libggml-cuda.so > {d}/cubins.txt"
+        for arch in plan.cuda_archs:
+            yield (
+                f"grep -q 'sm_{arch}\\.cubin' {d}/cubins.txt || {{ echo 'the build holds no sm_{arch}"
+                f" code (no kernel image for this GPU); refusing it' >&2; exit 1; }}"
+            )
+    yield (
+        f"{d}/bin/llama-server --help > {d}/server-help.txt 2>&1"
+        f" && grep -q -e '--load-mode' -e '--no-mmap' {d}/server-help.txt"
+    )
+    yield (
+        f"printf '%s\\n' {shlex.quote(plan.record())} > {d}/build-info.json.new"
+        f" && mv {d}/build-info.json.new {d}/build-info.json"
+    )
+
+
+def _build_env(plan: BuildPlan, root: str, ccache_dir) -> str:
+    env = [
+        # Paths relative to the root, so hosts and build directories share cache hits.
+        f"CCACHE_BASEDIR={shlex.quote(root)}",
+        "CCACHE_NOHASHDIR=true",
+        # -march=native differs per CPU: keep a shared cache's entries per CPU flag set.
+        "CCACHE_NAMESPACE=$(grep -m1 '^flags' /proc/cpuinfo | md5sum | cut -c1-12)",
+    ]
+    if ccache_dir:
+        env.append(f"CCACHE_DIR={shlex.quote(ccache_dir)}")
+    if plan.backend == "cuda":
+        # The chosen toolkit first: another nvcc/ptxas earlier in PATH (CUDA 13 in
+        # /usr/local/bin) cannot build for sm_70.
+        env.append(f"PATH={shlex.quote(plan.cuda_home)}/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    return "env " + " ".join(env)
+
+
+@operation()
+def switch_current(root: str, stamp: str):
+    """
+    Point ``<root>/builds/current`` at a verified build, atomically (rename of a new link).
+
+    + root: the llamarack root
+    + stamp: the build to make current
+    """
+    builds = host.get_fact(LlamacppBuilds, root=root)
+    if builds.current == stamp:
+        host.noop(f"llama.cpp build {stamp} is current")
+        return
+    b = shlex.quote(f"{root}/builds")
+    yield (
+        f"test -f {b}/{stamp}/build-info.json && ln -sfn {stamp} {b}/current.new"
+        f" && mv -T {b}/current.new {b}/current"
+    )
+
+
+@operation()
+def prune_builds(root: str, keep: int, current: str):
+    """
+    Remove old builds, keeping ``current``, the one before it (rollback) and the
+    newest; failed or interrupted build directories go too.
+
+    + root: the llamarack root
+    + keep: how many builds to keep in all (at least the current one)
+    + current: the build that is (or is about to be) current
+    """
+    builds = host.get_fact(LlamacppBuilds, root=root)
+    ordered = [current, builds.current, *builds.newest_first()]
+    kept = list(dict.fromkeys(s for s in ordered if s))[:keep]
+    doomed = [s for s in builds.verified if s not in kept]
+    doomed += [s for s in builds.partial if s != current]
+    if not doomed:
+        host.noop(f"no llama.cpp build to prune (keeping {len(kept)})")
+        return
+    yield "rm -rf " + " ".join(shlex.quote(f"{root}/builds/{s}") for s in doomed)

@@ -213,7 +213,9 @@ class LlamacppSettings:
     git_url: str = setting(
         "https://github.com/ggml-org/llama.cpp.git", "llama.cpp git repository (or a mirror)"
     )
-    commit: str = setting("0c1e57098", "pinned llama.cpp commit", _git_revision)
+    commit: str = setting(
+        "0c1e57098bba43ac29e6e3b677cdceebdd22334f", "pinned llama.cpp commit", _git_revision
+    )
     backend: Literal["cuda", "cpu"] = setting(
         "cuda", "cuda for GPU hosts; cpu builds without CUDA (hosts with no GPU, like the lab)"
     )
@@ -247,6 +249,19 @@ class ModelSettings:
         None, "file on the control machine holding the hub token (never printed)"
     )
     quant: str = setting("Q4_K_M", "llama-quantize type")
+    hf_include: tuple[str, ...] = setting(
+        ("*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt"),
+        "repository files fetched for source hf (shell patterns on their paths)",
+    )
+    convert_outtype: Literal["f16", "bf16", "f32"] = setting(
+        "f16", "GGUF type convert_hf_to_gguf.py writes before llama-quantize"
+    )
+    keep_intermediates: bool = setting(
+        False, "keep the downloaded checkpoint and the unquantized GGUF after quantizing"
+    )
+    fetch_retries: int = setting(
+        5, "times a dropped download is resumed (HTTP Range) before the run fails", _positive
+    )
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from .gpu import (
     RecordedGpus,
     gpus_record,
 )
+from .llamacpp import Builds, GitHead, LlamacppBuilds, LlamaServerFlags, ServerFlags, parse_server_help
 from .system import FreeDiskBytes
 from .toolchain import (
     CmakeVersion,
@@ -23,6 +24,12 @@ from .toolchain import (
 )
 
 __all__ = [
+    "Builds",
+    "GitHead",
+    "LlamacppBuilds",
+    "LlamaServerFlags",
+    "ServerFlags",
+    "parse_server_help",
     "CmakeVersion",
     "CudaToolkit",
     "CudaToolkits",

@@ -1,0 +1,112 @@
+"""The llama.cpp operations: needs-change and already-done cases, facts in, commands out."""
+
+from llamarack.build import plan_build
+from llamarack.facts import Builds, GitHead, LlamacppBuilds
+from llamarack.operations import build, checkout, prune_builds, switch_current
+from llamarack.settings import load_settings
+from tests.support.ophost import run_op
+
+SHA = "dccad28c67854048fcdf644803b3f54e152d99a8"
+ROOT = "/opt/llamarack"
+
+
+def settings(**data):
+    return load_settings("gpu01", {"python_env_backend": "venv", **data})
+
+
+def test_checkout_clones_then_verifies_when_absent():
+    commands, noops = run_op(checkout, {GitHead: None}, git_url="http://m/llama.cpp.git", commit=SHA, dest="/s")
+    assert commands[0] == "rm -rf /s && mkdir -p /s && git clone --quiet --no-checkout http://m/llama.cpp.git /s"
+    assert f"checkout --quiet --force --detach {SHA}" in commands[1]
+    assert commands[2] == f'test "$(git -C /s rev-parse HEAD)" = "$(git -C /s rev-parse --verify {SHA}^{{commit}})"'
+    assert noops == []
+
+
+def test_checkout_fetches_when_another_commit_is_checked_out():
+    commands, _ = run_op(checkout, {GitHead: "0" * 40}, git_url="http://m/x.git", commit=SHA, dest="/s")
+    assert commands[0] == "git -C /s remote set-url origin http://m/x.git && git -C /s fetch --quiet origin"
+    assert len(commands) == 3
+
+
+def test_checkout_is_a_noop_at_the_pinned_commit_even_short():
+    commands, noops = run_op(checkout, {GitHead: SHA}, git_url="u", commit=SHA[:9], dest="/s")
+    assert commands == [] and noops == ["/s is at dccad28c6"]
+
+
+def test_cpu_build_configures_builds_verifies_then_records():
+    plan = plan_build(settings(llamacpp_backend="cpu"))
+    commands, _ = run_op(build, {LlamacppBuilds: Builds(None, {})}, plan=plan, src="/s", root=ROOT)
+    d = f"{ROOT}/builds/{plan.stamp}"
+    assert commands[0] == f"rm -rf {d} && mkdir -p {d}"
+    assert "cmake -S /s -B build" in commands[1] and "-DGGML_CUDA=OFF" in commands[1]
+    assert "-DLLAMA_USE_PREBUILT_UI=OFF" in commands[1] and "-DLLAMA_BUILD_UI=OFF" in commands[1]
+    assert "--target llama-server llama-quantize llama-bench llama-cli" in commands[2]
+    assert "llama-server --version" in commands[4] and "grep -q 0c1e57098" in commands[4]
+    assert "server-help.txt" in commands[5]
+    assert commands[-1].endswith(f"mv {d}/build-info.json.new {d}/build-info.json")
+    assert not any("cuobjdump" in c for c in commands)
+
+
+def test_cuda_build_refuses_a_binary_without_every_arch():
+    plan = plan_build(settings(), archs=("70", "75"), cuda_home="/usr/local/cuda-11.8",
+                      cuda_version="11.8", host_compiler="/usr/bin/g++-11")  # fmt: skip
+    commands, _ = run_op(build, {LlamacppBuilds: Builds(None, {})}, plan=plan, src="/s", root=ROOT)
+    configure = commands[1]
+    assert "-DGGML_CUDA=ON" in configure and "'-DCMAKE_CUDA_ARCHITECTURES=70;75'" in configure
+    assert "-DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++-11" in configure
+    assert "PATH=/usr/local/cuda-11.8/bin:" in configure
+    assert "-DGGML_CUDA_FA_ALL_QUANTS=ON" not in configure  # q4_0/q4_0 has kernels
+    checks = [c for c in commands if "cuobjdump" in c or ".cubin" in c]
+    assert "/usr/local/cuda-11.8/bin/cuobjdump --list-elf" in checks[0]
+    assert "sm_70\\.cubin" in checks[1] and "sm_75\\.cubin" in checks[2]
+    # the record is written after the arch checks
+    assert commands.index(checks[-1]) < len(commands) - 1
+
+
+def test_mixed_kv_cache_types_build_all_fa_quants():
+    plan = plan_build(settings(server_cache_type_k="q8_0"), archs=("70",), cuda_home="/usr", cuda_version="11.8")
+    assert "-DGGML_CUDA_FA_ALL_QUANTS=ON" in plan.cmake_args
+
+
+def test_build_is_a_noop_when_verified():
+    plan = plan_build(settings(llamacpp_backend="cpu"))
+    commands, noops = run_op(build, {LlamacppBuilds: Builds(None, {plan.stamp: 1})}, plan=plan, src="/s", root=ROOT)
+    assert commands == [] and "exists and was verified" in noops[0]
+
+
+def test_failed_partial_build_is_built_again():
+    plan = plan_build(settings(llamacpp_backend="cpu"))
+    commands, _ = run_op(build, {LlamacppBuilds: Builds(None, {}, (plan.stamp,))}, plan=plan, src="/s", root=ROOT)
+    assert commands[0].startswith("rm -rf")
+
+
+def test_stamp_follows_every_input_but_not_the_driver():
+    base = plan_build(settings(), archs=("70",), cuda_home="/usr", cuda_version="11.8")
+    assert plan_build(settings(), archs=("70",), cuda_home="/usr", cuda_version="11.8").stamp == base.stamp
+    for other in (
+        plan_build(settings(llamacpp_commit="a" * 40), archs=("70",), cuda_home="/usr", cuda_version="11.8"),
+        plan_build(settings(), archs=("75",), cuda_home="/usr", cuda_version="11.8"),
+        plan_build(settings(), archs=("70",), cuda_home="/usr/local/cuda-12.4", cuda_version="12.4"),
+        plan_build(settings(), archs=("70",), cuda_home="/usr", cuda_version="11.8", host_compiler="/usr/bin/g++-11"),
+        plan_build(settings(server_cache_type_v="q8_0"), archs=("70",), cuda_home="/usr", cuda_version="11.8"),
+        plan_build(settings(llamacpp_backend="cpu")),
+    ):
+        assert other.stamp != base.stamp
+
+
+def test_switch_is_atomic_and_only_when_needed():
+    commands, _ = run_op(switch_current, {LlamacppBuilds: Builds("old", {"old": 1, "new": 2})}, root=ROOT, stamp="new")
+    assert commands == [
+        f"test -f {ROOT}/builds/new/build-info.json && ln -sfn new {ROOT}/builds/current.new"
+        f" && mv -T {ROOT}/builds/current.new {ROOT}/builds/current"
+    ]
+    commands, noops = run_op(switch_current, {LlamacppBuilds: Builds("new", {"new": 2})}, root=ROOT, stamp="new")
+    assert commands == [] and noops
+
+
+def test_prune_keeps_new_and_previous_and_drops_failed():
+    facts = {LlamacppBuilds: Builds("b", {"a": 1, "b": 2, "c": 3}, ("x",))}
+    commands, _ = run_op(prune_builds, facts, root=ROOT, keep=2, current="n")
+    assert commands == [f"rm -rf {ROOT}/builds/a {ROOT}/builds/c {ROOT}/builds/x"]
+    commands, noops = run_op(prune_builds, {LlamacppBuilds: Builds("n", {"n": 1, "b": 0})}, root=ROOT, keep=2, current="n")
+    assert commands == [] and noops
