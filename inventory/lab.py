@@ -20,8 +20,10 @@ t4 = [
 ]
 
 # The lab's hosts have no real GPU and no conda channel in reach: build
-# llama.cpp for the CPU and use a venv. The rest are the defaults of
-# group_data/all.py. The rack shares one ccache, so a build compiles once.
+# llama.cpp for the CPU and use a venv. They cannot reach GitHub either:
+# llama.cpp comes from the lab's mirror (`llamarack lab up` serves it).
+# The rest are the defaults of group_data/all.py. The rack shares one
+# ccache, so a build compiles once.
 lab = (
     v100 + t4,
     {
@@ -32,5 +34,7 @@ lab = (
         "llamacpp_backend": "cpu",
         "python_env_backend": "venv",
         "llamacpp_ccache_dir": "/var/cache/llamarack-ccache",
+        "llamacpp_git_url": "http://10.77.0.1:8470/llama.cpp.git",
+        "llamacpp_commit": "dccad28c67854048fcdf644803b3f54e152d99a8",
     },
 )

@@ -11,3 +11,7 @@ class SettingsError(DeployError):
         self.problems = problems
         lines = "\n".join(f"  - {p}" for p in problems)
         super().__init__(f"bad settings for host {host}:\n{lines}")
+
+
+class ModelSourceError(DeployError):
+    """The model's source cannot be listed or does not hold what the settings pin."""

@@ -131,7 +131,7 @@ def _build_env(plan: BuildPlan, root: str, ccache_dir) -> str:
     if plan.backend == "cuda":
         # The chosen toolkit first: another nvcc/ptxas earlier in PATH (CUDA 13 in
         # /usr/local/bin) cannot build for sm_70.
-        env.append(f"PATH={shlex.quote(plan.cuda_home)}/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        env.append(f"PATH={shlex.quote(plan.cuda_home)}/bin:$PATH")
     return "env " + " ".join(env)
 
 

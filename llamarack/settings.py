@@ -142,7 +142,9 @@ class DriverSettings:
         _dotted_version,
     )
     hold_packages: bool = setting(
-        True, "apt-mark hold the installed driver packages so upgrades cannot move them"
+        True,
+        "apt-mark hold the installed driver packages so upgrades cannot move them; "
+        "False unholds them (for a planned driver upgrade)",
     )
     reboot_on_mismatch: bool = setting(
         False, "reboot a host whose driver library and loaded module differ, then check again"
@@ -168,6 +170,16 @@ class ToolchainSettings:
     )
     install_gcc: bool = setting(
         True, "install gcc-N/g++-N when the default gcc is newer than the toolkit accepts"
+    )
+    conda_channel: str = setting(
+        "nvidia/label/cuda-11.8.0",
+        "conda channel the toolkit (cuda-nvcc, cudart, cublas) comes from with source conda",
+    )
+    apt_cache_time: int = setting(
+        86400,
+        "seconds apt's package lists count as fresh; apt-get update runs only when a package "
+        "is missing and the lists are older",
+        _positive,
     )
 
 
@@ -201,6 +213,22 @@ class PythonEnvSettings:
     autoawq_version: str = setting("0.2.7", "autoawq pin", _pep440_version)
     numpy_requirement: str = setting(
         "numpy<2", "numpy constraint (torch < 2.3 fails with numpy 2)", _requirement
+    )
+    autoawq_requirements: tuple[str, ...] = setting(
+        ("datasets==3.0.1", "pyarrow==17.0.0", "zstandard==0.23.0"),
+        "what autoawq really imports, installed beside it (autoawq itself goes in with --no-deps; "
+        "pyarrow 18+ needs numpy 2)",
+        _requirement,
+    )
+    converter_torch_index_url: str = setting(
+        "https://download.pytorch.org/whl/cpu",
+        "pip index torch comes from in the llama.cpp converter's env (conversion runs on the CPU)",
+        _url,
+    )
+    converter_overrides: tuple[str, ...] = setting(
+        (),
+        "requirements that replace the converter file's line of the same package, e.g. torch==2.13.0",
+        _requirement,
     )
 
 

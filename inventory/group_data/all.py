@@ -19,7 +19,7 @@ llamarack_service_user = 'llamarack'
 # lowest driver accepted (the toolkit's own floor applies as well)
 driver_min_version = '520.61.05'
 
-# apt-mark hold the installed driver packages so upgrades cannot move them
+# apt-mark hold the installed driver packages so upgrades cannot move them; False unholds them (for a planned driver upgrade)
 driver_hold_packages = True
 
 # reboot a host whose driver library and loaded module differ, then check again
@@ -38,6 +38,12 @@ toolchain_cuda_home = None
 
 # install gcc-N/g++-N when the default gcc is newer than the toolkit accepts
 toolchain_install_gcc = True
+
+# conda channel the toolkit (cuda-nvcc, cudart, cublas) comes from with source conda
+toolchain_conda_channel = 'nvidia/label/cuda-11.8.0'
+
+# seconds apt's package lists count as fresh; apt-get update runs only when a package is missing and the lists are older
+toolchain_apt_cache_time = 86400
 
 # --- python_env: The Python environment for AWQ quantization, with the reference pins.
 
@@ -77,13 +83,22 @@ python_env_autoawq_version = '0.2.7'
 # numpy constraint (torch < 2.3 fails with numpy 2)
 python_env_numpy_requirement = 'numpy<2'
 
+# what autoawq really imports, installed beside it (autoawq itself goes in with --no-deps; pyarrow 18+ needs numpy 2)
+python_env_autoawq_requirements = ['datasets==3.0.1', 'pyarrow==17.0.0', 'zstandard==0.23.0']
+
+# pip index torch comes from in the llama.cpp converter's env (conversion runs on the CPU)
+python_env_converter_torch_index_url = 'https://download.pytorch.org/whl/cpu'
+
+# requirements that replace the converter file's line of the same package, e.g. torch==2.13.0
+python_env_converter_overrides = []
+
 # --- llamacpp: The llama.cpp source and build.
 
 # llama.cpp git repository (or a mirror)
 llamacpp_git_url = 'https://github.com/ggml-org/llama.cpp.git'
 
 # pinned llama.cpp commit
-llamacpp_commit = '0c1e57098'
+llamacpp_commit = '0c1e57098bba43ac29e6e3b677cdceebdd22334f'
 
 # cuda for GPU hosts; cpu builds without CUDA (hosts with no GPU, like the lab)
 llamacpp_backend = 'cuda'
@@ -131,6 +146,18 @@ model_hf_token_file = None
 
 # llama-quantize type
 model_quant = 'Q4_K_M'
+
+# repository files fetched for source hf (shell patterns on their paths)
+model_hf_include = ['*.json', '*.safetensors', '*.model', '*.tiktoken', '*.txt']
+
+# GGUF type convert_hf_to_gguf.py writes before llama-quantize
+model_convert_outtype = 'f16'
+
+# keep the downloaded checkpoint and the unquantized GGUF after quantizing
+model_keep_intermediates = False
+
+# times a dropped download is resumed (HTTP Range) before the run fails
+model_fetch_retries = 5
 
 # --- server: How llama-server runs.
 

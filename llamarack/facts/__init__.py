@@ -13,6 +13,9 @@ from .gpu import (
     gpus_record,
 )
 from .llamacpp import Builds, GitHead, LlamacppBuilds, LlamaServerFlags, ServerFlags, parse_server_help
+from .packages import DebianSources, DebPackage, NvidiaDriverPackages
+from .python import PythonEnv, PythonEnvPackages, RequirementsFile
+from .model import ArtifactState, ModelArtifact
 from .system import FreeDiskBytes
 from .toolchain import (
     CmakeVersion,
@@ -21,9 +24,13 @@ from .toolchain import (
     GccInstall,
     GccVersions,
     InstallableGccMajors,
+    ToolchainChoice,
+    ToolchainRecord,
+    toolchain_record,
 )
 
 __all__ = [
+    "ArtifactState",
     "Builds",
     "GitHead",
     "LlamacppBuilds",
@@ -33,6 +40,8 @@ __all__ = [
     "CmakeVersion",
     "CudaToolkit",
     "CudaToolkits",
+    "DebianSources",
+    "DebPackage",
     "DriverState",
     "FreeDiskBytes",
     "GccInstall",
@@ -40,8 +49,16 @@ __all__ = [
     "InstallableGccMajors",
     "Gpu",
     "KernelModule",
+    "ModelArtifact",
     "NvidiaKernelModule",
+    "NvidiaDriverPackages",
     "NvidiaSmi",
+    "PythonEnv",
+    "PythonEnvPackages",
+    "RequirementsFile",
     "RecordedGpus",
+    "ToolchainChoice",
+    "ToolchainRecord",
     "gpus_record",
+    "toolchain_record",
 ]

@@ -47,7 +47,7 @@ class NvidiaDriverPackages(FactBase[tuple]):
         return "dpkg-query"
 
     def command(self) -> str:
-        return "dpkg-query -W -f='${Package} ${Version} ${Status}\\n'"
+        return "dpkg-query -W -f='${Package}\\t${Version}\\t${Status}\\n'"
 
     def default(self) -> tuple:
         return ()
@@ -55,10 +55,11 @@ class NvidiaDriverPackages(FactBase[tuple]):
     def process(self, output) -> tuple:
         packages = []
         for line in output:
-            fields = line.split()
-            if len(fields) != 5:
+            # Tabs between fields: a package known but never installed has no version.
+            fields = line.split("\t")
+            if len(fields) != 3 or len(fields[2].split()) != 3:
                 raise FactProcessError(f"unexpected dpkg-query line: {line!r}")
-            name, version, want, _, status = fields
+            name, version, (want, _, status) = fields[0], fields[1], fields[2].split()
             if status == "installed" and DRIVER_PACKAGE.fullmatch(name):
                 packages.append(DebPackage(name, version, want == "hold"))
         return tuple(sorted(packages, key=lambda p: p.name))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 from dataclasses import dataclass
 from typing import Optional
 
@@ -167,3 +169,55 @@ class InstallableGccMajors(FactBase[tuple]):
 
     def process(self, output) -> tuple:
         return tuple(sorted((int(line.strip()[4:]) for line in output if line.strip()), reverse=True))
+
+
+@dataclass(frozen=True)
+class ToolchainChoice:
+    """What the toolchain role chose for CUDA builds; the llama.cpp build reads it."""
+
+    backend: str
+    """``cuda`` or ``cpu`` (llamacpp_backend when it was recorded)."""
+    cuda_source: Optional[str] = None
+    """``system``, ``debian`` or ``conda``; None on CPU hosts."""
+    cuda_home: Optional[str] = None
+    """Toolkit directory: put ``<cuda_home>/bin`` first in PATH for the build."""
+    nvcc: Optional[str] = None
+    cuda_version: Optional[str] = None
+    """``major.minor``, as nvcc prints it (``11.8``)."""
+    cuda_full_version: Optional[str] = None
+    max_gcc: Optional[int] = None
+    """Newest gcc major the toolkit accepts (its ``crt/host_config.h``)."""
+    host_compiler: Optional[str] = None
+    """C++ compiler for ``-DCMAKE_CUDA_HOST_COMPILER`` (``/usr/bin/g++-11``)."""
+    host_c_compiler: Optional[str] = None
+    """The matching C compiler (``/usr/bin/gcc-11``)."""
+
+
+def toolchain_record(choice: ToolchainChoice) -> str:
+    """The JSON that ``ToolchainRecord`` reads back (stable, so rewriting it is a no-op)."""
+    return json.dumps(choice.__dict__, indent=1, sort_keys=True) + "\n"
+
+
+class ToolchainRecord(FactBase[Optional[ToolchainChoice]]):
+    """
+    Returns the toolchain recorded by the toolchain role
+    (``<llamarack_root>/state/toolchain.json``), or None before the first run.
+
+    .. code:: python
+
+        ToolchainChoice(backend="cuda", cuda_source="debian", cuda_home="/usr",
+            nvcc="/usr/bin/nvcc", cuda_version="11.8", cuda_full_version="11.8.89",
+            max_gcc=11, host_compiler="/usr/bin/g++-11", host_c_compiler="/usr/bin/gcc-11")
+    """
+
+    def command(self, path: str) -> str:
+        return f"cat {shlex.quote(path)} 2>/dev/null || true"
+
+    def process(self, output) -> Optional[ToolchainChoice]:
+        text = "\n".join(output).strip()
+        if not text:
+            return None
+        try:
+            return ToolchainChoice(**json.loads(text))
+        except (ValueError, TypeError) as e:
+            raise FactProcessError(f"unreadable toolchain record: {e}") from e

@@ -13,7 +13,9 @@ from .profiles import (  # noqa: F401
 )
 from .paths import GUEST_CCACHE_DIR
 
-BRIDGE = "lrlab0"
+from .network import BRIDGE  # noqa: E402,F401
+from .mirror import LAB_COMMIT  # noqa: E402
+from .services import SERVICES_PORT  # noqa: E402
 
 # Group data of the generated inventory (lab-only settings). One place, so
 # the rest of llamarack can rename keys.
@@ -24,4 +26,7 @@ LAB_GROUP_DATA = {
     "llamacpp_backend": "cpu",
     "python_env_backend": "venv",
     "llamacpp_ccache_dir": GUEST_CCACHE_DIR,
+    # llama.cpp from the lab's mirror of the PyPI sdist (no GitHub here).
+    "llamacpp_git_url": f"http://{GATEWAY}:{SERVICES_PORT}/llama.cpp.git",
+    "llamacpp_commit": LAB_COMMIT,
 }

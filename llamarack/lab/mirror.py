@@ -28,6 +28,8 @@ SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 # The submodule HEAD recorded in the sdist (.git/modules/vendor/llama.cpp/HEAD).
 UPSTREAM_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 VENDOR_PREFIX = f"llama_cpp_python-{SDIST_VERSION}/vendor/llama.cpp/"
+# What ensure_mirror makes from that sdist, everywhere (fixed identity and dates).
+LAB_COMMIT = "dccad28c67854048fcdf644803b3f54e152d99a8"
 
 # Fixed identity and dates: the same tree always gives the same commit sha.
 _GIT_ENV = {
@@ -114,6 +116,9 @@ def ensure_mirror(cache: Path, srv: Path) -> Mirror:
         _git("commit", "--quiet", "--no-verify", "-m",
              f"llama.cpp {UPSTREAM_COMMIT} as vendored by {SDIST_NAME} {SDIST_VERSION}", cwd=work)  # fmt: skip
         commit = _git("rev-parse", "HEAD", cwd=work)
+        if commit != LAB_COMMIT:
+            # The lab inventory pins LAB_COMMIT: a different sha means the tree differs.
+            raise RuntimeError(f"mirror commit {commit} is not the expected {LAB_COMMIT}")
         staging = Path(tmp) / "llama.cpp.git"
         _git("clone", "--quiet", "--bare", "--no-local", str(work), str(staging))
         _git("update-server-info", cwd=staging)

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
+import shutil
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import LAB_GROUP_DATA, host as hostmod, image, network, paths, profiles
+from . import LAB_GROUP_DATA, host as hostmod, image, network, paths, profiles, services
 from .fake_nvidia import deb
 from .util import LabError, is_mountpoint, progress, require_tool, run
 
@@ -149,8 +149,9 @@ def _write_inventory(rack: Rack) -> None:
 def up(n: int | None = None, gpus: str | None = None,
        driver_version: str = deb.DEFAULT_VERSION, boot_timeout: float = 90) -> Rack:
     """Start a rack; on any failure, tear down what was started and raise."""
-    _check_machine()
     spec = profiles.rack_spec(profiles.rack_profiles(n, gpus))
+    deb.check_version(driver_version)
+    _check_machine()
     sd = paths.state_dir()
     if (sd / STATE_FILE).exists():
         raise LabError(f"a rack is already up ({sd / STATE_FILE}); run 'lab down' first")
@@ -189,6 +190,11 @@ def _up(rack: Rack, spec, driver_version: str, boot_timeout: float) -> None:
     rack.save()
 
     rack.data["lxcfs"] = _start_lxcfs(sd)
+    rack.save()
+
+    progress("preparing the lab's local sources (llama.cpp mirror; first time about 1 min)")
+    services.prepare()
+    rack.data["services"] = {"pid": services.start(profiles.GATEWAY), "port": services.SERVICES_PORT}
     rack.save()
 
     driver_deb = deb.build_deb(driver_version, paths.cache_dir() / "debs")
@@ -251,6 +257,8 @@ def down(state_dir: Path | None = None) -> list[str]:
             if r.returncode != 0:
                 errors.append(f"umount {root}: {r.stderr.decode().strip()}")
         errors += network.remove_host(h)
+    if d.get("services"):
+        services.stop(d["services"]["pid"])
     lx = d.get("lxcfs")
     if lx:
         if is_mountpoint(lx["mount"]):
@@ -258,6 +266,13 @@ def down(state_dir: Path | None = None) -> list[str]:
             if r.returncode != 0:
                 run(["umount", "-l", lx["mount"]], check=False)
         errors += hostmod.kill_cgroups(lx["cgroups"])
+    # reap the supervisors and lxcfs if this process started them (pytest)
+    for pid in [h.get("pid") for h in d["hosts"]] + [(lx or {}).get("pid"), d.get("services", {}).get("pid")]:
+        if pid:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
     if "network" in d:
         errors += network.teardown_machine(d["network"])
     parent_dirs = {str(Path(c).parent) for c in cgroups + (lx or {}).get("cgroups", [])}
@@ -275,8 +290,13 @@ def down(state_dir: Path | None = None) -> list[str]:
                 sd.rmdir()
             except OSError:
                 pass
-    else:
-        (sd / STATE_FILE).unlink(missing_ok=True)
+    elif not errors:
+        # a state dir on someone else's mount: remove what up put there
+        for sub in ("hosts", "image", "lxcfs"):
+            shutil.rmtree(sd / sub, ignore_errors=True)
+        for f in ("image.key", "inventory.py", "known_hosts", "lxcfs.log", "lxcfs.pid",
+                  "id_ed25519", "id_ed25519.pub", STATE_FILE):
+            (sd / f).unlink(missing_ok=True)
     return errors
 
 
@@ -297,7 +317,3 @@ def status(state_dir: Path | None = None) -> list[dict]:
 def healthy(rack: Rack) -> bool:
     st = status(rack.state_dir)
     return bool(st) and all(h["alive"] and h["ssh"] for h in st)
-
-
-def shell_join(cmd: list[str]) -> str:
-    return " ".join(shlex.quote(c) for c in cmd)

@@ -27,7 +27,9 @@ def lab_processes() -> list[str]:
             continue
         try:
             cg = (p / "cgroup").read_text()
-        except OSError:
+            if (p / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue  # a zombie holds nothing; its parent or init reaps it
+        except (OSError, IndexError):
             continue
         if f"/{CGROUP_PARENT}/" in cg or cg.rstrip().endswith(f"/{CGROUP_PARENT}"):
             out.append(p.name)

@@ -77,7 +77,7 @@ def test_commands_run_on_a_real_debian_host(tmp_path):
     """The commands are valid shell and their real output here parses."""
     gcc = facts.GccVersions()
     assert gcc.process(run_here(gcc.command())).default
-    assert facts.NvidiaSmi().process(run_here(facts.NvidiaSmi().command())).state in {"missing", "ok"}
+    assert facts.NvidiaSmi().process(run_here(facts.NvidiaSmi().command())).state in {"missing", "no_module", "ok"}
     for toolkit in facts.CudaToolkits().process(run_here(facts.CudaToolkits().command())):
         assert toolkit.max_gcc and toolkit.version
     free = facts.FreeDiskBytes()

@@ -54,7 +54,7 @@ def test_cuda_build_refuses_a_binary_without_every_arch():
     configure = commands[1]
     assert "-DGGML_CUDA=ON" in configure and "'-DCMAKE_CUDA_ARCHITECTURES=70;75'" in configure
     assert "-DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++-11" in configure
-    assert "PATH=/usr/local/cuda-11.8/bin:" in configure
+    assert "PATH=/usr/local/cuda-11.8/bin:$PATH" in configure
     assert "-DGGML_CUDA_FA_ALL_QUANTS=ON" not in configure  # q4_0/q4_0 has kernels
     checks = [c for c in commands if "cuobjdump" in c or ".cubin" in c]
     assert "/usr/local/cuda-11.8/bin/cuobjdump --list-elf" in checks[0]

@@ -27,6 +27,7 @@ unless said otherwise):
 
 - ``drop_after(path, n)``: send the headers and ``n`` bytes, then cut the connection.
 - ``corrupt(path)``: serve the right length of wrong bytes (every time).
+- ``redirects[path] = url``: answer 302 to ``url`` (another server: a CDN).
 
 ``requests`` records what was asked and sent (method, path, range, whether
 auth was present and right, bytes of body sent); never the token itself.
@@ -127,6 +128,8 @@ class HubServer:
         self.requests: list[Logged] = []
         self._drops: dict[str, int] = {}
         self._corrupt: set[str] = set()
+        # path -> absolute URL: answer 302 there (huggingface.co sends LFS files to a CDN)
+        self.redirects: dict[str, str] = {}
         self._lock = threading.Lock()
         hub = self
 
@@ -161,7 +164,7 @@ class HubServer:
                 and "/resolve/" in r.path]  # fmt: skip
 
     def start(self) -> "HubServer":
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
         self._thread.start()
         return self
 
@@ -229,6 +232,13 @@ class _Handler(BaseHTTPRequestHandler):
         f = repo.files.get(m["path"]) if repo else None
         if f is None:
             return self._json(entry, 404, {"error": "Entry not found"})
+        if f.path in hub.redirects:
+            entry.status = 302
+            self.send_response(302)
+            self.send_header("Location", hub.redirects[f.path])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         self._file(entry, repo, f, head)
 
     def _repo(self, repo_id: str, rev: str) -> Optional[Repo]:

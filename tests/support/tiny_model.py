@@ -56,7 +56,9 @@ spm.SentencePieceTrainer.train(
     model_type="bpe", byte_fallback=True, character_coverage=1.0, num_threads=1,
     unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
 )
-tok = LlamaTokenizer(vocab_file=str(work / "sp.model"), legacy=False)
+# legacy=True: the non-legacy path needs sentencepiece_model_pb2, which this
+# sentencepiece only ships for protobuf 5 (the converter pins protobuf<5).
+tok = LlamaTokenizer(vocab_file=str(work / "sp.model"), legacy=True)
 tok.save_pretrained(out)
 torch.manual_seed(p["seed"])
 config = LlamaConfig(

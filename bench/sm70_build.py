@@ -1,0 +1,93 @@
+"""Proof that the pinned llama.cpp builds for Volta (sm_70) with CUDA 11.8, using the role's flags.
+
+Runs on this machine (no GPU needed to compile) with Debian 12's non-free
+nvidia-cuda-toolkit 11.8.89 and g++-11, exactly the cmake arguments the
+llama.cpp role plans for a V100 host, then lists the cubins with cuobjdump
+as the role's verify step does. Writes bench/results/sm70-build.json.
+
+    python3 bench/sm70_build.py [--source DIR] [--jobs 2]
+
+A cold build is about 50 minutes on 2 cores; ccache (its own directory,
+/var/cache/llamarack/ccache-sm70) makes a repeat a few minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from llamarack.build import plan_build
+from llamarack.lab import services
+from llamarack.settings import load_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workdir", default="/var/cache/llamarack/sm70-build")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count())
+    args = parser.parse_args()
+
+    mirror = services.prepare()
+    settings = load_settings("bench", {"python_env_backend": "venv", "llamacpp_commit": mirror.commit})
+    plan = plan_build(settings, archs=("70",), cuda_home="/usr", cuda_version="11.8",
+                      host_compiler="/usr/bin/g++-11")  # fmt: skip
+    work = Path(args.workdir)
+    src, build = work / "src", work / f"build-{plan.stamp}"
+    if not (src / ".git").exists():
+        subprocess.run(["git", "clone", "--quiet", str(mirror.bare), str(src)], check=True)
+    subprocess.run(["git", "-C", str(src), "checkout", "--quiet", "--detach", mirror.commit], check=True)
+
+    env = {**os.environ, "PATH": "/usr/bin:/usr/sbin:/bin:/sbin", "CCACHE_DIR": "/var/cache/llamarack/ccache-sm70",
+           "CCACHE_BASEDIR": str(work), "CCACHE_NOHASHDIR": "true"}  # fmt: skip
+    subprocess.run(["ccache", "-z"], env=env, check=True, capture_output=True)
+    t0 = time.monotonic()
+    subprocess.run(["cmake", "-S", str(src), "-B", str(build), *plan.cmake_args], env=env, check=True,
+                   stdout=open(work / "configure.log", "w"), stderr=subprocess.STDOUT)  # fmt: skip
+    t1 = time.monotonic()
+    with open(work / "build.log", "w") as log:
+        rc = subprocess.run(
+            ["cmake", "--build", str(build), "--config", "Release", "-j", str(args.jobs), "--target", *plan.targets],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        ).returncode  # fmt: skip
+    t2 = time.monotonic()
+    cubins = subprocess.run(["cuobjdump", "--list-elf", str(build / "bin/libggml-cuda.so")],
+                            capture_output=True, text=True).stdout  # fmt: skip
+    archs = sorted(set(re.findall(r"\.(sm_\d+)\.cubin", cubins)))
+    version = subprocess.run([str(build / "bin/llama-server"), "--version"], capture_output=True, text=True)
+    stats = subprocess.run(["ccache", "-s"], env=env, capture_output=True, text=True).stdout
+    result = {
+        "what": "llama.cpp CUDA build for sm_70 with the llama.cpp role's cmake arguments",
+        "llama_cpp_commit_upstream": "0c1e57098bba43ac29e6e3b677cdceebdd22334f",
+        "mirror_commit": mirror.commit,
+        "cmake_args": list(plan.cmake_args),
+        "targets": list(plan.targets),
+        "toolkit": subprocess.run(["nvcc", "--version"], env=env, capture_output=True, text=True).stdout.strip().splitlines()[-2],
+        "host_compiler": subprocess.run(["g++-11", "--version"], capture_output=True, text=True).stdout.splitlines()[0],
+        "build_exit_code": rc,
+        "configure_s": round(t1 - t0, 1),
+        "build_s": round(t2 - t1, 1),
+        "jobs": args.jobs,
+        "cubin_count": cubins.count(".cubin"),
+        "cubin_archs": archs,
+        "cuobjdump_head": cubins.splitlines()[:5],
+        "server_version": (version.stdout + version.stderr).strip().splitlines()[-2:],
+        "ccache": [l.strip() for l in stats.splitlines() if re.match(r"\s*(Hits|Misses|Cacheable)", l)],
+        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version(),
+                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},  # fmt: skip
+    }
+    out = ROOT / "bench/results/sm70-build.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+    return 0 if rc == 0 and archs == ["sm_70"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

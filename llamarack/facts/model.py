@@ -1,0 +1,58 @@
+"""Facts about the model artifacts under the llamarack root."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from typing import Optional
+
+from pyinfra.api import FactBase
+from pyinfra.api.exceptions import FactProcessError
+
+
+@dataclass(frozen=True)
+class ArtifactState:
+    """What one ``models/<stamp>`` directory holds."""
+
+    stamp: Optional[str]  # from its stamp.json; None when unsealed
+    gguf_size: Optional[int]  # model.gguf's size now
+    sealed_size: Optional[int]  # model.gguf's size when it was sealed
+
+    def complete_for(self, stamp: str) -> bool:
+        """The artifact is the one wanted and its GGUF is whole."""
+        return self.stamp == stamp and self.gguf_size is not None and self.gguf_size == self.sealed_size
+
+
+class ModelArtifact(FactBase[Optional[ArtifactState]]):
+    """
+    Returns the state of a model artifact directory, or None when it does not exist.
+
+    A directory without ``model.gguf`` and ``stamp.json`` (a leftover) has no stamp.
+
+    .. code:: python
+
+        ArtifactState(stamp="9c4e...", gguf_size=1094112, sealed_size=1094112)
+    """
+
+    def command(self, path: str) -> str:
+        d = shlex.quote(path)
+        return (
+            f"if [ -f {d}/model.gguf ] && [ -f {d}/stamp.json ]; then "
+            f"stat -c 'size %s' {d}/model.gguf; cat {d}/stamp.json; "
+            f"elif [ -e {d} ]; then echo unsealed; fi"
+        )
+
+    def process(self, output) -> Optional[ArtifactState]:
+        if not output:
+            return None
+        if output[0].strip() == "unsealed":
+            return ArtifactState(None, None, None)
+        try:
+            head, size = output[0].split()
+            if head != "size":
+                raise ValueError(output[0])
+            record = json.loads("\n".join(output[1:]))
+            return ArtifactState(record["stamp"], int(size), int(record["gguf"]["size"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise FactProcessError(f"unreadable model artifact state: {e}") from e

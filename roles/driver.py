@@ -1,0 +1,52 @@
+"""Driver: never installs or upgrades a driver; holds what is installed, reboots only when asked.
+
+The driver itself is the operator's (a driver change on a rack of old GPUs is
+a decision, not a side effect). This role keeps the installed one where it
+is: ``driver_hold_packages`` apt-mark holds every installed NVIDIA driver
+package (False unholds them, for a planned upgrade), and with
+``driver_reboot_on_mismatch`` a host whose driver was upgraded without a
+reboot ("Driver/library version mismatch") is rebooted and checked again.
+Without that setting preflight has already refused such a host.
+"""
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.api.exceptions import DeployError
+from pyinfra.operations import server
+
+from llamarack.facts import NvidiaSmi
+from llamarack.hoststack import driver_answers, driver_package_holds
+from llamarack.settings import Settings
+
+
+@deploy("llamarack driver")
+def driver(settings: Settings):
+    """
+    Hold (or unhold) the driver packages; reboot once on a library/module mismatch if allowed.
+
+    + settings: the host's settings (``driver_*``)
+    """
+    s = settings.driver
+    state = host.get_fact(NvidiaSmi)
+    # The mismatch only ends with the reboot itself, so this branch is read
+    # once, before anything runs; the check after the reboot reads nvidia-smi anew.
+    if state.state == "mismatch":
+        if not s.reboot_on_mismatch:
+            raise DeployError(
+                f"{host.name}: driver library {state.library_version} and loaded module differ "
+                "and driver_reboot_on_mismatch is off (preflight should have refused this host)"
+            )
+        reboot = server.reboot(
+            name="Reboot: NVIDIA driver library and loaded module differ",
+            reboot_timeout=600,
+        )
+        driver_answers(
+            name="NVIDIA driver answers after the reboot",
+            reason="a reboot for the driver library/module mismatch",
+            _if=reboot.did_change,
+        )
+
+    driver_package_holds(
+        name="Hold the NVIDIA driver packages" if s.hold_packages else "Unhold the NVIDIA driver packages",
+        hold=s.hold_packages,
+    )

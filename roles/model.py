@@ -1,0 +1,66 @@
+"""Model: fetch the pinned source, convert and quantize it into a content-addressed GGUF.
+
+Source hf: the checkpoint files of ``model_repo`` at ``model_revision`` (those
+``model_hf_include`` selects), checked by the hashes the hub lists for that
+commit, converted by the pinned llama.cpp's ``convert_hf_to_gguf.py`` (in the
+converter env) to ``model_convert_outtype``, then ``llama-quantize`` to
+``model_quant``. Source gguf (a prequantized file of a hub repo) and url
+(with ``model_sha256``) are fetched and verified, nothing more.
+
+Where downloads run: on each host, from ``model_hf_endpoint`` (point it at a
+LAN mirror for a big rack). Pushing one control-machine download through
+every host's SSH link would serialize the rack behind one link; every host
+fetching in parallel from a mirror does not.
+
+The hub is asked once per run on the control machine (``requests``), for
+sizes and content hashes; hosts need only python3's standard library.
+
+Returns the plan (``plan.gguf`` is the served file; ``<root>/models/current``
+points at its directory).
+"""
+
+from typing import Optional
+from urllib.parse import urlsplit
+
+from pyinfra.api import deploy
+
+from llamarack.errors import ModelSourceError
+from llamarack.hub import HubListing, read_token, repo_files
+from llamarack.model_ops import artifact
+from llamarack.model_plan import ModelPlan, plan_model
+from llamarack.settings import Settings
+
+
+def listing_for(settings: Settings) -> Optional[HubListing]:
+    m = settings.model
+    if m.source == "url":
+        return None
+    if not (m.repo and m.revision):
+        raise ModelSourceError(f"model_repo/model_revision: source {m.source!r} needs both")
+    return repo_files(m.hf_endpoint, m.repo, m.revision, read_token(m.hf_token_file))
+
+
+def plan_for(settings: Settings) -> ModelPlan:
+    return plan_model(settings, listing_for(settings))
+
+
+@deploy("llamarack model")
+def model(settings: Settings, tool_paths: Optional[dict] = None) -> ModelPlan:
+    """
+    Make the model artifact this host's settings ask for, and point ``models/current`` at it.
+
+    + settings: the host's settings
+    + tool_paths: where the converter python/script and llama-quantize are, when not
+      at the default places under the root (``llamarack.model_ops.tools``)
+    """
+    plan = plan_for(settings)
+    token_file = settings.model.hf_token_file if settings.model.source != "url" else None
+    artifact(
+        # A URL may carry a signed query: name only its host.
+        name=f"Model {plan.name} ({settings.model.source}: "
+        f"{settings.model.repo or urlsplit(settings.model.url).hostname})",
+        plan=plan,
+        token_file=token_file,
+        tool_paths=tool_paths,
+    )
+    return plan

@@ -1,0 +1,108 @@
+"""Python envs: the AWQ quantization env with the reference pins, and llama.cpp's converter env.
+
+Backends: ``venv`` (the host's ``/usr/bin/python<version>`` and its venv
+module) or ``conda`` (Miniforge under ``<root>/conda``, its installer pinned
+by sha256; envs with ``python=<version>`` from the configured channels).
+Envs live in ``<root>/envs/awq`` and ``<root>/envs/convert``.
+
+The pins are installed deliberately (see ``llamarack/pyenv.py`` for why):
+resolve the whole set first and name each conflict, torch alone from its
+index, the rest with torch and numpy held by constraints, autoawq with
+``--no-deps`` plus what it really imports; then an import test. A converged
+env costs no pip call; a drifted package is put back.
+"""
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.api.exceptions import DeployError
+from pyinfra.operations import files
+
+from llamarack.facts import NvidiaSmi
+from llamarack.hoststack import apt_install_missing, conda_env, converter_pins, miniforge, pip_pins, venv
+from llamarack.pyenv import awq_plan
+from llamarack.settings import Settings
+
+
+def env_path(settings: Settings, name: str) -> str:
+    return f"{settings.general.root}/envs/{name}"
+
+
+def check_script(settings: Settings) -> str:
+    return f"{settings.general.root}/lib/pyenv_check.py"
+
+
+def converter_requirements_path(settings: Settings) -> str:
+    return f"{settings.general.root}/src/llama.cpp/requirements/requirements-convert_hf_to_gguf.txt"
+
+
+def _make_env(settings: Settings, name: str) -> str:
+    """Create the env's interpreter with the configured backend; return the env prefix."""
+    s = settings.python_env
+    root = settings.general.root
+    env = env_path(settings, name)
+    files.directory(name="llamarack envs and lib", path=f"{root}/envs", mode="755")
+    files.directory(name="llamarack lib", path=f"{root}/lib", mode="755")
+    if s.backend == "venv":
+        apt_install_missing(
+            name=f"python{s.python_version} and its venv module",
+            packages=[f"python{s.python_version}-venv"],
+            cache_time=settings.toolchain.apt_cache_time,
+        )
+        venv(name=f"venv {env}", env=env, python=f"/usr/bin/python{s.python_version}",
+             python_version=s.python_version)  # fmt: skip
+    else:
+        if not s.conda_installer_sha256:
+            raise DeployError(f"{host.name}: python_env_conda_installer_sha256 is required with conda")
+        conda_root = f"{root}/conda"
+        miniforge(name="Miniforge", installer_url=s.conda_installer_url,
+                  installer_sha256=s.conda_installer_sha256, prefix=conda_root)  # fmt: skip
+        conda_env(
+            name=f"conda env {env}",
+            conda=f"{conda_root}/bin/conda",
+            env=env,
+            specs=[f"python={s.python_version}", "pip"],
+            channels=list(s.conda_channels),
+            marker=f"{env}/bin/python",
+        )
+    return env
+
+
+@deploy("llamarack python env")
+def python_env(settings: Settings):
+    """
+    The AWQ env (``<root>/envs/awq``): torch, transformers, accelerate, autoawq at their pins.
+
+    + settings: the host's settings (``python_env_*``; on CUDA builds the toolkit
+      version and the GPUs' archs are verified against torch)
+    """
+    env = _make_env(settings, "awq")
+    archs: tuple = ()
+    if settings.llamacpp.backend == "cuda":
+        archs = settings.llamacpp.cuda_archs or tuple(
+            sorted({g.arch for g in host.get_fact(NvidiaSmi).gpus if g.arch})
+        )
+    pip_pins(
+        name="AWQ env pins (resolve, install, verify)",
+        plan=awq_plan(settings, env, archs),
+        check_script=check_script(settings),
+    )
+
+
+@deploy("llamarack converter env")
+def converter_env(settings: Settings, requirements_path: str = None):
+    """
+    The env for llama.cpp's ``convert_hf_to_gguf.py`` (``<root>/envs/convert``).
+
+    + settings: the host's settings (``python_env_*``)
+    + requirements_path: the converter's requirements file; default: in the
+      llama.cpp checkout under ``<root>/src/llama.cpp``, which may be made
+      earlier in the same run (the file is read when the operation runs)
+    """
+    env = _make_env(settings, "convert")
+    converter_pins(
+        name="Converter env pins (resolve, install, verify)",
+        settings=settings,
+        requirements_path=requirements_path or converter_requirements_path(settings),
+        env=env,
+        check_script=check_script(settings),
+    )

@@ -1,0 +1,149 @@
+"""Toolchain: build packages, the CUDA toolkit (CUDA builds only) and nvcc's host compiler.
+
+On every host: git, cmake, build-essential, ccache and pkg-config from apt
+(apt's lists are refreshed only when a package is missing). On CUDA builds
+the toolkit comes from ``toolchain_cuda_source``:
+
+- ``system``: already installed (``/usr/local/cuda-X``); preflight checked it;
+- ``debian``: Debian 12's non-free ``nvidia-cuda-toolkit`` (11.8), after a
+  deb822 sources stanza for contrib and non-free with the same ``Signed-By``
+  as the host's ``debian.sources`` (a ``.list`` line for the same archive
+  makes apt fail: "Conflicting values set for option Signed-By");
+- ``conda``: ``cuda-nvcc``, ``cuda-cudart-dev`` and ``libcublas-dev`` from
+  ``toolchain_conda_channel`` into ``<root>/envs/cuda-<version>``.
+
+Then the gcc guard: the toolkit's own ``crt/host_config.h`` says the newest
+gcc it takes; a newer default gcc stays the default and a versioned gcc-N
+is installed beside it. The choice goes to ``<root>/state/toolchain.json``
+(fact ``ToolchainRecord``), which the llama.cpp build reads.
+"""
+
+from io import StringIO
+
+from packaging.version import Version
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.api.exceptions import DeployError
+from pyinfra.facts.server import LinuxDistribution
+from pyinfra.operations import apt, files
+
+from llamarack.facts import CmakeVersion, DebianSources
+from llamarack.hoststack import apt_install_missing, conda_env, miniforge, toolchain_choice
+from llamarack.settings import Settings
+
+BUILD_PACKAGES = ["git", "cmake", "build-essential", "ccache", "pkg-config"]
+# The pinned llama.cpp's CMakeLists.txt: cmake_minimum_required(VERSION 3.14).
+CMAKE_MIN = "3.14"
+CUDA_SOURCES_FILE = "/etc/apt/sources.list.d/llamarack-cuda.sources"
+CONDA_CUDA_PACKAGES = ["cuda-nvcc", "cuda-cudart-dev", "libcublas-dev"]
+
+
+def record_path(settings: Settings) -> str:
+    return f"{settings.general.root}/state/toolchain.json"
+
+
+def conda_cuda_env(settings: Settings) -> str:
+    return f"{settings.general.root}/envs/cuda-{settings.toolchain.cuda_version}"
+
+
+def nonfree_sources(stanzas: tuple) -> str:
+    """deb822 stanzas adding contrib and non-free to each Debian archive the host uses.
+
+    Same URIs, suites and Signed-By as the host's own stanzas (security
+    included: the toolkit's libraries get security updates there too).
+    Returns "" when every stanza already has both components.
+    """
+    out = []
+    for stanza in stanzas:
+        components = set(stanza.get("Components", "").split())
+        if "deb" not in stanza.get("Types", "").split() or {"contrib", "non-free"} <= components:
+            continue
+        lines = ["Types: deb", f"URIs: {stanza['URIs']}", f"Suites: {stanza['Suites']}",
+                 "Components: contrib non-free"]  # fmt: skip
+        if "Signed-By" in stanza:
+            lines.append(f"Signed-By: {stanza['Signed-By']}")
+        out.append("\n".join(lines) + "\n")
+    if not out:
+        return ""
+    return "# Written by llamarack (toolchain_cuda_source = 'debian'): nvidia-cuda-toolkit\n" + "\n".join(out)
+
+
+@deploy("llamarack toolchain")
+def toolchain(settings: Settings):
+    """
+    Install the build packages and, on CUDA builds, the toolkit and a host compiler it accepts.
+
+    + settings: the host's settings (``toolchain_*``; ``llamacpp_backend``; the conda
+      installer of ``python_env_*`` with source conda)
+    """
+    t = settings.toolchain
+    cuda = settings.llamacpp.backend == "cuda"
+
+    cmake = host.get_fact(CmakeVersion)
+    if cmake and Version(cmake) < Version(CMAKE_MIN):
+        raise DeployError(
+            f"{host.name}: cmake {cmake} is installed; llama.cpp needs cmake >= {CMAKE_MIN}. "
+            "Fix: install a newer cmake (Debian 12 has 3.25, Ubuntu 22.04 has 3.22)"
+        )
+    apt_install_missing(name="Build packages", packages=BUILD_PACKAGES, cache_time=t.apt_cache_time)
+
+    extra_homes: tuple = ()
+    if cuda and t.cuda_source == "debian":
+        distro = host.get_fact(LinuxDistribution)
+        if distro.get("name") != "Debian":
+            raise DeployError(
+                f"{host.name}: toolchain_cuda_source 'debian' needs Debian (found {distro.get('name')}). "
+                "Fix: use 'system' or 'conda' on this host"
+            )
+        stanzas = host.get_fact(DebianSources)
+        if not stanzas:
+            raise DeployError(
+                f"{host.name}: no deb822 /etc/apt/sources.list.d/debian.sources to take the "
+                "archive and Signed-By from. Fix: add contrib non-free to the host's apt sources "
+                "yourself, or use toolchain_cuda_source 'system'"
+            )
+        text = nonfree_sources(stanzas)
+        if text:
+            sources = files.put(
+                name="apt sources: contrib and non-free for nvidia-cuda-toolkit",
+                src=StringIO(text),
+                dest=CUDA_SOURCES_FILE,
+                mode="644",
+            )
+            apt.update(name="apt update for the new sources", _if=sources.did_change)
+        apt_install_missing(
+            name="CUDA toolkit (Debian non-free)", packages=["nvidia-cuda-toolkit"],
+            cache_time=t.apt_cache_time,
+        )  # fmt: skip
+    elif cuda and t.cuda_source == "conda":
+        p = settings.python_env
+        if not p.conda_installer_sha256:
+            raise DeployError(
+                f"{host.name}: toolchain_cuda_source 'conda' needs python_env_conda_installer_sha256 "
+                "(the Miniforge installer is pinned by its sha256)"
+            )
+        conda_root = f"{settings.general.root}/conda"
+        miniforge(name="Miniforge", installer_url=p.conda_installer_url,
+                  installer_sha256=p.conda_installer_sha256, prefix=conda_root)  # fmt: skip
+        env = conda_cuda_env(settings)
+        conda_env(
+            name=f"CUDA {t.cuda_version} toolkit (conda)",
+            conda=f"{conda_root}/bin/conda",
+            env=env,
+            specs=CONDA_CUDA_PACKAGES,
+            channels=[t.conda_channel],
+            marker=f"{env}/bin/nvcc",
+        )
+        extra_homes = (env,)
+
+    files.directory(name="llamarack state directory", path=f"{settings.general.root}/state", mode="755")
+    toolchain_choice(
+        name="CUDA host compiler and toolchain record" if cuda else "Toolchain record",
+        record_path=record_path(settings),
+        backend=settings.llamacpp.backend,
+        cuda_version=t.cuda_version if cuda else None,
+        cuda_source=t.cuda_source if cuda else None,
+        cuda_home=(t.cuda_home or (extra_homes[0] if extra_homes else None)) if cuda else None,
+        install_gcc=t.install_gcc,
+        extra_homes=extra_homes,
+    )

@@ -1,0 +1,160 @@
+"""The model operation's real commands, run on this machine in a temp root: no lab, no mocks.
+
+tiny real checkpoint -> local hub (127.0.0.1, private, token) -> fetcher ->
+convert_hf_to_gguf.py (pinned llama.cpp tree from the llama-cpp-python sdist,
+converter venv from its requirements file) -> llama-quantize when a build is
+at hand (else the F16 route, converted straight to the artifact) -> seal ->
+atomic move -> ``models/current``. Then the same operation again, with the
+facts read from the real files: no command at all.
+
+Slow inputs are cached by their inputs (tests/support/cache.py): the first
+run here builds venvs (about 2 min); later runs take seconds.
+"""
+
+import json
+import os
+import shlex
+import subprocess
+import time
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from pyinfra.api import FileUploadCommand, StringCommand
+from pyinfra.context import ctx_host
+from pyinfra.facts.files import Link
+
+from llamarack.hub import repo_files
+from llamarack.model_ops import artifact
+from llamarack.model_plan import plan_model
+from llamarack.settings import load_settings
+from tests.support.cache import CACHE, converter_python, llama_cpp_source
+from tests.support.hub_server import HubServer
+from tests.support.tiny_model import tiny_model
+
+TOKEN = "hf_chain_test_token_SECRET"
+QUANTIZE_CANDIDATES = [CACHE / "llama-cpu-build/bin/llama-quantize", CACHE / "llama-cpu-build/build/bin/llama-quantize"]
+
+
+def sh(command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=600)
+
+
+class LocalHost:
+    """pyinfra's host, for an operation run here: facts run their real commands with bash."""
+
+    name = "@local"
+
+    def __init__(self):
+        self.noops = []
+
+    def get_fact(self, fact, **kwargs):
+        f = fact()
+        command = f.command(**kwargs)
+        result = sh(command.get_raw_value() if isinstance(command, StringCommand) else command)
+        lines = result.stdout.splitlines()
+        if fact is Link:
+            # pyinfra's file facts print nothing for a missing path
+            return f.process(lines) if lines else None
+        return f.process(lines)
+
+    def noop(self, message):
+        self.noops.append(message)
+
+
+def run_operation(plan, **kwargs):
+    """Plan the operation against this machine, then run its commands in order; time each."""
+    host = LocalHost()
+    with ctx_host.use(host):
+        cmds = list(artifact._inner(plan=plan, **kwargs))
+    timings = []
+    for c in cmds:
+        if isinstance(c, FileUploadCommand):
+            data = c.src.getvalue() if isinstance(c.src, StringIO) else Path(c.src).read_text()
+            Path(c.dest).write_text(data)
+            continue
+        text = c.get_raw_value() if isinstance(c, StringCommand) else c
+        started = time.monotonic()
+        result = sh(text)
+        timings.append((text, time.monotonic() - started, result.stdout + result.stderr))
+        assert result.returncode == 0, f"{text}\n{result.stdout}\n{result.stderr}"
+    return cmds, host.noops, timings
+
+
+@pytest.fixture(scope="module")
+def tools():
+    tree = llama_cpp_source()
+    quantize = next((p for p in QUANTIZE_CANDIDATES if p.exists()), None)
+    return {
+        "python": "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else "python3",
+        "convert_python": str(converter_python(tree)),
+        "convert_script": str(tree / "convert_hf_to_gguf.py"),
+        "quantize": str(quantize) if quantize else None,
+        "gguf_py": str(tree / "gguf-py"),
+    }
+
+
+def test_tiny_model_chain_and_second_run_changes_nothing(tmp_path, tools):
+    checkpoint = tiny_model()
+    root = tmp_path / "lr"
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    quant = "Q4_K_M" if tools["quantize"] else "F16"
+    with HubServer({"tiny/llama": checkpoint}, token=TOKEN) as hub:
+        sha = hub.repo("tiny/llama").sha
+        settings = load_settings("@local", {
+            "python_env_backend": "venv", "llamacpp_backend": "cpu", "llamarack_root": str(root),
+            "model_repo": "tiny/llama", "model_revision": sha, "model_hf_endpoint": hub.url,
+            "model_hf_token_file": str(token_file), "model_quant": quant,
+        })  # fmt: skip
+        plan = plan_model(settings, repo_files(hub.url, "tiny/llama", sha, TOKEN))
+        paths = {k: v for k, v in tools.items() if k != "gguf_py" and v}
+        cmds, _, timings = run_operation(plan, token_file=str(token_file), tool_paths=paths)
+
+        # Every byte came through the hub with the token; none was asked for twice.
+        resolves = [r for r in hub.requests if "/resolve/" in r.path]
+        assert {r.auth for r in resolves} == {"ok"}
+        assert sorted(r.path.rsplit("/", 1)[1] for r in resolves) == sorted(f.path for f in plan.files)
+
+    artifact_dir = root / "models" / plan.name
+    gguf = artifact_dir / "model.gguf"
+    assert gguf.read_bytes()[:4] == b"GGUF"
+    stamp = json.loads((artifact_dir / "stamp.json").read_text())
+    assert stamp["stamp"] == plan.stamp and stamp["gguf"]["size"] == gguf.stat().st_size
+    assert stamp["revision"] == sha and stamp["quant"] == quant
+    assert os.readlink(root / "models" / "current") == plan.name
+    assert sorted(p.name for p in artifact_dir.iterdir()) == ["model.gguf", "stamp.json"]
+    assert list((root / "models" / ".staging").iterdir()) == []  # token, checkpoint, f16: gone
+    assert all(TOKEN not in text + out for text, _, out in timings)
+
+    # The GGUF is a real Llama model of the right type.
+    probe = (
+        "import sys, json; sys.path.insert(0, sys.argv[2]); from gguf import GGUFReader\n"
+        "r = GGUFReader(sys.argv[1])\n"
+        "f = r.fields\n"
+        "print(json.dumps({'arch': bytes(f['general.architecture'].parts[-1]).decode(),"
+        " 'n_tensors': len(r.tensors), 'types': sorted({t.tensor_type.name for t in r.tensors})}))"
+    )
+    info = json.loads(subprocess.run([tools["convert_python"], "-c", probe, str(gguf), tools["gguf_py"]],
+                                     check=True, capture_output=True, text=True).stdout)  # fmt: skip
+    assert info["arch"] == "llama" and info["n_tensors"] == 21
+    if quant == "Q4_K_M":
+        assert "Q4_K" in info["types"] and "Q6_K" in info["types"]
+    else:
+        assert "F16" in info["types"]
+
+    # Second run: the facts read the real files; the operation yields nothing.
+    again, noops, _ = run_operation(plan, token_file=str(token_file), tool_paths=paths)
+    assert again == []
+    assert noops[0].startswith(f"model {plan.name} is in place")
+
+    figures = {
+        "quant": quant,
+        "gguf_bytes": gguf.stat().st_size,
+        "steps_s": {
+            name: round(sum(t for text, t, _ in timings if key in text), 2)
+            for name, key in (("fetch", " fetch "), ("convert", "convert_hf_to_gguf"),
+                              ("quantize", "llama-quantize"), ("seal", " seal "))
+        },
+    }  # fmt: skip
+    print("\nmodel chain figures:", json.dumps(figures))

@@ -1,0 +1,206 @@
+"""The model operation's commands, in pyinfra's fixture style: facts in, commands out.
+
+Plus the plan (stamp, file choice) and the control machine's hub listing
+against the local hub server.
+"""
+
+import json
+from dataclasses import replace
+from io import StringIO
+
+import pytest
+from pyinfra.api import FileUploadCommand, StringCommand
+from pyinfra.context import ctx_host
+
+from llamarack.errors import ModelSourceError
+from llamarack.facts import ArtifactState, FreeDiskBytes, ModelArtifact
+from llamarack.hub import HubFile, HubListing, repo_files
+from llamarack.model_ops import artifact
+from llamarack.model_plan import artifact_stamp, plan_model
+from llamarack.settings import load_settings
+from pyinfra.facts.files import Link
+from tests.support.hub_server import HubServer
+
+SHA = "a" * 40
+LISTING = HubListing("org/tiny", SHA, (
+    HubFile("config.json", 600, None, "c" * 40),
+    HubFile("model.safetensors", 3_000_000, "5" * 64, "d" * 40),
+    HubFile("tokenizer.model", 250_000, "7" * 64, "e" * 40),
+    HubFile("README.md", 100, None, "f" * 40),
+    HubFile("pytorch_model.bin", 3_000_000, "8" * 64, "9" * 40),
+))  # fmt: skip
+
+
+def settings(**data):
+    base = {"python_env_backend": "venv", "llamacpp_backend": "cpu", "model_repo": "org/tiny",
+            "model_revision": SHA, "llamarack_root": "/opt/lr"}  # fmt: skip
+    return load_settings("gpu01", {**base, **data})
+
+
+class FakeHost:
+    """Just enough of pyinfra's host for an operation generator: facts by class, noops recorded."""
+
+    name = "gpu01"
+
+    def __init__(self, facts):
+        self.facts = facts
+        self.noops = []
+
+    def get_fact(self, fact, **kwargs):
+        return self.facts.get(fact)
+
+    def noop(self, message):
+        self.noops.append(message)
+
+
+def commands(plan, facts, **kwargs):
+    fake = FakeHost(facts)
+    with ctx_host.use(fake):
+        out = []
+        for c in artifact._inner(plan=plan, **kwargs):
+            if isinstance(c, FileUploadCommand):
+                src = c.src.getvalue() if isinstance(c.src, StringIO) else f"<{c.src}>"
+                out.append(("upload", c.dest, src))
+            else:
+                out.append(str(c) if not isinstance(c, StringCommand) else c.get_raw_value())
+    return out, fake.noops
+
+
+PLAN = plan_model(settings(), LISTING)
+DONE = ArtifactState(PLAN.stamp, 1_100_000, 1_100_000)
+CURRENT = {"link_target": PLAN.name}
+
+
+def test_plan_takes_the_included_files_and_pins_the_full_commit():
+    assert [f.path for f in PLAN.files] == ["config.json", "model.safetensors", "tokenizer.model"]
+    m = PLAN.manifest()
+    assert m["revision"] == SHA and m["endpoint"] == "https://huggingface.co"
+    assert m["files"][0] == {"path": "config.json", "size": 600, "git_sha1": "c" * 40}
+    assert m["files"][1] == {"path": "model.safetensors", "size": 3_000_000, "sha256": "5" * 64}
+    assert PLAN.dir == f"/opt/lr/models/{PLAN.stamp[:16]}"
+
+
+def test_stamp_changes_with_quant_commit_and_content_but_not_with_file_order():
+    base = PLAN.stamp
+    assert plan_model(settings(model_quant="Q8_0"), LISTING).stamp != base
+    assert plan_model(settings(llamacpp_commit="b" * 40), LISTING).stamp != base
+    changed = replace(LISTING, files=(replace(LISTING.files[1], sha256="6" * 64),) + LISTING.files[2:])
+    assert plan_model(settings(), changed).stamp != base
+    assert plan_model(settings(), replace(LISTING, files=LISTING.files[::-1])).stamp == base
+
+
+def test_prequantized_sources_do_not_depend_on_llamacpp_or_quant():
+    listing = replace(LISTING, files=LISTING.files + (HubFile("m-Q4_K_M.gguf", 9, "1" * 64, "2" * 40),))
+    a = plan_model(settings(model_source="gguf", model_file="m-Q4_K_M.gguf"), listing)
+    b = plan_model(settings(model_source="gguf", model_file="m-Q4_K_M.gguf", llamacpp_commit="b" * 40,
+                            model_quant="Q8_0"), listing)  # fmt: skip
+    assert a.stamp == b.stamp and not a.converts
+    assert a.files[0].url == f"https://huggingface.co/org/tiny/resolve/{SHA}/m-Q4_K_M.gguf"
+    u = plan_model(settings(model_source="url", model_url="http://m/x.gguf", model_sha256="3" * 64))
+    assert u.manifest()["files"] == [{"path": "model.gguf", "size": None, "sha256": "3" * 64,
+                                      "url": "http://m/x.gguf"}]  # fmt: skip
+    assert artifact_stamp("url", u.files, "Q4_K_M", "f16", "x") == u.stamp
+
+
+def test_a_repo_without_safetensors_is_refused_with_what_it_has():
+    listing = replace(LISTING, files=tuple(f for f in LISTING.files if "safetensors" not in f.path))
+    with pytest.raises(ModelSourceError, match="no \\*.safetensors .* pytorch_model.bin"):
+        plan_model(settings(), listing)
+
+
+def test_already_in_place_is_a_noop():
+    cmds, noops = commands(PLAN, {ModelArtifact: DONE, Link: CURRENT})
+    assert cmds == []
+    assert noops[0].startswith(f"model {PLAN.name} is in place")
+
+
+def test_in_place_but_current_points_elsewhere_only_switches_the_link():
+    cmds, _ = commands(PLAN, {ModelArtifact: DONE, Link: {"link_target": "0123456789abcdef"}})
+    assert cmds == [f"ln -sfn {PLAN.name} /opt/lr/models/current.new && "
+                    "mv -T /opt/lr/models/current.new /opt/lr/models/current"]  # fmt: skip
+
+
+def test_missing_artifact_is_fetched_converted_quantized_sealed_and_moved():
+    cmds, _ = commands(PLAN, {ModelArtifact: None, FreeDiskBytes: 100 << 30, Link: None})
+    s, d = PLAN.staging, PLAN.dir
+    uploads = {c[1]: c[2] for c in cmds if isinstance(c, tuple)}
+    assert json.loads(uploads[f"{s}/manifest.json"]) == PLAN.manifest()
+    assert json.loads(uploads[f"{s}/stamp.plan.json"])["stamp"] == PLAN.stamp
+    shell = [c for c in cmds if isinstance(c, str)]
+    assert shell[0] == f"install -d -m 755 /opt/lr/models && install -d -m 700 /opt/lr/models/.staging {s}"
+    assert f"python3 {s}/model_fetch.py fetch --manifest {s}/manifest.json --dest {s}/hf --retries 5" in shell[1]
+    assert "hub-token" not in " ".join(shell)
+    assert (f"/opt/lr/envs/convert/bin/python /opt/lr/src/llama.cpp/convert_hf_to_gguf.py {s}/hf "
+            f"--outtype f16 --outfile {s}/model-f16.gguf.tmp") in shell[2]  # fmt: skip
+    assert f"/opt/lr/builds/current/bin/llama-quantize {s}/model-f16.gguf {s}/model.gguf.tmp Q4_K_M" in shell[3]
+    assert shell[4].startswith(f"python3 {s}/model_fetch.py seal")
+    assert shell[5] == f"rm -rf {s}/model_fetch.py {s}/manifest.json {s}/stamp.plan.json {s}/hf {s}/model-f16.gguf"
+    assert shell[6] == f"chmod 755 {s} && mv -T {s} {d}"
+    assert shell[7].startswith(f"ln -sfn {PLAN.name} ")
+
+
+def test_token_goes_up_as_a_private_file_and_is_removed_after_the_fetch(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("hf_secret_value\n")
+    cmds, _ = commands(PLAN, {ModelArtifact: None, FreeDiskBytes: 100 << 30}, token_file=str(token))
+    s = PLAN.staging
+    assert ("upload", f"{s}/hub-token", "hf_secret_value\n") in cmds
+    shell = " ".join(c for c in cmds if isinstance(c, str))
+    assert "hf_secret_value" not in shell  # only the upload holds it, never a command line
+    assert f"--token-file {s}/hub-token; rc=$?; rm -f {s}/hub-token; exit $rc" in shell
+    assert f"chmod 600 {s}/hub-token" in shell
+
+
+def test_an_unsealed_leftover_is_removed_and_rebuilt():
+    cmds, _ = commands(PLAN, {ModelArtifact: ArtifactState(None, None, None), FreeDiskBytes: 100 << 30})
+    assert cmds[0] == f"rm -rf {PLAN.dir}"
+
+
+def test_a_truncated_artifact_is_not_taken_for_done():
+    cmds, _ = commands(PLAN, {ModelArtifact: ArtifactState(PLAN.stamp, 10, 1_100_000), FreeDiskBytes: 100 << 30})
+    assert cmds[0] == f"rm -rf {PLAN.dir}"
+
+
+def test_too_little_disk_fails_before_any_change():
+    cmds, _ = commands(PLAN, {ModelArtifact: None, FreeDiskBytes: 1 << 20})
+    assert len(cmds) == 1 and "gpu01: model-disk: found 1048576 bytes free" in cmds[0]
+    assert cmds[0].endswith("exit 1")
+
+
+def test_f16_is_converted_straight_to_the_artifact_without_quantize():
+    plan = plan_model(settings(model_quant="F16"), LISTING)
+    cmds, _ = commands(plan, {ModelArtifact: None, FreeDiskBytes: 100 << 30})
+    shell = " ".join(c for c in cmds if isinstance(c, str))
+    assert f"--outfile {plan.staging}/model.gguf.tmp" in shell and "llama-quantize" not in shell
+
+
+def test_gguf_source_is_fetched_into_place_without_convert():
+    listing = replace(LISTING, files=LISTING.files + (HubFile("m.gguf", 9, "1" * 64, "2" * 40),))
+    plan = plan_model(settings(model_source="gguf", model_file="m.gguf"), listing)
+    cmds, _ = commands(plan, {ModelArtifact: None, FreeDiskBytes: 100 << 30})
+    shell = [c for c in cmds if isinstance(c, str)]
+    assert f"--dest {plan.staging} " in shell[1] and "convert" not in " ".join(shell)
+
+
+def test_hub_listing_from_the_local_hub(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 100)
+    with HubServer({"org/tiny": tmp_path}, token="tok") as hub:
+        sha = hub.repo("org/tiny").sha
+        listing = repo_files(hub.url, "org/tiny", sha, "tok")
+        assert listing.sha == sha
+        by_path = {f.path: f for f in listing.files}
+        assert by_path["config.json"].sha256 is None and by_path["config.json"].git_sha1
+        assert by_path["model.safetensors"].size == 100 and len(by_path["model.safetensors"].sha256) == 64
+        with pytest.raises(ModelSourceError, match="HTTP 401 .*set model_hf_token_file"):
+            repo_files(hub.url, "org/tiny", sha, None)
+        with pytest.raises(ModelSourceError, match="not found"):
+            repo_files(hub.url, "org/tiny", "b" * 40, "tok")
+
+
+@pytest.mark.parametrize("output", [["size x"], ["size 10", "{not json"], ["size 10", "{}"]])
+def test_unreadable_artifact_state_is_a_fact_process_error(output):
+    from pyinfra.api.exceptions import FactProcessError
+
+    with pytest.raises(FactProcessError):
+        ModelArtifact().process(output)
