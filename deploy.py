@@ -2,15 +2,22 @@
 
     pyinfra inventory/lab.py deploy.py
 
-Only composes the roles; each reads facts and changes only what differs.
+Only composes the roles; each reads facts and changes only what differs, so
+a converged host is a chain of no-ops. Preflight runs every compatibility
+rule first: a host that fails one gets no other operation.
 """
 
 from pyinfra import host
 
 from llamarack.settings import settings_for
+from roles.driver import driver
+from roles.llamacpp import llamacpp
 from roles.preflight import preflight
+from roles.toolchain import toolchain
 
 settings = settings_for(host)
 
 if preflight(settings):
-    pass  # the host-stack, build, model and server roles follow here as they land
+    driver(settings)
+    toolchain(settings)
+    llamacpp(settings)

@@ -89,10 +89,11 @@ def build(plan: BuildPlan, src: str, root: str, ccache_dir=None, jobs=None):
     )
     # Progress: one line per finished percent step goes to build.log as it
     # happens (`tail -f` it, or run pyinfra with -vvv to see it live).
+    # (The host's sh may be dash: no pipefail, so the exit code goes through a file.)
     yield (
-        f"cd {d} && set -o pipefail && {env} cmake --build build --config Release -j {jobs_arg}"
-        f" --target {targets} 2>&1 | tee build.log | grep --line-buffered -E '^\\[ *[0-9]+%\\]'"
-        " || { tail -n 60 build.log >&2; exit 1; }"
+        f"cd {d} && {{ {env} cmake --build build --config Release -j {jobs_arg} --target {targets}"
+        " 2>&1; echo $? > build.rc; } | tee build.log | grep --line-buffered -E '^\\[ *[0-9]+%\\]';"
+        ' test "$(cat build.rc)" = 0 || { tail -n 60 build.log >&2; exit 1; }'
     )
     yield f"ln -sfn build/bin {d}/bin"
     yield (

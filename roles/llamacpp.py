@@ -23,6 +23,12 @@ from llamarack.rules import HostFacts, build_archs, choose_host_compiler, toolki
 from llamarack.settings import Settings
 
 
+# gcc ceilings (crt/host_config.h) of the toolkits the toolchain role can
+# install (Debian 12's nvidia-cuda-toolkit, conda's cuda-nvcc), for a first
+# run that plans the build before the toolkit is there to be read.
+GCC_CEILING_OF_INSTALLABLE_TOOLKITS = {"11.8": 11}
+
+
 def source_dir(settings: Settings) -> str:
     return f"{settings.general.root}/src/llama.cpp"
 
@@ -41,9 +47,11 @@ def plan_for_host(settings: Settings) -> BuildPlan:
         )
         toolkit = toolkit_for(settings, facts)
         if toolkit is None:
-            # The toolchain role installs Debian/conda toolkits in this same run.
+            # The toolchain role installs a Debian or conda toolkit later in this same
+            # run, so its header cannot be read yet: use the ceiling it is known to have.
             home = settings.toolchain.cuda_home or "/usr"
-            max_gcc, version = None, settings.toolchain.cuda_version
+            version = settings.toolchain.cuda_version
+            max_gcc = GCC_CEILING_OF_INSTALLABLE_TOOLKITS.get(version)
         else:
             home, max_gcc, version = toolkit.home, toolkit.max_gcc, toolkit.version
         major, _ = choose_host_compiler(max_gcc, facts.gcc, facts.gcc_installable)

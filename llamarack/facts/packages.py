@@ -17,7 +17,7 @@ from pyinfra.api.exceptions import FactProcessError
 DRIVER_PACKAGE = re.compile(
     r"nvidia-driver.*|nvidia-kernel-.*|nvidia-dkms-.*|nvidia-utils-.*|nvidia-compute-utils-.*"
     r"|nvidia-smi|nvidia-alternative|nvidia-persistenced|nvidia-modprobe|nvidia-firmware-.*"
-    r"|nvidia-open.*|nvidia-headless-.*|libnvidia-.*|libcuda1|libnvcuvid1|cuda-drivers.*"
+    r"|nvidia-open(-[0-9].*)?|nvidia-headless-.*|libnvidia-.*|libcuda1|libnvcuvid1|cuda-drivers.*"
     r"|firmware-nvidia-.*|xserver-xorg-video-nvidia.*"
     r"|linux-(modules|objects|signatures)-nvidia-.*"
 )
@@ -60,7 +60,8 @@ class NvidiaDriverPackages(FactBase[tuple]):
             if len(fields) != 3 or len(fields[2].split()) != 3:
                 raise FactProcessError(f"unexpected dpkg-query line: {line!r}")
             name, version, (want, _, status) = fields[0], fields[1], fields[2].split()
-            if status == "installed" and DRIVER_PACKAGE.fullmatch(name):
+            # -dev packages (libnvidia-ml-dev) come with the toolkit, not the driver.
+            if status == "installed" and DRIVER_PACKAGE.fullmatch(name) and not name.endswith("-dev"):
                 packages.append(DebPackage(name, version, want == "hold"))
         return tuple(sorted(packages, key=lambda p: p.name))
 
