@@ -174,7 +174,8 @@ class NvidiaKernelModule(FactBase[Optional[KernelModule]]):
 class RecordedGpus(FactBase[tuple]):
     """
     Returns the GPUs llamarack recorded at the last run where the driver
-    answered (a JSON list in the state directory), or ``()``.
+    answered (a JSON list in the state directory), or ``()``; their
+    ``driver_version`` is empty (not recorded).
 
     A driver that has dropped the card, or an upgrade waiting for a reboot,
     hides the GPU list; the recorded one still says which cards the host has.
@@ -191,11 +192,16 @@ class RecordedGpus(FactBase[tuple]):
         if not text:
             return ()
         try:
-            return tuple(Gpu(**item) for item in json.loads(text))
+            return tuple(Gpu(**item, driver_version="") for item in json.loads(text))
         except (ValueError, TypeError) as e:
             raise FactProcessError(f"unreadable GPU record: {e}") from e
 
 
 def gpus_record(gpus) -> str:
-    """The JSON that ``RecordedGpus`` reads back (stable, so rewriting it is a no-op)."""
-    return json.dumps([gpu.__dict__ for gpu in gpus], indent=1, sort_keys=True) + "\n"
+    """The JSON that ``RecordedGpus`` reads back.
+
+    The cards only, not the driver: a driver upgrade must not rewrite it (a
+    converged host changes nothing), and the driver is read live anyway.
+    """
+    cards = [{k: v for k, v in gpu.__dict__.items() if k != "driver_version"} for gpu in gpus]
+    return json.dumps(cards, indent=1, sort_keys=True) + "\n"

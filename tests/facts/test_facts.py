@@ -66,7 +66,9 @@ def test_unexpected_output_is_a_fact_process_error(fact, output):
 def test_recorded_gpus_round_trip():
     gpus = facts.NvidiaSmi().process(json.loads((HERE / "NvidiaSmi/v100_two_gpus.json").read_text())["output"]).gpus
     record = facts.gpus_record(gpus)
-    assert facts.RecordedGpus().process(record.splitlines()) == gpus
+    assert "driver_version" not in record
+    read_back = facts.RecordedGpus().process(record.splitlines())
+    assert [g.__class__(**{**g.__dict__, "driver_version": ""}) for g in gpus] == list(read_back)
 
 
 def run_here(command: str) -> list[str]:

@@ -1,10 +1,12 @@
-"""Slow test inputs, built once and cached by their inputs under one directory.
+"""Slow test inputs, built once and cached by their inputs under one directory
+(the helpers are the lab's: llamarack/lab/cache.py).
 
 ``LLAMARACK_TEST_CACHE`` (default ``/var/cache/llamarack``) holds:
 
     venvs/<name>-<hash>/          virtual environments for test-only tools
     sources/                      the llama-cpp-python sdist and its llama.cpp tree
-    tiny-model/<hash>/            tiny real checkpoints (tests/support/tiny_model.py)
+    tiny-model/<hash>/            tiny real checkpoints (llamarack/lab/tiny_model.py)
+    wheels/<hash>/                wheelhouses (llamarack/lab/wheels.py)
 
 A cache entry is complete only once its ``.done`` marker exists; it is built
 under a lock, so two test processes never build the same entry at once.
@@ -14,52 +16,23 @@ and friends only ever go into these venvs.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
-import json
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
+
+from llamarack.lab import cache as _cache
+from llamarack.lab.cache import digest, locked  # noqa: F401
+from llamarack.lab.tiny_model import MODEL_TOOLS, TORCH  # noqa: F401
 
 CACHE = Path(os.environ.get("LLAMARACK_TEST_CACHE", "/var/cache/llamarack"))
 
 # The version whose sdist vendors llama.cpp 0c1e57098 (the settings' pinned commit).
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 LLAMA_CPP_COMMIT = "0c1e57098"
-
-# torch comes from the local wheel of these machines (pip's find-links), never a CUDA build.
-TORCH = "torch==2.13.0"
-
-# The tiny-model maker's tools: the versions the vendored converter pins where it pins.
-MODEL_TOOLS = (
-    TORCH,
-    "transformers==4.57.6",
-    "sentencepiece>=0.1.98,<0.3.0",
-    "tokenizers",
-    "safetensors",
-    "protobuf>=4.21.0,<5.0.0",
-    "numpy~=2.2.6",
-)
-
-
-def digest(*parts) -> str:
-    """A short stable hash of JSON-able parts (the cache key of an entry)."""
-    text = json.dumps(parts, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-@contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(str(path) + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 def _log(message: str) -> None:
@@ -68,31 +41,7 @@ def _log(message: str) -> None:
 
 def venv(name: str, requirements: Iterable[str]) -> Path:
     """A venv with ``requirements`` installed, cached by the requirement list; returns its python."""
-    requirements = list(requirements)
-    root = CACHE / "venvs" / f"{name}-{digest(requirements, sys.version_info[:2])}"
-    python = root / "bin" / "python"
-    done = root / ".done"
-    if done.exists():
-        return python
-    with locked(root):
-        if done.exists():
-            return python
-        # A venv is not relocatable (absolute shebangs), so it is built in place;
-        # a half-built one (no .done) is thrown away and built again.
-        shutil.rmtree(root, ignore_errors=True)
-        started = time.monotonic()
-        _log(f"building {root.name}: {' '.join(requirements)}")
-        subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
-        subprocess.run(
-            [str(python), "-m", "pip", "install", "--quiet", "--no-input", *requirements],
-            check=True,
-        )
-        freeze = subprocess.run([str(python), "-m", "pip", "freeze"], check=True,
-                                capture_output=True, text=True).stdout  # fmt: skip
-        (root / "freeze.txt").write_text(freeze)
-        done.write_text(f"{time.monotonic() - started:.1f} s\n")
-        _log(f"built {root.name} in {time.monotonic() - started:.0f} s")
-    return python
+    return _cache.venv(CACHE, name, requirements, log=_log)
 
 
 def model_tools_python() -> Path:

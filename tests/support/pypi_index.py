@@ -8,67 +8,37 @@
 
 or, for the lab:  python3 tests/support/pypi_index.py --host 10.77.0.1 --port 8765 REQ...
 
-``wheelhouse`` runs ``pip download`` once per requirement set into
-``<cache>/wheels/<hash>/`` (the machine's pip configuration applies, so torch
-comes from the local wheel of these machines); a set is complete only once its
-``.done`` marker exists. Only wheels are served: nothing is built on a host.
+``wheelhouse`` is the lab's (llamarack/lab/wheels.py), in the test cache: ``pip
+download`` once per requirement set into ``<cache>/wheels/<hash>/``. Only
+wheels are served: nothing is built on a host. The lab itself serves the same
+pages as static files (``wheels.write_index``); this server is for tests that
+want to see the requests.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import html
-import re
-import shutil
-import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Iterable, Optional
 from urllib.parse import unquote
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cache import CACHE, digest, locked  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from llamarack.lab import wheels  # noqa: E402
+from tests.support.cache import CACHE  # noqa: E402
 
 
 def wheelhouse(
     requirements: Iterable[str], constraints: Iterable[str] = (), no_deps: bool = False
 ) -> Path:
     """A directory of the wheels ``requirements`` resolve to, downloaded once and cached."""
-    requirements, constraints = list(requirements), list(constraints)
-    key = digest(requirements, constraints, no_deps, sys.version_info[:2])
-    house = CACHE / "wheels" / key
-    done = house / ".done"
-    if done.exists():
-        return house
-    with locked(house):
-        if done.exists():
-            return house
-        shutil.rmtree(house, ignore_errors=True)
-        house.mkdir(parents=True)
-        started = time.monotonic()
-        args = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary", ":all:",
-                "-d", str(house)]  # fmt: skip
-        if no_deps:
-            args.append("--no-deps")
-        if constraints:
-            (house / "constraints.txt").write_text("".join(c + "\n" for c in constraints))
-            args += ["-c", str(house / "constraints.txt")]
-        subprocess.run(args + requirements, check=True)
-        done.write_text(f"{' '.join(requirements)}\n{time.monotonic() - started:.1f} s\n")
-    return house
+    return wheels.wheelhouse(requirements, constraints, no_deps, cache=CACHE)
 
 
-def _canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _project(filename: str) -> str:
-    """The PEP 503 project name of a wheel file (``typing_extensions-4.12...`` -> ``typing-extensions``)."""
-    return _canonical(filename.split("-", 1)[0])
+_canonical = wheels.canonical
+_project = wheels.project
 
 
 class PypiIndex:
@@ -90,26 +60,16 @@ class PypiIndex:
 
     def sha256(self, name: str) -> str:
         if name not in self._sha:
-            digest_ = hashlib.sha256()
-            with open(self.files[name], "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    digest_.update(block)
-            self._sha[name] = digest_.hexdigest()
+            self._sha[name] = wheels.sha256_file(self.files[name])
         return self._sha[name]
 
     def page(self, project: Optional[str]) -> Optional[str]:
         if project is None:
-            names = sorted({_project(n) for n in self.files})
-            links = "".join(f'<a href="{n}/">{n}</a>\n' for n in names)
-        else:
-            wheels = sorted(n for n in self.files if _project(n) == project)
-            if not wheels:
-                return None
-            links = "".join(
-                f'<a href="../../files/{html.escape(n)}#sha256={self.sha256(n)}">{html.escape(n)}</a>\n'
-                for n in wheels
-            )
-        return f"<!DOCTYPE html><html><body>\n{links}</body></html>\n"
+            return wheels.root_page(_project(n) for n in self.files)
+        names = sorted(n for n in self.files if _project(n) == project)
+        if not names:
+            return None
+        return wheels.project_page({n: self.sha256(n) for n in names})
 
     def start(self) -> "PypiIndex":
         index = self
