@@ -8,7 +8,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 ROOT=/tmp/llamarack
 COMMIT=$(cat .carry/commit)
-DATA=(--data llamarack_root=$ROOT --data python_env_backend=venv --data toolchain_cuda_version=13.0
+DATA=(--data llamarack_root=$ROOT --data python_env_backend=venv --data 'toolchain_cuda_version="13.0"'
       --data llamacpp_git_url=file://$PWD/.carry/llama.cpp.git --data llamacpp_commit=$COMMIT --data llamacpp_build_jobs=16)
 nvidia-smi --query-gpu=index,name,uuid,memory.total,compute_cap,driver_version --format=csv,noheader,nounits > $OUT/query_noheader_nounits.txt 2>&1
 start=$(date +%s)

@@ -437,6 +437,12 @@ def _coerce(info: SettingInfo, value: Any) -> tuple[Any, Optional[str]]:
     if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
         return value, describe_type(info)
     if tp is str and not isinstance(value, str):
+        if isinstance(value, (int, float)):
+            # pyinfra's --data turns 13.0 into a number, and 11.10 would become 11.1.
+            return value, (
+                f"a string; quote it: {info.key} = '{value}' in Python, "
+                f"--data '{info.key}=\"{value}\"' on the command line"
+            )
         return value, describe_type(info)
     if info.check:
         problem = info.check(value)

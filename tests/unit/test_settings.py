@@ -62,6 +62,7 @@ def test_foreign_keys_are_left_to_pyinfra_and_the_user():
     [
         ({"llamacpp_comit": "abc1234"}, "unknown setting 'llamacpp_comit'; did you mean 'llamacpp_commit'?"),
         ({"server_port": "8080"}, "server_port: given '8080'; allowed: an integer"),
+        ({"toolchain_cuda_version": 13.0}, """given 13.0; allowed: a string; quote it: toolchain_cuda_version = '13.0' in Python, --data 'toolchain_cuda_version="13.0"'"""),
         ({"server_port": 70000}, "server_port: given 70000; allowed: a TCP port (1-65535)"),
         ({"server_ctx_size": 0}, "server_ctx_size: given 0; allowed: a positive integer"),
         ({"server_ctx_size": True}, "server_ctx_size: given True; allowed: an integer or None"),
