@@ -20,9 +20,12 @@ t4 = [
 ]
 
 # The lab's hosts have no real GPU and no conda channel in reach: build
-# llama.cpp for the CPU and use a venv. They cannot reach GitHub either:
-# llama.cpp comes from the lab's mirror (`llamarack lab up` serves it).
-# The rest are the defaults of group_data/all.py. The rack shares one
+# llama.cpp for the CPU and use a venv (bookworm's Python is 3.11). They
+# reach nothing outside but apt: `llamarack lab up` serves, from this
+# machine at 10.77.0.1, llama.cpp (a git mirror), every wheel the python
+# envs install (a PyPI simple index; torch is this machine's 2.13.0 CPU
+# wheel) and a hub with a tiny real Llama model, pinned to its content
+# hash. The rest are the defaults of group_data/all.py. The rack shares one
 # ccache, so a build compiles once.
 lab = (
     v100 + t4,
@@ -36,5 +39,15 @@ lab = (
         "llamacpp_ccache_dir": "/var/cache/llamarack-ccache",
         "llamacpp_git_url": "http://10.77.0.1:8470/llama.cpp.git",
         "llamacpp_commit": "dccad28c67854048fcdf644803b3f54e152d99a8",
+        "python_env_python_version": "3.11",
+        "python_env_torch_version": "2.13.0",
+        "python_env_converter_overrides": ["torch==2.13.0"],
+        "python_env_index_url": "http://10.77.0.1:8470/pypi/simple",
+        "python_env_torch_index_url": "http://10.77.0.1:8470/pypi/simple",
+        "python_env_converter_torch_index_url": "http://10.77.0.1:8470/pypi/simple",
+        "model_hf_endpoint": "http://10.77.0.1:8471",
+        "model_repo": "lab/tiny-llama",
+        "model_revision": "024052eec5467f84406c4ab1607cdf939e5bb195",
+        "model_quant": "Q4_K_M",
     },
 )

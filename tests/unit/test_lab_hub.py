@@ -1,0 +1,122 @@
+"""The lab's hub: the tiny model is bit-for-bit the same wherever it is built, so its
+hub revision (a content hash of its files) is a constant the lab inventory pins;
+and ``services.start_all``/``stop_all`` run the file server and the hub as
+detached processes (here on 127.0.0.1 and free ports, never the lab's address).
+"""
+
+import json
+import os
+import socket
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from llamarack.hub import repo_files
+from llamarack.lab import services, tiny_model
+from llamarack.lab.hub_server import HubServer, Repo
+from llamarack.lab.tiny_model import TINY_MODEL_REVISION
+from tests.support.cache import CACHE
+from tests.support.tiny_model import tiny_model as cached_tiny_model
+
+
+def fresh_cache(path: Path) -> Path:
+    """An empty cache sharing only the (slow, pinned) tools venv with the test cache."""
+    (CACHE / "venvs").mkdir(parents=True, exist_ok=True)
+    path.mkdir()
+    (path / "venvs").symlink_to(CACHE / "venvs")
+    return path
+
+
+def test_tiny_model_is_the_same_from_scratch_anywhere(tmp_path):
+    built = [tiny_model.tiny_model(fresh_cache(tmp_path / name)) for name in ("a", "b")]
+    assert built[0] != built[1]
+    for model in built:
+        assert Repo.scan("lab/tiny-llama", model).sha == TINY_MODEL_REVISION
+    assert {p.name: p.read_bytes() for p in built[0].iterdir()} == {p.name: p.read_bytes() for p in built[1].iterdir()}
+    assert Repo.scan("lab/tiny-llama", cached_tiny_model()).sha == TINY_MODEL_REVISION
+
+
+def test_revision_is_a_content_hash_of_the_repo_files(tmp_path):
+    (tmp_path / "a.json").write_text("{}")
+    first = Repo.scan("lab/x", tmp_path).sha
+    assert Repo.scan("lab/x", tmp_path).sha == first
+    (tmp_path / "a.json").write_text("{ }")
+    assert Repo.scan("lab/x", tmp_path).sha != first
+
+
+def test_hub_lists_the_tiny_model_at_the_pinned_revision():
+    with HubServer({"lab/tiny-llama": cached_tiny_model()}) as hub:
+        listing = repo_files(hub.url, "lab/tiny-llama", TINY_MODEL_REVISION, None)
+    assert listing.sha == TINY_MODEL_REVISION
+    assert {"config.json", "model.safetensors", "tokenizer.model"} <= {f.path for f in listing.files}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_start_all_serves_both_detached_and_stop_all_stops_them(tmp_path, monkeypatch):
+    srv = tmp_path / "srv"
+    (srv / "pypi" / "simple" / "demo").mkdir(parents=True)
+    (srv / "pypi" / "simple" / "demo" / "index.html").write_text("<a href='x'>x</a>")
+    model = cached_tiny_model()
+    monkeypatch.setenv("LLAMARACK_LAB_DIR", str(tmp_path / "state"))
+    (tmp_path / "state").mkdir()
+    monkeypatch.setattr(services, "srv_dir", lambda: srv)
+    monkeypatch.setattr(services, "prepare", lambda: None)
+    monkeypatch.setattr(services, "prepare_index", lambda m: srv / "pypi" / "simple")
+    monkeypatch.setattr(services, "prepare_hub", lambda: model)
+    monkeypatch.setattr(services, "SERVICES_PORT", free_port())
+    monkeypatch.setattr(services, "HUB_PORT", free_port())
+
+    record = services.start_all("127.0.0.1")
+    try:
+        json.dumps(record)  # goes into rack.json
+        assert record["hub"]["revision"] == TINY_MODEL_REVISION
+        page = urllib.request.urlopen(f"http://127.0.0.1:{record['port']}/pypi/simple/demo/").read()
+        assert b"href" in page
+        info = json.loads(urllib.request.urlopen(
+            f"http://127.0.0.1:{record['hub']['port']}/api/models/lab/tiny-llama/revision/main").read())
+        assert info["sha"] == TINY_MODEL_REVISION
+        # detached: their own sessions, so a terminal's ^C or hangup does not reach them
+        assert os.getsid(record["pid"]) == record["pid"] and os.getsid(record["hub"]["pid"]) == record["hub"]["pid"]
+    finally:
+        services.stop_all(record)
+    assert gone(record["pid"]) and gone(record["hub"]["pid"])
+    services.stop_all(record)  # again: nothing to do
+    services.stop_all({"pid": record["pid"], "port": 8470})  # a record of an older `lab up`
+
+
+def test_start_all_stops_the_file_server_when_the_hub_fails(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLAMARACK_LAB_DIR", str(tmp_path))
+    monkeypatch.setattr(services, "srv_dir", lambda: tmp_path)
+    monkeypatch.setattr(services, "prepare", lambda: None)
+    monkeypatch.setattr(services, "prepare_index", lambda m: tmp_path)
+    monkeypatch.setattr(services, "prepare_hub", lambda: cached_tiny_model())
+    monkeypatch.setattr(services, "SERVICES_PORT", free_port())
+    started = []
+    real_start = services.start
+    monkeypatch.setattr(services, "start", lambda bind: started.append(real_start(bind)) or started[-1])
+    with socket.socket() as taken:  # the hub's port is taken: it cannot start
+        taken.bind(("127.0.0.1", 0))
+        monkeypatch.setattr(services, "HUB_PORT", taken.getsockname()[1])
+        try:
+            with pytest.raises(RuntimeError, match="lab hub"):
+                services.start_all("127.0.0.1")
+        finally:
+            for pid in started:
+                if not gone(pid):
+                    services.stop(pid)
+                    pytest.fail("the file server was left running")
+    assert started and gone(started[0])
