@@ -12,7 +12,9 @@ from pyinfra import host
 from llamarack.settings import settings_for
 from roles.driver import driver
 from roles.llamacpp import llamacpp
+from roles.model import model
 from roles.preflight import preflight
+from roles.python_env import converter_env, python_env
 from roles.toolchain import toolchain
 
 settings = settings_for(host)
@@ -20,4 +22,8 @@ settings = settings_for(host)
 if preflight(settings):
     driver(settings)
     toolchain(settings)
+    python_env(settings)
     llamacpp(settings)
+    # The converter's requirements come from the llama.cpp checkout above.
+    converter_env(settings)
+    model(settings)

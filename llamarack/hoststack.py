@@ -12,6 +12,7 @@ import shlex
 from io import StringIO
 from pathlib import Path
 from typing import Optional
+from urllib.parse import urlsplit
 
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
@@ -294,6 +295,10 @@ def _pins(plan: EnvPlan, check_script: str):
     yield StringCommand(f"{python} {shlex.quote(check_script)} resolve {data}")
     for step in plan.steps:
         args = [pip, "install --no-input --index-url", shlex.quote(step.index_url)]
+        # pip ignores a plain-HTTP index unless trusted; one in the settings is the
+        # operator's own choice (a LAN mirror, the lab's index).
+        if step.index_url.startswith("http://"):
+            args.append(f"--trusted-host {shlex.quote(urlsplit(step.index_url).hostname)}")
         args.append("--no-deps" if step.no_deps else f"-c {shlex.quote(constraints)}")
         args += [shlex.quote(r) for r in step.requirements]
         yield StringCommand(" ".join(args))

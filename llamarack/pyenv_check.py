@@ -28,6 +28,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from urllib.parse import urlsplit
 
 
 def canonical(name: str) -> str:
@@ -46,6 +47,10 @@ def dry_run(requirements, index_urls, constraints=(), no_deps=False):
                 "--ignore-installed", "--quiet", "--report", report, "--index-url", index_urls[0]]  # fmt: skip
         for url in index_urls[1:]:
             args += ["--extra-index-url", url]
+        # As the install steps do: a plain-HTTP index named in the settings is trusted.
+        for url in index_urls:
+            if url.startswith("http://"):
+                args += ["--trusted-host", urlsplit(url).hostname]
         if constraints:
             path = os.path.join(tmp, "constraints.txt")
             with open(path, "w") as f:
