@@ -89,9 +89,12 @@ def build(plan: BuildPlan, src: str, root: str, ccache_dir=None, jobs=None):
     )
     # Progress: one line per finished percent step goes to build.log as it
     # happens (`tail -f` it, or run pyinfra with -vvv to see it live).
+    # Hosts sharing a ccache compile one at a time: the first fills the cache and
+    # the others then hit it, instead of all compiling the same files at once.
+    lock = f"flock {shlex.quote(ccache_dir + '/llamarack-build.lock')} " if ccache_dir else ""
     # (The host's sh may be dash: no pipefail, so the exit code goes through a file.)
     yield (
-        f"cd {d} && {{ {env} cmake --build build --config Release -j {jobs_arg} --target {targets}"
+        f"cd {d} && {{ {lock}{env} cmake --build build --config Release -j {jobs_arg} --target {targets}"
         " 2>&1; echo $? > build.rc; } | tee build.log | grep --line-buffered -E '^\\[ *[0-9]+%\\]';"
         ' test "$(cat build.rc)" = 0 || { tail -n 60 build.log >&2; exit 1; }'
     )

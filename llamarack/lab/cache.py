@@ -74,3 +74,11 @@ def venv(cache: Path, name: str, requirements: Iterable[str],
         if log:
             log(f"built venv {root.name} in {time.monotonic() - started:.0f} s")
     return python
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -13,7 +13,6 @@ Tests add commits on top (a changed commit, a broken one) with
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -21,6 +20,8 @@ import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from .cache import sha256_file
 
 SDIST_NAME = "llama-cpp-python"
 SDIST_VERSION = "0.3.36"
@@ -66,7 +67,7 @@ def sdist_path(cache: Path) -> Path:
     """Download (once) and verify the pinned sdist; return its path."""
     cache.mkdir(parents=True, exist_ok=True)
     path = cache / f"llama_cpp_python-{SDIST_VERSION}.tar.gz"
-    if not path.exists() or _sha256(path) != SDIST_SHA256:
+    if not path.exists() or sha256_file(path) != SDIST_SHA256:
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             subprocess.run(
                 ["python3", "-m", "pip", "download", "--quiet", "--no-deps",
@@ -74,21 +75,13 @@ def sdist_path(cache: Path) -> Path:
                 check=True,
             )  # fmt: skip
             downloaded = Path(tmp) / path.name
-            digest = _sha256(downloaded)
+            digest = sha256_file(downloaded)
             if digest != SDIST_SHA256:
                 raise RuntimeError(
                     f"{path.name}: sha256 {digest}, expected {SDIST_SHA256}; refusing it"
                 )
             downloaded.rename(path)
     return path
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def ensure_mirror(cache: Path, srv: Path) -> Mirror:

@@ -16,7 +16,6 @@ digest), and ``<out>/files/`` holds hard links to the wheelhouses' files.
 
 from __future__ import annotations
 
-import hashlib
 import html
 import json
 import os
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional
 from urllib.parse import quote
 
-from .cache import digest, locked
+from .cache import digest, locked, sha256_file  # noqa: F401 (sha256_file: also for tests)
 
 
 def wheelhouse(
@@ -71,14 +70,6 @@ def canonical(name: str) -> str:
 def project(filename: str) -> str:
     """The PEP 503 project name of a wheel file (``typing_extensions-4.12...`` -> ``typing-extensions``)."""
     return canonical(filename.split("-", 1)[0])
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def root_page(projects: Iterable[str]) -> str:

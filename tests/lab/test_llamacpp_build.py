@@ -6,33 +6,25 @@ and switches to it, keeping the previous one; a commit that fails to build
 leaves the serving build current. Tests run in order and share the host.
 """
 
-import shlex
-from pathlib import Path
-
 import pytest
 
 from llamarack.facts import parse_server_help
 from llamarack.lab import mirror, services
 from llamarack.lab.pytest_plugin import parse_pyinfra_totals
+from tests.lab import deploying
 
 pytestmark = pytest.mark.lab
 
-ROOT = Path(__file__).resolve().parents[2]
 HOST = "lab-v100-a"
 BUILDS = "/opt/llamarack/builds"
 
 
 def deploy(lab_rack, *data: str):
-    args = ["--limit", HOST]
-    for item in data:
-        args += ["--data", item]
-    return lab_rack.run_pyinfra(ROOT / "deploy.py", *args, inventory=ROOT / "inventory/lab.py", timeout=3600)
+    return deploying.deploy(lab_rack, HOST, *data)
 
 
 def sh(lab_rack, command: str) -> str:
-    result = lab_rack.ssh(HOST, command)
-    assert result.returncode == 0, result.stderr
-    return result.stdout.strip()
+    return deploying.sh(lab_rack, HOST, command)
 
 
 def snapshot(lab_rack) -> str:
@@ -60,7 +52,7 @@ def test_first_deploy_builds_verifies_and_switches(lab_rack):
     assert sh(lab_rack, f"cat {BUILDS}/{stamp}/build-info.json").count(mirror.LAB_COMMIT) == 1
     version = sh(lab_rack, f"{BUILDS}/current/bin/llama-server --version 2>&1")
     assert mirror.LAB_COMMIT[:9] in version
-    assert sh(lab_rack, f"git -C /opt/llamarack/src/llama.cpp rev-parse HEAD") == mirror.LAB_COMMIT
+    assert sh(lab_rack, "git -C /opt/llamarack/src/llama.cpp rev-parse HEAD") == mirror.LAB_COMMIT
 
 
 def test_second_deploy_changes_nothing_on_the_host(lab_rack):

@@ -6,23 +6,15 @@ the real formats. An upgrade installs a new package; the loaded "module"
 changes only at reboot, as on a real host.
 """
 
-from pathlib import Path
-
 import pytest
 
 from llamarack.lab.fake_nvidia import deb
 from llamarack.lab.pytest_plugin import parse_pyinfra_totals
+from tests.lab import deploying
 
 pytestmark = pytest.mark.lab
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def deploy(lab_rack, hosts: str, *data: str):
-    args = [word for host in hosts.split(",") for word in ("--limit", host)]
-    for item in data:
-        args += ["--data", item]
-    return lab_rack.run_pyinfra(ROOT / "deploy.py", *args, inventory=ROOT / "inventory/lab.py", timeout=1800)
+deploy = deploying.deploy
 
 
 def state(lab_rack, host: str) -> str:
@@ -83,3 +75,14 @@ def test_unhold_for_a_planned_upgrade(lab_rack):
     rc, out = deploy(lab_rack, "lab-t4", "driver_hold_packages=False")
     assert rc == 0, out[-4000:]
     assert "nvidia-driver" not in lab_rack.ssh("lab-t4", "apt-mark showhold").stdout
+
+
+def test_bad_data_stops_the_run_before_any_host_is_touched(lab_rack):
+    before = {h: state(lab_rack, h) for h in ("lab-v100-a", "lab-t4")}
+    rc, out = deploy(lab_rack, "lab-v100-a,lab-t4", "server_port=0", "llamacpp_comit=abc1234")
+    assert rc != 0
+    assert "bad settings for host lab-" in out
+    assert "server_port: given 0; allowed: a TCP port (1-65535)" in out
+    assert "unknown setting 'llamacpp_comit'; did you mean 'llamacpp_commit'?" in out
+    assert "Beginning operation run" not in out
+    assert {h: state(lab_rack, h) for h in before} == before

@@ -10,25 +10,20 @@ from pathlib import Path
 import pytest
 
 from llamarack.lab.pytest_plugin import parse_pyinfra_totals
+from tests.lab import deploying
 
 pytestmark = pytest.mark.lab
 
-ROOT = Path(__file__).resolve().parents[2]
 HOST = "lab-v100-b"
 OPT = "/opt/llamarack"
 
 
 def deploy(lab_rack, *data: str):
-    args = ["--limit", HOST]
-    for item in data:
-        args += ["--data", item]
-    return lab_rack.run_pyinfra(ROOT / "deploy.py", *args, inventory=ROOT / "inventory/lab.py", timeout=3600)
+    return deploying.deploy(lab_rack, HOST, *data)
 
 
 def sh(lab_rack, command: str, timeout: float = 300) -> str:
-    result = lab_rack.ssh(HOST, command, timeout=timeout)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout.strip()
+    return deploying.sh(lab_rack, HOST, command, timeout=timeout)
 
 
 def host_state(lab_rack) -> str:

@@ -110,3 +110,11 @@ def test_prune_keeps_new_and_previous_and_drops_failed():
     assert commands == [f"rm -rf {ROOT}/builds/a {ROOT}/builds/c {ROOT}/builds/x"]
     commands, noops = run_op(prune_builds, {LlamacppBuilds: Builds("n", {"n": 1, "b": 0})}, root=ROOT, keep=2, current="n")
     assert commands == [] and noops
+
+
+def test_hosts_sharing_a_ccache_compile_one_at_a_time():
+    plan = plan_build(settings(llamacpp_backend="cpu"))
+    commands, _ = run_op(build, {LlamacppBuilds: Builds(None, {})}, plan=plan, src="/s", root=ROOT,
+                         ccache_dir="/nfs/ccache")  # fmt: skip
+    assert "{ flock /nfs/ccache/llamarack-build.lock env CCACHE_BASEDIR=" in commands[2]
+    assert "CCACHE_DIR=/nfs/ccache" in commands[1]

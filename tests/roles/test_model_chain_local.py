@@ -13,7 +13,6 @@ run here builds venvs (about 2 min); later runs take seconds.
 
 import json
 import os
-import shlex
 import subprocess
 import time
 from io import StringIO

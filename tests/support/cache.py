@@ -18,20 +18,18 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
 from typing import Iterable
 
 from llamarack.lab import cache as _cache
+from llamarack.lab import mirror
 from llamarack.lab.cache import digest, locked  # noqa: F401
 from llamarack.lab.tiny_model import MODEL_TOOLS, TORCH  # noqa: F401
 
 CACHE = Path(os.environ.get("LLAMARACK_TEST_CACHE", "/var/cache/llamarack"))
 
-# The version whose sdist vendors llama.cpp 0c1e57098 (the settings' pinned commit).
-LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 LLAMA_CPP_COMMIT = "0c1e57098"
 
 
@@ -59,17 +57,10 @@ def llama_cpp_source() -> Path:
     with locked(tree):
         if done.exists():
             return tree
-        sdist = sources / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
-        if not sdist.exists():
-            _log(f"downloading llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist")
-            subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                 "--no-binary", ":all:", f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
-                 "-d", str(sources)],
-                check=True,
-            )  # fmt: skip
+        # Downloaded once and checked against its pinned sha256 (the lab's mirror uses it too).
+        sdist = mirror.sdist_path(sources)
         shutil.rmtree(tree, ignore_errors=True)
-        prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
+        prefix = mirror.VENDOR_PREFIX
         staging = sources / f".{tree.name}.tmp"
         shutil.rmtree(staging, ignore_errors=True)
         with tarfile.open(sdist) as tar:

@@ -7,7 +7,6 @@ The fetcher runs as the host runs it: a child process of the system python3
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
