@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import shlex
 
+from io import StringIO
+
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
+from pyinfra.operations import files
 
 from .build import BuildPlan
+from .facts.gpu import NvidiaSmi, gpus_record
 from .facts.llamacpp import GitHead, LlamacppBuilds
 
 
@@ -177,3 +181,22 @@ def prune_builds(root: str, keep: int, current: str):
         host.noop(f"no llama.cpp build to prune (keeping {len(kept)})")
         return
     yield "rm -rf " + " ".join(shlex.quote(f"{root}/builds/{s}") for s in doomed)
+
+
+@operation()
+def record_gpus(path: str):
+    """
+    Record the cards the driver lists, for the driver-ceiling rule to fall back on
+    when a later driver hides them (a dropped card, an upgrade waiting for a reboot).
+
+    + path: the JSON record (``<root>/state/gpus.json``)
+
+    nvidia-smi is read when the operation runs, so after a reboot earlier in
+    the run the record holds what the new driver lists.
+    """
+    gpus = host.get_fact(NvidiaSmi).gpus
+    if not gpus:
+        host.noop("the driver lists no GPU: the GPU record is left as it is")
+        return
+    yield from files.directory._inner(path=path.rsplit("/", 1)[0], mode="755")
+    yield from files.put._inner(src=StringIO(gpus_record(gpus)), dest=path, mode="644")

@@ -16,7 +16,9 @@ from pyinfra.operations import server
 
 from llamarack.facts import NvidiaSmi
 from llamarack.hoststack import driver_answers, driver_package_holds
+from llamarack.operations import record_gpus
 from llamarack.settings import Settings
+from roles.preflight import gpus_record_path
 
 
 @deploy("llamarack driver")
@@ -43,6 +45,12 @@ def driver(settings: Settings):
         driver_answers(
             name="NVIDIA driver answers after the reboot",
             reason="a reboot for the driver library/module mismatch",
+            _if=reboot.did_change,
+        )
+        # Preflight could not record the cards while the mismatch hid them.
+        record_gpus(
+            name="Record the GPUs the driver lists after the reboot",
+            path=gpus_record_path(settings),
             _if=reboot.did_change,
         )
 

@@ -6,12 +6,9 @@ message and fails, so pyinfra stops that host and goes on with the others;
 printed while the deploy is planned.
 """
 
-from io import StringIO
-
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.facts.server import LinuxDistribution
-from pyinfra.operations import files
 
 from llamarack.facts import (
     CudaToolkits,
@@ -20,9 +17,8 @@ from llamarack.facts import (
     NvidiaKernelModule,
     NvidiaSmi,
     RecordedGpus,
-    gpus_record,
 )
-from llamarack.operations import refuse
+from llamarack.operations import record_gpus, refuse
 from llamarack.rules import HostFacts, evaluate
 from llamarack.settings import Settings
 
@@ -69,15 +65,5 @@ def preflight(settings: Settings) -> bool:
         return False
 
     if facts.driver.gpus:
-        files.directory(
-            name="llamarack state directory",
-            path=f"{settings.general.root}/state",
-            mode="755",
-        )
-        files.put(
-            name="Record the GPUs the driver lists",
-            src=StringIO(gpus_record(facts.driver.gpus)),
-            dest=gpus_record_path(settings),
-            mode="644",
-        )
+        record_gpus(name="Record the GPUs the driver lists", path=gpus_record_path(settings))
     return True

@@ -17,6 +17,14 @@ pytestmark = pytest.mark.lab
 deploy = deploying.deploy
 
 
+@pytest.fixture(scope="module", autouse=True)
+def drivers_restored_afterwards(lab_rack):
+    """Other test modules share the rack: leave the hosts changed here booted on the default driver."""
+    yield
+    for host in ("lab-v100-32", "lab-t4"):
+        lab_rack.driver(host, version=deb.DEFAULT_VERSION, state="ok")
+
+
 def state(lab_rack, host: str) -> str:
     """What llamarack could have changed: its tree, dpkg selections (holds), units."""
     r = lab_rack.ssh(
