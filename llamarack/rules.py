@@ -302,6 +302,10 @@ def rule_gcc_for_toolkit(s: Settings, facts: HostFacts) -> Optional[Failure]:
     toolkit = toolkit_for(s, facts)
     if toolkit is None or toolkit.max_gcc is None:
         return None
+    if s.toolchain.install_gcc and not facts.gcc_installable:
+        # No apt lists yet (a fresh host): what apt could install is unknown until
+        # the toolchain role refreshes them; it stops the host if nothing fits.
+        return None
     installable = facts.gcc_installable if s.toolchain.install_gcc else ()
     try:
         choose_host_compiler(toolkit.max_gcc, facts.gcc, installable)

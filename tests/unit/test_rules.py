@@ -180,10 +180,15 @@ def test_system_toolkit_must_be_there():
 
 
 def test_gcc_too_new_with_nothing_installable_fails():
-    failure = evaluate(settings(), host(gcc=GCC12))[0]
+    failure = evaluate(settings(), host(gcc=GCC12, gcc_installable=(12,)))[0]
     assert failure.rule == "gcc-for-toolkit"
     assert failure.found == "gcc 12.2.0 and gcc-12"
     assert "gcc 11 or older" in failure.needed and "gcc-11" in failure.fix
+
+
+def test_gcc_unknown_before_apt_has_lists_is_left_to_the_toolchain_role():
+    assert rules_failed(settings(), host(gcc=GCC12, gcc_installable=())) == []
+    assert rules_failed(settings(toolchain_install_gcc=False), host(gcc=GCC12)) == ["gcc-for-toolkit"]
 
 
 def test_gcc_too_new_but_gcc_11_installable_passes():
