@@ -34,7 +34,7 @@ from .facts import (
     toolchain_record,
 )
 from .pyenv import EnvPlan, converter_plan, unmet
-from .rules import choose_host_compiler
+from .rules import choose_host_compiler, find_toolkit
 
 PYENV_CHECK = Path(__file__).with_name("pyenv_check.py")
 # pip without any of the host's pip configuration: the settings name every index.
@@ -133,11 +133,7 @@ def toolchain_choice(
     choice = ToolchainChoice(backend=backend)
     if backend == "cuda":
         toolkits = host.get_fact(CudaToolkits, extra_homes=tuple(extra_homes))
-        toolkit = next(
-            (t for t in toolkits
-             if t.version == cuda_version and (not cuda_home or t.home == cuda_home)),
-            None,
-        )  # fmt: skip
+        toolkit = find_toolkit(toolkits, cuda_version, cuda_home)
         if toolkit is None:
             if _executing():
                 found = ", ".join(f"{t.version} in {t.home}" for t in toolkits) or "none"

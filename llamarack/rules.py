@@ -109,14 +109,17 @@ def driver_floor(s: Settings) -> str:
     return floor
 
 
-def toolkit_for(s: Settings, facts: HostFacts) -> Optional[CudaToolkit]:
-    """The host's toolkit matching the wanted CUDA version (and home, if set)."""
-    for toolkit in facts.toolkits:
-        if s.toolchain.cuda_home and toolkit.home != s.toolchain.cuda_home:
-            continue
-        if toolkit.version == s.toolchain.cuda_version:
+def find_toolkit(toolkits, version: str, home: Optional[str] = None) -> Optional[CudaToolkit]:
+    """The first toolkit of ``version`` (``major.minor``), in ``home`` if one is given."""
+    for toolkit in toolkits:
+        if toolkit.version == version and (not home or toolkit.home == home):
             return toolkit
     return None
+
+
+def toolkit_for(s: Settings, facts: HostFacts) -> Optional[CudaToolkit]:
+    """The host's toolkit matching the wanted CUDA version (and home, if set)."""
+    return find_toolkit(facts.toolkits, s.toolchain.cuda_version, s.toolchain.cuda_home)
 
 
 def choose_host_compiler(
