@@ -129,6 +129,10 @@ class GeneralSettings:
     )
     service_user: str = setting("llamarack", "system user that runs llama-server", _name)
 
+    def state_file(self, name: str) -> str:
+        """A record under ``<root>/state/`` (facts and audit read them back)."""
+        return f"{self.root}/state/{name}"
+
 
 @dataclass(frozen=True)
 class DriverSettings:

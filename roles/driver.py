@@ -18,7 +18,6 @@ from llamarack.facts import NvidiaSmi
 from llamarack.hoststack import driver_answers, driver_package_holds
 from llamarack.operations import record_gpus
 from llamarack.settings import Settings
-from roles.preflight import gpus_record_path
 
 
 @deploy("llamarack driver")
@@ -50,7 +49,7 @@ def driver(settings: Settings):
         # Preflight could not record the cards while the mismatch hid them.
         record_gpus(
             name="Record the GPUs the driver lists after the reboot",
-            path=gpus_record_path(settings),
+            path=settings.general.state_file("gpus.json"),
             _if=reboot.did_change,
         )
 

@@ -32,12 +32,8 @@ def gather(settings: Settings) -> HostFacts:
         toolkits=tuple(host.get_fact(CudaToolkits)) if cuda else (),
         gcc=host.get_fact(GccVersions),
         gcc_installable=host.get_fact(InstallableGccMajors) if cuda else (),
-        recorded_gpus=host.get_fact(RecordedGpus, path=gpus_record_path(settings)),
+        recorded_gpus=host.get_fact(RecordedGpus, path=settings.general.state_file("gpus.json")),
     )
-
-
-def gpus_record_path(settings: Settings) -> str:
-    return f"{settings.general.root}/state/gpus.json"
 
 
 @deploy("llamarack preflight")
@@ -65,5 +61,5 @@ def preflight(settings: Settings) -> bool:
         return False
 
     if facts.driver.gpus:
-        record_gpus(name="Record the GPUs the driver lists", path=gpus_record_path(settings))
+        record_gpus(name="Record the GPUs the driver lists", path=settings.general.state_file("gpus.json"))
     return True

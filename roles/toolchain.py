@@ -39,7 +39,7 @@ CONDA_CUDA_PACKAGES = ["cuda-nvcc", "cuda-cudart-dev", "libcublas-dev"]
 
 
 def record_path(settings: Settings) -> str:
-    return f"{settings.general.root}/state/toolchain.json"
+    return settings.general.state_file("toolchain.json")
 
 
 def conda_cuda_env(settings: Settings) -> str:
