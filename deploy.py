@@ -19,11 +19,13 @@ from roles.toolchain import toolchain
 
 settings = settings_for(host)
 
-if preflight(settings):
+# Preflight hands on the facts it read: the later roles plan from them.
+facts = preflight(settings)
+if facts:
     driver(settings)
     toolchain(settings)
-    python_env(settings)
-    llamacpp(settings)
+    python_env(settings, facts)
+    llamacpp(settings, facts)
     # The converter's requirements come from the llama.cpp checkout above.
     converter_env(settings)
     model(settings)

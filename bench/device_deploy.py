@@ -15,5 +15,6 @@ from roles.preflight import preflight
 
 settings = settings_for(host)
 
-if preflight(settings):
-    llamacpp(settings)
+facts = preflight(settings)
+if facts:
+    llamacpp(settings, facts)

@@ -17,7 +17,6 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 
 from llamarack.build import BuildPlan, plan_build
-from llamarack.facts import CudaToolkits, GccVersions, InstallableGccMajors, NvidiaSmi
 from llamarack.operations import build, checkout, prune_builds, switch_current
 from llamarack.rules import HostFacts, build_archs, choose_host_compiler, toolkit_for
 from llamarack.settings import Settings
@@ -33,18 +32,11 @@ def source_dir(settings: Settings) -> str:
     return f"{settings.general.root}/src/llama.cpp"
 
 
-def plan_for_host(settings: Settings) -> BuildPlan:
+def plan_for_host(settings: Settings, facts: HostFacts) -> BuildPlan:
     """The build this host needs: archs from its GPUs, toolkit and host compiler from its facts."""
     if settings.llamacpp.backend != "cuda":
         plan = plan_build(settings)
     else:
-        facts = HostFacts(
-            driver=host.get_fact(NvidiaSmi),
-            module=None,
-            toolkits=tuple(host.get_fact(CudaToolkits)),
-            gcc=host.get_fact(GccVersions),
-            gcc_installable=host.get_fact(InstallableGccMajors),
-        )
         toolkit = toolkit_for(settings, facts)
         if toolkit is None:
             # The toolchain role installs a Debian or conda toolkit later in this same
@@ -54,7 +46,12 @@ def plan_for_host(settings: Settings) -> BuildPlan:
             max_gcc = GCC_CEILING_OF_INSTALLABLE_TOOLKITS.get(version)
         else:
             home, max_gcc, version = toolkit.home, toolkit.max_gcc, toolkit.version
-        major, _ = choose_host_compiler(max_gcc, facts.gcc, facts.gcc_installable)
+        try:
+            major, _ = choose_host_compiler(max_gcc, facts.gcc, facts.gcc_installable)
+        except LookupError:
+            # apt had no lists to say what it can install: the toolchain role refreshes
+            # them and installs gcc-<ceiling>, or stops the host before the build.
+            major = max_gcc
         plan = plan_build(
             settings,
             archs=build_archs(settings, facts),
@@ -69,16 +66,17 @@ def plan_for_host(settings: Settings) -> BuildPlan:
 
 
 @deploy("llama.cpp build")
-def llamacpp(settings: Settings) -> BuildPlan:
+def llamacpp(settings: Settings, facts: HostFacts) -> BuildPlan:
     """
     Check out the pinned llama.cpp, build it for this host if its inputs changed,
     verify the build and make it current.
 
     + settings: the host's settings (llamacpp, toolchain, server cache types, root)
+    + facts: what preflight read (GPUs, toolkits, gcc)
     """
     s = settings.llamacpp
     root = settings.general.root
-    plan = plan_for_host(settings)
+    plan = plan_for_host(settings, facts)
 
     checkout(
         name=f"llama.cpp source at {s.commit[:12]}",

@@ -6,6 +6,8 @@ message and fails, so pyinfra stops that host and goes on with the others;
 printed while the deploy is planned.
 """
 
+from typing import Optional
+
 from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.facts.server import LinuxDistribution
@@ -37,9 +39,10 @@ def gather(settings: Settings) -> HostFacts:
 
 
 @deploy("llamarack preflight")
-def preflight(settings: Settings) -> bool:
+def preflight(settings: Settings) -> Optional[HostFacts]:
     """
-    Run the compatibility rules; return True when the host may be changed.
+    Run the compatibility rules; return the facts they read when the host may be
+    changed (the later roles plan from them rather than read them again), else None.
 
     + settings: the host's settings (all roles: the rules span them)
 
@@ -58,8 +61,8 @@ def preflight(settings: Settings) -> bool:
         for message in failures:
             logger.error(message)
         refuse(name="Preflight refused this host", reason="\n".join(failures))
-        return False
+        return None
 
     if facts.driver.gpus:
         record_gpus(name="Record the GPUs the driver lists", path=settings.general.state_file("gpus.json"))
-    return True
+    return facts

@@ -12,14 +12,16 @@ index, the rest with torch and numpy held by constraints, autoawq with
 env costs no pip call; a drifted package is put back.
 """
 
+from typing import Optional
+
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import files
 
-from llamarack.facts import NvidiaSmi
 from llamarack.hoststack import apt_install_missing, conda_env, converter_pins, miniforge, pip_pins, venv
 from llamarack.pyenv import awq_plan
+from llamarack.rules import HostFacts, build_archs
 from llamarack.settings import Settings
 
 
@@ -68,19 +70,16 @@ def _make_env(settings: Settings, name: str) -> str:
 
 
 @deploy("llamarack python env")
-def python_env(settings: Settings):
+def python_env(settings: Settings, facts: Optional[HostFacts] = None):
     """
     The AWQ env (``<root>/envs/awq``): torch, transformers, accelerate, autoawq at their pins.
 
     + settings: the host's settings (``python_env_*``; on CUDA builds the toolkit
       version and the GPUs' archs are verified against torch)
+    + facts: what preflight read (the GPUs); needed on CUDA builds only
     """
     env = _make_env(settings, "awq")
-    archs: tuple = ()
-    if settings.llamacpp.backend == "cuda":
-        archs = settings.llamacpp.cuda_archs or tuple(
-            sorted({g.arch for g in host.get_fact(NvidiaSmi).gpus if g.arch})
-        )
+    archs = build_archs(settings, facts) if settings.llamacpp.backend == "cuda" else ()
     pip_pins(
         name="AWQ env pins (resolve, install, verify)",
         plan=awq_plan(settings, env, archs),

@@ -118,3 +118,23 @@ def test_hosts_sharing_a_ccache_compile_one_at_a_time():
                          ccache_dir="/nfs/ccache")  # fmt: skip
     assert "{ flock /nfs/ccache/llamarack-build.lock env CCACHE_BASEDIR=" in commands[2]
     assert "CCACHE_DIR=/nfs/ccache" in commands[1]
+
+
+def test_plan_for_a_cuda_host_uses_the_toolkits_gcc_ceiling():
+    from llamarack.facts import CudaToolkit, DriverState, GccInstall, Gpu
+    from llamarack.rules import HostFacts
+    from roles.llamacpp import plan_for_host
+
+    v100 = Gpu(0, "Tesla V100-SXM2-16GB", "GPU-1", 16384, "7.0", "550.127.05")
+    cuda118 = CudaToolkit("/usr", "/usr/bin/nvcc", "11.8", "11.8.89", 11)
+    facts = HostFacts(DriverState("ok", (v100,)), None, (cuda118,), GccInstall("12.2.0", {12: "12.2.0"}), (12, 11))
+    plan = plan_for_host(settings(), facts)
+    assert (plan.cuda_archs, plan.cuda_home, plan.host_compiler) == (("70",), "/usr", "/usr/bin/g++-11")
+    # No apt lists yet (nothing known installable): the toolchain role installs gcc-11 first.
+    unknown = HostFacts(DriverState("ok", (v100,)), None, (cuda118,), GccInstall("12.2.0", {12: "12.2.0"}), ())
+    assert plan_for_host(settings(), unknown).host_compiler == "/usr/bin/g++-11"
+    # Toolkit not installed yet (Debian's, installed later in the run): its known ceiling.
+    fresh = HostFacts(DriverState("ok", (v100,)), None, (), GccInstall("12.2.0", {12: "12.2.0"}), ())
+    fresh_plan = plan_for_host(settings(toolchain_cuda_source="debian"), fresh)
+    assert (fresh_plan.cuda_home, fresh_plan.host_compiler) == ("/usr", "/usr/bin/g++-11")
+    assert fresh_plan.stamp == plan.stamp
