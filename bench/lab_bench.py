@@ -10,7 +10,10 @@ Measures (median of --reps unless said):
 - warm_up_4: 4 hosts with the cached image (target <= 10 s);
 - down_4: teardown of 4 hosts (target <= 5 s);
 - converged pyinfra run of tests/lab/deploys/trivial.py on 16 hosts vs
-  1 host (--limit) of the same converged rack (target ratio <= 1.5).
+  1 host (--limit) of the same converged rack (target ratio <= 1.5), with
+  the CPU each run took (the machine's, and pyinfra's own); once as
+  llamarack connects (TCP_NODELAY, llamarack/ssh.py) and once with
+  paramiko's default (Nagle on) for reference.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -77,14 +81,57 @@ def up_down(n: int) -> tuple[float, float]:
     return t_up, t_down
 
 
-def pyinfra_run(rack, *args) -> tuple[float, dict]:
+def machine_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy (all cores, guests too)."""
+    fields = open("/proc/stat").readline().split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq = map(int, fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def pyinfra_run(rack, *args) -> tuple[float, dict, dict]:
+    """One pyinfra run: wall seconds, its totals, and the CPU it took."""
     cmd = [*pyinfra_command(), "-y", str(rack.inventory_path), str(DEPLOY), *args]
-    t0 = time.monotonic()
+    cpu0, own0, t0 = machine_cpu_s(), children_cpu_s(), time.monotonic()
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     dt = time.monotonic() - t0
+    cpu = {"machine_cpu_s": machine_cpu_s() - cpu0, "pyinfra_cpu_s": children_cpu_s() - own0}
     if r.returncode != 0:
         raise SystemExit(f"pyinfra failed:\n{r.stdout[-3000:]}")
-    return dt, parse_pyinfra_totals(r.stdout)
+    return dt, parse_pyinfra_totals(r.stdout), cpu
+
+
+# paramiko's default connection (Nagle on): the reference for llamarack/ssh.py
+NAGLE_ON = ("--data", "ssh_paramiko_connect_kwargs={}")
+
+
+def converged(rack, reps: int, hosts: int, extra: tuple = ()) -> dict:
+    """Converged runs on all hosts and on one, alternating; medians."""
+    runs: dict[str, list] = {"many": [], "one": []}
+    first = rack.hosts[0].name
+    for _ in range(reps):
+        for key, limit in (("many", ()), ("one", ("--limit", first))):
+            dt, totals, cpu = pyinfra_run(rack, *extra, *limit)
+            assert totals["success"] == 0, totals
+            runs[key].append((dt, cpu))
+        print(f"converged{' ' + ' '.join(extra) if extra else ''}: {hosts} hosts "
+              f"{runs['many'][-1][0]:.2f} s, 1 host {runs['one'][-1][0]:.2f} s", flush=True)
+
+    def summary(rs):
+        d = stat([dt for dt, _ in rs])
+        for k in ("machine_cpu_s", "pyinfra_cpu_s"):
+            d[f"median_{k}"] = round(statistics.median(c[k] for _, c in rs), 2)
+        return d
+
+    many, one = summary(runs["many"]), summary(runs["one"])
+    ratio = many["median_s"] / one["median_s"]
+    return {f"{hosts}_hosts": many, "1_host": one,
+            "ratio": {"hosts": hosts, "ratio": round(ratio, 2), "target": 1.5,
+                      "meets_target": ratio <= 1.5}}
 
 
 def main() -> None:
@@ -122,25 +169,11 @@ def main() -> None:
     t_up, rack = timed(rackmod.up, args.hosts)
     result[f"warm_up_{args.hosts}_hosts"] = stat([t_up])
     try:
-        t_first, totals = pyinfra_run(rack)
+        t_first, totals, _ = pyinfra_run(rack)
         result[f"first_run_{args.hosts}_hosts"] = stat([t_first])
         print(f"first run on {args.hosts}: {t_first:.1f} s {totals}", flush=True)
-        many, one = [], []
-        first = rack.hosts[0].name
-        for _ in range(args.reps):
-            dt, totals = pyinfra_run(rack)
-            assert totals["success"] == 0, totals
-            many.append(dt)
-            dt, totals = pyinfra_run(rack, "--limit", first)
-            assert totals["success"] == 0, totals
-            one.append(dt)
-            print(f"converged: {args.hosts} hosts {many[-1]:.2f} s, 1 host {one[-1]:.2f} s",
-                  flush=True)
-        result[f"converged_run_{args.hosts}_hosts"] = stat(many)
-        result["converged_run_1_host"] = stat(one)
-        ratio = statistics.median(many) / statistics.median(one)
-        result["converged_ratio"] = {"hosts": args.hosts, "ratio": round(ratio, 2),
-                                     "target": 1.5, "meets_target": ratio <= 1.5}
+        result["converged"] = converged(rack, args.reps, args.hosts)
+        result["converged_nagle_on"] = converged(rack, args.reps, args.hosts, NAGLE_ON)
         mem = subprocess.run(["free", "-m"], capture_output=True, text=True).stdout
         result[f"machine_mem_used_mib_with_{args.hosts}_hosts"] = int(mem.split("\n")[1].split()[2])
     finally:
