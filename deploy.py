@@ -15,6 +15,7 @@ from roles.llamacpp import llamacpp
 from roles.model import model
 from roles.preflight import preflight
 from roles.python_env import converter_env, python_env
+from roles.server import llama_server
 from roles.toolchain import toolchain
 
 settings = settings_for(host)
@@ -29,3 +30,4 @@ if facts:
     # The converter's requirements come from the llama.cpp checkout above.
     converter_env(settings)
     model(settings)
+    llama_server(settings, facts)

@@ -48,17 +48,18 @@ class HubListing:
     files: tuple[HubFile, ...]
 
 
-def read_token(path: Optional[str]) -> Optional[str]:
-    """The hub token from a file on the control machine (never printed or logged)."""
+def read_token(path: Optional[str], setting: str = "model_hf_token_file") -> Optional[str]:
+    """A secret (the hub token, the server's API key) from a file on the control
+    machine, named by ``setting`` in errors; never printed or logged."""
     if not path:
         return None
     try:
         with open(path) as f:
             token = f.read().strip()
     except OSError as e:
-        raise ModelSourceError(f"model_hf_token_file: cannot read {path}: {e.strerror}") from None
+        raise ModelSourceError(f"{setting}: cannot read {path}: {e.strerror}") from None
     if not token:
-        raise ModelSourceError(f"model_hf_token_file: {path} is empty")
+        raise ModelSourceError(f"{setting}: {path} is empty")
     return token
 
 

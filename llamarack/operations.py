@@ -6,13 +6,29 @@ import shlex
 
 from io import StringIO
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import StringCommand, operation
 from pyinfra.operations import files
 
 from .build import BuildPlan
 from .facts.gpu import NvidiaSmi, gpus_record
 from .facts.llamacpp import GitHead, LlamacppBuilds
+
+
+@operation()
+def report(message: str):
+    """
+    Print a line for this host when the run reaches this point; changes nothing.
+
+    + message: what to tell the user (e.g. where the service answers)
+
+    Unlike ``python.call``, which always counts as a change, this keeps a
+    converged run at "No changes".
+    """
+    if host.state.is_executing:
+        logger.info(f"{host.print_prefix}{message}")
+    return
+    yield  # an operation is a generator, even one that runs no command
 
 
 @operation(is_idempotent=False)

@@ -316,6 +316,13 @@ class ServerSettings:
     api_key_file: Optional[str] = setting(
         None, "file on the control machine holding the API key (never printed)"
     )
+    memory_reserve_mib: int = setting(
+        1024, "card memory kept free of weights and KV cache (CUDA context, compute buffers)",
+        _positive,
+    )
+    health_timeout: int = setting(
+        600, "seconds a (re)started llama-server has to answer /health before rollback", _positive
+    )
 
 
 # Values restricted to a fixed set beyond what a Literal type says.

@@ -193,6 +193,12 @@ server_parallel = 1
 # file on the control machine holding the API key (never printed)
 server_api_key_file = None
 
+# card memory kept free of weights and KV cache (CUDA context, compute buffers)
+server_memory_reserve_mib = 1024
+
+# seconds a (re)started llama-server has to answer /health before rollback
+server_health_timeout = 600
+
 # --- pyinfra: how pyinfra connects to the hosts (llamarack/ssh.py says why).
 
 # TCP_NODELAY on each SSH socket: without it a remote command can stall ~40 ms

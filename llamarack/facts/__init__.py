@@ -15,7 +15,7 @@ from .gpu import (
 from .llamacpp import Builds, GitHead, LlamacppBuilds, LlamaServerFlags, ServerFlags, parse_server_help
 from .packages import DebianSources, DebPackage, NvidiaDriverPackages
 from .python import PythonEnv, PythonEnvPackages, RequirementsFile
-from .model import ArtifactState, ModelArtifact
+from .model import ArtifactState, GgufShape, ModelArtifact
 from .system import FreeDiskBytes
 from .toolchain import (
     CmakeVersion,
@@ -50,6 +50,7 @@ __all__ = [
     "Gpu",
     "KernelModule",
     "ModelArtifact",
+    "GgufShape",
     "NvidiaKernelModule",
     "NvidiaDriverPackages",
     "NvidiaSmi",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from pyinfra.api import FactBase
@@ -56,3 +57,36 @@ class ModelArtifact(FactBase[Optional[ArtifactState]]):
             return ArtifactState(record["stamp"], int(size), int(record["gguf"]["size"]))
         except (ValueError, KeyError, TypeError) as e:
             raise FactProcessError(f"unreadable model artifact state: {e}") from e
+
+
+_GGUF_READER = Path(__file__).resolve().parent.parent / "gguf_header.py"
+
+
+class GgufShape(FactBase[Optional[dict]]):
+    """
+    Returns what the context planner needs from a GGUF file's header, or None
+    when the file does not exist. Read by the host's python3 running
+    ``llamarack/gguf_header.py`` (standard library only; the tensors are not read).
+
+    .. code:: python
+
+        {"architecture": "llama", "size": 1087936, "file_type": 15, "n_layer": 2,
+         "n_ctx_train": 2048, "n_head": 4, "n_head_kv": 2, "head_dim_k": 64,
+         "head_dim_v": 64, "path": "/opt/llamarack/models/<stamp>/model.gguf"}
+    """
+
+    requires_command = "python3"
+
+    def command(self, path: str) -> str:
+        return f"python3 -c {shlex.quote(_GGUF_READER.read_text())} {shlex.quote(path)}"
+
+    def process(self, output) -> Optional[dict]:
+        try:
+            data = json.loads("\n".join(output))
+        except ValueError as e:
+            raise FactProcessError(f"unreadable GGUF header report: {e}") from e
+        if data.get("missing"):
+            return None
+        if "error" in data:
+            raise FactProcessError(f"GGUF header of {data.get('path')}: {data['error']}")
+        return data

@@ -56,6 +56,9 @@ def test_every_fact_has_fixtures():
         (facts.CmakeVersion, ["bash: cmake: broken"]),
         (facts.FreeDiskBytes, ["df: /opt: No such file"]),
         (facts.RecordedGpus, ["{not json"]),
+        # real output on the first 100 bytes of the tiny GGUF (an interrupted copy)
+        (facts.GgufShape, ['{"error": "truncated GGUF header", "path": "/tmp/trunc.gguf"}']),
+        (facts.GgufShape, ["Traceback (most recent call last):"]),
     ],
 )
 def test_unexpected_output_is_a_fact_process_error(fact, output):

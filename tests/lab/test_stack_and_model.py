@@ -5,6 +5,9 @@ tiny real Llama made locally, the llama.cpp mirror) from the machine; the
 host reaches nothing else but apt. Tests run in order and share the host.
 """
 
+import json
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,30 @@ pytestmark = pytest.mark.lab
 
 HOST = "lab-v100-b"
 OPT = "/opt/llamarack"
+URL = "http://10.77.0.12:8080"  # inventory/lab.py's address of HOST
+UNIT = "llamarack-server.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT}"
+
+
+def http_get(url: str, headers: dict | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def http_post(url: str, body: dict) -> tuple[int, str]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as r:
+        return r.status, r.read().decode()
+
+
+def server_cmdline(lab_rack) -> list[str]:
+    pid = sh(lab_rack, f"systemctl show -p MainPID --value {UNIT}")
+    return sh(lab_rack, f"tr '\\0' '\\n' < /proc/{pid}/cmdline").splitlines()
 
 
 def deploy(lab_rack, *data: str):
@@ -52,7 +79,7 @@ def test_awq_env_has_the_pins_and_imports(lab_rack):
     assert numpy.startswith("1.")
 
 
-def test_model_is_a_q4_k_m_gguf_that_the_built_server_serves(lab_rack):
+def test_model_is_a_q4_k_m_gguf(lab_rack):
     gguf = f"{OPT}/models/current/model.gguf"
     # Read back with the gguf package of the converter env: really quantized to Q4_K_M.
     kinds = sh(
@@ -62,18 +89,24 @@ def test_model_is_a_q4_k_m_gguf_that_the_built_server_serves(lab_rack):
         " print(LlamaFileType(ft).name, *sorted({t.tensor_type.name for t in r.tensors}))\"",
     )
     assert kinds == "MOSTLY_Q4_K_M F32 Q4_K Q6_K"
-    # Serve it with the flags the build record says this llama-server takes.
-    sh(
-        lab_rack,
-        f"systemd-run --unit=llamarack-lab-probe {OPT}/builds/current/bin/llama-server -m {gguf}"
-        " --load-mode none --port 18080 --host 127.0.0.1",
-    )
-    try:
-        sh(lab_rack, "for i in $(seq 1 100); do curl -sf localhost:18080/health && exit 0; sleep 0.2; done; exit 1")
-        reply = sh(lab_rack, "curl -sf localhost:18080/completion -d '{\"prompt\": \"hello\", \"n_predict\": 16}'")
-        assert '"tokens_predicted":16' in reply
-    finally:
-        lab_rack.ssh(HOST, "systemctl stop llamarack-lab-probe")
+
+
+def test_the_service_serves_the_model_over_the_network(lab_rack):
+    # from this machine, as a client of the rack would
+    assert http_get(f"{URL}/health") == (200, '{"status":"ok"}')
+    status, reply = http_post(f"{URL}/completion", {"prompt": "hello", "n_predict": 16})
+    assert status == 200 and json.loads(reply)["tokens_predicted"] == 16
+    # the unit pins the build and model that the current links name, with the flags
+    # that build's --help takes; it runs as the service user
+    build, model = sh(lab_rack, f"readlink {OPT}/builds/current; readlink {OPT}/models/current").split()
+    cmdline = server_cmdline(lab_rack)
+    assert cmdline[0] == f"{OPT}/builds/{build}/bin/llama-server"
+    assert cmdline[cmdline.index("--model") + 1] == f"{OPT}/models/{model}/model.gguf"
+    assert "--load-mode none" in " ".join(cmdline) and "--n-gpu-layers" not in cmdline  # CPU build
+    # the tiny model's trained context (2048) is the bound: its KV fits the fake V100 easily
+    assert cmdline[cmdline.index("--ctx-size") + 1] == "2048"
+    assert sh(lab_rack, f"ps -o user= -p $(systemctl show -p MainPID --value {UNIT})") == "llamarack"
+    assert sh(lab_rack, f"systemctl is-enabled {UNIT}") == "enabled"
 
 
 def test_second_run_changes_nothing_and_calls_neither_pip_nor_apt(lab_rack):
@@ -92,6 +125,60 @@ def test_drifted_pin_is_put_back(lab_rack):
     rc, out = deploy(lab_rack)
     assert rc == 0, out[-6000:]
     assert sh(lab_rack, f"{OPT}/envs/awq/bin/python -c 'import accelerate; print(accelerate.__version__)'") == "0.33.0"
+
+
+def test_api_key_goes_to_a_file_and_nowhere_else(lab_rack, tmp_path):
+    key = "sk-lab-4e1d9c0b7a"
+    key_file = tmp_path / "api-key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    rc, out = deploy(lab_rack, f"server_api_key_file={key_file}")
+    assert rc == 0, out[-6000:]
+    assert http_get(f"{URL}/v1/models")[0] == 401
+    assert http_get(f"{URL}/v1/models", {"Authorization": f"Bearer {key}"})[0] == 200
+    assert key not in out
+    cmdline = server_cmdline(lab_rack)
+    assert key not in " ".join(cmdline) and "--api-key-file" in cmdline
+    assert sh(lab_rack, "stat -c '%a %U:%G' /etc/llamarack/server-api-key") == "640 root:llamarack"
+    leaks = sh(lab_rack, f"grep -rl sk-lab-4e1d /etc/systemd /var/log {OPT} /tmp /root 2>/dev/null || true")
+    assert leaks == ""
+    # the same key again: nothing to do; no key: the file goes and the API is open again
+    rc, out = deploy(lab_rack, f"server_api_key_file={key_file}")
+    assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
+    rc, out = deploy(lab_rack)
+    assert rc == 0, out[-6000:]
+    assert http_get(f"{URL}/v1/models")[0] == 200
+    assert sh(lab_rack, "ls /etc/llamarack") == ""
+
+
+def test_a_unit_that_fails_is_rolled_back_and_the_previous_one_serves(lab_rack):
+    unit_before = sh(lab_rack, f"sha1sum {UNIT_PATH}")
+    rc, out = deploy(lab_rack, "server_listen=10.99.99.99")  # no such address on the host
+    assert rc != 0
+    assert "couldn't bind HTTP server socket" in out  # the new unit's journal is shown
+    assert "rolled back: the previous unit is serving again" in out
+    assert sh(lab_rack, f"sha1sum {UNIT_PATH}") == unit_before
+    assert http_get(f"{URL}/health")[0] == 200
+
+
+def test_memory_guard_refuses_before_the_unit_is_touched(lab_rack):
+    pid = sh(lab_rack, f"systemctl show -p MainPID --value {UNIT}")
+    unit_before = sh(lab_rack, f"sha1sum {UNIT_PATH}")
+    rc, out = deploy(lab_rack, "server_memory_reserve_mib=16384")
+    assert rc != 0
+    assert f"{HOST}: memory: found 16384 MiB on the card" in out and "Fix: " in out
+    assert sh(lab_rack, f"sha1sum {UNIT_PATH}") == unit_before
+    assert sh(lab_rack, f"systemctl show -p MainPID --value {UNIT}") == pid  # not restarted
+
+
+def test_a_new_context_restarts_the_service_with_it(lab_rack):
+    rc, out = deploy(lab_rack, "server_ctx_size=1024")
+    assert rc == 0, out[-6000:]
+    cmdline = server_cmdline(lab_rack)
+    assert cmdline[cmdline.index("--ctx-size") + 1] == "1024"
+    assert http_get(f"{URL}/health")[0] == 200
+    rc, out = deploy(lab_rack)  # back to the default for the tests that follow
+    assert rc == 0, out[-6000:]
 
 
 def _index_url() -> str:

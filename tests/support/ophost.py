@@ -7,7 +7,11 @@ the operation yields (or its no-op message) out.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
+from io import StringIO
+
+from pyinfra.api import FileUploadCommand, StringCommand
 from pyinfra.context import ctx_host
 
 
@@ -18,6 +22,7 @@ class FakeHost:
     name: str = "gpu01"
     noops: list = field(default_factory=list)
     print_prefix: str = "[gpu01] "
+    state: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(is_executing=True))
 
     def get_fact(self, fact_cls, *args, **kwargs):
         key = (fact_cls, frozenset(kwargs.items()))
@@ -29,9 +34,20 @@ class FakeHost:
         self.noops.append(message)
 
 
-def run_op(op, facts: dict, **kwargs) -> tuple[list[str], list[str]]:
-    """(commands yielded, no-op messages) of ``op`` given ``facts``."""
-    fake = FakeHost(facts)
+def run_op(op, facts: dict, executing: bool = True, **kwargs) -> tuple[list, list[str]]:
+    """(commands yielded, no-op messages) of ``op`` given ``facts``; executing=False
+    is pyinfra's change detection (``--dry``). Uploads come out as
+    ``("upload", dest, text)``."""
+    fake = FakeHost(facts, state=SimpleNamespace(is_executing=executing))
     with ctx_host.use(fake):
-        commands = [str(c) for c in op._inner(**kwargs)]
+        commands = [_plain(c) for c in op._inner(**kwargs)]
     return commands, fake.noops
+
+
+def _plain(command):
+    if isinstance(command, FileUploadCommand):
+        src = command.src.getvalue() if isinstance(command.src, StringIO) else f"<{command.src}>"
+        return ("upload", command.dest, src)
+    if isinstance(command, StringCommand):
+        return command.get_raw_value()
+    return str(command)

@@ -1,0 +1,171 @@
+"""llama-server under systemd as one pyinfra operation: plan, write, restart,
+check /health, and roll back to the previous unit when the new one fails.
+
+The unit names the build and model directories it serves
+(``builds/<stamp>``, ``models/<stamp16>``), not the ``current`` links: the
+running server keeps its files while a later run builds or fetches new
+ones, and the unit's text changes exactly when what it serves changes.
+
+The operation reads its facts when it runs (pyinfra 3 runs an operation's
+body at execution time), so a first run plans from the build and model that
+the llama.cpp and model roles made earlier in the same run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from io import StringIO
+from pathlib import Path
+from typing import Optional
+
+from pyinfra import host
+from pyinfra.api import FileUploadCommand, StringCommand, operation
+from pyinfra.facts.files import Link, Sha1File
+from pyinfra.facts.systemd import SystemdStatus
+
+from .facts import GgufShape, LlamaServerFlags
+from .hub import read_token
+from .server_plan import (
+    API_KEY_PATH,
+    HEALTH_MARK,
+    UNIT_NAME,
+    UNIT_PATH,
+    PlanError,
+    plan_context,
+    render_unit,
+    server_args,
+)
+from .settings import Settings
+
+# Waits for the unit's /health to answer 200 (llama-server answers 503 while it
+# loads), with a deadline in seconds; gives up at once when the service
+# crashed and waits to restart. Exit 0: healthy.
+_WAIT_HEALTHY_PY = """
+import subprocess, sys, time, urllib.request
+url, unit, deadline = sys.argv[1], sys.argv[2], time.monotonic() + float(sys.argv[3])
+while time.monotonic() < deadline:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            if r.status == 200:
+                sys.exit(0)
+    except Exception:
+        pass
+    if subprocess.run(["systemctl", "is-active", "-q", unit]).returncode != 0:
+        sys.exit(f"{unit} stopped before {url} answered 200 (its journal follows)")
+    time.sleep(1)
+sys.exit(f"no 200 from {url} within {sys.argv[3]} s")
+"""
+def _fail(message: str) -> StringCommand:
+    return StringCommand(f"printf '%s\\n' {shlex.quote(message)} >&2; exit 1")
+
+
+def _linked(root: str, name: str) -> Optional[str]:
+    """The directory ``<root>/<name>/current`` points at, or None."""
+    link = host.get_fact(Link, path=f"{root}/{name}/current")
+    if not link or not link.get("link_target"):
+        return None
+    target = link["link_target"]
+    return target if target.startswith("/") else f"{root}/{name}/{target}"
+
+
+def switch_script(settings: Settings) -> str:
+    """Move the staged unit in, restart, wait for /health; on failure restore the
+    previous unit and restart it, print the new one's journal, and exit 1."""
+    u, svc = shlex.quote(UNIT_PATH), UNIT_NAME
+    timeout = settings.server.health_timeout
+    return f"""
+health() {{
+  url=$(sed -n 's|^{HEALTH_MARK}||p' {u})
+  python3 -c {shlex.quote(_WAIT_HEALTHY_PY)} "$url" {svc} "$1"
+}}
+rollback() {{
+  printf 'llama-server: %s\\n' "$1" >&2
+  journalctl -u {svc} -n 30 --no-pager -o cat >&2 || true
+  if [ -f {u}.prev ]; then
+    mv -f {u}.prev {u} && systemctl daemon-reload && systemctl restart {svc}
+    if health {timeout}; then
+      echo "rolled back: the previous unit is serving again" >&2
+    else
+      echo "rolled back, but the previous unit does not answer /health either" >&2
+    fi
+  else
+    systemctl disable --now {svc} >/dev/null 2>&1 || true
+    rm -f {u}; systemctl daemon-reload
+    echo "no previous unit to roll back to: the new one is removed" >&2
+  fi
+  exit 1
+}}
+if [ -f {u} ]; then cp -p {u} {u}.prev; fi
+mv -f {u}.new {u} && systemctl daemon-reload && systemctl enable -q {svc} \\
+  && systemctl restart {svc} || rollback "the new unit did not start"
+health {timeout} || rollback "the new unit is not healthy"
+rm -f {u}.prev
+echo "llama-server answers /health"
+"""
+
+
+@operation()
+def service(settings: Settings, gpus: tuple = ()):
+    """
+    Serve ``models/current`` with ``builds/current`` under systemd.
+
+    + settings: the host's settings (server, general, llamacpp backend)
+    + gpus: the host's GPUs (preflight's facts); the smallest card bounds the context.
+      None or empty: CPU serving, bounded by the model's trained context only
+
+    Refuses (exit 1, nothing touched) when the plan does not fit the card. A unit
+    that changed is written, the service restarted, and ``/health`` must answer
+    200 within ``server_health_timeout``; otherwise the previous unit is put
+    back and restarted. The API key goes to the host as a file (mode 640,
+    group of the service user), never on a command line.
+    """
+    s, root = settings.server, settings.general.root
+    build_dir, model_dir = _linked(root, "builds"), _linked(root, "models")
+    flags = host.get_fact(LlamaServerFlags, root=root)
+    shape = host.get_fact(GgufShape, path=f"{model_dir}/model.gguf") if model_dir else None
+    if not (build_dir and flags and shape):
+        missing = [n for n, v in (("llama.cpp build", build_dir and flags), ("model", shape)) if not v]
+        if host.state.is_executing:
+            yield _fail(f"{host.name}: server: no current {' and no '.join(missing)} under {root}; "
+                        "the llama.cpp and model roles make them (see their output above)")  # fmt: skip
+        else:
+            # --dry on a fresh host: the build and model come from earlier operations of this run
+            made = f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} made"
+            yield StringCommand(f"echo 'write {UNIT_NAME} once the {made}'")
+        return
+
+    card_mib = min((g.memory_mib for g in gpus), default=None) if s.gpu_layers else None
+    try:
+        ctx = plan_context(settings, shape, card_mib)
+    except PlanError as e:
+        yield _fail(e.failure.message(host.name))
+        return
+
+    cuda = settings.llamacpp.backend == "cuda"
+    args = server_args(settings, flags, build_dir, model_dir, ctx, cuda)
+    unit = render_unit(settings, args, f"llamarack llama-server: {Path(model_dir).name} "
+                                       f"({shape['architecture']}, {ctx.note})")  # fmt: skip
+    unit_changed = host.get_fact(Sha1File, path=UNIT_PATH) != hashlib.sha1(unit.encode()).hexdigest()
+
+    key = read_token(s.api_key_file, "server_api_key_file")
+    host_key_sha1 = host.get_fact(Sha1File, path=API_KEY_PATH)
+    key_changed = False
+    if key is not None and host_key_sha1 != hashlib.sha1((key + "\n").encode()).hexdigest():
+        key_changed = True
+        k = shlex.quote(API_KEY_PATH)
+        yield f"install -d -m 755 {shlex.quote(str(Path(API_KEY_PATH).parent))} && install -m 640 -g {shlex.quote(settings.general.service_user)} /dev/null {k}.new"  # noqa: E501
+        yield FileUploadCommand(StringIO(key + "\n"), f"{API_KEY_PATH}.new")
+        yield f"chmod 640 {k}.new && chgrp {shlex.quote(settings.general.service_user)} {k}.new && mv -f {k}.new {k}"
+    elif key is None and host_key_sha1 is not None:
+        key_changed = True
+        yield f"rm -f {shlex.quote(API_KEY_PATH)}"
+
+    running = host.get_fact(SystemdStatus, services=UNIT_NAME).get(UNIT_NAME)
+    if not (unit_changed or key_changed or not running):
+        host.noop(f"llama-server serves {Path(model_dir).name} with build {Path(build_dir).name}, "
+                  f"{ctx.note}")  # fmt: skip
+        return
+    yield FileUploadCommand(StringIO(unit), f"{UNIT_PATH}.new")
+    yield f"chmod 644 {shlex.quote(UNIT_PATH)}.new"
+    yield StringCommand(switch_script(settings))

@@ -1,0 +1,109 @@
+"""The server operation's commands, in pyinfra's fixture style: facts in, commands out."""
+
+import hashlib
+import json
+from pathlib import Path
+
+from pyinfra.facts.files import Link, Sha1File
+from pyinfra.facts.systemd import SystemdStatus
+
+from llamarack.facts import GgufShape, Gpu, LlamaServerFlags
+from llamarack.facts.llamacpp import ServerFlags
+from llamarack.server_ops import service
+from llamarack.server_plan import API_KEY_PATH, UNIT_NAME, UNIT_PATH
+from llamarack.settings import load_settings
+from tests.support.ophost import run_op
+
+ROOT = "/opt/lr"
+SHAPE = json.loads((Path(__file__).resolve().parents[1] / "facts/GgufShape/tiny_q4_k_m.json").read_text())["fact"]
+FLAGS = ServerFlags(("--load-mode", "none"), True, True, True)
+V100 = Gpu(0, "Tesla V100-SXM2-16GB", "GPU-1", 16384, "7.0", "550.127.05")
+
+
+def settings(**data):
+    return load_settings("gpu01", {"python_env_backend": "venv", "llamarack_root": ROOT, **data})
+
+
+def facts(unit_sha1=None, running=False, key_sha1=None, build="b1", model="m1", shape=SHAPE):
+    return {
+        (Link, frozenset({"path": f"{ROOT}/builds/current"}.items())): {"link_target": build} if build else None,
+        (Link, frozenset({"path": f"{ROOT}/models/current"}.items())): {"link_target": model} if model else None,
+        LlamaServerFlags: FLAGS if build else None,
+        GgufShape: shape,
+        (Sha1File, frozenset({"path": UNIT_PATH}.items())): unit_sha1,
+        (Sha1File, frozenset({"path": API_KEY_PATH}.items())): key_sha1,
+        SystemdStatus: {UNIT_NAME: running},
+    }
+
+
+def first_run(s, **kw):
+    return run_op(service, facts(**kw), settings=s, gpus=(V100,))
+
+
+def test_first_run_writes_the_unit_then_switches_with_health_and_rollback():
+    commands, noops = first_run(settings())
+    assert noops == []
+    upload, chmod, switch = commands
+    assert upload[0] == "upload" and upload[1] == f"{UNIT_PATH}.new"
+    unit = upload[2]
+    assert f"ExecStart={ROOT}/builds/b1/bin/llama-server --model {ROOT}/models/m1/model.gguf" in unit
+    assert "--ctx-size 2048" in unit and "--n-gpu-layers 99" in unit  # the default backend is cuda
+    assert "# llamarack health: http://127.0.0.1:8080/health" in unit
+    assert chmod == f"chmod 644 {UNIT_PATH}.new"
+    assert "systemctl restart llamarack-server.service" in switch
+    assert "rollback" in switch and f"mv -f {UNIT_PATH}.prev {UNIT_PATH}" in switch
+
+
+def test_converged_host_is_a_noop():
+    s = settings()
+    unit = first_run(s)[0][0][2]
+    commands, noops = first_run(s, unit_sha1=hashlib.sha1(unit.encode()).hexdigest(), running=True)
+    assert commands == []
+    assert noops == [f"llama-server serves m1 with build b1, ctx 2048: the largest that fits 16384 MiB"]
+
+
+def test_same_unit_but_stopped_is_started_again():
+    s = settings()
+    unit = first_run(s)[0][0][2]
+    commands, _ = first_run(s, unit_sha1=hashlib.sha1(unit.encode()).hexdigest(), running=False)
+    assert "systemctl restart llamarack-server.service" in commands[-1]
+
+
+def test_plan_failure_refuses_without_touching_anything():
+    commands, _ = first_run(settings(server_memory_reserve_mib=16384))
+    assert len(commands) == 1
+    assert commands[0].startswith("printf '%s\\n' 'gpu01: memory: found 16384 MiB on the card")
+    assert commands[0].endswith("exit 1")
+
+
+def test_missing_build_or_model_fails_when_executing_and_is_a_change_in_dry_runs():
+    commands, _ = run_op(service, facts(build=None), settings=settings(), gpus=(V100,))
+    assert "no current llama.cpp build under /opt/lr" in commands[0] and commands[0].endswith("exit 1")
+    commands, _ = run_op(service, facts(model=None, shape=None), executing=False,
+                         settings=settings(), gpus=(V100,))
+    assert commands == ["echo 'write llamarack-server.service once the model is made'"]
+
+
+def test_api_key_is_uploaded_as_a_file_never_in_a_command(tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_text("sk-test-123\n")
+    commands, _ = first_run(settings(server_api_key_file=str(key_file)))
+    uploads = [c for c in commands if isinstance(c, tuple)]
+    assert ("upload", f"{API_KEY_PATH}.new", "sk-test-123\n") in uploads
+    assert not any("sk-test-123" in c for c in commands if isinstance(c, str))
+    assert any(c.startswith(f"chmod 640 {API_KEY_PATH}.new && chgrp llamarack") for c in commands
+               if isinstance(c, str))
+    unit = next(c[2] for c in uploads if c[1] == f"{UNIT_PATH}.new")
+    assert f"--api-key-file {API_KEY_PATH}" in unit
+
+
+def test_key_on_host_without_a_setting_is_removed():
+    commands, _ = first_run(settings(), key_sha1="0" * 40)
+    assert f"rm -f {API_KEY_PATH}" in commands
+
+
+def test_cuda_hosts_offload_and_cpu_hosts_do_not():
+    unit = first_run(settings(llamacpp_backend="cuda"))[0][0][2]
+    assert "--n-gpu-layers 99" in unit
+    unit = first_run(settings(llamacpp_backend="cpu"))[0][0][2]
+    assert "--n-gpu-layers" not in unit
