@@ -24,7 +24,7 @@ from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.facts.files import Link, Sha1File
 from pyinfra.facts.systemd import SystemdStatus
 
-from .facts import GgufShape, LlamaServerFlags
+from .facts import GgufShape, LlamaServerFlags, NvidiaSmi, RecordedGpus
 from .hub import read_token
 from .server_plan import (
     API_KEY_PATH,
@@ -105,14 +105,24 @@ echo "llama-server answers /health"
 """
 
 
+def _cards(settings: Settings) -> tuple:
+    """The GPUs the driver lists now (also after a reboot earlier in this run),
+    else those recorded at the last run where it answered; () for none."""
+    smi = host.get_fact(NvidiaSmi)
+    if smi.state == "ok" and smi.gpus:
+        return smi.gpus
+    return host.get_fact(RecordedGpus, path=settings.general.state_file("gpus.json")) or ()
+
+
 @operation()
-def service(settings: Settings, gpus: tuple = ()):
+def service(settings: Settings):
     """
     Serve ``models/current`` with ``builds/current`` under systemd.
 
     + settings: the host's settings (server, general, llamacpp backend)
-    + gpus: the host's GPUs (preflight's facts); the smallest card bounds the context.
-      None or empty: CPU serving, bounded by the model's trained context only
+
+    The smallest of the host's GPUs bounds the context; a host without GPUs
+    serves from the CPU, bounded by the model's trained context only.
 
     Refuses (exit 1, nothing touched) when the plan does not fit the card. A unit
     that changed is written, the service restarted, and ``/health`` must answer
@@ -135,7 +145,7 @@ def service(settings: Settings, gpus: tuple = ()):
             yield StringCommand(f"echo 'write {UNIT_NAME} once the {made}'")
         return
 
-    card_mib = min((g.memory_mib for g in gpus), default=None) if s.gpu_layers else None
+    card_mib = min((g.memory_mib for g in _cards(settings)), default=None) if s.gpu_layers else None
     try:
         ctx = plan_context(settings, shape, card_mib)
     except PlanError as e:

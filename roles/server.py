@@ -21,7 +21,6 @@ from pyinfra.api import deploy
 from pyinfra.operations import server
 
 from llamarack.operations import report
-from llamarack.rules import HostFacts
 from llamarack.server_ops import service
 from llamarack.settings import Settings
 
@@ -33,12 +32,14 @@ def public_url(settings: Settings) -> str:
 
 
 @deploy("llama-server")
-def llama_server(settings: Settings, facts: HostFacts):
+def llama_server(settings: Settings):
     """
     Run llama-server as a system service and check that it answers.
 
     + settings: the host's settings (``server_*``, ``llamarack_service_user``)
-    + facts: what preflight read (the GPUs bound the context)
+
+    The GPUs are read when the service operation runs, not from preflight's
+    facts: a driver role reboot earlier in the run changes what nvidia-smi says.
     """
     user = settings.general.service_user
     server.user(
@@ -54,7 +55,6 @@ def llama_server(settings: Settings, facts: HostFacts):
     service(
         name=f"llama-server at {url} ({key})",
         settings=settings,
-        gpus=facts.driver.gpus or facts.recorded_gpus,
     )
     report(
         name="How to reach it",

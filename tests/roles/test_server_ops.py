@@ -7,7 +7,7 @@ from pathlib import Path
 from pyinfra.facts.files import Link, Sha1File
 from pyinfra.facts.systemd import SystemdStatus
 
-from llamarack.facts import GgufShape, Gpu, LlamaServerFlags
+from llamarack.facts import DriverState, GgufShape, Gpu, LlamaServerFlags, NvidiaSmi, RecordedGpus
 from llamarack.facts.llamacpp import ServerFlags
 from llamarack.server_ops import service
 from llamarack.server_plan import API_KEY_PATH, UNIT_NAME, UNIT_PATH
@@ -24,8 +24,11 @@ def settings(**data):
     return load_settings("gpu01", {"python_env_backend": "venv", "llamarack_root": ROOT, **data})
 
 
-def facts(unit_sha1=None, running=False, key_sha1=None, build="b1", model="m1", shape=SHAPE):
+def facts(unit_sha1=None, running=False, key_sha1=None, build="b1", model="m1", shape=SHAPE,
+          smi=DriverState("ok", (V100,)), recorded=()):
     return {
+        NvidiaSmi: smi,
+        RecordedGpus: recorded,
         (Link, frozenset({"path": f"{ROOT}/builds/current"}.items())): {"link_target": build} if build else None,
         (Link, frozenset({"path": f"{ROOT}/models/current"}.items())): {"link_target": model} if model else None,
         LlamaServerFlags: FLAGS if build else None,
@@ -37,7 +40,7 @@ def facts(unit_sha1=None, running=False, key_sha1=None, build="b1", model="m1", 
 
 
 def first_run(s, **kw):
-    return run_op(service, facts(**kw), settings=s, gpus=(V100,))
+    return run_op(service, facts(**kw), settings=s)
 
 
 def test_first_run_writes_the_unit_then_switches_with_health_and_rollback():
@@ -77,10 +80,10 @@ def test_plan_failure_refuses_without_touching_anything():
 
 
 def test_missing_build_or_model_fails_when_executing_and_is_a_change_in_dry_runs():
-    commands, _ = run_op(service, facts(build=None), settings=settings(), gpus=(V100,))
+    commands, _ = run_op(service, facts(build=None), settings=settings())
     assert "no current llama.cpp build under /opt/lr" in commands[0] and commands[0].endswith("exit 1")
     commands, _ = run_op(service, facts(model=None, shape=None), executing=False,
-                         settings=settings(), gpus=(V100,))
+                         settings=settings())
     assert commands == ["echo 'write llamarack-server.service once the model is made'"]
 
 
@@ -107,3 +110,11 @@ def test_cuda_hosts_offload_and_cpu_hosts_do_not():
     assert "--n-gpu-layers 99" in unit
     unit = first_run(settings(llamacpp_backend="cpu"))[0][0][2]
     assert "--n-gpu-layers" not in unit
+
+
+def test_cards_come_from_the_driver_now_or_from_the_record():
+    # a driver waiting for its reboot lists nothing: the record of the last good run counts
+    commands, _ = run_op(service, facts(smi=DriverState("mismatch", ()), recorded=(V100,)), settings=settings())
+    assert "largest that fits 16384 MiB" in commands[0][2]
+    commands, _ = run_op(service, facts(smi=DriverState("missing", ()), recorded=()), settings=settings())
+    assert "(CPU; trained 2048)" in commands[0][2]

@@ -1,6 +1,7 @@
 """The context planner and the unit: memory arithmetic, refusals, flags."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,15 @@ def test_unit_runs_as_the_service_user_with_the_args():
     assert "\nUser=llm\n" in unit and "\nDescription=llamarack llama-server: m\n" in unit
     assert "\nExecStart=/b/bin/llama-server --model /m/model.gguf --host 0.0.0.0 --port 8080 " in unit
     assert "\nRestart=on-failure\n" in unit and "WantedBy=multi-user.target" in unit
+
+
+def test_kv_arithmetic_matches_what_llama_cpp_allocates():
+    # llama.cpp's own report of the KV cache it made for the tiny model at ctx 2048
+    log = (FIXTURES / "llama-server/kv-cache-sizes.log").read_text()
+    reported = {m.group(2): float(m.group(1)) for m in re.finditer(
+        r"llama_kv_cache: size = +([0-9.]+) MiB \( *2048 cells.*K \((\w+)\)", log)}
+    assert set(reported) == {"q4_0", "f16", "q8_0"}
+    shape = read_shape(str(TINY))
+    for cache_type, mib in reported.items():
+        s = settings(server_cache_type_k=cache_type, server_cache_type_v=cache_type)
+        assert round(kv_bytes_per_token(s, shape, shape["n_layer"]) * 2048 / MIB, 2) == mib
