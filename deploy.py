@@ -30,4 +30,4 @@ if facts:
     # The converter's requirements come from the llama.cpp checkout above.
     converter_env(settings)
     model(settings)
-    llama_server(settings)
+    llama_server(settings, facts)

@@ -22,6 +22,7 @@ from pyinfra.facts.files import Link
 from .facts import FreeDiskBytes, ModelArtifact
 from .hub import read_token
 from .model_plan import ModelPlan
+from .operations import refusal
 
 FETCHER = Path(__file__).with_name("model_fetch.py")
 
@@ -67,7 +68,7 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
             reason = (f"{host.name}: model-disk: found {free} bytes free under {plan.models_dir}; "
                       f"needed {need} (checkpoint, unquantized GGUF, quantized GGUF and 1 GiB). "
                       "Fix: free space or move llamarack_root to a bigger disk")  # fmt: skip
-            yield StringCommand(f"printf '%s\\n' {q(reason)} >&2; exit 1")
+            yield refusal(reason)
             return
         if state is not None:
             # A directory with this name but no sealed, whole GGUF was never moved

@@ -31,6 +31,11 @@ def report(message: str):
     yield  # an operation is a generator, even one that runs no command
 
 
+def refusal(reason: str) -> StringCommand:
+    """The command that stops a host: ``reason`` on stderr, exit 1."""
+    return StringCommand(f"printf '%s\\n' {shlex.quote(reason)} >&2; exit 1")
+
+
 @operation(is_idempotent=False)
 def refuse(reason: str):
     """
@@ -40,7 +45,7 @@ def refuse(reason: str):
 
     pyinfra then drops the host from the run; the other hosts go on.
     """
-    yield StringCommand(f"printf '%s\\n' {shlex.quote(reason)} >&2; exit 1")
+    yield refusal(reason)
 
 
 @operation()

@@ -26,6 +26,7 @@ from pyinfra.facts.systemd import SystemdStatus
 
 from .facts import GgufShape, LlamaServerFlags, NvidiaSmi, RecordedGpus
 from .hub import read_token
+from .operations import refusal
 from .server_plan import (
     API_KEY_PATH,
     HEALTH_MARK,
@@ -56,10 +57,6 @@ while time.monotonic() < deadline:
     time.sleep(1)
 sys.exit(f"no 200 from {url} within {sys.argv[3]} s")
 """
-def _fail(message: str) -> StringCommand:
-    return StringCommand(f"printf '%s\\n' {shlex.quote(message)} >&2; exit 1")
-
-
 def _linked(root: str, name: str) -> Optional[str]:
     """The directory ``<root>/<name>/current`` points at, or None."""
     link = host.get_fact(Link, path=f"{root}/{name}/current")
@@ -105,9 +102,12 @@ echo "llama-server answers /health"
 """
 
 
-def _cards(settings: Settings) -> tuple:
-    """The GPUs the driver lists now (also after a reboot earlier in this run),
-    else those recorded at the last run where it answered; () for none."""
+def _cards(settings: Settings, seen: tuple) -> tuple:
+    """The GPUs preflight saw; when it saw none (a driver waiting for the reboot
+    that the driver role may have done since), those the driver lists now, else
+    those recorded at the last run where it answered; () for none."""
+    if seen:
+        return seen
     smi = host.get_fact(NvidiaSmi)
     if smi.state == "ok" and smi.gpus:
         return smi.gpus
@@ -115,11 +115,12 @@ def _cards(settings: Settings) -> tuple:
 
 
 @operation()
-def service(settings: Settings):
+def service(settings: Settings, gpus: tuple = ()):
     """
     Serve ``models/current`` with ``builds/current`` under systemd.
 
     + settings: the host's settings (server, general, llamacpp backend)
+    + gpus: the GPUs preflight saw (``facts.driver.gpus``); empty: read again when this runs
 
     The smallest of the host's GPUs bounds the context; a host without GPUs
     serves from the CPU, bounded by the model's trained context only.
@@ -137,7 +138,7 @@ def service(settings: Settings):
     if not (build_dir and flags and shape):
         missing = [n for n, v in (("llama.cpp build", build_dir and flags), ("model", shape)) if not v]
         if host.state.is_executing:
-            yield _fail(f"{host.name}: server: no current {' and no '.join(missing)} under {root}; "
+            yield refusal(f"{host.name}: server: no current {' and no '.join(missing)} under {root}; "
                         "the llama.cpp and model roles make them (see their output above)")  # fmt: skip
         else:
             # --dry on a fresh host: the build and model come from earlier operations of this run
@@ -145,15 +146,15 @@ def service(settings: Settings):
             yield StringCommand(f"echo 'write {UNIT_NAME} once the {made}'")
         return
 
-    card_mib = min((g.memory_mib for g in _cards(settings)), default=None) if s.gpu_layers else None
+    card_mib = min((g.memory_mib for g in _cards(settings, gpus)), default=None) if s.gpu_layers else None
     try:
         ctx = plan_context(settings, shape, card_mib)
+        args = server_args(settings, flags, build_dir, model_dir, ctx,
+                           cuda=settings.llamacpp.backend == "cuda")  # fmt: skip
     except PlanError as e:
-        yield _fail(e.failure.message(host.name))
+        yield refusal(e.failure.message(host.name))
         return
 
-    cuda = settings.llamacpp.backend == "cuda"
-    args = server_args(settings, flags, build_dir, model_dir, ctx, cuda)
     unit = render_unit(settings, args, f"llamarack llama-server: {Path(model_dir).name} "
                                        f"({shape['architecture']}, {ctx.note})")  # fmt: skip
     unit_changed = host.get_fact(Sha1File, path=UNIT_PATH) != hashlib.sha1(unit.encode()).hexdigest()

@@ -136,8 +136,16 @@ def plan_context(settings: Settings, shape: dict, card_mib: Optional[int]) -> Co
 
 def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_dir: str,
                 ctx: ContextPlan, cuda: bool) -> list[str]:
-    """llama-server's command line, spelled as the built binary's --help says."""
+    """llama-server's command line, spelled as the built binary's --help says.
+    Raises PlanError when a setting needs a flag this build does not have."""
     s = settings.server
+    if s.api_key_file and not flags.has_api_key_file:
+        raise PlanError(Failure(
+            "api-key-file",
+            "server_api_key_file set, but this build's llama-server --help has no --api-key-file",
+            "a llama.cpp build that reads the key from a file (never from the command line)",
+            "pin a newer llamacpp_commit, or unset server_api_key_file",
+        ))  # fmt: skip
     args = [f"{build_dir}/bin/llama-server", "--model", f"{model_dir}/model.gguf",
             "--host", s.listen, "--port", str(s.port), "--ctx-size", str(ctx.ctx_size),
             "--parallel", str(s.parallel),

@@ -21,6 +21,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import server
 
 from llamarack.operations import report
+from llamarack.rules import HostFacts
 from llamarack.server_ops import service
 from llamarack.settings import Settings
 
@@ -32,14 +33,13 @@ def public_url(settings: Settings) -> str:
 
 
 @deploy("llama-server")
-def llama_server(settings: Settings):
+def llama_server(settings: Settings, facts: HostFacts):
     """
     Run llama-server as a system service and check that it answers.
 
     + settings: the host's settings (``server_*``, ``llamarack_service_user``)
-
-    The GPUs are read when the service operation runs, not from preflight's
-    facts: a driver role reboot earlier in the run changes what nvidia-smi says.
+    + facts: what preflight read; where its driver listed no GPU (a mismatch the
+      driver role reboots away), the service operation reads them again
     """
     user = settings.general.service_user
     server.user(
@@ -55,6 +55,7 @@ def llama_server(settings: Settings):
     service(
         name=f"llama-server at {url} ({key})",
         settings=settings,
+        gpus=facts.driver.gpus,
     )
     report(
         name="How to reach it",

@@ -40,7 +40,7 @@ def facts(unit_sha1=None, running=False, key_sha1=None, build="b1", model="m1", 
 
 
 def first_run(s, **kw):
-    return run_op(service, facts(**kw), settings=s)
+    return run_op(service, facts(**kw), settings=s, gpus=(V100,))
 
 
 def test_first_run_writes_the_unit_then_switches_with_health_and_rollback():
@@ -60,7 +60,10 @@ def test_first_run_writes_the_unit_then_switches_with_health_and_rollback():
 def test_converged_host_is_a_noop():
     s = settings()
     unit = first_run(s)[0][0][2]
-    commands, noops = first_run(s, unit_sha1=hashlib.sha1(unit.encode()).hexdigest(), running=True)
+    converged = facts(unit_sha1=hashlib.sha1(unit.encode()).hexdigest(), running=True)
+    # preflight's GPUs are used: nvidia-smi is not asked again (a missing fact raises KeyError)
+    del converged[NvidiaSmi], converged[RecordedGpus]
+    commands, noops = run_op(service, converged, settings=s, gpus=(V100,))
     assert commands == []
     assert noops == [f"llama-server serves m1 with build b1, ctx 2048: the largest that fits 16384 MiB"]
 
@@ -112,9 +115,21 @@ def test_cuda_hosts_offload_and_cpu_hosts_do_not():
     assert "--n-gpu-layers" not in unit
 
 
-def test_cards_come_from_the_driver_now_or_from_the_record():
-    # a driver waiting for its reboot lists nothing: the record of the last good run counts
+def test_cards_preflight_missed_come_from_the_driver_now_or_from_the_record():
+    # preflight saw no GPU (a driver waiting for the reboot the driver role then did)
+    commands, _ = run_op(service, facts(smi=DriverState("ok", (V100,))), settings=settings())
+    assert "largest that fits 16384 MiB" in commands[0][2]
+    # still waiting: the record of the last good run counts
     commands, _ = run_op(service, facts(smi=DriverState("mismatch", ()), recorded=(V100,)), settings=settings())
     assert "largest that fits 16384 MiB" in commands[0][2]
     commands, _ = run_op(service, facts(smi=DriverState("missing", ()), recorded=()), settings=settings())
     assert "(CPU; trained 2048)" in commands[0][2]
+
+
+def test_api_key_on_a_build_without_api_key_file_is_refused(tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_text("sk-test-123\n")
+    old = {**facts(), LlamaServerFlags: ServerFlags(("--no-mmap",), False, False, False)}
+    commands, _ = run_op(service, old, settings=settings(server_api_key_file=str(key_file)), gpus=(V100,))
+    assert len(commands) == 1 and "gpu01: api-key-file: found server_api_key_file set" in commands[0]
+    assert commands[0].endswith("exit 1") and "sk-test-123" not in commands[0]
