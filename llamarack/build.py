@@ -12,16 +12,30 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from .settings import Settings
+from .remote import ship
+from .settings import X86_FEATURES, Settings
 
 # What we ship. llama-cli is cheap once ggml is built and handy for checks.
 TARGETS = ("llama-server", "llama-quantize", "llama-bench", "llama-cli")
 
 # Bump when the build steps change in a way that makes old builds unlike new ones.
-BUILD_RECIPE = 1
+BUILD_RECIPE = 2
+
+# The smoke run is part of the recipe: a change to its script (model or command)
+# makes a new stamp, so every build is proven again by the new proof.
+PROOF_SCRIPT = ship("llamacpp_proof")
+PROOF_SCRIPT_SHA256 = hashlib.sha256(PROOF_SCRIPT.read_bytes()).hexdigest()
+
+# Rebuilds the smoke run falls back to when the build as asked cannot compute
+# (llamacpp_cpu_fallback): fewer x86 extensions each time. x86-64-v3 is what
+# ggml builds without GGML_NATIVE (AVX2, FMA, F16C, BMI2; no AVX-512, no AMX).
+PORTABLE_CPU_VARIANTS = (
+    ("x86-64-v3", ("sse42", "avx", "avx2", "bmi2", "fma", "f16c")),
+    ("x86-64-v2", ("sse42",)),
+)
 
 
 @dataclass(frozen=True)
@@ -35,10 +49,58 @@ class BuildPlan:
     host_compiler: Optional[str]
     cmake_args: tuple
     targets: tuple
+    proof: dict = field(default_factory=dict)
+    """What the smoke run proves the build with (see ``proof_inputs``)."""
 
     def record(self) -> str:
         """The build-info.json written next to a verified build."""
         return json.dumps({"recipe": BUILD_RECIPE, **asdict(self)}, indent=1, sort_keys=True)
+
+
+def cpu_feature_args(features: Optional[tuple]) -> tuple:
+    """ggml's x86 options for a feature list; None builds for the build host's CPU (-march=native)."""
+    if features is None:
+        return ()
+    return ("-DGGML_NATIVE=OFF",) + tuple(
+        f"-DGGML_{f.upper()}={'ON' if f in features else 'OFF'}" for f in X86_FEATURES
+    )
+
+
+def cpu_variant_name(features: Optional[tuple]) -> str:
+    return "native" if features is None else "x86 " + ",".join(features or ("baseline",))
+
+
+def with_cpu_features(args: tuple, features: Optional[tuple]) -> tuple:
+    """``args`` with its CPU feature options replaced by those of ``features``."""
+    feature_options = {"-DGGML_NATIVE"} | {f"-DGGML_{f.upper()}" for f in X86_FEATURES}
+    kept = tuple(a for a in args if a.split("=", 1)[0] not in feature_options)
+    return kept + cpu_feature_args(features)
+
+
+def serving_inputs(s: Settings) -> dict:
+    """The llama-server runtime flags the unit uses, as the smoke run must use them too.
+
+    On a CUDA build every layer goes to the GPU, so the kernels for the card's
+    arch really load; ``server_gpu_layers`` only shapes the served unit.
+    """
+    return {
+        "cache_type_k": s.server.cache_type_k,
+        "cache_type_v": s.server.cache_type_v,
+        "flash_attn": s.server.flash_attn,
+        "mmap": s.server.mmap,
+        "repack": s.server.repack,
+        "gpu_layers": 999 if s.llamacpp.backend == "cuda" else None,
+    }
+
+
+def proof_inputs(s: Settings) -> dict:
+    return {
+        "script_sha256": PROOF_SCRIPT_SHA256,
+        "quant": s.model.quant,
+        "serving": serving_inputs(s),
+        "cpu_features": s.llamacpp.cpu_features,
+        "cpu_fallback": s.llamacpp.cpu_fallback,
+    }
 
 
 def cmake_args(
@@ -71,7 +133,7 @@ def cmake_args(
             args.append("-DGGML_CUDA_FA_ALL_QUANTS=ON")
     else:
         args.append("-DGGML_CUDA=OFF")
-    return tuple(args)
+    return tuple(args) + cpu_feature_args(s.llamacpp.cpu_features)
 
 
 def plan_build(
@@ -93,6 +155,7 @@ def plan_build(
         host_compiler=host_compiler if cuda else None,
         cmake_args=cmake_args(s, archs, cuda_home, host_compiler),
         targets=TARGETS,
+        proof=proof_inputs(s),
     )
     digest = hashlib.sha256(
         json.dumps({"recipe": BUILD_RECIPE, **inputs}, sort_keys=True).encode()

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import shlex
-
 from io import StringIO
 
 from pyinfra import host, logger
-from pyinfra.api import StringCommand, operation
+from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.operations import files
 
-from .build import BuildPlan
+from .build import (
+    PORTABLE_CPU_VARIANTS,
+    PROOF_SCRIPT,
+    BuildPlan,
+    cpu_variant_name,
+    with_cpu_features,
+)
 from .facts.gpu import NvidiaSmi, gpus_record
 from .facts.llamacpp import GitHead, LlamacppBuilds
 
@@ -92,59 +98,110 @@ def build(plan: BuildPlan, src: str, root: str, ccache_dir=None, jobs=None):
     + jobs: parallel compile jobs, None for nproc
 
     The build directory counts only once ``build-info.json`` is written, the
-    last step, after ``--version`` runs and, on CUDA builds, ``cuobjdump``
-    lists a cubin for every requested arch. A failed build leaves nothing
-    that looks good, and ``current`` is not touched here.
+    last step, after ``--version`` runs, on CUDA builds ``cuobjdump`` lists
+    a cubin for every requested arch, and the smoke run computed: a tiny
+    model served with the unit's runtime flags (all layers on the GPU on a
+    CUDA host) answered with finite probabilities (``proof_spec``). A failed
+    build leaves nothing that looks good, and ``current`` is not touched here.
     """
     builds = host.get_fact(LlamacppBuilds, root=root)
     if plan.stamp in builds.verified:
         host.noop(f"llama.cpp build {plan.stamp} exists and was verified")
         return
 
-    d = shlex.quote(f"{root}/builds/{plan.stamp}")
+    d = f"{root}/builds/{plan.stamp}"
+    q_d = shlex.quote(d)
     env = _build_env(plan, root, ccache_dir)
-    args = " ".join(shlex.quote(a) for a in plan.cmake_args)
-    targets = " ".join(plan.targets)
-    jobs_arg = str(jobs) if jobs else "$(nproc)"
 
-    yield f"rm -rf {d} && mkdir -p {d}"
-    yield (
-        f"cd {d} && {env} cmake -S {shlex.quote(src)} -B build {args} > configure.log 2>&1"
-        " || { tail -n 40 configure.log >&2; exit 1; }"
-    )
+    yield f"rm -rf {q_d} && mkdir -p {q_d}"
+    yield configure_command(d, src, env, plan.cmake_args)
     # Progress: one line per finished percent step goes to build.log as it
     # happens (`tail -f` it, or run pyinfra with -vvv to see it live).
+    yield build_command(d, env, plan.targets, ccache_dir, jobs)
+    yield f"ln -sfn build/bin {q_d}/bin"
+    yield (
+        f"{q_d}/bin/llama-server --version > {q_d}/version.txt 2>&1"
+        f" && grep -q {shlex.quote(plan.commit[:9])} {q_d}/version.txt"
+        f" || {{ echo 'llama-server --version failed or names another commit:' >&2; cat {q_d}/version.txt >&2; exit 1; }}"
+    )
+    if plan.backend == "cuda":
+        cuobjdump = shlex.quote(f"{plan.cuda_home}/bin/cuobjdump")
+        yield f"{cuobjdump} --list-elf {q_d}/build/bin/libggml-cuda.so > {q_d}/cubins.txt"
+        for arch in (a.split("-")[0] for a in plan.cuda_archs):
+            yield (
+                f"grep -q 'sm_{arch}\\.cubin' {q_d}/cubins.txt || {{ echo 'the build holds no sm_{arch}"
+                f" code (no kernel image for this GPU); refusing it' >&2; exit 1; }}"
+            )
+    yield (
+        f"{q_d}/bin/llama-server --help > {q_d}/server-help.txt 2>&1"
+        f" && grep -q -e '--load-mode' -e '--no-mmap' {q_d}/server-help.txt"
+    )
+    # The build counts only once it computed: the smoke run (llamarack/remote/
+    # llamacpp_proof.py) writes build-info.json, last, when a rung of its ladder works.
+    spec = proof_spec(plan, d, src, env, ccache_dir, jobs)
+    yield FileUploadCommand(str(PROOF_SCRIPT), f"{d}/llamacpp_proof.py")
+    yield FileUploadCommand(StringIO(json.dumps(spec, indent=1, sort_keys=True)), f"{d}/proof-spec.json")
+    yield f"python3 {q_d}/llamacpp_proof.py {q_d}/proof-spec.json"
+
+
+def configure_command(d: str, src: str, env: str, cmake_args: tuple, append: bool = False) -> str:
+    args = " ".join(shlex.quote(a) for a in cmake_args)
+    return (
+        f"cd {shlex.quote(d)} && {env} cmake -S {shlex.quote(src)} -B build {args} {'>>' if append else '>'} configure.log 2>&1"
+        " || { tail -n 40 configure.log >&2; exit 1; }"
+    )
+
+
+def build_command(d: str, env: str, targets: tuple, ccache_dir=None, jobs=None, append: bool = False) -> str:
+    jobs_arg = str(jobs) if jobs else "$(nproc)"
     # Hosts sharing a ccache compile one at a time: the first fills the cache and
     # the others then hit it, instead of all compiling the same files at once.
     lock = f"flock {shlex.quote(ccache_dir + '/llamarack-build.lock')} " if ccache_dir else ""
     # (The host's sh may be dash: no pipefail, so the exit code goes through a file.)
-    yield (
-        f"cd {d} && {{ {lock}{env} cmake --build build --config Release -j {jobs_arg} --target {targets}"
-        " 2>&1; echo $? > build.rc; } | tee build.log | grep --line-buffered -E '^\\[ *[0-9]+%\\]';"
+    return (
+        f"cd {shlex.quote(d)} && {{ {lock}{env} cmake --build build --config Release -j {jobs_arg} --target {' '.join(targets)}"
+        f" 2>&1; echo $? > build.rc; }} | tee {'-a ' if append else ''}build.log | grep --line-buffered -E '^\\[ *[0-9]+%\\]';"
         ' test "$(cat build.rc)" = 0 || { tail -n 60 build.log >&2; exit 1; }'
     )
-    yield f"ln -sfn build/bin {d}/bin"
-    yield (
-        f"{d}/bin/llama-server --version > {d}/version.txt 2>&1"
-        f" && grep -q {shlex.quote(plan.commit[:9])} {d}/version.txt"
-        f" || {{ echo 'llama-server --version failed or names another commit:' >&2; cat {d}/version.txt >&2; exit 1; }}"
-    )
-    if plan.backend == "cuda":
-        cuobjdump = shlex.quote(f"{plan.cuda_home}/bin/cuobjdump")
-        yield f"{cuobjdump} --list-elf {d}/build/bin/libggml-cuda.so > {d}/cubins.txt"
-        for arch in plan.cuda_archs:
-            yield (
-                f"grep -q 'sm_{arch}\\.cubin' {d}/cubins.txt || {{ echo 'the build holds no sm_{arch}"
-                f" code (no kernel image for this GPU); refusing it' >&2; exit 1; }}"
-            )
-    yield (
-        f"{d}/bin/llama-server --help > {d}/server-help.txt 2>&1"
-        f" && grep -q -e '--load-mode' -e '--no-mmap' {d}/server-help.txt"
-    )
-    yield (
-        f"printf '%s\\n' {shlex.quote(plan.record())} > {d}/build-info.json.new"
-        f" && mv {d}/build-info.json.new {d}/build-info.json"
-    )
+
+
+def proof_spec(plan: BuildPlan, d: str, src: str, env: str, ccache_dir=None, jobs=None) -> dict:
+    """What ``llamacpp_proof.py`` proves the build with: the serving flags and the ladder.
+
+    Rung 1 is the build as asked. With ``llamacpp_cpu_fallback``: the same
+    binary without weight repacking (no AMX or repacked CPU kernels; no
+    rebuild), then rebuilds with fewer x86 extensions. Each rebuild reuses the
+    build directory, so only ggml's CPU code compiles again.
+    """
+    serving = plan.proof["serving"]
+    features = plan.proof["cpu_features"]
+    rungs = [{"name": cpu_variant_name(features), "why": "the build as asked", "serving": {}}]
+    if plan.proof["cpu_fallback"]:
+        if serving["repack"]:
+            rungs.append({"name": f"{rungs[0]['name']}, no repack", "serving": {"repack": False},
+                          "why": "the build as asked failed; AMX and repacked CPU kernels off (--no-repack)"})
+        for name, portable in PORTABLE_CPU_VARIANTS:
+            args = with_cpu_features(plan.cmake_args, portable)
+            if args == plan.cmake_args:
+                continue
+            rungs.append({
+                "name": name, "serving": {}, "x86_only": True, "cmake_args": list(args),
+                "why": f"the rungs before failed; rebuilt for {name} ({', '.join(portable)})",
+                "configure": configure_command(d, src, env, args, append=True),
+                "build": build_command(d, env, plan.targets, ccache_dir, jobs, append=True),
+            })
+    return {
+        "build_dir": d,
+        "record": json.loads(plan.record()),
+        "quant": plan.proof["quant"],
+        "serving": serving,
+        "rungs": rungs,
+        "timeout": PROOF_TIMEOUT,
+    }
+
+
+# Seconds the smoke run's llama-server may take to load and to answer.
+PROOF_TIMEOUT = 300
 
 
 def _build_env(plan: BuildPlan, root: str, ccache_dir) -> str:

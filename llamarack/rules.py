@@ -76,8 +76,13 @@ def _cap(text: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def arch_digits(arch: str) -> str:
+    """The compute capability digits of a build arch: "90a" and "80-real" give "90" and "80"."""
+    return arch.split("-")[0].rstrip("af")
+
+
 def _arch_cap(arch: str) -> tuple[int, int]:
-    digits = arch.rstrip("af")
+    digits = arch_digits(arch)
     return int(digits[:-1]), int(digits[-1])
 
 
@@ -245,7 +250,7 @@ def rule_build_covers_gpus(s: Settings, facts: HostFacts) -> Optional[Failure]:
     if s.llamacpp.backend != "cuda" or not s.llamacpp.cuda_archs:
         return None
     gpu_archs = {g.arch for g in facts.driver.gpus if g.arch}
-    missing = sorted(gpu_archs - set(a.rstrip("af") for a in s.llamacpp.cuda_archs))
+    missing = sorted(gpu_archs - set(arch_digits(a) for a in s.llamacpp.cuda_archs))
     if not missing:
         return None
     return Failure(

@@ -24,7 +24,9 @@ from typing import Optional
 
 import jinja2
 
+from .build import serving_inputs
 from .facts.llamacpp import ServerFlags
+from .remote.llamacpp_proof import serving_args
 from .rules import Failure
 from .settings import Settings
 
@@ -148,13 +150,11 @@ def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_di
         ))  # fmt: skip
     args = [f"{build_dir}/bin/llama-server", "--model", f"{model_dir}/model.gguf",
             "--host", s.listen, "--port", str(s.port), "--ctx-size", str(ctx.ctx_size),
-            "--parallel", str(s.parallel),
-            "--cache-type-k", s.cache_type_k, "--cache-type-v", s.cache_type_v]  # fmt: skip
-    if cuda:
-        args += ["--n-gpu-layers", str(s.gpu_layers)]
-    args += list(flags.flash_attn(s.flash_attn))
-    if not s.mmap:
-        args += list(flags.mmap_off)
+            "--parallel", str(s.parallel)]  # fmt: skip
+    # The same runtime flags the build's smoke run computed with, plus any it needed
+    # (flags.proven_args, e.g. --no-repack on a CPU whose AMX faults).
+    serving = {**serving_inputs(settings), "gpu_layers": s.gpu_layers if cuda else None}
+    args += serving_args(flags, serving)
     if s.api_key_file:
         args += ["--api-key-file", API_KEY_PATH]
     if flags.has_metrics:

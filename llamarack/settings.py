@@ -29,6 +29,11 @@ from .errors import SettingsError
 
 # Value kinds that need more than a Python type to check.
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+# ggml's x86 CPU extensions (its GGML_<NAME> cmake options), for llamacpp_cpu_features.
+X86_FEATURES = (
+    "sse42", "avx", "avx2", "avx_vnni", "bmi2", "fma", "f16c",
+    "avx512", "avx512_vbmi", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16",
+)  # fmt: skip
 QUANT_TYPES = (
     "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
     "Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K",
@@ -72,8 +77,15 @@ def _sha256(value: str) -> Optional[str]:
 
 
 def _cuda_arch(value: str) -> Optional[str]:
-    if not re.fullmatch(r"\d{2,3}[af]?", value):
-        return "a CUDA architecture such as 70 (V100), 75 (T4), 60 (P100), 61 (P40), 90 (H100/H200)"
+    if not re.fullmatch(r"\d{2,3}[af]?(-real)?", value):
+        return ("a CUDA architecture such as 70 (V100), 75 (T4), 60 (P100), 61 (P40), 90 (H100/H200); "
+                "NN-real leaves out the PTX that newer cards could compile at load time")
+    return None
+
+
+def _x86_feature(value: str) -> Optional[str]:
+    if value not in X86_FEATURES:
+        return "x86 extensions of ggml: " + ", ".join(X86_FEATURES)
     return None
 
 
@@ -260,6 +272,19 @@ class LlamacppSettings:
     build_jobs: Optional[int] = setting(None, "parallel compile jobs; None means nproc", _positive)
     force_rebuild: bool = setting(False, "rebuild even when the build inputs are unchanged")
     keep_builds: int = setting(2, "builds kept for rollback, the current one included", _positive)
+    cpu_features: Optional[tuple[str, ...]] = setting(
+        None,
+        "x86 extensions ggml's CPU code is built with, each named (they build on each other: "
+        "avx512 needs sse42, avx, avx2, bmi2, fma, f16c too); None builds for the host's own CPU "
+        "(-march=native)",
+        _x86_feature,
+    )
+    cpu_fallback: bool = setting(
+        True,
+        "when the build as asked fails its smoke run, try it without weight repacking "
+        "(--no-repack), then rebuilt for x86-64-v3, then x86-64-v2, and keep the first that "
+        "computes; False refuses the build",
+    )
 
 
 @dataclass(frozen=True)
@@ -312,6 +337,10 @@ class ServerSettings:
     flash_attn: bool = setting(True, "flash attention")
     mmap: bool = setting(False, "mmap the model file (off: copy weights to the GPU once)")
     gpu_layers: int = setting(99, "layers offloaded to the GPU (99 = all)", _positive)
+    repack: bool = setting(
+        True,
+        "CPU weight repacking (AMX and repacked kernels); False serves with --no-repack",
+    )
     parallel: int = setting(1, "parallel sequences (slots)", _positive)
     api_key_file: Optional[str] = setting(
         None, "file on the control machine holding the API key (never printed)"

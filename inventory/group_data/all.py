@@ -120,6 +120,12 @@ llamacpp_force_rebuild = False
 # builds kept for rollback, the current one included
 llamacpp_keep_builds = 2
 
+# x86 extensions ggml's CPU code is built with, each named (they build on each other: avx512 needs sse42, avx, avx2, bmi2, fma, f16c too); None builds for the host's own CPU (-march=native)
+llamacpp_cpu_features = None
+
+# when the build as asked fails its smoke run, try it without weight repacking (--no-repack), then rebuilt for x86-64-v3, then x86-64-v2, and keep the first that computes; False refuses the build
+llamacpp_cpu_fallback = True
+
 # --- model: Which model is served and how it is quantized.
 
 # hf (convert a checkpoint), gguf (a prequantized file from a hub) or url
@@ -186,6 +192,9 @@ server_mmap = False
 
 # layers offloaded to the GPU (99 = all)
 server_gpu_layers = 99
+
+# CPU weight repacking (AMX and repacked kernels); False serves with --no-repack
+server_repack = True
 
 # parallel sequences (slots)
 server_parallel = 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from dataclasses import dataclass
@@ -9,6 +10,10 @@ from typing import Optional
 
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
+
+from ..remote.llamacpp_proof import ServerFlags, parse_server_help
+
+__all__ = ["Builds", "GitHead", "LlamacppBuilds", "LlamaServerFlags", "ServerFlags", "parse_server_help"]
 
 
 class GitHead(FactBase[Optional[str]]):
@@ -89,62 +94,35 @@ class LlamacppBuilds(FactBase[Builds]):
         return Builds(current, verified, tuple(partial))
 
 
-@dataclass(frozen=True)
-class ServerFlags:
-    """How the built ``llama-server`` spells the options the unit needs.
-
-    Flags change between llama.cpp versions and a wrong one stops the server
-    (``error: invalid argument: --no-mmap``), so the unit is written from
-    what the built binary's ``--help`` says, not from a version table.
-    """
-
-    mmap_off: tuple
-    """Arguments that turn mmap off: ``("--no-mmap",)`` or ``("--load-mode", "none")``."""
-    flash_attn_takes_value: bool
-    """``--flash-attn on|off|auto`` (True) or a bare switch (False)."""
-    has_api_key_file: bool
-    has_metrics: bool
-
-    def flash_attn(self, on: bool) -> tuple:
-        if self.flash_attn_takes_value:
-            return ("--flash-attn", "on" if on else "off")
-        return ("--flash-attn",) if on else ()
-
-
-def parse_server_help(text: str) -> ServerFlags:
-    """Read ``llama-server --help`` into a ServerFlags record."""
-    if "--load-mode" in text:
-        mmap_off: tuple = ("--load-mode", "none")
-    elif "--no-mmap" in text:
-        mmap_off = ("--no-mmap",)
-    else:
-        raise ValueError("llama-server --help names neither --load-mode nor --no-mmap")
-    fa = re.search(r"--flash-attn( \[?[A-Za-z|]+\]?| FA)?", text)
-    if not fa:
-        raise ValueError("llama-server --help does not name --flash-attn")
-    return ServerFlags(
-        mmap_off=mmap_off,
-        flash_attn_takes_value=bool(fa.group(1)),
-        has_api_key_file="--api-key-file" in text,
-        has_metrics="--metrics" in text,
-    )
-
-
 class LlamaServerFlags(FactBase[Optional[ServerFlags]]):
     """
-    Returns the flags record of the current build, read from the
-    ``llama-server --help`` output saved next to it at build time; None
-    when there is no current build.
+    Returns the flags record of the current build: the ``llama-server --help``
+    output saved next to it at build time, and the runtime arguments its smoke
+    run needed to compute (``proof.runtime_args`` of ``build-info.json``, e.g.
+    ``--no-repack`` on a CPU whose AMX faults). None when there is no current
+    build.
     """
 
+    _SPLIT = "--- llamarack build-info.json ---"
+
     def command(self, root: str) -> str:
-        return f"cat {shlex.quote(f'{root}/builds/current/server-help.txt')} 2>/dev/null || true"
+        current = f"{root}/builds/current"
+        return (
+            f"cat {shlex.quote(current + '/server-help.txt')} 2>/dev/null || exit 0; "
+            f"echo {shlex.quote(self._SPLIT)}; cat {shlex.quote(current + '/build-info.json')} 2>/dev/null; true"
+        )
 
     def process(self, output) -> Optional[ServerFlags]:
-        text = "\n".join(output)
+        lines = list(output)
+        split = lines.index(self._SPLIT) if self._SPLIT in lines else len(lines)
+        text = "\n".join(lines[:split])
         if not text.strip():
             return None
         try:
-            return parse_server_help(text)
+            record = json.loads("\n".join(lines[split + 1:]) or "{}")
+            proven = (record.get("proof") or {}).get("runtime_args") or ()
+            if not all(isinstance(a, str) for a in proven):
+                raise ValueError(f"proof.runtime_args is not a list of strings: {proven!r}")
+            return parse_server_help(text, tuple(proven))
         except ValueError as e:
             raise FactProcessError(str(e)) from e

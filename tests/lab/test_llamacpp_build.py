@@ -1,10 +1,16 @@
 """The llama.cpp role on a lab host, through the real deploy.py over SSH.
 
-A real CPU build from the lab's pinned git mirror; a second run builds
-nothing and leaves the host as it was; a new commit builds a new directory
-and switches to it, keeping the previous one; a commit that fails to build
-leaves the serving build current. Tests run in order and share the host.
+A real CPU build from the lab's pinned git mirror, proven by a smoke run
+before it is switched in; a second run builds nothing and leaves the host
+as it was; a build that cannot compute (built for x86 extensions this CPU
+does not run) is refused with current and the served unit untouched, and
+with fallback on, a rebuild for fewer extensions takes its place; a new
+commit builds a new directory and switches to it, keeping the previous one;
+a commit that fails to build leaves the serving build current. Tests run in
+order and share the host.
 """
+
+import json
 
 import pytest
 
@@ -63,6 +69,84 @@ def test_second_deploy_changes_nothing_on_the_host(lab_rack):
     assert totals["success"] == 0 and totals["error"] == 0, out[-4000:]
     assert "cmake" not in out
     assert snapshot(lab_rack) == before
+
+
+UNIT = "/etc/systemd/system/llamarack-server.service"
+
+
+def record(lab_rack, stamp: str = "current") -> dict:
+    return json.loads(sh(lab_rack, f"cat {BUILDS}/{stamp}/build-info.json"))
+
+
+def served(lab_rack) -> tuple:
+    """What serves now: the unit's bytes, the service's PID, the unit's ExecStart."""
+    return (sh(lab_rack, f"sha256sum {UNIT}"),
+            sh(lab_rack, "systemctl show -p MainPID --value llamarack-server.service"),
+            sh(lab_rack, f"grep ^ExecStart= {UNIT}"))  # fmt: skip
+
+
+def test_the_build_computed_before_it_was_switched_in(lab_rack):
+    proof = record(lab_rack)["proof"]
+    assert proof["variant"] == "native" or proof["attempts"][0]["ok"] is False, proof
+    assert proof["attempts"][-1] == {"variant": proof["variant"], "ok": True}
+    assert proof["tokens"] == 8 and proof["tokens_per_second"] > 0 and proof["prompt_tokens_per_second"] > 0
+    assert proof["model"]["quant"] == "Q4_K_M" and proof["devices"] == ["none but the CPU"]
+    # The smoke run used the runtime flags the unit serves with (and the unit carries
+    # any flag the smoke run needed to compute).
+    exec_start = served(lab_rack)[2]
+    for flag in ("--cache-type-k q4_0", "--cache-type-v q4_0", "--flash-attn on", "--load-mode none",
+                 *proof["runtime_args"]):
+        assert flag in " ".join(proof["flags"]) and flag in exec_start, (flag, exec_start)
+    assert sh(lab_rack, f"ls {BUILDS}/current/smoke/").split() == [
+        "quantize.log", *[f"server-{i + 1}.log" for i in range(len(proof["attempts"]))],
+        "smoke-Q4_K_M.gguf", "smoke-f16.gguf"]
+
+
+def unusable_cpu_features(lab_rack):
+    """x86 extensions that this machine's CPU cannot run, for a build that must fail its smoke run."""
+    flags = set(sh(lab_rack, "grep -m1 '^flags' /proc/cpuinfo").split())
+    v3 = ["sse42", "avx", "avx2", "bmi2", "fma", "f16c"]  # ggml's x86 levels build on each other
+    if "avx512f" not in flags:
+        return v3 + ["avx512"]  # SIGILL at the first AVX-512 instruction
+    if "amx_int8" in flags:
+        # Advertised; on virtual CPUs that do not grant it, the first tile instruction faults.
+        return v3 + ["avx512", "avx512_vnni", "amx_tile", "amx_int8"]
+    return None
+
+
+def test_a_build_that_cannot_compute_is_refused_and_nothing_changes(lab_rack):
+    features = unusable_cpu_features(lab_rack)
+    if features is None:
+        pytest.skip("this CPU runs every x86 extension ggml has: no build here fails to compute")
+    serving, before = current(lab_rack), served(lab_rack)
+    rc, out = deploy(lab_rack, f"llamacpp_cpu_features={json.dumps(features)}", "llamacpp_cpu_fallback=False")
+    assert rc != 0
+    assert "cannot compute, refusing it" in out, out[-4000:]
+    assert "died with SIG" in out  # llama.cpp's own death, named
+    assert current(lab_rack) == serving and served(lab_rack) == before
+    SEEN["unusable"] = features
+
+
+def test_with_fallback_a_rebuild_for_fewer_extensions_takes_its_place(lab_rack):
+    features = SEEN.get("unusable")
+    if features is None:
+        pytest.skip("no unusable CPU extension on this machine (see the test before)")
+    serving = current(lab_rack)
+    rc, out = deploy(lab_rack, f"llamacpp_cpu_features={json.dumps(features)}")
+    assert rc == 0, out[-4000:]
+    new = current(lab_rack)
+    assert new != serving
+    proof = record(lab_rack, new)["proof"]
+    first = proof["attempts"][0]
+    assert first["ok"] is False and "died with SIG" in first["why"], proof
+    assert proof["variant"] != first["variant"] and proof["why"], proof
+    # The server now runs the rebuilt binary, with what the proof needed.
+    exec_start = served(lab_rack)[2]
+    assert f"{BUILDS}/{new}/bin/llama-server" in exec_start
+    assert all(a in exec_start for a in proof["runtime_args"])
+    rc, out = deploy(lab_rack)  # back to the native build for the tests that follow
+    assert rc == 0, out[-4000:]
+    assert current(lab_rack) == serving
 
 
 def test_flags_record_is_right_for_the_pinned_version(lab_rack):

@@ -1,8 +1,10 @@
 """The llama.cpp operations: needs-change and already-done cases, facts in, commands out."""
 
-from llamarack.build import plan_build
+import json
+
+from llamarack.build import PROOF_SCRIPT, plan_build
 from llamarack.facts import Builds, GitHead, LlamacppBuilds
-from llamarack.operations import build, checkout, prune_builds, switch_current
+from llamarack.operations import build, checkout, proof_spec, prune_builds, switch_current
 from llamarack.settings import load_settings
 from tests.support.ophost import run_op
 
@@ -33,7 +35,7 @@ def test_checkout_is_a_noop_at_the_pinned_commit_even_short():
     assert commands == [] and noops == ["/s is at dccad28c6"]
 
 
-def test_cpu_build_configures_builds_verifies_then_records():
+def test_cpu_build_configures_builds_verifies_then_proves():
     plan = plan_build(settings(llamacpp_backend="cpu"))
     commands, _ = run_op(build, {LlamacppBuilds: Builds(None, {})}, plan=plan, src="/s", root=ROOT)
     d = f"{ROOT}/builds/{plan.stamp}"
@@ -43,8 +45,45 @@ def test_cpu_build_configures_builds_verifies_then_records():
     assert "--target llama-server llama-quantize llama-bench llama-cli" in commands[2]
     assert "llama-server --version" in commands[4] and "grep -q 0c1e57098" in commands[4]
     assert "server-help.txt" in commands[5]
-    assert commands[-1].endswith(f"mv {d}/build-info.json.new {d}/build-info.json")
-    assert not any("cuobjdump" in c for c in commands)
+    assert not any("cuobjdump" in c for c in commands if isinstance(c, str))
+    # The smoke run is last, and it is what writes build-info.json.
+    script, spec_upload = commands[6], commands[7]
+    assert script == ("upload", f"{d}/llamacpp_proof.py", f"<{PROOF_SCRIPT}>")
+    assert spec_upload[:2] == ("upload", f"{d}/proof-spec.json")
+    assert commands[8] == f"python3 {d}/llamacpp_proof.py {d}/proof-spec.json"
+    assert len(commands) == 9 and not any("build-info.json" in c for c in commands if isinstance(c, str))
+    spec = json.loads(spec_upload[2])
+    assert spec["build_dir"] == d and spec["record"]["stamp"] == plan.stamp
+    assert spec["serving"] == {"cache_type_k": "q4_0", "cache_type_v": "q4_0", "flash_attn": True,
+                               "mmap": False, "repack": True, "gpu_layers": None}
+    assert spec["quant"] == "Q4_K_M"
+
+
+def test_ladder_native_then_no_repack_then_portable_rebuilds():
+    plan = plan_build(settings(llamacpp_backend="cpu"))
+    rungs = proof_spec(plan, "/b/x", "/s", "env", None, None)["rungs"]
+    assert [r["name"] for r in rungs] == ["native", "native, no repack", "x86-64-v3", "x86-64-v2"]
+    assert rungs[1]["serving"] == {"repack": False} and "configure" not in rungs[1]
+    v3 = rungs[2]
+    assert v3["x86_only"] and "-DGGML_NATIVE=OFF" in v3["cmake_args"] and "-DGGML_AVX2=ON" in v3["cmake_args"]
+    assert "-DGGML_AVX512=OFF" in v3["cmake_args"] and "-DGGML_AMX_INT8=OFF" in v3["cmake_args"]
+    # A rebuild appends to the logs of the build it replaces.
+    assert ">> configure.log" in v3["configure"] and "tee -a build.log" in v3["build"]
+    assert "'-DGGML_AVX2=OFF'" in rungs[3]["configure"] or "-DGGML_AVX2=OFF" in rungs[3]["configure"]
+
+
+def test_no_fallback_is_one_rung_and_no_repack_is_asked_for():
+    plan = plan_build(settings(llamacpp_backend="cpu", llamacpp_cpu_fallback=False,
+                               llamacpp_cpu_features=["avx2", "fma", "f16c"], server_repack=False))  # fmt: skip
+    spec = proof_spec(plan, "/b/x", "/s", "env", None, None)
+    assert [r["name"] for r in spec["rungs"]] == ["x86 avx2,fma,f16c"]
+    assert spec["serving"]["repack"] is False
+    assert "-DGGML_NATIVE=OFF" in plan.cmake_args and "-DGGML_AVX512=OFF" in plan.cmake_args
+
+
+def test_cuda_smoke_puts_every_layer_on_the_gpu():
+    plan = plan_build(settings(server_gpu_layers=20), archs=("70",), cuda_home="/usr", cuda_version="11.8")
+    assert plan.proof["serving"]["gpu_layers"] == 999
 
 
 def test_cuda_build_refuses_a_binary_without_every_arch():
@@ -59,8 +98,11 @@ def test_cuda_build_refuses_a_binary_without_every_arch():
     checks = [c for c in commands if "cuobjdump" in c or ".cubin" in c]
     assert "/usr/local/cuda-11.8/bin/cuobjdump --list-elf" in checks[0]
     assert "sm_70\\.cubin" in checks[1] and "sm_75\\.cubin" in checks[2]
-    # the record is written after the arch checks
+    # the smoke run (which writes the record) comes after the arch checks
     assert commands.index(checks[-1]) < len(commands) - 1
+    assert commands[-1].startswith("python3 ") and commands[-1].endswith("proof-spec.json")
+    spec = json.loads(commands[-2][2])
+    assert spec["serving"]["gpu_layers"] == 999
 
 
 def test_mixed_kv_cache_types_build_all_fa_quants():
@@ -90,6 +132,12 @@ def test_stamp_follows_every_input_but_not_the_driver():
         plan_build(settings(), archs=("70",), cuda_home="/usr", cuda_version="11.8", host_compiler="/usr/bin/g++-11"),
         plan_build(settings(server_cache_type_v="q8_0"), archs=("70",), cuda_home="/usr", cuda_version="11.8"),
         plan_build(settings(llamacpp_backend="cpu")),
+        # the smoke run's flags and model are part of the recipe: changing them proves again
+        plan_build(settings(server_flash_attn=False, server_cache_type_v="f16", server_cache_type_k="f16"),
+                   archs=("70",), cuda_home="/usr", cuda_version="11.8"),
+        plan_build(settings(model_quant="Q8_0"), archs=("70",), cuda_home="/usr", cuda_version="11.8"),
+        plan_build(settings(server_repack=False), archs=("70",), cuda_home="/usr", cuda_version="11.8"),
+        plan_build(settings(llamacpp_cpu_features=["avx2"]), archs=("70",), cuda_home="/usr", cuda_version="11.8"),
     ):
         assert other.stamp != base.stamp
 

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs here (the CPU machine): makes what the GPU proof carries to the device
+# machine, which has no network: .whl (pyinfra and the dependencies its image
+# lacks, for its Python 3.12) and .carry (the lab's llama.cpp mirror and its
+# pinned commit). Both are ignored by git (.git/info/exclude) and named in
+# the device run's carry. Needs the lab's sources: `llamarack lab up` once.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+grep -qx '/.whl/' .git/info/exclude 2>/dev/null || printf '/.whl/\n/.carry/\n' >> .git/info/exclude
+
+# Versions as on this machine, so the device runs the pyinfra the tests ran.
+pkgs=(pyinfra paramiko gevent greenlet zope.event zope.interface cryptography cffi pycparser bcrypt
+      pynacl invoke distro typeguard pydantic pydantic-core annotated-types typing-inspection types-paramiko)
+rm -rf .whl && mkdir -p .whl
+for p in "${pkgs[@]}"; do
+  v=$(python3 -m pip show "$p" 2>/dev/null | sed -n 's/^Version: //p')
+  [ -n "$v" ] || { echo "gpu_prepare: $p is not installed here (bash .ci/setup first)" >&2; exit 1; }
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "$p==$v"
+done
+
+mirror=/var/cache/llamarack/lab/srv/llama.cpp.git
+[ -d "$mirror" ] || { echo "gpu_prepare: no lab mirror at $mirror (run: llamarack lab up)" >&2; exit 1; }
+rm -rf .carry && mkdir -p .carry
+git clone -q --bare --single-branch "$mirror" .carry/llama.cpp.git
+python3 -c 'from llamarack.lab.mirror import LAB_COMMIT; print(LAB_COMMIT)' > .carry/commit
+du -sh .whl .carry

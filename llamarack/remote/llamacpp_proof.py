@@ -1,0 +1,514 @@
+# Runs on the host (standard library only; shipped by llamarack.remote.ship).
+"""Prove a llama.cpp build by making it compute, before it may become current.
+
+    python3 llamacpp_proof.py SPEC.json
+
+A build that compiled and names its commit can still die at its first real
+kernel: a CUDA build without code for the card's arch ("no kernel image is
+available for execution on the device"), or a ``-march=native`` CPU build
+on a virtual CPU that advertises AMX but faults on the first tile
+instruction. So, after every build and before ``builds/current`` moves:
+
+1. write a tiny Llama GGUF, deterministically (``write_smoke_gguf``: 2
+   layers, 256 wide, a byte-level SentencePiece vocabulary, fixed-seed
+   random weights; the same bytes on every host);
+2. quantize it with the build's own ``llama-quantize`` to the served type;
+3. serve it with the build's ``llama-server`` and the runtime flags the
+   unit will use (KV cache types, flash attention, mmap off, every layer on
+   the GPU on a CUDA host), ask ``/completion`` for a few tokens, and check
+   that they came back with finite probabilities in bounded time.
+
+When that fails and the spec allows it, the next rung of the spec's ladder
+is tried: a runtime switch on the same binary (``--no-repack``: no AMX or
+repacked CPU kernels), then rebuilds with fewer CPU extensions
+(x86-64-v3, x86-64-v2). The first rung that computes wins. The result, with
+every failed attempt and why, goes into ``build-info.json``: written last,
+atomically, so a build without it never counts. When no rung computes,
+nothing is written, the tail of llama.cpp's own output is printed, and the
+exit code is 1: the caller leaves ``current`` and the served unit alone.
+
+The spec (JSON, written by llamarack.operations.build):
+
+    build_dir        <root>/builds/<stamp>
+    record           the build plan (written into build-info.json)
+    quant            llama-quantize type for the smoke model
+    serving          {cache_type_k, cache_type_v, flash_attn, mmap, gpu_layers}
+                     (gpu_layers null: a CPU build)
+    rungs            [{name, why, serving, cmake_args, configure, build, x86_only}]:
+                     serving overrides the serving flags (repack: false);
+                     configure/build: shell commands of a rebuild, or absent
+    timeout          seconds a server may take to load and answer
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import random
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+# --------------------------------------------------------------------------
+# How the built llama-server spells its options (read from its --help)
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerFlags:
+    """How the built ``llama-server`` spells the options the unit needs.
+
+    Flags change between llama.cpp versions and a wrong one stops the server
+    (``error: invalid argument: --no-mmap``), so the unit is written from
+    what the built binary's ``--help`` says, not from a version table.
+    """
+
+    mmap_off: tuple
+    """Arguments that turn mmap off: ``("--no-mmap",)`` or ``("--load-mode", "none")``."""
+    flash_attn_takes_value: bool
+    """``--flash-attn on|off|auto`` (True) or a bare switch (False)."""
+    has_api_key_file: bool
+    has_metrics: bool
+    repack_off: tuple = ()
+    """Arguments that turn CPU weight repacking (AMX and repacked kernels) off; () when none."""
+    proven_args: tuple = ()
+    """Runtime arguments the build's smoke run needed to compute (e.g. ``("--no-repack",)``)."""
+
+    def flash_attn(self, on: bool) -> tuple:
+        if self.flash_attn_takes_value:
+            return ("--flash-attn", "on" if on else "off")
+        return ("--flash-attn",) if on else ()
+
+
+def parse_server_help(text: str, proven_args: tuple = ()) -> ServerFlags:
+    """Read ``llama-server --help`` into a ServerFlags record."""
+    if "--load-mode" in text:
+        mmap_off: tuple = ("--load-mode", "none")
+    elif "--no-mmap" in text:
+        mmap_off = ("--no-mmap",)
+    else:
+        raise ValueError("llama-server --help names neither --load-mode nor --no-mmap")
+    fa = re.search(r"--flash-attn( \[?[A-Za-z|]+\]?| FA)?", text)
+    if not fa:
+        raise ValueError("llama-server --help does not name --flash-attn")
+    return ServerFlags(
+        mmap_off=mmap_off,
+        flash_attn_takes_value=bool(fa.group(1)),
+        has_api_key_file="--api-key-file" in text,
+        has_metrics="--metrics" in text,
+        repack_off=("--no-repack",) if "--no-repack" in text else (),
+        proven_args=tuple(proven_args),
+    )
+
+
+def serving_args(flags: ServerFlags, serving: dict) -> list:
+    """The runtime flags llama-server is started with, by the unit and by the smoke run alike.
+
+    ``serving``: cache_type_k, cache_type_v, flash_attn, mmap, repack, and
+    gpu_layers (None on a CPU build: no ``--n-gpu-layers``).
+    """
+    args = ["--cache-type-k", serving["cache_type_k"], "--cache-type-v", serving["cache_type_v"]]
+    if serving.get("gpu_layers") is not None:
+        args += ["--n-gpu-layers", str(serving["gpu_layers"])]
+    args += list(flags.flash_attn(serving["flash_attn"]))
+    if not serving["mmap"]:
+        args += list(flags.mmap_off)
+    if not serving.get("repack", True):
+        args += list(flags.repack_off)
+    args += [a for a in flags.proven_args if a not in args]
+    return args
+
+
+# --------------------------------------------------------------------------
+# The smoke model: a tiny Llama GGUF, the same bytes everywhere
+# --------------------------------------------------------------------------
+
+SMOKE_SHAPE = dict(n_embd=256, n_layer=2, n_head=4, n_head_kv=2, n_ff=256, n_ctx_train=1024)
+SMOKE_SEED = 20261201
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+_GGUF_SCALAR = {"u32": (4, "<I"), "i32": (5, "<i"), "f32": (6, "<f"), "bool": (7, "<?")}
+_GGML_F32, _GGML_F16 = 0, 1
+_ALIGN = 32
+
+
+def smoke_vocab() -> tuple:
+    """(tokens, scores, types): <unk>, <s>, </s>, the 256 byte tokens, then letters and ▁words."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3] + [6] * 256  # unknown, control, control, byte
+    words = ["\u2581"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    words += ["\u2581" + w for w in ("hello", "llama", "rack", "the", "a", "of", "and", "to")]
+    tokens += words
+    types += [1] * len(words)
+    scores = [0.0] * 259 + [-float(i) for i in range(len(words))]
+    return tokens, scores, types
+
+
+def _gguf_string(s: str) -> bytes:
+    data = s.encode()
+    return struct.pack("<Q", len(data)) + data
+
+
+def _gguf_kv(key: str, kind: str, value) -> bytes:
+    out = _gguf_string(key)
+    if kind == "str":
+        return out + struct.pack("<I", _GGUF_STRING) + _gguf_string(value)
+    if kind.startswith("[]"):
+        elem = kind[2:]
+        out += struct.pack("<IIQ", _GGUF_ARRAY, _GGUF_STRING if elem == "str" else _GGUF_SCALAR[elem][0],
+                           len(value))
+        if elem == "str":
+            return out + b"".join(_gguf_string(v) for v in value)
+        return out + struct.pack(f"<{len(value)}{_GGUF_SCALAR[elem][1][1]}", *value)
+    code, fmt = _GGUF_SCALAR[kind]
+    return out + struct.pack("<I", code) + struct.pack(fmt, value)
+
+
+def smoke_gguf_bytes() -> bytes:
+    """The smoke model as GGUF v3 bytes (f16 matrices, f32 norms), deterministic."""
+    s = SMOKE_SHAPE
+    tokens, scores, types = smoke_vocab()
+    n_vocab, d, head_dim = len(tokens), s["n_embd"], s["n_embd"] // s["n_head"]
+    kv_dim = head_dim * s["n_head_kv"]
+    meta = [
+        ("general.architecture", "str", "llama"),
+        ("general.name", "str", "llamarack smoke"),
+        ("general.file_type", "u32", 1),
+        ("llama.context_length", "u32", s["n_ctx_train"]),
+        ("llama.embedding_length", "u32", d),
+        ("llama.block_count", "u32", s["n_layer"]),
+        ("llama.feed_forward_length", "u32", s["n_ff"]),
+        ("llama.attention.head_count", "u32", s["n_head"]),
+        ("llama.attention.head_count_kv", "u32", s["n_head_kv"]),
+        ("llama.attention.layer_norm_rms_epsilon", "f32", 1e-5),
+        ("llama.rope.freq_base", "f32", 10000.0),
+        ("llama.rope.dimension_count", "u32", head_dim),
+        ("llama.vocab_size", "u32", n_vocab),
+        ("tokenizer.ggml.model", "str", "llama"),
+        ("tokenizer.ggml.tokens", "[]str", tokens),
+        ("tokenizer.ggml.scores", "[]f32", scores),
+        ("tokenizer.ggml.token_type", "[]i32", types),
+        ("tokenizer.ggml.bos_token_id", "u32", 1),
+        ("tokenizer.ggml.eos_token_id", "u32", 2),
+        ("tokenizer.ggml.unknown_token_id", "u32", 0),
+        ("tokenizer.ggml.add_bos_token", "bool", True),
+    ]
+    # (name, dims with the row length first as GGUF stores them, type)
+    tensors = [("token_embd.weight", (d, n_vocab), _GGML_F16)]
+    for i in range(s["n_layer"]):
+        b = f"blk.{i}."
+        tensors += [
+            (b + "attn_norm.weight", (d,), _GGML_F32),
+            (b + "attn_q.weight", (d, d), _GGML_F16),
+            (b + "attn_k.weight", (d, kv_dim), _GGML_F16),
+            (b + "attn_v.weight", (d, kv_dim), _GGML_F16),
+            (b + "attn_output.weight", (d, d), _GGML_F16),
+            (b + "ffn_norm.weight", (d,), _GGML_F32),
+            (b + "ffn_gate.weight", (d, s["n_ff"]), _GGML_F16),
+            (b + "ffn_up.weight", (d, s["n_ff"]), _GGML_F16),
+            (b + "ffn_down.weight", (s["n_ff"], d), _GGML_F16),
+        ]
+    tensors += [("output_norm.weight", (d,), _GGML_F32), ("output.weight", (d, n_vocab), _GGML_F16)]
+
+    rng = random.Random(SMOKE_SEED)
+    blobs, infos, offset = [], [], 0
+    for name, dims, kind in tensors:
+        count = math.prod(dims)
+        if kind == _GGML_F32:  # norm weights: ones
+            data = struct.pack(f"<{count}f", *([1.0] * count))
+        else:
+            scale = 1.0 / math.sqrt(dims[0])
+            data = struct.pack(f"<{count}e", *(rng.uniform(-scale, scale) for _ in range(count)))
+        infos.append(_gguf_string(name) + struct.pack("<I", len(dims))
+                     + struct.pack(f"<{len(dims)}Q", *dims) + struct.pack("<IQ", kind, offset))
+        pad = -len(data) % _ALIGN
+        blobs.append(data + b"\0" * pad)
+        offset += len(data) + pad
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(meta))
+    head += b"".join(_gguf_kv(*m) for m in meta) + b"".join(infos)
+    head += b"\0" * (-len(head) % _ALIGN)
+    return head + b"".join(blobs)
+
+
+def write_smoke_gguf(path: str) -> None:
+    with open(path + ".tmp", "wb") as f:
+        f.write(smoke_gguf_bytes())
+    os.replace(path + ".tmp", path)
+
+
+# --------------------------------------------------------------------------
+# One smoke run, and the ladder
+# --------------------------------------------------------------------------
+
+# i-quants that llama-quantize refuses without an importance matrix.
+NEEDS_IMATRIX = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS")
+SMOKE_PROMPT = "hello llama rack"
+# A failure of the GPU backend ("no kernel image is available for execution on
+# the device": no code for the card's arch): no CPU rung can cure it.
+GPU_FAILURE = re.compile(r"CUDA error|no kernel image is available|ggml_cuda_")
+SMOKE_TOKENS = 8
+
+
+class SmokeFailure(Exception):
+    def __init__(self, why: str, tail: str = ""):
+        super().__init__(why)
+        self.why, self.tail = why, tail
+
+
+def say(message: str) -> None:
+    print(f"llamacpp_proof: {message}", flush=True)
+
+
+def _tail(path: str, lines: int = 40) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _exit_reason(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"died with {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"died with signal {-rc}"
+    return f"exited with status {rc}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http_json(url: str, body=None, timeout: float = 30):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.status, json.loads(r.read().decode() or "null")
+
+
+def _numbers(value, keys=("logprob", "prob")):
+    """Every probability-like number in a /completion answer."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k in keys and isinstance(v, (int, float)):
+                yield v
+            else:
+                yield from _numbers(v, keys)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _numbers(v, keys)
+
+
+def smoke_model(build_dir: str, quant: str, work: str) -> dict:
+    """Write the smoke GGUF and quantize it with the build's llama-quantize."""
+    f16 = os.path.join(work, "smoke-f16.gguf")
+    write_smoke_gguf(f16)
+    if quant.upper() in ("F16",):
+        return {"path": f16, "quant": "F16", "note": ""}
+    chosen, note = quant, ""
+    if quant.upper() in NEEDS_IMATRIX:
+        chosen, note = "Q4_K_M", f"{quant} needs an importance matrix; the smoke model uses Q4_K_M"
+    out = os.path.join(work, f"smoke-{chosen}.gguf")
+    log = os.path.join(work, "quantize.log")
+    with open(log, "w") as f:
+        rc = subprocess.call([f"{build_dir}/bin/llama-quantize", f16, out, chosen],
+                             stdout=f, stderr=subprocess.STDOUT, timeout=300)
+    if rc != 0:
+        raise SmokeFailure(f"llama-quantize {_exit_reason(rc)} on the smoke model", _tail(log))
+    return {"path": out, "quant": chosen, "note": note}
+
+
+def serve_once(build_dir: str, model: str, args: list, log: str, timeout: float) -> dict:
+    """Start llama-server on the smoke model, ask for a few tokens, stop it; the measurements."""
+    port = _free_port()
+    argv = [f"{build_dir}/bin/llama-server", "--model", model, "--host", "127.0.0.1",
+            "--port", str(port), "--ctx-size", "256", "--parallel", "1", *args]
+    base = f"http://127.0.0.1:{port}"
+    with open(log, "w") as out:
+        out.write("$ " + " ".join(argv) + "\n")
+        out.flush()
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            rc = proc.poll()
+            if rc is not None:
+                raise SmokeFailure(f"llama-server {_exit_reason(rc)} before it answered /health", _tail(log))
+            try:
+                status, _ = _http_json(base + "/health", timeout=5)
+                if status == 200:
+                    break
+            except (urllib.error.URLError, OSError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise SmokeFailure(f"llama-server did not answer /health within {timeout:.0f} s", _tail(log))
+            time.sleep(0.2)
+        body = {"prompt": SMOKE_PROMPT, "n_predict": SMOKE_TOKENS, "temperature": 0,
+                "ignore_eos": True, "n_probs": 1, "cache_prompt": False}
+        try:
+            _, answer = _http_json(base + "/completion", body, timeout=timeout)
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            rc = proc.poll()
+            why = _exit_reason(rc) if rc is not None else f"gave no answer ({e})"
+            raise SmokeFailure(f"llama-server {why} on /completion", _tail(log))
+        predicted = (answer or {}).get("tokens_predicted", 0)
+        if predicted < SMOKE_TOKENS:
+            raise SmokeFailure(f"llama-server predicted {predicted} of {SMOKE_TOKENS} tokens", _tail(log))
+        bad = [v for v in _numbers(answer.get("completion_probabilities")) if not math.isfinite(v)]
+        if bad:
+            raise SmokeFailure(f"llama-server computed non-finite probabilities ({bad[0]})", _tail(log))
+        timings = answer.get("timings") or {}
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    with open(log, errors="replace") as f:
+        text = f.read()
+    offloaded = re.search(r"offloaded (\d+)/(\d+) layers to GPU", text)
+    return {
+        "prompt_tokens_per_second": round(float(timings.get("prompt_per_second", 0.0)), 1),
+        "tokens_per_second": round(float(timings.get("predicted_per_second", 0.0)), 1),
+        "tokens": predicted,
+        "offloaded": f"{offloaded.group(1)}/{offloaded.group(2)}" if offloaded else None,
+        "devices_used": sorted(set(re.findall(r"using device (\S+ \([^)]*\))", text))),
+    }
+
+
+def list_devices(build_dir: str) -> list:
+    """What the build's backends report (``llama-server --list-devices``)."""
+    try:
+        r = subprocess.run([f"{build_dir}/bin/llama-server", "--list-devices"], capture_output=True,
+                           text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return []
+    lines = (r.stdout + r.stderr).splitlines()
+    return [ln.strip() for ln in lines if re.match(r"\s+\S+: ", ln)]
+
+
+def cpu_model() -> str:
+    """The CPU the proof ran on, as /proc/cpuinfo names it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def run_shell(command: str) -> None:
+    """A rebuild step (it logs to configure.log / build.log itself and prints progress lines)."""
+    proc = subprocess.Popen(["sh", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace")
+    seen = []
+    for line in proc.stdout:
+        print(line, end="", flush=True)
+        seen = (seen + [line])[-60:]
+    rc = proc.wait()
+    if rc != 0:
+        raise SmokeFailure(f"the rebuild {_exit_reason(rc)}", "".join(seen))
+
+
+def prove(spec: dict) -> dict:
+    """Climb the ladder until a rung computes; the proof record, or SmokeFailure with every attempt."""
+    d = spec["build_dir"]
+    work = os.path.join(d, "smoke")
+    os.makedirs(work, exist_ok=True)
+    with open(os.path.join(d, "server-help.txt"), errors="replace") as f:
+        help_text = f.read()
+    attempts = []
+    model = None
+    for i, rung in enumerate(spec["rungs"]):
+        if rung.get("x86_only") and platform.machine().lower() not in ("x86_64", "amd64"):
+            continue
+        name = rung["name"]
+        try:
+            if rung.get("configure"):
+                say(f"rebuilding as {name} ({rung['why']}); log: {d}/build.log")
+                run_shell(rung["configure"])
+                run_shell(rung["build"])
+                model = None  # a new llama-quantize: quantize again
+            flags = parse_server_help(help_text)
+            serving = {**spec["serving"], **rung.get("serving", {})}
+            # What this rung adds to the unit's flags, recorded for the server role.
+            runtime_args = list(flags.repack_off) if spec["serving"]["repack"] and not serving["repack"] else []
+            if rung.get("serving") and not runtime_args:
+                continue  # this build has no such switch: the rung is the one before
+            if model is None:
+                model = smoke_model(d, spec["quant"], work)
+            args = serving_args(flags, serving)
+            say(f"smoke run {i + 1} ({name}): llama-server {' '.join(args)}")
+            result = serve_once(d, model["path"], args, os.path.join(work, f"server-{i + 1}.log"),
+                                spec.get("timeout", 300))
+        except SmokeFailure as e:
+            say(f"smoke run {i + 1} ({name}) failed: {e.why}")
+            attempts.append({"variant": name, "ok": False, "why": e.why, "tail": e.tail.splitlines()[-12:]})
+            last = e
+            if GPU_FAILURE.search(e.tail):
+                say("the GPU failed, not the CPU: the CPU rungs cannot help")
+                break
+            continue
+        except (OSError, subprocess.SubprocessError) as e:
+            attempts.append({"variant": name, "ok": False, "why": str(e)})
+            last = SmokeFailure(str(e))
+            continue
+        attempts.append({"variant": name, "ok": True})
+        say(f"smoke run {i + 1} ({name}) computed: {result['tokens']} tokens at "
+            f"{result['tokens_per_second']} t/s" + (f", {result['offloaded']} layers on the GPU"
+                                                   if result["offloaded"] else ""))
+        return {
+            "variant": name,
+            "why": rung["why"],
+            "runtime_args": runtime_args,
+            "cmake_args": rung.get("cmake_args"),
+            "flags": args,
+            "model": {"quant": model["quant"], "note": model["note"], **SMOKE_SHAPE},
+            "devices": list_devices(d) or result.pop("devices_used") or ["none but the CPU"],
+            "cpu": cpu_model(),
+            **result,
+            "attempts": attempts,
+        }
+    if not attempts:
+        raise SmokeFailure("no rung of the ladder applies to this machine")
+    raise SmokeFailure("; ".join(f"{a['variant']}: {a['why']}" for a in attempts), last.tail)
+
+
+def main(argv: list) -> int:
+    with open(argv[1]) as f:
+        spec = json.load(f)
+    d = spec["build_dir"]
+    try:
+        proof = prove(spec)
+    except SmokeFailure as e:
+        print(f"llama.cpp build {os.path.basename(d)} cannot compute, refusing it "
+              f"(builds/current and the served unit are unchanged): {e.why}", file=sys.stderr)
+        if e.tail:
+            print("last output of llama.cpp:\n" + e.tail.rstrip(), file=sys.stderr)
+        return 1
+    record = dict(spec["record"], proof=proof)
+    with open(os.path.join(d, "build-info.json.new"), "w") as f:
+        json.dump(record, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(os.path.join(d, "build-info.json.new"), os.path.join(d, "build-info.json"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

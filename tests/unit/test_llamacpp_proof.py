@@ -1,0 +1,84 @@
+"""The host-side proof script's pure parts: the smoke GGUF and the flags it serves with.
+
+The smoke runs themselves (llama-quantize, llama-server, the ladder) run on
+lab hosts with real builds: tests/lab/test_llamacpp_build.py.
+"""
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from llamarack.remote import llamacpp_proof as proof
+from llamarack.remote import ship
+
+GGUF_HEADER = Path(proof.__file__).resolve().parents[1] / "gguf_header.py"
+
+
+def test_smoke_gguf_is_the_same_bytes_every_time():
+    data = proof.smoke_gguf_bytes()
+    assert data == proof.smoke_gguf_bytes()
+    # Pinned: a change to the smoke model is a change to the build recipe (new stamps).
+    assert hashlib.sha256(data).hexdigest() == "b86439abf0b9b7de122576dda5f0fd8d343cc8a9b241d9166ac42b629472c3b2"
+    assert len(data) < 2_000_000
+
+
+def test_smoke_gguf_header_reads_back_as_a_llama(tmp_path):
+    path = tmp_path / "smoke.gguf"
+    proof.write_smoke_gguf(str(path))
+    shape = json.loads(subprocess.run([sys.executable, str(GGUF_HEADER), str(path)],
+                                      capture_output=True, text=True, check=True).stdout)  # fmt: skip
+    s = proof.SMOKE_SHAPE
+    assert shape["architecture"] == "llama"
+    assert (shape["n_layer"], shape["n_head"], shape["n_head_kv"], shape["n_ctx_train"]) == (
+        s["n_layer"], s["n_head"], s["n_head_kv"], s["n_ctx_train"])
+    assert shape["head_dim_k"] == s["n_embd"] // s["n_head"]
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_vocab_has_every_byte_so_any_prompt_tokenizes():
+    tokens, scores, types = proof.smoke_vocab()
+    assert len(tokens) == len(scores) == len(types)
+    assert all(f"<0x{b:02X}>" in tokens for b in range(256))
+    assert tokens[:3] == ["<unk>", "<s>", "</s>"] and types[:3] == [2, 3, 3]
+
+
+FLAGS = proof.ServerFlags(("--load-mode", "none"), True, True, True, ("--no-repack",))
+SERVING = {"cache_type_k": "q4_0", "cache_type_v": "q4_0", "flash_attn": True, "mmap": False,
+           "repack": True, "gpu_layers": None}
+
+
+def test_serving_args_as_the_unit_and_the_smoke_run_use_them():
+    assert proof.serving_args(FLAGS, SERVING) == [
+        "--cache-type-k", "q4_0", "--cache-type-v", "q4_0", "--flash-attn", "on", "--load-mode", "none"]
+    on_gpu = proof.serving_args(FLAGS, {**SERVING, "gpu_layers": 999, "repack": False})
+    assert on_gpu[4:6] == ["--n-gpu-layers", "999"] and on_gpu[-1] == "--no-repack"
+
+
+def test_args_the_proof_needed_are_added_once():
+    proven = proof.ServerFlags(("--no-mmap",), False, False, False, ("--no-repack",), ("--no-repack",))
+    args = proof.serving_args(proven, SERVING)
+    assert args.count("--no-repack") == 1 and "--no-mmap" in args
+    assert proof.serving_args(proven, {**SERVING, "repack": False}).count("--no-repack") == 1
+
+
+def test_help_without_a_repack_switch_offers_none():
+    flags = proof.parse_server_help("--no-mmap\n-fa, --flash-attn  enable")
+    assert flags.repack_off == () and flags.proven_args == ()
+
+
+def test_exit_reasons_name_the_signal():
+    assert proof._exit_reason(-11) == "died with SIGSEGV"
+    assert proof._exit_reason(-4) == "died with SIGILL"
+    assert proof._exit_reason(1) == "exited with status 1"
+
+
+def test_ship_finds_host_modules_only():
+    assert ship("llamacpp_proof").read_text().startswith("# Runs on the host")
+    try:
+        ship("nope")
+    except FileNotFoundError as e:
+        assert "nope" in str(e)
+    else:
+        raise AssertionError("ship() found a module that does not exist")
