@@ -241,17 +241,19 @@ def switch_current(root: str, stamp: str):
 
 
 @operation()
-def prune_builds(root: str, keep: int, current: str):
+def prune_builds(root: str, keep: int, current: str, previous=None):
     """
-    Remove old builds, keeping ``current``, the one before it (rollback) and the
-    newest; failed or interrupted build directories go too.
+    Remove old builds, keeping ``current``, the one that served before this run
+    (rollback) and the newest; failed or interrupted build directories go too.
 
     + root: the llamarack root
     + keep: how many builds to keep in all (at least the current one)
     + current: the build that is (or is about to be) current
+    + previous: the build ``current`` named before this run (read when the run was
+      planned: by the time this runs, ``current`` may already point elsewhere)
     """
     builds = host.get_fact(LlamacppBuilds, root=root)
-    ordered = [current, builds.current, *builds.newest_first()]
+    ordered = [current, previous, builds.current, *builds.newest_first()]
     kept = list(dict.fromkeys(s for s in ordered if s))[:keep]
     doomed = [s for s in builds.verified if s not in kept]
     doomed += [s for s in builds.partial if s != current]

@@ -17,6 +17,7 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 
 from llamarack.build import BuildPlan, plan_build
+from llamarack.facts import LlamacppBuilds
 from llamarack.operations import build, checkout, prune_builds, switch_current
 from llamarack.rules import HostFacts, build_archs, choose_host_compiler, toolkit_for
 from llamarack.settings import Settings
@@ -77,6 +78,8 @@ def llamacpp(settings: Settings, facts: HostFacts) -> BuildPlan:
     s = settings.llamacpp
     root = settings.general.root
     plan = plan_for_host(settings, facts)
+    # The build serving before this run: kept for rollback whatever else was built since.
+    serving = host.get_fact(LlamacppBuilds, root=root).current
 
     checkout(
         name=f"llama.cpp source at {s.commit[:12]}",
@@ -106,5 +109,6 @@ def llamacpp(settings: Settings, facts: HostFacts) -> BuildPlan:
         root=root,
         keep=s.keep_builds,
         current=plan.stamp,
+        previous=serving,
     )
     return plan

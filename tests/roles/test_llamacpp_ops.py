@@ -142,6 +142,14 @@ def test_stamp_follows_every_input_but_not_the_driver():
         assert other.stamp != base.stamp
 
 
+def test_prune_keeps_the_build_that_served_before_the_run_over_a_newer_one():
+    # current already switched to "new" when prune runs; "fallback" was verified after
+    # "native", which served until this run: native is the rollback, fallback goes.
+    facts = {LlamacppBuilds: Builds("new", {"native": 1, "fallback": 2, "new": 3})}
+    commands, _ = run_op(prune_builds, facts, root=ROOT, keep=2, current="new", previous="native")
+    assert commands == [f"rm -rf {ROOT}/builds/fallback"]
+
+
 def test_switch_is_atomic_and_only_when_needed():
     commands, _ = run_op(switch_current, {LlamacppBuilds: Builds("old", {"old": 1, "new": 2})}, root=ROOT, stamp="new")
     assert commands == [
