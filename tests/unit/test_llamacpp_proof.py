@@ -82,3 +82,25 @@ def test_ship_finds_host_modules_only():
         assert "nope" in str(e)
     else:
         raise AssertionError("ship() found a module that does not exist")
+
+
+def test_flags_fact_carries_the_args_the_proof_needed():
+    from llamarack.facts import LlamaServerFlags
+
+    fixture = json.loads((Path(__file__).parents[1] / "facts/LlamaServerFlags/pinned_0c1e57098.json").read_text())
+    record = {"stamp": "x", "proof": {"variant": "native, no repack", "runtime_args": ["--no-repack"]}}
+    fact = LlamaServerFlags()
+    flags = fact.process(fixture["output"] + [fact._SPLIT, *json.dumps(record, indent=1).splitlines()])
+    assert flags.proven_args == ("--no-repack",)
+    assert proof.serving_args(flags, SERVING)[-1] == "--no-repack"
+
+
+def test_flags_fact_refuses_a_record_whose_args_are_not_strings():
+    import pytest
+    from pyinfra.api.exceptions import FactProcessError
+
+    from llamarack.facts import LlamaServerFlags
+
+    fact = LlamaServerFlags()
+    with pytest.raises(FactProcessError):
+        fact.process(["--load-mode", "--flash-attn [on|off|auto]", fact._SPLIT, '{"proof": {"runtime_args": [1]}}'])
