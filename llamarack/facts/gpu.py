@@ -11,6 +11,8 @@ from typing import Optional
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
+from .value import FactValue
+
 # Drivers before 510 do not know the compute_cap field; the fact then falls
 # back to this table (names as nvidia-smi prints them).
 COMPUTE_CAP_BY_NAME = {
@@ -31,7 +33,7 @@ _MARK = "llamarack:"
 
 
 @dataclass(frozen=True)
-class Gpu:
+class Gpu(FactValue):
     index: int
     name: str
     uuid: str
@@ -46,7 +48,7 @@ class Gpu:
 
 
 @dataclass(frozen=True)
-class DriverState:
+class DriverState(FactValue):
     """What ``nvidia-smi`` says about the driver.
 
     state is one of:
@@ -143,7 +145,7 @@ def _compute_cap_from_name(name: str) -> Optional[str]:
 
 
 @dataclass(frozen=True)
-class KernelModule:
+class KernelModule(FactValue):
     version: str
     open: bool
 

@@ -11,6 +11,8 @@ from typing import Optional
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
+from .value import FactValue
+
 from ..remote.llamacpp_proof import ServerFlags, parse_server_help
 
 __all__ = ["Builds", "GitHead", "LlamacppBuilds", "LlamaServerFlags", "ServerFlags", "parse_server_help"]
@@ -39,7 +41,7 @@ class GitHead(FactBase[Optional[str]]):
 
 
 @dataclass(frozen=True)
-class Builds:
+class Builds(FactValue):
     current: Optional[str]
     """The stamp ``builds/current`` points to, None when there is none."""
     verified: dict

@@ -11,9 +11,11 @@ from typing import Optional
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
+from .value import FactValue
+
 
 @dataclass(frozen=True)
-class ArtifactState:
+class ArtifactState(FactValue):
     """What one ``models/<stamp>`` directory holds."""
 
     stamp: Optional[str]  # from its stamp.json; None when unsealed

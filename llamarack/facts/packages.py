@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
+from .value import FactValue
+
 # Packages that make up an NVIDIA driver on Debian (nvidia-driver, libnvidia-*,
 # nvidia-kernel-dkms, libcuda1...), Ubuntu (nvidia-driver-550, nvidia-dkms-550,
 # nvidia-utils-550, libnvidia-compute-550, linux-modules-nvidia-550-*...) and
@@ -24,7 +26,7 @@ DRIVER_PACKAGE = re.compile(
 
 
 @dataclass(frozen=True)
-class DebPackage:
+class DebPackage(FactValue):
     name: str
     version: str
     held: bool

@@ -11,6 +11,8 @@ from typing import Optional
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
+from .value import FactValue
+
 # Runs with the env's own interpreter: what importlib.metadata sees is exactly
 # what `import` will load, and no pip process is started to find out.
 _LIST_SCRIPT = (
@@ -26,7 +28,7 @@ def canonical(name: str) -> str:
 
 
 @dataclass(frozen=True)
-class PythonEnv:
+class PythonEnv(FactValue):
     python_version: str
     packages: dict
     """``{canonical name: installed version}``."""

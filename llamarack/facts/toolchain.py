@@ -11,9 +11,11 @@ from typing import Optional
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
+from .value import FactValue
+
 
 @dataclass(frozen=True)
-class GccInstall:
+class GccInstall(FactValue):
     default: Optional[str]
     """Full version of ``gcc`` on PATH (e.g. ``12.2.0``), None when absent."""
     versioned: dict
@@ -60,7 +62,7 @@ class GccVersions(FactBase[GccInstall]):
 
 
 @dataclass(frozen=True)
-class CudaToolkit:
+class CudaToolkit(FactValue):
     home: str
     nvcc: str
     version: str
@@ -172,7 +174,7 @@ class InstallableGccMajors(FactBase[tuple]):
 
 
 @dataclass(frozen=True)
-class ToolchainChoice:
+class ToolchainChoice(FactValue):
     """What the toolchain role chose for CUDA builds; the llama.cpp build reads it."""
 
     backend: str

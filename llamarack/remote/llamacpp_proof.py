@@ -56,7 +56,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 # --------------------------------------------------------------------------
 # How the built llama-server spells its options (read from its --help)
@@ -82,6 +82,10 @@ class ServerFlags:
     """Arguments that turn CPU weight repacking (AMX and repacked kernels) off; () when none."""
     proven_args: tuple = ()
     """Runtime arguments the build's smoke run needed to compute (e.g. ``("--no-repack",)``)."""
+
+    def to_json(self) -> dict:
+        """For pyinfra's CLI (``fact``, ``--json``), which looks for this method."""
+        return asdict(self)
 
     def flash_attn(self, on: bool) -> tuple:
         if self.flash_attn_takes_value:

@@ -7,6 +7,7 @@ fact's command, the expected ``fact`` and the ``source`` of the output.
 import dataclasses
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,24 @@ def test_commands_run_on_a_real_debian_host(tmp_path):
         assert toolkit.max_gcc and toolkit.version
     free = facts.FreeDiskBytes()
     assert free.process(run_here(free.command(str(tmp_path / "not yet" / "there")))) > 0
+
+
+@pytest.mark.parametrize("path", CASES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_fact_values_serialize_for_pyinfras_cli(path):
+    """``pyinfra INVENTORY fact llamarack.facts.X`` and ``--json`` print facts with pyinfra's encoder."""
+    from pyinfra_cli.util import json_encode
+
+    case = json.loads(path.read_text())
+    value = getattr(facts, path.parent.name)().process(case["output"])
+    assert json.loads(json.dumps(value, default=json_encode)) == case["fact"]
+
+
+def test_pyinfra_fact_command_prints_llamarack_facts():
+    result = subprocess.run(
+        [sys.executable, "-m", "pyinfra", "@local", "fact", "llamarack.facts.NvidiaSmi", "llamarack.facts.GccVersions"],
+        capture_output=True, text=True, timeout=300, cwd=HERE.parents[1],
+    )  # fmt: skip
+    printed = result.stdout + result.stderr
+    assert result.returncode == 0, printed
+    assert "Cannot serialize" not in printed
+    assert '"state":' in printed and '"default":' in printed
