@@ -19,15 +19,23 @@ from roles.server import llama_server
 from roles.toolchain import toolchain
 
 settings = settings_for(host)
+runs = settings.general.runs  # --data llamarack_roles=server,model runs only those
 
-# Preflight hands on the facts it read: the later roles plan from them.
+# Preflight always runs, and hands on the facts it read: the later roles plan from them.
 facts = preflight(settings)
 if facts:
-    driver(settings)
-    toolchain(settings)
-    python_env(settings, facts)
-    llamacpp(settings, facts)
+    if runs("driver"):
+        driver(settings)
+    if runs("toolchain"):
+        toolchain(settings)
+    if runs("python_env"):
+        python_env(settings, facts)
+    if runs("llamacpp"):
+        llamacpp(settings, facts)
     # The converter's requirements come from the llama.cpp checkout above.
-    converter_env(settings)
-    model(settings)
-    llama_server(settings, facts)
+    if runs("converter_env"):
+        converter_env(settings)
+    if runs("model"):
+        model(settings)
+    if runs("server"):
+        llama_server(settings, facts)

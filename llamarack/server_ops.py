@@ -19,9 +19,10 @@ from io import StringIO
 from pathlib import Path
 from typing import Optional
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, StringCommand, operation
-from pyinfra.facts.files import Link, Sha1File
+from pyinfra.facts.files import FileContents, Link, Sha1File
+from pyinfra.operations.util.files import generate_color_diff
 from pyinfra.facts.systemd import SystemdStatus
 
 from .facts import GgufShape, LlamaServerFlags, NvidiaSmi, RecordedGpus
@@ -102,6 +103,18 @@ echo "llama-server answers /health"
 """
 
 
+def _show_unit_diff(unit: str) -> None:
+    """With ``--diff``, print how the unit file changes, as pyinfra's files.put does."""
+    config = getattr(host.state, "config", None)
+    if not getattr(config, "DIFF", False):
+        return
+    current = host.get_fact(FileContents, path=UNIT_PATH)
+    host.log(f"Will {'modify' if current else 'create'} {UNIT_PATH}", logger.info)
+    for line in generate_color_diff([line + "\n" for line in current or []], unit.splitlines(keepends=True)):
+        logger.info("  %s", line)
+    logger.info("")
+
+
 def _cards(settings: Settings, seen: tuple) -> tuple:
     """The GPUs preflight saw; when it saw none (a driver waiting for the reboot
     that the driver role may have done since), those the driver lists now, else
@@ -158,6 +171,8 @@ def service(settings: Settings, gpus: tuple = ()):
     unit = render_unit(settings, args, f"llamarack llama-server: {Path(model_dir).name} "
                                        f"({shape['architecture']}, {ctx.note})")  # fmt: skip
     unit_changed = host.get_fact(Sha1File, path=UNIT_PATH) != hashlib.sha1(unit.encode()).hexdigest()
+    if unit_changed:
+        _show_unit_diff(unit)
 
     key = read_token(s.api_key_file, "server_api_key_file")
     host_key_sha1 = host.get_fact(Sha1File, path=API_KEY_PATH)

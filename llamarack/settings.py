@@ -83,6 +83,16 @@ def _cuda_arch(value: str) -> Optional[str]:
     return None
 
 
+# The roles deploy.py runs after preflight, in order (llamarack_roles picks some).
+ROLE_NAMES = ("driver", "toolchain", "python_env", "llamacpp", "converter_env", "model", "server")
+
+
+def _role_name(value: str) -> Optional[str]:
+    if value not in ROLE_NAMES:
+        return "role names: " + ", ".join(ROLE_NAMES)
+    return None
+
+
 def _x86_feature(value: str) -> Optional[str]:
     if value not in X86_FEATURES:
         return "x86 extensions of ggml: " + ", ".join(X86_FEATURES)
@@ -140,6 +150,16 @@ class GeneralSettings:
         _absolute_path,
     )
     service_user: str = setting("llamarack", "system user that runs llama-server", _name)
+    roles: Optional[tuple[str, ...]] = setting(
+        None,
+        "run only these roles, e.g. server,model (preflight always runs): "
+        + ", ".join(ROLE_NAMES) + "; None runs them all",
+        _role_name,
+    )
+
+    def runs(self, role: str) -> bool:
+        """Whether ``deploy.py`` runs ``role`` (one of ROLE_NAMES) on this host."""
+        return self.roles is None or role in self.roles
 
     def state_file(self, name: str) -> str:
         """A record under ``<root>/state/`` (facts and audit read them back)."""
@@ -462,6 +482,9 @@ def _coerce(info: SettingInfo, value: Any) -> tuple[Any, Optional[str]]:
         return value, None
 
     if typing.get_origin(tp) is tuple:
+        if isinstance(value, str):
+            # From the command line: --data llamarack_roles=server,model
+            value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             return value, describe_type(info)
         items = tuple(value)

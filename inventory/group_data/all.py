@@ -16,6 +16,9 @@ llamarack_root = '/opt/llamarack'
 # system user that runs llama-server
 llamarack_service_user = 'llamarack'
 
+# run only these roles, e.g. server,model (preflight always runs): driver, toolchain, python_env, llamacpp, converter_env, model, server; None runs them all
+llamarack_roles = None
+
 # --- driver: Checks on the NVIDIA driver; llamarack never installs one unless asked.
 
 # lowest driver accepted (the toolkit's own floor applies as well)

@@ -172,8 +172,12 @@ def test_memory_guard_refuses_before_the_unit_is_touched(lab_rack):
 
 
 def test_a_new_context_restarts_the_service_with_it(lab_rack):
-    rc, out = deploy(lab_rack, "server_ctx_size=1024")
+    # The operator who only changes the context runs only the server role (preflight always runs).
+    rc, out = deploy(lab_rack, "server_ctx_size=1024", "llamarack_roles=server")
     assert rc == 0, out[-6000:]
+    started = {line.split("|")[0].split(":", 1)[1].strip() for line in out.splitlines()
+               if line.startswith("--> Starting operation:")}  # fmt: skip
+    assert started == {"llamarack preflight", "llama-server"}, started
     cmdline = server_cmdline(lab_rack)
     assert cmdline[cmdline.index("--ctx-size") + 1] == "1024"
     assert http_get(f"{URL}/health")[0] == 200

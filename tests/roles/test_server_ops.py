@@ -2,9 +2,10 @@
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 
-from pyinfra.facts.files import Link, Sha1File
+from pyinfra.facts.files import FileContents, Link, Sha1File
 from pyinfra.facts.systemd import SystemdStatus
 
 from llamarack.facts import DriverState, GgufShape, Gpu, LlamaServerFlags, NvidiaSmi, RecordedGpus
@@ -133,3 +134,19 @@ def test_api_key_on_a_build_without_api_key_file_is_refused(tmp_path):
     commands, _ = run_op(service, old, settings=settings(server_api_key_file=str(key_file)), gpus=(V100,))
     assert len(commands) == 1 and "gpu01: api-key-file: found server_api_key_file set" in commands[0]
     assert commands[0].endswith("exit 1") and "sk-test-123" not in commands[0]
+
+
+def test_diff_shows_how_the_unit_changes(caplog):
+    old_unit = ["[Service]", "ExecStart=/opt/lr/builds/b0/bin/llama-server --ctx-size 512"]
+    with_old = {**facts(unit_sha1="0" * 40, running=True),
+                (FileContents, frozenset({"path": UNIT_PATH}.items())): old_unit}
+    with caplog.at_level(logging.INFO, logger="pyinfra"):
+        commands, _ = run_op(service, with_old, diff=True, settings=settings(), gpus=(V100,))
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert f"Will modify {UNIT_PATH}" in text
+    assert "--ctx-size 512" in text and "builds/b1/bin/llama-server" in text  # the old line and the new
+    assert commands  # --diff shows; the change itself is still made when executing
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pyinfra"):
+        run_op(service, with_old, diff=False, settings=settings(), gpus=(V100,))
+    assert "Will modify" not in "\n".join(r.getMessage() for r in caplog.records)

@@ -6,6 +6,7 @@ the operation yields (or its no-op message) out.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -33,12 +34,16 @@ class FakeHost:
     def noop(self, message):
         self.noops.append(message)
 
+    def log(self, message, log_func=None):
+        (log_func or logging.getLogger("pyinfra").info)(f"{self.print_prefix}{message}")
 
-def run_op(op, facts: dict, executing: bool = True, **kwargs) -> tuple[list, list[str]]:
+
+def run_op(op, facts: dict, executing: bool = True, diff: bool = False, **kwargs) -> tuple[list, list[str]]:
     """(commands yielded, no-op messages) of ``op`` given ``facts``; executing=False
-    is pyinfra's change detection (``--dry``). Uploads come out as
-    ``("upload", dest, text)``."""
-    fake = FakeHost(facts, state=SimpleNamespace(is_executing=executing))
+    is pyinfra's change detection (``--dry``), diff=True its ``--diff``. Uploads
+    come out as ``("upload", dest, text)``."""
+    state = SimpleNamespace(is_executing=executing, config=SimpleNamespace(DIFF=diff))
+    fake = FakeHost(facts, state=state)
     with ctx_host.use(fake):
         commands = [_plain(c) for c in op._inner(**kwargs)]
     return commands, fake.noops

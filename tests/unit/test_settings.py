@@ -118,3 +118,12 @@ def test_group_data_all_is_generated_from_the_settings():
 def test_readme_settings_table_matches_the_settings():
     readme = (ROOT / "README.md").read_text()
     assert markdown_table() in readme, "run: llamarack settings --markdown, paste into README.md"
+
+
+def test_roles_subset_from_the_command_line():
+    s = load_settings("h", {"python_env_backend": "venv", "llamarack_roles": "server, model"})
+    assert s.general.roles == ("server", "model")
+    assert s.general.runs("server") and s.general.runs("model") and not s.general.runs("llamacpp")
+    assert load_settings("h", {"python_env_backend": "venv"}).general.runs("driver")
+    with pytest.raises(SettingsError, match="llamarack_roles: given 'server,modle'; allowed: role names"):
+        load_settings("h", {"python_env_backend": "venv", "llamarack_roles": "server,modle"})
