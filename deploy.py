@@ -2,21 +2,27 @@
 
     pyinfra inventory/lab.py deploy.py
 
-Only composes the roles; each reads facts and changes only what differs, so
-a converged host is a chain of no-ops. Preflight runs every compatibility
-rule first: a host that fails one gets no other operation.
+Only composes the roles (``llamarack.roles``, the folders under roles/); each
+reads facts and changes only what differs, so a converged host is a chain of
+no-ops. Preflight runs every compatibility rule first: a host that fails one
+gets no other operation.
 """
+
+from pathlib import Path
 
 from pyinfra import host
 
+from llamarack.roles.driver import driver
+from llamarack.roles.llamacpp import llamacpp
+from llamarack.roles.model import model
+from llamarack.roles.preflight import preflight
+from llamarack.roles.python_env import converter_env, python_env
+from llamarack.roles.server import llama_server
+from llamarack.roles.toolchain import toolchain
 from llamarack.settings import settings_for
-from roles.driver import driver
-from roles.llamacpp import llamacpp
-from roles.model import model
-from roles.preflight import preflight
-from roles.python_env import converter_env, python_env
-from roles.server import llama_server
-from roles.toolchain import toolchain
+
+# Templates here replace the roles' own of the same name (see templates/README.md).
+TEMPLATE_OVERRIDES = (Path(__file__).resolve().parent / "templates",)
 
 settings = settings_for(host)
 runs = settings.general.runs  # --data llamarack_roles=server,model runs only those
@@ -25,9 +31,9 @@ runs = settings.general.runs  # --data llamarack_roles=server,model runs only th
 facts = preflight(settings)
 if facts:
     if runs("driver"):
-        driver(settings)
+        driver(settings, facts)
     if runs("toolchain"):
-        toolchain(settings)
+        toolchain(settings, facts)
     if runs("python_env"):
         python_env(settings, facts)
     if runs("llamacpp"):
@@ -38,4 +44,4 @@ if facts:
     if runs("model"):
         model(settings)
     if runs("server"):
-        llama_server(settings, facts)
+        llama_server(settings, facts, templates=TEMPLATE_OVERRIDES)

@@ -15,8 +15,8 @@ smoke run: it shows the smoke run is a backstop of its own.
 from pyinfra import host
 
 from llamarack.settings import settings_for
-from roles.llamacpp import llamacpp
-from roles.preflight import gather, preflight
+from llamarack.roles.llamacpp import llamacpp
+from llamarack.roles.preflight import gather, preflight
 
 settings = settings_for(host)
 

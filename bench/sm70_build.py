@@ -22,7 +22,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from llamarack.build import plan_build
+from llamarack.roles.llamacpp.plan import plan_build
 from llamarack.lab import services
 from llamarack.settings import load_settings
 

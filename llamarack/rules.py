@@ -59,6 +59,13 @@ class HostFacts:
     recorded_gpus: tuple = ()
     """GPUs seen at the last run where the driver answered (llamarack's state file)."""
 
+    @property
+    def gpus(self) -> tuple:
+        """The host's cards for this run, the one list every role plans from: those
+        the driver lists, else (a driver that hides them: an upgrade waiting for
+        its reboot, a dropped card) those recorded at the last run where it answered."""
+        return self.driver.gpus or self.recorded_gpus
+
 
 @dataclass(frozen=True)
 class Failure:
@@ -99,7 +106,7 @@ def build_archs(s: Settings, facts: HostFacts) -> tuple[str, ...]:
     """The CUDA architectures the build targets: the setting, else the host's GPUs'."""
     if s.llamacpp.cuda_archs:
         return s.llamacpp.cuda_archs
-    return tuple(sorted({gpu.arch for gpu in facts.driver.gpus if gpu.arch}))
+    return tuple(sorted({gpu.arch for gpu in facts.gpus if gpu.arch}))
 
 
 def driver_floor(s: Settings) -> str:
@@ -215,8 +222,7 @@ def rule_driver_ceiling(s: Settings, facts: HostFacts) -> Optional[Failure]:
     one the next boot loads, so it is the one checked: refusing now keeps the
     host serving on the old module.
     """
-    gpus = facts.driver.gpus or facts.recorded_gpus
-    legacy = [g for g in gpus if g.compute_cap and _cap(g.compute_cap) < LEGACY_BELOW_CAP]
+    legacy = [g for g in facts.gpus if g.compute_cap and _cap(g.compute_cap) < LEGACY_BELOW_CAP]
     if facts.driver.state == "mismatch":
         version = facts.driver.library_version
     else:
@@ -249,7 +255,7 @@ def rule_build_covers_gpus(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """Every GPU's architecture is in the build (else: no kernel image at run time)."""
     if s.llamacpp.backend != "cuda" or not s.llamacpp.cuda_archs:
         return None
-    gpu_archs = {g.arch for g in facts.driver.gpus if g.arch}
+    gpu_archs = {g.arch for g in facts.gpus if g.arch}
     missing = sorted(gpu_archs - set(arch_digits(a) for a in s.llamacpp.cuda_archs))
     if not missing:
         return None

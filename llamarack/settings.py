@@ -26,6 +26,7 @@ from packaging.version import InvalidVersion
 from packaging.version import Version as PkgVersion
 
 from .errors import SettingsError
+from .layout import Layout
 
 # Value kinds that need more than a Python type to check.
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -161,9 +162,10 @@ class GeneralSettings:
         """Whether ``deploy.py`` runs ``role`` (one of ROLE_NAMES) on this host."""
         return self.roles is None or role in self.roles
 
-    def state_file(self, name: str) -> str:
-        """A record under ``<root>/state/`` (facts and audit read them back)."""
-        return f"{self.root}/state/{name}"
+    @property
+    def layout(self) -> Layout:
+        """Every path under ``root`` (``llamarack.layout``)."""
+        return Layout(self.root)
 
 
 @dataclass(frozen=True)
@@ -404,6 +406,10 @@ class Settings:
     llamacpp: LlamacppSettings
     model: ModelSettings
     server: ServerSettings
+
+    @property
+    def layout(self) -> Layout:
+        return self.general.layout
 
 
 @dataclass(frozen=True)

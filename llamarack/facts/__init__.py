@@ -24,9 +24,6 @@ from .toolchain import (
     GccInstall,
     GccVersions,
     InstallableGccMajors,
-    ToolchainChoice,
-    ToolchainRecord,
-    toolchain_record,
 )
 
 __all__ = [
@@ -58,8 +55,5 @@ __all__ = [
     "PythonEnvPackages",
     "RequirementsFile",
     "RecordedGpus",
-    "ToolchainChoice",
-    "ToolchainRecord",
     "gpus_record",
-    "toolchain_record",
 ]

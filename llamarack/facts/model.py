@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
+from .. import remote
 from .value import FactValue
 
 
@@ -61,14 +61,11 @@ class ModelArtifact(FactBase[Optional[ArtifactState]]):
             raise FactProcessError(f"unreadable model artifact state: {e}") from e
 
 
-_GGUF_READER = Path(__file__).resolve().parent.parent / "gguf_header.py"
-
-
 class GgufShape(FactBase[Optional[dict]]):
     """
     Returns what the context planner needs from a GGUF file's header, or None
     when the file does not exist. Read by the host's python3 running
-    ``llamarack/gguf_header.py`` (standard library only; the tensors are not read).
+    ``llamarack/remote/gguf_header.py`` (standard library only; the tensors are not read).
 
     .. code:: python
 
@@ -80,7 +77,7 @@ class GgufShape(FactBase[Optional[dict]]):
     requires_command = "python3"
 
     def command(self, path: str) -> str:
-        return f"python3 -c {shlex.quote(_GGUF_READER.read_text())} {shlex.quote(path)}"
+        return remote.command("gguf_header", path)
 
     def process(self, output) -> Optional[dict]:
         try:

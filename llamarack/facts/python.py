@@ -11,16 +11,8 @@ from typing import Optional
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
+from .. import remote
 from .value import FactValue
-
-# Runs with the env's own interpreter: what importlib.metadata sees is exactly
-# what `import` will load, and no pip process is started to find out.
-_LIST_SCRIPT = (
-    "import json, platform, importlib.metadata as m; "
-    "print(json.dumps({'python': platform.python_version(), 'packages': "
-    "{d.metadata['Name']: d.version for d in m.distributions() if d.metadata['Name']}}))"
-)
-
 
 def canonical(name: str) -> str:
     """PEP 503 name: ``Jinja2``, ``typing_extensions`` -> ``jinja2``, ``typing-extensions``."""
@@ -46,8 +38,8 @@ class PythonEnvPackages(FactBase[Optional[PythonEnv]]):
     """
 
     def command(self, env: str) -> str:
-        python = shlex.quote(f"{env}/bin/python")
-        return f"if [ -x {python} ]; then {python} -c {shlex.quote(_LIST_SCRIPT)}; fi"
+        python = f"{env}/bin/python"
+        return f"if [ -x {shlex.quote(python)} ]; then {remote.command('env_packages', python=python)}; fi"
 
     def process(self, output) -> Optional[PythonEnv]:
         text = "\n".join(output).strip()
@@ -59,33 +51,6 @@ class PythonEnvPackages(FactBase[Optional[PythonEnv]]):
             return PythonEnv(data["python"], packages)
         except (ValueError, KeyError, AttributeError) as e:
             raise FactProcessError(f"unreadable env listing: {text[:200]!r}") from e
-
-
-# Flattens a pip requirements file with its -r/-c includes. Options lines
-# (--extra-index-url and the like) are dropped on purpose: every outside
-# source is a llamarack setting, never a line in someone else's file.
-_FLATTEN_SCRIPT = r"""
-import os, sys
-def read(path, seen):
-    path = os.path.normpath(path)
-    if path in seen:
-        return
-    seen.add(path)
-    with open(path) as f:
-        for raw in f:
-            line = raw.split(" #")[0].strip()
-            if not line or line.startswith("#"):
-                continue
-            for flag in ("-r ", "--requirement "):
-                if line.startswith(flag):
-                    yield from read(os.path.join(os.path.dirname(path), line[len(flag):].strip()), seen)
-                    break
-            else:
-                if not line.startswith("-"):
-                    yield line
-for line in read(sys.argv[1], set()):
-    print(line)
-"""
 
 
 class RequirementsFile(FactBase[Optional[tuple]]):
@@ -102,7 +67,7 @@ class RequirementsFile(FactBase[Optional[tuple]]):
     def command(self, path: str) -> str:
         quoted = shlex.quote(path)
         return (
-            f"if [ -f {quoted} ]; then python3 -c {shlex.quote(_FLATTEN_SCRIPT)} {quoted}; "
+            f"if [ -f {quoted} ]; then {remote.command('requirements_flatten', path)}; "
             "else echo 'llamarack: no such file'; fi"
         )
 

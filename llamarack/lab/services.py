@@ -78,7 +78,7 @@ def lab_settings():
 
 def converter_lines(m: mirror.Mirror, commit: str | None = None) -> tuple:
     """The converter's requirement lines at ``commit`` of the mirror, flattened like the host does."""
-    from llamarack.facts.python import _FLATTEN_SCRIPT
+    from llamarack import remote
 
     commit = commit or m.commit
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,7 +86,7 @@ def converter_lines(m: mirror.Mirror, commit: str | None = None) -> tuple:
                                  capture_output=True, check=True).stdout  # fmt: skip
         subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
         out = subprocess.run(
-            [sys.executable, "-c", _FLATTEN_SCRIPT,
+            [sys.executable, str(remote.path("requirements_flatten")),
              str(Path(tmp) / "requirements" / "requirements-convert_hf_to_gguf.txt")],
             capture_output=True, text=True, check=True,
         ).stdout  # fmt: skip
@@ -95,7 +95,7 @@ def converter_lines(m: mirror.Mirror, commit: str | None = None) -> tuple:
 
 def requirement_sets(m: mirror.Mirror) -> list[tuple[tuple, tuple, bool]]:
     """(requirements, constraints, no_deps) of every pip step the lab's python roles run."""
-    from llamarack.pyenv import awq_plan, converter_plan
+    from llamarack.roles.python_env.plan import awq_plan, converter_plan
 
     settings = lab_settings()
     if settings.python_env.python_version != f"{sys.version_info[0]}.{sys.version_info[1]}":

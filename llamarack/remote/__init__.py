@@ -1,20 +1,44 @@
 """Code that runs on the hosts, not on the control machine.
 
-Every module here uses the standard library only and imports nothing from
-llamarack: it is shipped to a host as a single file (``ship(name)`` gives
-its path for an upload) and run there with the host's ``python3``. The
-control machine may import these modules to share their definitions (the
-llama-server flag record, for one), never the other way round.
+Every module here uses the standard library only, imports nothing from
+llamarack, and says so in its first line. One mechanism takes it to a host:
+``command(name, *args)`` is the shell command that runs the module's source
+with the host's ``python3 -c`` (facts and operations alike), so nothing is
+installed on the host to drift from the control machine's copy, and a
+changed script is what the next run uses. The control machine may import
+these modules to share their definitions (the llama-server flag record, for
+one), never the other way round.
 """
 
+from __future__ import annotations
+
+import shlex
+from functools import lru_cache
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
+# A command given to ``sudo sh -c`` is one argv string, which Linux caps at
+# 128 KiB (MAX_ARG_STRLEN): every host script must stay well under it.
+MAX_SCRIPT_BYTES = 96 * 1024
 
-def ship(name: str) -> Path:
-    """The file of host module ``name`` (e.g. ``"llamacpp_proof"``), for an upload."""
-    path = HERE / f"{name}.py"
-    if not path.is_file():
+
+def path(name: str) -> Path:
+    """The file of host module ``name`` (e.g. ``"llamacpp_proof"``)."""
+    file = HERE / f"{name}.py"
+    if not file.is_file():
         raise FileNotFoundError(f"no host module {name!r} under {HERE}")
-    return path
+    return file
+
+
+@lru_cache(maxsize=None)
+def source(name: str) -> str:
+    text = path(name).read_text()
+    if len(text.encode()) > MAX_SCRIPT_BYTES:
+        raise ValueError(f"host module {name} is over {MAX_SCRIPT_BYTES} bytes: too long for one command")
+    return text
+
+
+def command(name: str, *args: str, python: str = "python3") -> str:
+    """The shell command that runs host module ``name`` with ``args`` (each quoted)."""
+    return " ".join([shlex.quote(python), "-c", shlex.quote(source(name)), *(shlex.quote(str(a)) for a in args)])

@@ -1,4 +1,4 @@
-# Runs on the host (standard library only; shipped by llamarack.remote.ship).
+# Runs on the host (standard library only, imports nothing from llamarack; run by llamarack.remote.command).
 """Prove a llama.cpp build by making it compute, before it may become current.
 
     python3 llamacpp_proof.py SPEC.json

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from llamarack.facts import NvidiaDriverPackages
-from llamarack.hoststack import driver_answers, driver_package_holds
+from llamarack.roles.driver.operations import driver_answers, driver_package_holds
 from tests.roles.stackhost import run_op
 
 FACTS = Path(__file__).resolve().parents[1] / "facts"

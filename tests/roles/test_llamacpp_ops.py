@@ -2,9 +2,10 @@
 
 import json
 
-from llamarack.build import PROOF_SCRIPT, plan_build
+from llamarack import remote
+from llamarack.roles.llamacpp.plan import plan_build
 from llamarack.facts import Builds, GitHead, LlamacppBuilds
-from llamarack.operations import build, checkout, proof_spec, prune_builds, switch_current
+from llamarack.roles.llamacpp.operations import build, checkout, proof_spec, prune_builds, switch_current
 from llamarack.settings import load_settings
 from tests.support.ophost import run_op
 
@@ -47,11 +48,10 @@ def test_cpu_build_configures_builds_verifies_then_proves():
     assert "server-help.txt" in commands[5]
     assert not any("cuobjdump" in c for c in commands if isinstance(c, str))
     # The smoke run is last, and it is what writes build-info.json.
-    script, spec_upload = commands[6], commands[7]
-    assert script == ("upload", f"{d}/llamacpp_proof.py", f"<{PROOF_SCRIPT}>")
+    spec_upload = commands[6]
     assert spec_upload[:2] == ("upload", f"{d}/proof-spec.json")
-    assert commands[8] == f"python3 {d}/llamacpp_proof.py {d}/proof-spec.json"
-    assert len(commands) == 9 and not any("build-info.json" in c for c in commands if isinstance(c, str))
+    assert commands[7] == remote.command("llamacpp_proof", f"{d}/proof-spec.json")
+    assert len(commands) == 8 and not any("build-info.json" in c for c in commands[:-1] if isinstance(c, str))
     spec = json.loads(spec_upload[2])
     assert spec["build_dir"] == d and spec["record"]["stamp"] == plan.stamp
     assert spec["serving"] == {"cache_type_k": "q4_0", "cache_type_v": "q4_0", "flash_attn": True,
@@ -179,7 +179,7 @@ def test_hosts_sharing_a_ccache_compile_one_at_a_time():
 def test_plan_for_a_cuda_host_uses_the_toolkits_gcc_ceiling():
     from llamarack.facts import CudaToolkit, DriverState, GccInstall, Gpu
     from llamarack.rules import HostFacts
-    from roles.llamacpp import plan_for_host
+    from llamarack.roles.llamacpp.plan import plan_for_host
 
     v100 = Gpu(0, "Tesla V100-SXM2-16GB", "GPU-1", 16384, "7.0", "550.127.05")
     cuda118 = CudaToolkit("/usr", "/usr/bin/nvcc", "11.8", "11.8.89", 11)

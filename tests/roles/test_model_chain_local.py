@@ -23,9 +23,9 @@ from pyinfra.api import FileUploadCommand, StringCommand
 from pyinfra.context import ctx_host
 from pyinfra.facts.files import Link
 
-from llamarack.hub import repo_files
-from llamarack.model_ops import artifact
-from llamarack.model_plan import plan_model
+from llamarack.roles.model.hub import repo_files
+from llamarack.roles.model.operations import artifact
+from llamarack.roles.model.plan import plan_model
 from llamarack.settings import load_settings
 from tests.support.cache import CACHE, converter_python, llama_cpp_source
 from tests.support.hub_server import HubServer

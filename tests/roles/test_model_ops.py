@@ -14,9 +14,10 @@ from pyinfra.context import ctx_host
 
 from llamarack.errors import ModelSourceError
 from llamarack.facts import ArtifactState, FreeDiskBytes, ModelArtifact
-from llamarack.hub import HubFile, HubListing, repo_files
-from llamarack.model_ops import artifact
-from llamarack.model_plan import artifact_stamp, plan_model
+from llamarack.roles.model.hub import HubFile, HubListing, repo_files
+from llamarack.roles.model.operations import artifact
+from llamarack.roles.model.plan import artifact_stamp, plan_model
+from llamarack import remote
 from llamarack.settings import load_settings
 from pyinfra.facts.files import Link
 from tests.support.hub_server import HubServer
@@ -128,13 +129,16 @@ def test_missing_artifact_is_fetched_converted_quantized_sealed_and_moved():
     assert json.loads(uploads[f"{s}/stamp.plan.json"])["stamp"] == PLAN.stamp
     shell = [c for c in cmds if isinstance(c, str)]
     assert shell[0] == f"install -d -m 755 /opt/lr/models && install -d -m 700 /opt/lr/models/.staging {s}"
-    assert f"python3 {s}/model_fetch.py fetch --manifest {s}/manifest.json --dest {s}/hf --retries 5" in shell[1]
+    fetch = remote.command("model_fetch", "fetch", "--manifest", f"{s}/manifest.json", "--dest", f"{s}/hf",
+                           "--retries", "5")  # fmt: skip
+    assert f"{{ {fetch} >> {s}/fetch.log 2>&1; rc=$?; [ $rc = 0 ] || {{ tail -n 40 {s}/fetch.log >&2;" in shell[1]
     assert "hub-token" not in " ".join(shell)
     assert (f"/opt/lr/envs/convert/bin/python /opt/lr/src/llama.cpp/convert_hf_to_gguf.py {s}/hf "
-            f"--outtype f16 --outfile {s}/model-f16.gguf.tmp") in shell[2]  # fmt: skip
-    assert f"/opt/lr/builds/current/bin/llama-quantize {s}/model-f16.gguf {s}/model.gguf.tmp Q4_K_M" in shell[3]
-    assert shell[4].startswith(f"python3 {s}/model_fetch.py seal")
-    assert shell[5] == f"rm -rf {s}/model_fetch.py {s}/manifest.json {s}/stamp.plan.json {s}/hf {s}/model-f16.gguf"
+            f"--outtype f16 --outfile {s}/model-f16.gguf.tmp >> {s}/convert.log 2>&1") in shell[2]  # fmt: skip
+    assert (f"/opt/lr/builds/current/bin/llama-quantize {s}/model-f16.gguf {s}/model.gguf.tmp Q4_K_M "
+            f">> {s}/quantize.log 2>&1") in shell[3]  # fmt: skip
+    assert shell[4].startswith(remote.command("model_fetch", "seal"))
+    assert shell[5] == f"rm -rf {s}/manifest.json {s}/stamp.plan.json {s}/hf {s}/model-f16.gguf"
     assert shell[6] == f"chmod 755 {s} && mv -T {s} {d}"
     assert shell[7].startswith(f"ln -sfn {PLAN.name} ")
 
@@ -144,11 +148,11 @@ def test_token_goes_up_as_a_private_file_and_is_removed_after_the_fetch(tmp_path
     token.write_text("hf_secret_value\n")
     cmds, _ = commands(PLAN, {ModelArtifact: None, FreeDiskBytes: 100 << 30}, token_file=str(token))
     s = PLAN.staging
-    assert ("upload", f"{s}/hub-token", "hf_secret_value\n") in cmds
+    assert ("upload", f"{s}/hub-token.new", "hf_secret_value") in cmds
     shell = " ".join(c for c in cmds if isinstance(c, str))
     assert "hf_secret_value" not in shell  # only the upload holds it, never a command line
-    assert f"--token-file {s}/hub-token; rc=$?; rm -f {s}/hub-token; exit $rc" in shell
-    assert f"chmod 600 {s}/hub-token" in shell
+    assert f"install -m 600 /dev/null {s}/hub-token.new" in shell  # private before a byte is written
+    assert f"--token-file {s}/hub-token >> {s}/fetch.log 2>&1; rc=$?; rm -f {s}/hub-token; [ $rc = 0 ]" in shell
 
 
 def test_an_unsealed_leftover_is_removed_and_rebuilt():

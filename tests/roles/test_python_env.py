@@ -7,6 +7,7 @@ the reference 2.1.2+cu118, the reference transformers, accelerate and autoawq.
 """
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +17,9 @@ from pyinfra.facts.files import Directory, File, Sha1File
 
 import llamarack.facts as facts
 from llamarack.facts import PythonEnvPackages, RequirementsFile
-from llamarack.hoststack import converter_pins, pip_pins
-from llamarack.pyenv import awq_plan, converter_plan, unmet
+from llamarack.roles.python_env.operations import converter_pins, pip_pins
+from llamarack.roles.python_env.plan import awq_plan, converter_plan, unmet
+from llamarack import remote
 from llamarack.settings import load_settings
 from tests.roles.stackhost import run_op
 from tests.support.cache import llama_cpp_source
@@ -56,7 +58,7 @@ def test_converged_env_is_a_no_op_and_local_version_labels_match_the_pin():
     env = fixture("PythonEnvPackages", "awq_venv")
     assert env.packages["torch"] == "2.13.0+cpu"
     plan = awq_plan(load_settings("lab", LIGHT), ENV)
-    commands, noops = run_op(pip_pins, env_facts(env), plan=plan, check_script="/x/check.py")
+    commands, noops = run_op(pip_pins, env_facts(env), plan=plan)
     assert commands == [] and noops[0].startswith(f"{ENV} already has torch==2.13.0, transformers==4.44.2")
 
 
@@ -69,21 +71,21 @@ def test_drift_is_named_and_put_back_in_order():
         "numpy 2.2.6 installed, held at <2",
     ]
     env = facts.PythonEnv(env.python_version, drifted)
-    commands, _ = run_op(pip_pins, env_facts(env), plan=plan,
-                         check_script="/x/check.py")  # fmt: skip
+    commands, _ = run_op(pip_pins, env_facts(env), plan=plan)
     pip = f"PIP_CONFIG_FILE=/dev/null {ENV}/bin/python -m pip --isolated install --no-input --index-url"
-    runs = [c for c in commands if c.startswith(f"{ENV}/bin/python /x/check.py") or c.startswith(pip)]
-    assert runs[0].startswith(f"{ENV}/bin/python /x/check.py resolve ")
+    check = f"{ENV}/bin/python -c {shlex.quote(remote.source('pyenv_check'))}"
+    runs = [c for c in commands if c.startswith(check) or c.startswith(pip)]
+    assert runs[0].startswith(f"{check} resolve ")
     assert runs[1] == f"{pip} https://download.pytorch.org/whl/cu118 -c {ENV}/llamarack-constraints.txt torch==2.13.0"
     assert runs[2] == (f"{pip} https://pypi.org/simple -c {ENV}/llamarack-constraints.txt transformers==4.44.2 "
                        "accelerate==0.33.0 datasets==3.0.1 pyarrow==17.0.0 zstandard==0.23.0")  # fmt: skip
     assert runs[3] == f"{pip} https://pypi.org/simple --no-deps autoawq==0.2.7"
-    assert runs[4].startswith(f"{ENV}/bin/python /x/check.py verify ")
+    assert runs[4].startswith(f"{check} verify ")
 
 
 def test_fresh_env_installs_everything():
     plan = awq_plan(load_settings("lab", LIGHT), ENV)
-    commands, _ = run_op(pip_pins, env_facts(None), plan=plan, check_script="/x/check.py")
+    commands, _ = run_op(pip_pins, env_facts(None), plan=plan)
     assert sum("pip --isolated install" in c for c in commands) == 3
 
 
@@ -101,7 +103,7 @@ def test_converter_plan_takes_the_file_with_overrides_and_no_index_lines():
 def test_converter_waits_for_the_source_while_planning():
     s = load_settings("lab", LIGHT)
     commands, _ = run_op(converter_pins, {RequirementsFile: None, PythonEnvPackages: None}, settings=s,
-                         requirements_path="/src/req.txt", env="/e", check_script="/c.py")  # fmt: skip
+                         requirements_path="/src/req.txt", env="/e")  # fmt: skip
     assert len(commands) == 1 and commands[0].startswith("true")
 
 
@@ -156,7 +158,7 @@ def test_venv_converges_then_changes_nothing_then_repairs_drift(tmp_path, index)
     assert rc == 0, out
     assert len(index.requests) == asked, "a converged env made pip calls"
     total = [l for l in out.splitlines() if "Grand total" in l][0].split()
-    assert total[2:] == ["10", "-", "-", "10"], out
+    assert total[2:] == ["8", "-", "-", "8"], out
 
     # Drift: numpy 2 in the AWQ env (torch < 2.3 breaks with it; pyarrow 17 too).
     subprocess.run(f"PIP_CONFIG_FILE=/dev/null {awq} -m pip --isolated install -q --index-url {index.url} numpy==2.2.6",
@@ -172,7 +174,7 @@ def test_resolve_check_names_the_autoawq_torch_conflict_of_the_reference_pins():
     # metadata, so nothing big is downloaded.
     s = load_settings("gpu01", {"python_env_backend": "venv", "llamacpp_backend": "cpu",
                                 "python_env_torch_index_url": "https://pypi.org/simple"})  # fmt: skip
-    result = subprocess.run([sys.executable, str(ROOT / "llamarack/pyenv_check.py"), "resolve",
+    result = subprocess.run([sys.executable, str(ROOT / "llamarack/remote/pyenv_check.py"), "resolve",
                              awq_plan(s, "/nowhere").to_json()], capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "torch 2.1.2" in result.stdout.splitlines()[0]
@@ -186,7 +188,7 @@ def test_a_set_pip_cannot_resolve_fails_before_anything_is_installed(index):
     # pip's resolver refuses, and the check names the packages that conflict.
     plan = {"steps": [{"requirements": ["autoawq==0.2.7", "transformers==4.44.2"], "index_url": index.url,
                        "no_deps": False}], "constraints": ["torch==2.13.0", "transformers==4.40.0"]}  # fmt: skip
-    result = subprocess.run([sys.executable, str(ROOT / "llamarack/pyenv_check.py"), "resolve", json.dumps(plan)],
+    result = subprocess.run([sys.executable, str(ROOT / "llamarack/remote/pyenv_check.py"), "resolve", json.dumps(plan)],
                             capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 1
     assert "conflict:" in result.stdout and "transformers" in result.stdout, result.stdout

@@ -10,8 +10,8 @@ from pyinfra.facts.systemd import SystemdStatus
 
 from llamarack.facts import DriverState, GgufShape, Gpu, LlamaServerFlags, NvidiaSmi, RecordedGpus
 from llamarack.facts.llamacpp import ServerFlags
-from llamarack.server_ops import service
-from llamarack.server_plan import API_KEY_PATH, UNIT_NAME, UNIT_PATH
+from llamarack.roles.server.operations import service
+from llamarack.layout import API_KEY_PATH, UNIT_NAME, UNIT_PATH
 from llamarack.settings import load_settings
 from tests.support.ophost import run_op
 
@@ -116,14 +116,15 @@ def test_cuda_hosts_offload_and_cpu_hosts_do_not():
     assert "--n-gpu-layers" not in unit
 
 
-def test_cards_preflight_missed_come_from_the_driver_now_or_from_the_record():
-    # preflight saw no GPU (a driver waiting for the reboot the driver role then did)
-    commands, _ = run_op(service, facts(smi=DriverState("ok", (V100,))), settings=settings())
+def test_cards_preflight_missed_come_from_the_record_never_from_nvidia_smi_again():
+    # preflight knew no GPU (a driver waiting for the reboot the driver role then did,
+    # on a host with no record yet): the record the driver role wrote after it counts
+    no_smi = facts(recorded=(V100,))
+    del no_smi[NvidiaSmi]  # asking nvidia-smi again would raise KeyError here
+    commands, _ = run_op(service, no_smi, settings=settings())
     assert "largest that fits 16384 MiB" in commands[0][2]
-    # still waiting: the record of the last good run counts
-    commands, _ = run_op(service, facts(smi=DriverState("mismatch", ()), recorded=(V100,)), settings=settings())
-    assert "largest that fits 16384 MiB" in commands[0][2]
-    commands, _ = run_op(service, facts(smi=DriverState("missing", ()), recorded=()), settings=settings())
+    no_smi[RecordedGpus] = ()
+    commands, _ = run_op(service, no_smi, settings=settings())
     assert "(CPU; trained 2048)" in commands[0][2]
 
 

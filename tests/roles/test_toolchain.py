@@ -1,4 +1,4 @@
-"""Toolchain role: the gcc guard, the record, the non-free sources (facts in, commands out)."""
+"""Toolchain role: the gcc guard (one plan for the install and the build), the non-free sources."""
 
 import json
 from pathlib import Path
@@ -8,98 +8,82 @@ import pytest
 from pyinfra.api.exceptions import OperationError
 from pyinfra.context import ctx_state
 from pyinfra.facts.deb import DebPackages
-from pyinfra.facts.files import Directory, File, Sha1File
+from pyinfra.facts.files import File
 
 import llamarack.facts as facts
-from llamarack.facts import GccInstall, ToolchainChoice, toolchain_record
-from llamarack.hoststack import apt_install_missing, toolchain_choice
-from roles.toolchain import BUILD_PACKAGES, nonfree_sources
+from llamarack.facts import DriverState, GccInstall, Gpu
+from llamarack.operations import apt_install_missing
+from llamarack.roles.llamacpp.plan import plan_for_host
+from llamarack.roles.toolchain import BUILD_PACKAGES
+from llamarack.roles.toolchain.operations import toolkit_takes_host_compiler
+from llamarack.roles.toolchain.plan import nonfree_sources, plan_toolchain
+from llamarack.rules import HostFacts
+from llamarack.settings import load_settings
 from tests.roles.stackhost import run_op
 
 FACTS = Path(__file__).resolve().parents[1] / "facts"
-RECORD = "/opt/llamarack/state/toolchain.json"
 
 
 def fixture(fact, case):
     return getattr(facts, fact)().process(json.loads((FACTS / f"{fact}/{case}.json").read_text())["output"])
 
 
-GCC11 = ToolchainChoice(
-    backend="cuda", cuda_source="debian", cuda_home="/usr", nvcc="/usr/bin/nvcc", cuda_version="11.8",
-    cuda_full_version="11.8.89", max_gcc=11, host_compiler="/usr/bin/g++-11", host_c_compiler="/usr/bin/gcc-11",
-)  # fmt: skip
+def host_facts(gcc, toolkits=None, installable=(12, 11)):
+    """What preflight hands the toolchain role (llamarack.rules.HostFacts)."""
+    v100 = Gpu(0, "Tesla V100-SXM2-16GB", "GPU-1", 16384, "7.0", "550.127.05")
+    toolkits = fixture("CudaToolkits", "debian_11_8_and_cuda13") if toolkits is None else toolkits
+    return HostFacts(DriverState("ok", (v100,)), None, tuple(toolkits), gcc, installable)
 
 
-def host_facts(gcc, record=None, packages=None):
-    return {
-        facts.CudaToolkits: fixture("CudaToolkits", "debian_11_8_and_cuda13"),
-        facts.GccVersions: gcc,
-        facts.InstallableGccMajors: (12, 11),
-        facts.ToolchainRecord: record,
-        DebPackages: packages or {},
-        File: None,
-        Sha1File: None,
-        Directory: None,
-        (Directory, frozenset({("path", "/opt/llamarack/state")})): {"mode": 755},
-    }
+def settings(**data):
+    return load_settings("gpu01", {"python_env_backend": "venv", "toolchain_cuda_home": "/usr", **data})
 
 
-def cuda(**kw):
-    return dict(record_path=RECORD, backend="cuda", cuda_version="11.8", cuda_source="debian", **kw)
+def test_gcc12_default_plans_gcc11_installed_beside_it():
+    plan = plan_toolchain(settings(), host_facts(fixture("GccVersions", "debian12")))
+    assert (plan.cuda_home, plan.cuda_version, plan.max_gcc) == ("/usr", "11.8", 11)  # read from host_config.h
+    assert (plan.gcc_major, plan.install_gcc, plan.host_compiler) == (11, True, "/usr/bin/g++-11")
 
 
-def test_gcc12_default_gets_gcc11_installed_beside_it_and_recorded():
-    commands, _ = run_op(toolchain_choice, host_facts(fixture("GccVersions", "debian12")), **cuda())
-    assert commands[0].endswith("install --no-install-recommends gcc-11 g++-11")
-    assert commands[1:] == [f"FileUploadCommand(<StringIO>, {RECORD})", f"chmod 644 {RECORD}"]
-
-
-def test_installed_gcc11_is_chosen_without_apt_and_a_matching_record_is_a_no_op():
-    gcc = fixture("GccVersions", "debian12_with_gcc11")
-    commands, noops = run_op(toolchain_choice, host_facts(gcc, record=GCC11), **cuda())
-    assert commands == [] and noops == ["toolchain already recorded: /usr/bin/g++-11"]
-
-
-def test_record_is_the_json_the_fact_reads_back():
-    assert facts.ToolchainRecord().process(toolchain_record(GCC11).splitlines()) == GCC11
-
-
-def test_a_changed_choice_rewrites_the_record():
-    gcc = fixture("GccVersions", "debian12_with_gcc11")
-    stale = ToolchainChoice(backend="cpu")
-    commands, _ = run_op(toolchain_choice, host_facts(gcc, record=stale), **cuda())
-    assert commands == [f"FileUploadCommand(<StringIO>, {RECORD})", f"chmod 644 {RECORD}"]
+def test_installed_gcc11_is_chosen_without_apt():
+    plan = plan_toolchain(settings(), host_facts(fixture("GccVersions", "debian12_with_gcc11")))
+    assert (plan.host_compiler, plan.install_gcc) == ("/usr/bin/g++-11", False)
 
 
 def test_default_gcc_is_kept_when_the_toolkit_accepts_it():
-    gcc = GccInstall("11.4.0", {})
-    commands, _ = run_op(toolchain_choice, host_facts(gcc), **cuda())
-    assert commands == [f"FileUploadCommand(<StringIO>, {RECORD})", f"chmod 644 {RECORD}"]  # nothing installed
+    plan = plan_toolchain(settings(), host_facts(GccInstall("11.4.0", {})))
+    assert (plan.gcc_major, plan.host_compiler, plan.install_gcc) == (None, None, False)
 
 
-def test_cpu_host_records_the_backend_only():
-    commands, noops = run_op(toolchain_choice, host_facts(GccInstall("12.2.0", {}),
-                                                          record=ToolchainChoice(backend="cpu")),
-                             record_path=RECORD, backend="cpu")  # fmt: skip
-    assert commands == [] and noops == ["toolchain already recorded: cpu"]
+def test_cpu_build_has_no_toolchain_plan():
+    assert plan_toolchain(settings(llamacpp_backend="cpu"), host_facts(GccInstall("12.2.0", {}))) is None
 
 
-def test_toolkit_missing_waits_while_planning_and_fails_when_running():
+def test_a_toolkit_installed_in_this_run_is_planned_from_its_known_ceiling():
+    plan = plan_toolchain(settings(toolchain_cuda_source="debian"), host_facts(fixture("GccVersions", "debian12"), ()))
+    assert (plan.toolkit_installed, plan.max_gcc, plan.host_compiler) == (False, 11, "/usr/bin/g++-11")
+    conda = plan_toolchain(settings(toolchain_cuda_source="conda", toolchain_cuda_home=None),
+                           host_facts(fixture("GccVersions", "debian12"), ()))  # fmt: skip
+    assert conda.cuda_home == "/opt/llamarack/envs/cuda-11.8"
+
+
+def test_the_build_uses_the_toolchain_plan():
     f = host_facts(fixture("GccVersions", "debian12"))
-    f[facts.CudaToolkits] = []
-    commands, _ = run_op(toolchain_choice, f, **cuda())
+    build = plan_for_host(settings(), f)
+    assert build.host_compiler == plan_toolchain(settings(), f).host_compiler == "/usr/bin/g++-11"
+
+
+def test_installed_toolkit_check_waits_while_planning_and_fails_when_it_is_missing():
+    plan = plan_toolchain(settings(toolchain_cuda_source="debian"), host_facts(fixture("GccVersions", "debian12"), ()))
+    f = {facts.CudaToolkits: [], facts.GccVersions: fixture("GccVersions", "debian12")}
+    commands, _ = run_op(toolkit_takes_host_compiler, f, plan=plan)
     assert len(commands) == 1 and commands[0].startswith("true")
     with ctx_state.use(SimpleNamespace(is_executing=True)):
-        with pytest.raises(OperationError, match="no CUDA 11.8 toolkit on the host"):
-            run_op(toolchain_choice, f, **cuda())
-
-
-def test_no_acceptable_gcc_fails_when_running():
-    f = host_facts(fixture("GccVersions", "debian12"))
-    f[facts.InstallableGccMajors] = (12,)
-    with ctx_state.use(SimpleNamespace(is_executing=True)):
-        with pytest.raises(OperationError, match="needs gcc 11 or older"):
-            run_op(toolchain_choice, f, **cuda())
+        with pytest.raises(OperationError, match="no CUDA 11.8 toolkit in /usr"):
+            run_op(toolkit_takes_host_compiler, f, plan=plan)
+        f[facts.CudaToolkits] = fixture("CudaToolkits", "debian_11_8_and_cuda13")
+        commands, noops = run_op(toolkit_takes_host_compiler, f, plan=plan)
+        assert commands == [] and noops == ["CUDA 11.8 in /usr takes /usr/bin/g++-11"]
 
 
 def test_build_packages_make_no_apt_call_when_installed():

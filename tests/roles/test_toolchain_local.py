@@ -26,9 +26,10 @@ def test_gcc_guard_chooses_gcc_11_for_cuda_11_8_beside_default_gcc_12(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    record = json.loads((tmp_path / "state/toolchain.json").read_text())
-    assert record["cuda_version"] == "11.8" and record["cuda_home"] == "/usr"
-    assert record["max_gcc"] == 11  # read from /usr/include/crt/host_config.h
-    assert record["host_compiler"] == "/usr/bin/g++-11"
+    plan = json.loads((tmp_path / "toolchain-plan.json").read_text())
+    assert plan["cuda_version"] == "11.8" and plan["cuda_home"] == "/usr"
+    assert plan["max_gcc"] == 11  # read from /usr/include/crt/host_config.h
+    assert plan["gcc_major"] == 11 and plan["install_gcc"] is False  # gcc-11 came with the toolkit
+    assert "gcc-11 for nvcc" not in result.stdout
     # The system's default compiler is left alone.
     assert subprocess.run(["gcc", "-dumpfullversion"], capture_output=True, text=True).stdout == default_gcc

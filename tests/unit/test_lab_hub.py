@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from llamarack.hub import repo_files
+from llamarack.roles.model.hub import repo_files
 from llamarack.lab import services, tiny_model
 from llamarack.lab.hub_server import HubServer, Repo
 from llamarack.lab.tiny_model import TINY_MODEL_REVISION

@@ -6,14 +6,15 @@ lab hosts with real builds: tests/lab/test_llamacpp_build.py.
 
 import hashlib
 import json
+import platform
 import subprocess
 import sys
 from pathlib import Path
 
 from llamarack.remote import llamacpp_proof as proof
-from llamarack.remote import ship
+from llamarack import remote
 
-GGUF_HEADER = Path(proof.__file__).resolve().parents[1] / "gguf_header.py"
+GGUF_HEADER = remote.path("gguf_header")
 
 
 def test_smoke_gguf_is_the_same_bytes_every_time():
@@ -74,14 +75,33 @@ def test_exit_reasons_name_the_signal():
     assert proof._exit_reason(1) == "exited with status 1"
 
 
-def test_ship_finds_host_modules_only():
-    assert ship("llamacpp_proof").read_text().startswith("# Runs on the host")
+def test_every_host_module_says_so_imports_no_llamarack_and_fits_one_command():
+    import ast
+
+    names = sorted(p.stem for p in remote.HERE.glob("*.py") if p.stem != "__init__")
+    assert {"llamacpp_proof", "model_fetch", "pyenv_check", "gguf_header", "wait_healthy"} <= set(names)
+    for name in names:
+        text = remote.source(name)
+        assert text.startswith("# Runs on the host (standard library only"), name
+        imported = {a.name.split(".")[0] for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module.split(".")[0] for n in ast.walk(ast.parse(text))
+                     if isinstance(n, ast.ImportFrom) and n.module and n.level == 0}
+        assert not imported & {"llamarack", "pyinfra", "requests", "jinja2", "click"}, (name, imported)
+        assert len(remote.command(name, "x").encode()) < 128 * 1024  # one argv string under sudo sh -c
+
+
+def test_command_runs_a_host_module_from_its_source(tmp_path):
+    import subprocess
+
+    out = subprocess.run(remote.command("env_packages", python=sys.executable), shell=True,
+                         capture_output=True, text=True, check=True, cwd=tmp_path).stdout
+    assert json.loads(out)["python"] == platform.python_version()
     try:
-        ship("nope")
+        remote.path("nope")
     except FileNotFoundError as e:
         assert "nope" in str(e)
     else:
-        raise AssertionError("ship() found a module that does not exist")
+        raise AssertionError("remote.path() found a module that does not exist")
 
 
 def test_flags_fact_carries_the_args_the_proof_needed():

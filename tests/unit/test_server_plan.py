@@ -8,8 +8,8 @@ import pytest
 
 from llamarack.facts import parse_server_help
 from llamarack.facts.llamacpp import ServerFlags
-from llamarack.gguf_header import GgufError, read_shape
-from llamarack.server_plan import (
+from llamarack.remote.gguf_header import GgufError, read_shape
+from llamarack.roles.server.plan import (
     MIB,
     PlanError,
     kv_bytes_per_token,

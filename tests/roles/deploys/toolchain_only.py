@@ -1,8 +1,23 @@
-"""The toolchain role alone, for the local test against this machine's real CUDA toolkit."""
+"""The toolchain role alone, for the local test against this machine's real CUDA toolkit.
+
+This machine has no GPU driver, so the facts are read without preflight's
+rules; the run's toolchain plan is written to ``<root>/toolchain-plan.json``
+(control machine and host are one here) for the test to read.
+"""
+
+import dataclasses
+import json
+from pathlib import Path
 
 from pyinfra import host
 
+from llamarack.roles.preflight import gather
+from llamarack.roles.toolchain import toolchain
+from llamarack.roles.toolchain.plan import plan_toolchain
 from llamarack.settings import settings_for
-from roles.toolchain import toolchain
 
-toolchain(settings_for(host))
+settings = settings_for(host)
+facts = gather(settings)
+toolchain(settings, facts)
+plan = plan_toolchain(settings, facts)
+Path(settings.general.root, "toolchain-plan.json").write_text(json.dumps(dataclasses.asdict(plan)))

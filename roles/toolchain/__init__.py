@@ -14,8 +14,8 @@ the toolkit comes from ``toolchain_cuda_source``:
 
 Then the gcc guard: the toolkit's own ``crt/host_config.h`` says the newest
 gcc it takes; a newer default gcc stays the default and a versioned gcc-N
-is installed beside it. The choice goes to ``<root>/state/toolchain.json``
-(fact ``ToolchainRecord``), which the llama.cpp build reads.
+is installed beside it. The choice is ``plan.plan_toolchain``, the same one
+the llama.cpp role builds with.
 """
 
 from io import StringIO
@@ -28,8 +28,12 @@ from pyinfra.facts.server import LinuxDistribution
 from pyinfra.operations import apt, files
 
 from llamarack.facts import CmakeVersion, DebianSources
-from llamarack.hoststack import apt_install_missing, conda_env, miniforge, toolchain_choice
+from llamarack.operations import apt_install_missing, conda_env, miniforge
+from llamarack.rules import HostFacts
 from llamarack.settings import Settings
+
+from .operations import toolkit_takes_host_compiler
+from .plan import conda_cuda_env, nonfree_sources, plan_toolchain
 
 BUILD_PACKAGES = ["git", "cmake", "build-essential", "ccache", "pkg-config"]
 # The pinned llama.cpp's CMakeLists.txt: cmake_minimum_required(VERSION 3.14).
@@ -38,43 +42,14 @@ CUDA_SOURCES_FILE = "/etc/apt/sources.list.d/llamarack-cuda.sources"
 CONDA_CUDA_PACKAGES = ["cuda-nvcc", "cuda-cudart-dev", "libcublas-dev"]
 
 
-def record_path(settings: Settings) -> str:
-    return settings.general.state_file("toolchain.json")
-
-
-def conda_cuda_env(settings: Settings) -> str:
-    return f"{settings.general.root}/envs/cuda-{settings.toolchain.cuda_version}"
-
-
-def nonfree_sources(stanzas: tuple) -> str:
-    """deb822 stanzas adding contrib and non-free to each Debian archive the host uses.
-
-    Same URIs, suites and Signed-By as the host's own stanzas (security
-    included: the toolkit's libraries get security updates there too).
-    Returns "" when every stanza already has both components.
-    """
-    out = []
-    for stanza in stanzas:
-        components = set(stanza.get("Components", "").split())
-        if "deb" not in stanza.get("Types", "").split() or {"contrib", "non-free"} <= components:
-            continue
-        lines = ["Types: deb", f"URIs: {stanza['URIs']}", f"Suites: {stanza['Suites']}",
-                 "Components: contrib non-free"]  # fmt: skip
-        if "Signed-By" in stanza:
-            lines.append(f"Signed-By: {stanza['Signed-By']}")
-        out.append("\n".join(lines) + "\n")
-    if not out:
-        return ""
-    return "# Written by llamarack (toolchain_cuda_source = 'debian'): nvidia-cuda-toolkit\n" + "\n".join(out)
-
-
 @deploy("llamarack toolchain")
-def toolchain(settings: Settings):
+def toolchain(settings: Settings, facts: HostFacts):
     """
     Install the build packages and, on CUDA builds, the toolkit and a host compiler it accepts.
 
     + settings: the host's settings (``toolchain_*``; ``llamacpp_backend``; the conda
       installer of ``python_env_*`` with source conda)
+    + facts: what preflight read (toolkits, gcc)
     """
     t = settings.toolchain
     cuda = settings.llamacpp.backend == "cuda"
@@ -122,7 +97,7 @@ def toolchain(settings: Settings):
                 f"{host.name}: toolchain_cuda_source 'conda' needs python_env_conda_installer_sha256 "
                 "(the Miniforge installer is pinned by its sha256)"
             )
-        conda_root = f"{settings.general.root}/conda"
+        conda_root = settings.layout.conda
         miniforge(name="Miniforge", installer_url=p.conda_installer_url,
                   installer_sha256=p.conda_installer_sha256, prefix=conda_root)  # fmt: skip
         env = conda_cuda_env(settings)
@@ -136,14 +111,18 @@ def toolchain(settings: Settings):
         )
         extra_homes = (env,)
 
-    files.directory(name="llamarack state directory", path=f"{settings.general.root}/state", mode="755")
-    toolchain_choice(
-        name="CUDA host compiler and toolchain record" if cuda else "Toolchain record",
-        record_path=record_path(settings),
-        backend=settings.llamacpp.backend,
-        cuda_version=t.cuda_version if cuda else None,
-        cuda_source=t.cuda_source if cuda else None,
-        cuda_home=(t.cuda_home or (extra_homes[0] if extra_homes else None)) if cuda else None,
-        install_gcc=t.install_gcc,
-        extra_homes=extra_homes,
-    )
+    plan = plan_toolchain(settings, facts)
+    if plan is None:
+        return
+    if plan.install_gcc:
+        apt_install_missing(
+            name=f"gcc-{plan.gcc_major} for nvcc (CUDA {plan.cuda_version} takes gcc {plan.max_gcc} or older)",
+            packages=[f"gcc-{plan.gcc_major}", f"g++-{plan.gcc_major}"],
+            cache_time=t.apt_cache_time,
+        )
+    if not plan.toolkit_installed:
+        toolkit_takes_host_compiler(
+            name=f"CUDA {plan.cuda_version} takes {plan.host_compiler or 'the default gcc'}",
+            plan=plan,
+            extra_homes=extra_homes,
+        )

@@ -24,11 +24,13 @@ from typing import Optional
 
 import jinja2
 
-from .build import serving_inputs
-from .facts.llamacpp import ServerFlags
-from .remote.llamacpp_proof import serving_args
-from .rules import Failure
-from .settings import Settings
+from llamarack.facts.llamacpp import ServerFlags
+from llamarack.layout import API_KEY_PATH
+from llamarack.remote.llamacpp_proof import serving_args
+from llamarack.rules import Failure
+from llamarack.settings import Settings
+
+from ..llamacpp.plan import serving_inputs
 
 # Bytes per stored value of each KV cache type (GGML block size / values per block).
 KV_TYPE_BYTES = {
@@ -42,10 +44,10 @@ CTX_STEP = 256
 MIN_CTX = 512
 MIB = 2**20
 
-UNIT_NAME = "llamarack-server.service"
-UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
-API_KEY_PATH = "/etc/llamarack/server-api-key"
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+# The role's templates. A file of the same name in an override folder the
+# deploy names (the project's top-level templates/, for deploy.py) replaces one.
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+UNIT_TEMPLATE = "llama-server.service.j2"
 # The unit names its own health URL: a rollback checks the previous unit's address.
 HEALTH_MARK = "# llamarack health: "
 
@@ -171,10 +173,12 @@ def health_url(settings: Settings) -> str:
     return f"http://{addr}:{settings.server.port}/health"
 
 
-def render_unit(settings: Settings, args: list[str], description: str) -> str:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+def render_unit(settings: Settings, args: list[str], description: str, overrides: tuple = ()) -> str:
+    """The unit file; ``overrides``: folders whose templates win over the role's own."""
+    dirs = [str(d) for d in overrides if Path(d).is_dir()] + [str(TEMPLATES)]
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(dirs),
                              keep_trailing_newline=True, undefined=jinja2.StrictUndefined)  # fmt: skip
-    return env.get_template("llama-server.service.j2").render(
+    return env.get_template(UNIT_TEMPLATE).render(
         description=description,
         health_line=HEALTH_MARK + health_url(settings),
         user=settings.general.service_user,

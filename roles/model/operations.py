@@ -15,26 +15,36 @@ from io import StringIO
 from pathlib import Path
 from typing import Optional
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.facts.files import Link
 
-from .facts import FreeDiskBytes, ModelArtifact
-from .hub import read_token
-from .model_plan import ModelPlan
-from .operations import refusal
+from llamarack import remote
+from llamarack.facts import FreeDiskBytes, ModelArtifact
+from llamarack.layout import Layout
+from llamarack.operations import executing, refusal, secret_upload
+from llamarack.secrets import read_token
 
-FETCHER = Path(__file__).with_name("model_fetch.py")
+from .plan import ModelPlan
 
 
 def tools(root: str) -> dict:
     """Where the other roles put what this one runs (python env, llama.cpp roles)."""
+    layout = Layout(root)
     return {
         "python": "python3",  # the host's own: the fetcher needs only the standard library
-        "convert_python": f"{root}/envs/convert/bin/python",
-        "convert_script": f"{root}/src/llama.cpp/convert_hf_to_gguf.py",
-        "quantize": f"{root}/builds/current/bin/llama-quantize",
+        "convert_python": f"{layout.env('convert')}/bin/python",
+        "convert_script": f"{layout.src}/convert_hf_to_gguf.py",
+        "quantize": f"{layout.current_build}/bin/llama-quantize",
     }
+
+
+def _logged(command: str, log: str, after: str = "") -> str:
+    """``command`` with its output appended to ``log``; on failure the log's tail goes to
+    stderr (what pyinfra shows), and ``after`` runs whatever the result."""
+    q = shlex.quote
+    return (f"{{ {command} >> {q(log)} 2>&1; rc=$?; {after + '; ' if after else ''}"
+            f"[ $rc = 0 ] || {{ tail -n 40 {q(log)} >&2; exit $rc; }}; }}")  # fmt: skip
 
 
 def _json(data: dict) -> StringIO:
@@ -51,7 +61,9 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
     + tool_paths: override ``tools(plan.root)`` (python, convert_python, convert_script, quantize)
 
     The token goes to the host as a mode-600 file inside the mode-700 staging
-    directory and is removed as soon as the fetch ends, whatever its result.
+    directory, only when a fetch runs, and is removed as soon as it ends,
+    whatever its result. Fetch, convert and quantize each write a log in the
+    staging directory (it becomes the artifact's), whose path is printed.
     """
     t = {**tools(plan.root), **(tool_paths or {})}
     q = shlex.quote
@@ -76,38 +88,42 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
             yield f"rm -rf {q(d)}"
         yield (f"install -d -m 755 {q(plan.models_dir)} && "
                f"install -d -m 700 {q(plan.models_dir + '/.staging')} {q(s)}")  # fmt: skip
-        yield FileUploadCommand(str(FETCHER), f"{s}/model_fetch.py")
         yield FileUploadCommand(_json(plan.manifest()), f"{s}/manifest.json")
         yield FileUploadCommand(_json(plan.record()), f"{s}/stamp.plan.json")
 
+        fetcher = lambda *args: remote.command("model_fetch", *args, python=t["python"])  # noqa: E731
+        fetch_cmd = fetcher("fetch", "--manifest", f"{s}/manifest.json",
+                            "--dest", f"{s}/hf" if plan.converts else s, "--retries", str(plan.retries))  # fmt: skip
         token = read_token(token_file)
-        fetch = [t["python"], f"{s}/model_fetch.py", "fetch", "--manifest", f"{s}/manifest.json",
-                 "--dest", f"{s}/hf" if plan.converts else s, "--retries", str(plan.retries)]  # fmt: skip
-        cleanup = ""
+        after = ""
         if token:
-            yield FileUploadCommand(StringIO(token + "\n"), f"{s}/hub-token")
-            yield f"chmod 600 {q(s + '/hub-token')}"
-            fetch += ["--token-file", f"{s}/hub-token"]
-            cleanup = f"; rc=$?; rm -f {q(s + '/hub-token')}; exit $rc"
-        fetch_cmd = " ".join(q(a) for a in fetch)
+            # Needed only here: uploaded right before the fetch, removed whatever its result.
+            token_path = f"{s}/hub-token"
+            yield from secret_upload(token, token_path, mode="600")
+            fetch_cmd += " --token-file " + q(token_path)
+            after = f"rm -f {q(token_path)}"
+        if executing():
+            logger.info(f"{host.print_prefix}model {name}: {plan.describe_fetch()}; follow each step "
+                        f"with: tail -f {s}/fetch.log (then convert.log, quantize.log)")  # fmt: skip
 
         if not plan.converts:
-            yield f"{fetch_cmd}{cleanup}"
+            yield _logged(fetch_cmd, f"{s}/fetch.log", after)
         else:
             unquantized = f"{s}/model.gguf" if not plan.quantizes else f"{s}/model-{plan.outtype}.gguf"
             # Each step skips when its output exists, so a rerun resumes where one failed.
-            yield f"if [ ! -f {q(unquantized)} ] && [ ! -f {q(s + '/model.gguf')} ]; then {fetch_cmd}{cleanup}; fi"
-            yield (f"[ -f {q(unquantized)} ] || [ -f {q(s + '/model.gguf')} ] || "
-                   f"{{ {q(t['convert_python'])} {q(t['convert_script'])} {q(s + '/hf')} "
-                   f"--outtype {plan.outtype} --outfile {q(unquantized + '.tmp')} && "
+            done = f"[ -f {q(unquantized)} ] || [ -f {q(s + '/model.gguf')} ]"
+            yield f"{done} || {_logged(fetch_cmd, f'{s}/fetch.log', after)}"
+            convert = (f"{q(t['convert_python'])} {q(t['convert_script'])} {q(s + '/hf')} "
+                       f"--outtype {q(plan.outtype)} --outfile {q(unquantized + '.tmp')}")  # fmt: skip
+            yield (f"{done} || {{ {_logged(convert, f'{s}/convert.log')} && "
                    f"mv {q(unquantized + '.tmp')} {q(unquantized)}; }}")  # fmt: skip
             if plan.quantizes:
-                yield (f"[ -f {q(s + '/model.gguf')} ] || "
-                       f"{{ {q(t['quantize'])} {q(unquantized)} {q(s + '/model.gguf.tmp')} {plan.quant} && "
+                quantize = f"{q(t['quantize'])} {q(unquantized)} {q(s + '/model.gguf.tmp')} {q(plan.quant)}"
+                yield (f"[ -f {q(s + '/model.gguf')} ] || {{ {_logged(quantize, f'{s}/quantize.log')} && "
                        f"mv {q(s + '/model.gguf.tmp')} {q(s + '/model.gguf')}; }}")  # fmt: skip
-        yield (f"{q(t['python'])} {q(s + '/model_fetch.py')} seal --stamp {q(s + '/stamp.plan.json')} "
-               f"--gguf {q(s + '/model.gguf')} --out {q(s + '/stamp.json')}")  # fmt: skip
-        scratch = [f"{s}/model_fetch.py", f"{s}/manifest.json", f"{s}/stamp.plan.json"]
+        yield fetcher("seal", "--stamp", f"{s}/stamp.plan.json", "--gguf", f"{s}/model.gguf",
+                      "--out", f"{s}/stamp.json")  # fmt: skip
+        scratch = [f"{s}/manifest.json", f"{s}/stamp.plan.json"]
         if plan.converts and not plan.keep_intermediates:
             scratch += [f"{s}/hf"] + ([f"{s}/model-{plan.outtype}.gguf"] if plan.quantizes else [])
         yield "rm -rf " + " ".join(q(p) for p in scratch)

@@ -1,10 +1,10 @@
 """Server: llama-server under systemd, serving the current model with the current build.
 
-    /etc/systemd/system/llamarack-server.service   the unit (templates/llama-server.service.j2)
+    /etc/systemd/system/llamarack-server.service   the unit (templates/llama-server.service.j2 here)
     /etc/llamarack/server-api-key                  the API key, when server_api_key_file is set
 
 The context is planned from the GGUF's own header and the smallest card
-(``llamarack.server_plan``): ``server_ctx_size`` None serves the largest
+(``plan.py``): ``server_ctx_size`` None serves the largest
 that fits, a given one that does not fit is refused before anything is
 touched. The flags are those the built binary's ``--help`` accepts (mmap
 off is ``--load-mode none`` or ``--no-mmap``). A changed unit is switched
@@ -22,8 +22,9 @@ from pyinfra.operations import server
 
 from llamarack.operations import report
 from llamarack.rules import HostFacts
-from llamarack.server_ops import service
 from llamarack.settings import Settings
+
+from .operations import service
 
 
 def public_url(settings: Settings) -> str:
@@ -33,13 +34,16 @@ def public_url(settings: Settings) -> str:
 
 
 @deploy("llama-server")
-def llama_server(settings: Settings, facts: HostFacts):
+def llama_server(settings: Settings, facts: HostFacts, templates: tuple = ()):
     """
     Run llama-server as a system service and check that it answers.
 
     + settings: the host's settings (``server_*``, ``llamarack_service_user``)
-    + facts: what preflight read; where its driver listed no GPU (a mismatch the
-      driver role reboots away), the service operation reads them again
+    + facts: what preflight read; where it knew no GPU (a mismatch the driver role
+      reboots away, on a host with no record yet), the service reads the record the
+      driver role wrote after the reboot
+    + templates: folders whose templates replace the role's own, e.g. the project's
+      ``templates/`` (``deploy.py`` passes it)
     """
     user = settings.general.service_user
     server.user(
@@ -55,7 +59,8 @@ def llama_server(settings: Settings, facts: HostFacts):
     service(
         name=f"llama-server at {url} ({key})",
         settings=settings,
-        gpus=facts.driver.gpus,
+        gpus=facts.gpus,
+        templates=tuple(templates),
     )
     report(
         name="How to reach it",

@@ -25,46 +25,22 @@ from pyinfra.facts.files import FileContents, Link, Sha1File
 from pyinfra.operations.util.files import generate_color_diff
 from pyinfra.facts.systemd import SystemdStatus
 
-from .facts import GgufShape, LlamaServerFlags, NvidiaSmi, RecordedGpus
-from .hub import read_token
-from .operations import refusal
-from .server_plan import (
-    API_KEY_PATH,
-    HEALTH_MARK,
-    UNIT_NAME,
-    UNIT_PATH,
-    PlanError,
-    plan_context,
-    render_unit,
-    server_args,
-)
-from .settings import Settings
+from llamarack import remote
+from llamarack.facts import GgufShape, LlamaServerFlags, RecordedGpus
+from llamarack.layout import API_KEY_PATH, UNIT_NAME, UNIT_PATH
+from llamarack.operations import refusal, secret_upload
+from llamarack.secrets import read_token
+from llamarack.settings import Settings
 
-# Waits for the unit's /health to answer 200 (llama-server answers 503 while it
-# loads), with a deadline in seconds; gives up at once when the service
-# crashed and waits to restart. Exit 0: healthy.
-_WAIT_HEALTHY_PY = """
-import subprocess, sys, time, urllib.request
-url, unit, deadline = sys.argv[1], sys.argv[2], time.monotonic() + float(sys.argv[3])
-while time.monotonic() < deadline:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            if r.status == 200:
-                sys.exit(0)
-    except Exception:
-        pass
-    if subprocess.run(["systemctl", "is-active", "-q", unit]).returncode != 0:
-        sys.exit(f"{unit} stopped before {url} answered 200 (its journal follows)")
-    time.sleep(1)
-sys.exit(f"no 200 from {url} within {sys.argv[3]} s")
-"""
-def _linked(root: str, name: str) -> Optional[str]:
-    """The directory ``<root>/<name>/current`` points at, or None."""
-    link = host.get_fact(Link, path=f"{root}/{name}/current")
+from .plan import HEALTH_MARK, PlanError, plan_context, render_unit, server_args
+
+def _linked(current: str) -> Optional[str]:
+    """The directory the link ``current`` (``builds/current``, ``models/current``) points at, or None."""
+    link = host.get_fact(Link, path=current)
     if not link or not link.get("link_target"):
         return None
     target = link["link_target"]
-    return target if target.startswith("/") else f"{root}/{name}/{target}"
+    return target if target.startswith("/") else f"{current.rsplit('/', 1)[0]}/{target}"
 
 
 def switch_script(settings: Settings) -> str:
@@ -75,7 +51,7 @@ def switch_script(settings: Settings) -> str:
     return f"""
 health() {{
   url=$(sed -n 's|^{HEALTH_MARK}||p' {u})
-  python3 -c {shlex.quote(_WAIT_HEALTHY_PY)} "$url" {svc} "$1"
+  {remote.command("wait_healthy")} "$url" {svc} "$1"
 }}
 rollback() {{
   printf 'llama-server: %s\\n' "$1" >&2
@@ -116,24 +92,19 @@ def _show_unit_diff(unit: str) -> None:
 
 
 def _cards(settings: Settings, seen: tuple) -> tuple:
-    """The GPUs preflight saw; when it saw none (a driver waiting for the reboot
-    that the driver role may have done since), those the driver lists now, else
-    those recorded at the last run where it answered; () for none."""
-    if seen:
-        return seen
-    smi = host.get_fact(NvidiaSmi)
-    if smi.state == "ok" and smi.gpus:
-        return smi.gpus
-    return host.get_fact(RecordedGpus, path=settings.general.state_file("gpus.json")) or ()
+    """The run's GPUs: preflight's (``HostFacts.gpus``); when it had none (a driver
+    that hid them until the driver role's reboot), the record that role wrote."""
+    return seen or host.get_fact(RecordedGpus, path=settings.layout.gpus_record) or ()
 
 
 @operation()
-def service(settings: Settings, gpus: tuple = ()):
+def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     """
     Serve ``models/current`` with ``builds/current`` under systemd.
 
     + settings: the host's settings (server, general, llamacpp backend)
-    + gpus: the GPUs preflight saw (``facts.driver.gpus``); empty: read again when this runs
+    + gpus: the run's GPUs (``HostFacts.gpus``); empty: the record, read when this runs
+    + templates: folders whose templates replace the role's own (the project's templates/)
 
     The smallest of the host's GPUs bounds the context; a host without GPUs
     serves from the CPU, bounded by the model's trained context only.
@@ -144,8 +115,8 @@ def service(settings: Settings, gpus: tuple = ()):
     back and restarted. The API key goes to the host as a file (mode 640,
     group of the service user), never on a command line.
     """
-    s, root = settings.server, settings.general.root
-    build_dir, model_dir = _linked(root, "builds"), _linked(root, "models")
+    s, root, layout = settings.server, settings.general.root, settings.layout
+    build_dir, model_dir = _linked(layout.current_build), _linked(layout.current_model)
     flags = host.get_fact(LlamaServerFlags, root=root)
     shape = host.get_fact(GgufShape, path=f"{model_dir}/model.gguf") if model_dir else None
     if not (build_dir and flags and shape):
@@ -169,7 +140,7 @@ def service(settings: Settings, gpus: tuple = ()):
         return
 
     unit = render_unit(settings, args, f"llamarack llama-server: {Path(model_dir).name} "
-                                       f"({shape['architecture']}, {ctx.note})")  # fmt: skip
+                                       f"({shape['architecture']}, {ctx.note})", templates)  # fmt: skip
     unit_changed = host.get_fact(Sha1File, path=UNIT_PATH) != hashlib.sha1(unit.encode()).hexdigest()
     if unit_changed:
         _show_unit_diff(unit)
@@ -179,10 +150,7 @@ def service(settings: Settings, gpus: tuple = ()):
     key_changed = False
     if key is not None and host_key_sha1 != hashlib.sha1((key + "\n").encode()).hexdigest():
         key_changed = True
-        k = shlex.quote(API_KEY_PATH)
-        yield f"install -d -m 755 {shlex.quote(str(Path(API_KEY_PATH).parent))} && install -m 640 -g {shlex.quote(settings.general.service_user)} /dev/null {k}.new"  # noqa: E501
-        yield FileUploadCommand(StringIO(key + "\n"), f"{API_KEY_PATH}.new")
-        yield f"chmod 640 {k}.new && chgrp {shlex.quote(settings.general.service_user)} {k}.new && mv -f {k}.new {k}"
+        yield from secret_upload(key + "\n", API_KEY_PATH, mode="640", group=settings.general.service_user)
     elif key is None and host_key_sha1 is not None:
         key_changed = True
         yield f"rm -f {shlex.quote(API_KEY_PATH)}"

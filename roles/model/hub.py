@@ -11,7 +11,7 @@ huggingface_hub's ``HfApi.model_info(files_metadata=True)`` reads). LFS
 files come with their sha256; small non-LFS files (config.json,
 tokenizer_config.json) only with their git blob id, which is itself a hash
 of the content, so the host checks those by blob id instead of fetching them
-here to hash (see ``llamarack/model_fetch.py``).
+here to hash (see ``llamarack/remote/model_fetch.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 import requests
 
-from .errors import ModelSourceError
+from llamarack.errors import ModelSourceError
 
 
 @dataclass(frozen=True)
@@ -46,21 +46,6 @@ class HubListing:
     repo: str
     sha: str  # the full commit sha the hub resolved the revision to
     files: tuple[HubFile, ...]
-
-
-def read_token(path: Optional[str], setting: str = "model_hf_token_file") -> Optional[str]:
-    """A secret (the hub token, the server's API key) from a file on the control
-    machine, named by ``setting`` in errors; never printed or logged."""
-    if not path:
-        return None
-    try:
-        with open(path) as f:
-            token = f.read().strip()
-    except OSError as e:
-        raise ModelSourceError(f"{setting}: cannot read {path}: {e.strerror}") from None
-    if not token:
-        raise ModelSourceError(f"{setting}: {path} is empty")
-    return token
 
 
 @functools.lru_cache(maxsize=32)

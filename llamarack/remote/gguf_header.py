@@ -1,3 +1,4 @@
+# Runs on the host (standard library only, imports nothing from llamarack; run by llamarack.remote.command).
 """Read what the context planner needs from a GGUF file's header.
 
 Standard library only: the ``GgufShape`` fact runs this file's source with

@@ -5,7 +5,7 @@ module) or ``conda`` (Miniforge under ``<root>/conda``, its installer pinned
 by sha256; envs with ``python=<version>`` from the configured channels).
 Envs live in ``<root>/envs/awq`` and ``<root>/envs/convert``.
 
-The pins are installed deliberately (see ``llamarack/pyenv.py`` for why):
+The pins are installed deliberately (see ``plan.py`` for why):
 resolve the whole set first and name each conflict, torch alone from its
 index, the rest with torch and numpy held by constraints, autoawq with
 ``--no-deps`` plus what it really imports; then an import test. A converged
@@ -19,31 +19,24 @@ from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import files
 
-from llamarack.hoststack import apt_install_missing, conda_env, converter_pins, miniforge, pip_pins, venv
-from llamarack.pyenv import awq_plan
+from llamarack.operations import apt_install_missing, conda_env, miniforge
 from llamarack.rules import HostFacts, build_archs
 from llamarack.settings import Settings
 
-
-def env_path(settings: Settings, name: str) -> str:
-    return f"{settings.general.root}/envs/{name}"
-
-
-def check_script(settings: Settings) -> str:
-    return f"{settings.general.root}/lib/pyenv_check.py"
+from .operations import converter_pins, pip_pins, venv
+from .plan import awq_plan
 
 
 def converter_requirements_path(settings: Settings) -> str:
-    return f"{settings.general.root}/src/llama.cpp/requirements/requirements-convert_hf_to_gguf.txt"
+    return f"{settings.layout.src}/requirements/requirements-convert_hf_to_gguf.txt"
 
 
 def _make_env(settings: Settings, name: str) -> str:
     """Create the env's interpreter with the configured backend; return the env prefix."""
     s = settings.python_env
-    root = settings.general.root
-    env = env_path(settings, name)
-    files.directory(name="llamarack envs and lib", path=f"{root}/envs", mode="755")
-    files.directory(name="llamarack lib", path=f"{root}/lib", mode="755")
+    layout = settings.layout
+    env = layout.env(name)
+    files.directory(name="llamarack envs", path=layout.envs, mode="755")
     if s.backend == "venv":
         apt_install_missing(
             name=f"python{s.python_version} and its venv module",
@@ -55,7 +48,7 @@ def _make_env(settings: Settings, name: str) -> str:
     else:
         if not s.conda_installer_sha256:
             raise DeployError(f"{host.name}: python_env_conda_installer_sha256 is required with conda")
-        conda_root = f"{root}/conda"
+        conda_root = layout.conda
         miniforge(name="Miniforge", installer_url=s.conda_installer_url,
                   installer_sha256=s.conda_installer_sha256, prefix=conda_root)  # fmt: skip
         conda_env(
@@ -83,7 +76,6 @@ def python_env(settings: Settings, facts: Optional[HostFacts] = None):
     pip_pins(
         name="AWQ env pins (resolve, install, verify)",
         plan=awq_plan(settings, env, archs),
-        check_script=check_script(settings),
     )
 
 
@@ -103,5 +95,4 @@ def converter_env(settings: Settings, requirements_path: str = None):
         settings=settings,
         requirements_path=requirements_path or converter_requirements_path(settings),
         env=env,
-        check_script=check_script(settings),
     )

@@ -14,21 +14,23 @@ from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import server
 
-from llamarack.facts import NvidiaSmi
-from llamarack.hoststack import driver_answers, driver_package_holds
 from llamarack.operations import record_gpus
+from llamarack.rules import HostFacts
 from llamarack.settings import Settings
+
+from .operations import driver_answers, driver_package_holds
 
 
 @deploy("llamarack driver")
-def driver(settings: Settings):
+def driver(settings: Settings, facts: HostFacts):
     """
     Hold (or unhold) the driver packages; reboot once on a library/module mismatch if allowed.
 
     + settings: the host's settings (``driver_*``)
+    + facts: what preflight read (the driver's state)
     """
     s = settings.driver
-    state = host.get_fact(NvidiaSmi)
+    state = facts.driver
     # The mismatch only ends with the reboot itself, so this branch is read
     # once, before anything runs; the check after the reboot reads nvidia-smi anew.
     if state.state == "mismatch":
@@ -49,7 +51,7 @@ def driver(settings: Settings):
         # Preflight could not record the cards while the mismatch hid them.
         record_gpus(
             name="Record the GPUs the driver lists after the reboot",
-            path=settings.general.state_file("gpus.json"),
+            path=settings.layout.gpus_record,
             _if=reboot.did_change,
         )
 

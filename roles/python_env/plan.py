@@ -20,8 +20,8 @@ from typing import Optional
 
 from packaging.requirements import Requirement
 
-from .facts.python import canonical
-from .settings import Settings
+from llamarack.facts.python import canonical
+from llamarack.settings import Settings
 
 AWQ_IMPORTS = ("import torch, transformers, accelerate", "from awq import AutoAWQForCausalLM")
 # Distribution name -> import statement, for the converter env's import test.

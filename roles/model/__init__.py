@@ -25,10 +25,12 @@ from urllib.parse import urlsplit
 from pyinfra.api import deploy
 
 from llamarack.errors import ModelSourceError
-from llamarack.hub import HubListing, read_token, repo_files
-from llamarack.model_ops import artifact
-from llamarack.model_plan import ModelPlan, plan_model
+from llamarack.secrets import read_token
 from llamarack.settings import Settings
+
+from .hub import HubListing, repo_files
+from .operations import artifact
+from .plan import ModelPlan, plan_model
 
 
 def listing_for(settings: Settings) -> Optional[HubListing]:
@@ -51,7 +53,7 @@ def model(settings: Settings, tool_paths: Optional[dict] = None) -> ModelPlan:
 
     + settings: the host's settings
     + tool_paths: where the converter python/script and llama-quantize are, when not
-      at the default places under the root (``llamarack.model_ops.tools``)
+      at the default places under the root (``operations.tools``)
     """
     plan = plan_for(settings)
     token_file = settings.model.hf_token_file if settings.model.source != "url" else None

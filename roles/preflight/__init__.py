@@ -24,6 +24,8 @@ from llamarack.operations import record_gpus, refuse
 from llamarack.rules import HostFacts, evaluate
 from llamarack.settings import Settings
 
+from ..toolchain.plan import toolkit_search_homes
+
 
 def gather(settings: Settings) -> HostFacts:
     """Read everything the rules look at; the CUDA-only facts only on CUDA builds."""
@@ -31,10 +33,10 @@ def gather(settings: Settings) -> HostFacts:
     return HostFacts(
         driver=host.get_fact(NvidiaSmi),
         module=host.get_fact(NvidiaKernelModule),
-        toolkits=tuple(host.get_fact(CudaToolkits)) if cuda else (),
+        toolkits=tuple(host.get_fact(CudaToolkits, extra_homes=toolkit_search_homes(settings))) if cuda else (),
         gcc=host.get_fact(GccVersions),
         gcc_installable=host.get_fact(InstallableGccMajors) if cuda else (),
-        recorded_gpus=host.get_fact(RecordedGpus, path=settings.general.state_file("gpus.json")),
+        recorded_gpus=host.get_fact(RecordedGpus, path=settings.layout.gpus_record),
     )
 
 
@@ -64,5 +66,6 @@ def preflight(settings: Settings) -> Optional[HostFacts]:
         return None
 
     if facts.driver.gpus:
-        record_gpus(name="Record the GPUs the driver lists", path=settings.general.state_file("gpus.json"))
+        record_gpus(name="Record the GPUs the driver lists", path=settings.layout.gpus_record,
+                    gpus=facts.driver.gpus, recorded=facts.recorded_gpus)  # fmt: skip
     return facts

@@ -10,13 +10,18 @@ which is an input).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from .remote import ship
-from .settings import X86_FEATURES, Settings
+from llamarack import remote
+from llamarack.rules import HostFacts, build_archs
+from llamarack.settings import X86_FEATURES, Settings
+
+from ..toolchain.plan import plan_toolchain
 
 # What we ship. llama-cli is cheap once ggml is built and handy for checks.
 TARGETS = ("llama-server", "llama-quantize", "llama-bench", "llama-cli")
@@ -26,8 +31,7 @@ BUILD_RECIPE = 2
 
 # The smoke run is part of the recipe: a change to its script (model or command)
 # makes a new stamp, so every build is proven again by the new proof.
-PROOF_SCRIPT = ship("llamacpp_proof")
-PROOF_SCRIPT_SHA256 = hashlib.sha256(PROOF_SCRIPT.read_bytes()).hexdigest()
+PROOF_SCRIPT_SHA256 = hashlib.sha256(remote.source("llamacpp_proof").encode()).hexdigest()
 
 # Rebuilds the smoke run falls back to when the build as asked cannot compute
 # (llamacpp_cpu_fallback): fewer x86 extensions each time. x86-64-v3 is what
@@ -161,3 +165,23 @@ def plan_build(
         json.dumps({"recipe": BUILD_RECIPE, **inputs}, sort_keys=True).encode()
     ).hexdigest()
     return BuildPlan(stamp=digest[:16], **inputs)
+
+
+def plan_for_host(settings: Settings, facts: HostFacts) -> BuildPlan:
+    """The build this host needs: archs from its GPUs, toolkit and host compiler
+    from the run's toolchain plan (the one the toolchain role installs)."""
+    toolchain = plan_toolchain(settings, facts)
+    if toolchain is None:
+        plan = plan_build(settings)
+    else:
+        plan = plan_build(
+            settings,
+            archs=build_archs(settings, facts),
+            cuda_home=toolchain.cuda_home,
+            cuda_version=toolchain.cuda_version,
+            host_compiler=toolchain.host_compiler,
+        )
+    if settings.llamacpp.force_rebuild:
+        # A forced build gets its own directory: the one in service is never rebuilt in place.
+        plan = dataclasses.replace(plan, stamp=f"{plan.stamp}-r{int(time.time())}")
+    return plan

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+# Runs on the host (standard library only, imports nothing from llamarack; run by llamarack.remote.command).
 """Fetch model files onto this host: resumable, verified, moved into place only when right.
 
 Runs ON the target host with the system python3 (standard library only: a

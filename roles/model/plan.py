@@ -26,9 +26,11 @@ from dataclasses import dataclass
 from typing import Optional
 from urllib.parse import quote
 
-from .errors import ModelSourceError
+from llamarack.errors import ModelSourceError
+from llamarack.layout import Layout
+from llamarack.settings import Settings
+
 from .hub import HubListing
-from .settings import Settings
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ class ModelPlan:
 
     @property
     def models_dir(self) -> str:
-        return f"{self.root}/models"
+        return Layout(self.root).models
 
     @property
     def dir(self) -> str:
@@ -91,7 +93,7 @@ class ModelPlan:
 
     @property
     def staging(self) -> str:
-        return f"{self.models_dir}/.staging/{self.name}"
+        return f"{Layout(self.root).staging}/{self.name}"
 
     @property
     def converts(self) -> bool:
@@ -116,6 +118,11 @@ class ModelPlan:
         if self.converts:
             s = s + s + (s * 55 // 100 if self.quantizes else 0)
         return s + (1 << 30)
+
+    def describe_fetch(self) -> str:
+        """What the fetch brings, for the user who waits on it."""
+        steps = "fetch, convert, quantize" if self.quantizes else "fetch, convert" if self.converts else "fetch"
+        return f"{steps}: {len(self.files)} file(s), {self.source_bytes / 1e9:.2f} GB"
 
     def manifest(self) -> dict:
         """What ``model_fetch.py fetch`` reads (no secret in it)."""

@@ -1,3 +1,4 @@
+# Runs on the host (standard library only, imports nothing from llamarack; run by llamarack.remote.command).
 """Run on a host with an env's own python: resolve a pinned set before installing, verify after.
 
     python pyenv_check.py resolve PLAN_JSON

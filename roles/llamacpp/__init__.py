@@ -1,0 +1,69 @@
+"""llama.cpp: pinned source, a build per input set, verified, then switched in.
+
+    <root>/src/llama.cpp          the source at the pinned commit
+    <root>/builds/<stamp>/        one build per input set (see plan.py)
+    <root>/builds/current         link to the build in service
+
+Same inputs: nothing runs. New inputs (commit, archs, toolkit, flags): a new
+build directory, verified (``--version`` runs, cubins for every arch), then
+``current`` is switched; the previous build stays for rollback. A failed
+build stops the host before the switch, so the serving build is untouched.
+"""
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+
+from llamarack.facts import LlamacppBuilds
+from llamarack.rules import HostFacts
+from llamarack.settings import Settings
+
+from .operations import build, checkout, prune_builds, switch_current
+from .plan import BuildPlan, plan_for_host
+
+
+@deploy("llama.cpp build")
+def llamacpp(settings: Settings, facts: HostFacts) -> BuildPlan:
+    """
+    Check out the pinned llama.cpp, build it for this host if its inputs changed,
+    verify the build and make it current.
+
+    + settings: the host's settings (llamacpp, toolchain, server cache types, root)
+    + facts: what preflight read (GPUs, toolkits, gcc)
+    """
+    s = settings.llamacpp
+    root, layout = settings.general.root, settings.layout
+    plan = plan_for_host(settings, facts)
+    # The build serving before this run: kept for rollback whatever else was built since.
+    serving = host.get_fact(LlamacppBuilds, root=root).current
+
+    checkout(
+        name=f"llama.cpp source at {s.commit[:12]}",
+        git_url=s.git_url,
+        commit=s.commit,
+        dest=layout.src,
+    )
+    built = build(
+        name=f"Build llama.cpp {plan.stamp} ({plan.backend}"
+        + (f", sm_{'/'.join(plan.cuda_archs)}" if plan.cuda_archs else "")
+        + f"; log: {layout.build(plan.stamp)}/build.log)",
+        plan=plan,
+        src=layout.src,
+        root=root,
+        ccache_dir=s.ccache_dir,
+        jobs=s.build_jobs,
+    )
+    if built.will_change:
+        logger.info(
+            f"{host.print_prefix}llama.cpp build {plan.stamp} needed: a cold build takes minutes "
+            "(CPU about 11 min, CUDA for one arch about 50 min on 2 cores); "
+            f"follow it with: tail -f {layout.build(plan.stamp)}/build.log"
+        )
+    switch_current(name=f"Make llama.cpp build {plan.stamp} current", root=root, stamp=plan.stamp)
+    prune_builds(
+        name=f"Prune old llama.cpp builds (keep {s.keep_builds})",
+        root=root,
+        keep=s.keep_builds,
+        current=plan.stamp,
+        previous=serving,
+    )
+    return plan
