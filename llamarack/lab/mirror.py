@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .cache import sha256_file
+from .util import LabError
 
 SDIST_NAME = "llama-cpp-python"
 SDIST_VERSION = "0.3.36"
@@ -122,8 +123,11 @@ def ensure_mirror(cache: Path, srv: Path) -> Mirror:
     return Mirror(bare, commit)
 
 
-def add_commit(mirror: Mirror, branch: str, message: str, changes: dict[str, str]) -> str:
-    """Commit ``changes`` ({path: appended text}) on top of the base as ``branch``; return its sha.
+def add_commit(mirror: Mirror, branch: str, message: str, changes: dict) -> str:
+    """Commit ``changes`` on top of the base as ``branch``; return its sha.
+
+    ``changes``: {path: text to append} or {path: (old, new)}, a replacement of
+    text that must occur exactly once in the file.
 
     Deterministic like the base commit, so a test can pin it.
     """
@@ -134,9 +138,16 @@ def add_commit(mirror: Mirror, branch: str, message: str, changes: dict[str, str
         work = Path(tmp) / "work"
         _git("clone", "--quiet", "--shared", "--no-checkout", str(mirror.bare), str(work))
         _git("checkout", "--quiet", "-b", branch, mirror.commit, cwd=work)
-        for path, text in changes.items():
-            with open(work / path, "a") as f:
-                f.write(text)
+        for path, change in changes.items():
+            if isinstance(change, tuple):
+                old, new = change
+                text = (work / path).read_text()
+                if text.count(old) != 1:
+                    raise LabError(f"{path}: the text to replace occurs {text.count(old)} times, not once")
+                (work / path).write_text(text.replace(old, new))
+            else:
+                with open(work / path, "a") as f:
+                    f.write(change)
             _git("add", path, cwd=work)
         _git("commit", "--quiet", "--no-verify", "-m", message, cwd=work)
         _git("push", "--quiet", "origin", f"HEAD:refs/heads/{branch}", cwd=work)

@@ -114,23 +114,39 @@ def unusable_cpu_features(lab_rack):
     return None
 
 
-def test_a_build_that_cannot_compute_is_refused_and_nothing_changes(lab_rack):
-    features = unusable_cpu_features(lab_rack)
-    if features is None:
-        pytest.skip("this CPU runs every x86 extension ggml has: no build here fails to compute")
+# A commit that builds, names itself and answers --help, then dies at the first
+# kernel it runs (as a build without code for the card, or AMX on a virtual CPU
+# that faults): on any CPU, only a computation can tell it from a good build.
+DIES_AT_FIRST_KERNEL = {
+    "ggml/src/ggml-cpu/ggml-cpu.c": (
+        "    GGML_ASSERT(params);\n\n    if (tensor->op == GGML_OP_NONE",
+        "    GGML_ASSERT(params);\n\n    if (tensor->op != GGML_OP_NONE && !ggml_is_empty(tensor)) {\n"
+        "        GGML_ABORT(\"llamarack lab test: this build dies at its first kernel\");\n    }\n\n"
+        "    if (tensor->op == GGML_OP_NONE",
+    ),
+}
+
+
+def test_a_build_that_cannot_compute_is_refused_and_nothing_changes(lab_rack, lab_mirror):
     serving, before = current(lab_rack), served(lab_rack)
-    rc, out = deploy(lab_rack, f"llamacpp_cpu_features={json.dumps(features)}", "llamacpp_cpu_fallback=False")
+    dies = mirror.add_commit(lab_mirror, "lab-test-dies", "lab test: dies at its first kernel", DIES_AT_FIRST_KERNEL)
+    rc, out = deploy(lab_rack, f"llamacpp_commit={dies}", "llamacpp_cpu_fallback=False")
     assert rc != 0
     assert "cannot compute, refusing it" in out, out[-4000:]
-    assert "died with SIG" in out  # llama.cpp's own death, named
+    assert "died with SIGABRT" in out and "dies at its first kernel" in out, out[-4000:]  # llama.cpp's own words
     assert current(lab_rack) == serving and served(lab_rack) == before
-    SEEN["unusable"] = features
+    # The refused build compiled and answered --version, but never counts.
+    refused = sh(lab_rack, f"grep -l {dies[:9]} {BUILDS}/*/version.txt").split()
+    assert refused and all(sh(lab_rack, f"ls {p.rsplit('/', 1)[0]}").count("build-info.json") == 0 for p in refused)
+    rc, out = deploy(lab_rack)  # back to the pinned commit: no build, the refused one is pruned
+    assert rc == 0, out[-4000:]
+    assert current(lab_rack) == serving and "cmake" not in out
 
 
 def test_with_fallback_a_rebuild_for_fewer_extensions_takes_its_place(lab_rack):
-    features = SEEN.get("unusable")
+    features = unusable_cpu_features(lab_rack)
     if features is None:
-        pytest.skip("no unusable CPU extension on this machine (see the test before)")
+        pytest.skip("this CPU runs every x86 extension ggml has: no rung of the ladder fails here")
     serving = current(lab_rack)
     rc, out = deploy(lab_rack, f"llamacpp_cpu_features={json.dumps(features)}")
     assert rc == 0, out[-4000:]

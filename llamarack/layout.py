@@ -1,0 +1,86 @@
+"""Where everything llamarack owns lives on a host: the one place host paths are spelled.
+
+    <root>/src/llama.cpp/             the llama.cpp source at the pinned commit
+    <root>/builds/<stamp>/            one build per input set (counts once build-info.json exists)
+    <root>/builds/current -> <stamp>  the build in service
+    <root>/envs/<name>/               python envs (awq, convert) and a conda CUDA toolkit
+    <root>/conda/                     Miniforge (python_env_backend or toolchain_cuda_source conda)
+    <root>/models/<stamp16>/          one sealed model artifact
+    <root>/models/.staging/<stamp16>/ a model being made (mode 700)
+    <root>/models/current -> <stamp16>
+    <root>/state/<name>.json          records later runs read back (gpus.json)
+
+Outside the root: the unit and the API key (``UNIT_PATH``, ``API_KEY_PATH``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+UNIT_NAME = "llamarack-server.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
+CONFIG_DIR = "/etc/llamarack"
+API_KEY_PATH = f"{CONFIG_DIR}/server-api-key"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The paths under one host's ``llamarack_root``."""
+
+    root: str
+
+    # llama.cpp
+    @property
+    def src(self) -> str:
+        return f"{self.root}/src/llama.cpp"
+
+    @property
+    def builds(self) -> str:
+        return f"{self.root}/builds"
+
+    def build(self, stamp: str) -> str:
+        return f"{self.builds}/{stamp}"
+
+    @property
+    def current_build(self) -> str:
+        return f"{self.builds}/current"
+
+    # python envs and toolkits
+    @property
+    def envs(self) -> str:
+        return f"{self.root}/envs"
+
+    def env(self, name: str) -> str:
+        return f"{self.envs}/{name}"
+
+    @property
+    def conda(self) -> str:
+        return f"{self.root}/conda"
+
+    # models
+    @property
+    def models(self) -> str:
+        return f"{self.root}/models"
+
+    def model(self, name: str) -> str:
+        return f"{self.models}/{name}"
+
+    @property
+    def staging(self) -> str:
+        return f"{self.models}/.staging"
+
+    @property
+    def current_model(self) -> str:
+        return f"{self.models}/current"
+
+    # records
+    @property
+    def state(self) -> str:
+        return f"{self.root}/state"
+
+    def state_file(self, name: str) -> str:
+        return f"{self.state}/{name}"
+
+    @property
+    def gpus_record(self) -> str:
+        return self.state_file("gpus.json")

@@ -1,0 +1,49 @@
+"""The driver role's operations: hold the driver packages, check the driver answers."""
+
+from __future__ import annotations
+
+import shlex
+
+from pyinfra import host
+from pyinfra.api import StringCommand, operation
+
+from llamarack.facts import NvidiaDriverPackages
+
+
+@operation()
+def driver_package_holds(hold: bool = True):
+    """
+    apt-mark hold (or unhold) every installed NVIDIA driver package.
+
+    + hold: True holds, False unholds
+
+    A held driver cannot move under an unattended upgrade, which would leave
+    the old kernel module loaded ("Driver/library version mismatch") or, past
+    the 580 branch, drop Volta and Pascal cards.
+    """
+    packages = host.get_fact(NvidiaDriverPackages)
+    if not packages:
+        host.noop("no NVIDIA driver package installed")
+        return
+    todo = [p.name for p in packages if p.held != hold]
+    state = "held" if hold else "not held"
+    if not todo:
+        host.noop(f"NVIDIA driver packages already {state}: {', '.join(p.name for p in packages)}")
+        return
+    yield StringCommand("apt-mark", "hold" if hold else "unhold", *todo)
+
+
+@operation(is_idempotent=False)
+def driver_answers(reason: str):
+    """
+    Fail unless nvidia-smi answers (after a reboot that should have loaded the new module).
+
+    + reason: what should have fixed the driver, for the message
+    """
+    yield StringCommand(
+        "out=$(nvidia-smi --query-gpu=index,driver_version --format=csv,noheader 2>&1) || "
+        f"{{ printf '%s\\n' {shlex.quote(f'{host.name}: driver still fails after {reason}:')} "
+        '"$out" >&2; exit 1; }'
+    )
+
+

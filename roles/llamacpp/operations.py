@@ -1,0 +1,226 @@
+"""The llama.cpp role's operations: pinned checkout, build with proof, switch, prune."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from io import StringIO
+
+from pyinfra import host
+from pyinfra.api import FileUploadCommand, StringCommand, operation
+
+from llamarack import remote
+from llamarack.facts.llamacpp import GitHead, LlamacppBuilds
+from llamarack.layout import Layout
+
+from .plan import PORTABLE_CPU_VARIANTS, BuildPlan, cpu_variant_name, with_cpu_features
+
+
+@operation()
+def checkout(git_url: str, commit: str, dest: str):
+    """
+    Check out a pinned commit of a git repository, and verify it.
+
+    + git_url: repository (or mirror) to fetch from
+    + commit: the pinned sha (full, or a prefix of at least 7 digits)
+    + dest: work tree on the host (created on first use)
+
+    No-op when ``dest`` already has the commit checked out.
+    """
+    head = host.get_fact(GitHead, path=dest)
+    if head and head.startswith(commit):
+        host.noop(f"{dest} is at {commit[:12]}")
+        return
+
+    q_dest, q_url = shlex.quote(dest), shlex.quote(git_url)
+    if head is None:
+        yield f"rm -rf {q_dest} && mkdir -p {q_dest} && git clone --quiet --no-checkout {q_url} {q_dest}"
+    else:
+        yield f"git -C {q_dest} remote set-url origin {q_url} && git -C {q_dest} fetch --quiet origin"
+    yield (
+        f"git -C {q_dest} -c advice.detachedHead=false checkout --quiet --force --detach {commit}"
+        f" && git -C {q_dest} clean --quiet -fdx"
+    )
+    # The commit asked for is the commit checked out (a prefix could be ambiguous).
+    yield (
+        f'test "$(git -C {q_dest} rev-parse HEAD)" = '
+        f'"$(git -C {q_dest} rev-parse --verify {commit}^{{commit}})"'
+    )
+
+
+@operation()
+def build(plan: BuildPlan, src: str, root: str, ccache_dir=None, jobs=None):
+    """
+    Build llama.cpp into ``<root>/builds/<stamp>``, verify it, and record it.
+
+    + plan: the BuildPlan (inputs and stamp)
+    + src: the checked-out source tree
+    + root: the llamarack root
+    + ccache_dir: ccache directory (shared by a rack), None for the default
+    + jobs: parallel compile jobs, None for nproc
+
+    The build directory counts only once ``build-info.json`` is written, the
+    last step, after ``--version`` runs, on CUDA builds ``cuobjdump`` lists
+    a cubin for every requested arch, and the smoke run computed: a tiny
+    model served with the unit's runtime flags (all layers on the GPU on a
+    CUDA host) answered with finite probabilities (``proof_spec``). A failed
+    build leaves nothing that looks good, and ``current`` is not touched here.
+    """
+    builds = host.get_fact(LlamacppBuilds, root=root)
+    if plan.stamp in builds.verified:
+        host.noop(f"llama.cpp build {plan.stamp} exists and was verified")
+        return
+
+    d = Layout(root).build(plan.stamp)
+    q_d = shlex.quote(d)
+    env = _build_env(plan, root, ccache_dir)
+
+    yield f"rm -rf {q_d} && mkdir -p {q_d}"
+    yield configure_command(d, src, env, plan.cmake_args)
+    # Progress: one line per finished percent step goes to build.log as it
+    # happens (`tail -f` it, or run pyinfra with -vvv to see it live).
+    yield build_command(d, env, plan.targets, ccache_dir, jobs)
+    yield f"ln -sfn build/bin {q_d}/bin"
+    yield (
+        f"{q_d}/bin/llama-server --version > {q_d}/version.txt 2>&1"
+        f" && grep -q {shlex.quote(plan.commit[:9])} {q_d}/version.txt"
+        f" || {{ echo 'llama-server --version failed or names another commit:' >&2; cat {q_d}/version.txt >&2; exit 1; }}"
+    )
+    if plan.backend == "cuda":
+        cuobjdump = shlex.quote(f"{plan.cuda_home}/bin/cuobjdump")
+        yield f"{cuobjdump} --list-elf {q_d}/build/bin/libggml-cuda.so > {q_d}/cubins.txt"
+        for arch in (a.split("-")[0] for a in plan.cuda_archs):
+            yield (
+                f"grep -q 'sm_{arch}\\.cubin' {q_d}/cubins.txt || {{ echo 'the build holds no sm_{arch}"
+                f" code (no kernel image for this GPU); refusing it' >&2; exit 1; }}"
+            )
+    yield (
+        f"{q_d}/bin/llama-server --help > {q_d}/server-help.txt 2>&1"
+        f" && grep -q -e '--load-mode' -e '--no-mmap' {q_d}/server-help.txt"
+    )
+    # The build counts only once it computed: the smoke run (llamarack/remote/
+    # llamacpp_proof.py) writes build-info.json, last, when a rung of its ladder works.
+    spec = proof_spec(plan, d, src, env, ccache_dir, jobs)
+    yield FileUploadCommand(StringIO(json.dumps(spec, indent=1, sort_keys=True)), f"{d}/proof-spec.json")
+    yield StringCommand(remote.command("llamacpp_proof", f"{d}/proof-spec.json"))
+
+
+def configure_command(d: str, src: str, env: str, cmake_args: tuple, append: bool = False) -> str:
+    args = " ".join(shlex.quote(a) for a in cmake_args)
+    return (
+        f"cd {shlex.quote(d)} && {env} cmake -S {shlex.quote(src)} -B build {args} {'>>' if append else '>'} configure.log 2>&1"
+        " || { tail -n 40 configure.log >&2; exit 1; }"
+    )
+
+
+def build_command(d: str, env: str, targets: tuple, ccache_dir=None, jobs=None, append: bool = False) -> str:
+    jobs_arg = str(jobs) if jobs else "$(nproc)"
+    # Hosts sharing a ccache compile one at a time: the first fills the cache and
+    # the others then hit it, instead of all compiling the same files at once.
+    lock = f"flock {shlex.quote(ccache_dir + '/llamarack-build.lock')} " if ccache_dir else ""
+    # (The host's sh may be dash: no pipefail, so the exit code goes through a file.)
+    return (
+        f"cd {shlex.quote(d)} && {{ {lock}{env} cmake --build build --config Release -j {jobs_arg} --target {' '.join(targets)}"
+        f" 2>&1; echo $? > build.rc; }} | tee {'-a ' if append else ''}build.log | grep --line-buffered -E '^\\[ *[0-9]+%\\]';"
+        ' test "$(cat build.rc)" = 0 || { tail -n 60 build.log >&2; exit 1; }'
+    )
+
+
+def proof_spec(plan: BuildPlan, d: str, src: str, env: str, ccache_dir=None, jobs=None) -> dict:
+    """What ``llamacpp_proof.py`` proves the build with: the serving flags and the ladder.
+
+    Rung 1 is the build as asked. With ``llamacpp_cpu_fallback``: the same
+    binary without weight repacking (no AMX or repacked CPU kernels; no
+    rebuild), then rebuilds with fewer x86 extensions. Each rebuild reuses the
+    build directory, so only ggml's CPU code compiles again.
+    """
+    serving = plan.proof["serving"]
+    features = plan.proof["cpu_features"]
+    rungs = [{"name": cpu_variant_name(features), "why": "the build as asked", "serving": {}}]
+    if plan.proof["cpu_fallback"]:
+        if serving["repack"]:
+            rungs.append({"name": f"{rungs[0]['name']}, no repack", "serving": {"repack": False},
+                          "why": "the build as asked failed; AMX and repacked CPU kernels off (--no-repack)"})
+        for name, portable in PORTABLE_CPU_VARIANTS:
+            args = with_cpu_features(plan.cmake_args, portable)
+            if args == plan.cmake_args:
+                continue
+            rungs.append({
+                "name": name, "serving": {}, "x86_only": True, "cmake_args": list(args),
+                "why": f"the rungs before failed; rebuilt for {name} ({', '.join(portable)})",
+                "configure": configure_command(d, src, env, args, append=True),
+                "build": build_command(d, env, plan.targets, ccache_dir, jobs, append=True),
+            })
+    return {
+        "build_dir": d,
+        "record": json.loads(plan.record()),
+        "quant": plan.proof["quant"],
+        "serving": serving,
+        "rungs": rungs,
+        "timeout": PROOF_TIMEOUT,
+    }
+
+
+# Seconds the smoke run's llama-server may take to load and to answer.
+PROOF_TIMEOUT = 300
+
+
+def _build_env(plan: BuildPlan, root: str, ccache_dir) -> str:
+    env = [
+        # Paths relative to the root, so hosts and build directories share cache hits.
+        f"CCACHE_BASEDIR={shlex.quote(root)}",
+        "CCACHE_NOHASHDIR=true",
+        # -march=native differs per CPU: keep a shared cache's entries per CPU flag set.
+        "CCACHE_NAMESPACE=$(grep -m1 '^flags' /proc/cpuinfo | md5sum | cut -c1-12)",
+    ]
+    if ccache_dir:
+        env.append(f"CCACHE_DIR={shlex.quote(ccache_dir)}")
+    if plan.backend == "cuda":
+        # The chosen toolkit first: another nvcc/ptxas earlier in PATH (CUDA 13 in
+        # /usr/local/bin) cannot build for sm_70.
+        env.append(f"PATH={shlex.quote(plan.cuda_home)}/bin:$PATH")
+    return "env " + " ".join(env)
+
+
+@operation()
+def switch_current(root: str, stamp: str):
+    """
+    Point ``<root>/builds/current`` at a verified build, atomically (rename of a new link).
+
+    + root: the llamarack root
+    + stamp: the build to make current
+    """
+    builds = host.get_fact(LlamacppBuilds, root=root)
+    if builds.current == stamp:
+        host.noop(f"llama.cpp build {stamp} is current")
+        return
+    b = shlex.quote(Layout(root).builds)
+    yield (
+        f"test -f {b}/{stamp}/build-info.json && ln -sfn {stamp} {b}/current.new"
+        f" && mv -T {b}/current.new {b}/current"
+    )
+
+
+@operation()
+def prune_builds(root: str, keep: int, current: str, previous=None):
+    """
+    Remove old builds, keeping ``current``, the one that served before this run
+    (rollback) and the newest; failed or interrupted build directories go too.
+
+    + root: the llamarack root
+    + keep: how many builds to keep in all (at least the current one)
+    + current: the build that is (or is about to be) current
+    + previous: the build ``current`` named before this run (read when the run was
+      planned: by the time this runs, ``current`` may already point elsewhere)
+    """
+    builds = host.get_fact(LlamacppBuilds, root=root)
+    ordered = [current, previous, builds.current, *builds.newest_first()]
+    kept = list(dict.fromkeys(s for s in ordered if s))[:keep]
+    doomed = [s for s in builds.verified if s not in kept]
+    doomed += [s for s in builds.partial if s != current]
+    if not doomed:
+        host.noop(f"no llama.cpp build to prune (keeping {len(kept)})")
+        return
+    yield "rm -rf " + " ".join(shlex.quote(Layout(root).build(s)) for s in doomed)
+
+
