@@ -15,8 +15,9 @@ v100 = [
     ("lab-v100-b", {"ssh_hostname": "10.77.0.12"}),
     ("lab-v100-32", {"ssh_hostname": "10.77.0.13"}),
 ]
+# Reached the way most real racks are: a non-root SSH user with sudo.
 t4 = [
-    ("lab-t4", {"ssh_hostname": "10.77.0.14"}),
+    ("lab-t4", {"ssh_hostname": "10.77.0.14", "ssh_user": "deploy", "_sudo": True}),
 ]
 
 # The lab's hosts have no real GPU and no conda channel in reach: build

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import re
-import shlex
 from dataclasses import dataclass
 from typing import Optional
 

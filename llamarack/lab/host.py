@@ -21,7 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
-from . import paths, profiles
+from . import image, paths, profiles
 from .util import LabError, run
 
 CGROUP_ROOTS = [Path("/sys/fs/cgroup/systemd"), Path("/sys/fs/cgroup/unified")]
@@ -130,10 +130,14 @@ def personalize(root: Path, name: str, ip: str, profile: str, pubkey: str) -> st
     if resolv.is_symlink():
         resolv.unlink()
     shutil.copy("/etc/resolv.conf", resolv)
-    ak = root / "root/.ssh/authorized_keys"
-    ak.parent.mkdir(mode=0o700, exist_ok=True)
-    ak.write_text(pubkey.strip() + "\n")
-    ak.chmod(0o600)
+    # root and the sudo user take the rack's key
+    for home, uid in (("root", 0), (f"home/{image.DEPLOY_USER}", image.DEPLOY_UID)):
+        ak = root / home / ".ssh/authorized_keys"
+        ak.parent.mkdir(mode=0o700, exist_ok=True)
+        ak.write_text(pubkey.strip() + "\n")
+        ak.chmod(0o600)
+        os.chown(ak.parent, uid, uid)
+        os.chown(ak, uid, uid)
     key = root / "etc/ssh/ssh_host_ed25519_key"
     run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{name}", "-f", str(key)])
     lab_etc = root / "etc/llamarack-lab"

@@ -30,8 +30,10 @@ PACKAGES = [
     "debian-archive-keyring",
 ]
 # Bump when prepare() changes in a way that changes the image.
-PREP_VERSION = "3"
+PREP_VERSION = "4"
 GUEST_FILES = Path(__file__).parent / "guest"
+# A non-root SSH user with passwordless sudo, the way most real racks are reached.
+DEPLOY_USER, DEPLOY_UID = "deploy", 1500
 EXTRA_CA_DIR = Path("/usr/local/share/ca-certificates")
 # Units a lab host must not run: consoles it has none of, and timers that
 # would change host state behind a test's back (unattended apt runs).
@@ -94,6 +96,11 @@ def prepare(root: Path) -> None:
     (root / "etc/hostname").unlink(missing_ok=True)
     ssh_dir = root / "root/.ssh"
     ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    run(["chroot", str(root), "useradd", "--uid", str(DEPLOY_UID), "--user-group", "--create-home",
+         "--shell", "/bin/bash", DEPLOY_USER])  # fmt: skip
+    sudoers = root / f"etc/sudoers.d/llamarack-lab-{DEPLOY_USER}"
+    sudoers.write_text(f"{DEPLOY_USER} ALL=(ALL:ALL) NOPASSWD: ALL\n")
+    sudoers.chmod(0o440)
     # The machine's extra CAs (e.g. an egress proxy's): HTTPS to PyPI from a
     # host fails without them.
     certs = _extra_ca_certs()

@@ -28,6 +28,16 @@ from . import trace
 from .util import LabError
 
 
+def pytest_sessionstart(session):
+    """A rack whose hosts are gone (left by a run that was killed: its processes
+    ended, its state kept) is only debris: remove it, so lab tests start clean.
+    A live rack is someone's: it is left alone, and the lab tests say so."""
+    existing = rackmod.load()
+    if existing is not None and not rackmod.healthy(existing):
+        errors = rackmod.down()
+        print(f"llamarack lab: removed a stale rack (its hosts were gone){': ' + '; '.join(errors) if errors else ''}")
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "lab: needs the llamarack lab rack (root, systemd-nspawn); "

@@ -12,11 +12,10 @@ from __future__ import annotations
 import json
 import shlex
 from io import StringIO
-from pathlib import Path
 from typing import Optional
 
 from pyinfra import host, logger
-from pyinfra.api import FileUploadCommand, StringCommand, operation
+from pyinfra.api import FileUploadCommand, operation
 from pyinfra.facts.files import Link
 
 from llamarack import remote

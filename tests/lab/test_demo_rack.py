@@ -50,3 +50,35 @@ def test_demo_second_run_changes_nothing(lab_rack):
     assert rc == 0, out[-6000:]
     totals = parse_pyinfra_totals(out)
     assert totals["success"] == 0 and totals["error"] == 0, out[-6000:]
+
+
+def test_an_api_key_uploaded_under_sudo_is_never_readable_by_others(lab_rack, tmp_path):
+    # lab-t4 is reached as the 'deploy' user with sudo (inventory/lab.py).
+    key = "sk-lab-sudo-" + tmp_path.name
+    key_file = tmp_path / "api-key"
+    key_file.write_text(key + "\n")
+    # Meanwhile on the host: any file under /tmp that others may read and that holds the key.
+    watcher = ("nohup sh -c 'end=$(($(date +%s)+120)); while [ $(date +%s) -lt $end ]; do "
+               f"grep -rls {key} /tmp 2>/dev/null | xargs -r ls -l >> /root/key-watch.log; done' "
+               ">/dev/null 2>&1 & echo $! > /root/key-watch.pid")  # fmt: skip
+    deploying.sh(lab_rack, "lab-t4", f"rm -f /root/key-watch.log; touch /root/key-watch.log; {watcher}")
+    rc, out = lab_rack.run_pyinfra(deploying.ROOT / "deploy.py", "--limit", "lab-t4",
+                                   "--data", f"server_api_key_file={key_file}", "--data", "llamarack_roles=server",
+                                   inventory=deploying.ROOT / "inventory/lab.py")  # fmt: skip
+    assert rc == 0, out[-4000:]
+    assert key not in out
+    assert deploying.sh(lab_rack, "lab-t4", "stat -c '%a %U %G' /etc/llamarack/server-api-key") == "640 root llamarack"
+    assert deploying.sh(lab_rack, "lab-t4", "cat /etc/llamarack/server-api-key") == key
+    deploying.sh(lab_rack, "lab-t4", "kill $(cat /root/key-watch.pid) || true")
+    seen = [line for line in deploying.sh(lab_rack, "lab-t4", "cat /root/key-watch.log").splitlines()
+            if line[7:8] == "r"]  # -rw-r--r--: others may read  # fmt: skip
+    assert seen == [], seen
+    assert deploying.sh(lab_rack, "lab-t4", f"grep -rls {key} /tmp /var/tmp /home || true") == ""
+    request = urllib.request.Request("http://10.77.0.14:8080/v1/models", headers={"Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        assert r.status == 200
+    # Unset again: the key file goes, the rack is back as the demo left it.
+    rc, out = lab_rack.run_pyinfra(deploying.ROOT / "deploy.py", "--limit", "lab-t4", "--data", "llamarack_roles=server",
+                                   inventory=deploying.ROOT / "inventory/lab.py")  # fmt: skip
+    assert rc == 0, out[-4000:]
+    assert deploying.sh(lab_rack, "lab-t4", "test -e /etc/llamarack/server-api-key || echo gone") == "gone"

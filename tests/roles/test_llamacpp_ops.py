@@ -1,11 +1,11 @@
-"""The llama.cpp operations: needs-change and already-done cases, facts in, commands out."""
+"""The llama.cpp build operation and its plan; the simpler operations are JSON fixtures (tests/operations/)."""
 
 import json
 
 from llamarack import remote
 from llamarack.roles.llamacpp.plan import plan_build
-from llamarack.facts import Builds, GitHead, LlamacppBuilds
-from llamarack.roles.llamacpp.operations import build, checkout, proof_spec, prune_builds, switch_current
+from llamarack.facts import Builds, LlamacppBuilds
+from llamarack.roles.llamacpp.operations import build, proof_spec
 from llamarack.settings import load_settings
 from tests.support.ophost import run_op
 
@@ -15,25 +15,6 @@ ROOT = "/opt/llamarack"
 
 def settings(**data):
     return load_settings("gpu01", {"python_env_backend": "venv", **data})
-
-
-def test_checkout_clones_then_verifies_when_absent():
-    commands, noops = run_op(checkout, {GitHead: None}, git_url="http://m/llama.cpp.git", commit=SHA, dest="/s")
-    assert commands[0] == "rm -rf /s && mkdir -p /s && git clone --quiet --no-checkout http://m/llama.cpp.git /s"
-    assert f"checkout --quiet --force --detach {SHA}" in commands[1]
-    assert commands[2] == f'test "$(git -C /s rev-parse HEAD)" = "$(git -C /s rev-parse --verify {SHA}^{{commit}})"'
-    assert noops == []
-
-
-def test_checkout_fetches_when_another_commit_is_checked_out():
-    commands, _ = run_op(checkout, {GitHead: "0" * 40}, git_url="http://m/x.git", commit=SHA, dest="/s")
-    assert commands[0] == "git -C /s remote set-url origin http://m/x.git && git -C /s fetch --quiet origin"
-    assert len(commands) == 3
-
-
-def test_checkout_is_a_noop_at_the_pinned_commit_even_short():
-    commands, noops = run_op(checkout, {GitHead: SHA}, git_url="u", commit=SHA[:9], dest="/s")
-    assert commands == [] and noops == ["/s is at dccad28c6"]
 
 
 def test_cpu_build_configures_builds_verifies_then_proves():
@@ -140,32 +121,6 @@ def test_stamp_follows_every_input_but_not_the_driver():
         plan_build(settings(llamacpp_cpu_features=["avx2"]), archs=("70",), cuda_home="/usr", cuda_version="11.8"),
     ):
         assert other.stamp != base.stamp
-
-
-def test_prune_keeps_the_build_that_served_before_the_run_over_a_newer_one():
-    # current already switched to "new" when prune runs; "fallback" was verified after
-    # "native", which served until this run: native is the rollback, fallback goes.
-    facts = {LlamacppBuilds: Builds("new", {"native": 1, "fallback": 2, "new": 3})}
-    commands, _ = run_op(prune_builds, facts, root=ROOT, keep=2, current="new", previous="native")
-    assert commands == [f"rm -rf {ROOT}/builds/fallback"]
-
-
-def test_switch_is_atomic_and_only_when_needed():
-    commands, _ = run_op(switch_current, {LlamacppBuilds: Builds("old", {"old": 1, "new": 2})}, root=ROOT, stamp="new")
-    assert commands == [
-        f"test -f {ROOT}/builds/new/build-info.json && ln -sfn new {ROOT}/builds/current.new"
-        f" && mv -T {ROOT}/builds/current.new {ROOT}/builds/current"
-    ]
-    commands, noops = run_op(switch_current, {LlamacppBuilds: Builds("new", {"new": 2})}, root=ROOT, stamp="new")
-    assert commands == [] and noops
-
-
-def test_prune_keeps_new_and_previous_and_drops_failed():
-    facts = {LlamacppBuilds: Builds("b", {"a": 1, "b": 2, "c": 3}, ("x",))}
-    commands, _ = run_op(prune_builds, facts, root=ROOT, keep=2, current="n")
-    assert commands == [f"rm -rf {ROOT}/builds/a {ROOT}/builds/c {ROOT}/builds/x"]
-    commands, noops = run_op(prune_builds, {LlamacppBuilds: Builds("n", {"n": 1, "b": 0})}, root=ROOT, keep=2, current="n")
-    assert commands == [] and noops
 
 
 def test_hosts_sharing_a_ccache_compile_one_at_a_time():
