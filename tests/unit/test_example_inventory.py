@@ -1,0 +1,32 @@
+"""The production inventory example loads with pyinfra's own CLI and every host's settings validate."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from llamarack.settings import load_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def inventory_data(path: str) -> dict:
+    """{host: data} as ``pyinfra INVENTORY debug-inventory`` prints it (group_data/all.py included)."""
+    out = subprocess.run([sys.executable, "-m", "pyinfra", path, "debug-inventory"], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=True, timeout=120).stdout  # fmt: skip
+    blocks = re.findall(r"^\[(\S+)\] \n--> Groups: [^\n]*\n--> Data:\n(\{.*?\n\})", out, re.M | re.S)
+    return {name: json.loads(data) for name, data in blocks}
+
+
+def test_example_v100_inventory_is_valid_for_every_host():
+    hosts = inventory_data("inventory/example_v100.py")
+    assert sorted(hosts) == ["gpu01", "gpu02", "gpu03"]
+    for name, data in hosts.items():
+        assert data["ssh_user"] == "ops" and data["_sudo"] is True
+        s = load_settings(name, data)
+        assert s.toolchain.cuda_source == "debian" and s.toolchain.cuda_version == "11.8"
+        assert s.python_env.torch_version == "2.1.2" and s.python_env.autoawq_version == "0.2.7"
+        assert s.model.repo == "Qwen/Qwen2.5-7B-Instruct"
+        assert s.model.revision == "a09a35458c702b33eeacc393d103063234e8bc28"
+        assert s.server.api_key_file == "secrets/llamarack-api-key"

@@ -1,0 +1,57 @@
+"""``pip install llamarack`` (a wheel, not the checkout) gives a working deploy: another
+pyinfra deploy, outside this repository, imports a role and runs it."""
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+OTHER_DEPLOY = '''
+from pyinfra import host
+
+import llamarack
+from llamarack.roles.preflight import gather
+from llamarack.roles.server import llama_server
+from llamarack.roles.server.plan import TEMPLATES
+from llamarack.settings import settings_for
+
+print("llamarack from", llamarack.__file__, "templates", TEMPLATES)
+settings = settings_for(host)
+# The facts preflight reads, without its rules: this machine may have an NVIDIA
+# driver package without its module, which preflight rightly refuses.
+llama_server(settings, gather(settings))
+'''
+
+
+def test_the_wheel_carries_the_roles_and_another_deploy_runs_one(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path / "dist"), str(ROOT)], check=True, capture_output=True, timeout=300)  # fmt: skip
+    (wheel,) = (tmp_path / "dist").glob("llamarack-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for role in ("preflight", "driver", "toolchain", "python_env", "llamacpp", "model", "server"):
+        assert f"llamarack/roles/{role}/__init__.py" in names
+    assert "llamarack/roles/server/templates/llama-server.service.j2" in names
+    assert {"llamarack/remote/llamacpp_proof.py", "llamarack/remote/model_fetch.py"} <= names
+    assert not any(n.startswith(("roles/", "tests/")) for n in names)  # nothing at the top level but llamarack
+
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True, timeout=300)  # fmt: skip
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "serve.py").write_text(OTHER_DEPLOY)
+    result = subprocess.run(
+        [sys.executable, "-m", "pyinfra", "@local", "serve.py", "--dry",
+         "--data", "llamacpp_backend=cpu", "--data", "python_env_backend=venv",
+         "--data", f"llamarack_root={tmp_path / 'root'}"],
+        cwd=other, env={**os.environ, "PYTHONPATH": str(site)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert f"llamarack from {site}/llamarack/__init__.py templates {site}/llamarack/roles/server/templates" \
+        in result.stdout  # fmt: skip
+    assert "llama-server | Service user llamarack" in result.stdout
+    assert not (tmp_path / "root").exists()  # --dry: nothing was made
