@@ -11,6 +11,7 @@ from typing import Optional
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
+from ..layout import Layout
 from .value import FactValue
 
 from ..remote.llamacpp_proof import ServerFlags, parse_server_help
@@ -67,7 +68,7 @@ class LlamacppBuilds(FactBase[Builds]):
     """
 
     def command(self, root: str) -> str:
-        builds = shlex.quote(f"{root}/builds")
+        builds = shlex.quote(Layout(root).builds)
         return (
             f"cd {builds} 2>/dev/null || exit 0; "
             'echo "current $(readlink current 2>/dev/null)"; '
@@ -108,7 +109,7 @@ class LlamaServerFlags(FactBase[Optional[ServerFlags]]):
     _SPLIT = "--- llamarack build-info.json ---"
 
     def command(self, root: str) -> str:
-        current = f"{root}/builds/current"
+        current = Layout(root).current_build
         return (
             f"cat {shlex.quote(current + '/server-help.txt')} 2>/dev/null || exit 0; "
             f"echo {shlex.quote(self._SPLIT)}; cat {shlex.quote(current + '/build-info.json')} 2>/dev/null; true"
