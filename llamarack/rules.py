@@ -11,6 +11,7 @@ read from the host wins over any table here.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -58,6 +59,9 @@ class HostFacts:
     """Majors N for which apt can install gcc-N (from ``apt-cache``)."""
     recorded_gpus: tuple = ()
     """GPUs seen at the last run where the driver answered (llamarack's state file)."""
+    driver_packages: tuple = ()
+    """The installed NVIDIA driver packages (``NvidiaDriverPackages``): the driver the
+    next boot loads, which nvidia-smi cannot say when the module is not bound."""
 
     @property
     def gpus(self) -> tuple:
@@ -78,9 +82,57 @@ class Failure:
         return f"{host}: {self.rule}: found {self.found}; needed {self.needed}. Fix: {self.fix}"
 
 
-def _cap(text: str) -> tuple[int, int]:
-    major, minor = text.split(".")
+def _cap(text: Optional[str]) -> Optional[tuple[int, int]]:
+    """(7, 0) from "7.0"; None for no value or one that is no number ("[N/A]")."""
+    major, _, minor = (text or "").partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        return None
     return int(major), int(minor)
+
+
+_DRIVER_VERSION = re.compile(r"(?:\d+:)?(\d{3}\.\d+(?:\.\d+)?)(?:[-~+].*)?")
+
+
+def package_driver_version(packages) -> Optional[str]:
+    """The driver version the installed packages carry ("590.44.01-1" gives "590.44.01").
+
+    The newest one: during an upgrade, or with a stray older package
+    (nvidia-persistenced), the newest is what the next boot loads.
+    """
+    versions = [m.group(1) for p in packages if (m := _DRIVER_VERSION.fullmatch(p.version))]
+    return max(versions, key=Version) if versions else None
+
+
+def all_known_gpus(facts: HostFacts) -> tuple:
+    """The cards the driver lists plus the recorded ones it no longer lists (by UUID)."""
+    listed = {g.uuid for g in facts.driver.gpus}
+    return tuple(facts.driver.gpus) + tuple(g for g in facts.recorded_gpus if g.uuid not in listed)
+
+
+def coming_driver_version(facts: HostFacts) -> Optional[str]:
+    """The driver the host runs, or will run after its next boot when nvidia-smi cannot say.
+
+    Answering: the live one. A mismatch: the NVML library's (older drivers
+    print none: the packages'). Module not bound or no GPU listed: the
+    packages', else the loaded module's.
+    """
+    state = facts.driver.state
+    packaged = package_driver_version(facts.driver_packages)
+    if state == "ok" and facts.driver.driver_version:
+        return facts.driver.driver_version
+    if state == "mismatch":
+        return facts.driver.library_version or packaged
+    return packaged or (facts.module.version if facts.module else None)
+
+
+def legacy_gpus_past_ceiling(facts: HostFacts) -> tuple[Optional[str], tuple]:
+    """(driver version, pre-Turing cards) when the driver is past the last branch
+    that supports them; (version, ()) when it is not."""
+    version = coming_driver_version(facts)
+    if not version or _major(version) <= LEGACY_DRIVER_LAST_BRANCH:
+        return version, ()
+    legacy = tuple(g for g in all_known_gpus(facts) if (c := _cap(g.compute_cap)) and c < LEGACY_BELOW_CAP)
+    return version, legacy
 
 
 def arch_digits(arch: str) -> str:
@@ -173,6 +225,8 @@ def rule_driver_loaded(s: Settings, facts: HostFacts) -> Optional[Failure]:
             "install the NVIDIA driver for this GPU, or set llamacpp_backend = 'cpu'",
         )
     if driver.state == "no_module":
+        if legacy_gpus_past_ceiling(facts)[1]:
+            return None  # not a module problem: the driver ignores the card (driver-ceiling says so)
         return Failure(
             "driver-module-loaded",
             "the NVIDIA kernel module is not loaded (nvidia-smi cannot reach the driver)",
@@ -184,9 +238,11 @@ def rule_driver_loaded(s: Settings, facts: HostFacts) -> Optional[Failure]:
         if s.driver.reboot_on_mismatch:
             return None
         loaded = facts.module.version if facts.module else "unknown"
+        library = driver.library_version or package_driver_version(facts.driver_packages)
+        library = f"NVML library {library}" if library else "an NVML library of another version"
         return Failure(
             "driver-reboot-needed",
-            f"NVML library {driver.library_version} but loaded kernel module {loaded} "
+            f"{library} but loaded kernel module {loaded} "
             "(Driver/library version mismatch)",
             "library and module of the same version",
             "reboot the host (or set driver_reboot_on_mismatch = True to let llamarack do it)",
@@ -216,26 +272,38 @@ def rule_driver_floor(s: Settings, facts: HostFacts) -> Optional[Failure]:
 def rule_driver_ceiling(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """No driver past the 580 branch on GPUs older than Turing (it drops them).
 
-    A driver that dropped the card lists no GPU, and after an upgrade without
-    reboot nvidia-smi lists none either; the GPUs recorded at the last good
-    run stand in then. In the mismatch state the library's version is the
-    one the next boot loads, so it is the one checked: refusing now keeps the
-    host serving on the old module.
+    A driver that dropped the card does not list it: a 590+ module on a V100
+    alone does not bind ("NVRM: No NVIDIA GPU found", nvidia-smi cannot reach
+    the driver), beside a T4 it lists the T4 only. So the cards are the
+    listed ones plus the recorded ones, and the version is the one the host
+    runs or boots next (``coming_driver_version``: the packages' when
+    nvidia-smi cannot say). Refusing in the mismatch state keeps the host
+    serving on the old module.
     """
-    legacy = [g for g in facts.gpus if g.compute_cap and _cap(g.compute_cap) < LEGACY_BELOW_CAP]
-    if facts.driver.state == "mismatch":
-        version = facts.driver.library_version
-    else:
-        version = facts.driver.driver_version or (facts.module.version if facts.module else None)
-    if not version or not legacy or _major(version) <= LEGACY_DRIVER_LAST_BRANCH:
+    version, legacy = legacy_gpus_past_ceiling(facts)
+    if not legacy:
         return None
     names = ", ".join(sorted({g.name for g in legacy}))
+    source = "" if facts.driver.state == "ok" else " (installed, not running)"
     return Failure(
         "driver-ceiling",
-        f"driver {version} with {names} (compute capability {legacy[0].compute_cap})",
+        f"driver {version}{source} with {names} (compute capability {legacy[0].compute_cap})",
         f"a driver of the {LEGACY_DRIVER_LAST_BRANCH} branch or older "
         f"(the last that supports GPUs below compute capability 7.5)",
         f"install a {LEGACY_DRIVER_LAST_BRANCH}.xx driver and apt-mark hold it",
+    )
+
+
+def rule_gpus_readable(s: Settings, facts: HostFacts) -> Optional[Failure]:
+    """Every GPU line nvidia-smi printed could be read (else a card goes unplanned)."""
+    if not facts.driver.unreadable:
+        return None
+    return Failure(
+        "gpus-readable",
+        "nvidia-smi GPU line(s) llamarack cannot read: " + "; ".join(repr(l) for l in facts.driver.unreadable),
+        "index, name, uuid, memory.total (MiB), compute_cap, driver_version, pci.device_id for every GPU",
+        "look at that card (nvidia-smi -q -i INDEX, dmesg for Xid errors): a field of [N/A] often "
+        "means a failing card; fix or remove it, then run again",
     )
 
 
@@ -249,6 +317,47 @@ def rule_gpus_present(s: Settings, facts: HostFacts) -> Optional[Failure]:
         "gpus-present", "no GPU listed by nvidia-smi", "at least one NVIDIA GPU",
         "check the GPU is seated and bound to the nvidia driver, or set llamacpp_backend = 'cpu'",
     )  # fmt: skip
+
+
+def rule_gpus_missing(s: Settings, facts: HostFacts) -> Optional[Failure]:
+    """Every recorded card is still listed: one dropped by the driver or fallen off
+    the bus would otherwise vanish from the plan without a word."""
+    if facts.driver.state != "ok" or not facts.driver.gpus:
+        return None  # no list at all: the driver rules and gpus-present speak
+    listed = {g.uuid for g in facts.driver.gpus}
+    _, explained = legacy_gpus_past_ceiling(facts)
+    explained_ids = {g.uuid for g in explained}
+    missing = [g for g in facts.recorded_gpus if g.uuid not in listed and g.uuid not in explained_ids]
+    if not missing:
+        return None
+    return Failure(
+        "gpus-missing",
+        "recorded GPU(s) not listed by nvidia-smi now: "
+        + ", ".join(f"{g.name} ({g.uuid})" for g in missing)
+        + "; listed: " + ", ".join(g.name for g in facts.driver.gpus),
+        "every GPU recorded at an earlier run listed by the driver",
+        "check the card is seated and bound to the nvidia driver (dmesg | grep NVRM); if it was "
+        f"removed on purpose, delete {s.layout.gpus_record} so llamarack records the cards listed now",
+    )
+
+
+def rule_gpus_known(s: Settings, facts: HostFacts) -> Optional[Failure]:
+    """Every card has a compute capability (from the driver or the card table): else
+    the build's arch list is empty and cmake refuses -DCMAKE_CUDA_ARCHITECTURES=."""
+    if s.llamacpp.backend != "cuda" or s.llamacpp.cuda_archs:
+        return None
+    unknown = [g for g in facts.gpus if _cap(g.compute_cap) is None]
+    if not unknown:
+        return None
+    return Failure(
+        "gpu-known",
+        "GPU(s) of unknown compute capability: "
+        + ", ".join(f"{g.name} (PCI device id {g.pci_device_id or 'unknown'})" for g in unknown)
+        + " (the driver gives no compute_cap and the card is not in llamarack's card table)",
+        "a compute capability for every GPU",
+        "set llamacpp_cuda_archs for this host's group (e.g. ['70'] for a V100), "
+        "or add the card to llamarack/gpu_table.py",
+    )
 
 
 def rule_build_covers_gpus(s: Settings, facts: HostFacts) -> Optional[Failure]:
@@ -343,7 +452,10 @@ RULES: tuple[Rule, ...] = (
     rule_driver_loaded,
     rule_driver_floor,
     rule_driver_ceiling,
+    rule_gpus_readable,
     rule_gpus_present,
+    rule_gpus_missing,
+    rule_gpus_known,
     rule_build_covers_gpus,
     rule_toolkit_targets_archs,
     rule_toolkit_present,

@@ -11,10 +11,12 @@ from typing import Optional
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
+from .. import gpu_table
 from .value import FactValue
 
-# Drivers before 510 do not know the compute_cap field; the fact then falls
-# back to this table (names as nvidia-smi prints them).
+# Drivers before 510 do not know the compute_cap field; the fact then takes
+# the card table's (by PCI device id), else this one (names as nvidia-smi
+# prints them; only for output without a PCI id, e.g. an old record).
 COMPUTE_CAP_BY_NAME = {
     "Tesla P100": "6.0",
     "Tesla P40": "6.1",
@@ -31,6 +33,10 @@ COMPUTE_CAP_BY_NAME = {
 
 _MARK = "llamarack:"
 
+# nvidia-smi's exit code when a card's infoROM is corrupted (its man page):
+# a warning line, then the normal answer (pytorch/pytorch#87464).
+EXIT_INFOROM_CORRUPTED = 14
+
 
 @dataclass(frozen=True)
 class Gpu(FactValue):
@@ -40,11 +46,14 @@ class Gpu(FactValue):
     memory_mib: int
     compute_cap: Optional[str]
     driver_version: str
+    pci_device_id: Optional[str] = None
+    """nvidia-smi's ``pci.device_id`` ("0x1DB110DE"); None in older records."""
 
     @property
     def arch(self) -> Optional[str]:
         """The CUDA architecture number ("7.0" -> "70") used for -arch=sm_XX."""
-        return self.compute_cap.replace(".", "") if self.compute_cap else None
+        # None for no capability or an unreadable one ("[N/A]" in an old record)
+        return self.compute_cap.replace(".", "") if _is_compute_cap(self.compute_cap) else None
 
 
 @dataclass(frozen=True)
@@ -61,12 +70,18 @@ class DriverState(FactValue):
     - ``no_devices``: the driver runs but lists no GPU ("No devices were
       found"), e.g. a driver branch that dropped the card;
     - ``error``: anything else; ``message`` holds nvidia-smi's words.
+
+    In the ``ok`` state, ``message`` holds the lines that are no GPU (a
+    driver's warning, "WARNING: infoROM is corrupted at gpu ..."), and
+    ``unreadable`` the GPU lines that could not be read (a memory.total of
+    [N/A]): the cards that can be read are kept, a rule refuses the rest.
     """
 
     state: str
     gpus: tuple[Gpu, ...] = ()
     library_version: Optional[str] = None
     message: str = ""
+    unreadable: tuple[str, ...] = ()
 
     @property
     def driver_version(self) -> Optional[str]:
@@ -81,18 +96,22 @@ class NvidiaSmi(FactBase[DriverState]):
 
         DriverState(state="ok", gpus=(Gpu(index=0, name="Tesla V100-SXM2-16GB",
             uuid="GPU-...", memory_mib=16384, compute_cap="7.0",
-            driver_version="550.127.05"),))
+            driver_version="550.127.05", pci_device_id="0x1DB110DE"),))
 
     The command always exits 0 and ends with ``llamarack: exit N`` (nvidia-smi's
     own exit code), so a broken driver is a fact value, not a failed fact.
+    LC_ALL=C: the CSV and the messages matched here are the C locale's.
     """
 
-    FIELDS = "index,name,uuid,memory.total,compute_cap,driver_version"
-    FIELDS_PRE_510 = "index,name,uuid,memory.total,driver_version"
+    # pci.device_id last: every driver has it, and the card table reads it
+    # when compute_cap is missing (before 510) or [N/A].
+    FIELDS = "index,name,uuid,memory.total,compute_cap,driver_version,pci.device_id"
+    FIELDS_PRE_510 = "index,name,uuid,memory.total,driver_version,pci.device_id"
 
     def command(self) -> str:
         query = "nvidia-smi --query-gpu={} --format=csv,noheader,nounits 2>&1"
         return (
+            "export LC_ALL=C; "
             f"if ! command -v nvidia-smi >/dev/null 2>&1; then echo '{_MARK} missing'; exit 0; fi; "
             f"out=$({query.format(self.FIELDS)}); rc=$?; "
             'case "$out" in *"is not a valid field"*) '
@@ -117,24 +136,60 @@ class NvidiaSmi(FactBase[DriverState]):
             return DriverState("mismatch", library_version=match and match.group(1), message=text)
         if "No devices were found" in text:
             return DriverState("no_devices", message=text)
-        if exit_code != 0:
+        if exit_code not in (0, EXIT_INFOROM_CORRUPTED):
             return DriverState("error", message=text)
-        return DriverState("ok", gpus=tuple(_parse_gpu_line(line) for line in body))
+        return _parse_gpu_lines(body)
 
 
-def _parse_gpu_line(line: str) -> Gpu:
+# A GPU line starts with its index; anything else nvidia-smi printed is a
+# warning about the driver or a card, not a card.
+_GPU_LINE = re.compile(r"\s*\d+\s*,")
+_PCI_DEVICE_ID = re.compile(r"0x[0-9A-Fa-f]{8}")
+
+
+def _parse_gpu_lines(body) -> DriverState:
+    """One card per line: keep those that read, name the others (a rule refuses them)."""
+    gpus, unreadable, warnings = [], [], []
+    for line in body:
+        if not _GPU_LINE.match(line):
+            warnings.append(line)
+            continue
+        gpu = _parse_gpu_line(line)
+        if gpu is None:
+            unreadable.append(line)
+        else:
+            gpus.append(gpu)
+    return DriverState("ok", gpus=tuple(gpus), message="\n".join(warnings), unreadable=tuple(unreadable))
+
+
+def _parse_gpu_line(line: str) -> Optional[Gpu]:
+    """A card from its CSV line, or None when a field it needs is unreadable.
+
+    Four layouts: this fact's query (7 fields), its pre-510 query (6, ending
+    with the PCI id) and the two earlier queries without the PCI id (6 with
+    compute_cap, 5 without), which old recorded outputs still have.
+    """
     values = [v.strip() for v in line.split(",")]
+    pci = None
+    if values and _PCI_DEVICE_ID.fullmatch(values[-1]) and len(values) in (6, 7):
+        pci = values.pop()
     if len(values) == 6:
         index, name, uuid, memory, cap, driver = values
     elif len(values) == 5:
         index, name, uuid, memory, driver = values
-        cap = _compute_cap_from_name(name)
+        cap = None
     else:
-        raise FactProcessError(f"unexpected nvidia-smi GPU line: {line!r}")
-    try:
-        return Gpu(int(index), name, uuid, int(memory), cap, driver)
-    except ValueError as e:
-        raise FactProcessError(f"unexpected nvidia-smi GPU line: {line!r}") from e
+        return None
+    if not memory.isdigit() or not index.isdigit():
+        return None
+    if not _is_compute_cap(cap):
+        cap = gpu_table.compute_cap(pci) or _compute_cap_from_name(name)
+    return Gpu(int(index), name, uuid, int(memory), cap, driver, pci)
+
+
+def _is_compute_cap(text: Optional[str]) -> bool:
+    """"7.0" is; "[N/A]", "N/A" or nothing is not (the table fills it then)."""
+    return bool(text) and re.fullmatch(r"\d+\.\d+", text) is not None
 
 
 def _compute_cap_from_name(name: str) -> Optional[str]:
@@ -206,4 +261,8 @@ def gpus_record(gpus) -> str:
     converged host changes nothing), and the driver is read live anyway.
     """
     cards = [{k: v for k, v in gpu.__dict__.items() if k != "driver_version"} for gpu in gpus]
+    for card in cards:
+        # no PCI id (an output without one): records written before it stay as they are
+        if card["pci_device_id"] is None:
+            del card["pci_device_id"]
     return json.dumps(cards, indent=1, sort_keys=True) + "\n"

@@ -16,6 +16,7 @@ from llamarack.facts import (
     CudaToolkits,
     GccVersions,
     InstallableGccMajors,
+    NvidiaDriverPackages,
     NvidiaKernelModule,
     NvidiaSmi,
     RecordedGpus,
@@ -37,6 +38,8 @@ def gather(settings: Settings) -> HostFacts:
         gcc=host.get_fact(GccVersions),
         gcc_installable=host.get_fact(InstallableGccMajors) if cuda else (),
         recorded_gpus=host.get_fact(RecordedGpus, path=settings.layout.gpus_record),
+        # the driver the next boot loads: nvidia-smi cannot say when the module ignores the card
+        driver_packages=tuple(host.get_fact(NvidiaDriverPackages)),
     )
 
 

@@ -50,7 +50,6 @@ def test_every_fact_has_fixtures():
     "fact, output",
     [
         (facts.NvidiaSmi, ["garbage"]),
-        (facts.NvidiaSmi, ["0, Tesla T4, GPU-x, lots, 7.5, 550.1", "llamarack: exit 0"]),
         (facts.NvidiaKernelModule, ["NVRM version: something else"]),
         (facts.GccVersions, ["gcc not-a-version"]),
         (facts.CudaToolkits, ["toolkit /usr/local/cuda", "nvcc: NVIDIA (R) Cuda compiler driver"]),
@@ -65,6 +64,13 @@ def test_every_fact_has_fixtures():
 def test_unexpected_output_is_a_fact_process_error(fact, output):
     with pytest.raises(FactProcessError):
         fact().process(output)
+
+
+def test_an_unreadable_gpu_line_is_named_not_a_failed_fact():
+    """One card's bad line must not hide the others: it is kept for a rule to refuse."""
+    state = facts.NvidiaSmi().process(["0, Tesla T4, GPU-x, lots, 7.5, 550.1", "llamarack: exit 0"])
+    assert state.state == "ok" and state.gpus == ()
+    assert state.unreadable == ("0, Tesla T4, GPU-x, lots, 7.5, 550.1",)
 
 
 def test_recorded_gpus_round_trip():

@@ -122,7 +122,11 @@ def test_tiny_model_chain_and_second_run_changes_nothing(tmp_path, tools):
     assert stamp["stamp"] == plan.stamp and stamp["gguf"]["size"] == gguf.stat().st_size
     assert stamp["revision"] == sha and stamp["quant"] == quant
     assert os.readlink(root / "models" / "current") == plan.name
-    assert sorted(p.name for p in artifact_dir.iterdir()) == ["model.gguf", "stamp.json"]
+    # the artifact and the logs of the steps that made it (their paths were printed)
+    logs = ["convert.log", "fetch.log"] + (["quantize.log"] if plan.quantizes else [])
+    assert sorted(p.name for p in artifact_dir.iterdir()) == sorted(logs + ["model.gguf", "stamp.json"])
+    assert all(TOKEN not in (artifact_dir / log).read_text() for log in logs)
+    assert "model_fetch:" in (artifact_dir / "fetch.log").read_text()  # the download's progress
     assert list((root / "models" / ".staging").iterdir()) == []  # token, checkpoint, f16: gone
     assert all(TOKEN not in text + out for text, _, out in timings)
 

@@ -2,8 +2,12 @@
 
 import pytest
 
-from llamarack.facts import CudaToolkit, DriverState, GccInstall, Gpu, KernelModule
-from llamarack.rules import RULES, HostFacts, choose_host_compiler, driver_floor, evaluate
+import json
+from pathlib import Path
+
+from llamarack.facts import CudaToolkit, DebPackage, DriverState, GccInstall, Gpu, KernelModule, NvidiaSmi
+from llamarack.facts import NvidiaDriverPackages
+from llamarack.rules import RULES, HostFacts, choose_host_compiler, driver_floor, evaluate, package_driver_version
 from llamarack.settings import load_settings
 
 V100 = Gpu(0, "Tesla V100-SXM2-16GB", "GPU-1", 16384, "7.0", "550.127.05")
@@ -39,7 +43,7 @@ def test_reference_v100_host_passes_every_rule():
 
 
 def test_every_rule_is_in_the_table_once():
-    assert len(set(RULES)) == len(RULES) == 8
+    assert len(set(RULES)) == len(RULES) == 11
 
 
 # driver-installed / module / mismatch
@@ -217,3 +221,118 @@ def test_message_names_host_value_need_and_fix():
     text = failure.message("gpu01")
     assert text.startswith("gpu01: driver-ceiling: found driver 590.44.01")
     assert "needed a driver of the 580 branch" in text and "Fix: install a 580.xx driver" in text
+
+
+# the facts real hosts print (issue 14): fixtures from tests/facts
+
+FACTS = Path(__file__).parents[1] / "facts"
+NO_MODULE = DriverState("no_module", message="NVIDIA-SMI has failed because it couldn't communicate with the "
+                        "NVIDIA driver. Make sure that the latest NVIDIA driver is installed and running.")
+DRIVER_590 = tuple(NvidiaDriverPackages().process(
+    json.loads((FACTS / "NvidiaDriverPackages/driver_590_cuda_repo.json").read_text())["output"]))
+
+
+def smi_fixture(case):
+    return NvidiaSmi().process(json.loads((FACTS / f"NvidiaSmi/{case}.json").read_text())["output"])
+
+
+def test_package_version_is_the_upstream_driver():
+    assert package_driver_version(DRIVER_590) == "590.44.01"
+    assert package_driver_version((DebPackage("nvidia-driver-580", "580.95.05-0ubuntu1", True),)) == "580.95.05"
+    assert package_driver_version(()) is None
+
+
+def test_590_package_on_volta_is_the_ceiling_not_a_dkms_problem():
+    facts = HostFacts(driver=NO_MODULE, module=None, toolkits=(CUDA118,), gcc=GCC11,
+                      recorded_gpus=(V100,), driver_packages=DRIVER_590)
+    failures = evaluate(settings(), facts)
+    assert [f.rule for f in failures] == ["driver-ceiling"]
+    assert "590.44.01" in failures[0].found and "Tesla V100" in failures[0].found
+    assert "580" in failures[0].needed and "apt-mark hold" in failures[0].fix
+    assert "dkms" not in failures[0].message("gpu01")
+
+
+def test_no_module_without_a_legacy_card_is_still_the_dkms_cure():
+    facts = HostFacts(driver=NO_MODULE, module=None, toolkits=(CUDA118,), gcc=GCC11,
+                      recorded_gpus=(T4,), driver_packages=DRIVER_590)
+    failure = evaluate(settings(), facts)[0]
+    assert failure.rule == "driver-module-loaded" and "dkms" in failure.fix
+
+
+def test_old_mismatch_message_takes_the_library_version_from_the_packages():
+    state = smi_fixture("mismatch_old_driver")
+    facts = host(state=state, driver_packages=DRIVER_590, recorded_gpus=(V100,))
+    failures = evaluate(settings(), facts)
+    assert failures[0].rule == "driver-reboot-needed"
+    assert "None" not in failures[0].found and "NVML library 590.44.01" in failures[0].found
+    # llamarack may reboot: the ceiling is still checked before the reboot boots 590
+    assert rules_failed(settings(driver_reboot_on_mismatch=True), facts) == ["driver-ceiling"]
+
+
+def test_old_mismatch_without_packages_says_so_without_none():
+    failure = evaluate(settings(), host(state=smi_fixture("mismatch_old_driver")))[0]
+    assert "None" not in failure.found and "another version" in failure.found
+
+
+def test_unknown_card_is_refused_with_the_setting_to_use():
+    state = smi_fixture("unknown_card_driver_470")
+    facts = HostFacts(driver=state, module=KernelModule("470.182.03", False), toolkits=(CUDA118,), gcc=GCC11)
+    failures = evaluate(settings(driver_min_version="450.0", llamacpp_backend="cuda"), facts)
+    known = [f for f in failures if f.rule == "gpu-known"]
+    assert known and "Graphics Device (PCI device id 0x2BB110DE)" in known[0].found
+    assert "llamacpp_cuda_archs" in known[0].fix
+    assert "gpu-known" not in rules_failed(settings(llamacpp_cuda_archs=["86"]), facts)
+
+
+def test_pg500_216_gets_its_capability_from_the_pci_id():
+    state = smi_fixture("pg500_216_driver_470")
+    assert state.gpus[0].compute_cap == "7.0"
+    facts = HostFacts(driver=state, module=KernelModule("470.182.03", False), toolkits=(CUDA118,), gcc=GCC11)
+    assert "gpu-known" not in rules_failed(settings(), facts)
+
+
+def test_compute_cap_na_does_not_crash_a_rule():
+    facts = host(state=smi_fixture("compute_cap_na"), driver="550.127.05")
+    assert evaluate(settings(), facts) == []
+    broken = Gpu(0, "Tesla V100-PCIE-32GB", "GPU-9", 32768, "[N/A]", "590.44.01")
+    facts = host(state=DriverState("ok", (broken,)), driver="590.44.01")
+    assert "gpu-known" in rules_failed(settings(), facts)  # no ValueError
+
+
+def test_unreadable_card_line_is_named():
+    state = smi_fixture("memory_na_one_card")
+    failure = evaluate(settings(), host(state=state))[0]
+    assert failure.rule == "gpus-readable"
+    assert "[N/A]" in failure.found and "GPU-5b0d4c1e" in failure.found
+
+
+def test_infororm_warning_keeps_the_card():
+    facts = host(state=smi_fixture("inforom_warning"))
+    assert evaluate(settings(), facts) == []
+
+
+def test_mixed_host_names_the_dropped_v100_and_the_ceiling():
+    state = smi_fixture("mixed_v100_t4_driver_595")
+    t4 = state.gpus[0]
+    v100 = Gpu(0, "Tesla V100-SXM2-16GB", "GPU-v100", 16384, "7.0", "", "0x1DB110DE")
+    cuda124 = CudaToolkit("/usr/local/cuda-12.4", "/usr/local/cuda-12.4/bin/nvcc", "12.4", "12.4.131", 13)
+    facts = HostFacts(driver=state, module=KernelModule("595.45.04", True), toolkits=(cuda124,), gcc=GCC11,
+                      recorded_gpus=(v100, t4))
+    failures = evaluate(settings(toolchain_cuda_version="12.4"), facts)
+    assert [f.rule for f in failures] == ["driver-ceiling"]
+    assert "Tesla V100" in failures[0].found and "595.45.04" in failures[0].found
+
+
+def test_recorded_card_missing_is_refused_unless_the_record_is_deleted():
+    v100b = Gpu(1, "Tesla V100-SXM2-16GB", "GPU-gone", 16384, "7.0", "")
+    facts = host(recorded_gpus=(V100, v100b))
+    failure = evaluate(settings(), facts)[0]
+    assert failure.rule == "gpus-missing" and "GPU-gone" in failure.found
+    assert "delete /opt/llamarack/state/gpus.json" in failure.fix
+    assert evaluate(settings(), host(recorded_gpus=())) == []  # the record deleted: the live list stands
+
+
+def test_mig_a100_passes():
+    state = smi_fixture("a100_mig_enabled")
+    facts = HostFacts(driver=state, module=KernelModule("535.129.03", False), toolkits=(CUDA118,), gcc=GCC11)
+    assert evaluate(settings(), facts) == []

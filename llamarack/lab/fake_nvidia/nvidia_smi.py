@@ -42,6 +42,8 @@ MSG_NO_DRIVER = (
     "driver. Make sure that the latest NVIDIA driver is installed and "
     "running.\n\n"
 )
+MSG_NO_DEVICES = "No devices were found\n"
+EXIT_NO_DEVICES = 6  # what the real one exits with when it lists no GPU
 EXIT_NO_DRIVER = 9
 EXIT_MISMATCH = 18
 EXIT_BAD_ARG = 2
@@ -70,6 +72,20 @@ def library_version():
     return None
 
 
+# PCI device ids ("0x<device><vendor>", as pci.device_id prints them) of the
+# lab's boards, for a gpus.json without "pci_device_id" (pci.ids, vendor 10de;
+# the H200's from the real capture).
+PCI_DEVICE_ID_BY_NAME = {
+    "Tesla V100-SXM2-16GB": "0x1DB110DE", "Tesla V100-SXM2-32GB": "0x1DB510DE",
+    "Tesla T4": "0x1EB810DE", "Tesla P100-PCIE-16GB": "0x15F810DE",
+    "Tesla P40": "0x1B3810DE", "NVIDIA H200": "0x233510DE",
+}
+
+
+def pci_device_id(gpu):
+    return gpu.get("pci_device_id") or PCI_DEVICE_ID_BY_NAME.get(gpu["name"], "0x000010DE")
+
+
 def load_gpus():
     try:
         with open(GPUS_JSON) as f:
@@ -92,6 +108,7 @@ FIELDS = {
                     lambda g, i, d: str(g["memory_mib"] - g.get("memory_used_mib", 0))),
     "compute_cap": ("compute_cap", None, lambda g, i, d: g["compute_cap"]),
     "pci.bus_id": ("pci.bus_id", None, lambda g, i, d: g["bus_id"]),
+    "pci.device_id": ("pci.device_id", None, lambda g, i, d: pci_device_id(g)),
     "pstate": ("pstate", None, lambda g, i, d: g.get("pstate", "P0")),
     "temperature.gpu": ("temperature.gpu", None, lambda g, i, d: str(g.get("temperature_c", 37))),
     "power.limit": ("power.limit", "W", lambda g, i, d: "%.2f" % g.get("power_cap_w", 300)),
@@ -168,17 +185,63 @@ def print_table(driver):
             "|%41s|%24s|%21s |" % ("", "", g.get("mig", "N/A")),
             SEP,
         ]
-    if not gpus:
-        lines = [lines[0], "No devices were found"]
-    else:
-        lines += ["", WIDE,
-                  "| Processes:                                                                              |",
-                  "|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |",
-                  "|        ID   ID                                                               Usage      |",
-                  "|=========================================================================================|",
-                  "|  No running processes found                                                             |",
-                  WIDE]
+    lines += ["", WIDE,
+              "| Processes:                                                                              |",
+              "|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |",
+              "|        ID   ID                                                               Usage      |",
+              "|=========================================================================================|",
+              "|  No running processes found                                                             |",
+              WIDE]
     sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+# --- nvidia-smi -q (the real layout: key padded to column 55, then ": ") ---
+def q_line(depth, key, value=None):
+    pad = "    " * depth + key
+    return pad if value is None else "%-55s: %s" % (pad, value)
+
+
+def print_q(driver):
+    gpus = load_gpus()
+    lines = ["", "==============NVSMI LOG==============", "",
+             q_line(0, "Timestamp", time.strftime("%a %b %d %H:%M:%S %Y")),
+             q_line(0, "Driver Version", driver), q_line(0, "CUDA Version", cuda_version(driver)),
+             "", q_line(0, "Attached GPUs", str(len(gpus)))]
+    for i, g in enumerate(gpus):
+        used = g.get("memory_used_mib", 0)
+        reserved = g.get("memory_reserved_mib", 0)
+        bus = g["bus_id"]
+        lines += [
+            "GPU " + bus,
+            q_line(1, "Product Name", g["name"]),
+            q_line(1, "Product Brand", g.get("brand", "NVIDIA")),
+            q_line(1, "Persistence Mode", "Enabled"),
+            q_line(1, "MIG Mode"),
+            q_line(2, "Current", g.get("mig", "N/A")),
+            q_line(2, "Pending", g.get("mig", "N/A")),
+            q_line(1, "GPU UUID", g["uuid"]),
+            q_line(1, "Minor Number", str(i)),
+            q_line(1, "PCI"),
+            q_line(2, "Bus", "0x" + bus.split(":")[1]),
+            q_line(2, "Device", "0x" + bus.split(":")[2].split(".")[0]),
+            q_line(2, "Domain", "0x" + bus.split(":")[0][-4:]),
+            q_line(2, "Device Id", pci_device_id(g)),
+            q_line(2, "Bus Id", bus),
+            q_line(1, "Performance State", g.get("pstate", "P0")),
+            q_line(1, "FB Memory Usage"),
+            q_line(2, "Total", "%d MiB" % g["memory_mib"]),
+            q_line(2, "Reserved", "%d MiB" % reserved),
+            q_line(2, "Used", "%d MiB" % used),
+            q_line(2, "Free", "%d MiB" % (g["memory_mib"] - reserved - used)),
+            q_line(1, "Compute Mode", "Default"),
+            q_line(1, "Temperature"),
+            q_line(2, "GPU Current Temp", "%d C" % g.get("temperature_c", 37)),
+            q_line(1, "GPU Power Readings"),
+            q_line(2, "Current Power Limit", "%.2f W" % g.get("power_cap_w", 300)),
+            q_line(1, "Processes", "None"),
+        ]
+    sys.stdout.write("\n".join(lines) + "\n\n")
     return 0
 
 
@@ -199,6 +262,8 @@ def main(argv):
             mode = "list"
         elif arg == "--version":
             mode = "version"
+        elif arg in ("-q", "--query"):
+            mode = "q"
         else:
             sys.stdout.write('Invalid combination of input arguments. Please run '
                              '"nvidia-smi -h" for help.\n\n')
@@ -222,16 +287,25 @@ def main(argv):
         sys.stdout.write("Failed to initialize NVML: Driver/library version mismatch\n"
                          "NVML library version: %s\n" % lib_mm)
         return EXIT_MISMATCH
-    if mode == "query":
-        return print_query(*parsed, mod)
-    if mode == "list":
-        for i, g in enumerate(load_gpus()):
-            sys.stdout.write("GPU %d: %s (UUID: %s)\n" % (i, g["name"], g["uuid"]))
-        return 0
     if mode == "version":
         sys.stdout.write("NVIDIA-SMI version  : %s\nNVML version        : %s\n"
                          "DRIVER version      : %s\nCUDA Version        : %s\n"
                          % (mod, ".".join(mod.split(".")[:2]), mod, cuda_version(mod)))
+        return 0
+    if not load_gpus():
+        # the real one, in every mode that lists GPUs (query, table, -L, -q)
+        sys.stdout.write(MSG_NO_DEVICES)
+        return EXIT_NO_DEVICES
+    if mode == "query":
+        return print_query(*parsed, mod)
+    if mode == "q":
+        return print_q(mod)
+    if mode == "list":
+        for i, g in enumerate(load_gpus()):
+            sys.stdout.write("GPU %d: %s (UUID: %s)\n" % (i, g["name"], g["uuid"]))
+            # MIG devices under their GPU, as the real -L lists them
+            for j, mig in enumerate(g.get("mig_devices", [])):
+                sys.stdout.write("  MIG %-13s Device %2d: (UUID: %s)\n" % (mig["profile"], j, mig["uuid"]))
         return 0
     return print_table(mod)
 
