@@ -101,8 +101,10 @@ def secret_upload(secret: str, dest: str, mode: str = "600", group=None):
     yield (f"install -d -m 755 {shlex.quote(str(Path(dest).parent))} && "
            f"install -m {mode}{group_args} /dev/null {q_new}")  # fmt: skip
     private = f"/tmp/llamarack-upload-{uuid.uuid4().hex}"
-    # As the SSH user (no sudo): the only place its upload may land.
-    yield StringCommand(f"umask 077 && mkdir -m 700 {shlex.quote(private)}", _sudo=False)
+    # As the SSH user (no sudo): the only place its upload may land, and the
+    # file made private before SFTP fills it (sftp-server would make it 644).
+    yield StringCommand(f"umask 077 && mkdir -m 700 {shlex.quote(private)} && "
+                        f"install -m 600 /dev/null {shlex.quote(private + '/secret')}", _sudo=False)
     yield FileUploadCommand(StringIO(secret), f"{dest}.new", remote_temp_filename=f"{private}/secret")
     yield StringCommand(f"rm -rf {shlex.quote(private)}", _sudo=False)
     yield f"chmod {mode} {q_new}{f' && chgrp {shlex.quote(group)} {q_new}' if group else ''} && mv -f {q_new} {shlex.quote(dest)}"

@@ -57,10 +57,12 @@ def test_an_api_key_uploaded_under_sudo_is_never_readable_by_others(lab_rack, tm
     key = "sk-lab-sudo-" + tmp_path.name
     key_file = tmp_path / "api-key"
     key_file.write_text(key + "\n")
-    # Meanwhile on the host: any file under /tmp that others may read and that holds the key.
-    watcher = ("nohup sh -c 'end=$(($(date +%s)+120)); while [ $(date +%s) -lt $end ]; do "
-               f"grep -rls {key} /tmp 2>/dev/null | xargs -r ls -l >> /root/key-watch.log; done' "
-               ">/dev/null 2>&1 & echo $! > /root/key-watch.pid")  # fmt: skip
+    # Meanwhile on the host, as a user who is neither root nor the SSH user: any
+    # file under /tmp it can read that holds the key (pyinfra's own temporary
+    # upload file, mode 644 in /tmp, would be one).
+    watcher = ("nohup runuser -u nobody -- sh -c 'end=$(($(date +%s)+120)); while [ $(date +%s) -lt $end ]; do "
+               f"grep -rls {key} /tmp 2>/dev/null; done' >> /root/key-watch.log 2>/dev/null & "
+               "echo $! > /root/key-watch.pid")  # fmt: skip
     deploying.sh(lab_rack, "lab-t4", f"rm -f /root/key-watch.log; touch /root/key-watch.log; {watcher}")
     rc, out = lab_rack.run_pyinfra(deploying.ROOT / "deploy.py", "--limit", "lab-t4",
                                    "--data", f"server_api_key_file={key_file}", "--data", "llamarack_roles=server",
@@ -70,9 +72,8 @@ def test_an_api_key_uploaded_under_sudo_is_never_readable_by_others(lab_rack, tm
     assert deploying.sh(lab_rack, "lab-t4", "stat -c '%a %U %G' /etc/llamarack/server-api-key") == "640 root llamarack"
     assert deploying.sh(lab_rack, "lab-t4", "cat /etc/llamarack/server-api-key") == key
     deploying.sh(lab_rack, "lab-t4", "kill $(cat /root/key-watch.pid) || true")
-    seen = [line for line in deploying.sh(lab_rack, "lab-t4", "cat /root/key-watch.log").splitlines()
-            if line[7:8] == "r"]  # -rw-r--r--: others may read  # fmt: skip
-    assert seen == [], seen
+    seen = deploying.sh(lab_rack, "lab-t4", "sort -u /root/key-watch.log")
+    assert seen == "", seen
     assert deploying.sh(lab_rack, "lab-t4", f"grep -rls {key} /tmp /var/tmp /home || true") == ""
     request = urllib.request.Request("http://10.77.0.14:8080/v1/models", headers={"Authorization": f"Bearer {key}"})
     with urllib.request.urlopen(request, timeout=30) as r:
