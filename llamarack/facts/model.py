@@ -21,6 +21,7 @@ class ArtifactState(FactValue):
     stamp: Optional[str]  # from its stamp.json; None when unsealed
     gguf_size: Optional[int]  # model.gguf's size now
     sealed_size: Optional[int]  # model.gguf's size when it was sealed
+    record: Optional[dict] = None  # the whole stamp.json: what the artifact was made from
 
     def complete_for(self, stamp: str) -> bool:
         """The artifact is the one wanted and its GGUF is whole."""
@@ -56,7 +57,7 @@ class ModelArtifact(FactBase[Optional[ArtifactState]]):
             if head != "size":
                 raise ValueError(output[0])
             record = json.loads("\n".join(output[1:]))
-            return ArtifactState(record["stamp"], int(size), int(record["gguf"]["size"]))
+            return ArtifactState(record["stamp"], int(size), int(record["gguf"]["size"]), record)
         except (ValueError, KeyError, TypeError) as e:
             raise FactProcessError(f"unreadable model artifact state: {e}") from e
 

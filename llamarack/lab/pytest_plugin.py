@@ -33,7 +33,7 @@ def pytest_sessionstart(session):
     ended, its state kept) is only debris: remove it, so lab tests start clean.
     A live rack is someone's: it is left alone, and the lab tests say so."""
     existing = rackmod.load()
-    if existing is not None and not rackmod.healthy(existing):
+    if existing is not None and rackmod.stale(existing):
         errors = rackmod.down()
         print(f"llamarack lab: removed a stale rack (its hosts were gone){': ' + '; '.join(errors) if errors else ''}")
 

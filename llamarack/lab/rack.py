@@ -159,7 +159,8 @@ def up(n: int | None = None, gpus: str | None = None,
     if (sd / STATE_FILE).exists():
         raise LabError(f"a rack is already up ({sd / STATE_FILE}); run 'lab down' first")
     t0 = time.monotonic()
-    rack = Rack(sd, {"version": 1, "hosts": [], "started": time.time()})
+    # owner: the process bringing the rack up (hosts have no PID until they boot)
+    rack = Rack(sd, {"version": 1, "hosts": [], "started": time.time(), "owner": os.getpid()})
     rack.data["tmpfs_mounted"] = _mount_state_dir(sd)
     try:
         rack.save()
@@ -314,6 +315,14 @@ def status(state_dir: Path | None = None) -> list[dict]:
         out.append({"name": h["name"], "ip": h["ip"], "profile": h["profile"],
                     "alive": alive, "ssh": alive and hostmod.ssh_banner(h["ip"])})
     return out
+
+
+def stale(rack: Rack) -> bool:
+    """Debris of a run that was killed: neither the process that brought it up nor
+    any of its hosts is alive. A rack still booting or rebooting a host is not."""
+    if rack.data.get("owner") and hostmod.pid_alive(rack.data["owner"]):
+        return False
+    return not any(h["alive"] for h in status(rack.state_dir))
 
 
 def healthy(rack: Rack) -> bool:

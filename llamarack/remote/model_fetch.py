@@ -70,6 +70,8 @@ def read_token(path: str) -> str:
                          f"{stat.S_IMODE(st.st_mode):o}); it must be 600", EXIT_AUTH)  # fmt: skip
     with open(path) as f:
         token = f.read().strip()
+    # Held in memory from here on: a fetch killed mid-file leaves no token on disk.
+    os.unlink(path)
     if not token:
         raise FetchError(f"token file {path} is empty", EXIT_AUTH)
     return token

@@ -12,8 +12,10 @@ LAN mirror for a big rack). Pushing one control-machine download through
 every host's SSH link would serialize the rack behind one link; every host
 fetching in parallel from a mirror does not.
 
-The hub is asked once per run on the control machine (``requests``), for
-sizes and content hashes; hosts need only python3's standard library.
+The hub is asked on the control machine (``requests``), for sizes and
+content hashes, only when the artifact a host serves is not already the one
+its settings ask for (its own record says so); hosts need only python3's
+standard library.
 
 Returns the plan (``plan.gguf`` is the served file; ``<root>/models/current``
 points at its directory).
@@ -22,15 +24,17 @@ points at its directory).
 from typing import Optional
 from urllib.parse import urlsplit
 
+from pyinfra import host
 from pyinfra.api import deploy
 
 from llamarack.errors import ModelSourceError
+from llamarack.facts import ModelArtifact
 from llamarack.secrets import read_token
 from llamarack.settings import Settings
 
 from .hub import HubListing, repo_files
 from .operations import artifact
-from .plan import ModelPlan, plan_model
+from .plan import ModelPlan, plan_from_record, plan_model
 
 
 def listing_for(settings: Settings) -> Optional[HubListing]:
@@ -43,7 +47,11 @@ def listing_for(settings: Settings) -> Optional[HubListing]:
 
 
 def plan_for(settings: Settings) -> ModelPlan:
-    return plan_model(settings, listing_for(settings))
+    """The artifact this host needs. When the one it serves was made from what the
+    settings ask now (its record says so), that is the plan, and the hub is not
+    asked: a converged rack deploys with the hub down."""
+    served = host.get_fact(ModelArtifact, path=settings.layout.current_model)
+    return plan_from_record(settings, served) or plan_model(settings, listing_for(settings))
 
 
 @deploy("llamarack model")

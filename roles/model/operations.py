@@ -16,6 +16,7 @@ from typing import Optional
 
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, operation
+from pyinfra.facts.files import File
 from pyinfra.facts.files import Link
 
 from llamarack import remote
@@ -93,25 +94,29 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
         fetcher = lambda *args: remote.command("model_fetch", *args, python=t["python"])  # noqa: E731
         fetch_cmd = fetcher("fetch", "--manifest", f"{s}/manifest.json",
                             "--dest", f"{s}/hf" if plan.converts else s, "--retries", str(plan.retries))  # fmt: skip
-        token = read_token(token_file)
-        after = ""
-        if token:
-            # Needed only here: uploaded right before the fetch, removed whatever its result.
-            token_path = f"{s}/hub-token"
-            yield from secret_upload(token, token_path, mode="600")
-            fetch_cmd += " --token-file " + q(token_path)
-            after = f"rm -f {q(token_path)}"
-        if executing():
-            logger.info(f"{host.print_prefix}model {name}: {plan.describe_fetch()}; follow each step "
-                        f"with: tail -f {s}/fetch.log (then convert.log, quantize.log)")  # fmt: skip
-
-        if not plan.converts:
+        unquantized = f"{s}/model.gguf" if not plan.quantizes else f"{s}/model-{plan.outtype}.gguf"
+        # A rerun resumes where one failed: each step skips when its output exists
+        # (read when the operation runs), and the fetch is past once a GGUF is made.
+        fetched = plan.converts and any(host.get_fact(File, path=p) for p in {unquantized, f"{s}/model.gguf"})
+        token_path = f"{s}/hub-token"
+        # A token of a run killed before its fetch ended goes first, whatever comes next.
+        yield f"rm -f {q(token_path)} {q(token_path + '.new')}"
+        if not fetched:
+            token = read_token(token_file)
+            after = ""
+            if token:
+                # Sent only for a fetch that runs; the fetcher deletes it once read, and
+                # it is removed again here whatever the fetch's result.
+                yield from secret_upload(token, token_path, mode="600")
+                fetch_cmd += " --token-file " + q(token_path)
+                after = f"rm -f {q(token_path)}"
+            if executing():
+                logger.info(f"{host.print_prefix}model {name}: {plan.describe_fetch()}; follow each step "
+                            f"with: tail -f {s}/fetch.log (then convert.log, quantize.log)")  # fmt: skip
             yield _logged(fetch_cmd, f"{s}/fetch.log", after)
-        else:
-            unquantized = f"{s}/model.gguf" if not plan.quantizes else f"{s}/model-{plan.outtype}.gguf"
-            # Each step skips when its output exists, so a rerun resumes where one failed.
+
+        if plan.converts:
             done = f"[ -f {q(unquantized)} ] || [ -f {q(s + '/model.gguf')} ]"
-            yield f"{done} || {_logged(fetch_cmd, f'{s}/fetch.log', after)}"
             convert = (f"{q(t['convert_python'])} {q(t['convert_script'])} {q(s + '/hf')} "
                        f"--outtype {q(plan.outtype)} --outfile {q(unquantized + '.tmp')}")  # fmt: skip
             yield (f"{done} || {{ {_logged(convert, f'{s}/convert.log')} && "

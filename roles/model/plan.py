@@ -74,6 +74,8 @@ class ModelPlan:
     llamacpp_commit: str
     keep_intermediates: bool
     retries: int
+    asked: tuple = ()
+    """The settings it was planned from (``asked_inputs``), recorded with the artifact."""
 
     @property
     def name(self) -> str:
@@ -146,6 +148,9 @@ class ModelPlan:
             record["url"] = self.files[0].url
         if self.converts:
             record.update(quant=self.quant, outtype=self.outtype, llamacpp_commit=self.llamacpp_commit)
+        # What the settings said, so a later run can tell without the hub that this
+        # artifact is the one they still ask for (plan_from_record).
+        record["asked"] = dict(self.asked)
         return record
 
 
@@ -167,6 +172,62 @@ def select_hf_files(listing: HubListing, include) -> tuple[SourceFile, ...]:
         raise ModelSourceError(f"{listing.repo}@{listing.sha}: no *.safetensors file among the "
                                f"included files (model_hf_include); the repository has: {names}")  # fmt: skip
     return tuple(SourceFile(f.path, f.size, f.sha256, f.git_sha1) for f in chosen)
+
+
+def asked_inputs(settings: Settings) -> tuple:
+    """The settings that decide which artifact a host serves, as (key, value) pairs.
+
+    Not the endpoint (a mirror serves the same bytes) nor the retries. The
+    revision as given: a pinned commit always lists the same files.
+    """
+    m = settings.model
+    asked = {"source": m.source, "quant": m.quant}
+    if m.source == "url":
+        asked.update(url=m.url, sha256=m.sha256)
+    else:
+        asked.update(repo=m.repo, revision=m.revision)
+    if m.source == "gguf":
+        asked["file"] = m.file
+    if m.source == "hf":
+        asked.update(include=list(m.hf_include), outtype=m.convert_outtype, llamacpp_commit=settings.llamacpp.commit)
+    return tuple(sorted(json.loads(json.dumps(asked)).items()))
+
+
+def plan_from_record(settings: Settings, state) -> Optional[ModelPlan]:
+    """The plan of the artifact a host already serves, from its own record, when
+    that record says it was made from what the settings ask now; else None.
+
+    ``state``: the ``ModelArtifact`` fact of ``models/current``. This is what
+    lets a converged rack deploy with the hub unreachable: nothing to fetch,
+    so nothing to ask the hub.
+    """
+    if state is None or not state.record or state.gguf_size is None or state.gguf_size != state.sealed_size:
+        return None
+    record = state.record
+    asked = asked_inputs(settings)
+    if tuple(sorted((record.get("asked") or {}).items())) != asked:
+        return None
+    m = settings.model
+    files = tuple(
+        SourceFile(path, None, cid[len("sha256:"):] if cid.startswith("sha256:") else None,
+                   cid[len("git-sha1:"):] if cid.startswith("git-sha1:") else None)
+        for path, cid in sorted(record.get("files", {}).items())
+    )  # fmt: skip
+    return ModelPlan(
+        root=settings.general.root,
+        source=m.source,
+        stamp=record["stamp"],
+        files=files,
+        endpoint=m.hf_endpoint if m.source != "url" else None,
+        repo=record.get("repo"),
+        revision=record.get("revision"),
+        quant=m.quant,
+        outtype=record.get("outtype", m.convert_outtype),
+        llamacpp_commit=settings.llamacpp.commit,
+        keep_intermediates=m.keep_intermediates,
+        retries=m.fetch_retries,
+        asked=asked,
+    )
 
 
 def plan_model(settings: Settings, listing: Optional[HubListing] = None) -> ModelPlan:
@@ -204,5 +265,6 @@ def plan_model(settings: Settings, listing: Optional[HubListing] = None) -> Mode
         llamacpp_commit=settings.llamacpp.commit,
         keep_intermediates=m.keep_intermediates,
         retries=m.fetch_retries,
+        asked=asked_inputs(settings),
     )
 

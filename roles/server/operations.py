@@ -27,6 +27,7 @@ from pyinfra.facts.systemd import SystemdStatus
 
 from llamarack import remote
 from llamarack.facts import GgufShape, LlamaServerFlags, RecordedGpus
+from llamarack.gpu_table import planning_memory_mib
 from llamarack.layout import API_KEY_PATH, UNIT_NAME, UNIT_PATH
 from llamarack.operations import refusal, secret_upload
 from llamarack.secrets import read_token
@@ -130,7 +131,11 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
             yield StringCommand(f"echo 'write {UNIT_NAME} once the {made}'")
         return
 
-    card_mib = min((g.memory_mib for g in _cards(settings, gpus)), default=None) if s.gpu_layers else None
+    # Planned from the board's smallest known report, not this driver's figure: the
+    # same card gets the same context across a rack whatever each driver says.
+    cards = _cards(settings, gpus)
+    card_mib = min((planning_memory_mib(g.pci_device_id, g.memory_mib) for g in cards), default=None) \
+        if s.gpu_layers else None  # fmt: skip
     try:
         ctx = plan_context(settings, shape, card_mib)
         args = server_args(settings, flags, build_dir, model_dir, ctx,

@@ -50,8 +50,8 @@ def test_v100_host_with_a_driver_upgrade_past_580_is_refused_and_untouched(lab_r
         f"{deb.DEFAULT_VERSION} (Driver/library version mismatch)" in out
     )
     assert (
-        "lab-v100-32: driver-ceiling: found driver 590.44 with Tesla V100-SXM2-32GB (compute "
-        "capability 7.0); needed a driver of the 580 branch or older" in out
+        "lab-v100-32: driver-ceiling: found driver 590.44 (installed, not running) with Tesla "
+        "V100-SXM2-32GB (compute capability 7.0); needed a driver of the 580 branch or older" in out
     )
     assert "Fix: install a 580.xx driver and apt-mark hold it" in out
     # The other host went on, and nothing changed on the refused one.

@@ -119,6 +119,29 @@ def test_second_run_changes_nothing_and_calls_neither_pip_nor_apt(lab_rack):
     assert _index_requests(lab_rack) == requests_before
 
 
+# Nothing listens there: every outside source a deploy may use, out of reach.
+UNREACHABLE = "http://127.0.0.1:9"
+
+
+def test_a_converged_run_contacts_nothing_outside(lab_rack):
+    before = host_state(lab_rack)
+    rc, out = deploy(lab_rack, f"model_hf_endpoint={UNREACHABLE}", f"llamacpp_git_url={UNREACHABLE}/llama.cpp.git",
+                     f"python_env_index_url={UNREACHABLE}/simple", f"python_env_torch_index_url={UNREACHABLE}/simple",
+                     f"python_env_converter_torch_index_url={UNREACHABLE}/simple")  # fmt: skip
+    assert rc == 0, out[-6000:]
+    assert parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
+    assert "cannot reach the hub" not in out
+    assert host_state(lab_rack) == before
+
+
+def test_a_new_model_setting_with_the_hub_down_says_so_before_any_change(lab_rack):
+    before = host_state(lab_rack)
+    rc, out = deploy(lab_rack, f"model_hf_endpoint={UNREACHABLE}", "model_quant=Q8_0")
+    assert rc != 0
+    assert f"cannot reach the hub at {UNREACHABLE}" in out
+    assert host_state(lab_rack) == before
+
+
 def test_drifted_pin_is_put_back(lab_rack):
     sh(lab_rack, f"PIP_CONFIG_FILE=/dev/null {OPT}/envs/awq/bin/pip install -q --isolated --no-deps"
                  f" --index-url {_index_url()} 'accelerate==0.34.2' || {OPT}/envs/awq/bin/pip uninstall -y -q accelerate")  # fmt: skip

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api import FileUploadCommand, StringCommand
 from pyinfra.context import ctx_host
-from pyinfra.facts.files import Link
+
 
 from llamarack.roles.model.hub import repo_files
 from llamarack.roles.model.operations import artifact
@@ -52,10 +52,8 @@ class LocalHost:
         command = f.command(**kwargs)
         result = sh(command.get_raw_value() if isinstance(command, StringCommand) else command)
         lines = result.stdout.splitlines()
-        if fact is Link:
-            # pyinfra's file facts print nothing for a missing path
-            return f.process(lines) if lines else None
-        return f.process(lines)
+        # as pyinfra does: a fact that prints nothing is its default (a missing path)
+        return f.process(lines) if lines else f.default()
 
     def noop(self, message):
         self.noops.append(message)

@@ -16,10 +16,10 @@ from llamarack.errors import ModelSourceError
 from llamarack.facts import ArtifactState, FreeDiskBytes, ModelArtifact
 from llamarack.roles.model.hub import HubFile, HubListing, repo_files
 from llamarack.roles.model.operations import artifact
-from llamarack.roles.model.plan import artifact_stamp, plan_model
+from llamarack.roles.model.plan import artifact_stamp, plan_from_record, plan_model
 from llamarack import remote
 from llamarack.settings import load_settings
-from pyinfra.facts.files import Link
+from pyinfra.facts.files import File, Link
 from tests.support.hub_server import HubServer
 
 SHA = "a" * 40
@@ -48,7 +48,8 @@ class FakeHost:
         self.noops = []
 
     def get_fact(self, fact, **kwargs):
-        return self.facts.get(fact)
+        key = (fact, frozenset(kwargs.items()))
+        return self.facts[key] if key in self.facts else self.facts.get(fact)
 
     def noop(self, message):
         self.noops.append(message)
@@ -122,7 +123,7 @@ def test_in_place_but_current_points_elsewhere_only_switches_the_link():
 
 
 def test_missing_artifact_is_fetched_converted_quantized_sealed_and_moved():
-    cmds, _ = commands(PLAN, {ModelArtifact: None, FreeDiskBytes: 100 << 30, Link: None})
+    cmds, _ = commands(PLAN, {ModelArtifact: None, FreeDiskBytes: 100 << 30, Link: None, File: None})
     s, d = PLAN.staging, PLAN.dir
     uploads = {c[1]: c[2] for c in cmds if isinstance(c, tuple)}
     assert json.loads(uploads[f"{s}/manifest.json"]) == PLAN.manifest()
@@ -131,8 +132,10 @@ def test_missing_artifact_is_fetched_converted_quantized_sealed_and_moved():
     assert shell[0] == f"install -d -m 755 /opt/lr/models && install -d -m 700 /opt/lr/models/.staging {s}"
     fetch = remote.command("model_fetch", "fetch", "--manifest", f"{s}/manifest.json", "--dest", f"{s}/hf",
                            "--retries", "5")  # fmt: skip
-    assert f"{{ {fetch} >> {s}/fetch.log 2>&1; rc=$?; [ $rc = 0 ] || {{ tail -n 40 {s}/fetch.log >&2;" in shell[1]
-    assert "hub-token" not in " ".join(shell)
+    assert shell[1] == f"rm -f {s}/hub-token {s}/hub-token.new"  # a killed run's token, first
+    shell = shell[1:]
+    assert shell[1].startswith(f"{{ {fetch} >> {s}/fetch.log 2>&1; rc=$?; [ $rc = 0 ] || {{ tail -n 40 {s}/fetch.log >&2;")
+    assert "hub-token" not in " ".join(shell[1:])
     assert (f"/opt/lr/envs/convert/bin/python /opt/lr/src/llama.cpp/convert_hf_to_gguf.py {s}/hf "
             f"--outtype f16 --outfile {s}/model-f16.gguf.tmp >> {s}/convert.log 2>&1") in shell[2]  # fmt: skip
     assert (f"/opt/lr/builds/current/bin/llama-quantize {s}/model-f16.gguf {s}/model.gguf.tmp Q4_K_M "
@@ -146,7 +149,7 @@ def test_missing_artifact_is_fetched_converted_quantized_sealed_and_moved():
 def test_token_goes_up_as_a_private_file_and_is_removed_after_the_fetch(tmp_path):
     token = tmp_path / "token"
     token.write_text("hf_secret_value\n")
-    cmds, _ = commands(PLAN, {ModelArtifact: None, FreeDiskBytes: 100 << 30}, token_file=str(token))
+    cmds, _ = commands(PLAN, {ModelArtifact: None, FreeDiskBytes: 100 << 30, File: None}, token_file=str(token))
     s = PLAN.staging
     assert ("upload", f"{s}/hub-token.new", "hf_secret_value") in cmds
     shell = " ".join(c for c in cmds if isinstance(c, str))
@@ -155,13 +158,27 @@ def test_token_goes_up_as_a_private_file_and_is_removed_after_the_fetch(tmp_path
     assert f"--token-file {s}/hub-token >> {s}/fetch.log 2>&1; rc=$?; rm -f {s}/hub-token; [ $rc = 0 ]" in shell
 
 
+def test_a_resumed_run_past_its_fetch_sends_no_token(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("hf_secret_value\n")
+    s = PLAN.staging
+    facts = {ModelArtifact: None, FreeDiskBytes: 100 << 30, File: None,
+             (File, frozenset({"path": f"{s}/model-f16.gguf"}.items())): {"size": 9}}  # fmt: skip
+    cmds, _ = commands(PLAN, facts, token_file=str(token))
+    assert not any(isinstance(c, tuple) and "hub-token" in c[1] for c in cmds)
+    shell = " ".join(c for c in cmds if isinstance(c, str))
+    assert f"rm -f {s}/hub-token {s}/hub-token.new" in shell and f"fetch --manifest {s}/manifest.json" not in shell
+    assert f"--token-file {s}/hub-token" not in shell and "convert_hf_to_gguf.py" in shell
+
+
 def test_an_unsealed_leftover_is_removed_and_rebuilt():
-    cmds, _ = commands(PLAN, {ModelArtifact: ArtifactState(None, None, None), FreeDiskBytes: 100 << 30})
+    cmds, _ = commands(PLAN, {ModelArtifact: ArtifactState(None, None, None), FreeDiskBytes: 100 << 30, File: None})
     assert cmds[0] == f"rm -rf {PLAN.dir}"
 
 
 def test_a_truncated_artifact_is_not_taken_for_done():
-    cmds, _ = commands(PLAN, {ModelArtifact: ArtifactState(PLAN.stamp, 10, 1_100_000), FreeDiskBytes: 100 << 30})
+    cmds, _ = commands(PLAN, {ModelArtifact: ArtifactState(PLAN.stamp, 10, 1_100_000), FreeDiskBytes: 100 << 30,
+                              File: None})  # fmt: skip
     assert cmds[0] == f"rm -rf {PLAN.dir}"
 
 
@@ -173,7 +190,7 @@ def test_too_little_disk_fails_before_any_change():
 
 def test_f16_is_converted_straight_to_the_artifact_without_quantize():
     plan = plan_model(settings(model_quant="F16"), LISTING)
-    cmds, _ = commands(plan, {ModelArtifact: None, FreeDiskBytes: 100 << 30})
+    cmds, _ = commands(plan, {ModelArtifact: None, FreeDiskBytes: 100 << 30, File: None})
     shell = " ".join(c for c in cmds if isinstance(c, str))
     assert f"--outfile {plan.staging}/model.gguf.tmp" in shell and "llama-quantize" not in shell
 
@@ -181,9 +198,9 @@ def test_f16_is_converted_straight_to_the_artifact_without_quantize():
 def test_gguf_source_is_fetched_into_place_without_convert():
     listing = replace(LISTING, files=LISTING.files + (HubFile("m.gguf", 9, "1" * 64, "2" * 40),))
     plan = plan_model(settings(model_source="gguf", model_file="m.gguf"), listing)
-    cmds, _ = commands(plan, {ModelArtifact: None, FreeDiskBytes: 100 << 30})
+    cmds, _ = commands(plan, {ModelArtifact: None, FreeDiskBytes: 100 << 30, File: None})
     shell = [c for c in cmds if isinstance(c, str)]
-    assert f"--dest {plan.staging} " in shell[1] and "convert" not in " ".join(shell)
+    assert f"--dest {plan.staging} " in shell[2] and "convert" not in " ".join(shell)
 
 
 def test_hub_listing_from_the_local_hub(tmp_path):
@@ -208,3 +225,37 @@ def test_unreadable_artifact_state_is_a_fact_process_error(output):
 
     with pytest.raises(FactProcessError):
         ModelArtifact().process(output)
+
+
+def served(plan, **record_changes):
+    """The ModelArtifact fact of models/current once ``plan``'s artifact is sealed."""
+    record = {**json.loads(json.dumps(plan.record())), "gguf": {"size": 100, "sha256": "0" * 64}, **record_changes}
+    return ArtifactState(plan.stamp, 100, 100, record)
+
+
+def test_the_served_artifacts_own_record_plans_it_without_the_hub():
+    s = settings()
+    plan = plan_model(s, LISTING)
+    again = plan_from_record(s, served(plan))
+    assert (again.stamp, again.dir, again.revision) == (plan.stamp, plan.dir, plan.revision)
+    assert again.record()["asked"] == plan.record()["asked"]
+    # The artifact operation then does nothing: the listing was never needed.
+    cmds, noops = commands(again, {ModelArtifact: served(plan), Link: {"link_target": plan.name}})
+    assert cmds == [] and noops[0].startswith(f"model {plan.name} is in place")
+
+
+@pytest.mark.parametrize("change", [{"model_quant": "Q8_0"}, {"model_revision": "f" * 40},
+                                    {"llamacpp_commit": "a" * 40}, {"model_hf_include": ["*.safetensors"]}])
+def test_a_record_made_from_other_settings_needs_the_hub(change):
+    plan = plan_model(settings(), LISTING)
+    assert plan_from_record(settings(**change), served(plan)) is None
+
+
+def test_no_record_or_a_truncated_gguf_needs_the_hub():
+    plan = plan_model(settings(), LISTING)
+    assert plan_from_record(settings(), None) is None
+    assert plan_from_record(settings(), served(plan, asked=None)) is None  # made before records said
+    record = served(plan).record
+    assert plan_from_record(settings(), ArtifactState(plan.stamp, 99, 100, record)) is None
+    # a mirror of the same hub is no reason to fetch again
+    assert plan_from_record(settings(model_hf_endpoint="http://mirror.example:8080"), served(plan)) is not None

@@ -151,3 +151,15 @@ def test_diff_shows_how_the_unit_changes(caplog):
     with caplog.at_level(logging.INFO, logger="pyinfra"):
         run_op(service, with_old, diff=False, settings=settings(), gpus=(V100,))
     assert "Will modify" not in "\n".join(r.getMessage() for r in caplog.records)
+
+
+def test_the_same_board_gets_the_same_context_whatever_its_driver_reports():
+    from dataclasses import replace
+
+    notes = set()
+    for reported in (16130, 16160, 16384):  # one V100 16 GB under three drivers
+        card = replace(V100, memory_mib=reported, pci_device_id="0x1DB110DE")
+        commands, _ = run_op(service, facts(), settings=settings(server_cache_type_k="f16", server_cache_type_v="f16",
+                                                                 server_memory_reserve_mib=16000), gpus=(card,))  # fmt: skip
+        notes.add(next(line for line in commands[0][2].splitlines() if line.startswith("Description=")))
+    assert len(notes) == 1 and "16130 MiB" in notes.pop()

@@ -193,6 +193,8 @@ def test_token_is_sent_but_never_in_argv_environment_or_output(private_hub, repo
             time.sleep(0.02)
         cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
         environ = Path(f"/proc/{proc.pid}/environ").read_bytes()
+        # Mid-download the token is in memory only: killed now, it would leave no file.
+        assert not (tmp_path / "hub-token").exists()
     finally:
         gate.set()
     out, err = proc.communicate(timeout=60)
