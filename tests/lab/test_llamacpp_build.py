@@ -10,6 +10,7 @@ a commit that fails to build leaves the serving build current. Tests run in
 order and share the host.
 """
 
+import hashlib
 import json
 
 import pytest
@@ -121,7 +122,10 @@ DIES_AT_FIRST_KERNEL = {
     "ggml/src/ggml-cpu/ggml-cpu.c": (
         "    GGML_ASSERT(params);\n\n    if (tensor->op == GGML_OP_NONE",
         "    GGML_ASSERT(params);\n\n    if (tensor->op != GGML_OP_NONE && !ggml_is_empty(tensor)) {\n"
-        "        GGML_ABORT(\"llamarack lab test: this build dies at its first kernel\");\n    }\n\n"
+        # abort() itself, not GGML_ABORT: that one forks to print a backtrace, and two
+        # worker threads doing so at once can hang instead of dying.
+        "        fputs(\"llamarack lab test: this build dies at its first kernel\\n\", stderr);\n"
+        "        abort();\n    }\n\n"
         "    if (tensor->op == GGML_OP_NONE",
     ),
 }
@@ -129,7 +133,9 @@ DIES_AT_FIRST_KERNEL = {
 
 def test_a_build_that_cannot_compute_is_refused_and_nothing_changes(lab_rack, lab_mirror):
     serving, before = current(lab_rack), served(lab_rack)
-    dies = mirror.add_commit(lab_mirror, "lab-test-dies", "lab test: dies at its first kernel", DIES_AT_FIRST_KERNEL)
+    # The branch is named by its change: a mirror kept in the cache never serves an older one.
+    branch = "lab-test-dies-" + hashlib.sha256(json.dumps(DIES_AT_FIRST_KERNEL).encode()).hexdigest()[:12]
+    dies = mirror.add_commit(lab_mirror, branch, "lab test: dies at its first kernel", DIES_AT_FIRST_KERNEL)
     rc, out = deploy(lab_rack, f"llamacpp_commit={dies}", "llamacpp_cpu_fallback=False")
     assert rc != 0
     assert "cannot compute, refusing it" in out, out[-4000:]

@@ -189,7 +189,8 @@ def test_memory_guard_refuses_before_the_unit_is_touched(lab_rack):
     unit_before = sh(lab_rack, f"sha1sum {UNIT_PATH}")
     rc, out = deploy(lab_rack, "server_memory_reserve_mib=16384")
     assert rc != 0
-    assert f"{HOST}: memory: found 16384 MiB on the card" in out and "Fix: " in out
+    # planned at the V100 16 GB's smallest known report, not the 16384 its driver says
+    assert f"{HOST}: memory: found 16130 MiB on the card" in out and "Fix: " in out
     assert sh(lab_rack, f"sha1sum {UNIT_PATH}") == unit_before
     assert sh(lab_rack, f"systemctl show -p MainPID --value {UNIT}") == pid  # not restarted
 
