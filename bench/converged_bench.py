@@ -58,7 +58,7 @@ def count_remote_work(debug_output: str, hosts: list[str]) -> dict:
     text = ANSI.sub("", debug_output)
     commands = collections.Counter(re.findall(r"Running command on (\S+?): \(pty", text))
     facts: dict = collections.defaultdict(collections.Counter)
-    for host, fact in re.findall(r"^\s*\[(\S+?)\]\s+Loaded fact (.+?)\s*$", text, re.M):
+    for host, fact in re.findall(r"\[([^\]\s]+)\]\s+Loaded fact (.+?)\s*$", text, re.M):
         facts[host][fact] += 1
     return {
         h: {"remote_commands": commands.get(h, 0), "fact_reads": sum(facts[h].values()),
@@ -70,6 +70,7 @@ def count_remote_work(debug_output: str, hosts: list[str]) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--keep-log", action="store_true", help="keep the --debug run's output (not committed)")
     args = ap.parse_args()
     if rackmod.load() is not None:
         raise SystemExit("a lab rack is up: run 'llamarack lab down' first")
@@ -85,6 +86,7 @@ def main() -> int:
             raise SystemExit(f"the second deploy was not converged: {totals}")
         times = [deploy()[0] for _ in range(args.reps)]
         _, debug = deploy("--debug")
+        (ROOT / "bench/results/converged-debug.log").write_text(debug) if args.keep_log else None
         per_host = count_remote_work(debug, hosts)
     finally:
         rackmod.down()
