@@ -2,6 +2,7 @@
 pyinfra deploy, outside this repository, imports a role and runs it."""
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -27,8 +28,12 @@ llama_server(settings, gather(settings))
 
 
 def test_the_wheel_carries_the_roles_and_another_deploy_runs_one(tmp_path):
+    # Built from a copy: setuptools leaves build/ and *.egg-info in the tree it builds.
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", "build", "*.egg-info", "__pycache__", ".gl", ".whl", ".carry", ".pytest_cache"))  # fmt: skip
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path / "dist"), str(ROOT)], check=True, capture_output=True, timeout=300)  # fmt: skip
+                    "-w", str(tmp_path / "dist"), str(src)], check=True, capture_output=True, timeout=300)  # fmt: skip
     (wheel,) = (tmp_path / "dist").glob("llamarack-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for role in ("preflight", "driver", "toolchain", "python_env", "llamacpp", "model", "server"):
