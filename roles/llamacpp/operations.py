@@ -38,13 +38,13 @@ def checkout(git_url: str, commit: str, dest: str):
     else:
         yield f"git -C {q_dest} remote set-url origin {q_url} && git -C {q_dest} fetch --quiet origin"
     yield (
-        f"git -C {q_dest} -c advice.detachedHead=false checkout --quiet --force --detach {commit}"
+        f"git -C {q_dest} -c advice.detachedHead=false checkout --quiet --force --detach {shlex.quote(commit)}"
         f" && git -C {q_dest} clean --quiet -fdx"
     )
     # The commit asked for is the commit checked out (a prefix could be ambiguous).
     yield (
         f'test "$(git -C {q_dest} rev-parse HEAD)" = '
-        f'"$(git -C {q_dest} rev-parse --verify {commit}^{{commit}})"'
+        f'"$(git -C {q_dest} rev-parse --verify {shlex.quote(commit + "^{commit}")})"'
     )
 
 
@@ -196,7 +196,7 @@ def switch_current(root: str, stamp: str):
         return
     b = shlex.quote(Layout(root).builds)
     yield (
-        f"test -f {b}/{stamp}/build-info.json && ln -sfn {stamp} {b}/current.new"
+        f"test -f {shlex.quote(Layout(root).build(stamp))}/build-info.json && ln -sfn {shlex.quote(stamp)} {b}/current.new"
         f" && mv -T {b}/current.new {b}/current"
     )
 
