@@ -18,7 +18,6 @@ Writes bench/results/converged.json (the machine noted) and takes the rack down.
 from __future__ import annotations
 
 import argparse
-import collections
 import datetime
 import json
 import os
@@ -34,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from llamarack.lab import rack as rackmod  # noqa: E402
-from llamarack.lab.pytest_plugin import parse_pyinfra_totals, pyinfra_command  # noqa: E402
+from llamarack.lab.pytest_plugin import count_remote_work, parse_pyinfra_totals, pyinfra_command  # noqa: E402
 
 INVENTORY = ROOT / "inventory/lab.py"
 DEPLOY = ROOT / "deploy.py"
@@ -48,23 +47,6 @@ def deploy(*args: str) -> tuple[float, str]:
     if r.returncode != 0:
         raise SystemExit(f"deploy failed (rc {r.returncode}):\n{r.stdout[-4000:]}")
     return elapsed, r.stdout
-
-
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def count_remote_work(debug_output: str, hosts: list[str]) -> dict:
-    """Per host: remote commands and fact reads, as pyinfra's --debug log names them."""
-    text = ANSI.sub("", debug_output)
-    commands = collections.Counter(re.findall(r"Running command on (\S+?): \(pty", text))
-    facts: dict = collections.defaultdict(collections.Counter)
-    for host, fact in re.findall(r"\[([^\]\s]+)\]\s+Loaded fact (.+?)\s*$", text, re.M):
-        facts[host][fact] += 1
-    return {
-        h: {"remote_commands": commands.get(h, 0), "fact_reads": sum(facts[h].values()),
-            "facts_read_more_than_once": {f: n for f, n in facts[h].items() if n > 1}}  # fmt: skip
-        for h in hosts
-    }
 
 
 def main() -> int:

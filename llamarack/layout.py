@@ -47,6 +47,11 @@ class Layout:
 
     # python envs and toolkits
     @property
+    def converter_requirements(self) -> str:
+        """The converter env's requirements, in the llama.cpp checkout."""
+        return f"{self.src}/requirements/requirements-convert_hf_to_gguf.txt"
+
+    @property
     def envs(self) -> str:
         return f"{self.root}/envs"
 

@@ -17,6 +17,7 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
 from pyinfra.operations import apt
 
+from .facts import read
 from .facts.gpu import NvidiaSmi, gpus_record
 
 
@@ -68,7 +69,7 @@ def record_gpus(path: str, gpus=None, recorded=None):
     interrupted run never leaves half a record.
     """
     if gpus is None:
-        gpus = host.get_fact(NvidiaSmi).gpus
+        gpus = read(NvidiaSmi).gpus
     if not gpus:
         host.noop("the driver lists no GPU: the GPU record is left as it is")
         return
@@ -127,7 +128,7 @@ def apt_install_missing(packages: list, cache_time: int = 86400):
     ``apt.packages(update=True)`` would refresh the lists on every run once
     they are older than ``cache_time``; here a converged host makes no apt call.
     """
-    installed = host.get_fact(DebPackages)
+    installed = read(DebPackages)
     missing = [p for p in packages if p not in installed]
     if not missing:
         host.noop(f"apt packages already installed: {', '.join(packages)}")
@@ -145,7 +146,7 @@ def miniforge(installer_url: str, installer_sha256: str, prefix: str):
     + installer_sha256: its sha256; a mismatch stops before the installer runs
     + prefix: install directory (``<root>/conda``)
     """
-    if host.get_fact(File, path=f"{prefix}/bin/conda"):
+    if read(File, path=f"{prefix}/bin/conda"):
         host.noop(f"conda already installed in {prefix}")
         return
     part = f"{prefix}.installer.part"
@@ -170,7 +171,7 @@ def conda_env(conda: str, env: str, specs: list, channels: list, marker: str):
     + channels: channels, in order; nothing else is searched (--override-channels)
     + marker: a file the env has once complete (``<env>/bin/python``, ``<env>/bin/nvcc``)
     """
-    if host.get_fact(File, path=marker):
+    if read(File, path=marker):
         host.noop(f"conda env {env} already has {Path(marker).name}")
         return
     channel_args = [arg for ch in channels for arg in ("-c", ch)]

@@ -16,7 +16,8 @@ from .llamacpp import Builds, GitHead, LlamacppBuilds, LlamaServerFlags, ServerF
 from .packages import DebianSources, DebPackage, NvidiaDriverPackages
 from .python import PythonEnv, PythonEnvPackages, RequirementsFile
 from .model import ArtifactState, GgufShape, ModelArtifact
-from .system import FreeDiskBytes
+from .reading import FactRead, read, read_together
+from .system import FreeDiskBytes, PasswdEntry, SystemUser
 from .toolchain import (
     CmakeVersion,
     CudaToolkit,
@@ -27,6 +28,11 @@ from .toolchain import (
 )
 
 __all__ = [
+    "FactRead",
+    "read",
+    "read_together",
+    "PasswdEntry",
+    "SystemUser",
     "ArtifactState",
     "Builds",
     "GitHead",

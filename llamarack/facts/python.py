@@ -39,7 +39,7 @@ class PythonEnvPackages(FactBase[Optional[PythonEnv]]):
 
     def command(self, env: str) -> str:
         python = f"{env}/bin/python"
-        return f"if [ -x {shlex.quote(python)} ]; then {remote.command('env_packages', python=python)}; fi"
+        return f"if [ -x {shlex.quote(python)} ]; then {remote.command('env_packages', env)}; fi"
 
     def process(self, output) -> Optional[PythonEnv]:
         text = "\n".join(output).strip()

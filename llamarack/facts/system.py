@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
+from typing import Optional
 
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
+
+from .value import FactValue
 
 
 class FreeDiskBytes(FactBase[int]):
@@ -31,3 +35,38 @@ class FreeDiskBytes(FactBase[int]):
             return int(fields[3]) * 1024
         except (IndexError, ValueError) as e:
             raise FactProcessError(f"unexpected df output: {output!r}") from e
+
+
+@dataclass(frozen=True)
+class PasswdEntry(FactValue):
+    name: str
+    uid: int
+    gid: int
+    home: str
+    shell: str
+
+
+class SystemUser(FactBase[Optional[PasswdEntry]]):
+    """
+    Returns the passwd entry of ``user`` (through NSS, as ``getent`` sees it),
+    or None when there is no such user. One user, not pyinfra's ``server.Users``,
+    which reads every account of the host and each one's groups.
+
+    .. code:: python
+
+        PasswdEntry(name="llamarack", uid=999, gid=999, home="/opt/llamarack",
+                    shell="/usr/sbin/nologin")
+    """
+
+    def command(self, user: str) -> str:
+        # getent exits 2 for "no such user": that is an answer, not a failure.
+        return f"getent passwd {shlex.quote(user)} || true"
+
+    def process(self, output) -> Optional[PasswdEntry]:
+        fields = output[0].split(":") if output else []
+        if len(fields) != 7:
+            raise FactProcessError(f"unexpected getent passwd output: {output!r}")
+        try:
+            return PasswdEntry(fields[0], int(fields[2]), int(fields[3]), fields[5], fields[6])
+        except ValueError as e:
+            raise FactProcessError(f"unexpected getent passwd output: {output!r}") from e

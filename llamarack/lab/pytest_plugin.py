@@ -13,6 +13,7 @@ Register with `pytest_plugins = ["llamarack.lab.pytest_plugin"]`.
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 import shutil
@@ -57,6 +58,25 @@ def parse_pyinfra_totals(output: str) -> dict[str, int]:
         raise AssertionError("no 'Grand total' line in pyinfra output:\n" + output[-3000:])
     vals = [0 if v == "-" else int(v) for v in m.groups()]
     return dict(zip(["hosts", "success", "error", "no_change"], vals))
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def count_remote_work(debug_output: str, hosts: list[str]) -> dict:
+    """Per host, from a ``--debug`` run's output (pyinfra's own log lines): the remote
+    commands ("Running command on HOST"), the fact reads ("Loaded fact") and the
+    facts read more than once."""
+    text = ANSI.sub("", debug_output)
+    commands = collections.Counter(re.findall(r"Running command on (\S+?): \(pty", text))
+    facts: dict = collections.defaultdict(collections.Counter)
+    for host, fact in re.findall(r"\[([^\]\s]+)\]\s+Loaded fact (.+?)\s*$", text, re.M):
+        facts[host][fact] += 1
+    return {
+        h: {"remote_commands": commands.get(h, 0), "fact_reads": sum(facts[h].values()),
+            "facts_read_more_than_once": {f: n for f, n in facts[h].items() if n > 1}}  # fmt: skip
+        for h in hosts
+    }
 
 
 class LabRack:

@@ -1,16 +1,48 @@
 # Runs on the host (standard library only, imports nothing from llamarack; run by llamarack.remote.command).
-"""Print the running interpreter's Python version and every installed distribution, as JSON.
+"""Print the Python version of the env at ENV and every distribution installed in it, as JSON.
 
-    <env>/bin/python -c SOURCE
+    python3 -c SOURCE ENV
 
-Run with the env's own interpreter: what importlib.metadata sees is exactly
-what ``import`` will load, and no pip process is started to find out.
+Reads the env's own files, not its interpreter: the version from the venv's
+``pyvenv.cfg`` (or the conda env's ``conda-meta/python-*.json``), the
+distributions from the ``*.dist-info`` (and ``*.egg-info``) metadata in its
+``site-packages``, which is what the env's ``importlib.metadata`` reads too.
+Starting an env's own Python, with torch installed, cost about 0.2 s of a
+host's CPU per env on every run; the host's ``python3`` reading the same
+files costs a tenth of that. Where neither version record exists, the env's
+interpreter is asked after all.
 """
 
+import glob
 import importlib.metadata
 import json
-import platform
+import os
+import subprocess
+import sys
+
+
+def env_python_version(env: str) -> str:
+    try:
+        with open(os.path.join(env, "pyvenv.cfg")) as f:
+            cfg = {k.strip(): v.strip() for k, _, v in (line.partition("=") for line in f)}
+        # venv writes "version = 3.11.2"; virtualenv "version_info = 3.11.2.final.0"
+        version = cfg.get("version") or ".".join(cfg.get("version_info", "").split(".")[:3])
+        if version:
+            return version
+    except OSError:
+        pass
+    for record in sorted(glob.glob(os.path.join(env, "conda-meta", "python-[0-9]*.json"))):
+        with open(record) as f:
+            return json.load(f)["version"]
+    return subprocess.run([os.path.join(env, "bin", "python"), "-c", "import platform; print(platform.python_version())"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+
+
+def env_packages(env: str) -> dict:
+    site = sorted(glob.glob(os.path.join(env, "lib", "python*", "site-packages")))
+    return {d.metadata["Name"]: d.version for d in importlib.metadata.distributions(path=site) if d.metadata["Name"]}
+
 
 if __name__ == "__main__":
-    packages = {d.metadata["Name"]: d.version for d in importlib.metadata.distributions() if d.metadata["Name"]}
-    print(json.dumps({"python": platform.python_version(), "packages": packages}))
+    env = sys.argv[1]
+    print(json.dumps({"python": env_python_version(env), "packages": env_packages(env)}))

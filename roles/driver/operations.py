@@ -7,7 +7,7 @@ import shlex
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
-from llamarack.facts import NvidiaDriverPackages
+from llamarack.facts import NvidiaDriverPackages, read
 
 
 @operation()
@@ -21,7 +21,7 @@ def driver_package_holds(hold: bool = True):
     the old kernel module loaded ("Driver/library version mismatch") or, past
     the 580 branch, drop Volta and Pascal cards.
     """
-    packages = host.get_fact(NvidiaDriverPackages)
+    packages = read(NvidiaDriverPackages)
     if not packages:
         host.noop("no NVIDIA driver package installed")
         return

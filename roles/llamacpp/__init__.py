@@ -13,7 +13,7 @@ build stops the host before the switch, so the serving build is untouched.
 from pyinfra import host, logger
 from pyinfra.api import deploy
 
-from llamarack.facts import LlamacppBuilds
+from llamarack.facts import LlamacppBuilds, read
 from llamarack.rules import HostFacts
 from llamarack.settings import Settings
 
@@ -34,7 +34,7 @@ def llamacpp(settings: Settings, facts: HostFacts) -> BuildPlan:
     root, layout = settings.general.root, settings.layout
     plan = plan_for_host(settings, facts)
     # The build serving before this run: kept for rollback whatever else was built since.
-    serving = host.get_fact(LlamacppBuilds, root=root).current
+    serving = read(LlamacppBuilds, root=root).current
 
     checkout(
         name=f"llama.cpp source at {s.commit[:12]}",

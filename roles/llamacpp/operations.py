@@ -10,6 +10,7 @@ from pyinfra import host
 from pyinfra.api import FileUploadCommand, StringCommand, operation
 
 from llamarack import remote
+from llamarack.facts import read
 from llamarack.facts.llamacpp import GitHead, LlamacppBuilds
 from llamarack.layout import Layout
 
@@ -27,7 +28,7 @@ def checkout(git_url: str, commit: str, dest: str):
 
     No-op when ``dest`` already has the commit checked out.
     """
-    head = host.get_fact(GitHead, path=dest)
+    head = read(GitHead, path=dest)
     if head and head.startswith(commit):
         host.noop(f"{dest} is at {commit[:12]}")
         return
@@ -66,7 +67,7 @@ def build(plan: BuildPlan, src: str, root: str, ccache_dir=None, jobs=None):
     CUDA host) answered with finite probabilities (``proof_spec``). A failed
     build leaves nothing that looks good, and ``current`` is not touched here.
     """
-    builds = host.get_fact(LlamacppBuilds, root=root)
+    builds = read(LlamacppBuilds, root=root)
     if plan.stamp in builds.verified:
         host.noop(f"llama.cpp build {plan.stamp} exists and was verified")
         return
@@ -190,7 +191,7 @@ def switch_current(root: str, stamp: str):
     + root: the llamarack root
     + stamp: the build to make current
     """
-    builds = host.get_fact(LlamacppBuilds, root=root)
+    builds = read(LlamacppBuilds, root=root)
     if builds.current == stamp:
         host.noop(f"llama.cpp build {stamp} is current")
         return
@@ -213,7 +214,7 @@ def prune_builds(root: str, keep: int, current: str, previous=None):
     + previous: the build ``current`` named before this run (read when the run was
       planned: by the time this runs, ``current`` may already point elsewhere)
     """
-    builds = host.get_fact(LlamacppBuilds, root=root)
+    builds = read(LlamacppBuilds, root=root)
     ordered = [current, previous, builds.current, *builds.newest_first()]
     kept = list(dict.fromkeys(s for s in ordered if s))[:keep]
     doomed = [s for s in builds.verified if s not in kept]

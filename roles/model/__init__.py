@@ -28,7 +28,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 
 from llamarack.errors import ModelSourceError
-from llamarack.facts import ModelArtifact
+from llamarack.facts import FactRead, GgufShape, ModelArtifact, read, read_together
 from llamarack.secrets import read_token
 from llamarack.settings import Settings
 
@@ -50,7 +50,7 @@ def plan_for(settings: Settings) -> ModelPlan:
     """The artifact this host needs. When the one it serves was made from what the
     settings ask now (its record says so), that is the plan, and the hub is not
     asked: a converged rack deploys with the hub down."""
-    served = host.get_fact(ModelArtifact, path=settings.layout.current_model)
+    served = read(ModelArtifact, path=settings.layout.current_model)
     return plan_from_record(settings, served) or plan_model(settings, listing_for(settings))
 
 
@@ -64,6 +64,10 @@ def model(settings: Settings, tool_paths: Optional[dict] = None) -> ModelPlan:
       at the default places under the root (``operations.tools``)
     """
     plan = plan_for(settings)
+    # The artifact's directory is known now: its state and the served file's header
+    # (the server role plans from it) in one command.
+    read_together(FactRead.of(ModelArtifact, path=plan.dir),
+                  FactRead.of(GgufShape, path=f"{plan.dir}/model.gguf"))  # fmt: skip
     token_file = settings.model.hf_token_file if settings.model.source != "url" else None
     artifact(
         # A URL may carry a signed query: name only its host.

@@ -20,7 +20,7 @@ from pyinfra.facts.files import File
 from pyinfra.facts.files import Link
 
 from llamarack import remote
-from llamarack.facts import FreeDiskBytes, ModelArtifact
+from llamarack.facts import FreeDiskBytes, ModelArtifact, read
 from llamarack.layout import Layout
 from llamarack.operations import executing, refusal, secret_upload
 from llamarack.secrets import read_token
@@ -70,11 +70,17 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
     d, s, name = plan.dir, plan.staging, plan.name
     current = f"{plan.models_dir}/current"
 
-    state = host.get_fact(ModelArtifact, path=d)
+    # Read before this operation's first command (llamarack.facts.reading's rule).
+    state = read(ModelArtifact, path=d)
+    link = read(Link, path=current)
     if state is not None and state.complete_for(plan.stamp):
         host.noop(f"model {name} is in place ({plan.source}, {plan.quant if plan.converts else 'as fetched'})")
     else:
-        free = host.get_fact(FreeDiskBytes, path=plan.models_dir)
+        free = read(FreeDiskBytes, path=plan.models_dir)
+        unquantized = f"{s}/model.gguf" if not plan.quantizes else f"{s}/model-{plan.outtype}.gguf"
+        # A rerun resumes where one failed: each step skips when its output exists,
+        # and the fetch is past once a GGUF is made.
+        fetched = plan.converts and any(read(File, path=p) for p in {unquantized, f"{s}/model.gguf"})
         need = plan.disk_needed()
         if free is not None and free < need:
             reason = (f"{host.name}: model-disk: found {free} bytes free under {plan.models_dir}; "
@@ -94,10 +100,6 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
         fetcher = lambda *args: remote.command("model_fetch", *args, python=t["python"])  # noqa: E731
         fetch_cmd = fetcher("fetch", "--manifest", f"{s}/manifest.json",
                             "--dest", f"{s}/hf" if plan.converts else s, "--retries", str(plan.retries))  # fmt: skip
-        unquantized = f"{s}/model.gguf" if not plan.quantizes else f"{s}/model-{plan.outtype}.gguf"
-        # A rerun resumes where one failed: each step skips when its output exists
-        # (read when the operation runs), and the fetch is past once a GGUF is made.
-        fetched = plan.converts and any(host.get_fact(File, path=p) for p in {unquantized, f"{s}/model.gguf"})
         token_path = f"{s}/hub-token"
         # A token of a run killed before its fetch ended goes first, whatever comes next.
         yield f"rm -f {q(token_path)} {q(token_path + '.new')}"
@@ -135,7 +137,6 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
         # mv -T refuses to move into an existing non-empty directory: never overwrite.
         yield f"chmod 755 {q(s)} && mv -T {q(s)} {q(d)}"
 
-    link = host.get_fact(Link, path=current)
     if not link or link.get("link_target") != name:
         yield (f"ln -sfn {q(name)} {q(current + '.new')} && "
                f"mv -T {q(current + '.new')} {q(current)}")  # fmt: skip

@@ -20,26 +20,29 @@ from llamarack.facts import (
     NvidiaKernelModule,
     NvidiaSmi,
     RecordedGpus,
+    read,
+    read_together,
 )
 from llamarack.operations import record_gpus, refuse
 from llamarack.rules import HostFacts, evaluate
 from llamarack.settings import Settings
 
 from ..toolchain.plan import toolkit_search_homes
+from .reads import preflight_reads, role_reads
 
 
 def gather(settings: Settings) -> HostFacts:
     """Read everything the rules look at; the CUDA-only facts only on CUDA builds."""
     cuda = settings.llamacpp.backend == "cuda"
     return HostFacts(
-        driver=host.get_fact(NvidiaSmi),
-        module=host.get_fact(NvidiaKernelModule),
-        toolkits=tuple(host.get_fact(CudaToolkits, extra_homes=toolkit_search_homes(settings))) if cuda else (),
-        gcc=host.get_fact(GccVersions),
-        gcc_installable=host.get_fact(InstallableGccMajors) if cuda else (),
-        recorded_gpus=host.get_fact(RecordedGpus, path=settings.layout.gpus_record),
+        driver=read(NvidiaSmi),
+        module=read(NvidiaKernelModule),
+        toolkits=tuple(read(CudaToolkits, extra_homes=toolkit_search_homes(settings))) if cuda else (),
+        gcc=read(GccVersions),
+        gcc_installable=read(InstallableGccMajors) if cuda else (),
+        recorded_gpus=read(RecordedGpus, path=settings.layout.gpus_record),
         # the driver the next boot loads: nvidia-smi cannot say when the module ignores the card
-        driver_packages=tuple(host.get_fact(NvidiaDriverPackages)),
+        driver_packages=tuple(read(NvidiaDriverPackages)),
     )
 
 
@@ -54,7 +57,10 @@ def preflight(settings: Settings) -> Optional[HostFacts]:
     On success the GPU list is recorded under the llamarack root, so a later
     run can still tell which cards the host has when the driver hides them.
     """
-    distro = host.get_fact(LinuxDistribution)
+    # One remote command for every fact the rules and the roles that run will read
+    # (reads.py); they answer from it until an operation on this host changes something.
+    read_together(*preflight_reads(settings), *role_reads(settings))
+    distro = read(LinuxDistribution)
     if distro.get("name") not in ("Debian", "Ubuntu"):
         failures = [f"{host.name}: os: found {distro.get('name')}; needed Debian or Ubuntu "
                     "(apt, systemd). Fix: use a Debian or Ubuntu host"]  # fmt: skip

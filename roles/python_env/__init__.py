@@ -17,7 +17,6 @@ from typing import Optional
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
-from pyinfra.operations import files
 
 from llamarack.operations import apt_install_missing, conda_env, miniforge
 from llamarack.rules import HostFacts, build_archs
@@ -27,16 +26,11 @@ from .operations import converter_pins, pip_pins, venv
 from .plan import awq_plan
 
 
-def converter_requirements_path(settings: Settings) -> str:
-    return f"{settings.layout.src}/requirements/requirements-convert_hf_to_gguf.txt"
-
-
 def _make_env(settings: Settings, name: str) -> str:
     """Create the env's interpreter with the configured backend; return the env prefix."""
     s = settings.python_env
     layout = settings.layout
     env = layout.env(name)
-    files.directory(name="llamarack envs", path=layout.envs, mode="755")
     if s.backend == "venv":
         apt_install_missing(
             name=f"python{s.python_version} and its venv module",
@@ -93,6 +87,6 @@ def converter_env(settings: Settings, requirements_path: str = None):
     converter_pins(
         name="Converter env pins (resolve, install, verify)",
         settings=settings,
-        requirements_path=requirements_path or converter_requirements_path(settings),
+        requirements_path=requirements_path or settings.layout.converter_requirements,
         env=env,
     )

@@ -12,7 +12,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import files
 
 from llamarack import remote
-from llamarack.facts import PythonEnvPackages, RequirementsFile
+from llamarack.facts import PythonEnvPackages, RequirementsFile, read
 from llamarack.operations import executing
 
 from .plan import EnvPlan, converter_plan, unmet
@@ -30,12 +30,14 @@ def venv(env: str, python: str, python_version: str):
     + python: interpreter to create it with (``/usr/bin/python3.11``)
     + python_version: the ``major.minor`` it must have
     """
-    current = host.get_fact(PythonEnvPackages, env=env)
+    current = read(PythonEnvPackages, env=env)
     if current and current.python_version.startswith(python_version + "."):
         host.noop(f"venv {env} already has Python {current.python_version}")
         return
     if current:
         yield StringCommand("rm", "-rf", env)
+    else:
+        yield StringCommand("install", "-d", "-m", "755", env.rsplit("/", 1)[0])
     yield StringCommand(python, "-m", "venv", env)
 
 
@@ -67,19 +69,19 @@ def converter_pins(settings, requirements_path: str, env: str):
     The file is read when the operation runs: the llama.cpp checkout may be
     made earlier in the same run.
     """
-    lines = host.get_fact(RequirementsFile, path=requirements_path)
+    lines = read(RequirementsFile, path=requirements_path)
     if lines is None:
         if executing():
             raise OperationError(f"no {requirements_path}: check out the llama.cpp source first")
         yield StringCommand("true", "# converter env planned once", requirements_path, "exists")
         return
-    current = host.get_fact(PythonEnvPackages, env=env)
+    current = read(PythonEnvPackages, env=env)
     version = current.python_version if current else settings.python_env.python_version
     yield from _pins(converter_plan(settings, env, lines, version))
 
 
 def _pins(plan: EnvPlan):
-    env = host.get_fact(PythonEnvPackages, env=plan.env)
+    env = read(PythonEnvPackages, env=plan.env)
     if env is not None:
         problems = unmet(plan, env.packages, env.python_version)
         if not problems:

@@ -18,13 +18,12 @@ The lab's hosts (``llamacpp_backend = 'cpu'``) run the same unit without
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import server
 
 from llamarack.operations import report
 from llamarack.rules import HostFacts
 from llamarack.settings import Settings
 
-from .operations import service
+from .operations import service, service_user
 
 
 def public_url(settings: Settings) -> str:
@@ -46,14 +45,7 @@ def llama_server(settings: Settings, facts: HostFacts, templates: tuple = ()):
       ``templates/`` (``deploy.py`` passes it)
     """
     user = settings.general.service_user
-    server.user(
-        name=f"Service user {user}",
-        user=user,
-        system=True,
-        shell="/usr/sbin/nologin",
-        home=settings.general.root,
-        create_home=False,
-    )
+    service_user(name=f"Service user {user}", user=user, home=settings.general.root)
     url = public_url(settings)
     key = "API key required" if settings.server.api_key_file else "no API key"
     service(

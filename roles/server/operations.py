@@ -26,7 +26,7 @@ from pyinfra.operations.util.files import generate_color_diff
 from pyinfra.facts.systemd import SystemdStatus
 
 from llamarack import remote
-from llamarack.facts import GgufShape, LlamaServerFlags, RecordedGpus
+from llamarack.facts import GgufShape, LlamaServerFlags, RecordedGpus, SystemUser, read
 from llamarack.gpu_table import planning_memory_mib
 from llamarack.layout import API_KEY_PATH, UNIT_NAME, UNIT_PATH
 from llamarack.operations import refusal, secret_upload
@@ -35,9 +35,33 @@ from llamarack.settings import Settings
 
 from .plan import HEALTH_MARK, PlanError, plan_context, render_unit, server_args
 
+NOLOGIN = "/usr/sbin/nologin"
+
+
+@operation()
+def service_user(user: str, home: str):
+    """
+    A system user (and its group) for llama-server, with no shell and no home of its own.
+
+    + user: the account name (``llamarack_service_user``)
+    + home: its home directory, not created (the llamarack root)
+
+    Reads the one account (``SystemUser``), not every account of the host.
+    """
+    entry = read(SystemUser, user=user)
+    if entry is None:
+        # --system: a uid below UID_MIN; a group of the same name (Debian's USERGROUPS_ENAB).
+        yield StringCommand("useradd", "--system", "--no-create-home", "--home-dir", home,
+                            "--shell", NOLOGIN, user)  # fmt: skip
+    elif (entry.home, entry.shell) != (home, NOLOGIN):
+        yield StringCommand("usermod", "--home", home, "--shell", NOLOGIN, user)
+    else:
+        host.noop(f"user {user} exists")
+
+
 def _linked(current: str) -> Optional[str]:
     """The directory the link ``current`` (``builds/current``, ``models/current``) points at, or None."""
-    link = host.get_fact(Link, path=current)
+    link = read(Link, path=current)
     if not link or not link.get("link_target"):
         return None
     target = link["link_target"]
@@ -85,7 +109,7 @@ def _show_unit_diff(unit: str) -> None:
     config = getattr(host.state, "config", None)
     if not getattr(config, "DIFF", False):
         return
-    current = host.get_fact(FileContents, path=UNIT_PATH)
+    current = read(FileContents, path=UNIT_PATH)
     host.log(f"Will {'modify' if current else 'create'} {UNIT_PATH}", logger.info)
     for line in generate_color_diff([line + "\n" for line in current or []], unit.splitlines(keepends=True)):
         logger.info("  %s", line)
@@ -95,7 +119,7 @@ def _show_unit_diff(unit: str) -> None:
 def _cards(settings: Settings, seen: tuple) -> tuple:
     """The run's GPUs: preflight's (``HostFacts.gpus``); when it had none (a driver
     that hid them until the driver role's reboot), the record that role wrote."""
-    return seen or host.get_fact(RecordedGpus, path=settings.layout.gpus_record) or ()
+    return seen or read(RecordedGpus, path=settings.layout.gpus_record) or ()
 
 
 @operation()
@@ -118,8 +142,8 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     """
     s, root, layout = settings.server, settings.general.root, settings.layout
     build_dir, model_dir = _linked(layout.current_build), _linked(layout.current_model)
-    flags = host.get_fact(LlamaServerFlags, root=root)
-    shape = host.get_fact(GgufShape, path=f"{model_dir}/model.gguf") if model_dir else None
+    flags = read(LlamaServerFlags, root=root)
+    shape = read(GgufShape, path=f"{model_dir}/model.gguf") if model_dir else None
     if not (build_dir and flags and shape):
         missing = [n for n, v in (("llama.cpp build", build_dir and flags), ("model", shape)) if not v]
         if host.state.is_executing:
@@ -146,12 +170,13 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
 
     unit = render_unit(settings, args, f"llamarack llama-server: {Path(model_dir).name} "
                                        f"({shape['architecture']}, {ctx.note})", templates)  # fmt: skip
-    unit_changed = host.get_fact(Sha1File, path=UNIT_PATH) != hashlib.sha1(unit.encode()).hexdigest()
+    unit_changed = read(Sha1File, path=UNIT_PATH) != hashlib.sha1(unit.encode()).hexdigest()
     if unit_changed:
         _show_unit_diff(unit)
 
+    running = read(SystemdStatus, services=UNIT_NAME).get(UNIT_NAME)
     key = read_token(s.api_key_file, "server_api_key_file")
-    host_key_sha1 = host.get_fact(Sha1File, path=API_KEY_PATH)
+    host_key_sha1 = read(Sha1File, path=API_KEY_PATH)
     key_changed = False
     if key is not None and host_key_sha1 != hashlib.sha1((key + "\n").encode()).hexdigest():
         key_changed = True
@@ -160,7 +185,6 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
         key_changed = True
         yield f"rm -f {shlex.quote(API_KEY_PATH)}"
 
-    running = host.get_fact(SystemdStatus, services=UNIT_NAME).get(UNIT_NAME)
     if not (unit_changed or key_changed or not running):
         host.noop(f"llama-server serves {Path(model_dir).name} with build {Path(build_dir).name}, "
                   f"{ctx.note}")  # fmt: skip

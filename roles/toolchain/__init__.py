@@ -27,7 +27,7 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.server import LinuxDistribution
 from pyinfra.operations import apt, files
 
-from llamarack.facts import CmakeVersion, DebianSources
+from llamarack.facts import CmakeVersion, DebianSources, read
 from llamarack.operations import apt_install_missing, conda_env, miniforge
 from llamarack.rules import HostFacts
 from llamarack.settings import Settings
@@ -54,7 +54,7 @@ def toolchain(settings: Settings, facts: HostFacts):
     t = settings.toolchain
     cuda = settings.llamacpp.backend == "cuda"
 
-    cmake = host.get_fact(CmakeVersion)
+    cmake = read(CmakeVersion)
     if cmake and Version(cmake) < Version(CMAKE_MIN):
         raise DeployError(
             f"{host.name}: cmake {cmake} is installed; llama.cpp needs cmake >= {CMAKE_MIN}. "
@@ -64,13 +64,13 @@ def toolchain(settings: Settings, facts: HostFacts):
 
     extra_homes: tuple = ()
     if cuda and t.cuda_source == "debian":
-        distro = host.get_fact(LinuxDistribution)
+        distro = read(LinuxDistribution)
         if distro.get("name") != "Debian":
             raise DeployError(
                 f"{host.name}: toolchain_cuda_source 'debian' needs Debian (found {distro.get('name')}). "
                 "Fix: use 'system' or 'conda' on this host"
             )
-        stanzas = host.get_fact(DebianSources)
+        stanzas = read(DebianSources)
         if not stanzas:
             raise DeployError(
                 f"{host.name}: no deb822 /etc/apt/sources.list.d/debian.sources to take the "

@@ -6,7 +6,7 @@ from pyinfra import host
 from pyinfra.api import StringCommand, operation
 from pyinfra.api.exceptions import OperationError
 
-from llamarack.facts import CudaToolkits, GccVersions
+from llamarack.facts import CudaToolkits, GccVersions, read
 from llamarack.operations import executing
 from llamarack.rules import choose_host_compiler, find_toolkit
 
@@ -27,14 +27,14 @@ def toolkit_takes_host_compiler(plan: ToolchainPlan, extra_homes: tuple = ()):
     if not executing():
         yield StringCommand("true", "# checked once CUDA", plan.cuda_version, "is installed")
         return
-    toolkits = host.get_fact(CudaToolkits, extra_homes=tuple(extra_homes))
+    toolkits = read(CudaToolkits, extra_homes=tuple(extra_homes))
     toolkit = find_toolkit(toolkits, plan.cuda_version, plan.cuda_home)
     if toolkit is None:
         found = ", ".join(f"{t.version} in {t.home}" for t in toolkits) or "none"
         raise OperationError(f"no CUDA {plan.cuda_version} toolkit in {plan.cuda_home} (found: {found})")
     if toolkit.max_gcc != plan.max_gcc:
         try:
-            major, _ = choose_host_compiler(toolkit.max_gcc, host.get_fact(GccVersions))
+            major, _ = choose_host_compiler(toolkit.max_gcc, read(GccVersions))
         except LookupError:
             major = None
         if major != plan.gcc_major:

@@ -55,6 +55,7 @@ def test_every_fact_has_fixtures():
         (facts.CudaToolkits, ["toolkit /usr/local/cuda", "nvcc: NVIDIA (R) Cuda compiler driver"]),
         (facts.CmakeVersion, ["bash: cmake: broken"]),
         (facts.FreeDiskBytes, ["df: /opt: No such file"]),
+        (facts.SystemUser, ["getent: unknown database"]),
         (facts.RecordedGpus, ["{not json"]),
         # real output on the first 100 bytes of the tiny GGUF (an interrupted copy)
         (facts.GgufShape, ['{"error": "truncated GGUF header", "path": "/tmp/trunc.gguf"}']),

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from llamarack.lab.pytest_plugin import parse_pyinfra_totals
+from llamarack.lab.pytest_plugin import count_remote_work, parse_pyinfra_totals
 from tests.lab import deploying
 
 pytestmark = pytest.mark.lab
@@ -50,6 +50,44 @@ def test_demo_second_run_changes_nothing(lab_rack):
     assert rc == 0, out[-6000:]
     totals = parse_pyinfra_totals(out)
     assert totals["success"] == 0 and totals["error"] == 0, out[-6000:]
+
+
+# Issue 17's budget: what a converged host may cost.
+MAX_REMOTE_COMMANDS = 15
+
+
+def test_a_converged_run_reads_each_fact_once_in_a_few_commands(lab_rack):
+    rc, out = lab_rack.run_pyinfra(deploying.ROOT / "deploy.py", "--debug",
+                                   inventory=deploying.ROOT / "inventory/lab.py", timeout=600)  # fmt: skip
+    assert rc == 0, out[-6000:]
+    assert parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
+    work = count_remote_work(out, [h.name for h in lab_rack.hosts])
+    for host, seen in work.items():
+        assert 0 < seen["remote_commands"] <= MAX_REMOTE_COMMANDS, (host, seen)
+        assert seen["facts_read_more_than_once"] == {}, (host, seen)
+        # what the roles check is still read, through the one store
+        for fact in ("PythonEnvPackages", "NvidiaDriverPackages", "Sha1File", "SystemdStatus", "SystemUser"):
+            assert any(fact in line and f"[{host}]" in line for line in out.splitlines()), (host, fact)
+
+
+def test_drift_is_still_repaired_by_the_next_run(lab_rack):
+    """What a converged run checks is unchanged: an env package removed, the driver
+    hold lost, the unit edited, the service stopped; one run puts all four back."""
+    host, unit = "lab-v100-b", "/etc/systemd/system/llamarack-server.service"
+    before = deploying.sh(lab_rack, host, f"sha256sum {unit}; apt-mark showhold")
+    deploying.sh(lab_rack, host, "/opt/llamarack/envs/awq/bin/python -m pip uninstall -y -q accelerate && "
+                                 "apt-mark unhold $(apt-mark showhold) && "
+                                 f"echo '# edited by hand' >> {unit} && systemctl daemon-reload && "
+                                 "systemctl stop llamarack-server.service")  # fmt: skip
+    rc, out = deploying.deploy(lab_rack, host)
+    assert rc == 0, out[-6000:]
+    assert deploying.sh(lab_rack, host, f"sha256sum {unit}; apt-mark showhold") == before
+    assert deploying.sh(lab_rack, host, "systemctl is-active llamarack-server.service") == "active"
+    assert deploying.sh(lab_rack, host, "/opt/llamarack/envs/awq/bin/python -c "
+                                        "'import importlib.metadata as m; print(m.version(\"accelerate\"))'") == "0.33.0"
+    assert completion(lab_rack.rack.host(host)["ip"], 4)["tokens_predicted"] == 4
+    rc, out = deploying.deploy(lab_rack, host)
+    assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
 
 
 def test_an_api_key_uploaded_under_sudo_is_never_readable_by_others(lab_rack, tmp_path):

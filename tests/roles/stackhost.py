@@ -11,7 +11,7 @@ from pyinfra.context import ctx_host, ctx_state
 from tests.support.ophost import FakeHost
 
 
-@dataclass
+@dataclass(eq=False)
 class StackHost(FakeHost):
     current_op_global_arguments: dict = field(default_factory=dict)
 

@@ -20,6 +20,7 @@ from llamarack.roles.model.plan import artifact_stamp, plan_from_record, plan_mo
 from llamarack import remote
 from llamarack.settings import load_settings
 from pyinfra.facts.files import File, Link
+from tests.support import ophost
 from tests.support.hub_server import HubServer
 
 SHA = "a" * 40
@@ -38,21 +39,12 @@ def settings(**data):
     return load_settings("gpu01", {**base, **data})
 
 
-class FakeHost:
-    """Just enough of pyinfra's host for an operation generator: facts by class, noops recorded."""
-
-    name = "gpu01"
-
-    def __init__(self, facts):
-        self.facts = facts
-        self.noops = []
+class FakeHost(ophost.FakeHost):
+    """ophost's host, where a fact the test does not give reads as None (no such file)."""
 
     def get_fact(self, fact, **kwargs):
         key = (fact, frozenset(kwargs.items()))
         return self.facts[key] if key in self.facts else self.facts.get(fact)
-
-    def noop(self, message):
-        self.noops.append(message)
 
 
 def commands(plan, facts, **kwargs):

@@ -16,14 +16,25 @@ from pyinfra.api import FileUploadCommand, StringCommand
 from pyinfra.context import ctx_host
 
 
-@dataclass
+class FakeState:
+    """The part of pyinfra's State an operation reads: whether it executes, ``--diff``,
+    and the (here: none) operations run so far (``llamarack.facts.read`` counts them)."""
+
+    def __init__(self, is_executing: bool = True, diff: bool = False):
+        self.is_executing = is_executing
+        self.config = SimpleNamespace(DIFF=diff)
+        self.ops: dict = {}
+
+
+@dataclass(eq=False)  # hashed by identity, as pyinfra's hosts are
 class FakeHost:
     facts: dict
     """``{FactClass: value}`` or ``{(FactClass, frozenset(kwargs.items())): value}``."""
     name: str = "gpu01"
     noops: list = field(default_factory=list)
     print_prefix: str = "[gpu01] "
-    state: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(is_executing=True))
+    state: FakeState = field(default_factory=FakeState)
+    op_hash_order: list = field(default_factory=list)
 
     def get_fact(self, fact_cls, *args, **kwargs):
         key = (fact_cls, frozenset(kwargs.items()))
@@ -42,8 +53,7 @@ def run_op(op, facts: dict, executing: bool = True, diff: bool = False, **kwargs
     """(commands yielded, no-op messages) of ``op`` given ``facts``; executing=False
     is pyinfra's change detection (``--dry``), diff=True its ``--diff``. Uploads
     come out as ``("upload", dest, text)``."""
-    state = SimpleNamespace(is_executing=executing, config=SimpleNamespace(DIFF=diff))
-    fake = FakeHost(facts, state=state)
+    fake = FakeHost(facts, state=FakeState(executing, diff))
     with ctx_host.use(fake):
         commands = [_plain(c) for c in op._inner(**kwargs)]
     return commands, fake.noops

@@ -1,0 +1,191 @@
+"""Each fact read once per run while its host is unchanged, and many facts read in one command.
+
+pyinfra 3 runs a fact's command each time ``host.get_fact`` is called, and
+the roles need some facts in several places (the builds listing in the
+build's plan, the build, the switch and the prune; an env's listing in the
+venv and the pins operations). On a converged host those round trips were
+the whole run. So the roles read facts through ``read``, which keeps what a
+host answered until one of that host's operations executes a command (which
+may have changed anything), and preflight asks for everything the roles
+will read in one remote command, ``read_together``: one shell script with a
+section per fact, each section's output handed to that fact's own
+``process``, exactly as pyinfra would have.
+
+The rule that keeps the store right: an operation reads its facts before it
+yields its first command (pyinfra's own operations do the same), so no read
+inside an operation follows a change the store does not know of. A read
+after a command of the same operation calls ``host.get_fact`` itself.
+"""
+
+from __future__ import annotations
+
+import secrets
+import weakref
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from pyinfra import host, logger
+from pyinfra.api import FactBase
+from pyinfra.api.exceptions import FactProcessError
+
+
+@dataclass(frozen=True)
+class FactRead:
+    """One fact with its arguments: what ``host.get_fact(fact, **kwargs)`` reads."""
+
+    fact: type
+    kwargs: tuple = ()
+
+    @classmethod
+    def of(cls, fact: type, **kwargs: Any) -> "FactRead":
+        return cls(fact, tuple(sorted(kwargs.items())))
+
+    def __repr__(self) -> str:
+        return f"{self.fact.__name__}({', '.join(f'{k}={v!r}' for k, v in self.kwargs)})"
+
+
+MISSING_COMMAND = "llamarack-fact-command-missing"
+
+
+def _text(command) -> str:
+    if command is None:
+        return ""
+    # pyinfra's StringCommand: its raw value is the shell text with each part quoted.
+    return command.get_raw_value() if hasattr(command, "get_raw_value") else str(command)
+
+
+def _command_text(fact: FactBase, kwargs: dict) -> str:
+    """The shell text of ``fact``'s command, behind its ``requires_command`` guard as pyinfra builds it."""
+    command = _text(fact.command(**kwargs) if callable(fact.command) else fact.command)
+    requires = fact.requires_command
+    requires = _text(requires(**kwargs) if callable(requires) else requires)
+    if requires:
+        return f"if command -v {requires} >/dev/null 2>&1; then ( {command} ); else echo {MISSING_COMMAND}; fi"
+    return command
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One section of a ``FactsTogether``: the command's exit status, and the fact's
+    value as its own ``process`` makes it (its default where there was no output),
+    or why it could not be processed."""
+
+    status: Optional[int]
+    value: Any = None
+    error: Optional[str] = None
+
+
+class FactsTogether(FactBase[dict]):
+    """
+    Returns the answers of several facts, their commands run in one shell command
+    (a section each, marked by a random line no fact's output can predict), by
+    position: ``{0: Answer(status=0, value=...), 1: Answer(status=1)}``.
+
+    Each fact's output goes to its own ``process`` (on the instance that made its
+    command: some facts keep their arguments there), exactly as pyinfra would.
+    Read through ``read_together``.
+    """
+
+    def command(self, reads: tuple) -> str:
+        self.marker = f"llamarack-section-{secrets.token_hex(8)}"
+        self.facts = [r.fact() for r in reads]
+        return "\n".join(
+            f"echo {self.marker} {i}; ( {_command_text(fact, dict(r.kwargs))} ) </dev/null 2>/dev/null; "
+            f"echo {self.marker} rc $?"
+            for i, (r, fact) in enumerate(zip(reads, self.facts))
+        )
+
+    def process(self, output) -> dict:
+        sections: dict = {}
+        index, lines = None, []
+        for line in output:
+            if not line.startswith(self.marker + " "):
+                lines.append(line)
+            elif line.startswith(self.marker + " rc "):
+                if index is not None:
+                    sections[index] = (int(line.rsplit(" ", 1)[1]), lines)
+                index, lines = None, []
+            else:
+                index, lines = int(line.rsplit(" ", 1)[1]), []
+        return {i: self._answer(self.facts[i], status, lines) for i, (status, lines) in sections.items()}
+
+    @staticmethod
+    def _answer(fact: FactBase, status: int, lines: list) -> Answer:
+        if status != 0:
+            return Answer(status)
+        if not lines or lines == [MISSING_COMMAND]:
+            return Answer(status, fact.default())
+        try:
+            return Answer(status, fact.process(lines))
+        except FactProcessError as e:
+            return Answer(status, error=str(e))
+
+
+class _Store:
+    """What one host answered, valid while its count of changing operations stays ``changes``."""
+
+    def __init__(self, changes: int):
+        self.changes = changes
+        self.values: dict[FactRead, Any] = {}
+
+
+# state -> {host name: store}; a new pyinfra State (a new run, a test) starts empty.
+_stores: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _changing_operations() -> int:
+    """How many of this host's operations have run and executed a command so far in this run."""
+    ops = host.state.ops.get(host, {})
+    count = 0
+    for op_hash in host.op_hash_order:
+        data = ops.get(op_hash)
+        meta = data.operation_meta if data is not None else None
+        if meta is not None and meta.is_complete() and meta.executed:
+            count += 1
+    return count
+
+
+def _store() -> _Store:
+    by_host = _stores.setdefault(host.state, {})
+    changes = _changing_operations()
+    store = by_host.get(host.name)
+    if store is None or store.changes != changes:
+        store = by_host[host.name] = _Store(changes)
+    return store
+
+
+def read(fact: type, **kwargs: Any) -> Any:
+    """``host.get_fact(fact, **kwargs)``, answered from what this host said earlier in the
+    run while none of its operations has executed a command since."""
+    key = FactRead.of(fact, **kwargs)
+    store = _store()
+    if key not in store.values:
+        store.values[key] = host.get_fact(fact, **kwargs)
+    return store.values[key]
+
+
+def read_together(*reads: FactRead) -> None:
+    """Read every fact of ``reads`` that the store does not hold yet, in one remote command.
+
+    A section whose command did not exit 0 (or whose output its fact could
+    not process) is not kept: when a role asks for that fact, ``read`` runs it
+    alone and pyinfra decides, as always, whether it fails the host. So a
+    fact that fails on this host (``systemctl`` where systemd is not running)
+    fails it where the role reads it, not in preflight. A command missing on
+    the host gives the fact's default, as pyinfra's ``requires_command`` does.
+    """
+    store = _store()
+    wanted = tuple(dict.fromkeys(r for r in reads if r not in store.values))
+    if not wanted:
+        return
+    if len(wanted) == 1:
+        read(wanted[0].fact, **dict(wanted[0].kwargs))
+        return
+    answers = host.get_fact(FactsTogether, reads=wanted)
+    for i, r in enumerate(wanted):
+        answer = answers.get(i) or Answer(None)
+        if answer.status == 0 and answer.error is None:
+            store.values[r] = answer.value
+            logger.debug(f"{host.print_prefix}Loaded fact {r!r} (read together)")
+        elif answer.error:
+            logger.debug(f"{host.print_prefix}could not process fact {r!r} read together: {answer.error}")

@@ -1,0 +1,87 @@
+"""Every fact the roles will read on a host, for preflight to read in one remote command.
+
+The roles read their facts through ``llamarack.facts.read``; what preflight
+read here answers them until an operation on the host changes something.
+This list only saves round trips: a fact missing from it is read when a
+role asks for it, one more command (the converged benchmark counts them).
+"""
+
+from __future__ import annotations
+
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import File, Link, Sha1File
+from pyinfra.facts.server import LinuxDistribution
+from pyinfra.facts.systemd import SystemdStatus
+
+from llamarack.facts import (
+    CmakeVersion,
+    CudaToolkits,
+    FactRead,
+    GccVersions,
+    GitHead,
+    InstallableGccMajors,
+    LlamacppBuilds,
+    LlamaServerFlags,
+    ModelArtifact,
+    NvidiaDriverPackages,
+    NvidiaKernelModule,
+    NvidiaSmi,
+    PythonEnvPackages,
+    RecordedGpus,
+    RequirementsFile,
+    SystemUser,
+)
+from llamarack.layout import API_KEY_PATH, UNIT_NAME, UNIT_PATH
+from llamarack.settings import Settings
+
+from ..toolchain.plan import toolkit_search_homes
+
+
+def preflight_reads(settings: Settings) -> tuple[FactRead, ...]:
+    """What the rules look at (``gather``); the CUDA-only facts only on CUDA builds."""
+    layout = settings.layout
+    reads = [
+        FactRead.of(LinuxDistribution),
+        FactRead.of(NvidiaSmi),
+        FactRead.of(NvidiaKernelModule),
+        FactRead.of(GccVersions),
+        FactRead.of(RecordedGpus, path=layout.gpus_record),
+        FactRead.of(NvidiaDriverPackages),
+    ]
+    if settings.llamacpp.backend == "cuda":
+        reads += [FactRead.of(CudaToolkits, extra_homes=toolkit_search_homes(settings)),
+                  FactRead.of(InstallableGccMajors)]  # fmt: skip
+    return tuple(reads)
+
+
+def role_reads(settings: Settings) -> tuple[FactRead, ...]:
+    """What the roles that run on this host read on a converged host (deploy.py's order)."""
+    runs, layout, root = settings.general.runs, settings.layout, settings.general.root
+    reads: list[FactRead] = []
+    if runs("toolchain"):
+        reads += [FactRead.of(CmakeVersion), FactRead.of(DebPackages)]
+    for role, env in (("python_env", "awq"), ("converter_env", "convert")):
+        if runs(role):
+            reads.append(FactRead.of(PythonEnvPackages, env=layout.env(env)))
+            if settings.python_env.backend == "venv":
+                reads.append(FactRead.of(DebPackages))
+            else:
+                reads += [FactRead.of(File, path=f"{layout.conda}/bin/conda"),
+                          FactRead.of(File, path=f"{layout.env(env)}/bin/python")]  # fmt: skip
+    if runs("converter_env"):
+        reads.append(FactRead.of(RequirementsFile, path=layout.converter_requirements))
+    if runs("llamacpp"):
+        reads += [FactRead.of(LlamacppBuilds, root=root), FactRead.of(GitHead, path=layout.src)]
+    if runs("model"):
+        reads += [FactRead.of(ModelArtifact, path=layout.current_model), FactRead.of(Link, path=layout.current_model)]
+    if runs("server"):
+        reads += [
+            FactRead.of(SystemUser, user=settings.general.service_user),
+            FactRead.of(Link, path=layout.current_build),
+            FactRead.of(Link, path=layout.current_model),
+            FactRead.of(LlamaServerFlags, root=root),
+            FactRead.of(Sha1File, path=UNIT_PATH),
+            FactRead.of(Sha1File, path=API_KEY_PATH),
+            FactRead.of(SystemdStatus, services=UNIT_NAME),
+        ]
+    return tuple(reads)

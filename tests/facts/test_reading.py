@@ -1,0 +1,161 @@
+"""Facts read together (one shell command) and the per-run store.
+
+The together-read runs real commands here (``sh``, as on a host) and must
+give each fact exactly what reading it alone gives; the store must answer
+from what a host said until one of that host's operations ran a command.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+from pyinfra.api import FactBase
+from pyinfra.api.operation import OperationMeta
+from pyinfra.context import ctx_host
+from pyinfra.facts.files import File, Link, Sha1File
+
+from llamarack.facts import FactRead, FreeDiskBytes, SystemUser, read, read_together
+from llamarack.facts.reading import MISSING_COMMAND, Answer, FactsTogether, _command_text
+from tests.support.ophost import FakeHost
+
+
+class NeedsAbsentTool(FactBase):
+    requires_command = "llamarack-no-such-tool"
+    command = "llamarack-no-such-tool --version"
+
+    def process(self, output):
+        return output[0]
+
+
+class Fails(FactBase):
+    command = "echo partial; exit 3"
+
+
+def sh(command: str) -> tuple[int, list[str]]:
+    r = subprocess.run(["sh", "-c", command], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    return r.returncode, r.stdout.splitlines()
+
+
+def alone(r: FactRead):
+    """What pyinfra makes of the fact read on its own: its process() of the output, its
+    default when there is none (or the guard says its command is missing)."""
+    fact = r.fact()
+    status, lines = sh(_command_text(fact, dict(r.kwargs)))
+    assert status == 0
+    return fact.default() if not lines or lines == [MISSING_COMMAND] else fact.process(lines)
+
+
+@pytest.fixture
+def reads(tmp_path):
+    target = tmp_path / "build-1"
+    target.mkdir()
+    (tmp_path / "current").symlink_to("build-1")
+    unit = tmp_path / "unit with space.service"
+    unit.write_text("[Unit]\nDescription=x\n")
+    return (
+        FactRead.of(FreeDiskBytes, path=str(tmp_path)),
+        FactRead.of(SystemUser, user="nobody"),
+        FactRead.of(SystemUser, user="llamarack-nobody-here"),
+        FactRead.of(Sha1File, path=str(unit)),
+        FactRead.of(Sha1File, path=str(tmp_path / "missing")),
+        FactRead.of(Link, path=str(tmp_path / "current")),
+        FactRead.of(File, path=str(unit)),
+        FactRead.of(NeedsAbsentTool),
+    )
+
+
+def test_each_fact_read_together_gets_what_it_gets_alone(reads):
+    together = FactsTogether()
+    status, lines = sh(together.command(reads=reads))
+    assert status == 0
+    answers = together.process(lines)
+    assert sorted(answers) == list(range(len(reads)))
+    for i, r in enumerate(reads):
+        assert answers[i] == Answer(0, alone(r)), r
+    assert answers[1].value.home == "/nonexistent" and answers[2].value is None
+    assert answers[7].value is None  # the command is missing: the fact's default
+
+
+def test_a_failing_section_is_reported_not_processed_and_the_rest_still_read(reads):
+    mixed = (reads[0], FactRead.of(Fails), reads[1])
+    together = FactsTogether()
+    answers = together.process(sh(together.command(reads=mixed))[1])
+    assert answers[1] == Answer(3)
+    assert answers[0].value == alone(reads[0]) and answers[2].value == alone(reads[1])
+
+
+def test_output_that_looks_like_a_marker_cannot_split_a_section():
+    together = FactsTogether()
+    command = together.command(reads=(FactRead.of(Fails), FactRead.of(SystemUser, user="nobody")))
+    # another read's marker, printed by a fact: it differs from this read's
+    forged = FactsTogether().command(reads=(FactRead.of(Fails),)).split()[1]
+    status, lines = sh(command.replace("echo partial", f"echo {forged} 1; echo {forged} rc 0"))
+    answers = together.process(lines)
+    assert answers[0] == Answer(3) and answers[1].value.name == "nobody"
+
+
+class CountingHost(FakeHost):
+    """A host whose fact commands are counted, as pyinfra would run them."""
+
+    def __init__(self, facts):
+        super().__init__(facts)
+        self.commands = []
+
+    def get_fact(self, fact_cls, *args, **kwargs):
+        self.commands.append(fact_cls.__name__)
+        if fact_cls is FactsTogether:
+            return {i: Answer(0, self.facts[r.fact]) for i, r in enumerate(kwargs["reads"])}
+        return self.facts[fact_cls]
+
+
+def complete(host: CountingHost, op_hash: str, commands: list) -> None:
+    """An operation of ``host`` finished, having executed ``commands``, as pyinfra records it."""
+    meta = OperationMeta(op_hash, is_change=None)
+    meta.set_complete(True, commands, [], 0, 0)
+    host.op_hash_order.append(op_hash)
+    host.state.ops.setdefault(host, {})[op_hash] = type("OpData", (), {"operation_meta": meta})()
+
+
+def test_the_store_answers_until_an_operation_of_the_host_runs_a_command():
+    host = CountingHost({FreeDiskBytes: 100, SystemUser: None, Sha1File: "ab"})
+    with ctx_host.use(host):
+        read_together(FactRead.of(FreeDiskBytes, path="/opt"), FactRead.of(SystemUser, user="llamarack"))
+        assert host.commands == ["FactsTogether"]
+        assert read(FreeDiskBytes, path="/opt") == 100 and read(SystemUser, user="llamarack") is None
+        read(Sha1File, path="/etc/x")
+        read(Sha1File, path="/etc/x")
+        assert host.commands == ["FactsTogether", "Sha1File"]
+        complete(host, "no-change", [])  # an operation with nothing to do changes nothing
+        read(FreeDiskBytes, path="/opt")
+        assert host.commands == ["FactsTogether", "Sha1File"]
+        complete(host, "changed", ["rm -rf /opt/x"])
+        host.facts[FreeDiskBytes] = 200
+        assert read(FreeDiskBytes, path="/opt") == 200
+        assert host.commands == ["FactsTogether", "Sha1File", "FreeDiskBytes"]
+        # other arguments are another fact
+        read(FreeDiskBytes, path="/srv")
+        assert host.commands[-1] == "FreeDiskBytes" and len(host.commands) == 4
+
+
+def test_each_host_and_each_run_has_its_own_store():
+    first, second = CountingHost({FreeDiskBytes: 1}), CountingHost({FreeDiskBytes: 2})
+    second.name = "gpu02"
+    second.state = first.state
+    for host, value in ((first, 1), (second, 2)):
+        with ctx_host.use(host):
+            assert read(FreeDiskBytes, path="/") == value
+    rerun = CountingHost({FreeDiskBytes: 3})  # a new State: a new run
+    with ctx_host.use(rerun):
+        assert read(FreeDiskBytes, path="/") == 3
+
+
+def test_the_together_command_fits_one_argument_under_sudo(reads):
+    from llamarack.roles.preflight.reads import preflight_reads, role_reads
+    from llamarack.settings import load_settings
+
+    settings = load_settings("gpu01", {"llamacpp_backend": "cuda", "python_env_backend": "venv"})
+    command = FactsTogether().command(reads=preflight_reads(settings) + role_reads(settings))
+    assert len(command.encode()) < 128 * 1024 - 4096, len(command)
+    assert os.path.basename(command.split()[0]) == "echo"
