@@ -25,6 +25,40 @@ def settings(form):
     click.echo(group_data_file() if form == "group-data" else markdown_table(), nl=False)
 
 
+@main.command()
+@click.argument("inventory")
+@click.option("--limit", multiple=True, metavar="HOST", help="audit only this host (repeatable)")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object (schema llamarack-audit/1)")
+@click.option("--templates", type=click.Path(file_okay=False), default=None,
+              help="operator templates the deploy uses (default: ./templates when it exists)")
+def audit(inventory, limit, as_json, templates):
+    """Compare what each host runs with what its settings would deploy.
+
+    One remote command per host, all hosts in parallel; nothing is changed.
+    Exit status: 0 no drift, 1 drift, 2 a host unreachable or unreadable.
+    """
+    import json
+    import logging
+    import os
+    import sys
+    from pathlib import Path
+
+    import pyinfra_cli  # noqa: F401  (gevent's monkey patching, before requests is imported)
+
+    from . import audit as auditmod
+
+    logging.getLogger("pyinfra").setLevel(logging.ERROR)  # connection chatter; failures are in the report
+
+    if templates is None and Path("templates").is_dir():
+        templates = "templates"
+    audits = auditmod.run(inventory, tuple(limit), (Path(templates).resolve(),) if templates else ())
+    if as_json:
+        click.echo(json.dumps(auditmod.as_json(audits), indent=1, default=str))
+    else:
+        click.echo(auditmod.as_table(audits, colour=sys.stdout.isatty() and not os.environ.get("NO_COLOR")), nl=False)
+    sys.exit(auditmod.exit_status(audits))
+
+
 def _add_lab():
     # The lab needs root-only tools; import it lazily so `llamarack settings` works anywhere.
     from .lab.cli import lab

@@ -6,18 +6,20 @@ OS release comes from pyinfra's own ``server.LinuxDistribution``.
 from .gpu import (
     DriverState,
     Gpu,
+    GpuProcess,
+    GpuProcesses,
     KernelModule,
     NvidiaKernelModule,
     NvidiaSmi,
     RecordedGpus,
     gpus_record,
 )
-from .llamacpp import Builds, GitHead, LlamacppBuilds, LlamaServerFlags, ServerFlags, parse_server_help
+from .llamacpp import BuildRecord, Builds, GitHead, LlamacppBuilds, LlamaServerFlags, ServerFlags, parse_server_help
 from .packages import DebianSources, DebPackage, NvidiaDriverPackages
 from .python import PythonEnv, PythonEnvPackages, RequirementsFile
 from .model import ArtifactState, GgufShape, ModelArtifact
 from .reading import FactRead, read, read_together
-from .system import FreeDiskBytes, PasswdEntry, SystemUser
+from .system import FreeDiskBytes, HttpStatus, PasswdEntry, SystemUser, UnitState
 from .toolchain import (
     CmakeVersion,
     CudaToolkit,
@@ -33,6 +35,11 @@ __all__ = [
     "read_together",
     "PasswdEntry",
     "SystemUser",
+    "UnitState",
+    "HttpStatus",
+    "BuildRecord",
+    "GpuProcess",
+    "GpuProcesses",
     "ArtifactState",
     "Builds",
     "GitHead",

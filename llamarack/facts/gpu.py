@@ -266,3 +266,43 @@ def gpus_record(gpus) -> str:
         if card["pci_device_id"] is None:
             del card["pci_device_id"]
     return json.dumps(cards, indent=1, sort_keys=True) + "\n"
+
+
+@dataclass(frozen=True)
+class GpuProcess(FactValue):
+    pid: int
+    name: str
+    used_mib: Optional[int]
+    gpu_uuid: str
+
+
+class GpuProcesses(FactBase[tuple]):
+    """
+    Returns the processes that hold GPU memory, as ``nvidia-smi --query-compute-apps``
+    lists them; empty when there are none or no working driver (the GPU facts say why).
+
+    .. code:: python
+
+        (GpuProcess(pid=3197, name="/opt/llamarack/builds/.../llama-server",
+                    used_mib=15606, gpu_uuid="GPU-..."),)
+    """
+
+    def command(self) -> str:
+        return ("export LC_ALL=C; command -v nvidia-smi >/dev/null 2>&1 || exit 0; "
+                "nvidia-smi --query-compute-apps=pid,process_name,used_gpu_memory,gpu_uuid "
+                "--format=csv,noheader,nounits 2>/dev/null; true")  # fmt: skip
+
+    def default(self) -> tuple:
+        return ()
+
+    def process(self, output) -> tuple:
+        processes = []
+        for line in output:
+            if not line.strip() or line.startswith("No running processes"):
+                continue
+            fields = [f.strip() for f in line.split(",")]
+            if len(fields) != 4 or not fields[0].isdigit():
+                raise FactProcessError(f"unexpected compute-apps line: {line!r}")
+            used = int(fields[2]) if fields[2].isdigit() else None  # [N/A] without permission
+            processes.append(GpuProcess(int(fields[0]), fields[1], used, fields[3]))
+        return tuple(processes)

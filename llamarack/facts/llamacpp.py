@@ -129,3 +129,27 @@ class LlamaServerFlags(FactBase[Optional[ServerFlags]]):
             return parse_server_help(text, tuple(proven))
         except ValueError as e:
             raise FactProcessError(str(e)) from e
+
+
+class BuildRecord(FactBase[Optional[dict]]):
+    """
+    Returns the record of the current llama.cpp build (its ``build-info.json``,
+    written by the smoke run that proved it), or None when there is no current build.
+
+    .. code:: python
+
+        {"stamp": "498d323e499aa37d", "commit": "dccad28c...", "backend": "cuda",
+         "cuda_archs": ["70"], "proof": {"attempts": [{"ok": True, "variant": "native"}], ...}, ...}
+    """
+
+    def command(self, root: str) -> str:
+        return f"cat {shlex.quote(Layout(root).current_build + '/build-info.json')} 2>/dev/null; true"
+
+    def process(self, output) -> Optional[dict]:
+        try:
+            record = json.loads("\n".join(output))
+        except ValueError as e:
+            raise FactProcessError(f"unreadable build-info.json: {e}") from e
+        if not isinstance(record, dict):
+            raise FactProcessError(f"build-info.json is not an object: {str(record)[:80]!r}")
+        return record

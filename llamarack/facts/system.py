@@ -9,6 +9,7 @@ from typing import Optional
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
+from .. import remote
 from .value import FactValue
 
 
@@ -70,3 +71,57 @@ class SystemUser(FactBase[Optional[PasswdEntry]]):
             return PasswdEntry(fields[0], int(fields[2]), int(fields[3]), fields[5], fields[6])
         except ValueError as e:
             raise FactProcessError(f"unexpected getent passwd output: {output!r}") from e
+
+
+UNIT_PROPERTIES = ("ActiveState", "SubState", "MainPID", "ActiveEnterTimestamp", "NRestarts")
+
+
+class UnitState(FactBase[dict]):
+    """
+    Returns what systemd says of ``unit`` now: ``systemctl show``'s ActiveState,
+    SubState, MainPID, ActiveEnterTimestamp and NRestarts (a unit systemd does
+    not know shows ActiveState ``inactive`` and MainPID 0).
+
+    .. code:: python
+
+        {"ActiveState": "active", "SubState": "running", "MainPID": "3197",
+         "ActiveEnterTimestamp": "Wed 2026-12-02 01:53:31 UTC", "NRestarts": "0"}
+    """
+
+    requires_command = "systemctl"
+
+    def command(self, unit: str) -> str:
+        props = " ".join(f"--property={p}" for p in UNIT_PROPERTIES)
+        return f"systemctl show {props} {shlex.quote(unit)}"
+
+    def default(self) -> dict:
+        return {}
+
+    def process(self, output) -> dict:
+        state = dict(line.split("=", 1) for line in output if "=" in line)
+        if "ActiveState" not in state:
+            raise FactProcessError(f"unexpected systemctl show output: {output!r}")
+        return state
+
+
+class HttpStatus(FactBase[Optional[int]]):
+    """
+    Returns the HTTP status a GET of ``url`` gets from the host itself (5 s at most),
+    or None when nothing answers. ``/health`` of a llama-server: 200 when it
+    serves, 503 while it loads.
+
+    .. code:: python
+
+        200
+    """
+
+    def command(self, url: str) -> str:
+        return remote.command("http_status", url)
+
+    def process(self, output) -> Optional[int]:
+        word = output[-1].strip() if output else ""
+        if word == "none":
+            return None
+        if not word.isdigit():
+            raise FactProcessError(f"unexpected http_status output: {output!r}")
+        return int(word)

@@ -31,8 +31,12 @@ from ..toolchain.plan import toolkit_search_homes
 from .reads import preflight_reads, role_reads
 
 
-def gather(settings: Settings) -> HostFacts:
-    """Read everything the rules look at; the CUDA-only facts only on CUDA builds."""
+def gather(settings: Settings, read=read) -> HostFacts:
+    """Read everything the rules look at; the CUDA-only facts only on CUDA builds.
+
+    + read: how a fact is read (``llamarack.facts.read``; ``llamarack audit`` passes
+      the answers its one command got)
+    """
     cuda = settings.llamacpp.backend == "cuda"
     return HostFacts(
         driver=read(NvidiaSmi),

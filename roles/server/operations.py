@@ -27,13 +27,12 @@ from pyinfra.facts.systemd import SystemdStatus
 
 from llamarack import remote
 from llamarack.facts import GgufShape, LlamaServerFlags, RecordedGpus, SystemUser, read
-from llamarack.gpu_table import planning_memory_mib
 from llamarack.layout import API_KEY_PATH, UNIT_NAME, UNIT_PATH
 from llamarack.operations import refusal, secret_upload
 from llamarack.secrets import read_token
 from llamarack.settings import Settings
 
-from .plan import HEALTH_MARK, PlanError, plan_context, render_unit, server_args
+from .plan import HEALTH_MARK, PlanError, wanted_unit
 
 NOLOGIN = "/usr/sbin/nologin"
 
@@ -155,21 +154,12 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
             yield StringCommand(f"echo 'write {UNIT_NAME} once the {made}'")
         return
 
-    # Planned from the board's smallest known report, not this driver's figure: the
-    # same card gets the same context across a rack whatever each driver says.
-    cards = _cards(settings, gpus)
-    card_mib = min((planning_memory_mib(g.pci_device_id, g.memory_mib) for g in cards), default=None) \
-        if s.gpu_layers else None  # fmt: skip
     try:
-        ctx = plan_context(settings, shape, card_mib)
-        args = server_args(settings, flags, build_dir, model_dir, ctx,
-                           cuda=settings.llamacpp.backend == "cuda")  # fmt: skip
+        unit, ctx = wanted_unit(settings, flags, build_dir, model_dir, shape, _cards(settings, gpus), templates)
     except PlanError as e:
         yield refusal(e.failure.message(host.name))
         return
 
-    unit = render_unit(settings, args, f"llamarack llama-server: {Path(model_dir).name} "
-                                       f"({shape['architecture']}, {ctx.note})", templates)  # fmt: skip
     unit_changed = read(Sha1File, path=UNIT_PATH) != hashlib.sha1(unit.encode()).hexdigest()
     if unit_changed:
         _show_unit_diff(unit)

@@ -27,6 +27,7 @@ import jinja2
 from llamarack.facts.llamacpp import ServerFlags
 from llamarack.layout import API_KEY_PATH
 from llamarack.remote.llamacpp_proof import serving_args
+from llamarack.gpu_table import planning_memory_mib
 from llamarack.rules import Failure
 from llamarack.settings import Settings
 
@@ -185,3 +186,17 @@ def render_unit(settings: Settings, args: list[str], description: str, overrides
         exec_start=" ".join(shlex.quote(a) for a in args),
         working_directory=settings.general.root,
     )
+
+
+def wanted_unit(settings: Settings, flags: ServerFlags, build_dir: str, model_dir: str, shape: dict,
+                cards: tuple, templates: tuple = ()) -> tuple[str, ContextPlan]:
+    """The unit this host should run, and its context plan: what the service operation
+    writes and what ``llamarack audit`` compares with the unit found. Raises PlanError."""
+    # Planned from the board's smallest known report, not this driver's figure: the
+    # same card gets the same context across a rack whatever each driver says.
+    card_mib = min((planning_memory_mib(g.pci_device_id, g.memory_mib) for g in cards), default=None) \
+        if settings.server.gpu_layers else None  # fmt: skip
+    ctx = plan_context(settings, shape, card_mib)
+    args = server_args(settings, flags, build_dir, model_dir, ctx, cuda=settings.llamacpp.backend == "cuda")
+    description = f"llamarack llama-server: {Path(model_dir).name} ({shape['architecture']}, {ctx.note})"
+    return render_unit(settings, args, description, templates), ctx

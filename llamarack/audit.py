@@ -1,0 +1,339 @@
+"""``llamarack audit``: what each host runs, against what its settings would deploy.
+
+One remote command per host (``FactsTogether`` of every fact below), hosts
+in parallel, nothing changed. The wanted side is computed by the same
+settings loader and planners the deploy uses (the build stamp, the env
+pins, the model record, the unit text), so "no drift" means "a deploy now
+would change nothing".
+
+The JSON (``--json``) is one object, schema ``llamarack-audit/1``:
+
+    {"schema": "llamarack-audit/1",
+     "hosts": {NAME: {"reachable": bool, "error": str | null,
+                      "drift": [ITEM, ...],
+                      "items": {ITEM: {"found": ..., "wanted": ..., "drift": bool}}}}}
+
+ITEM is one of ``ITEMS``; ``wanted`` is null where the settings ask
+nothing of the item (the GPUs, the free disk). Exit status: 0 no drift, 1
+drift on some host, 2 a host unreachable or its facts unreadable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from pyinfra.facts.files import FileContents, Link
+
+from .facts import (
+    BuildRecord,
+    FactRead,
+    FreeDiskBytes,
+    GgufShape,
+    GpuProcesses,
+    HttpStatus,
+    LlamacppBuilds,
+    LlamaServerFlags,
+    ModelArtifact,
+    PythonEnvPackages,
+    RequirementsFile,
+    UnitState,
+)
+from .facts.reading import FactsTogether
+from .layout import UNIT_NAME, UNIT_PATH
+from .roles.llamacpp.plan import plan_for_host
+from .roles.model.plan import plan_from_record
+from .roles.preflight import gather
+from .roles.preflight.reads import preflight_reads, role_reads
+from .roles.python_env.plan import awq_plan, converter_plan, unmet
+from .roles.server.plan import PlanError, health_url, wanted_unit
+from .roles.toolchain.plan import plan_toolchain
+from .rules import build_archs, evaluate
+from .settings import Settings
+
+SCHEMA = "llamarack-audit/1"
+ITEMS = ("gpus", "rules", "driver", "toolchain", "awq_env", "converter_env", "build", "model", "unit",
+         "service", "health", "gpu_processes", "disk")  # fmt: skip
+ENV_PACKAGES = ("torch", "transformers", "accelerate", "autoawq", "numpy")
+
+
+def audit_reads(settings: Settings) -> tuple[FactRead, ...]:
+    """Everything the audit looks at on a host: what the deploy reads, and what it
+    only reports (build record, unit text and state, /health, GPU processes, disk)."""
+    layout, root = settings.layout, settings.general.root
+    return tuple(dict.fromkeys(preflight_reads(settings) + role_reads(settings) + (
+        FactRead.of(BuildRecord, root=root),
+        FactRead.of(GgufShape, path=f"{layout.current_model}/model.gguf"),
+        FactRead.of(FileContents, path=UNIT_PATH),
+        FactRead.of(UnitState, unit=UNIT_NAME),
+        FactRead.of(HttpStatus, url=health_url(settings)),
+        FactRead.of(GpuProcesses),
+        FactRead.of(FreeDiskBytes, path=root),
+    )))  # fmt: skip
+
+
+@dataclass
+class Item:
+    found: Any
+    wanted: Any = None
+    drift: bool = False
+
+
+@dataclass
+class HostAudit:
+    name: str
+    reachable: bool = True
+    error: Optional[str] = None
+    items: dict = field(default_factory=dict)
+
+    @property
+    def drift(self) -> list[str]:
+        return [k for k, v in self.items.items() if v.drift]
+
+    def to_json(self) -> dict:
+        return {"reachable": self.reachable, "error": self.error, "drift": self.drift,
+                "items": {k: {"found": v.found, "wanted": v.wanted, "drift": v.drift} for k, v in self.items.items()}}
+
+
+class _Answers:
+    """The facts one host answered, looked up as the roles read them."""
+
+    def __init__(self, reads: tuple, answers: dict):
+        self.values = {r: answers[i].value for i, r in enumerate(reads)
+                       if i in answers and answers[i].status == 0 and answers[i].error is None}  # fmt: skip
+        self.unreadable = [repr(r) for i, r in enumerate(reads) if r not in self.values]
+
+    def __call__(self, fact: type, **kwargs):
+        return self.values.get(FactRead.of(fact, **kwargs))
+
+    def read(self, fact: type, **kwargs):
+        """As ``llamarack.facts.read``: an unreadable fact reads as its default."""
+        key = FactRead.of(fact, **kwargs)
+        return self.values[key] if key in self.values else fact().default()
+
+
+def audit_host(name: str, settings: Settings, reads: tuple, answers: dict, templates: tuple = ()) -> HostAudit:
+    """The audit of one host from the answers to ``audit_reads`` (pure: no host is asked)."""
+    fact = _Answers(reads, answers)
+    audit = HostAudit(name)
+    items = audit.items
+    layout, root = settings.layout, settings.general.root
+    cuda = settings.llamacpp.backend == "cuda"
+
+    facts = gather(settings, read=fact.read)
+    gpus = [{"name": g.name, "memory_mib": g.memory_mib, "compute_cap": g.compute_cap, "uuid": g.uuid}
+            for g in facts.gpus]  # fmt: skip
+    items["gpus"] = Item(gpus)
+    failures = evaluate(settings, facts)
+    items["rules"] = Item([f.message(name) for f in failures], [], drift=bool(failures))
+
+    packages = facts.driver_packages
+    module = facts.module.version if facts.module else None
+    library = facts.driver.driver_version or facts.driver.library_version
+    held = all(p.held for p in packages) if packages else None
+    items["driver"] = Item(
+        {"packages": {p.name: p.version for p in packages}, "held": held, "module": module, "library": library,
+         "state": facts.driver.state},
+        {"held": settings.driver.hold_packages, "module": "same as the library"},
+        drift=bool(packages) and held != settings.driver.hold_packages or bool(module and library and module != library),
+    )  # fmt: skip
+
+    if cuda:
+        plan = plan_toolchain(settings, facts)
+        found = {"toolkits": [t.version for t in facts.toolkits], "gcc": facts.gcc.default}
+        wanted = {"toolkit": settings.toolchain.cuda_version,
+                  "host_compiler": plan.host_compiler if plan else None}  # fmt: skip
+        items["toolchain"] = Item(found, wanted, drift=plan is None or not plan.toolkit_installed)
+    else:
+        items["toolchain"] = Item({"gcc": facts.gcc.default}, {"backend": "cpu"})
+
+    archs = build_archs(settings, facts) if cuda else ()
+    awq_env = fact(PythonEnvPackages, env=layout.env("awq"))
+    awq = awq_plan(settings, layout.env("awq"), archs)
+    items["awq_env"] = _env_item(awq_env, awq)
+    convert_env = fact(PythonEnvPackages, env=layout.env("convert"))
+    lines = fact(RequirementsFile, path=layout.converter_requirements)
+    convert = converter_plan(settings, layout.env("convert"), lines,
+                             convert_env.python_version if convert_env else settings.python_env.python_version) \
+        if lines is not None else None  # fmt: skip
+    items["converter_env"] = _env_item(convert_env, convert)
+
+    builds, record = fact(LlamacppBuilds, root=root), fact(BuildRecord, root=root)
+    wanted_stamp = plan_for_host(settings, facts).stamp
+    proof = (record or {}).get("proof") or {}
+    items["build"] = Item(
+        {"stamp": builds.current if builds else None, "commit": (record or {}).get("commit"),
+         "cuda_archs": (record or {}).get("cuda_archs"), "smoke": proof.get("variant") if proof else None,
+         "smoke_tokens_per_second": proof.get("tokens_per_second")},
+        {"stamp": wanted_stamp, "commit": settings.llamacpp.commit},
+        drift=not builds or builds.current != wanted_stamp,
+    )  # fmt: skip
+
+    served = fact(ModelArtifact, path=layout.current_model)
+    asked = (served.record or {}).get("asked", {}) if served else {}
+    matches = served is not None and plan_from_record(settings, served) is not None
+    items["model"] = Item(
+        {"stamp": served.stamp if served else None, "repo": asked.get("repo"), "revision": asked.get("revision"),
+         "quant": asked.get("quant"), "whole": bool(served and served.gguf_size == served.sealed_size)},
+        {"repo": settings.model.repo, "revision": settings.model.revision, "quant": settings.model.quant},
+        drift=not matches,
+    )  # fmt: skip
+
+    unit_lines = fact(FileContents, path=UNIT_PATH)
+    unit_text = "\n".join(unit_lines) + "\n" if unit_lines else None
+    items["unit"] = _unit_item(settings, fact, facts.gpus, unit_text, templates)
+
+    state = fact(UnitState, unit=UNIT_NAME) or {}
+    items["service"] = Item(
+        {"active": state.get("ActiveState"), "sub": state.get("SubState"), "pid": int(state.get("MainPID") or 0),
+         "since": state.get("ActiveEnterTimestamp") or None, "restarts": int(state.get("NRestarts") or 0)},
+        {"active": "active", "sub": "running"},
+        drift=(state.get("ActiveState"), state.get("SubState")) != ("active", "running"),
+    )  # fmt: skip
+    status = fact(HttpStatus, url=health_url(settings))
+    items["health"] = Item(status, 200, drift=status != 200)
+
+    processes = fact(GpuProcesses) or ()
+    pid = items["service"].found["pid"]
+    others = [{"pid": p.pid, "name": p.name, "used_mib": p.used_mib} for p in processes if p.pid != pid]
+    # The write-up measures only with nobody else on the card.
+    items["gpu_processes"] = Item({"llama_server": [p.used_mib for p in processes if p.pid == pid], "others": others},
+                                  {"others": []}, drift=bool(others))  # fmt: skip
+    items["disk"] = Item({"free_bytes": fact(FreeDiskBytes, path=root)})
+
+    if fact.unreadable:
+        audit.error = "unreadable facts: " + ", ".join(fact.unreadable)
+    return audit
+
+
+def _env_item(env, plan) -> Item:
+    found = {"python": env.python_version, **{p: env.packages.get(p) for p in ENV_PACKAGES if p in env.packages}} \
+        if env else None  # fmt: skip
+    if plan is None:
+        return Item(found, None, drift=env is None)
+    problems = unmet(plan, env.packages, env.python_version) if env else ["no env"]
+    return Item(found, {"require": list(plan.require), "unmet": problems}, drift=bool(problems))
+
+
+def _unit_item(settings: Settings, fact: _Answers, gpus: tuple, unit_text: Optional[str], templates: tuple) -> Item:
+    layout, root = settings.layout, settings.general.root
+    found = {"sha256": hashlib.sha256(unit_text.encode()).hexdigest() if unit_text else None,
+             "exec_start": next((line.split("=", 1)[1] for line in (unit_text or "").splitlines()
+                                 if line.startswith("ExecStart=")), None)}  # fmt: skip
+    build_dir, model_dir = _target(fact(Link, path=layout.current_build)), _target(fact(Link, path=layout.current_model))
+    flags = fact(LlamaServerFlags, root=root)
+    shape = fact(GgufShape, path=f"{layout.current_model}/model.gguf")
+    if not (build_dir and model_dir and flags and shape):
+        return Item(found, {"sha256": None, "why": "no current build or model to plan from"}, drift=True)
+    try:
+        unit, ctx = wanted_unit(settings, flags, f"{layout.builds}/{build_dir}", f"{layout.models}/{model_dir}",
+                                shape, gpus, templates)  # fmt: skip
+    except PlanError as e:
+        return Item(found, {"sha256": None, "why": e.failure.message("")}, drift=True)
+    wanted = {"sha256": hashlib.sha256(unit.encode()).hexdigest(), "ctx_size": ctx.ctx_size}
+    return Item(found, wanted, drift=found["sha256"] != wanted["sha256"])
+
+
+def _target(link) -> Optional[str]:
+    target = (link or {}).get("link_target")
+    return os.path.basename(target.rstrip("/")) if target else None
+
+
+def run(inventory: str, limit: tuple = (), templates: tuple = ()) -> list[HostAudit]:
+    """Connect to the inventory's hosts (or those of ``limit``) in parallel and audit each
+    with one remote command. Unreachable hosts come back with ``reachable`` False."""
+    import gevent
+    from pyinfra.api import Config, State
+    from pyinfra.api.connect import connect_all, disconnect_all
+    from pyinfra.api.exceptions import PyinfraError
+    from pyinfra.context import ctx_host, ctx_inventory, ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    from .settings import settings_for
+
+    state = State(check_for_changes=False)
+    state.cwd = os.getcwd()
+    ctx_state.set(state)
+    hosts = make_inventory(inventory, cwd=state.cwd)
+    ctx_inventory.set(hosts)
+    unknown = [name for name in limit if hosts.get_host(name) is None]
+    if unknown:
+        raise ValueError(f"--limit: no host {', '.join(unknown)} in {inventory}")
+    chosen = {hosts.get_host(name) for name in limit} if limit else None
+    config = Config()
+    config.FAIL_PERCENT = 100  # one unreachable host must not stop the audit of the others
+    state.init(hosts, config, initial_limit=chosen)
+    try:
+        connect_all(state)
+    except PyinfraError:
+        pass  # every host unreachable: each says so below
+
+    def one(host) -> HostAudit:
+        with ctx_host.use(host):
+            try:
+                settings = settings_for(host)
+                reads = audit_reads(settings)
+                answers = host.get_fact(FactsTogether, reads=reads)
+                return audit_host(host.name, settings, reads, answers, templates)
+            except Exception as e:  # a host whose facts cannot be read or planned
+                return HostAudit(host.name, reachable=host.connected, error=f"{type(e).__name__}: {e}")
+
+    targets = [h for h in hosts if chosen is None or h in chosen]
+    active = [h for h in targets if h.connected]
+    jobs = {h: state.pool.spawn(one, h) for h in active}
+    gevent.joinall(list(jobs.values()))
+    results = []
+    for h in targets:
+        results.append(jobs[h].get() if h in jobs else HostAudit(h.name, reachable=False, error="cannot connect"))
+    disconnect_all(state)
+    return results
+
+
+def exit_status(audits: list[HostAudit]) -> int:
+    if any(not a.reachable or a.error for a in audits):
+        return 2
+    return 1 if any(a.drift for a in audits) else 0
+
+
+def as_json(audits: list[HostAudit]) -> dict:
+    return {"schema": SCHEMA, "hosts": {a.name: a.to_json() for a in audits}}
+
+
+def _brief(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_brief(v)}" for k, v in value.items() if v not in (None, [], {}))
+    if isinstance(value, list):
+        return "; ".join(_brief(v) for v in value) if value else "none"
+    if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+        return value[:12]  # a sha256: its head tells two apart
+    return str(value)
+
+
+def as_table(audits: list[HostAudit], colour: bool = False) -> str:
+    """One block per host: a summary line, then item, found, wanted, aligned; drifted rows marked."""
+    import click
+
+    def paint(text, **style):
+        return click.style(text, **style) if colour else text
+
+    out = []
+    for a in audits:
+        if not a.reachable or (a.error and not a.items):
+            out.append(paint(f"{a.name}: FAILED: {a.error}", fg="red", bold=True))
+            continue
+        drift = a.drift
+        summary = f"{a.name}: {'drift in ' + ', '.join(drift) if drift else 'no drift'}"
+        out.append(paint(summary, fg="yellow" if drift else "green", bold=True))
+        if a.error:
+            out.append(paint(f"  {a.error}", fg="red"))
+        width = max(len(k) for k in a.items)
+        for name, item in a.items.items():
+            mark = "!" if item.drift else " "
+            found = _brief(item.found)[:90]
+            row = f" {mark} {name:<{width}}  {found}"
+            if item.wanted not in (None, [], {}) and item.drift:
+                row += f"   wanted: {_brief(item.wanted)[:90]}"
+            out.append(paint(row, fg="yellow") if item.drift else row)
+    return "\n".join(out) + "\n"
