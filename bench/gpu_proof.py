@@ -98,7 +98,8 @@ def parse_compute_apps(text: str) -> list:
 def parse_bench_json(text: str) -> list:
     """llama-bench -o json: one record per test, the fields the proof reports."""
     start = text.find("[")
-    data = json.loads(text[start:]) if start >= 0 else []
+    # stdout (the JSON) comes first, then llama.cpp's stderr
+    data = json.JSONDecoder().raw_decode(text[start:])[0] if start >= 0 else []
     keep = ("n_prompt", "n_gen", "avg_ts", "stddev_ts", "samples_ts", "flash_attn", "type_k", "type_v",
             "n_batch", "n_ubatch", "n_gpu_layers", "n_threads", "build_commit", "gpu_info", "model_size",
             "model_n_params", "use_mmap", "load_mode")  # fmt: skip
@@ -766,6 +767,102 @@ class Proof:
         self.save()
 
 
+# --------------------------------------------------------------------------
+# the summary: figures derived from the raw results, each with what it was measured on
+# --------------------------------------------------------------------------
+
+
+def summarize(r: dict) -> dict:
+    """Derived figures (ratios, errors, the reserve) from the phases' raw results."""
+    ph = r["phases"]
+    build = ph.get("build", {})
+    out = {"machine": {k: r.get("machine", {}).get(k) for k in ("nvidia_smi", "nvcc", "torch", "cpu", "cpus")},
+           "llamacpp": {"commit": r.get("machine", {}).get("llamacpp_commit"), "version": build.get("version"),
+                        "cmake_args": (build.get("build_info") or {}).get("cmake_args"),
+                        "build_seconds": build.get("seconds")}}  # fmt: skip
+    serve, bench, roof = ph.get("serve8b", {}), ph.get("bench8b", {}), ph.get("roofline", {})
+    model = ph.get("model8b", {})
+
+    def bench_ts(run: str, **match):
+        for x in bench.get("runs", {}).get(run, {}).get("results", []):
+            if all(x.get(k) == v for k, v in match.items()):
+                return round(x["avg_ts"], 1)
+        return None
+
+    if serve.get("ok") and bench.get("ok"):
+        tg = bench_ts("served_flags", n_prompt=0, n_gen=128)
+        served = round(serve["decode_default_sampling"]["median_tps"], 1)
+        d = {"served_exec_start": serve["plan"]["exec_start"], "llama_bench_flags": bench["served_flags"],
+             "served_tps_default_sampling": served,
+             "served_tps_greedy": round(serve["decode_greedy"]["median_tps"], 1),
+             "llama_bench_tg128_tps": tg, "served_over_llama_bench": round(served / tg, 3) if tg else None,
+             "goal_0_97_met": bool(tg and served / tg >= 0.97)}  # fmt: skip
+        if roof.get("bandwidth_GBps") and model.get("gguf_bytes"):
+            limit = roof["bandwidth_GBps"] * 1e9 / model["gguf_bytes"]
+            d.update(copy_bandwidth_GBps=roof["bandwidth_GBps"], weight_bytes=model["gguf_bytes"],
+                     roofline_tps=round(limit, 1), llama_bench_roofline_fraction=round(tg / limit, 3) if tg else None,
+                     served_roofline_fraction=round(served / limit, 3))  # fmt: skip
+        d["llama_bench_tg128_variants"] = {
+            "q4_0_kv_fa_on (served)": tg,
+            "f16_kv_fa_on": bench_ts("kv_f16_fa_on_off", n_gen=128, flash_attn=1),
+            "f16_kv_fa_off": bench_ts("kv_f16_fa_on_off", n_gen=128, flash_attn=0),
+            "q8_0_kv_fa_on": bench_ts("kv_q8_0", n_gen=128),
+            "q4_0_kv_cuda_graphs_off": bench_ts("cuda_graphs_off", n_gen=128),
+        }  # fmt: skip
+        out["decode_8b"] = d
+        out["prefill_8b"] = {
+            "llama_bench_pp512_tps": bench_ts("served_flags", n_prompt=512, n_gen=0),
+            "served_single_pp512_tps": round(serve["prefill_single_pp512"]["median_tps"], 1),
+            "served_aggregate_tps": {n: a["median_aggregate_tps"] for n, a in serve.get("aggregate_prefill", {}).items()},
+            "llama_bench_pp_by_ubatch": {f"pp{x['n_prompt']} ub{x['n_ubatch']}": round(x["avg_ts"], 1)
+                                         for x in bench.get("runs", {}).get("ubatch", {}).get("results", [])},
+        }  # fmt: skip
+    rows = list(ph.get("memory8b", {}).get("rows", []))
+    v = ph.get("v100", {})
+    rows_v = [v[k] for k in ("at_plan", "one_step_past") if k in v]
+    if rows:
+        items = []
+        for row in rows + rows_v:
+            lm = row["log_mib"]
+            items.append({
+                "model": "24B" if row in rows_v else "8B", "ctx": row["ctx_size"], "kv_type": row["cache_type"],
+                "planned": row["ledger_mib"], "log_gpu": {"model": lm["weights_gpu"], "kv": lm["kv"],
+                                                           "compute": lm["compute_gpu"]},
+                "log_host": {"model": lm["weights_host"], "compute": lm["compute_host"]},
+                "process_mib": row.get("process_mib"), "error": row["error"],
+                "reserve_needed_mib": row.get("reserve_needed_mib"),
+                "gpu_beyond_log_buffers_mib": row.get("overhead_beyond_log_buffers_mib"),
+                "compute_plus_beyond_mib": round(lm["compute_gpu"] + (row.get("overhead_beyond_log_buffers_mib") or 0), 1),
+            })  # fmt: skip
+        needed = [i["reserve_needed_mib"] for i in items if i["reserve_needed_mib"] is not None]
+        honest = [i["compute_plus_beyond_mib"] for i in items]
+        out["memory_plan"] = {"rows": items}
+        if needed:
+            out["memory_plan"]["reserve"] = {
+                "today_mib": rows[0]["ledger_mib"]["reserve"],
+                "needed_max_mib": max(needed), "needed_min_mib": min(needed),
+                "suggested_mib": int(-(-max(needed) * 1.10 // 64) * 64),
+                "derivation": "needed = process memory (nvidia-smi) - planned weights (the GGUF file) - planned KV, "
+                              "per run; suggested = the largest, +10%, rounded up to 64 MiB",
+                "without_host_weights_slack_max_mib": max(honest),
+                "note": "the planned weights count the whole file, but token_embd stays in host memory "
+                        "(CPU_Mapped): that slack is part of what covers compute buffers + CUDA context today",
+            }  # fmt: skip
+    if v.get("ok") and "plan" in v:
+        out["v100_question"] = {
+            "shape": "mistral-small-24b (random weights), Q4_K_M", "gguf_bytes": v["plan"]["shape"]["size"],
+            "card_mib": v["plan"]["card_mib"], "card": v["plan"]["card"], "planned_ctx": v["plan"]["ctx_size"],
+            "planned_total_mib": v["at_plan"].get("planned_total_mib"),
+            "process_mib_at_plan": v["at_plan"].get("process_mib"),
+            "process_mib_one_step_past": v["one_step_past"].get("process_mib"),
+            "under_16_GiB_at_plan": v.get("under_16_GiB_at_plan"),
+            "under_16_GiB_one_step_past": v.get("under_16_GiB_one_step_past"),
+            "planner_on_one_step_past": v.get("planner_on_step_past"),
+            "quantize_seconds": (v.get("quantize") or {}).get("seconds"),
+        }  # fmt: skip
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--phases", default=",".join(n for n, _ in Proof.PHASES))
@@ -783,11 +880,20 @@ def main(argv=None) -> None:
     ap.add_argument("--scale-down", type=int, default=1)
     ap.add_argument("--contexts", default="2048,4096,8192")
     ap.add_argument("--parallel", default="4,8", help="server_parallel values for the aggregate prefill")
+    ap.add_argument("--summarize", metavar="JSON", help="add the derived summary to a results file, and stop")
     a = ap.parse_args(argv)
+    if a.summarize:
+        r = json.loads(Path(a.summarize).read_text())
+        r["summary"] = summarize(r)
+        Path(a.summarize).write_text(json.dumps(r, indent=1, sort_keys=True) + "\n")
+        print(json.dumps(r["summary"], indent=1))
+        return
     a.contexts = [int(x) for x in a.contexts.split(",")]
     a.parallel = [int(x) for x in a.parallel.split(",") if x]
     proof = Proof(a)
     proof.run(set(a.phases.split(",")))
+    proof.r["summary"] = summarize(proof.r)
+    proof.save()
     print(json.dumps({k: v.get("ok") for k, v in proof.r["phases"].items()}))
 
 
