@@ -281,11 +281,12 @@ def plan(shape: dict, knobs: Knobs, card_mib: Optional[int]) -> Plan:
             why = f" (all {n_all} leave no room for {floor} tokens per slot)"
     kv = f"{k}/{v}"
     if fits < floor:
-        at = ledger(shape, knobs, card_mib, max(layers, 1), k, v, floor)
+        shown = layers or n_all  # nothing fits: the numbers for every layer on the card
+        at = ledger(shape, knobs, card_mib, shown, k, v, floor)
         raise PlanError(Failure(
             "memory",
             f"{card_mib} MiB on the card for {at.weights_on_card / MIB:.0f} MiB of weights "
-            f"(--n-gpu-layers {max(layers, 1)} of {n_all}) + {knobs.reserve_mib} MiB reserve",
+            f"(--n-gpu-layers {shown} of {n_all}) + {knobs.reserve_mib} MiB reserve",
             f"{at.total_on_card / MIB:.0f} MiB for a {floor}-token context x {knobs.parallel} slots "
             f"({kv} KV: {at.kv_bytes_per_token / 1024:.1f} KiB per token)",
             "a smaller model_quant, a smaller server_min_ctx_size or server_parallel, "
@@ -297,7 +298,8 @@ def plan(shape: dict, knobs: Knobs, card_mib: Optional[int]) -> Plan:
             "memory",
             f"server_ctx_size {wanted} x {knobs.parallel} slots: {at.total_on_card / MIB:.0f} MiB on a "
             f"{card_mib} MiB card",
-            f"at most {fits} tokens per slot on this card ({kv} KV, {at.kv_bytes_per_token / 1024:.1f} KiB per token)",
+            f"at most {fits} tokens per slot on this card ({kv} KV, {at.kv_bytes_per_token / 1024:.1f} KiB per token"
+            + (f", {layers} of {n_all} layers on the card)" if layers < n_all else ")"),
             f"set server_ctx_size <= {fits} (or None), or quantize the KV cache further",
         ))  # fmt: skip
     ctx = wanted or fits

@@ -93,7 +93,8 @@ def proof_kv_types(s: Settings) -> tuple:
     missing. One side auto and the other fixed can mix types: see cmake_args.
     """
     k, v = s.server.cache_type_k, s.server.cache_type_v
-    return (k if k != "auto" else "q4_0", v if v != "auto" else "q4_0")
+    # without flash attention the planner keeps an auto V at f16 (a quantized V needs it)
+    return (k if k != "auto" else "q4_0", v if v != "auto" else "q4_0" if s.server.flash_attn else "f16")
 
 
 def serving_inputs(s: Settings) -> dict:

@@ -2,6 +2,7 @@
 
 import json
 import re
+import struct
 from pathlib import Path
 
 import pytest
@@ -298,3 +299,41 @@ def test_the_write_ups_case_gemma_3_27b_q4_k_m_on_a_v100_16gb():
     # what the card does serve: 57 of 63 layers, 6400 tokens per slot
     served = plan_context(settings(server_rope_scaling="yarn", server_rope_scale=2.0), shape, 16130)
     assert (served.gpu_layers, served.ctx_size, served.cache_type_k) == (57, 6400, "q4_0")
+
+
+def _gguf_header(meta: list, tensors: list) -> bytes:
+    """A GGUF v3 header (no tensor data), written with the smoke model's own writer helpers."""
+    from llamarack.remote.llamacpp_proof import _gguf_kv, _gguf_string
+
+    infos = b"".join(_gguf_string(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims)
+                     + struct.pack("<IQ", kind, 0) for name, dims, kind in tensors)  # fmt: skip
+    return b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(meta)) + b"".join(_gguf_kv(*m) for m in meta) + infos
+
+
+def test_header_reader_takes_sliding_windows_rope_and_tied_embeddings(tmp_path):
+    meta = [("general.architecture", "str", "gemma3"), ("gemma3.block_count", "u32", 6),
+            ("gemma3.context_length", "u32", 131072), ("gemma3.embedding_length", "u32", 512),
+            ("gemma3.attention.head_count", "u32", 8), ("gemma3.attention.head_count_kv", "u32", 4),
+            ("gemma3.attention.key_length", "u32", 128), ("gemma3.attention.value_length", "u32", 128),
+            ("gemma3.attention.sliding_window", "u32", 1024), ("gemma3.rope.scaling.type", "str", "yarn"),
+            ("gemma3.rope.scaling.factor", "f32", 4.0),
+            ("gemma3.rope.scaling.original_context_length", "u32", 32768)]  # fmt: skip
+    # token_embd q6_K (14) and no output.weight: tied; one block per layer, q4_K (12)
+    tensors = [("token_embd.weight", (512, 1000), 14), ("output_norm.weight", (512,), 0)]
+    tensors += [(f"blk.{i}.attn_q.weight", (512, 1024), 12) for i in range(6)]
+    path = tmp_path / "g.gguf"
+    path.write_bytes(_gguf_header(meta, tensors))
+    shape = read_shape(str(path))
+    assert shape["tied_embeddings"] and shape["n_vocab"] == 1000
+    assert shape["token_embd_bytes"] == 512 * 1000 // 256 * 210 and shape["output_bytes"] == 512 * 4
+    assert shape["layer_bytes"] == [512 * 1024 // 256 * 144] * 6
+    assert (shape["rope_scaling"], shape["rope_scale"], shape["rope_orig_ctx"]) == ("yarn", 4.0, 32768)
+    # llama.cpp's gemma3 default: every 6th layer dense, the others slide
+    assert sliding_layers(shape) == frozenset({0, 1, 2, 3, 4})
+    assert context_cap(shape, Knobs(rope_scaling="yarn", rope_scale=4.0)) == (131072, ("yarn", 4.0, 32768))
+    # the tied embedding goes on the card as the output layer, and stays on the host as the input
+    book = ledger(shape, Knobs(), 4096, 7, "f16", "f16", 4096)
+    assert book.weights_on_card == sum(shape["layer_bytes"]) + shape["output_bytes"] + shape["token_embd_bytes"]
+    assert book.weights_on_host == shape["token_embd_bytes"]
+    # 1 dense layer at 4096 cells, 5 sliding at pad256(1024 + 512) = 1536
+    assert book.kv_on_card == (4096 + 5 * 1536) * 4 * 128 * 2 * 2
