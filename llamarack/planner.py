@@ -283,25 +283,20 @@ def plan(shape: dict, knobs: Knobs, card_mib: Optional[int]) -> Plan:
     if fits < floor:
         shown = layers or n_all  # nothing fits: the numbers for every layer on the card
         at = ledger(shape, knobs, card_mib, shown, k, v, floor)
-        raise PlanError(Failure(
-            "memory",
-            f"{card_mib} MiB on the card for {at.weights_on_card / MIB:.0f} MiB of weights "
-            f"(--n-gpu-layers {shown} of {n_all}) + {knobs.reserve_mib} MiB reserve",
-            f"{at.total_on_card / MIB:.0f} MiB for a {floor}-token context x {knobs.parallel} slots "
-            f"({kv} KV: {at.kv_bytes_per_token / 1024:.1f} KiB per token)",
-            "a smaller model_quant, a smaller server_min_ctx_size or server_parallel, "
-            "fewer server_gpu_layers (0: CPU only), or a bigger card",
-        ))  # fmt: skip
+        raise _memory(f"{card_mib} MiB on the card for {at.weights_on_card / MIB:.0f} MiB of weights "
+                      f"(--n-gpu-layers {shown} of {n_all}) + {knobs.reserve_mib} MiB reserve",
+                      f"{at.total_on_card / MIB:.0f} MiB for a {floor}-token context x {knobs.parallel} slots "
+                      f"({kv} KV: {at.kv_bytes_per_token / 1024:.1f} KiB per token)",
+                      "a smaller model_quant, a smaller server_min_ctx_size or server_parallel, "
+                      "fewer server_gpu_layers (0: CPU only), or a bigger card")  # fmt: skip
     if wanted is not None and wanted > fits:
         at = ledger(shape, knobs, card_mib, layers, k, v, wanted)
-        raise PlanError(Failure(
-            "memory",
-            f"server_ctx_size {wanted} x {knobs.parallel} slots: {at.total_on_card / MIB:.0f} MiB on a "
-            f"{card_mib} MiB card",
-            f"at most {fits} tokens per slot on this card ({kv} KV, {at.kv_bytes_per_token / 1024:.1f} KiB per token"
-            + (f", {layers} of {n_all} layers on the card)" if layers < n_all else ")"),
-            f"set server_ctx_size <= {fits} (or None), or quantize the KV cache further",
-        ))  # fmt: skip
+        placed = f", {layers} of {n_all} layers on the card" if layers < n_all else ""
+        raise _memory(f"server_ctx_size {wanted} x {knobs.parallel} slots: {at.total_on_card / MIB:.0f} MiB on a "
+                      f"{card_mib} MiB card",
+                      f"at most {fits} tokens per slot on this card ({kv} KV, "
+                      f"{at.kv_bytes_per_token / 1024:.1f} KiB per token{placed})",
+                      f"set server_ctx_size <= {fits} (or None), or quantize the KV cache further")  # fmt: skip
     ctx = wanted or fits
     auto = "" if len(candidates) == 1 else " (auto)"
     placed = f", {layers} of {n_all} layers on the card" if layers < n_all else ""
@@ -309,6 +304,10 @@ def plan(shape: dict, knobs: Knobs, card_mib: Optional[int]) -> Plan:
             + ("the largest that fits" if wanted is None else f"fits; largest {fits}") + f" {card_mib} MiB")  # fmt: skip
     return Plan(ctx, knobs.parallel, k, v, layers, rope, ledger(shape, knobs, card_mib, layers, k, v, ctx),
                 note + why, largest)  # fmt: skip
+
+
+def _memory(found: str, needed: str, fix: str) -> PlanError:
+    return PlanError(Failure("memory", found, needed, fix))
 
 
 def _slots(knobs: Knobs) -> str:
