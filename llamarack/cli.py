@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from . import __version__
+from .plan_cli import plan_command
 from .settings_docs import group_data_file, markdown_table
 
 
@@ -57,6 +58,9 @@ def audit(inventory, limit, as_json, templates):
     else:
         click.echo(auditmod.as_table(audits, colour=sys.stdout.isatty() and not os.environ.get("NO_COLOR")), nl=False)
     sys.exit(auditmod.exit_status(audits))
+
+
+main.add_command(plan_command)
 
 
 def _add_lab():
