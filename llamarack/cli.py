@@ -32,7 +32,8 @@ def settings(form):
 @click.option("--json", "as_json", is_flag=True, help="one JSON object (schema llamarack-audit/1)")
 @click.option("--templates", type=click.Path(file_okay=False), default=None,
               help="operator templates the deploy uses (default: ./templates when it exists)")
-def audit(inventory, limit, as_json, templates):
+@click.option("--debug", is_flag=True, help="pyinfra's debug log on stderr (each remote command)")
+def audit(inventory, limit, as_json, templates, debug):
     """Compare what each host runs with what its settings would deploy.
 
     One remote command per host, all hosts in parallel; nothing is changed.
@@ -48,7 +49,10 @@ def audit(inventory, limit, as_json, templates):
 
     from . import audit as auditmod
 
-    logging.getLogger("pyinfra").setLevel(logging.ERROR)  # connection chatter; failures are in the report
+    if debug:
+        logging.basicConfig(level=logging.DEBUG, format="%(message)s")
+    else:
+        logging.getLogger("pyinfra").setLevel(logging.ERROR)  # connection chatter; failures are in the report
 
     if templates is None and Path("templates").is_dir():
         templates = "templates"

@@ -10,6 +10,8 @@ must change nothing.
 """
 
 import json
+import subprocess
+import sys
 import urllib.request
 
 import pytest
@@ -70,6 +72,46 @@ def test_a_converged_run_reads_each_fact_once_in_a_few_commands(lab_rack):
             assert any(fact in line and f"[{host}]" in line for line in out.splitlines()), (host, fact)
 
 
+def audit(*args: str) -> tuple[int, dict, str]:
+    r = subprocess.run([sys.executable, "-m", "llamarack", "audit", str(deploying.ROOT / "inventory/lab.py"), "--json",
+                        *args], cwd=deploying.ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    return r.returncode, json.loads(r.stdout) if r.stdout.strip().startswith("{") else {}, r.stderr
+
+
+def host_state(lab_rack, host: str) -> str:
+    """What an audit must not change: llamarack's files, the unit, the server process."""
+    return deploying.sh(lab_rack, host, "find /opt/llamarack /etc/systemd/system/llamarack-server.service "
+                                        "-xdev -printf '%p %s %T@ %m\\n' | sort | sha256sum; "
+                                        "systemctl show -p MainPID -p NRestarts llamarack-server.service")  # fmt: skip
+
+
+def test_audit_of_the_converged_rack_finds_no_drift_in_one_command_per_host(lab_rack):
+    before = {h.name: host_state(lab_rack, h.name) for h in lab_rack.hosts}
+    rc, report, err = audit("--debug")
+    assert rc == 0, (report, err[-3000:])
+    assert report["schema"] == "llamarack-audit/1"
+    for h in lab_rack.hosts:
+        seen = report["hosts"][h.name]
+        assert seen["reachable"] and seen["error"] is None and seen["drift"] == [], seen
+        assert seen["items"]["health"]["found"] == 200 and seen["items"]["service"]["found"]["active"] == "active"
+        assert seen["items"]["build"]["found"]["stamp"] == seen["items"]["build"]["wanted"]["stamp"]
+    work = count_remote_work(err, [h.name for h in lab_rack.hosts])
+    assert all(w["remote_commands"] == 1 for w in work.values()), work
+    assert {h.name: host_state(lab_rack, h.name) for h in lab_rack.hosts} == before
+
+
+def test_audit_names_an_unreachable_host_and_reports_the_others(lab_rack, tmp_path):
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text((deploying.ROOT / "inventory/lab.py").read_text()
+                         + '\ngone = ([("lab-gone", {"ssh_hostname": "10.77.0.250", "ssh_connect_timeout": 2})], lab[1])\n')
+    r = subprocess.run([sys.executable, "-m", "llamarack", "audit", str(inventory), "--json"],
+                       cwd=deploying.ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    report = json.loads(r.stdout)
+    assert r.returncode == 2, r.stdout[-2000:]
+    assert report["hosts"]["lab-gone"]["reachable"] is False
+    assert report["hosts"]["lab-v100-a"]["drift"] == [] and report["hosts"]["lab-v100-a"]["reachable"]
+
+
 def test_drift_is_still_repaired_by_the_next_run(lab_rack):
     """What a converged run checks is unchanged: an env package removed, the driver
     hold lost, the unit edited, the service stopped; one run puts all four back."""
@@ -79,6 +121,11 @@ def test_drift_is_still_repaired_by_the_next_run(lab_rack):
                                  "apt-mark unhold $(apt-mark showhold) && "
                                  f"echo '# edited by hand' >> {unit} && systemctl daemon-reload && "
                                  "systemctl stop llamarack-server.service")  # fmt: skip
+    # The audit sees each drift, on that host only.
+    rc, report, err = audit()
+    assert rc == 1, (report, err[-3000:])
+    assert set(report["hosts"][host]["drift"]) == {"awq_env", "driver", "unit", "service", "health"}, report["hosts"][host]
+    assert all(report["hosts"][h.name]["drift"] == [] for h in lab_rack.hosts if h.name != host)
     rc, out = deploying.deploy(lab_rack, host)
     assert rc == 0, out[-6000:]
     assert deploying.sh(lab_rack, host, f"sha256sum {unit}; apt-mark showhold") == before

@@ -122,3 +122,12 @@ def test_q_has_the_real_layout_and_values(tmp_path):
         if key not in ("Timestamp", "GPU/FB Memory Usage/Free"):
             assert value == real_values[key], key
     assert out.split("\n")[:3] == real.split("\n")[:3] and out.endswith("\n\n")
+
+
+def test_compute_apps_query_prints_what_the_real_one_prints_with_no_process(tmp_path):
+    """Real output on the lent H200 with no process on the card (driver 580.159.04):
+    nothing with noheader, else only the header, whose memory column names its unit."""
+    r = root(tmp_path, [H200])
+    q = "--query-compute-apps=pid,process_name,used_gpu_memory,gpu_uuid"
+    assert smi(r, q, "--format=csv,noheader,nounits") == (0, "")
+    assert smi(r, q, "--format=csv,nounits") == (0, "pid, process_name, used_gpu_memory [MiB], gpu_uuid\n")

@@ -304,7 +304,10 @@ def main(argv):
         # The lab's hosts compute on their CPUs: no process holds GPU memory. The real
         # one prints only the CSV header then (none with noheader).
         if "noheader" not in (fmt or ""):
-            sys.stdout.write(", ".join(f.strip() for f in qfields.split(",")) + "\n")
+            # the real header names the memory unit even with nounits (driver 580, seen on an H200)
+            names = [f.strip() + (" [MiB]" if f.strip() in ("used_gpu_memory", "used_memory") else "")
+                     for f in qfields.split(",")]
+            sys.stdout.write(", ".join(names) + "\n")
         return 0
     if mode == "q":
         return print_q(mod)
