@@ -1,18 +1,25 @@
 #!/usr/bin/env python3
-"""What a converged deploy of the lab rack costs: time, remote commands and fact reads per host.
+"""What a converged deploy and an audit of the lab rack cost: time, remote commands and fact reads per host.
 
-    python3 bench/converged_bench.py [--reps 5]        (as root, with no lab rack up)
+    python3 bench/converged_bench.py [--reps 5] [--reuse]     (as root)
 
-Brings up the default 4-host rack, runs the README's deploy
-(`pyinfra -y inventory/lab.py deploy.py`) until it converges, then measures:
+Brings up the default 4-host rack (``--reuse``: the rack that is up), runs the
+README's deploy (``pyinfra -y inventory/lab.py deploy.py``) until it converges,
+then measures:
 
 - first_deploy_s, second_deploy_s: the README's figures with this machine's caches;
-- converged_s: median wall time of --reps converged runs (every operation "No changes");
+- converged_s: median wall time of --reps converged runs (every operation "No changes"),
+  and its ratio to the Ansible playbook doing the same checks on the same hosts
+  (52.96 s, issue 17's measurement);
 - per host, from one converged run with --debug (pyinfra's own log lines):
-  remote commands ("Running command on HOST") and fact reads ("Getting fact"),
-  with the facts read more than once.
+  remote commands ("Running command on HOST") and fact reads ("Loaded fact"),
+  with the facts read more than once;
+- audit_s: median of --reps ``llamarack audit inventory/lab.py --json`` (exit 0), against
+  a bare fan-out of ``ssh HOST true`` to the same hosts in parallel (ssh_true_s), and
+  the audit's remote commands per host (its --debug log);
+- the load average when the timings start (other work on the machine skews them).
 
-Writes bench/results/converged.json (the machine noted) and takes the rack down.
+Writes bench/results/converged.json (the machine noted); takes down a rack it brought up.
 """
 
 from __future__ import annotations
@@ -49,16 +56,43 @@ def deploy(*args: str) -> tuple[float, str]:
     return elapsed, r.stdout
 
 
+# Issue 17: an Ansible playbook doing the same checks on the same 4 hosts, converged (median of 5).
+ANSIBLE_S = 52.96
+
+
+def audit(*args: str) -> tuple[float, str]:
+    """``llamarack audit inventory/lab.py --json``: (seconds, stderr); it must find no drift."""
+    started = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "llamarack", "audit", str(INVENTORY), "--json", *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)  # fmt: skip
+    elapsed = time.monotonic() - started
+    if r.returncode != 0:
+        raise SystemExit(f"audit exit {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return elapsed, r.stderr
+
+
+def ssh_fan_out(rack) -> float:
+    """Wall time of ``ssh HOST true`` to every host at once: the floor any remote audit pays."""
+    started = time.monotonic()
+    procs = [subprocess.Popen(rack.ssh_command(h.name, "true"), stdin=subprocess.DEVNULL) for h in rack.hosts]
+    if any(p.wait(timeout=120) for p in procs):
+        raise SystemExit("ssh HOST true failed")
+    return time.monotonic() - started
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--keep-log", action="store_true", help="keep the --debug run's output (not committed)")
+    ap.add_argument("--reuse", action="store_true", help="use the rack that is up")
     args = ap.parse_args()
-    if rackmod.load() is not None:
-        raise SystemExit("a lab rack is up: run 'llamarack lab down' first")
+    rack = rackmod.load()
+    if rack is not None and not args.reuse:
+        raise SystemExit("a lab rack is up: run 'llamarack lab down' first, or pass --reuse")
     started = time.monotonic()
-    rack = rackmod.up()
-    up_s = time.monotonic() - started
+    brought_up = rack is None
+    rack = rack or rackmod.up()
+    up_s = time.monotonic() - started if brought_up else None
     try:
         hosts = [h.name for h in rack.hosts]
         first_s, _ = deploy()
@@ -66,23 +100,37 @@ def main() -> int:
         totals = parse_pyinfra_totals(out)
         if totals["success"] or totals["error"]:
             raise SystemExit(f"the second deploy was not converged: {totals}")
+        load = os.getloadavg()
         times = [deploy()[0] for _ in range(args.reps)]
         _, debug = deploy("--debug")
         (ROOT / "bench/results/converged-debug.log").write_text(debug) if args.keep_log else None
         per_host = count_remote_work(debug, hosts)
+        audit_times = [audit()[0] for _ in range(args.reps)]
+        audit_work = count_remote_work(audit("--debug")[1], hosts)
+        ssh_times = [ssh_fan_out(rack) for _ in range(args.reps)]
     finally:
-        rackmod.down()
+        if brought_up:
+            rackmod.down()
+    median = statistics.median(times)
     result = {
         "date": datetime.date.today().isoformat(),
         "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(),
                     "pyinfra": _pyinfra_version()},  # fmt: skip
         "hosts": len(hosts),
-        "lab_up_s": round(up_s, 2),
+        "lab_up_s": round(up_s, 2) if up_s is not None else None,
         "first_deploy_s": round(first_s, 1),
         "second_deploy_s": round(second_s, 2),
-        "converged_s": {"median": round(statistics.median(times), 2), "runs": [round(t, 2) for t in times]},
+        "load_average_at_timing": [round(x, 2) for x in load],
+        "converged_s": {"median": round(median, 2), "runs": [round(t, 2) for t in times]},
+        "ansible_same_checks_s": ANSIBLE_S,
+        "ansible_over_llamarack": round(ANSIBLE_S / median, 1),
         "per_host": per_host,
         "remote_commands_per_host_median": statistics.median(v["remote_commands"] for v in per_host.values()),
+        "audit_s": {"median": round(statistics.median(audit_times), 2), "runs": [round(t, 2) for t in audit_times]},
+        "ssh_true_fan_out_s": {"median": round(statistics.median(ssh_times), 3),
+                               "runs": [round(t, 3) for t in ssh_times]},
+        "audit_over_ssh_fan_out": round(statistics.median(audit_times) / statistics.median(ssh_times), 1),
+        "audit_remote_commands_per_host": {h: v["remote_commands"] for h, v in audit_work.items()},
     }
     path = ROOT / "bench/results/converged.json"
     path.write_text(json.dumps(result, indent=1) + "\n")

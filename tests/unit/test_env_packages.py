@@ -7,6 +7,7 @@ import sys
 
 from llamarack import remote
 from llamarack.facts import PythonEnvPackages
+from llamarack.facts.python import canonical
 
 OWN_VIEW = ("import importlib.metadata, json, platform; print(json.dumps({'python': platform.python_version(), "
             "'packages': {d.metadata['Name']: d.version for d in importlib.metadata.distributions() "
@@ -22,8 +23,20 @@ def test_listing_matches_what_the_env_interpreter_sees(tmp_path):
                          check=True).stdout  # fmt: skip
     fact = PythonEnvPackages().process(out.splitlines())
     assert fact.python_version == own["python"]
-    assert fact.packages == {k.lower(): v for k, v in own["packages"].items()}
+    assert fact.packages == {canonical(k): v for k, v in own["packages"].items()}
     assert "pip" in fact.packages
+
+
+def test_egg_info_is_read_from_its_metadata(tmp_path):
+    """An egg-info name may carry a Python tag (``-py3.11``): its PKG-INFO says the version."""
+    site = tmp_path / "env/lib/python3.11/site-packages"
+    (site / "llamarack_probe-1.2.3-py3.11.egg-info").mkdir(parents=True)
+    (site / "llamarack_probe-1.2.3-py3.11.egg-info/PKG-INFO").write_text(
+        "Metadata-Version: 2.1\nName: llamarack-probe\nVersion: 1.2.3\n")
+    (tmp_path / "env/pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.11.2\n")
+    out = subprocess.run(remote.command("env_packages", str(tmp_path / "env")), shell=True, capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    assert json.loads(out) == {"python": "3.11.2", "packages": {"llamarack-probe": "1.2.3"}}
 
 
 def test_a_conda_env_reads_its_python_record(tmp_path):
