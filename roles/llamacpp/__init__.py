@@ -8,16 +8,17 @@ Same inputs: nothing runs. New inputs (commit, archs, toolkit, flags): a new
 build directory, verified (``--version`` runs, cubins for every arch), then
 ``current`` is switched; the previous build stays for rollback. A failed
 build stops the host before the switch, so the serving build is untouched.
+Old builds are pruned by the server role (``prune_builds`` here), only once
+the unit that serves has answered ``/health``.
 """
 
 from pyinfra import host, logger
 from pyinfra.api import deploy
 
-from llamarack.facts import LlamacppBuilds, read
 from llamarack.rules import HostFacts
 from llamarack.settings import Settings
 
-from .operations import build, checkout, prune_builds, switch_current
+from .operations import build, checkout, switch_current
 from .plan import BuildPlan, plan_for_host
 
 
@@ -33,8 +34,6 @@ def llamacpp(settings: Settings, facts: HostFacts) -> BuildPlan:
     s = settings.llamacpp
     root, layout = settings.general.root, settings.layout
     plan = plan_for_host(settings, facts)
-    # The build serving before this run: kept for rollback whatever else was built since.
-    serving = read(LlamacppBuilds, root=root).current
 
     checkout(
         name=f"llama.cpp source at {s.commit[:12]}",
@@ -59,11 +58,4 @@ def llamacpp(settings: Settings, facts: HostFacts) -> BuildPlan:
             f"follow it with: tail -f {layout.build(plan.stamp)}/build.log"
         )
     switch_current(name=f"Make llama.cpp build {plan.stamp} current", root=root, stamp=plan.stamp)
-    prune_builds(
-        name=f"Prune old llama.cpp builds (keep {s.keep_builds})",
-        root=root,
-        keep=s.keep_builds,
-        current=plan.stamp,
-        previous=serving,
-    )
     return plan

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import shlex
 from io import StringIO
+from typing import Optional
 
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, StringCommand, operation
+from pyinfra.facts.files import FileContents
 
 from llamarack import remote
 from llamarack.facts import read
@@ -203,25 +205,42 @@ def switch_current(root: str, stamp: str):
 
 
 @operation()
-def prune_builds(root: str, keep: int, current: str, previous=None):
+def prune_builds(root: str, keep: int, previous=None, unit_path=None):
     """
-    Remove old builds, keeping ``current``, the one that served before this run
-    (rollback) and the newest; failed or interrupted build directories go too.
+    Remove old builds, keeping ``current``, the one the unit serves with, the one that
+    served before this run (rollback) and the newest; failed or interrupted build
+    directories go too.
 
     + root: the llamarack root
-    + keep: how many builds to keep in all (at least the current one)
-    + current: the build that is (or is about to be) current
+    + keep: how many builds to keep in all; the current build and the one the unit
+      names are kept even past it (with ``keep = 1`` and a new build whose unit was
+      put back, both stay)
     + previous: the build ``current`` named before this run (read when the run was
       planned: by the time this runs, ``current`` may already point elsewhere)
+    + unit_path: the llama-server unit; the build its ``ExecStart`` names is in use
+
+    Runs after the server role's switch and ``/health`` check (or its rollback):
+    nothing a running server uses is removed before its successor serves.
     """
     builds = read(LlamacppBuilds, root=root)
-    ordered = [current, previous, builds.current, *builds.newest_first()]
-    kept = list(dict.fromkeys(s for s in ordered if s))[:keep]
+    serving = _unit_build(root, read(FileContents, path=unit_path)) if unit_path else None
+    must = [s for s in (builds.current, serving) if s]
+    ordered = [previous, *builds.newest_first()]
+    kept = list(dict.fromkeys([*must, *(s for s in ordered if s)]))[:max(keep, len(set(must)))]
     doomed = [s for s in builds.verified if s not in kept]
-    doomed += [s for s in builds.partial if s != current]
+    doomed += [s for s in builds.partial if s not in must]
     if not doomed:
         host.noop(f"no llama.cpp build to prune (keeping {len(kept)})")
         return
     yield "rm -rf " + " ".join(shlex.quote(Layout(root).build(s)) for s in doomed)
 
 
+def _unit_build(root: str, unit_lines) -> Optional[str]:
+    """The build stamp a unit's ExecStart runs (``<root>/builds/<stamp>/bin/llama-server``)."""
+    prefix = Layout(root).builds + "/"
+    for line in unit_lines or ():
+        if line.startswith("ExecStart="):
+            command = line.split("=", 1)[1].strip().strip('"')
+            if command.startswith(prefix):
+                return command[len(prefix):].split("/", 1)[0]
+    return None

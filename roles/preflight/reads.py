@@ -9,7 +9,7 @@ role asks for it, one more command (the converged benchmark counts them).
 from __future__ import annotations
 
 from pyinfra.facts.deb import DebPackages
-from pyinfra.facts.files import File, Link, Sha1File
+from pyinfra.facts.files import File, FileContents, Link, Sha1File
 from pyinfra.facts.server import LinuxDistribution
 from pyinfra.facts.systemd import SystemdStatus
 
@@ -76,11 +76,13 @@ def role_reads(settings: Settings) -> tuple[FactRead, ...]:
         reads += [FactRead.of(ModelArtifact, path=layout.current_model), FactRead.of(Link, path=layout.current_model)]
     if runs("server"):
         reads += [
+            FactRead.of(LlamacppBuilds, root=root),
             FactRead.of(SystemUser, user=settings.general.service_user),
             FactRead.of(Link, path=layout.current_build),
             FactRead.of(Link, path=layout.current_model),
             FactRead.of(LlamaServerFlags, root=root),
             FactRead.of(Sha1File, path=UNIT_PATH),
+            FactRead.of(FileContents, path=UNIT_PATH),  # the build it names is kept by the prune
             FactRead.of(Sha1File, path=API_KEY_PATH),
             FactRead.of(SystemdStatus, services=UNIT_NAME),
         ]

@@ -20,10 +20,13 @@ The lab's hosts (``llamacpp_backend = 'cpu'``) run the same unit without
 from pyinfra import host
 from pyinfra.api import deploy
 
+from llamarack.facts import LlamacppBuilds, read
+from llamarack.layout import UNIT_PATH
 from llamarack.operations import report
 from llamarack.rules import HostFacts
 from llamarack.settings import Settings
 
+from ..llamacpp.operations import prune_builds
 from .operations import service, service_user
 
 
@@ -47,6 +50,8 @@ def llama_server(settings: Settings, facts: HostFacts, templates: tuple = ()):
     """
     user = settings.general.service_user
     service_user(name=f"Service user {user}", user=user, home=settings.general.root)
+    # The build current before this run: kept for rollback whatever else was built since.
+    previous = read(LlamacppBuilds, root=settings.general.root).current
     url = public_url(settings)
     key = "API key required" if settings.server.api_key_file else "no API key"
     service(
@@ -54,6 +59,15 @@ def llama_server(settings: Settings, facts: HostFacts, templates: tuple = ()):
         settings=settings,
         gpus=facts.gpus,
         templates=tuple(templates),
+    )
+    # Old builds go only now, once the unit that serves has answered /health (or was put
+    # back): nothing the running server uses is removed before its successor serves.
+    prune_builds(
+        name=f"Prune old llama.cpp builds (keep {settings.llamacpp.keep_builds})",
+        root=settings.general.root,
+        keep=settings.llamacpp.keep_builds,
+        previous=previous,
+        unit_path=UNIT_PATH,
     )
     report(
         name="How to reach it",
