@@ -17,6 +17,7 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
 from pyinfra.operations import apt
 
+from . import remote
 from .facts.gpu import NvidiaSmi, gpus_record
 
 
@@ -149,14 +150,14 @@ def miniforge(installer_url: str, installer_sha256: str, prefix: str):
         host.noop(f"conda already installed in {prefix}")
         return
     part = f"{prefix}.installer.part"
-    yield StringCommand("curl", "-fsSL", "--retry", "3", "-o", part, installer_url)
+    yield StringCommand(remote.argv("curl", "-fsSL", "--retry", "3", "-o", part, "--", installer_url))
     # Checked before it runs: a wrong or truncated download never executes.
     yield StringCommand(
         f"echo {shlex.quote(f'{installer_sha256}  {part}')} | sha256sum -c --quiet - "
         f"|| {{ rm -f {shlex.quote(part)}; echo 'Miniforge installer: sha256 mismatch' >&2; exit 1; }}"
     )
-    yield StringCommand("bash", part, "-b", "-p", prefix)
-    yield StringCommand("rm", "-f", part)
+    yield StringCommand(remote.argv("bash", part, "-b", "-p", prefix))
+    yield StringCommand(remote.argv("rm", "-f", "--", part))
 
 
 @operation()
@@ -174,5 +175,5 @@ def conda_env(conda: str, env: str, specs: list, channels: list, marker: str):
         host.noop(f"conda env {env} already has {Path(marker).name}")
         return
     channel_args = [arg for ch in channels for arg in ("-c", ch)]
-    yield StringCommand(conda, "create", "--yes", "--quiet", "--prefix", env,
-                        "--override-channels", *channel_args, *specs)  # fmt: skip
+    yield StringCommand(remote.argv(conda, "create", "--yes", "--quiet", "--prefix", env,
+                                    "--override-channels", *channel_args, *specs))  # fmt: skip
