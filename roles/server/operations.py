@@ -14,6 +14,7 @@ the llama.cpp and model roles made earlier in the same run.
 from __future__ import annotations
 
 import hashlib
+import secrets
 import shlex
 from io import StringIO
 from pathlib import Path
@@ -23,6 +24,7 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.facts.files import FileContents, Link, Sha1File
 from pyinfra.operations.util.files import generate_color_diff
+from pyinfra.facts.server import Command
 from pyinfra.facts.systemd import SystemdStatus
 
 from llamarack import remote
@@ -30,10 +32,21 @@ from llamarack.facts import GgufShape, LlamaServerFlags, RecordedGpus
 from llamarack.gpu_table import planning_memory_mib
 from llamarack.layout import API_KEY_PATH, UNIT_NAME, UNIT_PATH
 from llamarack.operations import refusal, secret_upload
+from llamarack.remote.secret_digest import digest
 from llamarack.secrets import read_token
 from llamarack.settings import Settings
 
 from .plan import HEALTH_MARK, PlanError, plan_context, render_unit, server_args
+
+# A fresh salt for each pyinfra run: what the host prints about its API key
+# (``remote/secret_digest.py``) is never the same twice, nor a plain hash of the key.
+KEY_DIGEST_SALT = secrets.token_hex(16)
+
+
+def key_digest_command() -> str:
+    """The command that prints the salted digest of the host's API key file, or "missing"."""
+    return remote.command("secret_digest", API_KEY_PATH, KEY_DIGEST_SALT)
+
 
 def _linked(current: str) -> Optional[str]:
     """The directory the link ``current`` (``builds/current``, ``models/current``) points at, or None."""
@@ -151,12 +164,12 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
         _show_unit_diff(unit)
 
     key = read_token(s.api_key_file, "server_api_key_file")
-    host_key_sha1 = host.get_fact(Sha1File, path=API_KEY_PATH)
+    host_key = host.get_fact(Command, command=key_digest_command())
     key_changed = False
-    if key is not None and host_key_sha1 != hashlib.sha1((key + "\n").encode()).hexdigest():
+    if key is not None and host_key != digest((key + "\n").encode(), KEY_DIGEST_SALT):
         key_changed = True
         yield from secret_upload(key + "\n", API_KEY_PATH, mode="640", group=settings.general.service_user)
-    elif key is None and host_key_sha1 is not None:
+    elif key is None and host_key != "missing":
         key_changed = True
         yield f"rm -f {shlex.quote(API_KEY_PATH)}"
 

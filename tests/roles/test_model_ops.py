@@ -149,6 +149,7 @@ def test_missing_artifact_is_fetched_converted_quantized_sealed_and_moved():
 def test_token_goes_up_as_a_private_file_and_is_removed_after_the_fetch(tmp_path):
     token = tmp_path / "token"
     token.write_text("hf_secret_value\n")
+    token.chmod(0o600)  # read_token refuses a secret others may read
     cmds, _ = commands(PLAN, {ModelArtifact: None, FreeDiskBytes: 100 << 30, File: None}, token_file=str(token))
     s = PLAN.staging
     assert ("upload", f"{s}/hub-token.new", "hf_secret_value") in cmds
@@ -161,6 +162,7 @@ def test_token_goes_up_as_a_private_file_and_is_removed_after_the_fetch(tmp_path
 def test_a_resumed_run_past_its_fetch_sends_no_token(tmp_path):
     token = tmp_path / "token"
     token.write_text("hf_secret_value\n")
+    token.chmod(0o600)  # read_token refuses a secret others may read
     s = PLAN.staging
     facts = {ModelArtifact: None, FreeDiskBytes: 100 << 30, File: None,
              (File, frozenset({"path": f"{s}/model-f16.gguf"}.items())): {"size": 9}}  # fmt: skip
