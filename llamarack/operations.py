@@ -37,6 +37,14 @@ def report(message: str):
     yield  # an operation is a generator, even one that runs no command
 
 
+def durable_rename(src: str, dest: str) -> str:
+    """The shell command that puts ``src`` in place as ``dest`` only once its bytes
+    are on disk: ``sync FILE`` is fsync(2) of that file, then rename(2). Without
+    it, a crash soon after the rename can leave ``dest`` complete by name but
+    empty or truncated (ext4, xfs: data and metadata are written separately)."""
+    return f"{remote.argv('sync', '--', src)} && {remote.argv('mv', '-f', '--', src, dest)}"
+
+
 def refusal(reason: str) -> StringCommand:
     """The command that stops a host: ``reason`` on stderr, exit 1."""
     return StringCommand(f"printf '%s\\n' {shlex.quote(reason)} >&2; exit 1")
@@ -65,8 +73,8 @@ def record_gpus(path: str, gpus=None, recorded=None):
       nvidia-smi lists when the operation runs (after a reboot earlier in the run)
     + recorded: what the record holds (preflight read it): no write when equal
 
-    The record is written beside itself and renamed over the old one, so an
-    interrupted run never leaves half a record.
+    The record is written beside itself, synced, and renamed over the old one,
+    so an interrupted run or a crash never leaves half a record.
     """
     if gpus is None:
         gpus = host.get_fact(NvidiaSmi).gpus
@@ -80,7 +88,7 @@ def record_gpus(path: str, gpus=None, recorded=None):
     q = shlex.quote(path)
     yield f"install -d -m 755 {shlex.quote(str(Path(path).parent))}"
     yield FileUploadCommand(StringIO(text), f"{path}.new")
-    yield f"chmod 644 {q}.new && mv -f {q}.new {q}"
+    yield f"chmod 644 {q}.new && {durable_rename(f'{path}.new', path)}"
 
 
 def secret_upload(secret: str, dest: str, mode: str = "600", group=None):

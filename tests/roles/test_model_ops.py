@@ -140,6 +140,9 @@ def test_missing_artifact_is_fetched_converted_quantized_sealed_and_moved():
             f"--outtype f16 --outfile {s}/model-f16.gguf.tmp >> {s}/convert.log 2>&1") in shell[2]  # fmt: skip
     assert (f"/opt/lr/builds/current/bin/llama-quantize {s}/model-f16.gguf {s}/model.gguf.tmp Q4_K_M "
             f">> {s}/quantize.log 2>&1") in shell[3]  # fmt: skip
+    # Each made file is on disk (fsync) before its final name says it is complete.
+    assert shell[2].endswith(f"sync -- {s}/model-f16.gguf.tmp && mv -f -- {s}/model-f16.gguf.tmp {s}/model-f16.gguf; }}")
+    assert shell[3].endswith(f"sync -- {s}/model.gguf.tmp && mv -f -- {s}/model.gguf.tmp {s}/model.gguf; }}")
     assert shell[4].startswith(remote.command("model_fetch", "seal"))
     assert shell[5] == f"rm -rf {s}/manifest.json {s}/stamp.plan.json {s}/hf {s}/model-f16.gguf"
     assert shell[6] == f"chmod 755 {s} && mv -T {s} {d}"
