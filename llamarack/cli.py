@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from . import __version__
+from .plan_cli import plan_command
 from .settings_docs import group_data_file, markdown_table
 
 
@@ -23,6 +24,9 @@ def main():
 def settings(form):
     """Print every setting with its default."""
     click.echo(group_data_file() if form == "group-data" else markdown_table(), nl=False)
+
+
+main.add_command(plan_command)
 
 
 def _add_lab():

@@ -234,15 +234,21 @@ def _positive(value: int) -> Optional[str]:
     return None
 
 
-def _port(value: int) -> Optional[str]:
-    if not 1 <= value <= 65535:
-        return "a TCP port (1-65535)"
+def _non_negative(value: int) -> Optional[str]:
+    if value < 0:
+        return "0 or a positive integer"
     return None
 
 
-def _non_negative(value: int) -> Optional[str]:
-    if value < 0:
-        return "zero or a positive integer"
+def _scale(value: float) -> Optional[str]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1:
+        return "a number >= 1 such as 2.0"
+    return None
+
+
+def _port(value: int) -> Optional[str]:
+    if not 1 <= value <= 65535:
+        return "a TCP port (1-65535)"
     return None
 
 
@@ -484,19 +490,35 @@ class ServerSettings:
         _address,
     )
     port: int = setting(8080, "port llama-server listens on", _port)
+    # -- the memory plan (llamarack/planner.py) --
     ctx_size: Optional[int] = setting(
-        None, "context length; None means the largest that fits the card", _positive
+        None, "context per slot; None means the largest that fits the card", _positive
     )
-    cache_type_k: str = setting("q4_0", "K cache type")
-    cache_type_v: str = setting("q4_0", "V cache type (quantized V needs flash attention)")
+    cache_type_k: str = setting(
+        "auto", "K cache type; auto: the most precise of f16, q8_0, q4_0 that gives the context"
+    )
+    cache_type_v: str = setting("auto", "V cache type, as K (quantized V needs flash attention)")
+    gpu_layers: Optional[int] = setting(
+        None, "--n-gpu-layers (n_layer + 1 = all, 0 = CPU only); None: all that fit", _non_negative
+    )
+    min_ctx_size: int = setting(
+        4096, "context per slot below which fewer layers go on the card", _positive
+    )
+    rope_scaling: Literal["none", "yarn", "linear"] = setting(
+        "none", "RoPE scaling past the trained context (yarn: up to original x scale)"
+    )
+    rope_scale: float = setting(1.0, "RoPE scale factor (--rope-scale)", _scale)
+    rope_orig_ctx: Optional[int] = setting(
+        None, "YaRN's original context; None: the GGUF's (--yarn-orig-ctx)", _positive
+    )
+    # -- end of the memory plan --
     flash_attn: bool = setting(True, "flash attention")
     mmap: bool = setting(False, "mmap the model file (off: copy weights to the GPU once)")
-    gpu_layers: int = setting(99, "layers offloaded to the GPU (99 = all, 0 = CPU only)", _non_negative)
     repack: bool = setting(
         True,
         "CPU weight repacking (AMX and repacked kernels); False serves with --no-repack",
     )
-    parallel: int = setting(1, "parallel sequences (slots)", _positive)
+    parallel: int = setting(1, "parallel slots; --ctx-size is the context per slot x slots", _positive)
     api_key_file: Optional[str] = setting(
         None,
         "file on the control machine holding the API key (never printed; mode 600 or 400)",
@@ -519,8 +541,8 @@ class ServerSettings:
 # Values restricted to a fixed set beyond what a Literal type says.
 _CHOICES = {
     ("model", "quant"): QUANT_TYPES,
-    ("server", "cache_type_k"): KV_CACHE_TYPES,
-    ("server", "cache_type_v"): KV_CACHE_TYPES,
+    ("server", "cache_type_k"): ("auto",) + KV_CACHE_TYPES,
+    ("server", "cache_type_v"): ("auto",) + KV_CACHE_TYPES,
 }
 
 ROLE_SETTINGS = (
@@ -728,7 +750,7 @@ def _cross_checks(s: Settings) -> list[str]:
             "python_env_conda_installer_sha256: given None; allowed: the installer's sha256 "
             "(required with python_env_backend='conda': downloads are pinned)"
         )
-    if s.server.cache_type_v != "f16" and not s.server.flash_attn:
+    if s.server.cache_type_v not in ("f16", "auto") and not s.server.flash_attn:
         problems.append(
             f"server_flash_attn: given False; allowed: True while server_cache_type_v is "
             f"{s.server.cache_type_v!r} (a quantized V cache needs flash attention)"

@@ -178,14 +178,29 @@ server_listen = '127.0.0.1'
 # port llama-server listens on
 server_port = 8080
 
-# context length; None means the largest that fits the card
+# context per slot; None means the largest that fits the card
 server_ctx_size = None
 
-# K cache type
-server_cache_type_k = 'q4_0'
+# K cache type; auto: the most precise of f16, q8_0, q4_0 that gives the context
+server_cache_type_k = 'auto'
 
-# V cache type (quantized V needs flash attention)
-server_cache_type_v = 'q4_0'
+# V cache type, as K (quantized V needs flash attention)
+server_cache_type_v = 'auto'
+
+# --n-gpu-layers (n_layer + 1 = all, 0 = CPU only); None: all that fit
+server_gpu_layers = None
+
+# context per slot below which fewer layers go on the card
+server_min_ctx_size = 4096
+
+# RoPE scaling past the trained context (yarn: up to original x scale)
+server_rope_scaling = 'none'
+
+# RoPE scale factor (--rope-scale)
+server_rope_scale = 1.0
+
+# YaRN's original context; None: the GGUF's (--yarn-orig-ctx)
+server_rope_orig_ctx = None
 
 # flash attention
 server_flash_attn = True
@@ -193,13 +208,10 @@ server_flash_attn = True
 # mmap the model file (off: copy weights to the GPU once)
 server_mmap = False
 
-# layers offloaded to the GPU (99 = all, 0 = CPU only)
-server_gpu_layers = 99
-
 # CPU weight repacking (AMX and repacked kernels); False serves with --no-repack
 server_repack = True
 
-# parallel sequences (slots)
+# parallel slots; --ctx-size is the context per slot x slots
 server_parallel = 1
 
 # file on the control machine holding the API key (never printed; mode 600 or 400)

@@ -12,7 +12,8 @@ from .gpu import (
     RecordedGpus,
     gpus_record,
 )
-from .llamacpp import Builds, GitHead, LlamacppBuilds, LlamaServerFlags, ServerFlags, parse_server_help
+from .llamacpp import (BuildFlags, Builds, GitHead, LlamacppBuilds, LlamaServerFlags, ServerFlags,
+                       parse_build_help, parse_server_help)
 from .packages import DebianSources, DebPackage, NvidiaDriverPackages
 from .python import PythonEnv, PythonEnvPackages, RequirementsFile
 from .model import ArtifactState, GgufShape, ModelArtifact
@@ -32,7 +33,9 @@ __all__ = [
     "GitHead",
     "LlamacppBuilds",
     "LlamaServerFlags",
+    "BuildFlags",
     "ServerFlags",
+    "parse_build_help",
     "parse_server_help",
     "CmakeVersion",
     "CudaToolkit",

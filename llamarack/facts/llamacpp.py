@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional
 
 from pyinfra.api import FactBase
@@ -16,7 +16,27 @@ from .value import FactValue
 
 from ..remote.llamacpp_proof import ServerFlags, parse_server_help
 
-__all__ = ["Builds", "GitHead", "LlamacppBuilds", "LlamaServerFlags", "ServerFlags", "parse_server_help"]
+__all__ = ["BuildFlags", "Builds", "GitHead", "LlamacppBuilds", "LlamaServerFlags", "ServerFlags",
+           "parse_build_help", "parse_server_help"]
+
+# Options only the served unit uses. They are read here, not in the smoke script's
+# parse_server_help: that script's hash is part of every build stamp.
+ROPE_FLAGS = ("--rope-scaling", "--rope-scale", "--yarn-orig-ctx")
+
+
+@dataclass(frozen=True)
+class BuildFlags(ServerFlags):
+    """``ServerFlags`` of the current build, plus the options only the unit needs."""
+
+    has_rope_scaling: bool = False
+    """``--rope-scaling``, ``--rope-scale`` and ``--yarn-orig-ctx`` are all in its --help."""
+
+
+def parse_build_help(text: str, proven_args: tuple = ()) -> BuildFlags:
+    """``parse_server_help`` and the unit-only options."""
+    base = parse_server_help(text, proven_args)
+    return BuildFlags(**{f.name: getattr(base, f.name) for f in fields(base)},
+                      has_rope_scaling=all(flag in text for flag in ROPE_FLAGS))  # fmt: skip
 
 
 class GitHead(FactBase[Optional[str]]):
@@ -126,6 +146,6 @@ class LlamaServerFlags(FactBase[Optional[ServerFlags]]):
             proven = (record.get("proof") or {}).get("runtime_args") or ()
             if not all(isinstance(a, str) for a in proven):
                 raise ValueError(f"proof.runtime_args is not a list of strings: {proven!r}")
-            return parse_server_help(text, tuple(proven))
+            return parse_build_help(text, tuple(proven))
         except ValueError as e:
             raise FactProcessError(str(e)) from e

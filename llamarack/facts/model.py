@@ -72,7 +72,11 @@ class GgufShape(FactBase[Optional[dict]]):
 
         {"architecture": "llama", "size": 1087936, "file_type": 15, "n_layer": 2,
          "n_ctx_train": 2048, "n_head": 4, "n_head_kv": 2, "head_dim_k": 64,
-         "head_dim_v": 64, "path": "/opt/llamarack/models/<stamp>/model.gguf"}
+         "head_dim_v": 64, "n_embd": 256, "n_ff": 512, "n_vocab": 1000,
+         "n_swa": 0, "swa_pattern": None, "rope_scaling": None, "rope_scale": None,
+         "rope_orig_ctx": None, "layer_bytes": [333824, 376064],
+         "token_embd_bytes": 144000, "output_bytes": 211024, "tied_embeddings": False,
+         "path": "/opt/llamarack/models/<stamp>/model.gguf"}
     """
 
     requires_command = "python3"

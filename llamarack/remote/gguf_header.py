@@ -2,14 +2,19 @@
 """Read what the context planner needs from a GGUF file's header.
 
 Standard library only: the ``GgufShape`` fact runs this file's source with
-the host's python3 (``python3 -c``), where no gguf package is installed.
+the host's python3 (``python3 -c``), where no gguf package is installed; the
+``llamarack plan`` command reads the same header from a local file or from
+the hub with HTTP ranges (``llamarack/planner.py``).
 
     python3 gguf_header.py MODEL.gguf   -> one JSON line (or {"missing": true})
 
 GGUF layout (v2/v3, little-endian): magic ``GGUF``, uint32 version, uint64
 tensor count, uint64 metadata count, then the metadata: key (uint64 length,
-UTF-8), uint32 value type, value. Only the metadata is read, never the
-tensors, so this takes milliseconds on a 15 GB file.
+UTF-8), uint32 value type, value; then one info per tensor: name, uint32
+number of dimensions, uint64 each, uint32 ggml type, uint64 offset. Only the
+header is read, never the tensor data, so this takes milliseconds on a 15 GB
+file. A tensor's bytes follow from its dimensions and type (ggml's block
+sizes below), which is how the weights are counted per layer.
 """
 
 from __future__ import annotations
@@ -25,7 +30,19 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _STRING, _ARRAY = 8, 9
 # Keys under "<architecture>." that the planner reads.
 _ARCH_KEYS = ("block_count", "context_length", "embedding_length", "attention.head_count",
-              "attention.head_count_kv", "attention.key_length", "attention.value_length")  # fmt: skip
+              "attention.head_count_kv", "attention.key_length", "attention.value_length",
+              "feed_forward_length", "vocab_size", "attention.sliding_window",
+              "attention.sliding_window_pattern", "rope.scaling.type", "rope.scaling.factor",
+              "rope.scaling.original_context_length")  # fmt: skip
+# ggml type id: (values per block, bytes per block), as gguf-py's GGML_QUANT_SIZES.
+GGML_BLOCKS = {
+    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+    9: (32, 36), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210),
+    15: (256, 292), 16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18),
+    21: (256, 110), 22: (256, 82), 23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4),
+    27: (1, 8), 28: (1, 8), 29: (256, 56), 30: (1, 2), 34: (256, 54), 35: (256, 66),
+    39: (32, 17), 40: (64, 36), 41: (128, 18), 42: (64, 18),
+}  # fmt: skip
 
 
 class GgufError(ValueError):
@@ -63,31 +80,81 @@ def _value(f, vtype: int, keep: bool):
     raise GgufError(f"unknown GGUF value type {vtype}")
 
 
+def read_header(f, name: str, wanted=None) -> tuple:
+    """(metadata, tensors) of the GGUF open as ``f``: all keys, or only those in
+    ``wanted`` (a predicate on the key; other values are skipped, not kept), and
+    each tensor's (name, bytes, dimensions)."""
+    if f.read(4) != b"GGUF":
+        raise GgufError(f"{name} is not a GGUF file")
+    version = _read(f, "<I")
+    if version < 2:
+        raise GgufError(f"GGUF version {version} is not supported (needs 2 or later)")
+    n_tensors = _read(f, "<Q")
+    meta = {"gguf.version": version}
+    for _ in range(_read(f, "<Q")):
+        key = _string(f)
+        keep = wanted is None or wanted(key)
+        value = _value(f, _read(f, "<I"), keep)
+        if keep:
+            meta[key] = value
+    tensors = []
+    for _ in range(n_tensors):
+        tname = _string(f)
+        dims = [_read(f, "<Q") for _ in range(_read(f, "<I"))]
+        count = 1
+        for d in dims:
+            count *= d
+        ggml_type = _read(f, "<I")
+        _read(f, "<Q")  # offset in the data section
+        if ggml_type not in GGML_BLOCKS:
+            raise GgufError(f"{name}: tensor {tname} has ggml type {ggml_type}, unknown here")
+        per_block, block_bytes = GGML_BLOCKS[ggml_type]
+        tensors.append((tname, count // per_block * block_bytes, dims))
+    return meta, tensors
+
+
 def read_metadata(path: str, wanted=None) -> dict:
-    """The metadata of the GGUF at ``path``: all keys, or only those in ``wanted``
-    (a predicate on the key; other values are skipped, not kept)."""
+    """The metadata of the GGUF at ``path`` (see ``read_header``)."""
     with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise GgufError(f"{path} is not a GGUF file")
-        version = _read(f, "<I")
-        if version < 2:
-            raise GgufError(f"GGUF version {version} is not supported (needs 2 or later)")
-        _read(f, "<Q")  # tensor count
-        meta = {"gguf.version": version}
-        for _ in range(_read(f, "<Q")):
-            key = _string(f)
-            keep = wanted is None or wanted(key)
-            value = _value(f, _read(f, "<I"), keep)
-            if keep:
-                meta[key] = value
-        return meta
+        return read_header(f, path, wanted)[0]
+
+
+def tensor_ledger(tensors: list, n_layer: int) -> dict:
+    """Bytes per repeating layer (``blk.N.*``), of the token embedding, and of the
+    output layer (``output.weight``, ``output_norm``, any other tensor outside
+    the blocks); ``tied``: no ``output.weight``, so llama.cpp serves the token
+    embedding as the output too (a second copy, on the output layer's device)."""
+    layers = [0] * n_layer
+    embd = output = 0
+    names = set()
+    for tname, size, _ in tensors:
+        names.add(tname)
+        if tname.startswith("blk."):
+            index = int(tname.split(".")[1])
+            if index < n_layer:
+                layers[index] += size
+                continue
+        if tname == "token_embd.weight":
+            embd += size
+        else:
+            output += size
+    return {"layer_bytes": layers, "token_embd_bytes": embd, "output_bytes": output,
+            "tied_embeddings": "output.weight" not in names}  # fmt: skip
 
 
 def read_shape(path: str) -> dict:
-    """What the planner needs: file size, architecture, layers, trained context,
-    KV heads and head sizes (a per-layer KV head list is reduced to its largest)."""
-    meta = read_metadata(path, lambda k: k == "general.architecture" or k.endswith(_ARCH_KEYS)
-                         or k == "general.file_type")  # fmt: skip
+    """What the planner needs from the GGUF at ``path`` (see ``shape_of``)."""
+    with open(path, "rb") as f:
+        return shape_of(f, path, os.path.getsize(path))
+
+
+def shape_of(f, path: str, size: int) -> dict:
+    """File size, architecture, layers, trained context, KV heads and head sizes
+    (a per-layer KV head list is reduced to its largest), the sliding-window
+    layout, the rope scaling the model was trained with, and the weights' bytes
+    per layer (``tensor_ledger``)."""
+    meta, tensors = read_header(f, path, lambda k: k == "general.architecture" or k.endswith(_ARCH_KEYS)
+                                or k == "general.file_type")  # fmt: skip
     arch = meta.get("general.architecture")
     if not arch:
         raise GgufError(f"{path}: no general.architecture in its metadata")
@@ -100,7 +167,7 @@ def read_shape(path: str) -> dict:
     head_dim = get("embedding_length") // heads if heads and get("embedding_length") else None
     shape = {
         "path": path,
-        "size": os.path.getsize(path),
+        "size": size,
         "architecture": arch,
         "file_type": meta.get("general.file_type"),
         "n_layer": get("block_count"),
@@ -113,6 +180,21 @@ def read_shape(path: str) -> dict:
     missing = [k for k, v in shape.items() if v is None and k != "file_type"]
     if missing:
         raise GgufError(f"{path}: {arch} metadata lacks {', '.join(missing)}")
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
+    embd_dims = next((dims for name, _, dims in tensors if name == "token_embd.weight"), None)
+    vocab = meta.get(f"{arch}.vocab_size") or (embd_dims[-1] if embd_dims else None)
+    shape.update({
+        "n_embd": get("embedding_length"),
+        "n_ff": get("feed_forward_length"),
+        "n_vocab": vocab,
+        "n_swa": get("attention.sliding_window") or 0,
+        # a list: which layers slide (llama.cpp reads it so); an int: every Nth layer is dense
+        "swa_pattern": [bool(v) for v in pattern] if isinstance(pattern, list) else pattern,
+        "rope_scaling": meta.get(f"{arch}.rope.scaling.type"),
+        "rope_scale": meta.get(f"{arch}.rope.scaling.factor"),
+        "rope_orig_ctx": meta.get(f"{arch}.rope.scaling.original_context_length"),
+        **tensor_ledger(tensors, shape["n_layer"]),
+    })  # fmt: skip
     return shape
 
 

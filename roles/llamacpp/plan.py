@@ -81,15 +81,33 @@ def with_cpu_features(args: tuple, features: Optional[tuple]) -> tuple:
     return kept + cpu_feature_args(features)
 
 
+def proof_kv_types(s: Settings) -> tuple:
+    """The KV types the smoke run proves the build with.
+
+    The build is planned before the model exists (a first run fetches it
+    later), so ``auto`` cannot be resolved here. It never needs to be: auto
+    picks the same type for K and V from f16, q8_0 and q4_0, and every CUDA
+    build has flash-attention kernels for each such pair, so the build
+    (cmake flags and stamp) does not depend on the model. The smoke run uses
+    q4_0 for an auto side: the quantized kernels are the ones that can be
+    missing. One side auto and the other fixed can mix types: see cmake_args.
+    """
+    k, v = s.server.cache_type_k, s.server.cache_type_v
+    # without flash attention the planner keeps an auto V at f16 (a quantized V needs it)
+    return (k if k != "auto" else "q4_0", v if v != "auto" else "q4_0" if s.server.flash_attn else "f16")
+
+
 def serving_inputs(s: Settings) -> dict:
     """The llama-server runtime flags the unit uses, as the smoke run must use them too.
 
     On a CUDA build every layer goes to the GPU, so the kernels for the card's
-    arch really load; ``server_gpu_layers`` only shapes the served unit.
+    arch really load; ``server_gpu_layers`` only shapes the served unit. The
+    unit itself serves the KV types its plan chose (``proof_kv_types``).
     """
+    k, v = proof_kv_types(s)
     return {
-        "cache_type_k": s.server.cache_type_k,
-        "cache_type_v": s.server.cache_type_v,
+        "cache_type_k": k,
+        "cache_type_v": v,
         "flash_attn": s.server.flash_attn,
         "mmap": s.server.mmap,
         "repack": s.server.repack,
@@ -132,7 +150,8 @@ def cmake_args(
         if host_compiler:
             args.append(f"-DCMAKE_CUDA_HOST_COMPILER={host_compiler}")
         # Flash-attention kernels for mixed K/V cache types exist only with this
-        # (else the server silently falls back to slow paths).
+        # (else the server silently falls back to slow paths). Two auto sides
+        # always match; one auto side beside a fixed one may not.
         if s.server.cache_type_k != s.server.cache_type_v:
             args.append("-DGGML_CUDA_FA_ALL_QUANTS=ON")
     else:

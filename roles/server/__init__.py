@@ -4,9 +4,10 @@
     /etc/llamarack/server-api-key                  the API key, when server_api_key_file is set
 
 The context is planned from the GGUF's own header and the smallest card
-(``plan.py``): ``server_ctx_size`` None serves the largest
-that fits, a given one that does not fit is refused before anything is
-touched. The flags are those the built binary's ``--help`` accepts (mmap
+(``plan.py``, with ``llamarack/planner.py``): ``server_ctx_size`` None
+serves the largest that fits, a given one that does not fit is refused
+before anything is touched; ``auto`` KV types and ``server_gpu_layers``
+None are chosen there too. The flags are those the built binary's ``--help`` accepts (mmap
 off is ``--load-mode none`` or ``--no-mmap``). A changed unit is switched
 in, restarted and must answer ``/health``; if it does not, the previous
 unit is put back and serves again, and the host fails with the journal.

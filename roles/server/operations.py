@@ -147,8 +147,7 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     # Planned from the board's smallest known report, not this driver's figure: the
     # same card gets the same context across a rack whatever each driver says.
     cards = _cards(settings, gpus)
-    card_mib = min((planning_memory_mib(g.pci_device_id, g.memory_mib) for g in cards), default=None) \
-        if s.gpu_layers else None  # fmt: skip
+    card_mib = min((planning_memory_mib(g.pci_device_id, g.memory_mib) for g in cards), default=None)
     try:
         ctx = plan_context(settings, shape, card_mib)
         args = server_args(settings, flags, build_dir, model_dir, ctx,

@@ -1,23 +1,16 @@
 """What llama-server runs with on one host: the context that fits the card,
 and the unit that serves it. Pure functions of settings and facts.
 
-Memory arithmetic (FIELD-NOTES, "Hardware and physics"):
-
-    card memory >= weights on the card + KV cache + reserve
-    KV cache     = context x KV bytes per token
-    KV bytes/token = layers on the card x KV heads x
-                     (K head size x bytes(K type) + V head size x bytes(V type))
-
-with GGML block sizes: q4_0 stores 32 values in 18 bytes (4.5 bits), q8_0
-32 in 34, f16 2 bytes each. The weights are the GGUF file's size (the
-whole of it when every layer is offloaded); ``server_memory_reserve_mib``
-covers the CUDA context and llama.cpp's compute buffers. Sliding-window
-layers are counted at full context, so the plan errs on the safe side.
+The memory arithmetic is ``llamarack/planner.py``, the same code that
+``llamarack plan`` runs: weights counted per layer from the GGUF's tensors,
+KV cache per layer (sliding-window layers at their window), parallel slots,
+the compute buffer and ``server_memory_reserve_mib``. It chooses the KV
+types (``auto``), the layers on the card (``server_gpu_layers`` None) and the
+context (``server_ctx_size`` None), or refuses.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -26,23 +19,12 @@ import jinja2
 from llamarack import unitfile
 from llamarack.facts.llamacpp import ServerFlags
 from llamarack.layout import API_KEY_PATH
+from llamarack.planner import MIB, Knobs, Plan, PlanError, plan  # noqa: F401 (MIB, PlanError: the role's API)
 from llamarack.remote.llamacpp_proof import serving_args
 from llamarack.rules import Failure
 from llamarack.settings import Settings
 
 from ..llamacpp.plan import serving_inputs
-
-# Bytes per stored value of each KV cache type (GGML block size / values per block).
-KV_TYPE_BYTES = {
-    "f32": 4.0, "f16": 2.0, "bf16": 2.0,
-    "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32, "iq4_nl": 18 / 32,
-    "q5_0": 22 / 32, "q5_1": 24 / 32,
-}  # fmt: skip
-# The context is planned in steps of this many tokens (llama.cpp pads to 256).
-CTX_STEP = 256
-# Below this a server is not worth starting: refuse instead.
-MIN_CTX = 512
-MIB = 2**20
 
 # The role's templates. A file of the same name in an override folder the
 # deploy names (the project's top-level templates/, for deploy.py) replaces one.
@@ -52,94 +34,23 @@ UNIT_TEMPLATE = "llama-server.service.j2"
 HEALTH_MARK = "# llamarack health: "
 
 
-@dataclass(frozen=True)
-class ContextPlan:
-    ctx_size: int
-    kv_bytes_per_token: float
-    weights_on_card: int  # bytes
-    card_mib: Optional[int]  # the smallest card's memory; None: no card (CPU serving)
-    note: str  # how the context was chosen, for the operation's name and the logs
-
-
-class PlanError(Exception):
-    """The plan cannot be met; ``failure`` says what was found and what is needed."""
-
-    def __init__(self, failure: Failure):
-        super().__init__(failure.rule)
-        self.failure = failure
-
-
-def layers_on_card(settings: Settings, shape: dict) -> int:
-    return min(settings.server.gpu_layers, shape["n_layer"])
-
-
-def kv_bytes_per_token(settings: Settings, shape: dict, layers: int) -> float:
+def knobs(settings: Settings) -> Knobs:
+    """The planner's inputs from the ``server_*`` settings."""
     s = settings.server
-    per_layer = shape["n_head_kv"] * (
-        shape["head_dim_k"] * KV_TYPE_BYTES[s.cache_type_k]
-        + shape["head_dim_v"] * KV_TYPE_BYTES[s.cache_type_v]
-    )
-    return layers * per_layer
+    return Knobs(ctx_size=s.ctx_size, parallel=s.parallel, cache_type_k=s.cache_type_k,
+                 cache_type_v=s.cache_type_v, flash_attn=s.flash_attn, gpu_layers=s.gpu_layers,
+                 min_ctx_size=s.min_ctx_size, rope_scaling=s.rope_scaling, rope_scale=s.rope_scale,
+                 rope_orig_ctx=s.rope_orig_ctx, reserve_mib=s.memory_reserve_mib)  # fmt: skip
 
 
-def plan_context(settings: Settings, shape: dict, card_mib: Optional[int]) -> ContextPlan:
-    """The context length to serve with: ``server_ctx_size`` when it fits, else
-    the largest that fits the card (capped at the model's trained context).
-
-    card_mib is the smallest GPU's memory; None plans for CPU serving, where
-    only the trained context limits the choice. Raises PlanError naming the
-    model, the card and what would fit.
-    """
-    s = settings.server
-    trained = shape["n_ctx_train"]
-    wanted = s.ctx_size
-    if wanted is not None and wanted > trained:
-        raise PlanError(Failure(
-            "context-trained",
-            f"server_ctx_size {wanted}",
-            f"at most the model's trained context {trained} ({shape['architecture']})",
-            f"set server_ctx_size <= {trained}, or None for the largest that fits",
-        ))  # fmt: skip
-    if card_mib is None:
-        ctx = wanted or trained
-        return ContextPlan(ctx, kv_bytes_per_token(settings, shape, shape["n_layer"]), 0, None,
-                           f"ctx {ctx} (CPU; trained {trained})")  # fmt: skip
-
-    layers = layers_on_card(settings, shape)
-    weights = shape["size"] if layers >= shape["n_layer"] else shape["size"] * layers // shape["n_layer"]
-    per_token = kv_bytes_per_token(settings, shape, layers)
-    budget = card_mib * MIB - weights - s.memory_reserve_mib * MIB
-    fits = int(budget // per_token) // CTX_STEP * CTX_STEP if per_token and budget > 0 else 0
-    fits = min(fits, trained) if per_token else (trained if budget > 0 else 0)
-    floor = min(MIN_CTX, trained)
-    need_mib = (weights + floor * per_token) / MIB + s.memory_reserve_mib
-    if fits < floor:
-        raise PlanError(Failure(
-            "memory",
-            f"{card_mib} MiB on the card for {weights / MIB:.0f} MiB of weights "
-            f"({layers} layers) + {s.memory_reserve_mib} MiB reserve",
-            f"{need_mib:.0f} MiB for a {floor}-token context "
-            f"({s.cache_type_k}/{s.cache_type_v} KV: {per_token / 1024:.1f} KiB per token)",
-            "a smaller model_quant, fewer server_gpu_layers, or a bigger card",
-        ))  # fmt: skip
-    if wanted is None:
-        return ContextPlan(fits, per_token, weights, card_mib,
-                           f"ctx {fits}: the largest that fits {card_mib} MiB")  # fmt: skip
-    if wanted > fits:
-        raise PlanError(Failure(
-            "memory",
-            f"server_ctx_size {wanted}: {(weights + wanted * per_token) / MIB + s.memory_reserve_mib:.0f} MiB "
-            f"on a {card_mib} MiB card",
-            f"at most {fits} tokens on this card ({s.cache_type_k}/{s.cache_type_v} KV, "
-            f"{per_token / 1024:.1f} KiB per token)",
-            f"set server_ctx_size <= {fits} (or None), or quantize the KV cache further",
-        ))  # fmt: skip
-    return ContextPlan(wanted, per_token, weights, card_mib,
-                       f"ctx {wanted} (fits {card_mib} MiB; largest {fits})")  # fmt: skip
+def plan_context(settings: Settings, shape: dict, card_mib: Optional[int]) -> Plan:
+    """The plan for this host: ``card_mib`` is its smallest GPU's memory, None for
+    CPU serving. Raises PlanError naming the model, the card and what would fit."""
+    return plan(shape, knobs(settings), card_mib)
 
 
 def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_dir: str,
-                ctx: ContextPlan, cuda: bool) -> list[str]:
+                ctx: Plan, cuda: bool) -> list[str]:
     """llama-server's command line, spelled as the built binary's --help says.
     Raises PlanError when a setting needs a flag this build does not have."""
     s = settings.server
@@ -152,16 +63,38 @@ def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_di
         ))  # fmt: skip
     args = [f"{build_dir}/bin/llama-server", "--model", f"{model_dir}/model.gguf",
             "--host", s.listen, "--port", str(s.port), "--ctx-size", str(ctx.ctx_size),
-            "--parallel", str(s.parallel)]  # fmt: skip
+            "--parallel", str(ctx.parallel)]  # fmt: skip
     # The same runtime flags the build's smoke run computed with, plus any it needed
-    # (flags.proven_args, e.g. --no-repack on a CPU whose AMX faults).
-    serving = {**serving_inputs(settings), "gpu_layers": s.gpu_layers if cuda else None}
+    # (flags.proven_args, e.g. --no-repack on a CPU whose AMX faults); the KV
+    # types and layers the plan chose.
+    serving = {**serving_inputs(settings), "cache_type_k": ctx.cache_type_k, "cache_type_v": ctx.cache_type_v,
+               "gpu_layers": ctx.gpu_layers if cuda else None}  # fmt: skip
     args += serving_args(flags, serving)
+    args += rope_args(flags, ctx)
     if s.api_key_file:
         args += ["--api-key-file", API_KEY_PATH]
     if flags.has_metrics:
         args += ["--metrics"]
     return args
+
+
+def rope_args(flags: ServerFlags, ctx: Plan) -> list[str]:
+    """--rope-scaling/--rope-scale/--yarn-orig-ctx for a plan past the trained
+    context; PlanError when this build's --help lacks them."""
+    if not ctx.rope:
+        return []
+    # BuildFlags (the LlamaServerFlags fact) knows; a bare ServerFlags does not.
+    if not getattr(flags, "has_rope_scaling", False):
+        raise PlanError(Failure(
+            "rope-scaling",
+            f"server_rope_scaling {ctx.rope[0]!r}, but this build's llama-server --help lacks "
+            "--rope-scaling, --rope-scale or --yarn-orig-ctx",
+            "a llama.cpp build with RoPE scaling options",
+            "pin a newer llamacpp_commit, or set server_rope_scaling = 'none'",
+        ))  # fmt: skip
+    method, scale, orig = ctx.rope
+    args = ["--rope-scaling", method, "--rope-scale", f"{scale:g}"]
+    return args + (["--yarn-orig-ctx", str(orig)] if method == "yarn" else [])
 
 
 def health_url(settings: Settings) -> str:

@@ -91,6 +91,22 @@ def test_mixed_kv_cache_types_build_all_fa_quants():
     assert "-DGGML_CUDA_FA_ALL_QUANTS=ON" in plan.cmake_args
 
 
+def test_auto_kv_builds_as_q4_0_did_and_needs_no_mixed_kernels():
+    # auto resolves per model, after the build: both sides pick one same-type pair, and the
+    # smoke run proves q4_0/q4_0, so the build (flags, stamp) is the old default's
+    toolchain = dict(archs=("70",), cuda_home="/usr", cuda_version="11.8")
+    auto = plan_build(settings(), **toolchain)
+    old_default = plan_build(settings(server_cache_type_k="q4_0", server_cache_type_v="q4_0"), **toolchain)
+    assert auto.stamp == old_default.stamp and "-DGGML_CUDA_FA_ALL_QUANTS=ON" not in auto.cmake_args
+    assert auto.proof["serving"]["cache_type_k"] == auto.proof["serving"]["cache_type_v"] == "q4_0"
+    # without flash attention an auto V stays f16 in the plan, so in the smoke run too
+    no_fa = plan_build(settings(server_flash_attn=False), **toolchain)
+    assert (no_fa.proof["serving"]["cache_type_k"], no_fa.proof["serving"]["cache_type_v"]) == ("q4_0", "f16")
+    # one side auto beside a fixed one can mix types
+    mixed = plan_build(settings(server_cache_type_v="f16"), **toolchain)
+    assert "-DGGML_CUDA_FA_ALL_QUANTS=ON" in mixed.cmake_args
+
+
 def test_build_is_a_noop_when_verified():
     plan = plan_build(settings(llamacpp_backend="cpu"))
     commands, noops = run_op(build, {LlamacppBuilds: Builds(None, {plan.stamp: 1})}, plan=plan, src="/s", root=ROOT)

@@ -53,7 +53,9 @@ def test_first_run_writes_the_unit_then_switches_with_health_and_rollback():
     assert upload[0] == "upload" and upload[1] == f"{UNIT_PATH}.new"
     unit = upload[2]
     assert f"ExecStart={ROOT}/builds/b1/bin/llama-server --model {ROOT}/models/m1/model.gguf" in unit
-    assert "--ctx-size 2048" in unit and "--n-gpu-layers 99" in unit  # the default backend is cuda
+    # the default backend is cuda: every layer and the output layer (n_layer + 1 = 3) on the card
+    assert "--ctx-size 2048" in unit and "--n-gpu-layers 3" in unit
+    assert "--cache-type-k f16 --cache-type-v f16" in unit  # auto: f16 gives the trained context
     assert "# llamarack health: http://127.0.0.1:8080/health" in unit
     assert chmod == f"chmod 644 {UNIT_PATH}.new"
     assert "systemctl restart llamarack-server.service" in switch
@@ -68,7 +70,7 @@ def test_converged_host_is_a_noop():
     del converged[NvidiaSmi], converged[RecordedGpus]
     commands, noops = run_op(service, converged, settings=s, gpus=(V100,))
     assert commands == []
-    assert noops == [f"llama-server serves m1 with build b1, ctx 2048: the largest that fits 16384 MiB"]
+    assert noops == [f"llama-server serves m1 with build b1, ctx 2048, f16/f16 KV (auto): the largest that fits 16384 MiB"]
 
 
 def test_same_unit_but_stopped_is_started_again():
@@ -114,7 +116,9 @@ def test_key_on_host_without_a_setting_is_removed():
 
 def test_cuda_hosts_offload_and_cpu_hosts_do_not():
     unit = first_run(settings(llamacpp_backend="cuda"))[0][0][2]
-    assert "--n-gpu-layers 99" in unit
+    assert "--n-gpu-layers 3" in unit
+    unit = first_run(settings(llamacpp_backend="cuda", server_gpu_layers=0))[0][0][2]
+    assert "--n-gpu-layers 0" in unit  # CPU only on a CUDA build: valid, and said
     unit = first_run(settings(llamacpp_backend="cpu"))[0][0][2]
     assert "--n-gpu-layers" not in unit
 

@@ -2,17 +2,20 @@
 
 import json
 import re
+import struct
 from pathlib import Path
 
 import pytest
 
-from llamarack.facts import parse_server_help
+from llamarack.facts import BuildFlags, parse_build_help
 from llamarack.facts.llamacpp import ServerFlags
+from llamarack.model_shapes import shape_from_config
+from llamarack.planner import Knobs, context_cap, layers_on_card, ledger, sliding_layers
 from llamarack.remote.gguf_header import GgufError, read_shape
 from llamarack.roles.server.plan import (
     MIB,
     PlanError,
-    kv_bytes_per_token,
+    knobs,
     plan_context,
     render_unit,
     server_args,
@@ -21,11 +24,11 @@ from llamarack.settings import load_settings
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TINY = FIXTURES / "gguf/tiny-llama-Q4_K_M.head.gguf"
-# Llama-3.1-8B-Instruct Q4_K_M: 32 layers, 8 KV heads of 128, 131072 trained.
-LLAMA8B = {"architecture": "llama", "size": 4_920_733_696, "n_layer": 32, "n_ctx_train": 131072,
-           "n_head": 32, "n_head_kv": 8, "head_dim_k": 128, "head_dim_v": 128}  # fmt: skip
+CONFIGS = FIXTURES / "configs"
+# Llama-3.1-8B-Instruct at Q4_K_M, from its config.json: 32 layers, 8 KV heads of 128, 131072 trained.
+LLAMA8B = shape_from_config(json.loads((CONFIGS / "llama-3.1-8b-instruct.config.json").read_text()), "Q4_K_M")
 V100_16 = 16384  # MiB, as nvidia-smi lists a V100-SXM2-16GB
-NEW_HELP = ServerFlags(("--load-mode", "none"), True, True, True)
+NEW_HELP = BuildFlags(("--load-mode", "none"), True, True, True, has_rope_scaling=True)
 OLD_HELP = ServerFlags(("--no-mmap",), False, False, False)
 
 
@@ -36,10 +39,16 @@ def settings(**data):
 def test_header_reader_matches_llama_cpp_own_reader():
     # values from gguf-py's GGUFReader on the whole file (tests/fixtures/gguf/README.md)
     shape = read_shape(str(TINY))
-    assert {k: v for k, v in shape.items() if k != "path"} == {
+    assert {k: shape[k] for k in ("architecture", "size", "file_type", "n_layer", "n_ctx_train", "n_head",
+                                  "n_head_kv", "head_dim_k", "head_dim_v", "n_vocab")} == {
         "architecture": "llama", "size": 23008, "file_type": 15, "n_layer": 2,
-        "n_ctx_train": 2048, "n_head": 4, "n_head_kv": 2, "head_dim_k": 64, "head_dim_v": 64,
+        "n_ctx_train": 2048, "n_head": 4, "n_head_kv": 2, "head_dim_k": 64, "head_dim_v": 64, "n_vocab": 1000,
     }  # fmt: skip
+    # The whole file is 1,087,936 bytes, its data from offset 23008: the tensors' own
+    # sizes fill that section but for the alignment padding (32 bytes at most each).
+    tensors = sum(shape["layer_bytes"]) + shape["token_embd_bytes"] + shape["output_bytes"]
+    assert 1_087_936 - 23008 - 21 * 32 <= tensors <= 1_087_936 - 23008
+    assert not shape["tied_embeddings"] and shape["n_swa"] == 0
 
 
 def test_header_reader_refuses_what_is_not_gguf(tmp_path):
@@ -59,30 +68,35 @@ def test_header_reader_refuses_what_is_not_gguf(tmp_path):
 ])  # fmt: skip
 def test_kv_bytes_per_token_uses_ggml_block_sizes(k, v, per_token):
     s = settings(server_cache_type_k=k, server_cache_type_v=v)
-    assert kv_bytes_per_token(s, LLAMA8B, 32) == per_token
+    assert plan_context(s, LLAMA8B, V100_16).ledger.kv_bytes_per_token == per_token
 
 
 def test_largest_context_that_fits_the_card():
     s = settings(server_cache_type_k="f16", server_cache_type_v="f16", server_flash_attn=True)
     plan = plan_context(s, LLAMA8B, V100_16)
-    budget = V100_16 * MIB - LLAMA8B["size"] - 1024 * MIB
-    assert plan.ctx_size == budget // (128 * 1024) // 256 * 256 == 85248
-    assert plan.ctx_size % 256 == 0
+    book = plan.ledger
+    # every byte counted: weights (all 33 layers), KV, compute estimate, reserve
+    spare = V100_16 * MIB - book.total_on_card
+    assert 0 <= spare < 128 * 1024 * 256 + 512 * 2 * 256  # one more step of 256 would not fit
+    assert plan.ctx_size == 84480 and plan.ctx_size % 256 == 0
+    assert plan.gpu_layers == 33 and book.weights_on_host == LLAMA8B["token_embd_bytes"]
     assert "largest that fits 16384 MiB" in plan.note
 
 
-def test_quantized_kv_reaches_the_trained_context():
-    plan = plan_context(settings(), LLAMA8B, V100_16)  # q4_0 K/V by default
-    assert plan.ctx_size == 131072
-
-
-def test_model_too_big_for_the_card_is_refused_with_numbers():
-    big = dict(LLAMA8B, size=16_500_000_000, n_layer=62)  # a 27B at Q4_K_M
-    with pytest.raises(PlanError) as e:
-        plan_context(settings(), big, V100_16)
-    msg = e.value.failure.message("gpu07")
-    assert msg.startswith("gpu07: memory: found 16384 MiB on the card for 15736 MiB of weights")
-    assert "needed" in msg and "Fix: a smaller model_quant" in msg
+def test_auto_kv_takes_the_most_precise_type_that_gives_the_context():
+    # f16 reaches 84480 on a V100 16 GB; the trained 131072 needs q8_0, not q4_0
+    plan = plan_context(settings(), LLAMA8B, V100_16)
+    assert (plan.cache_type_k, plan.cache_type_v, plan.ctx_size) == ("q8_0", "q8_0", 131072)
+    assert plan.largest == {"f16/f16": 84480, "q8_0/q8_0": 131072, "q4_0/q4_0": 131072}
+    # a context f16 gives keeps f16 (quantized KV is 11% slower: issue 16)
+    small = plan_context(settings(server_ctx_size=32768), LLAMA8B, V100_16)
+    assert (small.cache_type_k, small.cache_type_v) == ("f16", "f16")
+    # without flash attention V stays f16 (a quantized V needs it); K still steps down
+    no_fa = plan_context(settings(server_flash_attn=False), LLAMA8B, V100_16)
+    assert no_fa.cache_type_v == "f16" and no_fa.cache_type_k in ("q8_0", "q4_0")
+    # a fixed type is kept as given
+    fixed = plan_context(settings(server_cache_type_k="q4_0", server_cache_type_v="q4_0"), LLAMA8B, V100_16)
+    assert (fixed.cache_type_k, fixed.cache_type_v) == ("q4_0", "q4_0")
 
 
 def test_given_context_that_does_not_fit_names_the_largest_that_does():
@@ -90,31 +104,75 @@ def test_given_context_that_does_not_fit_names_the_largest_that_does():
     with pytest.raises(PlanError) as e:
         plan_context(s, LLAMA8B, V100_16)
     f = e.value.failure
-    assert f.rule == "memory" and "at most 85248 tokens" in f.needed
-    assert "server_ctx_size <= 85248" in f.fix
+    assert f.rule == "memory" and "at most 84480 tokens" in f.needed
+    assert "server_ctx_size <= 84480" in f.fix
 
 
 def test_given_context_that_fits_is_kept():
     assert plan_context(settings(server_ctx_size=32768), LLAMA8B, V100_16).ctx_size == 32768
 
 
-def test_context_beyond_the_trained_one_is_refused():
+def test_context_beyond_the_trained_one_is_refused_unless_yarn_allows_it():
     with pytest.raises(PlanError) as e:
         plan_context(settings(server_ctx_size=200000), LLAMA8B, V100_16)
     assert e.value.failure.rule == "context-trained"
-    assert "131072" in e.value.failure.needed
+    assert "131072" in e.value.failure.needed and "server_rope_scaling = 'yarn'" in e.value.failure.fix
+    yarn = settings(server_ctx_size=200000, server_rope_scaling="yarn", server_rope_scale=2.0,
+                    server_cache_type_k="q4_0", server_cache_type_v="q4_0", llamacpp_backend="cpu")
+    plan = plan_context(yarn, LLAMA8B, None)
+    assert plan.ctx_size == 200000 and plan.rope == ("yarn", 2.0, 131072)
+    # linear: llama-server caps every slot at the trained context, so no more is allowed
+    with pytest.raises(PlanError):
+        plan_context(settings(server_ctx_size=200000, server_rope_scaling="linear", server_rope_scale=2.0),
+                     LLAMA8B, V100_16)  # fmt: skip
 
 
-def test_partial_offload_counts_only_the_layers_on_the_card():
-    s = settings(server_gpu_layers=16, server_cache_type_k="f16", server_cache_type_v="f16")
+def test_parallel_slots_share_the_context():
+    one = plan_context(settings(server_cache_type_k="q4_0", server_cache_type_v="q4_0"), LLAMA8B, V100_16)
+    four = plan_context(settings(server_parallel=4, server_ctx_size=32768), LLAMA8B, V100_16)
+    assert (four.ctx_per_slot, four.parallel, four.ctx_size) == (32768, 4, 131072)
+    assert four.ledger.kv_on_card == four.ledger.kv_bytes_per_token * 131072
+    assert (four.cache_type_k, one.ctx_size) == ("q8_0", 131072)  # f16 gives 84480 in all, not 4 x 32768
+    args = server_args(settings(server_parallel=4), NEW_HELP, "/b", "/m", four, cuda=True)
+    assert " --ctx-size 131072 --parallel 4 " in " ".join(args) + " "
+
+
+def test_gpu_layers_count_the_last_layers_and_the_output_layer():
+    # llama.cpp puts the LAST --n-gpu-layers of n_layer + 1 on the card, the output layer last
+    assert list(layers_on_card(32, 33)) == list(range(32))
+    assert list(layers_on_card(32, 32)) == list(range(1, 32))  # layer 0 stays on the CPU
+    assert list(layers_on_card(32, 1)) == []  # the output layer only
+    s = settings(server_gpu_layers=17, server_cache_type_k="f16", server_cache_type_v="f16")
     plan = plan_context(s, LLAMA8B, V100_16)
-    assert plan.weights_on_card == LLAMA8B["size"] // 2
-    assert plan.kv_bytes_per_token == 64 * 1024
+    book = plan.ledger
+    assert plan.gpu_layers == 17
+    assert book.weights_on_card == sum(LLAMA8B["layer_bytes"][16:]) + LLAMA8B["output_bytes"]
+    assert book.kv_bytes_per_token == 16 * 8 * 128 * 2 * 2
+    cpu_only = plan_context(settings(server_gpu_layers=0), LLAMA8B, V100_16)
+    # nothing of the model on the card; a CUDA build still makes its context there
+    book = cpu_only.ledger
+    assert cpu_only.gpu_layers == 0 and book.weights_on_card == book.kv_on_card == 0 and "CPU" in cpu_only.note
+    assert book.total_on_card == book.reserve
+
+
+def test_partial_offload_picks_the_most_layers_that_leave_the_minimum_context():
+    big = shape_from_config(json.loads((CONFIGS / "gemma-3-27b-it.config.json").read_text()), "Q4_K_M")
+    plan = plan_context(settings(), big, 16130)
+    assert plan.gpu_layers == 57 and "57 of 63 layers on the card" in plan.note
+    assert ledger(big, knobs(settings()), 16130, 57, "q4_0", "q4_0", 4096).fits()
+    assert not ledger(big, knobs(settings()), 16130, 58, "q4_0", "q4_0", 4096).fits()
+    assert plan.ctx_size >= 4096 and plan.cache_type_k == "q4_0"
+    # a fixed count that leaves no room is refused with the numbers
+    with pytest.raises(PlanError) as e:
+        plan_context(settings(server_gpu_layers=63), big, 16130)
+    msg = e.value.failure.message("gpu07")
+    assert msg.startswith("gpu07: memory: found 16130 MiB on the card for 15774 MiB of weights")
+    assert "Fix: a smaller model_quant" in msg
 
 
 def test_cpu_serving_is_bounded_by_the_trained_context_only():
     plan = plan_context(settings(), LLAMA8B, None)
-    assert plan.ctx_size == 131072 and plan.card_mib is None
+    assert plan.ctx_size == 131072 and plan.ledger.card_mib is None and plan.gpu_layers is None
 
 
 def test_args_follow_the_built_binary_help():
@@ -125,8 +183,9 @@ def test_args_follow_the_built_binary_help():
                        "/opt/llamarack/models/m1/model.gguf"]
     text = " ".join(new)
     assert "--load-mode none" in text and "--flash-attn on" in text and "--metrics" in text
-    assert "--n-gpu-layers 99" in text and "--ctx-size 131072" in text
-    assert "--cache-type-k q4_0 --cache-type-v q4_0" in text
+    assert "--n-gpu-layers 33" in text and "--ctx-size 131072" in text
+    assert "--cache-type-k q8_0 --cache-type-v q8_0" in text  # auto's choice reaches the unit
+    assert "--rope-scaling" not in text
     old = " ".join(server_args(s, OLD_HELP, "/b", "/m", ctx, cuda=True))
     assert "--no-mmap" in old and "--flash-attn " in old + " " and "--flash-attn on" not in old
     assert "--load-mode" not in old and "--metrics" not in old
@@ -135,7 +194,7 @@ def test_args_follow_the_built_binary_help():
 def test_args_real_help_fixture_and_cpu_build_and_api_key():
     help_fixture = json.loads((Path(__file__).resolve().parents[1]
                                / "facts/LlamaServerFlags/pinned_0c1e57098.json").read_text())
-    flags = parse_server_help("\n".join(help_fixture["output"]))
+    flags = parse_build_help("\n".join(help_fixture["output"]))
     s = settings(server_api_key_file="/secrets/key", server_mmap=True)
     ctx = plan_context(s, LLAMA8B, None)
     args = server_args(s, flags, "/b", "/m", ctx, cuda=False)
@@ -160,5 +219,121 @@ def test_kv_arithmetic_matches_what_llama_cpp_allocates():
     assert set(reported) == {"q4_0", "f16", "q8_0"}
     shape = read_shape(str(TINY))
     for cache_type, mib in reported.items():
-        s = settings(server_cache_type_k=cache_type, server_cache_type_v=cache_type)
-        assert round(kv_bytes_per_token(s, shape, shape["n_layer"]) * 2048 / MIB, 2) == mib
+        book = ledger(shape, knobs(settings()), None, 0, cache_type, cache_type, 2048)
+        assert round((book.kv_on_card + book.kv_on_host) / MIB, 2) == mib
+
+
+LOAD_LOGS = FIXTURES / "llama-server/load-logs"
+SMOKE = FIXTURES / "gguf/smoke-Q4_K_M.head.gguf"
+
+
+def _mib(log: str, pattern: str) -> float:
+    return float(re.search(pattern + r" += +([0-9.]+) MiB", log).group(1))
+
+
+@pytest.mark.parametrize("log_name, k, v, per_slot, slots", [
+    ("f16-c1024", "f16", "f16", 1024, 1),
+    ("q8_0-c4096", "q8_0", "q8_0", 4096, 1),
+    ("q4_0-c8192-p4", "q4_0", "q4_0", 2048, 4),
+    ("yarn2-q4_0-c2048", "q4_0", "q4_0", 2048, 1),
+    ("q8_0-f16-c1000-p3", "q8_0", "f16", 512, 3),  # llama.cpp: 1000 -> 1024 / 3 -> 341 -> 512 per slot
+])  # fmt: skip
+def test_ledger_matches_llama_cpp_load_log(log_name, k, v, per_slot, slots):
+    """KV, weights and compute against what llama.cpp itself allocated (README of load-logs)."""
+    log = (LOAD_LOGS / f"{log_name}.log").read_text()
+    shape = read_shape(str(SMOKE))
+    book = ledger(shape, Knobs(parallel=slots), None, 0, k, v, per_slot)
+    kv = re.search(r"llama_kv_cache: size = +([0-9.]+) MiB \( *(\d+) cells, +2 layers, +(\d+)/", log)
+    assert (int(kv.group(2)), int(kv.group(3))) == (per_slot, slots)  # cells per stream, streams
+    assert round((book.kv_on_card + book.kv_on_host) / MIB, 2) == float(kv.group(1))
+    assert round(book.weights_on_host / MIB, 2) == _mib(log, "CPU model buffer size")
+    # the compute estimate errs on the safe side, by less than 3% of llama.cpp's CPU figure
+    reported = _mib(log, "CPU compute buffer size")
+    assert reported <= book.compute / MIB <= reported * 1.03
+    assert f"n_ctx                 = {per_slot * slots}" in log
+
+
+def test_trained_context_caps_each_slot_unless_yarn_raises_it():
+    shape = read_shape(str(SMOKE))
+    capped = (LOAD_LOGS / "q8_0-c4096.log").read_text()  # asked 4096, trained 1024
+    assert "n_ctx_slot = 1024" in capped
+    assert context_cap(shape, Knobs()) == (1024, ())
+    yarn = (LOAD_LOGS / "yarn2-q4_0-c2048.log").read_text()
+    assert "n_ctx_train adjusted to 2048" in yarn and "n_ctx_slot = 2048" in yarn
+    assert context_cap(shape, Knobs(rope_scaling="yarn", rope_scale=2.0)) == (2048, ("yarn", 2.0, 1024))
+
+
+def test_rope_flags_reach_the_unit_as_the_pinned_help_spells_them():
+    help_text = (FIXTURES / "llama-server/help-0c1e57098.txt").read_text()
+    flags = parse_build_help(help_text)
+    assert flags.has_rope_scaling
+    s = settings(server_rope_scaling="yarn", server_rope_scale=2.0, server_ctx_size=262144,
+                 server_cache_type_k="q4_0", server_cache_type_v="q4_0")  # fmt: skip
+    ctx = plan_context(s, LLAMA8B, 32768)
+    text = " ".join(server_args(s, flags, "/b", "/m", ctx, cuda=True))
+    assert "--ctx-size 262144" in text and "--rope-scaling yarn --rope-scale 2 --yarn-orig-ctx 131072" in text
+    with pytest.raises(PlanError) as e:
+        server_args(s, OLD_HELP, "/b", "/m", ctx, cuda=True)  # a build that does not say it has them
+    assert e.value.failure.rule == "rope-scaling"
+
+
+def test_the_write_ups_case_gemma_3_27b_q4_k_m_on_a_v100_16gb():
+    """The write-up: 13.5 GB of weights + 5 GB of q4_0 KV at 256K (YaRN x2), and "it does not fit".
+    The true numbers, from Gemma-3-27B's published config.json (google/gemma-3-27b-it)."""
+    shape = shape_from_config(json.loads((CONFIGS / "gemma-3-27b-it.config.json").read_text()), "Q4_K_M")
+    assert shape["n_layer"] == 62 and len(sliding_layers(shape)) == 52  # 5 of every 6 slide (1024)
+    assert round(shape["size"] / 1e9, 2) == 16.54  # the published Q4_K_M GGUFs: 16.5 GB
+    s = settings(server_rope_scaling="yarn", server_rope_scale=2.0, server_ctx_size=262144,
+                 server_cache_type_k="q4_0", server_cache_type_v="q4_0")  # fmt: skip
+    book = ledger(shape, knobs(s), 16130, 63, "q4_0", "q4_0", 262144)
+    gib = {k: round(getattr(book, k) / 2**30, 2) for k in
+           ("weights_on_card", "weights_on_host", "kv_on_card", "compute_on_card", "reserve", "total_on_card")}
+    # 15.40 GiB on the card: every layer plus the Q6_K output layer (the tied embedding's second
+    # copy); 1.08 GiB of token embedding on the host. KV: 10 dense layers x 256K + 52 at 1536 cells.
+    assert gib == {"weights_on_card": 15.40, "weights_on_host": 1.08, "kv_on_card": 5.80,
+                   "compute_on_card": 0.79, "reserve": 1.0, "total_on_card": 22.99}  # fmt: skip
+    assert book.kv_bytes_per_token == 10 * 16 * 128 * 2 * 18 / 32
+    with pytest.raises(PlanError) as e:
+        plan_context(s, shape, 16130)
+    assert "at most 6400 tokens per slot" in e.value.failure.needed
+    # what the card does serve: 57 of 63 layers, 6400 tokens per slot
+    served = plan_context(settings(server_rope_scaling="yarn", server_rope_scale=2.0), shape, 16130)
+    assert (served.gpu_layers, served.ctx_size, served.cache_type_k) == (57, 6400, "q4_0")
+
+
+def _gguf_header(meta: list, tensors: list) -> bytes:
+    """A GGUF v3 header (no tensor data), written with the smoke model's own writer helpers."""
+    from llamarack.remote.llamacpp_proof import _gguf_kv, _gguf_string
+
+    infos = b"".join(_gguf_string(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims)
+                     + struct.pack("<IQ", kind, 0) for name, dims, kind in tensors)  # fmt: skip
+    return b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(meta)) + b"".join(_gguf_kv(*m) for m in meta) + infos
+
+
+def test_header_reader_takes_sliding_windows_rope_and_tied_embeddings(tmp_path):
+    meta = [("general.architecture", "str", "gemma3"), ("gemma3.block_count", "u32", 6),
+            ("gemma3.context_length", "u32", 131072), ("gemma3.embedding_length", "u32", 512),
+            ("gemma3.attention.head_count", "u32", 8), ("gemma3.attention.head_count_kv", "u32", 4),
+            ("gemma3.attention.key_length", "u32", 128), ("gemma3.attention.value_length", "u32", 128),
+            ("gemma3.attention.sliding_window", "u32", 1024), ("gemma3.rope.scaling.type", "str", "yarn"),
+            ("gemma3.rope.scaling.factor", "f32", 4.0),
+            ("gemma3.rope.scaling.original_context_length", "u32", 32768)]  # fmt: skip
+    # token_embd q6_K (14) and no output.weight: tied; one block per layer, q4_K (12)
+    tensors = [("token_embd.weight", (512, 1000), 14), ("output_norm.weight", (512,), 0)]
+    tensors += [(f"blk.{i}.attn_q.weight", (512, 1024), 12) for i in range(6)]
+    path = tmp_path / "g.gguf"
+    path.write_bytes(_gguf_header(meta, tensors))
+    shape = read_shape(str(path))
+    assert shape["tied_embeddings"] and shape["n_vocab"] == 1000
+    assert shape["token_embd_bytes"] == 512 * 1000 // 256 * 210 and shape["output_bytes"] == 512 * 4
+    assert shape["layer_bytes"] == [512 * 1024 // 256 * 144] * 6
+    assert (shape["rope_scaling"], shape["rope_scale"], shape["rope_orig_ctx"]) == ("yarn", 4.0, 32768)
+    # llama.cpp's gemma3 default: every 6th layer dense, the others slide
+    assert sliding_layers(shape) == frozenset({0, 1, 2, 3, 4})
+    assert context_cap(shape, Knobs(rope_scaling="yarn", rope_scale=4.0)) == (131072, ("yarn", 4.0, 32768))
+    # the tied embedding goes on the card as the output layer, and stays on the host as the input
+    book = ledger(shape, Knobs(), 4096, 7, "f16", "f16", 4096)
+    assert book.weights_on_card == sum(shape["layer_bytes"]) + shape["output_bytes"] + shape["token_embd_bytes"]
+    assert book.weights_on_host == shape["token_embd_bytes"]
+    # 1 dense layer at 4096 cells, 5 sliding at pad256(1024 + 512) = 1536
+    assert book.kv_on_card == (4096 + 5 * 1536) * 4 * 128 * 2 * 2

@@ -26,8 +26,10 @@ def test_defaults_are_the_reference_recipe():
     assert s.python_env.torch_index_url.endswith("/cu118")
     assert s.llamacpp.backend == "cuda" and s.llamacpp.cuda_archs is None
     assert s.model.quant == "Q4_K_M"
-    assert (s.server.cache_type_k, s.server.cache_type_v) == ("q4_0", "q4_0")
-    assert s.server.flash_attn and not s.server.mmap and s.server.gpu_layers == 99
+    # the planner picks the KV types and the layers on the card (llamarack/planner.py)
+    assert (s.server.cache_type_k, s.server.cache_type_v) == ("auto", "auto")
+    assert s.server.flash_attn and not s.server.mmap and s.server.gpu_layers is None
+    assert (s.server.min_ctx_size, s.server.rope_scaling, s.server.rope_scale) == (4096, "none", 1.0)
 
 
 def test_every_outside_source_is_a_setting():
@@ -71,7 +73,11 @@ def test_foreign_keys_are_left_to_pyinfra_and_the_user():
         ({"server_ctx_size": True}, "server_ctx_size: given True; allowed: an integer or None"),
         ({"server_flash_attn": "yes"}, "server_flash_attn: given 'yes'; allowed: true or false"),
         ({"model_quant": "Q4_K_X"}, "model_quant: given 'Q4_K_X'; allowed: one of 'Q4_0'"),
-        ({"server_cache_type_k": "q3"}, "server_cache_type_k: given 'q3'; allowed: one of 'f32'"),
+        ({"server_cache_type_k": "q3"}, "server_cache_type_k: given 'q3'; allowed: one of 'auto', 'f32'"),
+        ({"server_gpu_layers": -1}, "server_gpu_layers: given -1; allowed: 0 or a positive integer"),
+        ({"server_rope_scale": 0.5}, "server_rope_scale: given 0.5; allowed: a number >= 1"),
+        ({"server_rope_scale": "2"}, "server_rope_scale: given '2'; allowed: a number >= 1"),
+        ({"server_rope_scaling": "ntk"}, "server_rope_scaling: given 'ntk'; allowed: one of 'none', 'yarn'"),
         ({"driver_min_version": "latest"}, "driver_min_version: given 'latest'; allowed: a dotted numeric"),
         ({"python_env_torch_version": "2.1.x"}, "python_env_torch_version: given '2.1.x'; allowed: a PEP 440"),
         ({"python_env_numpy_requirement": "numpy<<2"}, "allowed: a pip requirement"),

@@ -114,7 +114,7 @@ BAD = [
     ("llamacpp_commit", "0c1e570\0", LINE),
     # numbers and lists
     ("server_port", 0, "a TCP port"),
-    ("server_gpu_layers", -1, "zero or a positive integer"),
+    ("server_gpu_layers", -1, "0 or a positive integer"),
     ("llamacpp_keep_builds", 0, "a positive integer"),
     ("server_ctx_size", True, "an integer or None"),
     ("server_allow_unauthenticated", "yes", "true or false"),

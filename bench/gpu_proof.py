@@ -1,0 +1,901 @@
+"""GPU proof with real-size models (issue 15): served speed against llama-bench and
+the bandwidth limit, and the memory plan against what the GPU allocates.
+
+Runs on the borrowed GPU machine (H200, CUDA 13, no systemd, no network) from
+a copy of the repo carrying .whl and .carry (``bench/gpu_proof_prepare.sh``
+makes them), through ``bench/gpu_proof.sh``; writes ``$OUT/gpu-proof.json``
+(copied to ``bench/results/gpu-proof.json``).
+
+Phases, in order; each records its results and is skipped by a later call on
+the same machine once done (state under ``--work``), so a lease's 600-second
+commands can share the work:
+
+    machine    GPU, driver, toolkit, CPU (every figure is recorded against these)
+    build      the llama.cpp role through pyinfra @local (bench/device_deploy.py)
+    model8b    an 8B Llama-3-shaped random checkpoint (generated while the build
+               runs), through the model role @local: the lab's hub server on
+               localhost serves it, the role fetches, converts, quantizes to Q4_K_M
+    roofline   device-to-device copy bandwidth (torch), bytes read + written
+    bench8b    llama-bench pp512/tg128 with the served flags, and variants
+    serve8b    llama-server with the unit's exact ExecStart (the server role's
+               plan_context + server_args + render_unit): /completion decode,
+               single-request pp512, aggregate prefill over server_parallel slots
+    memory8b   3 contexts x 2 KV types: the planner's ledger against llama.cpp's
+               load log and nvidia-smi's per-process memory
+    v100       a 24B GQA Q4_K_M planned for a V100 16 GB with the card table,
+               started with that plan, and one context step past it
+
+``--cpu-check BUILD`` runs the same code on a CPU machine with a tiny shape
+(``--scale-down``) and a CPU build's bin/ folder, to prove the scripts before
+device time is spent on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from llamarack.facts import GgufShape, LlamaServerFlags  # noqa: E402
+from llamarack.facts.gpu import NvidiaSmi  # noqa: E402
+from llamarack.gpu_table import planning_memory_mib  # noqa: E402
+from llamarack.layout import Layout  # noqa: E402
+from llamarack.settings import load_settings  # noqa: E402
+from roles.server.plan import MIB, CTX_STEP, PlanError, plan_context, render_unit, server_args  # noqa: E402
+
+V100_PCI_ID = "0x1DB410DE"  # Tesla V100 PCIe 16GB: the card table plans it at 16130 MiB
+HUB_REPO = "bench/llama3-8b-random"
+T0 = time.time()
+
+
+# --------------------------------------------------------------------------
+# parsers of what the tools print (pure: proven on CPU output first)
+# --------------------------------------------------------------------------
+
+_BUF = re.compile(r"(?P<func>\w+): +(?P<buf>\S+) +(?P<what>model|KV|compute|output|RS) buffer size = +"
+                  r"(?P<mib>[\d.]+) MiB")  # fmt: skip
+# llama-server prints llama.cpp's own load lines from verbosity 4 (the default is 3). Set
+# through the environment, so the command line stays the unit's.
+LOAD_LOG_ENV = {"LLAMA_ARG_LOG_VERBOSITY": "4"}
+
+
+def parse_load_log(text: str) -> dict:
+    """llama.cpp's buffer lines: {"model": {"CUDA0": MiB, "CPU_Mapped": MiB}, "KV": {...}, ...}.
+
+    The last line of each buffer wins: a memory-fitting dry run (at higher
+    verbosity) prints the same lines with what it would allocate first.
+    """
+    out: dict = {}
+    for m in _BUF.finditer(text):
+        out.setdefault(m["what"], {})[m["buf"]] = float(m["mib"])
+    return out
+
+
+def parse_compute_apps(text: str) -> list:
+    """``nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits`` rows."""
+    rows = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit():
+            rows.append({"pid": int(parts[0]), "used_mib": int(parts[1]) if parts[1].isdigit() else None})
+    return rows
+
+
+def parse_bench_json(text: str) -> list:
+    """llama-bench -o json: one record per test, the fields the proof reports."""
+    start = text.find("[")
+    # stdout (the JSON) comes first, then llama.cpp's stderr
+    data = json.JSONDecoder().raw_decode(text[start:])[0] if start >= 0 else []
+    keep = ("n_prompt", "n_gen", "avg_ts", "stddev_ts", "samples_ts", "flash_attn", "type_k", "type_v",
+            "n_batch", "n_ubatch", "n_gpu_layers", "n_threads", "build_commit", "gpu_info", "model_size",
+            "model_n_params", "use_mmap", "load_mode")  # fmt: skip
+    return [{k: r[k] for k in keep if k in r} for r in data]
+
+
+def bench_args_for(server: list) -> list:
+    """The llama-bench flags of the same runtime choices as a llama-server command line."""
+    spelled = {"--cache-type-k": "-ctk", "--cache-type-v": "-ctv", "--n-gpu-layers": "-ngl",
+               "--flash-attn": "-fa", "--load-mode": "-lm", "--threads": "-t",
+               "--batch-size": "-b", "--ubatch-size": "-ub"}  # fmt: skip
+    out, i = [], 0
+    while i < len(server):
+        a = server[i]
+        if a in spelled and i + 1 < len(server):
+            out += [spelled[a], server[i + 1]]
+            i += 2
+            continue
+        if a == "--no-mmap":
+            out += ["-mmp", "0"]
+        elif a == "--no-repack":
+            out += ["--repack", "0"]
+        elif a == "--flash-attn":  # a bare switch in older builds
+            out += ["-fa", "1"]
+        i += 1
+    return out
+
+
+def exec_start(unit: str) -> list:
+    line = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
+    return shlex.split(line[len("ExecStart="):])
+
+
+# --------------------------------------------------------------------------
+# the run
+# --------------------------------------------------------------------------
+
+
+class Proof:
+    def __init__(self, a):
+        self.a = a
+        self.work = Path(a.work)
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.logs = self.work / "logs"
+        self.logs.mkdir(exist_ok=True)
+        self.out = Path(a.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.state_file = self.work / "results.json"
+        self.r = json.loads(self.state_file.read_text()) if self.state_file.exists() else {"phases": {}}
+        self.cpu = a.cpu_check is not None
+        self.root = a.root
+        self.layout = Layout(a.root)
+        self.commit = a.commit
+        self.deadline = T0 + a.budget
+        self.bg = None
+
+    # -- bookkeeping
+    def log(self, msg: str) -> None:
+        line = f"[{time.time() - T0:6.1f}s] {msg}"
+        print(line, flush=True)
+        with open(self.out / "proof.log", "a") as f:
+            f.write(line + "\n")
+
+    def save(self) -> None:
+        self.r["written"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        text = json.dumps(self.r, indent=1, sort_keys=True)
+        self.state_file.write_text(text)
+        (self.out / "gpu-proof.json").write_text(text)
+
+    def left(self) -> float:
+        return self.deadline - time.time()
+
+    def sh(self, cmd, log: str, timeout: float = None, env=None) -> tuple:
+        """Run ``cmd`` (list or shell string), output to logs/<log>; (rc, output, seconds)."""
+        start = time.time()
+        timeout = timeout or max(5, self.left() - 10)
+        try:
+            p = subprocess.run(cmd, shell=isinstance(cmd, str), capture_output=True, text=True,
+                               timeout=timeout, env=env, errors="replace")  # fmt: skip
+            rc, text = p.returncode, p.stdout + p.stderr
+        except subprocess.TimeoutExpired as e:
+            rc, text = 124, f"{e.stdout or ''}{e.stderr or ''}\n[timed out after {timeout:.0f}s]"
+        (self.logs / log).write_text(text if isinstance(text, str) else text.decode(errors="replace"))
+        return rc, text, round(time.time() - start, 1)
+
+    def fact(self, cls, *args, **kw):
+        """A project fact, read the way pyinfra reads it: its command through sh, its process()."""
+        fact = cls()
+        p = subprocess.run(["sh", "-c", fact.command(*args, **kw)], capture_output=True, text=True)
+        return fact.process(p.stdout.splitlines())
+
+    # -- settings and the served command line
+    def data(self, **extra) -> dict:
+        d = {
+            "llamarack_root": self.root, "python_env_backend": "venv",
+            "llamacpp_git_url": f"file://{REPO}/.carry/llama.cpp.git", "llamacpp_commit": self.commit,
+            "llamacpp_build_jobs": os.cpu_count(),
+        }  # fmt: skip
+        if self.cpu:
+            d["llamacpp_backend"] = "cpu"
+        else:
+            d["toolchain_cuda_version"] = "13.0"
+        d.update(extra)
+        return d
+
+    def pyinfra(self, deploy: str, data: dict, log: str) -> dict:
+        cmd = [sys.executable, "-m", "pyinfra", "-y", "@local", deploy]
+        for k, v in data.items():
+            cmd += ["--data", f"{k}={json.dumps(v)}"]
+        rc, text, s = self.sh(cmd, log)
+        return {"rc": rc, "seconds": s, "command": " ".join(shlex.quote(c) for c in cmd[1:])}
+
+    def plan(self, root: str = None, card: tuple = None, **overrides) -> dict:
+        """What the server role would write for this host: the plan, the args, the unit."""
+        root = root or self.root
+        settings = load_settings("gpu-proof", self.data(llamarack_root=root, **overrides))
+        layout = Layout(root)
+        build_dir, model_dir = os.path.realpath(layout.current_build), os.path.realpath(layout.current_model)
+        flags = self.fact(LlamaServerFlags, root)
+        shape = self.fact(GgufShape, path=f"{model_dir}/model.gguf")
+        if card is None:
+            gpus = () if self.cpu else self.fact(NvidiaSmi).gpus
+            card_mib = min((planning_memory_mib(g.pci_device_id, g.memory_mib) for g in gpus), default=None) \
+                if settings.server.gpu_layers else None  # fmt: skip
+            card_desc = [dict(name=g.name, memory_mib=g.memory_mib, pci_device_id=g.pci_device_id) for g in gpus]
+        else:
+            card_mib = planning_memory_mib(*card)
+            card_desc = [{"pci_device_id": card[0], "reported_mib": card[1], "planned_mib": card_mib}]
+        if self.cpu and card is None:
+            card_mib = 16130  # the CPU check still plans against a card, as the lab does
+        ctx = plan_context(settings, shape, card_mib)
+        args = server_args(settings, flags, build_dir, model_dir, ctx, cuda=settings.llamacpp.backend == "cuda")
+        unit = render_unit(settings, args, f"llamarack llama-server: {Path(model_dir).name} "
+                                           f"({shape['architecture']}, {ctx.note})")  # fmt: skip
+        start = exec_start(unit)
+        assert start == args, (start, args)
+        s = settings.server
+        return {
+            "settings": {k: v for k, v in overrides.items()},
+            "card": card_desc, "card_mib": card_mib, "shape": shape,
+            "ctx_size": ctx.ctx_size, "note": ctx.note,
+            "ledger_mib": {
+                "weights": round(ctx.weights_on_card / MIB, 2),
+                "kv": round(ctx.ctx_size * ctx.kv_bytes_per_token / MIB, 2),
+                "reserve": s.memory_reserve_mib,
+            },
+            "kv_bytes_per_token": ctx.kv_bytes_per_token,
+            "exec_start": start, "port": s.port, "parallel": s.parallel,
+        }  # fmt: skip
+
+    # -- a running llama-server
+    def serve(self, args: list, name: str, port: int, env: dict = None):
+        log = open(self.logs / f"server-{name}.log", "w")
+        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        url = f"http://127.0.0.1:{port}"
+        start = time.time()
+        while time.time() - start < 300:
+            if p.poll() is not None:
+                break
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return p, url, round(time.time() - start, 1)
+            except Exception:
+                pass
+            time.sleep(0.2)
+        p.kill()
+        p.wait()
+        raise RuntimeError(f"llama-server {name} did not answer /health: "
+                           + (self.logs / f"server-{name}.log").read_text()[-2000:])  # fmt: skip
+
+    def stop(self, p) -> None:
+        p.terminate()
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+    @staticmethod
+    def post(url: str, body: dict, timeout: float = 300) -> dict:
+        req = urllib.request.Request(url + "/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read())
+
+    def gpu_memory(self, pid: int) -> dict:
+        if self.cpu:
+            return {"process_mib": None, "note": "no GPU (CPU check)"}
+        q = "nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits"
+        rows = parse_compute_apps(subprocess.run(q, shell=True, capture_output=True, text=True).stdout)
+        used = subprocess.run("nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits", shell=True,
+                              capture_output=True, text=True).stdout.strip()  # fmt: skip
+        mine = [r for r in rows if r["pid"] == pid]
+        return {"process_mib": mine[0]["used_mib"] if mine else None, "apps": rows,
+                "gpu_used_mib": int(used) if used.isdigit() else used}  # fmt: skip
+
+    def tokens(self, n: int, seed: int, hi: int = 999) -> list:
+        rnd = random.Random(seed)
+        return [rnd.randrange(3, hi) for _ in range(n)]
+
+    # ----------------------------------------------------------------------
+    # phases
+    # ----------------------------------------------------------------------
+
+    def machine(self):
+        m = {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count()}
+        q = ("nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total,pci.device_id,clocks.max.sm,"
+             "clocks.max.mem,power.limit --format=csv,noheader")  # fmt: skip
+        m["nvidia_smi"] = subprocess.run(q, shell=True, capture_output=True, text=True).stdout.strip() or None
+        nv = subprocess.run("nvcc --version | tail -2", shell=True, capture_output=True, text=True).stdout.strip()
+        m["nvcc"] = nv or None
+        cpu = subprocess.run("grep -m1 'model name' /proc/cpuinfo", shell=True, capture_output=True, text=True)
+        m["cpu"] = cpu.stdout.split(":", 1)[-1].strip()
+        m["mem_total"] = Path("/proc/meminfo").read_text().splitlines()[0]
+        m["disk"] = subprocess.run(f"df -h {self.root.rsplit('/', 1)[0] or '/'} /dev/shm | tail -2", shell=True,
+                                   capture_output=True, text=True).stdout.strip()  # fmt: skip
+        try:
+            import torch
+
+            m["torch"] = torch.__version__
+            m["torch_cuda"] = torch.version.cuda
+        except Exception as e:
+            m["torch"] = f"unavailable: {e}"
+        m["llamacpp_commit"] = self.commit
+        return m
+
+    def start_checkpoint(self):
+        """Generate the 8B checkpoint (GPU random, safetensors in shm) and start the hub
+        server on it (its scan hashes every file) while the build runs."""
+        hub = Path(self.a.shm) / "hub" / HUB_REPO
+        done = hub.parent / "generated.json"
+        self.hub = None
+        if self.r["phases"].get("model8b", {}).get("ok"):
+            return
+        cmd = [self.a.gen_python, str(REPO / "bench/gpu_proof_model.py"), "checkpoint", "llama3-8b", str(hub),
+               "--tokenizer", str(REPO / ".carry/tokenizer"), "--scale-down", str(self.a.scale_down)]  # fmt: skip
+
+        def run():
+            if not done.exists():
+                shutil.rmtree(hub, ignore_errors=True)
+                rc, text, s = self.sh(cmd, "checkpoint.log", timeout=900)
+                self.log(f"checkpoint rc={rc} in {s}s")
+                if rc:
+                    return
+                done.write_text(text.strip().splitlines()[-1])
+            start = time.time()
+            self.hub = subprocess.Popen([sys.executable, "-m", "llamarack.lab.hub_server", "--port", "0",
+                                         f"{HUB_REPO}={hub}"], stdout=subprocess.PIPE, text=True, cwd=REPO)  # fmt: skip
+            self.hub_line = self.hub.stdout.readline().strip()  # http://127.0.0.1:PORT/api/models/REPO/revision/SHA
+            self.hub_scan_seconds = round(time.time() - start, 1)
+            self.log(f"hub: {self.hub_line} after {self.hub_scan_seconds}s")
+
+        self.bg = threading.Thread(target=run, daemon=True)
+        self.bg.start()
+        self.log("checkpoint generation started in the background")
+
+    def build(self):
+        if self.cpu:
+            # The CPU check serves a CPU build made elsewhere (no CUDA here): a build dir
+            # as the role leaves it (bin/, server-help.txt, build-info.json).
+            b = Path(self.layout.build("cpucheck"))
+            b.mkdir(parents=True, exist_ok=True)
+            if not (b / "bin").exists():
+                (b / "bin").symlink_to(self.a.cpu_check)
+            help_text = subprocess.run([f"{b}/bin/llama-server", "--help"], capture_output=True, text=True)
+            (b / "server-help.txt").write_text(help_text.stdout + help_text.stderr)
+            (b / "build-info.json").write_text(json.dumps({"proof": {"runtime_args": []}}))
+            link = Path(self.layout.current_build)
+            if not link.is_symlink():
+                link.symlink_to("cpucheck")
+            src = Path(self.layout.src)
+            if not src.exists():
+                src.parent.mkdir(parents=True, exist_ok=True)
+                src.symlink_to(self.a.cpu_src)
+            return {"ok": True, "cpu_check": self.a.cpu_check}
+        d = self.pyinfra(str(REPO / "bench/device_deploy.py"), self.data(), "deploy-build.log")
+        info = Path(self.layout.current_build) / "build-info.json"
+        if info.exists():
+            rec = json.loads(info.read_text())
+            d["build_info"] = {k: rec.get(k) for k in ("stamp", "commit", "cuda_archs", "cuda_version",
+                                                       "cmake_args", "targets", "host_compiler")}  # fmt: skip
+            d["proof"] = rec.get("proof")
+        ver = Path(self.layout.current_build) / "version.txt"
+        d["version"] = ver.read_text().strip() if ver.exists() else None
+        d["ok"] = d["rc"] == 0 and info.exists()
+        return d
+
+    def model8b(self):
+        if self.bg is not None:
+            self.bg.join(timeout=max(1, self.left() - 60))
+        hub_dir = Path(self.a.shm) / "hub" / HUB_REPO
+        gen = hub_dir.parent / "generated.json"
+        if not gen.exists():
+            return {"ok": False, "error": "checkpoint not generated: see logs/checkpoint.log"}
+        d = {"checkpoint": json.loads(gen.read_text())}
+        if self.hub is None:
+            return {**d, "ok": False, "error": "the hub server did not start"}
+        try:
+            d["hub_scan_seconds"] = self.hub_scan_seconds
+            m = re.match(r"(http://[^/]+)/api/models/.+/revision/([0-9a-f]{40})$", self.hub_line)
+            if not m:
+                return {**d, "ok": False, "error": f"hub server said {self.hub_line!r}"}
+            endpoint, revision = m.groups()
+            # The artifact on tmpfs when it has room for the role's peak (checkpoint copy,
+            # f16 GGUF, Q4_K_M): disk write speed is no part of what is measured here.
+            models = Path(self.layout.models)
+            shm_models = Path(self.a.shm) / "models"
+            if not models.exists() and shutil.disk_usage(self.a.shm).free > 2.7 * d["checkpoint"]["bytes"]:
+                shm_models.mkdir(parents=True, exist_ok=True)
+                models.parent.mkdir(parents=True, exist_ok=True)
+                models.symlink_to(shm_models)
+                d["models_dir"] = f"{models} -> {shm_models}"
+            data = self.data(model_source="hf", model_repo=HUB_REPO, model_revision=revision,
+                             model_hf_endpoint=endpoint, bench_convert_python=self.a.convert_python)  # fmt: skip
+            if self.cpu:
+                data["bench_quantize"] = f"{self.a.cpu_check}/llama-quantize"
+            d.update(self.pyinfra(str(REPO / "bench/gpu_proof_deploy.py"), data, "deploy-model.log"))
+        finally:
+            self.hub.terminate()
+            self.hub.wait()
+        cur = Path(os.path.realpath(self.layout.current_model))
+        d["ok"] = d["rc"] == 0 and (cur / "model.gguf").exists()
+        if d["ok"]:
+            d["artifact"] = str(cur)
+            d["gguf_bytes"] = (cur / "model.gguf").stat().st_size
+            for step in ("fetch", "convert", "quantize"):
+                f = cur / f"{step}.log"
+                if f.exists():
+                    tail = f.read_text(errors="replace").strip().splitlines()[-3:]
+                    d[f"{step}_log_tail"] = tail
+            shutil.rmtree(hub_dir, ignore_errors=True)  # shm back for the 24B
+        elif not self.cpu and self.left() > 150:
+            d["fallback"] = self.direct_8b()
+            d["ok"] = d["fallback"].get("ok", False)
+        return d
+
+    def direct_8b(self) -> dict:
+        """When the role's path fails: the same shape written as an f16 GGUF with gguf-py,
+        quantized by the same build's llama-quantize, served from models/current."""
+        shutil.rmtree(Path(self.a.shm) / "hub", ignore_errors=True)
+        art = Path(self.a.shm) / "direct8b"
+        art.mkdir(parents=True, exist_ok=True)
+        f16 = art / "model-f16.gguf"
+        rc, text, s = self.sh([self.a.gen_python, str(REPO / "bench/gpu_proof_model.py"), "gguf", "llama3-8b",
+                               str(f16), "--gguf-py", f"{self.layout.src}/gguf-py"], "gguf8b.log")  # fmt: skip
+        d = {"f16": {"rc": rc, "seconds": s}}
+        if rc:
+            return {**d, "ok": False}
+        q = f"{os.path.realpath(self.layout.current_build)}/bin/llama-quantize"
+        rc, text, s = self.sh([q, str(f16), str(art / "model.gguf"), "Q4_K_M"], "quantize8b.log")
+        f16.unlink(missing_ok=True)
+        d["quantize"] = {"rc": rc, "seconds": s, "tail": text.strip().splitlines()[-2:]}
+        if rc:
+            return {**d, "ok": False}
+        cur = Path(self.layout.current_model)
+        cur.parent.mkdir(parents=True, exist_ok=True)
+        if cur.is_symlink():
+            cur.unlink()
+        cur.symlink_to(art)
+        return {**d, "ok": True, "artifact": str(art), "gguf_bytes": (art / "model.gguf").stat().st_size,
+                "note": "the model role failed (see deploy-model.log): gguf-py + llama-quantize instead"}
+
+    def roofline(self):
+        if self.cpu:
+            return {"ok": True, "note": "no GPU (CPU check)"}
+        import torch
+
+        n = 4 << 30  # bytes per buffer: far over the 60 MB L2
+        x = torch.empty(n // 2, dtype=torch.float16, device="cuda").normal_()
+        y = torch.empty_like(x)
+        for _ in range(3):
+            y.copy_(x)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(20):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            y.copy_(x)
+            e1.record()
+            e1.synchronize()
+            times.append(e0.elapsed_time(e1) / 1e3)
+        assert torch.equal(x[:1 << 20], y[:1 << 20])
+        med = statistics.median(times)
+        del x, y
+        torch.cuda.empty_cache()
+        return {"ok": True, "bytes_per_copy": n, "median_s": med, "min_s": min(times),
+                "bandwidth_GBps": round(2 * n / med / 1e9, 1), "method": "torch y.copy_(x), 4 GiB fp16, "
+                "20 timed after 3 warm-ups, CUDA events; bytes read + written"}  # fmt: skip
+
+    def bench8b(self):
+        p = self.plan()
+        b = f"{os.path.realpath(self.layout.current_build)}/bin/llama-bench"
+        model = p["exec_start"][p["exec_start"].index("--model") + 1]
+        served = bench_args_for(p["exec_start"])
+        reps = "5" if not self.cpu else "2"
+        runs = {"served_flags": served}
+
+        def flags_with(**kv):
+            f = list(served)
+            for k, v in kv.items():
+                if k in f:
+                    f[f.index(k) + 1] = v
+                else:
+                    f += [k, v]
+            return f
+
+        if not self.cpu:
+            runs["kv_f16_fa_on_off"] = flags_with(**{"-ctk": "f16", "-ctv": "f16", "-fa": "on,off"})
+            runs["kv_q8_0"] = flags_with(**{"-ctk": "q8_0", "-ctv": "q8_0"})
+            runs["ubatch"] = flags_with(**{"-ub": "256,1024,2048"})
+        out = {"served_flags": served, "model": model, "runs": {}}
+        for name, flags in runs.items():
+            cmd = [b, "-m", model, "-p", "512", "-n", "128", "-r", reps, "-o", "json", *flags]
+            if name == "ubatch":
+                cmd[cmd.index("-p") + 1] = "512,2048"
+                cmd[cmd.index("-n") + 1] = "0"
+            rc, text, s = self.sh(cmd, f"bench-{name}.log", timeout=240)
+            try:
+                rows = parse_bench_json(text)
+            except ValueError as e:
+                rows = [{"error": f"unparsed: {e}"}]
+            out["runs"][name] = {"rc": rc, "seconds": s, "command": " ".join(cmd), "results": rows}
+        if not self.cpu:
+            # CUDA graphs are on by default; this says what they are worth here.
+            env = {**os.environ, "GGML_CUDA_DISABLE_GRAPHS": "1"}
+            cmd = [b, "-m", model, "-p", "0", "-n", "128", "-r", reps, "-o", "json", *served]
+            rc, text, s = self.sh(cmd, "bench-nographs.log", timeout=120, env=env)
+            out["runs"]["cuda_graphs_off"] = {"rc": rc, "seconds": s, "command": "GGML_CUDA_DISABLE_GRAPHS=1 "
+                                              + " ".join(cmd), "results": parse_bench_json(text)}  # fmt: skip
+        out["ok"] = out["runs"]["served_flags"]["rc"] == 0
+        return out
+
+    def serve8b(self):
+        reps = 5 if not self.cpu else 2
+        p = self.plan()
+        out = {"plan": p}
+        proc, url, load_s = self.serve(p["exec_start"], "served", p["port"])
+        try:
+            out["load_seconds"] = load_s
+            prompt = "The history of the rack server begins with"
+            for mode, sampling in (("default_sampling", {}), ("greedy", {"temperature": 0})):
+                self.post(url, {"prompt": prompt, "n_predict": 16, "ignore_eos": True, **sampling})  # warm-up
+                rows = []
+                for i in range(reps):
+                    r = self.post(url, {"prompt": prompt, "n_predict": 128, "ignore_eos": True,
+                                        "cache_prompt": False, **sampling})  # fmt: skip
+                    t = r["timings"]
+                    rows.append({"predicted_n": t["predicted_n"], "predicted_per_second": t["predicted_per_second"],
+                                 "prompt_n": t["prompt_n"]})  # fmt: skip
+                out[f"decode_{mode}"] = {
+                    "n_predict": 128, "reps": rows,
+                    "median_tps": statistics.median(r["predicted_per_second"] for r in rows),
+                }  # fmt: skip
+            rows = []
+            self.post(url, {"prompt": self.tokens(512, 99), "n_predict": 1, "cache_prompt": False})
+            for i in range(reps):
+                r = self.post(url, {"prompt": self.tokens(512, i), "n_predict": 1, "cache_prompt": False})
+                rows.append({"prompt_n": r["timings"]["prompt_n"],
+                             "prompt_per_second": r["timings"]["prompt_per_second"]})  # fmt: skip
+            out["prefill_single_pp512"] = {"reps": rows,
+                                           "median_tps": statistics.median(r["prompt_per_second"] for r in rows)}
+            out["memory"] = self.gpu_memory(proc.pid)
+        finally:
+            self.stop(proc)
+        out["aggregate_prefill"] = {}
+        for n in self.a.parallel:
+            out["aggregate_prefill"][str(n)] = self.aggregate(n)
+        out["ok"] = True
+        return out
+
+    def aggregate(self, n: int) -> dict:
+        p = self.plan(server_parallel=n)
+        proc, url, _ = self.serve(p["exec_start"], f"parallel{n}", p["port"])
+        try:
+            self.post(url, {"prompt": self.tokens(512, 7), "n_predict": 1, "cache_prompt": False})
+            rounds = []
+            for k in range(3):
+                results, gate = [None] * n, threading.Barrier(n + 1)
+
+                def one(i):
+                    gate.wait()
+                    results[i] = self.post(url, {"prompt": self.tokens(512, 1000 * k + i), "n_predict": 1,
+                                                 "cache_prompt": False})  # fmt: skip
+
+                threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+                for t in threads:
+                    t.start()
+                gate.wait()
+                start = time.time()
+                for t in threads:
+                    t.join()
+                wall = time.time() - start
+                tokens = sum(r["timings"]["prompt_n"] for r in results)
+                rounds.append({"prompt_tokens": tokens, "wall_s": round(wall, 4),
+                               "aggregate_tps": round(tokens / wall, 1),
+                               "per_request_prompt_tps": [round(r["timings"]["prompt_per_second"], 1)
+                                                          for r in results]})  # fmt: skip
+        finally:
+            self.stop(proc)
+        return {"parallel": n, "ctx_size": p["ctx_size"], "exec_start": p["exec_start"], "rounds": rounds,
+                "median_aggregate_tps": statistics.median(r["aggregate_tps"] for r in rounds),
+                "method": f"{n} concurrent /completion requests of 512 distinct random tokens, n_predict 1; "
+                          "client wall time from one release to the last answer"}  # fmt: skip
+
+    def measure_memory(self, p: dict, name: str) -> dict:
+        """Start the planned server, one short request, then what llama.cpp and nvidia-smi say."""
+        proc, url, load_s = self.serve(p["exec_start"], name, p["port"], env=LOAD_LOG_ENV)
+        try:
+            before = self.gpu_memory(proc.pid)
+            self.post(url, {"prompt": self.tokens(256, 5), "n_predict": 16, "cache_prompt": False,
+                            "ignore_eos": True})  # fmt: skip
+            after = self.gpu_memory(proc.pid)
+        finally:
+            self.stop(proc)
+        log = parse_load_log((self.logs / f"server-{name}.log").read_text(errors="replace"))
+        gpu = lambda d: round(sum(v for k, v in d.items() if k.startswith("CUDA") and "Host" not in k), 2)  # noqa: E731
+        meas = {
+            "weights_gpu": gpu(log.get("model", {})), "weights_host": round(sum(
+                v for k, v in log.get("model", {}).items() if not k.startswith("CUDA") or "Host" in k), 2),
+            "kv": round(sum(log.get("KV", {}).values()), 2), "compute_gpu": gpu(log.get("compute", {})),
+            "compute_host": round(sum(v for k, v in log.get("compute", {}).items() if "Host" in k or k == "CPU"), 2),
+        }  # fmt: skip
+        used = [m["process_mib"] for m in (before, after) if m.get("process_mib") is not None]
+        led = p["ledger_mib"]
+        row = {"ctx_size": p["ctx_size"], "cache_type": p["settings"].get("server_cache_type_k", "q4_0"),
+               "ledger_mib": led, "log_mib": meas, "load_log": log, "smi_after_load": before,
+               "smi_after_request": after, "load_seconds": load_s, "exec_start": p["exec_start"]}  # fmt: skip
+        err = lambda plan, seen: round((plan - seen) / seen, 4) if seen else None  # noqa: E731
+        row["error"] = {"kv": err(led["kv"], meas["kv"]),
+                        "weights_vs_gpu_model_buffer": err(led["weights"], meas["weights_gpu"]),
+                        "weights_vs_all_model_buffers": err(led["weights"], meas["weights_gpu"] + meas["weights_host"])}
+        if used:
+            proc_mib = max(used)
+            row["process_mib"] = proc_mib
+            total = led["weights"] + led["kv"] + led["reserve"]
+            row["planned_total_mib"] = round(total, 1)
+            row["error"]["total_vs_process"] = err(total, proc_mib)
+            # What the reserve would have had to be for this run: the process less the planned items.
+            row["reserve_needed_mib"] = round(proc_mib - led["weights"] - led["kv"], 1)
+            row["overhead_beyond_log_buffers_mib"] = round(proc_mib - meas["weights_gpu"] - meas["kv"]
+                                                           - meas["compute_gpu"], 1)  # fmt: skip
+        return row
+
+    def memory8b(self):
+        rows = []
+        for kv in ("q4_0", "f16"):
+            for ctx in self.a.contexts:
+                p = self.plan(server_ctx_size=ctx, server_cache_type_k=kv, server_cache_type_v=kv)
+                rows.append(self.measure_memory(p, f"mem-{kv}-{ctx}"))
+                self.log(f"memory {kv} ctx {ctx}: {rows[-1].get('process_mib')} MiB")
+        needed = [r["reserve_needed_mib"] for r in rows if "reserve_needed_mib" in r]
+        out = {"ok": True, "rows": rows}
+        if needed:
+            worst = max(needed)
+            # Rounded up to 64 MiB, with 10% headroom for what one card's context and
+            # one driver's allocator add over another's.
+            out["reserve"] = {"needed_max_mib": worst, "needed_min_mib": min(needed),
+                              "suggested_mib": int(-(-worst * 1.10 // 64) * 64)}  # fmt: skip
+        return out
+
+    def v100(self):
+        """The 24B GQA shape at Q4_K_M, planned for a V100 16 GB, served with that plan on this card."""
+        root = self.a.root + "-v100"
+        layout = Layout(root)
+        gguf_dir = Path(layout.model("mistral-small-24b-q4km"))
+        out = {}
+        if not (gguf_dir / "model.gguf").exists():
+            import math
+
+            sys.path.insert(0, str(REPO / "bench"))
+            from gpu_proof_model import SHAPES, scaled, tensors
+
+            need = 2.05 * sum(math.prod(d) for _, _, d, _ in tensors(scaled(SHAPES["mistral-small-24b"],
+                                                                          self.a.scale_down)))  # fmt: skip
+            gguf_dir.mkdir(parents=True, exist_ok=True)
+            places = [Path(self.a.shm), gguf_dir]
+            free = {str(p): shutil.disk_usage(p).free for p in places}
+            room = [p for p in places if free[str(p)] > need * (1 if p != gguf_dir else 1.35)]
+            out["f16_room"] = {"needed": int(need), "free": free}
+            if not room:
+                return {**out, "ok": False, "error": "no room for the f16 GGUF (shm or disk)"}
+            f16 = room[0] / "m24-f16.gguf"
+            cmd = [self.a.gen_python, str(REPO / "bench/gpu_proof_model.py"), "gguf", "mistral-small-24b", str(f16),
+                   "--gguf-py", f"{self.layout.src}/gguf-py", "--scale-down", str(self.a.scale_down)]  # fmt: skip
+            rc, text, s = self.sh(cmd, "gguf24.log", timeout=max(30, self.left() - 200))
+            out["f16_gguf"] = {"rc": rc, "seconds": s, "info": text.strip().splitlines()[-1][:2000]}
+            if rc:
+                return {**out, "ok": False}
+            q = f"{os.path.realpath(self.layout.current_build)}/bin/llama-quantize"
+            rc, text, s = self.sh([q, str(f16), str(gguf_dir / "model.gguf.tmp"), "Q4_K_M"], "quantize24.log",
+                                  timeout=max(30, self.left() - 60))  # fmt: skip
+            f16.unlink(missing_ok=True)
+            out["quantize"] = {"rc": rc, "seconds": s, "command": f"{q} F16 OUT Q4_K_M",
+                               "tail": text.strip().splitlines()[-2:]}  # fmt: skip
+            if rc:
+                return {**out, "ok": False}
+            (gguf_dir / "model.gguf.tmp").rename(gguf_dir / "model.gguf")
+        Path(layout.builds).mkdir(parents=True, exist_ok=True)
+        for link, target in ((layout.current_build, os.path.realpath(self.layout.current_build)),
+                             (layout.current_model, str(gguf_dir))):  # fmt: skip
+            if not os.path.islink(link):
+                os.symlink(target, link)
+        card = (V100_PCI_ID, 16130)
+        try:
+            p = self.plan(root=root, card=card)
+        except PlanError as e:
+            return {**out, "ok": True, "refused": e.failure.message("v100-16gb")}
+        out["plan"] = {k: p[k] for k in ("card", "card_mib", "ctx_size", "note", "ledger_mib", "shape", "exec_start")}
+        out["at_plan"] = self.measure_memory(p, "v100-plan")
+        past = dict(p)
+        past["exec_start"] = list(p["exec_start"])
+        i = past["exec_start"].index("--ctx-size")
+        past["exec_start"][i + 1] = str(p["ctx_size"] + CTX_STEP)
+        past["ctx_size"] = p["ctx_size"] + CTX_STEP
+        past["ledger_mib"] = dict(p["ledger_mib"], kv=round(past["ctx_size"] * p["kv_bytes_per_token"] / MIB, 2))
+        try:
+            self.plan(root=root, card=card, server_ctx_size=past["ctx_size"])
+            out["planner_on_step_past"] = "accepted"
+        except PlanError as e:
+            out["planner_on_step_past"] = e.failure.message("v100-16gb")
+        out["one_step_past"] = self.measure_memory(past, "v100-past")
+        lim = 16 * 1024
+        out["under_16_GiB_at_plan"] = (out["at_plan"].get("process_mib") or 0) < lim
+        out["under_16_GiB_one_step_past"] = (out["one_step_past"].get("process_mib") or 0) < lim
+        out["card_planned_mib"] = 16130
+        out["ok"] = True
+        return out
+
+    # ----------------------------------------------------------------------
+
+    PHASES = (("machine", 5), ("build", 480), ("model8b", 120), ("roofline", 20), ("bench8b", 90),
+              ("serve8b", 120), ("memory8b", 120), ("v100", 330))  # fmt: skip
+
+    def run(self, only) -> None:
+        if "model8b" in only:
+            self.start_checkpoint()
+        for name, estimate in self.PHASES:
+            if name not in only or self.r["phases"].get(name, {}).get("ok"):
+                continue
+            if name != "machine" and self.left() < estimate:
+                self.log(f"{name}: {self.left():.0f}s left, estimate {estimate}s: left for the next call")
+                self.r.setdefault("not_run", {})[name] = f"estimate {estimate}s > {self.left():.0f}s left"
+                if name in ("build", "model8b"):
+                    break  # the later phases need these
+                continue
+            self.log(f"{name}: start")
+            start = time.time()
+            try:
+                res = getattr(self, name)() or {}
+            except Exception as e:  # recorded, and the next phase still runs
+                import traceback
+
+                res = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+            res["phase_seconds"] = round(time.time() - start, 1)
+            if name == "machine":
+                self.r["machine"] = res
+                res = {"ok": "error" not in res, "phase_seconds": res["phase_seconds"]}
+            self.r["phases"][name] = res
+            self.r.get("not_run", {}).pop(name, None)
+            self.save()
+            self.log(f"{name}: ok={res.get('ok')} in {res['phase_seconds']}s")
+            if name in ("build", "model8b") and not res.get("ok"):
+                break
+        self.save()
+
+
+# --------------------------------------------------------------------------
+# the summary: figures derived from the raw results, each with what it was measured on
+# --------------------------------------------------------------------------
+
+
+def summarize(r: dict) -> dict:
+    """Derived figures (ratios, errors, the reserve) from the phases' raw results."""
+    ph = r["phases"]
+    build = ph.get("build", {})
+    out = {"machine": {k: r.get("machine", {}).get(k) for k in ("nvidia_smi", "nvcc", "torch", "cpu", "cpus")},
+           "llamacpp": {"commit": r.get("machine", {}).get("llamacpp_commit"), "version": build.get("version"),
+                        "cmake_args": (build.get("build_info") or {}).get("cmake_args"),
+                        "build_seconds": build.get("seconds")}}  # fmt: skip
+    serve, bench, roof = ph.get("serve8b", {}), ph.get("bench8b", {}), ph.get("roofline", {})
+    model = ph.get("model8b", {})
+
+    def bench_ts(run: str, **match):
+        for x in bench.get("runs", {}).get(run, {}).get("results", []):
+            if all(x.get(k) == v for k, v in match.items()):
+                return round(x["avg_ts"], 1)
+        return None
+
+    if serve.get("ok") and bench.get("ok"):
+        tg = bench_ts("served_flags", n_prompt=0, n_gen=128)
+        served = round(serve["decode_default_sampling"]["median_tps"], 1)
+        d = {"served_exec_start": serve["plan"]["exec_start"], "llama_bench_flags": bench["served_flags"],
+             "served_tps_default_sampling": served,
+             "served_tps_greedy": round(serve["decode_greedy"]["median_tps"], 1),
+             "llama_bench_tg128_tps": tg, "served_over_llama_bench": round(served / tg, 3) if tg else None,
+             "goal_0_97_met": bool(tg and served / tg >= 0.97)}  # fmt: skip
+        if roof.get("bandwidth_GBps") and model.get("gguf_bytes"):
+            limit = roof["bandwidth_GBps"] * 1e9 / model["gguf_bytes"]
+            d.update(copy_bandwidth_GBps=roof["bandwidth_GBps"], weight_bytes=model["gguf_bytes"],
+                     roofline_tps=round(limit, 1), llama_bench_roofline_fraction=round(tg / limit, 3) if tg else None,
+                     served_roofline_fraction=round(served / limit, 3))  # fmt: skip
+        d["llama_bench_tg128_variants"] = {
+            "q4_0_kv_fa_on (served)": tg,
+            "f16_kv_fa_on": bench_ts("kv_f16_fa_on_off", n_gen=128, flash_attn=1),
+            "f16_kv_fa_off": bench_ts("kv_f16_fa_on_off", n_gen=128, flash_attn=0),
+            "q8_0_kv_fa_on": bench_ts("kv_q8_0", n_gen=128),
+            "q4_0_kv_cuda_graphs_off": bench_ts("cuda_graphs_off", n_gen=128),
+        }  # fmt: skip
+        out["decode_8b"] = d
+        out["prefill_8b"] = {
+            "llama_bench_pp512_tps": bench_ts("served_flags", n_prompt=512, n_gen=0),
+            "served_single_pp512_tps": round(serve["prefill_single_pp512"]["median_tps"], 1),
+            "served_aggregate_tps": {n: a["median_aggregate_tps"] for n, a in serve.get("aggregate_prefill", {}).items()},
+            "llama_bench_pp_by_ubatch": {f"pp{x['n_prompt']} ub{x['n_ubatch']}": round(x["avg_ts"], 1)
+                                         for x in bench.get("runs", {}).get("ubatch", {}).get("results", [])},
+        }  # fmt: skip
+    rows = list(ph.get("memory8b", {}).get("rows", []))
+    v = ph.get("v100", {})
+    rows_v = [v[k] for k in ("at_plan", "one_step_past") if k in v]
+    if rows:
+        items = []
+        for row in rows + rows_v:
+            lm = row["log_mib"]
+            items.append({
+                "model": "24B" if row in rows_v else "8B", "ctx": row["ctx_size"], "kv_type": row["cache_type"],
+                "planned": row["ledger_mib"], "log_gpu": {"model": lm["weights_gpu"], "kv": lm["kv"],
+                                                           "compute": lm["compute_gpu"]},
+                "log_host": {"model": lm["weights_host"], "compute": lm["compute_host"]},
+                "process_mib": row.get("process_mib"), "error": row["error"],
+                "reserve_needed_mib": row.get("reserve_needed_mib"),
+                "gpu_beyond_log_buffers_mib": row.get("overhead_beyond_log_buffers_mib"),
+                "compute_plus_beyond_mib": round(lm["compute_gpu"] + (row.get("overhead_beyond_log_buffers_mib") or 0), 1),
+            })  # fmt: skip
+        needed = [i["reserve_needed_mib"] for i in items if i["reserve_needed_mib"] is not None]
+        honest = [i["compute_plus_beyond_mib"] for i in items]
+        out["memory_plan"] = {"rows": items}
+        if needed:
+            out["memory_plan"]["reserve"] = {
+                "today_mib": rows[0]["ledger_mib"]["reserve"],
+                "needed_max_mib": max(needed), "needed_min_mib": min(needed),
+                "suggested_mib": int(-(-max(needed) * 1.10 // 64) * 64),
+                "derivation": "needed = process memory (nvidia-smi) - planned weights (the GGUF file) - planned KV, "
+                              "per run; suggested = the largest, +10%, rounded up to 64 MiB",
+                "without_host_weights_slack_max_mib": max(honest),
+                "note": "the planned weights count the whole file, but token_embd stays in host memory "
+                        "(CPU_Mapped): that slack is part of what covers compute buffers + CUDA context today",
+            }  # fmt: skip
+    if v.get("ok") and "plan" in v:
+        out["v100_question"] = {
+            "shape": "mistral-small-24b (random weights), Q4_K_M", "gguf_bytes": v["plan"]["shape"]["size"],
+            "card_mib": v["plan"]["card_mib"], "card": v["plan"]["card"], "planned_ctx": v["plan"]["ctx_size"],
+            "planned_total_mib": v["at_plan"].get("planned_total_mib"),
+            "process_mib_at_plan": v["at_plan"].get("process_mib"),
+            "process_mib_one_step_past": v["one_step_past"].get("process_mib"),
+            "under_16_GiB_at_plan": v.get("under_16_GiB_at_plan"),
+            "under_16_GiB_one_step_past": v.get("under_16_GiB_one_step_past"),
+            "planner_on_one_step_past": v.get("planner_on_step_past"),
+            "quantize_seconds": (v.get("quantize") or {}).get("seconds"),
+        }  # fmt: skip
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--phases", default=",".join(n for n, _ in Proof.PHASES))
+    ap.add_argument("--budget", type=float, default=560, help="seconds this call may run")
+    ap.add_argument("--root", default="/tmp/llamarack")
+    ap.add_argument("--work", default="/tmp/gpuproof")
+    ap.add_argument("--shm", default="/dev/shm/gpuproof")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpuproof/out"))
+    ap.add_argument("--commit", default=(REPO / ".carry/commit").read_text().strip()
+                    if (REPO / ".carry/commit").exists() else None)  # fmt: skip
+    ap.add_argument("--convert-python", default="python3")
+    ap.add_argument("--gen-python", default=sys.executable, help="python with torch and safetensors")
+    ap.add_argument("--cpu-check", metavar="BIN", help="a CPU build's bin/ folder: prove the scripts on a CPU")
+    ap.add_argument("--cpu-src", help="with --cpu-check: a llama.cpp source tree (the converter, gguf-py)")
+    ap.add_argument("--scale-down", type=int, default=1)
+    ap.add_argument("--contexts", default="2048,4096,8192")
+    ap.add_argument("--parallel", default="4,8", help="server_parallel values for the aggregate prefill")
+    ap.add_argument("--summarize", metavar="JSON", help="add the derived summary to a results file, and stop")
+    a = ap.parse_args(argv)
+    if a.summarize:
+        r = json.loads(Path(a.summarize).read_text())
+        r["summary"] = summarize(r)
+        Path(a.summarize).write_text(json.dumps(r, indent=1, sort_keys=True) + "\n")
+        print(json.dumps(r["summary"], indent=1))
+        return
+    a.contexts = [int(x) for x in a.contexts.split(",")]
+    a.parallel = [int(x) for x in a.parallel.split(",") if x]
+    proof = Proof(a)
+    proof.run(set(a.phases.split(",")))
+    proof.r["summary"] = summarize(proof.r)
+    proof.save()
+    print(json.dumps({k: v.get("ok") for k, v in proof.r["phases"].items()}))
+
+
+if __name__ == "__main__":
+    main()

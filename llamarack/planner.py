@@ -1,0 +1,314 @@
+"""The memory planner: what a model needs on a card, and what the card allows.
+
+One planner for the server role (``roles/server/plan.py``, from the
+``GgufShape`` fact) and for ``llamarack plan`` (from a GGUF header, local or
+read from the hub with HTTP ranges, or from a ``config.json`` and a quant).
+Pure functions of a shape dict (``llamarack/remote/gguf_header.py`` makes it)
+and ``Knobs``.
+
+The ledger follows llama.cpp's own placement (src/llama-model.cpp,
+``load_tensors``; src/llama-kv-cache*.cpp; src/llama-context.cpp):
+
+- ``--n-gpu-layers N`` puts the LAST N of the n_layer + 1 "layers" on the
+  card, the output layer counting as the last one: N = 1 is the output layer
+  only, N = n_layer + 1 is everything. The token embedding always stays on
+  the CPU ("very little benefit to offloading the input layer"); with tied
+  embeddings (no ``output.weight``) llama.cpp loads it a second time as the
+  output layer, on the output layer's device.
+- The KV cache of a layer lives with the layer. Its size per layer is cells x
+  KV heads x (K head size x bytes(K type) + V head size x bytes(V type)), with
+  ggml's block sizes (q4_0: 18 bytes per 32 values, q8_0: 34 per 32, f16: 2).
+  The context is padded to 256 and split among the slots (``--parallel``):
+  each slot gets its own stream of n_ctx / slots cells, itself padded to 256,
+  so total = per-slot x slots. A sliding-window layer keeps only
+  pad256(min(per-slot, window + n_ubatch)) cells per slot
+  (llama-kv-cache-iswa.cpp).
+- The compute buffer is estimated as n_ubatch x 4 bytes x (vocabulary + 4 x
+  embedding) for the logits and activations, plus the attention mask
+  n_ubatch x cells x 2 bytes (flash attention; without it the f32 scores,
+  x heads x 4 bytes). On llama.cpp's CPU backend this is within 3% (above)
+  of its own "compute buffer size" (tests/fixtures/llama-server/load-logs);
+  CUDA's buffers differ, which ``reserve_mib`` (``server_memory_reserve_mib``:
+  CUDA context, cuBLAS workspace and that difference) covers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from llamarack.rules import Failure
+
+MIB = 2**20
+# Bytes per stored value of each KV cache type (GGML block size / values per block).
+KV_TYPE_BYTES = {
+    "f32": 4.0, "f16": 2.0, "bf16": 2.0,
+    "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32, "iq4_nl": 18 / 32,
+    "q5_0": 22 / 32, "q5_1": 24 / 32,
+}  # fmt: skip
+# What ``auto`` tries, best first. Same type for K and V: a build without
+# GGML_CUDA_FA_ALL_QUANTS has flash-attention kernels for each of these pairs.
+AUTO_KV_TYPES = ("f16", "q8_0", "q4_0")
+# llama.cpp pads the context and each slot's share to 256 cells.
+CTX_STEP = 256
+# llama-server's default micro-batch (-ub), which sizes the compute buffer and SWA cells.
+N_UBATCH = 512
+# Sliding-window layouts llama.cpp hard-codes per architecture when the GGUF has no
+# <arch>.attention.sliding_window_pattern: every Nth layer is dense (src/models/*.cpp).
+SWA_PATTERNS = {"gemma2": 2, "gemma3": 6, "gemma-embedding": 6, "cohere2": 4, "gpt-oss": 2,
+                "exaone4": 4, "olmo2": 4}  # fmt: skip
+
+
+class PlanError(Exception):
+    """The plan cannot be met; ``failure`` says what was found and what is needed."""
+
+    def __init__(self, failure: Failure):
+        super().__init__(failure.rule)
+        self.failure = failure
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """What the operator asks for (the ``server_*`` settings, or the CLI's options)."""
+
+    ctx_size: Optional[int] = None  # per slot; None: the largest that fits
+    parallel: int = 1
+    cache_type_k: str = "auto"
+    cache_type_v: str = "auto"
+    flash_attn: bool = True
+    gpu_layers: Optional[int] = None  # None: all that fit; 0: CPU only
+    min_ctx_size: int = 4096  # per slot: below this, offload fewer layers
+    rope_scaling: str = "none"  # none, yarn, linear
+    rope_scale: float = 1.0
+    rope_orig_ctx: Optional[int] = None  # None: from the GGUF
+    reserve_mib: int = 1024
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """Where the bytes go, for one choice of layers, KV types and context."""
+
+    card_mib: Optional[int]
+    ctx_per_slot: int
+    parallel: int
+    cache_type_k: str
+    cache_type_v: str
+    gpu_layers: int  # llama.cpp's --n-gpu-layers value (n_layer + 1: everything)
+    n_layer: int
+    weights_on_card: int
+    weights_on_host: int
+    kv_bytes_per_token: float  # per token of context, dense layers on the card
+    kv_on_card: int
+    kv_on_host: int
+    compute: int  # the estimate, wherever it lives
+    compute_on_card: int  # the estimate when anything is on the card, else 0
+    reserve: int
+
+    @property
+    def total_on_card(self) -> int:
+        return self.weights_on_card + self.kv_on_card + self.compute_on_card + self.reserve
+
+    def fits(self) -> bool:
+        return self.card_mib is None or self.total_on_card <= self.card_mib * MIB
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "total_on_card": self.total_on_card}
+
+
+@dataclass(frozen=True)
+class Plan:
+    ctx_per_slot: int
+    parallel: int
+    cache_type_k: str
+    cache_type_v: str
+    gpu_layers: Optional[int]  # None: CPU serving (no card)
+    rope: tuple  # () or ("yarn", scale, original context)
+    ledger: Ledger
+    note: str  # how it was chosen, for the operation's name and the logs
+    largest: dict = field(default_factory=dict)  # KV type -> largest per-slot context, all layers
+
+    @property
+    def ctx_size(self) -> int:
+        """llama-server's --ctx-size: every slot's cells together."""
+        return self.ctx_per_slot * self.parallel
+
+    def as_dict(self) -> dict:
+        return {"ctx_size": self.ctx_size, "ctx_per_slot": self.ctx_per_slot, "parallel": self.parallel,
+                "cache_type_k": self.cache_type_k, "cache_type_v": self.cache_type_v,
+                "gpu_layers": self.gpu_layers, "rope": list(self.rope), "note": self.note,
+                "ledger": self.ledger.as_dict(), "largest_ctx_per_slot": self.largest}  # fmt: skip
+
+
+def _pad(n: int) -> int:
+    return -(-n // CTX_STEP) * CTX_STEP
+
+
+def sliding_layers(shape: dict) -> frozenset:
+    """The layers with a sliding window, as llama.cpp lays them out; none when
+    the window is unknown (then every layer counts at full context: safe)."""
+    n = shape["n_layer"]
+    if not shape.get("n_swa"):
+        return frozenset()
+    pattern = shape.get("swa_pattern")
+    if isinstance(pattern, list):
+        return frozenset(i for i, slides in enumerate(pattern[:n]) if slides)
+    every = pattern or SWA_PATTERNS.get(shape["architecture"])
+    if not every:
+        return frozenset()
+    return frozenset(i for i in range(n) if i % every < every - 1)
+
+
+def layers_on_card(n_layer: int, gpu_layers: int) -> range:
+    """The repeating layers --n-gpu-layers puts on the card: the last ones."""
+    return range(max(n_layer + 1 - gpu_layers, 0), n_layer)
+
+
+def kv_layer_bytes(shape: dict, k: str, v: str) -> float:
+    """KV bytes per cell of one layer."""
+    return shape["n_head_kv"] * (shape["head_dim_k"] * KV_TYPE_BYTES[k] + shape["head_dim_v"] * KV_TYPE_BYTES[v])
+
+
+def ledger(shape: dict, knobs: Knobs, card_mib: Optional[int], gpu_layers: int, k: str, v: str,
+           ctx_per_slot: int) -> Ledger:  # fmt: skip
+    n = shape["n_layer"]
+    on_card = set(layers_on_card(n, gpu_layers)) if card_mib is not None else set()
+    output_on_card = card_mib is not None and gpu_layers >= 1
+    output = shape["output_bytes"] + (shape["token_embd_bytes"] if shape["tied_embeddings"] else 0)
+    weights = sum(shape["layer_bytes"]) + shape["token_embd_bytes"] + output
+    card_weights = sum(shape["layer_bytes"][i] for i in on_card) + (output if output_on_card else 0)
+    per_cell = kv_layer_bytes(shape, k, v)
+    sliding = sliding_layers(shape)
+    swa_cells = _pad(min(ctx_per_slot, shape.get("n_swa", 0) + N_UBATCH)) * knobs.parallel
+    full_cells = ctx_per_slot * knobs.parallel
+    kv_card = kv_host = 0
+    for i in range(n):
+        size = int(per_cell * (swa_cells if i in sliding else full_cells))
+        if i in on_card:
+            kv_card += size
+        else:
+            kv_host += size
+    mask = N_UBATCH * ctx_per_slot * (2 if knobs.flash_attn else 4 * shape["n_head"])
+    compute = N_UBATCH * 4 * ((shape.get("n_vocab") or 0) + 4 * (shape.get("n_embd") or 0)) + mask
+    dense_on_card = len(on_card - sliding)
+    return Ledger(
+        card_mib=card_mib, ctx_per_slot=ctx_per_slot, parallel=knobs.parallel, cache_type_k=k, cache_type_v=v,
+        gpu_layers=gpu_layers, n_layer=n,
+        weights_on_card=card_weights, weights_on_host=weights - card_weights,
+        kv_bytes_per_token=dense_on_card * per_cell, kv_on_card=kv_card, kv_on_host=kv_host,
+        compute=compute, compute_on_card=compute if on_card or output_on_card else 0,
+        reserve=knobs.reserve_mib * MIB if card_mib is not None else 0,
+    )  # fmt: skip
+
+
+def context_cap(shape: dict, knobs: Knobs) -> tuple:
+    """(largest per-slot context, the rope flags): the trained context, or with
+    YaRN the original context x scale. llama.cpp raises its own idea of the
+    trained context only for YaRN (llama_init_from_model: "n_ctx_train
+    adjusted"), and llama-server caps every slot at it, so linear scaling past
+    the trained context would allocate cells no slot can use: refused."""
+    trained = shape["n_ctx_train"]
+    if knobs.rope_scaling == "none":
+        return trained, ()
+    orig = knobs.rope_orig_ctx or shape.get("rope_orig_ctx") or trained
+    if knobs.rope_scaling == "linear":
+        return trained, ("linear", knobs.rope_scale, orig)
+    return int(orig * knobs.rope_scale), ("yarn", knobs.rope_scale, orig)
+
+
+def largest_context(shape: dict, knobs: Knobs, card_mib: int, gpu_layers: int, k: str, v: str,
+                    cap: int) -> int:  # fmt: skip
+    """The largest per-slot context (a multiple of 256, at most ``cap``) that
+    fits the card; 0 when not even 256 tokens do."""
+    lo, hi = 0, cap // CTX_STEP
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ledger(shape, knobs, card_mib, gpu_layers, k, v, mid * CTX_STEP).fits():
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * CTX_STEP
+
+
+def kv_candidates(knobs: Knobs) -> list:
+    """(K, V) pairs to try, best first. ``auto`` on both sides steps them down
+    together; a quantized V needs flash attention, so without it V stays f16."""
+    ks = AUTO_KV_TYPES if knobs.cache_type_k == "auto" else (knobs.cache_type_k,)
+    vs = AUTO_KV_TYPES if knobs.cache_type_v == "auto" else (knobs.cache_type_v,)
+    if not knobs.flash_attn and knobs.cache_type_v == "auto":
+        vs = ("f16",)
+    if len(ks) > 1 and len(vs) > 1:
+        return list(zip(ks, vs))
+    return [(k, v) for k in ks for v in vs]
+
+
+def plan(shape: dict, knobs: Knobs, card_mib: Optional[int]) -> Plan:
+    """The context, KV types and layers on the card for ``shape``; ``card_mib``
+    is the smallest GPU's memory, None for CPU serving (only the trained
+    context limits it). Raises PlanError naming what was found and what would fit."""
+    cap, rope = context_cap(shape, knobs)
+    wanted = knobs.ctx_size
+    if wanted is not None and wanted > cap:
+        how = f"{shape['n_ctx_train']} trained" + (f", x{knobs.rope_scale} with YaRN" if rope and rope[0] == "yarn" else "")
+        raise PlanError(Failure(
+            "context-trained",
+            f"server_ctx_size {wanted}",
+            f"at most {cap} per slot ({shape['architecture']}: {how})",
+            f"set server_ctx_size <= {cap}, or None for the largest that fits"
+            + ("" if rope and rope[0] == "yarn" else ", or server_rope_scaling = 'yarn' with a server_rope_scale"),
+        ))  # fmt: skip
+    candidates = kv_candidates(knobs)
+    n_all = shape["n_layer"] + 1
+    target = wanted or cap
+    if card_mib is None or knobs.gpu_layers == 0:
+        k, v = candidates[0]
+        return Plan(target, knobs.parallel, k, v, None if card_mib is None else 0, rope,
+                    ledger(shape, knobs, card_mib, 0, k, v, target),
+                    f"ctx {target}{_slots(knobs)}, {k}/{v} KV (CPU; trained {shape['n_ctx_train']})")  # fmt: skip
+
+    layers = n_all if knobs.gpu_layers is None else min(knobs.gpu_layers, n_all)
+    largest = {f"{k}/{v}": largest_context(shape, knobs, card_mib, n_all, k, v, cap) for k, v in candidates}
+    floor = min(knobs.min_ctx_size, target)
+    chosen = next(((k, v) for k, v in candidates if largest[f"{k}/{v}"] >= target), None)
+    k, v = chosen or candidates[-1]
+    fits = largest_context(shape, knobs, card_mib, layers, k, v, cap)
+    why = ""
+    if knobs.gpu_layers is None and fits < floor:
+        # Partial offload: the most layers that still leave room for the floor context.
+        layers = next((n for n in range(n_all - 1, 0, -1)
+                       if ledger(shape, knobs, card_mib, n, k, v, floor).fits()), 0)  # fmt: skip
+        if layers:
+            fits = largest_context(shape, knobs, card_mib, layers, k, v, cap)
+            why = f" (all {n_all} leave no room for {floor} tokens per slot)"
+    kv = f"{k}/{v}"
+    if fits < floor:
+        shown = layers or n_all  # nothing fits: the numbers for every layer on the card
+        at = ledger(shape, knobs, card_mib, shown, k, v, floor)
+        raise _memory(f"{card_mib} MiB on the card for {at.weights_on_card / MIB:.0f} MiB of weights "
+                      f"(--n-gpu-layers {shown} of {n_all}) + {knobs.reserve_mib} MiB reserve",
+                      f"{at.total_on_card / MIB:.0f} MiB for a {floor}-token context x {knobs.parallel} slots "
+                      f"({kv} KV: {at.kv_bytes_per_token / 1024:.1f} KiB per token)",
+                      "a smaller model_quant, a smaller server_min_ctx_size or server_parallel, "
+                      "fewer server_gpu_layers (0: CPU only), or a bigger card")  # fmt: skip
+    if wanted is not None and wanted > fits:
+        at = ledger(shape, knobs, card_mib, layers, k, v, wanted)
+        placed = f", {layers} of {n_all} layers on the card" if layers < n_all else ""
+        raise _memory(f"server_ctx_size {wanted} x {knobs.parallel} slots: {at.total_on_card / MIB:.0f} MiB on a "
+                      f"{card_mib} MiB card",
+                      f"at most {fits} tokens per slot on this card ({kv} KV, "
+                      f"{at.kv_bytes_per_token / 1024:.1f} KiB per token{placed})",
+                      f"set server_ctx_size <= {fits} (or None), or quantize the KV cache further")  # fmt: skip
+    ctx = wanted or fits
+    auto = "" if len(candidates) == 1 else " (auto)"
+    placed = f", {layers} of {n_all} layers on the card" if layers < n_all else ""
+    note = (f"ctx {ctx}{_slots(knobs)}, {kv} KV{auto}{placed}: "
+            + ("the largest that fits" if wanted is None else f"fits; largest {fits}") + f" {card_mib} MiB")  # fmt: skip
+    return Plan(ctx, knobs.parallel, k, v, layers, rope, ledger(shape, knobs, card_mib, layers, k, v, ctx),
+                note + why, largest)  # fmt: skip
+
+
+def _memory(found: str, needed: str, fix: str) -> PlanError:
+    return PlanError(Failure("memory", found, needed, fix))
+
+
+def _slots(knobs: Knobs) -> str:
+    return f" x {knobs.parallel} slots" if knobs.parallel > 1 else ""
