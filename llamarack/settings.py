@@ -116,8 +116,9 @@ def _x86_feature(value: str) -> Optional[str]:
 # (``llamarack.remote.argv``), and refused here when it is no such thing, so a
 # typo or a pasted command never gets as far as a quoting rule.
 
-# One component of a host path: letters, digits, and . _ + - (not leading).
-_PATH_PART = r"[A-Za-z0-9_+][A-Za-z0-9._+-]*"
+# One component of a host path: letters, digits, and . _ + - (no leading -; . and .. are
+# refused where it is used).
+_PATH_PART = r"[A-Za-z0-9_+.][A-Za-z0-9._+-]*"
 
 
 def _host_path(value: str) -> Optional[str]:
@@ -174,9 +175,10 @@ def _remote_url(value: str) -> Optional[str]:
 
 def _git_url(value: str) -> Optional[str]:
     """What ``git clone`` may fetch from: a URL, user@host:path, or an absolute path
-    (a local mirror); never an option (-...) or a transport helper (ext::, fd::)."""
-    allowed = ("a git repository URL (https://, http://, ssh://, git://), user@host:path, or an "
-               "absolute path; not an option (-...) nor a remote helper (ext::, fd::...)")
+    or file:// URL (a local mirror, as bench/ uses); never an option (-...) or a
+    transport helper (ext::, fd::)."""
+    allowed = ("a git repository URL (https://, http://, ssh://, git://, file:///path), user@host:path, "
+               "or an absolute path; not an option (-...) nor a remote helper (ext::, fd::...)")
     if value.startswith("-") or "::" in value or set(value) & _URL_FORBIDDEN:
         return allowed
     if re.fullmatch(r"https?://\S+", value):
@@ -185,7 +187,8 @@ def _git_url(value: str) -> Optional[str]:
         return None
     if re.fullmatch(r"[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[A-Za-z0-9._/~+-]+", value):
         return None
-    if value.startswith("/") and not _host_path(value.rstrip("/")):
+    local = value[len("file://"):] if value.startswith("file://") else value
+    if local.startswith("/") and not _host_path(local.rstrip("/")):
         return None
     return allowed
 

@@ -84,7 +84,8 @@ BAD = [
     ("llamacpp_git_url", "ext::sh -c id", GIT),
     ("llamacpp_git_url", "fd::3", GIT),
     ("llamacpp_git_url", "https://github.com/x.git;id", GIT),
-    ("llamacpp_git_url", "file:///srv/llama.cpp.git", GIT),
+    ("llamacpp_git_url", "file:///srv/../etc", GIT),
+    ("llamacpp_git_url", "file://host/srv/llama.cpp.git", GIT),
     ("llamacpp_git_url", "relative/llama.cpp", GIT),
     # conda channels
     ("python_env_conda_channels", ["conda-forge;id"], CHANNEL),
@@ -168,6 +169,7 @@ GOOD = [
     ("llamacpp_git_url", "git@github.com:ggml-org/llama.cpp.git"),
     ("llamacpp_git_url", "ssh://git@mirror.example:2222/ggml/llama.cpp.git"),
     ("llamacpp_git_url", "/srv/mirrors/llama.cpp.git"),
+    ("llamacpp_git_url", "file:///work/wt-x/.carry/llama.cpp.git"),
     ("python_env_conda_channels", ["conda-forge", "nvidia/label/cuda-11.8.0"]),
     ("python_env_conda_channels", ["https://conda.example/channels/nvidia"]),
     ("model_repo", "gpt2"),
