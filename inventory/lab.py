@@ -50,5 +50,9 @@ lab = (
         "model_repo": "lab/tiny-llama",
         "model_revision": "024052eec5467f84406c4ab1607cdf939e5bb195",
         "model_quant": "Q4_K_M",
+        # Served to this machine over the lab's closed bridge, without an API key:
+        # said explicitly, as any inventory must that serves beyond loopback unkeyed.
+        "server_listen": "0.0.0.0",
+        "server_allow_unauthenticated": True,
     },
 )

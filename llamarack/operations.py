@@ -17,6 +17,7 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
 from pyinfra.operations import apt
 
+from . import remote
 from .facts import read
 from .facts.gpu import NvidiaSmi, gpus_record
 
@@ -35,6 +36,14 @@ def report(message: str):
         logger.info(f"{host.print_prefix}{message}")
     return
     yield  # an operation is a generator, even one that runs no command
+
+
+def durable_rename(src: str, dest: str) -> str:
+    """The shell command that puts ``src`` in place as ``dest`` only once its bytes
+    are on disk: ``sync FILE`` is fsync(2) of that file, then rename(2). Without
+    it, a crash soon after the rename can leave ``dest`` complete by name but
+    empty or truncated (ext4, xfs: data and metadata are written separately)."""
+    return f"{remote.argv('sync', '--', src)} && {remote.argv('mv', '-f', '--', src, dest)}"
 
 
 def refusal(reason: str) -> StringCommand:
@@ -65,8 +74,8 @@ def record_gpus(path: str, gpus=None, recorded=None):
       nvidia-smi lists when the operation runs (after a reboot earlier in the run)
     + recorded: what the record holds (preflight read it): no write when equal
 
-    The record is written beside itself and renamed over the old one, so an
-    interrupted run never leaves half a record.
+    The record is written beside itself, synced, and renamed over the old one,
+    so an interrupted run or a crash never leaves half a record.
     """
     if gpus is None:
         gpus = read(NvidiaSmi).gpus
@@ -80,7 +89,7 @@ def record_gpus(path: str, gpus=None, recorded=None):
     q = shlex.quote(path)
     yield f"install -d -m 755 {shlex.quote(str(Path(path).parent))}"
     yield FileUploadCommand(StringIO(text), f"{path}.new")
-    yield f"chmod 644 {q}.new && mv -f {q}.new {q}"
+    yield f"chmod 644 {q}.new && {durable_rename(f'{path}.new', path)}"
 
 
 def secret_upload(secret: str, dest: str, mode: str = "600", group=None):
@@ -150,14 +159,14 @@ def miniforge(installer_url: str, installer_sha256: str, prefix: str):
         host.noop(f"conda already installed in {prefix}")
         return
     part = f"{prefix}.installer.part"
-    yield StringCommand("curl", "-fsSL", "--retry", "3", "-o", part, installer_url)
+    yield StringCommand(remote.argv("curl", "-fsSL", "--retry", "3", "-o", part, "--", installer_url))
     # Checked before it runs: a wrong or truncated download never executes.
     yield StringCommand(
         f"echo {shlex.quote(f'{installer_sha256}  {part}')} | sha256sum -c --quiet - "
         f"|| {{ rm -f {shlex.quote(part)}; echo 'Miniforge installer: sha256 mismatch' >&2; exit 1; }}"
     )
-    yield StringCommand("bash", part, "-b", "-p", prefix)
-    yield StringCommand("rm", "-f", part)
+    yield StringCommand(remote.argv("bash", part, "-b", "-p", prefix))
+    yield StringCommand(remote.argv("rm", "-f", "--", part))
 
 
 @operation()
@@ -175,5 +184,5 @@ def conda_env(conda: str, env: str, specs: list, channels: list, marker: str):
         host.noop(f"conda env {env} already has {Path(marker).name}")
         return
     channel_args = [arg for ch in channels for arg in ("-c", ch)]
-    yield StringCommand(conda, "create", "--yes", "--quiet", "--prefix", env,
-                        "--override-channels", *channel_args, *specs)  # fmt: skip
+    yield StringCommand(remote.argv(conda, "create", "--yes", "--quiet", "--prefix", env,
+                                    "--override-channels", *channel_args, *specs))  # fmt: skip

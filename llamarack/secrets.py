@@ -7,6 +7,8 @@ on a command line.
 
 from __future__ import annotations
 
+import os
+import stat
 from typing import Optional
 
 from .errors import ModelSourceError
@@ -14,11 +16,19 @@ from .errors import ModelSourceError
 
 def read_token(path: Optional[str], setting: str = "model_hf_token_file") -> Optional[str]:
     """A secret (the hub token, the server's API key) from a file on the control
-    machine, named by ``setting`` in errors; never printed or logged."""
+    machine, named by ``setting`` in errors; never printed or logged. A file that
+    its group or others may read is refused: the secret is already out there."""
     if not path:
         return None
     try:
         with open(path) as f:
+            # Checked on the file opened, so a swapped path cannot pass the check.
+            mode = stat.S_IMODE(os.fstat(f.fileno()).st_mode)
+            if mode & 0o077:
+                raise ModelSourceError(
+                    f"{setting}: {path} has mode {mode:04o}: others on this machine may read the "
+                    f"secret; allowed: mode 600 or 400 (the owner only); the fix: chmod 600 {path}"
+                )
             token = f.read().strip()
     except OSError as e:
         raise ModelSourceError(f"{setting}: cannot read {path}: {e.strerror}") from None

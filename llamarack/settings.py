@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import re
 import typing
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Optional
 
@@ -58,10 +60,13 @@ def _pep440_version(value: str) -> Optional[str]:
 
 
 def _requirement(value: str) -> Optional[str]:
+    allowed = "a pip requirement by name and version, such as 'numpy<2' (no URL, no path)"
     try:
-        Requirement(value)
+        requirement = Requirement(value)
     except InvalidRequirement:
-        return "a pip requirement such as 'numpy<2'"
+        return allowed
+    if requirement.url or set(value) & set("`$|&\\"):  # packages come from the index settings
+        return allowed
     return None
 
 
@@ -77,10 +82,17 @@ def _sha256(value: str) -> Optional[str]:
     return None
 
 
+# Real CUDA architectures (compute capabilities) nvcc builds for, Maxwell on.
+CUDA_ARCHS = ("50", "52", "53", "60", "61", "62", "70", "72", "75", "80", "86", "87", "89", "90",
+              "100", "101", "103", "110", "120", "121")  # fmt: skip
+
+
 def _cuda_arch(value: str) -> Optional[str]:
-    if not re.fullmatch(r"\d{2,3}[af]?(-real)?", value):
-        return ("a CUDA architecture such as 70 (V100), 75 (T4), 60 (P100), 61 (P40), 90 (H100/H200); "
-                "NN-real leaves out the PTX that newer cards could compile at load time")
+    m = re.fullmatch(r"(\d{2,3})([af]?)(-real)?", value)
+    if not m or m.group(1) not in CUDA_ARCHS:
+        return ("a CUDA architecture (" + ", ".join(CUDA_ARCHS) + "), such as 70 (V100), 75 (T4), "
+                "60 (P100), 61 (P40), 90 (H100/H200); NN-real leaves out the PTX that newer cards "
+                "could compile at load time")
     return None
 
 
@@ -100,16 +112,123 @@ def _x86_feature(value: str) -> Optional[str]:
     return None
 
 
-def _absolute_path(value: str) -> Optional[str]:
-    if not value.startswith("/"):
-        return "an absolute path"
+# Shapes of the values that reach a host: every one is quoted where it is used
+# (``llamarack.remote.argv``), and refused here when it is no such thing, so a
+# typo or a pasted command never gets as far as a quoting rule.
+
+# One component of a host path: letters, digits, and . _ + - (no leading -; . and .. are
+# refused where it is used).
+_PATH_PART = r"[A-Za-z0-9_+.][A-Za-z0-9._+-]*"
+
+
+def _host_path(value: str) -> Optional[str]:
+    """An absolute, normalized path on a host, spelled in characters that need
+    no quoting in a shell, a unit file or a systemd specifier."""
+    parts = value.split("/")
+    if (not value.startswith("/") or value == "/" or value.endswith("/")
+            or not all(re.fullmatch(_PATH_PART, part) for part in parts[1:])
+            or any(part in (".", "..") for part in parts)):  # fmt: skip
+        return ("an absolute path other than /, of names made of letters, digits, . _ + - "
+                "(no spaces, no .., no trailing /), e.g. /opt/llamarack")
     return None
 
 
-def _url(value: str) -> Optional[str]:
-    if not re.fullmatch(r"(https?|file)://\S+", value):
-        return "an http(s):// or file:// URL"
+def _root(value: str) -> Optional[str]:
+    problem = _host_path(value)
+    if problem:
+        return problem
+    if value in ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/opt", "/proc",
+                 "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/var/lib"):
+        return f"a directory llamarack owns alone, e.g. /opt/llamarack (not the system's {value})"
     return None
+
+
+def _control_file(value: str) -> Optional[str]:
+    # A file on the control machine: opened there, never put in a command.
+    if not value.strip() or value != value.strip():
+        return "a file name on the control machine (not empty, no leading or trailing space)"
+    return None
+
+
+# Characters a shell, a unit file or a URL parser treat specially, never part of an
+# address llamarack fetches from (percent-escapes such as %20 are allowed).
+_URL_FORBIDDEN = set(" \t'\"`$;|&<>(){}\\!*^")
+
+
+def _remote_url(value: str) -> Optional[str]:
+    """An http(s) URL of a server the hosts download from."""
+    allowed = "an http:// or https:// URL of a server, without spaces or shell characters (' \" ` $ ; | & < > ( ) { } \\ ! * ^)"
+    if not re.fullmatch(r"https?://[^/?#]+(?:[/?#]\S*)?", value) or set(value) & _URL_FORBIDDEN:
+        return allowed
+    try:
+        parts = urllib.parse.urlsplit(value)
+        parts.port  # noqa: B018 - raises on a port that is no number
+    except ValueError:
+        return allowed
+    if not parts.hostname or not re.fullmatch(r"[A-Za-z0-9.-]+|[0-9a-fA-F:.]+", parts.hostname) \
+            or parts.hostname.startswith(("-", ".")):  # fmt: skip
+        return allowed
+    if "%" in value and not re.fullmatch(r"(%[0-9A-Fa-f]{2}|[^%])*", value):
+        return allowed + "; % only as an escape such as %20"
+    return None
+
+
+def _git_url(value: str) -> Optional[str]:
+    """What ``git clone`` may fetch from: a URL, user@host:path, or an absolute path
+    or file:// URL (a local mirror, as bench/ uses); never an option (-...) or a
+    transport helper (ext::, fd::)."""
+    allowed = ("a git repository URL (https://, http://, ssh://, git://, file:///path), user@host:path, "
+               "or an absolute path; not an option (-...) nor a remote helper (ext::, fd::...)")
+    if value.startswith("-") or "::" in value or set(value) & _URL_FORBIDDEN:
+        return allowed
+    if re.fullmatch(r"https?://\S+", value):
+        return _remote_url(value) and allowed
+    if re.fullmatch(r"(ssh|git)://[A-Za-z0-9._@-]+(:\d+)?/\S+", value):
+        return None
+    if re.fullmatch(r"[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[A-Za-z0-9._/~+-]+", value):
+        return None
+    local = value[len("file://"):] if value.startswith("file://") else value
+    if local.startswith("/") and not _host_path(local.rstrip("/")):
+        return None
+    return allowed
+
+
+def _address(value: str) -> Optional[str]:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return "an IP address to listen on: 127.0.0.1 (this host only), 0.0.0.0 (every IPv4 interface), :: or one interface's address"
+    return None
+
+
+def _hub_repo(value: str) -> Optional[str]:
+    part = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
+    if not re.fullmatch(f"{part}(/{part})?", value) or ".." in value:
+        return "a hub repository id: owner/name of letters, digits, . _ - (no .., no leading /), e.g. Qwen/Qwen2.5-7B-Instruct"
+    return None
+
+
+def _repo_file(value: str) -> Optional[str]:
+    parts = value.split("/")
+    if not all(re.fullmatch(_PATH_PART, part) and part not in (".", "..") for part in parts):
+        return "a file path inside the repository, of names made of letters, digits, . _ + - (no .., no leading /)"
+    return None
+
+
+def _repo_pattern(value: str) -> Optional[str]:
+    parts = value.split("/")
+    if not all(re.fullmatch(r"[A-Za-z0-9_.+*?\[\]-]+", part) and part not in (".", "..") for part in parts):
+        return ("a shell pattern on the repository's file paths, of letters, digits, . _ + - and * ? [ ] "
+                "(no spaces, no .., no leading /), e.g. *.safetensors")
+    return None
+
+
+def _conda_channel(value: str) -> Optional[str]:
+    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*", value) and ".." not in value:
+        return None
+    if value.startswith(("http://", "https://")) and not _remote_url(value):
+        return None
+    return "a conda channel name (conda-forge, nvidia/label/cuda-11.8.0) or an http(s) URL of one"
 
 
 def _positive(value: int) -> Optional[str]:
@@ -136,9 +255,11 @@ def _port(value: int) -> Optional[str]:
     return None
 
 
-def _name(value: str) -> Optional[str]:
+def _service_user(value: str) -> Optional[str]:
     if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", value):
         return "a system user name (lowercase letters, digits, - and _)"
+    if value in ("root", "nobody", "daemon", "bin", "sys", "sync", "games", "man", "mail", "www-data"):
+        return f"a user of llama-server's own, e.g. llamarack (not {value}, which the system uses)"
     return None
 
 
@@ -160,9 +281,9 @@ class GeneralSettings:
     root: str = setting(
         "/opt/llamarack",
         "everything llamarack owns on a host lives under this directory",
-        _absolute_path,
+        _root,
     )
-    service_user: str = setting("llamarack", "system user that runs llama-server", _name)
+    service_user: str = setting("llamarack", "system user that runs llama-server (not root)", _service_user)
     roles: Optional[tuple[str, ...]] = setting(
         None,
         "run only these roles, e.g. server,model (preflight always runs): "
@@ -216,7 +337,7 @@ class ToolchainSettings:
         "where the toolkit comes from: system (/usr/local/cuda-X), conda env, or Debian non-free",
     )
     cuda_home: Optional[str] = setting(
-        None, "toolkit directory; None searches /usr/local/cuda-<version> and /usr", _absolute_path
+        None, "toolkit directory; None searches /usr/local/cuda-<version> and /usr", _host_path
     )
     install_gcc: bool = setting(
         True, "install gcc-N/g++-N when the default gcc is newer than the toolkit accepts"
@@ -224,6 +345,7 @@ class ToolchainSettings:
     conda_channel: str = setting(
         "nvidia/label/cuda-11.8.0",
         "conda channel the toolkit (cuda-nvcc, cudart, cublas) comes from with source conda",
+        _conda_channel,
     )
     apt_cache_time: int = setting(
         86400,
@@ -247,15 +369,15 @@ class PythonEnvSettings:
         "https://github.com/conda-forge/miniforge/releases/download/24.11.3-0/"
         "Miniforge3-24.11.3-0-Linux-x86_64.sh",
         "Miniforge installer (point at a mirror for air-gapped racks)",
-        _url,
+        _remote_url,
     )
     conda_installer_sha256: Optional[str] = setting(
         None, "sha256 of the installer; required with the conda backend", _sha256
     )
-    conda_channels: tuple[str, ...] = setting(("conda-forge",), "conda channels, in order")
-    index_url: str = setting("https://pypi.org/simple", "pip index for everything but torch", _url)
+    conda_channels: tuple[str, ...] = setting(("conda-forge",), "conda channels, in order", _conda_channel)
+    index_url: str = setting("https://pypi.org/simple", "pip index for everything but torch", _remote_url)
     torch_index_url: str = setting(
-        "https://download.pytorch.org/whl/cu118", "pip index torch is installed from", _url
+        "https://download.pytorch.org/whl/cu118", "pip index torch is installed from", _remote_url
     )
     torch_version: str = setting("2.1.2", "torch pin", _pep440_version)
     transformers_version: str = setting("4.44.2", "transformers pin", _pep440_version)
@@ -273,7 +395,7 @@ class PythonEnvSettings:
     converter_torch_index_url: str = setting(
         "https://download.pytorch.org/whl/cpu",
         "pip index torch comes from in the llama.cpp converter's env (conversion runs on the CPU)",
-        _url,
+        _remote_url,
     )
     converter_overrides: tuple[str, ...] = setting(
         (),
@@ -289,7 +411,7 @@ class LlamacppSettings:
     prefix = "llamacpp"
 
     git_url: str = setting(
-        "https://github.com/ggml-org/llama.cpp.git", "llama.cpp git repository (or a mirror)"
+        "https://github.com/ggml-org/llama.cpp.git", "llama.cpp git repository (or a mirror)", _git_url
     )
     commit: str = setting(
         "0c1e57098bba43ac29e6e3b677cdceebdd22334f", "pinned llama.cpp commit", _git_revision
@@ -301,7 +423,7 @@ class LlamacppSettings:
         None, "CUDA architectures to build for; None means those of the host's GPUs", _cuda_arch
     )
     ccache_dir: Optional[str] = setting(
-        None, "ccache directory, e.g. one shared by the rack over NFS", _absolute_path
+        None, "ccache directory, e.g. one shared by the rack over NFS", _host_path
     )
     build_jobs: Optional[int] = setting(None, "parallel compile jobs; None means nproc", _positive)
     force_rebuild: bool = setting(False, "rebuild even when the build inputs are unchanged")
@@ -330,19 +452,22 @@ class ModelSettings:
     source: Literal["hf", "gguf", "url"] = setting(
         "hf", "hf (convert a checkpoint), gguf (a prequantized file from a hub) or url"
     )
-    repo: Optional[str] = setting(None, "hub repository id, e.g. Qwen/Qwen2.5-7B-Instruct")
+    repo: Optional[str] = setting(None, "hub repository id, e.g. Qwen/Qwen2.5-7B-Instruct", _hub_repo)
     revision: Optional[str] = setting(None, "hub commit sha the repository is pinned to", _git_revision)
-    file: Optional[str] = setting(None, "file name in the repository (source gguf)")
-    url: Optional[str] = setting(None, "download URL (source url)", _url)
+    file: Optional[str] = setting(None, "file name in the repository (source gguf)", _repo_file)
+    url: Optional[str] = setting(None, "download URL (source url)", _remote_url)
     sha256: Optional[str] = setting(None, "sha256 of the file at url (source url)", _sha256)
-    hf_endpoint: str = setting("https://huggingface.co", "Hugging Face endpoint or mirror", _url)
+    hf_endpoint: str = setting("https://huggingface.co", "Hugging Face endpoint or mirror", _remote_url)
     hf_token_file: Optional[str] = setting(
-        None, "file on the control machine holding the hub token (never printed)"
+        None,
+        "file on the control machine holding the hub token (never printed; mode 600 or 400)",
+        _control_file,
     )
     quant: str = setting("Q4_K_M", "llama-quantize type")
     hf_include: tuple[str, ...] = setting(
         ("*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt"),
         "repository files fetched for source hf (shell patterns on their paths)",
+        _repo_pattern,
     )
     convert_outtype: Literal["f16", "bf16", "f32"] = setting(
         "f16", "GGUF type convert_hf_to_gguf.py writes before llama-quantize"
@@ -361,7 +486,12 @@ class ServerSettings:
 
     prefix = "server"
 
-    listen: str = setting("0.0.0.0", "address llama-server listens on")
+    listen: str = setting(
+        "127.0.0.1",
+        "address llama-server listens on; any other than loopback needs server_api_key_file "
+        "or server_allow_unauthenticated",
+        _address,
+    )
     port: int = setting(8080, "port llama-server listens on", _port)
     # -- the memory plan (llamarack/planner.py) --
     ctx_size: Optional[int] = setting(
@@ -393,7 +523,14 @@ class ServerSettings:
     )
     parallel: int = setting(1, "parallel slots; --ctx-size is the context per slot x slots", _positive)
     api_key_file: Optional[str] = setting(
-        None, "file on the control machine holding the API key (never printed)"
+        None,
+        "file on the control machine holding the API key (never printed; mode 600 or 400)",
+        _control_file,
+    )
+    allow_unauthenticated: bool = setting(
+        False,
+        "True serves an API without a key on an address other than loopback: anyone who "
+        "reaches server_listen may use it (a closed lab network)",
     )
     memory_reserve_mib: int = setting(
         1024, "card memory kept free of weights and KV cache (CUDA context, compute buffers)",
@@ -504,11 +641,23 @@ def _unwrap_optional(tp):
     return tp, False
 
 
+def _control_characters(value: str) -> Optional[str]:
+    # No setting is a multi-line text: a newline or other control character in one is an
+    # injection (a unit's next line, a shell's next command), never a value.
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        return "a single line of text (no newline, tab or other control character)"
+    return None
+
+
 def _coerce(info: SettingInfo, value: Any) -> tuple[Any, Optional[str]]:
     """Check one value against its setting; return (value, problem or None)."""
     tp, optional = _unwrap_optional(info.type)
     if value is None:
         return value, None if optional else describe_type(info)
+    for text in value if isinstance(value, (list, tuple)) else (value,):
+        problem = _control_characters(text) if isinstance(text, str) else None
+        if problem:
+            return value, problem
 
     if info.choices is not None:
         if value not in info.choices:
@@ -562,7 +711,9 @@ def load_settings(host_name: str, data: Mapping[str, Any]) -> Settings:
     problems: list[str] = []
 
     for key in data:
-        if key.startswith(prefixes) and key not in by_key:
+        if not isinstance(key, str):
+            problems.append(f"key {key!r}: a host data key is a string (a setting name such as 'server_port')")
+        elif key.startswith(prefixes) and key not in by_key:
             close = difflib.get_close_matches(key, by_key, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             problems.append(f"unknown setting {key!r}{hint}")
@@ -617,6 +768,15 @@ def _cross_checks(s: Settings) -> list[str]:
         problems.append("model_file: given None; allowed: the GGUF file name in model_repo")
     if model.source == "url" and not (model.url and model.sha256):
         problems.append("model_url/model_sha256: a url source needs both")
+    if s.general.roles == ():
+        problems.append("llamarack_roles: given []; allowed: at least one role name (None runs them all)")
+    server = s.server
+    if not (server.api_key_file or server.allow_unauthenticated or ipaddress.ip_address(server.listen).is_loopback):
+        problems.append(
+            f"server_listen: given {server.listen!r} with no server_api_key_file; allowed: a loopback "
+            "address (127.0.0.1, ::1), or set server_api_key_file (clients then need the key), or "
+            "server_allow_unauthenticated = True to serve an API anyone on that network may use"
+        )
     return problems
 
 

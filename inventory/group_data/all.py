@@ -13,7 +13,7 @@ from llamarack.ssh import PARAMIKO_CONNECT_KWARGS
 # everything llamarack owns on a host lives under this directory
 llamarack_root = '/opt/llamarack'
 
-# system user that runs llama-server
+# system user that runs llama-server (not root)
 llamarack_service_user = 'llamarack'
 
 # run only these roles, e.g. server,model (preflight always runs): driver, toolchain, python_env, llamacpp, converter_env, model, server; None runs them all
@@ -152,7 +152,7 @@ model_sha256 = None
 # Hugging Face endpoint or mirror
 model_hf_endpoint = 'https://huggingface.co'
 
-# file on the control machine holding the hub token (never printed)
+# file on the control machine holding the hub token (never printed; mode 600 or 400)
 model_hf_token_file = None
 
 # llama-quantize type
@@ -172,8 +172,8 @@ model_fetch_retries = 5
 
 # --- server: How llama-server runs.
 
-# address llama-server listens on
-server_listen = '0.0.0.0'
+# address llama-server listens on; any other than loopback needs server_api_key_file or server_allow_unauthenticated
+server_listen = '127.0.0.1'
 
 # port llama-server listens on
 server_port = 8080
@@ -214,8 +214,11 @@ server_repack = True
 # parallel slots; --ctx-size is the context per slot x slots
 server_parallel = 1
 
-# file on the control machine holding the API key (never printed)
+# file on the control machine holding the API key (never printed; mode 600 or 400)
 server_api_key_file = None
+
+# True serves an API without a key on an address other than loopback: anyone who reaches server_listen may use it (a closed lab network)
+server_allow_unauthenticated = False
 
 # card memory kept free of weights and KV cache (CUDA context, compute buffers)
 server_memory_reserve_mib = 1024

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
+from .. import remote
 from .value import FactValue
 
 # Packages that make up an NVIDIA driver on Debian (nvidia-driver, libnvidia-*,
@@ -81,7 +82,7 @@ class DebianSources(FactBase[tuple]):
     """
 
     def command(self, path: str = "/etc/apt/sources.list.d/debian.sources") -> str:
-        return f"cat {path} 2>/dev/null || true"
+        return f"cat {remote.argv(path)} 2>/dev/null || true"
 
     def default(self) -> tuple:
         return ()

@@ -9,6 +9,7 @@ from typing import Optional
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
+from .. import remote
 from .value import FactValue
 
 
@@ -87,7 +88,8 @@ class CudaToolkits(FactBase[list]):
     """
 
     def command(self, extra_homes: tuple = ()) -> str:
-        homes = " ".join(["/usr/local/cuda-*", "/usr/local/cuda", "/usr", *extra_homes])
+        # The first glob is the shell's to expand; the homes given are values, quoted.
+        homes = " ".join(["/usr/local/cuda-*", remote.argv("/usr/local/cuda", "/usr", *extra_homes)])
         return (
             "seen=; "
             f"for home in {homes}; do "

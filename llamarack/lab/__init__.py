@@ -44,4 +44,8 @@ LAB_GROUP_DATA = {
     "model_repo": HUB_REPO,
     "model_revision": TINY_MODEL_REVISION,
     "model_quant": "Q4_K_M",
+    # The control machine reaches each host's llama-server over the lab's own
+    # bridge: served on every interface, without a key (tests that need one set it).
+    "server_listen": "0.0.0.0",
+    "server_allow_unauthenticated": True,
 }

@@ -39,6 +39,14 @@ def source(name: str) -> str:
     return text
 
 
+def argv(*words) -> str:
+    """The shell command that runs exactly ``words``, each quoted: the one way a
+    command line is built from values (settings, facts, paths). Values are
+    validated for shape as well (``llamarack.settings``); this is what makes an
+    odd one harmless."""
+    return " ".join(shlex.quote(str(w)) for w in words)
+
+
 def command(name: str, *args: str, python: str = "python3") -> str:
     """The shell command that runs host module ``name`` with ``args`` (each quoted)."""
-    return " ".join([shlex.quote(python), "-c", shlex.quote(source(name)), *(shlex.quote(str(a)) for a in args)])
+    return argv(python, "-c", source(name), *args)

@@ -7,6 +7,7 @@ import shlex
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
+from llamarack import remote
 from llamarack.facts import NvidiaDriverPackages, read
 
 
@@ -30,7 +31,7 @@ def driver_package_holds(hold: bool = True):
     if not todo:
         host.noop(f"NVIDIA driver packages already {state}: {', '.join(p.name for p in packages)}")
         return
-    yield StringCommand("apt-mark", "hold" if hold else "unhold", *todo)
+    yield StringCommand(remote.argv("apt-mark", "hold" if hold else "unhold", *todo))
 
 
 @operation(is_idempotent=False)

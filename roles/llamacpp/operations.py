@@ -37,7 +37,7 @@ def checkout(git_url: str, commit: str, dest: str):
 
     q_dest, q_url = shlex.quote(dest), shlex.quote(git_url)
     if head is None:
-        yield f"rm -rf {q_dest} && mkdir -p {q_dest} && git clone --quiet --no-checkout {q_url} {q_dest}"
+        yield f"rm -rf {q_dest} && mkdir -p {q_dest} && git clone --quiet --no-checkout -- {q_url} {q_dest}"
     else:
         yield f"git -C {q_dest} remote set-url origin {q_url} && git -C {q_dest} fetch --quiet origin"
     yield (

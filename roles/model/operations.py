@@ -22,7 +22,7 @@ from pyinfra.facts.files import Link
 from llamarack import remote
 from llamarack.facts import FreeDiskBytes, ModelArtifact, read
 from llamarack.layout import Layout
-from llamarack.operations import executing, refusal, secret_upload
+from llamarack.operations import durable_rename, executing, refusal, secret_upload
 from llamarack.secrets import read_token
 
 from .plan import ModelPlan
@@ -121,12 +121,14 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
             done = f"[ -f {q(unquantized)} ] || [ -f {q(s + '/model.gguf')} ]"
             convert = (f"{q(t['convert_python'])} {q(t['convert_script'])} {q(s + '/hf')} "
                        f"--outtype {q(plan.outtype)} --outfile {q(unquantized + '.tmp')}")  # fmt: skip
+            # Each file reaches the disk before its name says it is complete
+            # (sync FILE is fsync(2)): a crash can leave no truncated file to seal.
             yield (f"{done} || {{ {_logged(convert, f'{s}/convert.log')} && "
-                   f"mv {q(unquantized + '.tmp')} {q(unquantized)}; }}")  # fmt: skip
+                   f"{durable_rename(unquantized + '.tmp', unquantized)}; }}")  # fmt: skip
             if plan.quantizes:
                 quantize = f"{q(t['quantize'])} {q(unquantized)} {q(s + '/model.gguf.tmp')} {q(plan.quant)}"
                 yield (f"[ -f {q(s + '/model.gguf')} ] || {{ {_logged(quantize, f'{s}/quantize.log')} && "
-                       f"mv {q(s + '/model.gguf.tmp')} {q(s + '/model.gguf')}; }}")  # fmt: skip
+                       f"{durable_rename(s + '/model.gguf.tmp', s + '/model.gguf')}; }}")  # fmt: skip
         yield fetcher("seal", "--stamp", f"{s}/stamp.plan.json", "--gguf", f"{s}/model.gguf",
                       "--out", f"{s}/stamp.json")  # fmt: skip
         scratch = [f"{s}/manifest.json", f"{s}/stamp.plan.json"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File, FileContents, Link, Sha1File
-from pyinfra.facts.server import LinuxDistribution
+from pyinfra.facts.server import Command, LinuxDistribution
 from pyinfra.facts.systemd import SystemdStatus
 
 from llamarack.facts import (
@@ -31,9 +31,10 @@ from llamarack.facts import (
     RequirementsFile,
     SystemUser,
 )
-from llamarack.layout import API_KEY_PATH, UNIT_NAME, UNIT_PATH
+from llamarack.layout import UNIT_NAME, UNIT_PATH
 from llamarack.settings import Settings
 
+from ..server.operations import key_digest_command
 from ..toolchain.plan import toolkit_search_homes
 
 
@@ -83,7 +84,7 @@ def role_reads(settings: Settings) -> tuple[FactRead, ...]:
             FactRead.of(LlamaServerFlags, root=root),
             FactRead.of(Sha1File, path=UNIT_PATH),
             FactRead.of(FileContents, path=UNIT_PATH),  # the build it names is kept by the prune
-            FactRead.of(Sha1File, path=API_KEY_PATH),
+            FactRead.of(Command, command=key_digest_command()),
             FactRead.of(SystemdStatus, services=UNIT_NAME),
         ]
     return tuple(reads)

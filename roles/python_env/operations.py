@@ -35,10 +35,10 @@ def venv(env: str, python: str, python_version: str):
         host.noop(f"venv {env} already has Python {current.python_version}")
         return
     if current:
-        yield StringCommand("rm", "-rf", env)
+        yield StringCommand(remote.argv("rm", "-rf", "--", env))
     else:
-        yield StringCommand("install", "-d", "-m", "755", env.rsplit("/", 1)[0])
-    yield StringCommand(python, "-m", "venv", env)
+        yield StringCommand(remote.argv("install", "-d", "-m", "755", "--", env.rsplit("/", 1)[0]))
+    yield StringCommand(remote.argv(python, "-m", "venv", env))
 
 
 @operation()
@@ -73,7 +73,7 @@ def converter_pins(settings, requirements_path: str, env: str):
     if lines is None:
         if executing():
             raise OperationError(f"no {requirements_path}: check out the llama.cpp source first")
-        yield StringCommand("true", "# converter env planned once", requirements_path, "exists")
+        yield StringCommand(remote.argv("true", "converter env planned once", requirements_path, "exists"))
         return
     current = read(PythonEnvPackages, env=env)
     version = current.python_version if current else settings.python_env.python_version

@@ -14,6 +14,7 @@ the llama.cpp and model roles made earlier in the same run.
 from __future__ import annotations
 
 import hashlib
+import secrets
 import shlex
 from io import StringIO
 from pathlib import Path
@@ -23,12 +24,14 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.facts.files import FileContents, Link, Sha1File
 from pyinfra.operations.util.files import generate_color_diff
+from pyinfra.facts.server import Command
 from pyinfra.facts.systemd import SystemdStatus
 
 from llamarack import remote
 from llamarack.facts import GgufShape, LlamaServerFlags, RecordedGpus, SystemUser, read
 from llamarack.layout import API_KEY_PATH, UNIT_NAME, UNIT_PATH
 from llamarack.operations import refusal, secret_upload
+from llamarack.remote.secret_digest import digest
 from llamarack.secrets import read_token
 from llamarack.settings import Settings
 
@@ -56,6 +59,16 @@ def service_user(user: str, home: str):
         yield StringCommand("usermod", "--home", home, "--shell", NOLOGIN, user)
     else:
         host.noop(f"user {user} exists")
+
+
+# A fresh salt for each pyinfra run: what the host prints about its API key
+# (``remote/secret_digest.py``) is never the same twice, nor a plain hash of the key.
+KEY_DIGEST_SALT = secrets.token_hex(16)
+
+
+def key_digest_command() -> str:
+    """The command that prints the salted digest of the host's API key file, or "missing"."""
+    return remote.command("secret_digest", API_KEY_PATH, KEY_DIGEST_SALT)
 
 
 def _linked(current: str) -> Optional[str]:
@@ -166,12 +179,12 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
 
     running = read(SystemdStatus, services=UNIT_NAME).get(UNIT_NAME)
     key = read_token(s.api_key_file, "server_api_key_file")
-    host_key_sha1 = read(Sha1File, path=API_KEY_PATH)
+    host_key = read(Command, command=key_digest_command())
     key_changed = False
-    if key is not None and host_key_sha1 != hashlib.sha1((key + "\n").encode()).hexdigest():
+    if key is not None and host_key != digest((key + "\n").encode(), KEY_DIGEST_SALT):
         key_changed = True
         yield from secret_upload(key + "\n", API_KEY_PATH, mode="640", group=settings.general.service_user)
-    elif key is None and host_key_sha1 is not None:
+    elif key is None and host_key != "missing":
         key_changed = True
         yield f"rm -f {shlex.quote(API_KEY_PATH)}"
 

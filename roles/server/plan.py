@@ -11,12 +11,12 @@ context (``server_ctx_size`` None), or refuses.
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import Optional
 
 import jinja2
 
+from llamarack import unitfile
 from llamarack.facts.llamacpp import ServerFlags
 from llamarack.layout import API_KEY_PATH
 from llamarack.planner import MIB, Knobs, Plan, PlanError, plan  # noqa: F401 (MIB, PlanError: the role's API)
@@ -108,16 +108,20 @@ def health_url(settings: Settings) -> str:
 
 
 def render_unit(settings: Settings, args: list[str], description: str, overrides: tuple = ()) -> str:
-    """The unit file; ``overrides``: folders whose templates win over the role's own."""
+    """The unit file; ``overrides``: folders whose templates win over the role's own.
+
+    Every value is escaped for systemd by ``llamarack.unitfile`` (the template
+    only places them): ``description`` holds the GGUF's own metadata.
+    """
     dirs = [str(d) for d in overrides if Path(d).is_dir()] + [str(TEMPLATES)]
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(dirs),
                              keep_trailing_newline=True, undefined=jinja2.StrictUndefined)  # fmt: skip
     return env.get_template(UNIT_TEMPLATE).render(
-        description=description,
-        health_line=HEALTH_MARK + health_url(settings),
-        user=settings.general.service_user,
-        exec_start=" ".join(shlex.quote(a) for a in args),
-        working_directory=settings.general.root,
+        description=unitfile.text(description),
+        health_line=unitfile.comment(HEALTH_MARK + health_url(settings)),
+        user=unitfile.value("User", settings.general.service_user),
+        exec_start=unitfile.exec_line(args),
+        working_directory=unitfile.value("WorkingDirectory", settings.general.root),
     )
 
 

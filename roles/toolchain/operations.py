@@ -6,6 +6,7 @@ from pyinfra import host
 from pyinfra.api import StringCommand, operation
 from pyinfra.api.exceptions import OperationError
 
+from llamarack import remote
 from llamarack.facts import CudaToolkits, GccVersions, read
 from llamarack.operations import executing
 from llamarack.rules import choose_host_compiler, find_toolkit
@@ -25,7 +26,7 @@ def toolkit_takes_host_compiler(plan: ToolchainPlan, extra_homes: tuple = ()):
     when the installed toolkit's own ``crt/host_config.h`` disagrees with it.
     """
     if not executing():
-        yield StringCommand("true", "# checked once CUDA", plan.cuda_version, "is installed")
+        yield StringCommand(remote.argv("true", "checked once CUDA", plan.cuda_version, "is installed"))
         return
     toolkits = read(CudaToolkits, extra_homes=tuple(extra_homes))
     toolkit = find_toolkit(toolkits, plan.cuda_version, plan.cuda_home)

@@ -142,6 +142,7 @@ def test_an_api_key_uploaded_under_sudo_is_never_readable_by_others(lab_rack, tm
     key = "sk-lab-sudo-" + tmp_path.name
     key_file = tmp_path / "api-key"
     key_file.write_text(key + "\n")
+    key_file.chmod(0o600)  # read_token refuses a secret others may read
     # Meanwhile on the host, as a user who is neither root nor the SSH user: any
     # file under /tmp it can read that holds the key (pyinfra's own temporary
     # upload file, mode 644 in /tmp, would be one).

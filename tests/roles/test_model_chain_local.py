@@ -96,6 +96,7 @@ def test_tiny_model_chain_and_second_run_changes_nothing(tmp_path, tools):
     root = tmp_path / "lr"
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)  # read_token refuses a secret others may read
     quant = "Q4_K_M" if tools["quantize"] else "F16"
     with HubServer({"tiny/llama": checkpoint}, token=TOKEN) as hub:
         sha = hub.repo("tiny/llama").sha

@@ -132,6 +132,9 @@ def test_missing_artifact_is_fetched_converted_quantized_sealed_and_moved():
             f"--outtype f16 --outfile {s}/model-f16.gguf.tmp >> {s}/convert.log 2>&1") in shell[2]  # fmt: skip
     assert (f"/opt/lr/builds/current/bin/llama-quantize {s}/model-f16.gguf {s}/model.gguf.tmp Q4_K_M "
             f">> {s}/quantize.log 2>&1") in shell[3]  # fmt: skip
+    # Each made file is on disk (fsync) before its final name says it is complete.
+    assert shell[2].endswith(f"sync -- {s}/model-f16.gguf.tmp && mv -f -- {s}/model-f16.gguf.tmp {s}/model-f16.gguf; }}")
+    assert shell[3].endswith(f"sync -- {s}/model.gguf.tmp && mv -f -- {s}/model.gguf.tmp {s}/model.gguf; }}")
     assert shell[4].startswith(remote.command("model_fetch", "seal"))
     assert shell[5] == f"rm -rf {s}/manifest.json {s}/stamp.plan.json {s}/hf {s}/model-f16.gguf"
     assert shell[6] == f"chmod 755 {s} && mv -T {s} {d}"
@@ -141,6 +144,7 @@ def test_missing_artifact_is_fetched_converted_quantized_sealed_and_moved():
 def test_token_goes_up_as_a_private_file_and_is_removed_after_the_fetch(tmp_path):
     token = tmp_path / "token"
     token.write_text("hf_secret_value\n")
+    token.chmod(0o600)  # read_token refuses a secret others may read
     cmds, _ = commands(PLAN, {ModelArtifact: None, FreeDiskBytes: 100 << 30, File: None}, token_file=str(token))
     s = PLAN.staging
     assert ("upload", f"{s}/hub-token.new", "hf_secret_value") in cmds
@@ -153,6 +157,7 @@ def test_token_goes_up_as_a_private_file_and_is_removed_after_the_fetch(tmp_path
 def test_a_resumed_run_past_its_fetch_sends_no_token(tmp_path):
     token = tmp_path / "token"
     token.write_text("hf_secret_value\n")
+    token.chmod(0o600)  # read_token refuses a secret others may read
     s = PLAN.staging
     facts = {ModelArtifact: None, FreeDiskBytes: 100 << 30, File: None,
              (File, frozenset({"path": f"{s}/model-f16.gguf"}.items())): {"size": 9}}  # fmt: skip

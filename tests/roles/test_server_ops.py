@@ -6,11 +6,13 @@ import logging
 from pathlib import Path
 
 from pyinfra.facts.files import FileContents, Link, Sha1File
+from pyinfra.facts.server import Command
 from pyinfra.facts.systemd import SystemdStatus
 
 from llamarack.facts import DriverState, GgufShape, Gpu, LlamaServerFlags, NvidiaSmi, RecordedGpus
 from llamarack.facts.llamacpp import ServerFlags
-from llamarack.roles.server.operations import service
+from llamarack.remote.secret_digest import digest
+from llamarack.roles.server.operations import KEY_DIGEST_SALT, key_digest_command, service
 from llamarack.layout import API_KEY_PATH, UNIT_NAME, UNIT_PATH
 from llamarack.settings import load_settings
 from tests.support.ophost import run_op
@@ -25,7 +27,7 @@ def settings(**data):
     return load_settings("gpu01", {"python_env_backend": "venv", "llamarack_root": ROOT, **data})
 
 
-def facts(unit_sha1=None, running=False, key_sha1=None, build="b1", model="m1", shape=SHAPE,
+def facts(unit_sha1=None, running=False, key_digest="missing", build="b1", model="m1", shape=SHAPE,
           smi=DriverState("ok", (V100,)), recorded=()):
     return {
         NvidiaSmi: smi,
@@ -35,7 +37,7 @@ def facts(unit_sha1=None, running=False, key_sha1=None, build="b1", model="m1", 
         LlamaServerFlags: FLAGS if build else None,
         GgufShape: shape,
         (Sha1File, frozenset({"path": UNIT_PATH}.items())): unit_sha1,
-        (Sha1File, frozenset({"path": API_KEY_PATH}.items())): key_sha1,
+        (Command, frozenset({"command": key_digest_command()}.items())): key_digest,
         SystemdStatus: {UNIT_NAME: running},
     }
 
@@ -96,6 +98,7 @@ def test_missing_build_or_model_fails_when_executing_and_is_a_change_in_dry_runs
 def test_api_key_is_uploaded_as_a_file_never_in_a_command(tmp_path):
     key_file = tmp_path / "key"
     key_file.write_text("sk-test-123\n")
+    key_file.chmod(0o600)  # read_token refuses a secret others may read
     commands, _ = first_run(settings(server_api_key_file=str(key_file)))
     uploads = [c for c in commands if isinstance(c, tuple)]
     assert ("upload", f"{API_KEY_PATH}.new", "sk-test-123\n") in uploads
@@ -107,7 +110,7 @@ def test_api_key_is_uploaded_as_a_file_never_in_a_command(tmp_path):
 
 
 def test_key_on_host_without_a_setting_is_removed():
-    commands, _ = first_run(settings(), key_sha1="0" * 40)
+    commands, _ = first_run(settings(), key_digest="pbkdf2-sha256:" + "0" * 64)
     assert f"rm -f {API_KEY_PATH}" in commands
 
 
@@ -135,6 +138,7 @@ def test_cards_preflight_missed_come_from_the_record_never_from_nvidia_smi_again
 def test_api_key_on_a_build_without_api_key_file_is_refused(tmp_path):
     key_file = tmp_path / "key"
     key_file.write_text("sk-test-123\n")
+    key_file.chmod(0o600)  # read_token refuses a secret others may read
     old = {**facts(), LlamaServerFlags: ServerFlags(("--no-mmap",), False, False, False)}
     commands, _ = run_op(service, old, settings=settings(server_api_key_file=str(key_file)), gpus=(V100,))
     assert len(commands) == 1 and "gpu01: api-key-file: found server_api_key_file set" in commands[0]
@@ -167,3 +171,20 @@ def test_the_same_board_gets_the_same_context_whatever_its_driver_reports():
                                                                  server_memory_reserve_mib=16000), gpus=(card,))  # fmt: skip
         notes.add(next(line for line in commands[0][2].splitlines() if line.startswith("Description=")))
     assert len(notes) == 1 and "16130 MiB" in notes.pop()
+
+
+def test_the_host_says_nothing_about_the_api_key_a_guess_could_be_checked_against(tmp_path):
+    key = "sk-test-123"
+    key_file = tmp_path / "key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    on_host = digest((key + "\n").encode(), KEY_DIGEST_SALT)
+    unit = first_run(settings(server_api_key_file=str(key_file)))[0][-3][2]
+    converged = facts(unit_sha1=hashlib.sha1(unit.encode()).hexdigest(), running=True, key_digest=on_host)
+    commands, noops = run_op(service, converged, settings=settings(server_api_key_file=str(key_file)), gpus=(V100,))
+    assert commands == [] and len(noops) == 1  # the same key: nothing uploaded, nothing restarted
+    # What the fact prints (-vvv) and its command line (-vv): no plain hash of the
+    # key, and a digest that another run (another salt) would not repeat.
+    plain = {hashlib.new(h, (key + s).encode()).hexdigest() for h in ("sha1", "sha256", "md5") for s in ("", "\n")}
+    assert not any(p in on_host or p in key_digest_command() for p in plain)
+    assert key not in key_digest_command() and on_host != digest((key + "\n").encode(), "another run")

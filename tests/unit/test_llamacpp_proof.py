@@ -124,3 +124,14 @@ def test_flags_fact_refuses_a_record_whose_args_are_not_strings():
     fact = LlamaServerFlags()
     with pytest.raises(FactProcessError):
         fact.process(["--load-mode", "--flash-attn [on|off|auto]", fact._SPLIT, '{"proof": {"runtime_args": [1]}}'])
+
+
+def test_secret_digest_on_the_host_is_the_control_machine_s(tmp_path):
+    from llamarack.remote.secret_digest import digest
+
+    secret = tmp_path / "key"
+    secret.write_bytes(b"sk-test-123\n")
+    run = lambda *a: subprocess.run(["sh", "-c", remote.command("secret_digest", *a)],  # noqa: E731
+                                    capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    assert run(str(secret), "salt1") == digest(b"sk-test-123\n", "salt1") != digest(b"sk-test-123\n", "salt2")
+    assert run(str(tmp_path / "absent"), "salt1") == "missing"

@@ -207,7 +207,7 @@ def test_unit_runs_as_the_service_user_with_the_args():
     ctx = plan_context(s, LLAMA8B, V100_16)
     unit = render_unit(s, server_args(s, NEW_HELP, "/b", "/m", ctx, cuda=True), "llamarack llama-server: m")
     assert "\nUser=llm\n" in unit and "\nDescription=llamarack llama-server: m\n" in unit
-    assert "\nExecStart=/b/bin/llama-server --model /m/model.gguf --host 0.0.0.0 --port 8080 " in unit
+    assert "\nExecStart=/b/bin/llama-server --model /m/model.gguf --host 127.0.0.1 --port 8080 " in unit
     assert "\nRestart=on-failure\n" in unit and "WantedBy=multi-user.target" in unit
 
 

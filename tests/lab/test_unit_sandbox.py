@@ -1,0 +1,38 @@
+"""The served unit's sandbox on a real systemd: rated OK, and llama-server still serves in it.
+
+Runs after a deploy of the lab rack (``test_demo_rack.py`` makes one; here
+one host is deployed again, which changes nothing once converged). Needs
+the lab: ``pytest -m lab tests/lab/test_unit_sandbox.py``.
+"""
+
+import json
+import re
+import urllib.request
+
+import pytest
+
+from tests.lab import deploying
+
+pytestmark = pytest.mark.lab
+
+HOST = "lab-v100-a"
+UNIT = "llamarack-server.service"
+
+
+def test_the_hardened_unit_rates_ok_and_serves(lab_rack):
+    rc, out = deploying.deploy(lab_rack, HOST)
+    assert rc == 0, out[-6000:]
+    ip = next(h.ip for h in lab_rack.hosts if h.name == HOST)
+    # The host's own systemd rates the running unit, not only the file.
+    rating = deploying.sh(lab_rack, HOST, f"systemd-analyze security --no-pager {UNIT} | tail -n 1")
+    assert float(re.search(r"(\d+\.\d+)", rating).group(1)) <= 2.0, rating
+    props = deploying.sh(lab_rack, HOST, f"systemctl show -p ActiveState -p NRestarts -p User -p DevicePolicy {UNIT}")
+    assert {"ActiveState=active", "NRestarts=0", "User=llamarack", "DevicePolicy=closed"} <= set(props.split()), props
+    request = urllib.request.Request(f"http://{ip}:8080/completion",
+                                     data=json.dumps({"prompt": "hello", "n_predict": 8}).encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=60) as r:
+        assert json.loads(r.read())["tokens_predicted"] == 8
+    # Nothing but the kernel cache is writable to it; the journal has no sandbox denial.
+    journal = deploying.sh(lab_rack, HOST, f"journalctl -u {UNIT} -b --no-pager -o cat | tail -n 200")
+    assert not re.search(r"Operation not permitted|Permission denied|Read-only file system|status=(226|31)/", journal), journal

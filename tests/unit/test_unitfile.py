@@ -1,0 +1,158 @@
+"""Values in the served unit are escaped for systemd, and systemd itself reads them back.
+
+systemd's own parser is the judge: ``systemd --test --user`` loads the
+rendered unit and dumps what it understood (the unit's Description, User,
+WorkingDirectory and each Exec command line), and ``systemd-analyze
+security --offline`` rates the sandbox. Both run offline, without a running
+systemd; they need root (to run the dump as ``nobody``) and systemd installed.
+"""
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from llamarack import unitfile
+from llamarack.layout import UNIT_NAME
+from llamarack.settings import load_settings
+from roles.server.plan import render_unit
+
+SYSTEMD = Path("/lib/systemd/systemd")
+needs_systemd = pytest.mark.skipif(
+    not (SYSTEMD.exists() and shutil.which("runuser") and os.geteuid() == 0),
+    reason="systemd's --test dump needs /lib/systemd/systemd and root (it runs as nobody)",
+)
+needs_analyze = pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="no systemd-analyze")
+
+# A GGUF's general.architecture is the model file's own text: here, the attack
+# of issue 13 (a root ExecStartPre), plus specifiers, quotes and a line join.
+EVIL_ARCH = 'llama\n[Service]\nExecStartPre=+/bin/sh -c id\nUser=root %h "q" \\'
+ODD_ARGS = ["--model", "/models/odd dir/model.gguf", "--alias", "%h%%n", 'say "hi"', "it's",
+            "back\\slash", "$HOME", "${USER}", "$$", ";", "", "  lead", "a=b c", "ünïcode"]  # fmt: skip
+
+
+def settings(**data):
+    return load_settings("gpu01", {"python_env_backend": "venv", **data})
+
+
+def render(description="llamarack llama-server: m", args=None, **data):
+    args = args or ["/opt/llamarack/builds/b1/bin/llama-server", *ODD_ARGS]
+    return render_unit(settings(**data), args, description)
+
+
+def systemd_reads(unit: str) -> dict:
+    """What systemd makes of ``unit``: its dump's settings for the unit, one list per name."""
+    with tempfile.TemporaryDirectory(prefix="llamarack-unit-") as d:
+        os.chmod(d, 0o755)  # read by nobody
+        (Path(d) / UNIT_NAME).write_text(unit)
+        run = Path(d) / "run"
+        run.mkdir()
+        shutil.chown(run, "nobody")
+        env = {"HOME": str(run), "XDG_RUNTIME_DIR": str(run), "SYSTEMD_UNIT_PATH": f"{d}:",
+               "PATH": "/usr/bin:/bin", "SYSTEMD_LOG_LEVEL": "warning"}  # fmt: skip
+        out = subprocess.run(["runuser", "-u", "nobody", "--", "env", *(f"{k}={v}" for k, v in env.items()),
+                              str(SYSTEMD), "--test", "--user", f"--unit={UNIT_NAME}", "--no-pager"],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    block = out.stdout.split(f"\t-> Unit {UNIT_NAME}:\n", 1)[1].split("\n\t-> Unit ", 1)[0]
+    seen: dict = {}
+    section = None
+    for line in block.splitlines():
+        if m := re.fullmatch(r"\t\t-> (\w+):", line):
+            section = m.group(1)
+            seen.setdefault(section, [])
+        elif m := re.fullmatch(r"\t\t\tCommand Line: (.*)", line):
+            seen[section].append(m.group(1))
+        elif m := re.fullmatch(r"\t\t(\w+): (.*)", line):
+            seen.setdefault(m.group(1), []).append(m.group(2))
+    return seen
+
+
+def exec_argv(command_line: str) -> list:
+    """The argv systemd runs for a command line of its dump. The dump quotes a word
+    that needs it in "...", with \\ before " $ ` and \\ (systemd's shell_escape);
+    at exec time ``$$`` becomes ``$``, and a lone ``$NAME`` would be expanded."""
+    words = []
+    for m in re.finditer(r'"((?:[^"\\]|\\.)*)"|(\S+)', command_line):
+        if m.group(2) is not None:
+            words.append(m.group(2))
+            continue
+        escaped = re.findall(r"\\(.)", m.group(1))
+        assert set(escaped) <= set('"$`\\'), f"an escape this test does not read: {m.group(1)}"
+        words.append(re.sub(r"\\(.)", r"\1", m.group(1)))
+    for w in words:
+        assert "$" not in w.replace("$$", ""), f"{w!r} would expand an environment variable"
+    return [w.replace("$$", "$") for w in words]
+
+
+@needs_systemd
+def test_model_metadata_cannot_add_a_command_and_every_argument_survives():
+    args = ["/opt/llamarack/builds/b1/bin/llama-server", *ODD_ARGS]
+    unit = render(f"llamarack llama-server: m ({EVIL_ARCH}, ctx 4096)", args)
+    seen = systemd_reads(unit)
+    assert len(seen["ExecStart"]) == 1 and "ExecStartPre" not in seen
+    assert exec_argv(seen["ExecStart"][0]) == args
+    assert seen["User"] == ["llamarack"] and seen["WorkingDirectory"] == ["/opt/llamarack"]
+    # The architecture is shown, on its one line, with nothing expanded.
+    (description,) = seen["Description"]
+    assert description == ('llamarack llama-server: m (llama\\x0a[Service]\\x0aExecStartPre=+/bin/sh -c id'
+                           '\\x0aUser=root %h "q" \\x5c, ctx 4096)')  # fmt: skip
+    assert unit.count("\nExecStart") == 1 and "\nUser=root" not in unit
+
+
+@needs_systemd
+@pytest.mark.parametrize("word", ODD_ARGS)
+def test_each_odd_argument_is_read_back_alone(word):
+    args = ["/opt/llamarack/builds/b1/bin/llama-server", word]
+    assert exec_argv(systemd_reads(render(args=args))["ExecStart"][0]) == args
+
+
+@needs_systemd
+def test_a_description_ending_in_a_backslash_does_not_swallow_the_next_line():
+    seen = systemd_reads(render("ends in \\"))
+    assert seen["Description"] == ["ends in \\x5c"] and len(seen["ExecStart"]) == 1
+
+
+def test_values_that_cannot_be_written_are_refused():
+    for bad in (["/b/llama-server", "two\nlines"], ["relative/llama-server"], ["/b/odd dir/llama-server"],
+                ["+/bin/sh"], ["/b/../llama-server"], []):  # fmt: skip
+        with pytest.raises(unitfile.UnitValueError):
+            unitfile.exec_line(bad)
+    for bad in ("", " x", "x\n", "x\\"):
+        with pytest.raises(unitfile.UnitValueError):
+            unitfile.value("User", bad)
+    with pytest.raises(unitfile.UnitValueError):
+        unitfile.comment("# a\nb")
+
+
+def test_plain_words_stay_unquoted():
+    line = unitfile.exec_line(["/opt/lr/bin/llama-server", "--host", "0.0.0.0", "--port", "8080", "a b", "50%"])
+    assert line == '/opt/lr/bin/llama-server --host 0.0.0.0 --port 8080 "a b" "50%%"'
+
+
+@needs_analyze
+def test_the_unit_sandbox_rates_ok():
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / UNIT_NAME
+        path.write_text(render(args=["/opt/llamarack/builds/b1/bin/llama-server", "--model", "/m/model.gguf"]))
+        out = subprocess.run(["systemd-analyze", "security", "--offline=true", "--no-pager", str(path)],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    score = float(re.search(r"Overall exposure level for \S+: (\d+\.\d+)", out.stdout).group(1))
+    assert score <= 2.0, out.stdout
+
+
+@needs_analyze
+def test_the_unit_passes_verify_but_for_the_missing_binary():
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / UNIT_NAME
+        path.write_text(render(f"m ({EVIL_ARCH})"))
+        out = subprocess.run(["systemd-analyze", "verify", "--man=no", str(path)],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    problems = [line for line in out.stderr.splitlines() if line.strip()]
+    assert problems == [f"{UNIT_NAME}: Command /opt/llamarack/builds/b1/bin/llama-server is not executable: "
+                        "No such file or directory"], out.stderr  # fmt: skip
