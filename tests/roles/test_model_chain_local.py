@@ -30,6 +30,7 @@ from llamarack.settings import load_settings
 from tests.support.cache import CACHE, converter_python, llama_cpp_source
 from tests.support.hub_server import HubServer
 from tests.support.tiny_model import tiny_model
+from tests.support import ophost
 
 TOKEN = "hf_chain_test_token_SECRET"
 QUANTIZE_CANDIDATES = [CACHE / "llama-cpu-build/bin/llama-quantize", CACHE / "llama-cpu-build/build/bin/llama-quantize"]
@@ -43,9 +44,11 @@ class LocalHost:
     """pyinfra's host, for an operation run here: facts run their real commands with bash."""
 
     name = "@local"
+    op_hash_order: list = []  # no operation has run: llamarack.facts.read keeps what it read
 
     def __init__(self):
         self.noops = []
+        self.state = ophost.FakeState()
 
     def get_fact(self, fact, **kwargs):
         f = fact()

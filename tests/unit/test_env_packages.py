@@ -17,8 +17,9 @@ OWN_VIEW = ("import importlib.metadata, json, platform; print(json.dumps({'pytho
 def test_listing_matches_what_the_env_interpreter_sees(tmp_path):
     env = tmp_path / "env"
     subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)  # with pip: one real distribution
+    # from tmp_path: "-c" puts the working directory on sys.path (a checkout's egg-info would show)
     own = json.loads(subprocess.run([str(env / "bin/python"), "-c", OWN_VIEW], capture_output=True, text=True,
-                                    check=True).stdout)  # fmt: skip
+                                    check=True, cwd=tmp_path).stdout)  # fmt: skip
     out = subprocess.run(PythonEnvPackages().command(env=str(env)), shell=True, capture_output=True, text=True,
                          check=True).stdout  # fmt: skip
     fact = PythonEnvPackages().process(out.splitlines())
