@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """What a converged deploy and an audit of the lab rack cost: time, remote commands and fact reads per host.
 
-    python3 bench/converged_bench.py [--reps 5] [--reuse]     (as root)
+    python3 bench/converged_bench.py [--reps 5] [--reuse] [--hosts N]     (as root)
 
-Brings up the default 4-host rack (``--reuse``: the rack that is up), runs the
-README's deploy (``pyinfra -y inventory/lab.py deploy.py``) until it converges,
-then measures:
+Brings up the default 4-host rack (``--hosts N``: N hosts cycling the same
+profiles, deployed through the rack's own inventory; ``--reuse``: the rack
+that is up), runs the README's deploy (``pyinfra -y inventory/lab.py
+deploy.py``) until it converges, then measures:
 
 - first_deploy_s, second_deploy_s: the README's figures with this machine's caches;
 - converged_s: median wall time of --reps converged runs (every operation "No changes"),
@@ -19,7 +20,8 @@ then measures:
   the audit's remote commands per host (its --debug log);
 - the load average when the timings start (other work on the machine skews them).
 
-Writes bench/results/converged.json (the machine noted); takes down a rack it brought up.
+Writes bench/results/converged.json (``converged-<N>hosts.json`` for another N), the
+machine noted; takes down a rack it brought up.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ import datetime
 import json
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -42,13 +43,16 @@ sys.path.insert(0, str(ROOT))
 from llamarack.lab import rack as rackmod  # noqa: E402
 from llamarack.lab.pytest_plugin import count_remote_work, parse_pyinfra_totals, pyinfra_command  # noqa: E402
 
-INVENTORY = ROOT / "inventory/lab.py"
+INVENTORY = ROOT / "inventory/lab.py"  # the README's; --hosts N uses the rack's own
 DEPLOY = ROOT / "deploy.py"
+
+
+inventory = INVENTORY
 
 
 def deploy(*args: str) -> tuple[float, str]:
     started = time.monotonic()
-    r = subprocess.run([*pyinfra_command(), "-y", str(INVENTORY), str(DEPLOY), *args], cwd=ROOT,
+    r = subprocess.run([*pyinfra_command(), "-y", str(inventory), str(DEPLOY), *args], cwd=ROOT,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=3600)  # fmt: skip
     elapsed = time.monotonic() - started
     if r.returncode != 0:
@@ -63,7 +67,7 @@ ANSIBLE_S = 52.96
 def audit(*args: str) -> tuple[float, str]:
     """``llamarack audit inventory/lab.py --json``: (seconds, stderr); it must find no drift."""
     started = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "llamarack", "audit", str(INVENTORY), "--json", *args], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "llamarack", "audit", str(inventory), "--json", *args], cwd=ROOT,
                        capture_output=True, text=True, timeout=600)  # fmt: skip
     elapsed = time.monotonic() - started
     if r.returncode != 0:
@@ -85,13 +89,16 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--keep-log", action="store_true", help="keep the --debug run's output (not committed)")
     ap.add_argument("--reuse", action="store_true", help="use the rack that is up")
+    ap.add_argument("--hosts", type=int, default=4, help="hosts in the rack (default 4: the README's)")
     args = ap.parse_args()
     rack = rackmod.load()
     if rack is not None and not args.reuse:
         raise SystemExit("a lab rack is up: run 'llamarack lab down' first, or pass --reuse")
     started = time.monotonic()
     brought_up = rack is None
-    rack = rack or rackmod.up()
+    rack = rack or rackmod.up(n=args.hosts)
+    global inventory
+    inventory = INVENTORY if len(rack.hosts) == 4 else rack.inventory_path
     up_s = time.monotonic() - started if brought_up else None
     try:
         hosts = [h.name for h in rack.hosts]
@@ -132,7 +139,7 @@ def main() -> int:
         "audit_over_ssh_fan_out": round(statistics.median(audit_times) / statistics.median(ssh_times), 1),
         "audit_remote_commands_per_host": {h: v["remote_commands"] for h, v in audit_work.items()},
     }
-    path = ROOT / "bench/results/converged.json"
+    path = ROOT / ("bench/results/converged.json" if len(hosts) == 4 else f"bench/results/converged-{len(hosts)}hosts.json")
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
     return 0

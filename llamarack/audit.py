@@ -40,6 +40,7 @@ from .facts import (
     PythonEnvPackages,
     RequirementsFile,
     UnitState,
+    active_since,
 )
 from .facts.reading import FactsTogether
 from .layout import UNIT_NAME, UNIT_PATH
@@ -176,9 +177,10 @@ def audit_host(name: str, settings: Settings, reads: tuple, answers: dict, templ
     matches = served is not None and plan_from_record(settings, served) is not None
     items["model"] = Item(
         {"stamp": served.stamp if served else None, "repo": asked.get("repo"), "revision": asked.get("revision"),
-         "quant": asked.get("quant"), "whole": bool(served and served.gguf_size == served.sealed_size)},
-        {"repo": settings.model.repo, "revision": settings.model.revision, "quant": settings.model.quant},
-        drift=not matches,
+         "quant": asked.get("quant"), "untouched": bool(served and served.untouched)},
+        {"repo": settings.model.repo, "revision": settings.model.revision, "quant": settings.model.quant,
+         "untouched": True},
+        drift=not matches or not served.untouched,
     )  # fmt: skip
 
     unit_lines = fact(FileContents, path=UNIT_PATH)
@@ -188,7 +190,7 @@ def audit_host(name: str, settings: Settings, reads: tuple, answers: dict, templ
     state = fact(UnitState, unit=UNIT_NAME) or {}
     items["service"] = Item(
         {"active": state.get("ActiveState"), "sub": state.get("SubState"), "pid": int(state.get("MainPID") or 0),
-         "since": state.get("ActiveEnterTimestamp") or None, "restarts": int(state.get("NRestarts") or 0)},
+         "since": _iso(active_since(state)), "restarts": int(state.get("NRestarts") or 0)},
         {"active": "active", "sub": "running"},
         drift=(state.get("ActiveState"), state.get("SubState")) != ("active", "running"),
     )  # fmt: skip
@@ -234,6 +236,12 @@ def _unit_item(settings: Settings, fact: _Answers, gpus: tuple, unit_text: Optio
         return Item(found, {"sha256": None, "why": e.failure.message("")}, drift=True)
     wanted = {"sha256": hashlib.sha256(unit.encode()).hexdigest(), "ctx_size": ctx.ctx_size}
     return Item(found, wanted, drift=found["sha256"] != wanted["sha256"])
+
+
+def _iso(unix: Optional[float]) -> Optional[str]:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(unix, datetime.timezone.utc).isoformat() if unix is not None else None
 
 
 def _target(link) -> Optional[str]:

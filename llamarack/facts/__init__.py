@@ -20,7 +20,7 @@ from .packages import DebianSources, DebPackage, NvidiaDriverPackages
 from .python import PythonEnv, PythonEnvPackages, RequirementsFile
 from .model import ArtifactState, GgufShape, ModelArtifact
 from .reading import FactRead, read, read_together
-from .system import FreeDiskBytes, HttpStatus, PasswdEntry, SystemUser, UnitState
+from .system import FreeDiskBytes, HttpStatus, PasswdEntry, SystemUser, UnitState, active_since
 from .toolchain import (
     CmakeVersion,
     CudaToolkit,

@@ -22,10 +22,20 @@ class ArtifactState(FactValue):
     gguf_size: Optional[int]  # model.gguf's size now
     sealed_size: Optional[int]  # model.gguf's size when it was sealed
     record: Optional[dict] = None  # the whole stamp.json: what the artifact was made from
+    signature: Optional[dict] = None  # model.gguf's size, mtime_ns and inode now
+
+    @property
+    def untouched(self) -> bool:
+        """model.gguf is the file that was sealed: same size and, where the seal recorded
+        one (artifacts sealed since it does), the same signature. An edit in place that
+        keeps the size changes the mtime; a replaced file changes the inode."""
+        sealed = ((self.record or {}).get("gguf") or {}).get("signature")
+        return self.gguf_size is not None and self.gguf_size == self.sealed_size and \
+            (sealed is None or sealed == self.signature)  # fmt: skip
 
     def complete_for(self, stamp: str) -> bool:
-        """The artifact is the one wanted and its GGUF is whole."""
-        return self.stamp == stamp and self.gguf_size is not None and self.gguf_size == self.sealed_size
+        """The artifact is the one wanted, and its GGUF is whole and untouched since its seal."""
+        return self.stamp == stamp and self.untouched
 
 
 class ModelArtifact(FactBase[Optional[ArtifactState]]):
@@ -43,7 +53,7 @@ class ModelArtifact(FactBase[Optional[ArtifactState]]):
         d = shlex.quote(path)
         return (
             f"if [ -f {d}/model.gguf ] && [ -f {d}/stamp.json ]; then "
-            f"stat -c 'size %s' {d}/model.gguf; cat {d}/stamp.json; "
+            f"stat -c 'size %s %.9Y %i' {d}/model.gguf; cat {d}/stamp.json; "
             f"elif [ -e {d} ]; then echo unsealed; fi"
         )
 
@@ -53,11 +63,14 @@ class ModelArtifact(FactBase[Optional[ArtifactState]]):
         if output[0].strip() == "unsealed":
             return ArtifactState(None, None, None)
         try:
-            head, size = output[0].split()
+            head, size, mtime, inode = output[0].split()
             if head != "size":
                 raise ValueError(output[0])
+            seconds, _, fraction = mtime.partition(".")
+            signature = {"size": int(size), "mtime_ns": int(seconds) * 10**9 + int(fraction.ljust(9, "0")[:9]),
+                         "inode": int(inode)}  # fmt: skip
             record = json.loads("\n".join(output[1:]))
-            return ArtifactState(record["stamp"], int(size), int(record["gguf"]["size"]), record)
+            return ArtifactState(record["stamp"], int(size), int(record["gguf"]["size"]), record, signature)
         except (ValueError, KeyError, TypeError) as e:
             raise FactProcessError(f"unreadable model artifact state: {e}") from e
 

@@ -79,20 +79,21 @@ UNIT_PROPERTIES = ("ActiveState", "SubState", "MainPID", "ActiveEnterTimestamp",
 class UnitState(FactBase[dict]):
     """
     Returns what systemd says of ``unit`` now: ``systemctl show``'s ActiveState,
-    SubState, MainPID, ActiveEnterTimestamp and NRestarts (a unit systemd does
-    not know shows ActiveState ``inactive`` and MainPID 0).
+    SubState, MainPID, ActiveEnterTimestamp (Unix seconds, ``@1764640411``: no
+    time zone to parse) and NRestarts (a unit systemd does not know shows
+    ActiveState ``inactive`` and MainPID 0).
 
     .. code:: python
 
         {"ActiveState": "active", "SubState": "running", "MainPID": "3197",
-         "ActiveEnterTimestamp": "Wed 2026-12-02 01:53:31 UTC", "NRestarts": "0"}
+         "ActiveEnterTimestamp": "@1764640411", "NRestarts": "0"}
     """
 
     requires_command = "systemctl"
 
     def command(self, unit: str) -> str:
         props = " ".join(f"--property={p}" for p in UNIT_PROPERTIES)
-        return f"systemctl show {props} {shlex.quote(unit)}"
+        return f"systemctl show --timestamp=unix {props} {shlex.quote(unit)}"
 
     def default(self) -> dict:
         return {}
@@ -125,3 +126,14 @@ class HttpStatus(FactBase[Optional[int]]):
         if not word.isdigit():
             raise FactProcessError(f"unexpected http_status output: {output!r}")
         return int(word)
+
+
+def active_since(state: dict) -> Optional[float]:
+    """When the unit of a ``UnitState`` last became active (Unix time), None if it is not."""
+    stamp = state.get("ActiveEnterTimestamp", "")
+    if state.get("ActiveState") != "active" or not stamp.startswith("@"):
+        return None
+    try:
+        return float(stamp[1:])
+    except ValueError:
+        return None

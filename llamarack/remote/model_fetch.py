@@ -327,7 +327,12 @@ def cmd_seal(args) -> None:
     with open(args.gguf, "rb") as f:
         for block in iter(lambda: f.read(CHUNK), b""):
             hasher.update(block)
-    stamp["gguf"] = {"size": os.path.getsize(args.gguf), "sha256": hasher.hexdigest()}
+    st = os.stat(args.gguf)
+    # The signature (size, mtime, inode) is what every later run compares, cheaply: a
+    # GGUF written to in place, or replaced, after its seal is not this artifact any more.
+    stamp["gguf"] = {"size": st.st_size, "sha256": hasher.hexdigest(),
+                     "signature": {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}}
+    stamp["sealed_at"] = time.time()
     tmp = args.out + ".tmp"
     with open(tmp, "w") as f:
         json.dump(stamp, f, indent=1, sort_keys=True)

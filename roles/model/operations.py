@@ -88,10 +88,6 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
                       "Fix: free space or move llamarack_root to a bigger disk")  # fmt: skip
             yield refusal(reason)
             return
-        if state is not None:
-            # A directory with this name but no sealed, whole GGUF was never moved
-            # here by us (the move is the last step): not a good output, so not kept.
-            yield f"rm -rf {q(d)}"
         yield (f"install -d -m 755 {q(plan.models_dir)} && "
                f"install -d -m 700 {q(plan.models_dir + '/.staging')} {q(s)}")  # fmt: skip
         yield FileUploadCommand(_json(plan.manifest()), f"{s}/manifest.json")
@@ -137,7 +133,15 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
         yield "rm -rf " + " ".join(q(p) for p in scratch)
         # rename(2) of the whole directory: the artifact appears complete or not at all.
         # mv -T refuses to move into an existing non-empty directory: never overwrite.
-        yield f"chmod 755 {q(s)} && mv -T {q(s)} {q(d)}"
+        if state is None:
+            yield f"chmod 755 {q(s)} && mv -T {q(s)} {q(d)}"
+        else:
+            # A directory of this name that is not the sealed, untouched artifact (unsealed,
+            # truncated, edited after its seal) may be what the server runs: it goes only
+            # now, once its replacement is whole, and is moved aside, not over.
+            aside = f"{plan.models_dir}/.staging/replaced-{name}"
+            yield (f"chmod 755 {q(s)} && rm -rf {q(aside)} && mv -T {q(d)} {q(aside)} && "
+                   f"mv -T {q(s)} {q(d)} && rm -rf {q(aside)}")  # fmt: skip
 
     if not link or link.get("link_target") != name:
         yield (f"ln -sfn {q(name)} {q(current + '.new')} && "

@@ -11,7 +11,6 @@ from __future__ import annotations
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File, FileContents, Link, Sha1File
 from pyinfra.facts.server import Command, LinuxDistribution
-from pyinfra.facts.systemd import SystemdStatus
 
 from llamarack.facts import (
     CmakeVersion,
@@ -30,6 +29,7 @@ from llamarack.facts import (
     RecordedGpus,
     RequirementsFile,
     SystemUser,
+    UnitState,
 )
 from llamarack.layout import UNIT_NAME, UNIT_PATH
 from llamarack.settings import Settings
@@ -85,6 +85,6 @@ def role_reads(settings: Settings) -> tuple[FactRead, ...]:
             FactRead.of(Sha1File, path=UNIT_PATH),
             FactRead.of(FileContents, path=UNIT_PATH),  # the build it names is kept by the prune
             FactRead.of(Command, command=key_digest_command()),
-            FactRead.of(SystemdStatus, services=UNIT_NAME),
+            FactRead.of(UnitState, unit=UNIT_NAME),
         ]
     return tuple(reads)

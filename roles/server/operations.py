@@ -25,10 +25,10 @@ from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.facts.files import FileContents, Link, Sha1File
 from pyinfra.operations.util.files import generate_color_diff
 from pyinfra.facts.server import Command
-from pyinfra.facts.systemd import SystemdStatus
 
 from llamarack import remote
-from llamarack.facts import GgufShape, LlamaServerFlags, RecordedGpus, SystemUser, read
+from llamarack.facts import (GgufShape, LlamaServerFlags, ModelArtifact, RecordedGpus, SystemUser, UnitState,
+                             active_since, read)
 from llamarack.layout import API_KEY_PATH, UNIT_NAME, UNIT_PATH
 from llamarack.operations import refusal, secret_upload
 from llamarack.remote.secret_digest import digest
@@ -177,7 +177,13 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     if unit_changed:
         _show_unit_diff(unit)
 
-    running = read(SystemdStatus, services=UNIT_NAME).get(UNIT_NAME)
+    unit_state = read(UnitState, unit=UNIT_NAME)
+    running = unit_state.get("SubState") == "running"
+    # A model remade in place (its directory's name is its stamp: the unit is the same
+    # text) after the server loaded the old one: only a restart serves the new file.
+    served = read(ModelArtifact, path=model_dir)
+    sealed_at, since = (served.record or {}).get("sealed_at") if served else None, active_since(unit_state)
+    remade = bool(running and sealed_at and since and sealed_at > since)
     key = read_token(s.api_key_file, "server_api_key_file")
     host_key = read(Command, command=key_digest_command())
     key_changed = False
@@ -188,7 +194,9 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
         key_changed = True
         yield f"rm -f {shlex.quote(API_KEY_PATH)}"
 
-    if not (unit_changed or key_changed or not running):
+    if remade:
+        host.log(f"{model_dir} was sealed after llama-server started: restarting it", logger.info)
+    if not (unit_changed or key_changed or remade or not running):
         host.noop(f"llama-server serves {Path(model_dir).name} with build {Path(build_dir).name}, "
                   f"{ctx.note}")  # fmt: skip
         return

@@ -116,3 +116,9 @@ def test_pyinfra_fact_command_prints_llamarack_facts():
     assert result.returncode == 0, printed
     assert "Cannot serialize" not in printed
     assert '"state":' in printed and '"default":' in printed
+
+
+def test_active_since_reads_systemds_unix_timestamp():
+    served = json.loads((HERE / "UnitState/served.json").read_text())["fact"]
+    assert facts.active_since(served) == float(served["ActiveEnterTimestamp"][1:])
+    assert facts.active_since(json.loads((HERE / "UnitState/unknown.json").read_text())["fact"]) is None

@@ -68,7 +68,7 @@ def test_a_converged_run_reads_each_fact_once_in_a_few_commands(lab_rack):
         assert 0 < seen["remote_commands"] <= MAX_REMOTE_COMMANDS, (host, seen)
         assert seen["facts_read_more_than_once"] == {}, (host, seen)
         # what the roles check is still read, through the one store
-        for fact in ("PythonEnvPackages", "NvidiaDriverPackages", "Sha1File", "SystemdStatus", "SystemUser"):
+        for fact in ("PythonEnvPackages", "NvidiaDriverPackages", "Sha1File", "UnitState", "SystemUser"):
             assert any(fact in line and f"[{host}]" in line for line in out.splitlines()), (host, fact)
 
 
@@ -132,6 +132,26 @@ def test_drift_is_still_repaired_by_the_next_run(lab_rack):
     assert deploying.sh(lab_rack, host, "systemctl is-active llamarack-server.service") == "active"
     assert deploying.sh(lab_rack, host, "/opt/llamarack/envs/awq/bin/python -c "
                                         "'import importlib.metadata as m; print(m.version(\"accelerate\"))'") == "0.33.0"
+    assert completion(lab_rack.rack.host(host)["ip"], 4)["tokens_predicted"] == 4
+    rc, out = deploying.deploy(lab_rack, host)
+    assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
+
+
+def test_a_model_edited_in_place_is_remade_and_served_never_the_edit(lab_rack):
+    """Issue 12's case: 8 bytes of the served GGUF overwritten, same size. The seal's
+    signature (size, mtime, inode) tells; the artifact is remade beside it, swapped in,
+    and the server restarted on it."""
+    host, gguf = "lab-v100-b", "/opt/llamarack/models/current/model.gguf"
+    sealed = json.loads(deploying.sh(lab_rack, host, "cat /opt/llamarack/models/current/stamp.json"))["gguf"]["sha256"]
+    deploying.sh(lab_rack, host, f"printf 'TAMPERED' | dd of={gguf} bs=1 seek=4096 conv=notrunc status=none")
+    assert deploying.sh(lab_rack, host, f"sha256sum {gguf}").split()[0] != sealed
+    rc, report, err = audit("--limit", host)
+    assert rc == 1 and report["hosts"][host]["drift"] == ["model"], report
+    rc, out = deploying.deploy(lab_rack, host)
+    assert rc == 0, out[-6000:]
+    assert "was sealed after llama-server started: restarting it" in out, out[-6000:]
+    assert deploying.sh(lab_rack, host, f"sha256sum {gguf}").split()[0] == sealed
+    assert deploying.sh(lab_rack, host, "ls -A /opt/llamarack/models/.staging") == ""
     assert completion(lab_rack.rack.host(host)["ip"], 4)["tokens_predicted"] == 4
     rc, out = deploying.deploy(lab_rack, host)
     assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]

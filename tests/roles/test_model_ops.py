@@ -168,15 +168,41 @@ def test_a_resumed_run_past_its_fetch_sends_no_token(tmp_path):
     assert f"--token-file {s}/hub-token" not in shell and "convert_hf_to_gguf.py" in shell
 
 
-def test_an_unsealed_leftover_is_removed_and_rebuilt():
+def replaced_only_at_the_end(cmds) -> None:
+    """The directory that is there (it may be what the server runs) is moved aside only
+    by the last move, once its replacement is sealed, and removed after it."""
+    shell = [c for c in cmds if isinstance(c, str)]
+    assert not any(c == f"rm -rf {PLAN.dir}" for c in shell)
+    last = [c for c in shell if f"mv -T {PLAN.staging} {PLAN.dir}" in c]
+    assert len(last) == 1, shell
+    aside = f"{PLAN.models_dir}/.staging/replaced-{PLAN.name}"
+    assert last[0].index(f"mv -T {PLAN.dir} {aside}") < last[0].index(f"mv -T {PLAN.staging} {PLAN.dir}") \
+        < last[0].rindex(f"rm -rf {aside}")  # fmt: skip
+    assert shell.index(last[0]) > max(i for i, c in enumerate(shell) if "seal --stamp" in c)
+
+
+def test_an_unsealed_leftover_is_replaced_once_its_successor_is_sealed():
     cmds, _ = commands(PLAN, {ModelArtifact: ArtifactState(None, None, None), FreeDiskBytes: 100 << 30, File: None})
-    assert cmds[0] == f"rm -rf {PLAN.dir}"
+    replaced_only_at_the_end(cmds)
 
 
 def test_a_truncated_artifact_is_not_taken_for_done():
     cmds, _ = commands(PLAN, {ModelArtifact: ArtifactState(PLAN.stamp, 10, 1_100_000), FreeDiskBytes: 100 << 30,
                               File: None})  # fmt: skip
-    assert cmds[0] == f"rm -rf {PLAN.dir}"
+    replaced_only_at_the_end(cmds)
+
+
+def test_a_gguf_edited_after_its_seal_is_not_taken_for_done():
+    """Same size, other bytes: the mtime the seal recorded differs (issue 12's tampered model)."""
+    sealed = {"stamp": PLAN.stamp, "gguf": {"size": 1_100_000, "signature":
+              {"size": 1_100_000, "mtime_ns": 1764640411_000000000, "inode": 42}}}  # fmt: skip
+    edited = ArtifactState(PLAN.stamp, 1_100_000, 1_100_000, sealed,
+                           {"size": 1_100_000, "mtime_ns": 1764649999_123456789, "inode": 42})  # fmt: skip
+    assert not edited.complete_for(PLAN.stamp)
+    cmds, _ = commands(PLAN, {ModelArtifact: edited, FreeDiskBytes: 100 << 30, File: None})
+    replaced_only_at_the_end(cmds)
+    untouched = ArtifactState(PLAN.stamp, 1_100_000, 1_100_000, sealed, sealed["gguf"]["signature"])
+    assert untouched.complete_for(PLAN.stamp)
 
 
 def test_too_little_disk_fails_before_any_change():

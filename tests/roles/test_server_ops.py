@@ -7,9 +7,9 @@ from pathlib import Path
 
 from pyinfra.facts.files import FileContents, Link, Sha1File
 from pyinfra.facts.server import Command
-from pyinfra.facts.systemd import SystemdStatus
 
-from llamarack.facts import DriverState, GgufShape, Gpu, LlamaServerFlags, NvidiaSmi, RecordedGpus
+from llamarack.facts import (ArtifactState, DriverState, GgufShape, Gpu, LlamaServerFlags, ModelArtifact, NvidiaSmi,
+                             RecordedGpus, UnitState)
 from llamarack.facts.llamacpp import ServerFlags
 from llamarack.remote.secret_digest import digest
 from llamarack.roles.server.operations import KEY_DIGEST_SALT, key_digest_command, service
@@ -27,8 +27,11 @@ def settings(**data):
     return load_settings("gpu01", {"python_env_backend": "venv", "llamarack_root": ROOT, **data})
 
 
+STARTED = 1764640411  # when the running server became active (Unix seconds, as systemd says)
+
+
 def facts(unit_sha1=None, running=False, key_digest="missing", build="b1", model="m1", shape=SHAPE,
-          smi=DriverState("ok", (V100,)), recorded=()):
+          smi=DriverState("ok", (V100,)), recorded=(), sealed_at=STARTED - 600):
     return {
         NvidiaSmi: smi,
         RecordedGpus: recorded,
@@ -38,7 +41,9 @@ def facts(unit_sha1=None, running=False, key_digest="missing", build="b1", model
         GgufShape: shape,
         (Sha1File, frozenset({"path": UNIT_PATH}.items())): unit_sha1,
         (Command, frozenset({"command": key_digest_command()}.items())): key_digest,
-        SystemdStatus: {UNIT_NAME: running},
+        UnitState: {"ActiveState": "active", "SubState": "running", "ActiveEnterTimestamp": f"@{STARTED}"}
+        if running else {"ActiveState": "inactive", "SubState": "dead", "ActiveEnterTimestamp": ""},
+        ModelArtifact: ArtifactState("m1", 10, 10, {"stamp": "m1", "sealed_at": sealed_at}),
     }
 
 
@@ -71,6 +76,15 @@ def test_converged_host_is_a_noop():
     commands, noops = run_op(service, converged, settings=s, gpus=(V100,))
     assert commands == []
     assert noops == [f"llama-server serves m1 with build b1, ctx 2048, f16/f16 KV (auto): the largest that fits 16384 MiB"]
+
+
+def test_a_model_sealed_after_the_server_started_is_served_by_a_restart():
+    """Remade in place (edited after its seal, say): same directory, same unit text, new file."""
+    s = settings()
+    unit = first_run(s)[0][0][2]
+    commands, noops = first_run(s, unit_sha1=hashlib.sha1(unit.encode()).hexdigest(), running=True,
+                                sealed_at=STARTED + 30)  # fmt: skip
+    assert noops == [] and "systemctl restart llamarack-server.service" in commands[-1]
 
 
 def test_same_unit_but_stopped_is_started_again():

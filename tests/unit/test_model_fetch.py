@@ -222,7 +222,7 @@ def test_a_redirect_to_another_host_does_not_carry_the_token(repo_dir, tmp_path)
         assert [r.auth for r in cdn.requests] == ["none"]
 
 
-def test_seal_records_size_and_sha256(tmp_path):
+def test_seal_records_size_sha256_and_the_signature_later_runs_compare(tmp_path):
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF" + os.urandom(1000))
     (tmp_path / "plan.json").write_text(json.dumps({"stamp": "ab" * 32}))
@@ -230,4 +230,7 @@ def test_seal_records_size_and_sha256(tmp_path):
     subprocess.run([PYTHON, str(FETCHER), "seal", "--stamp", str(tmp_path / "plan.json"),
                     "--gguf", str(gguf), "--out", str(out)], check=True, capture_output=True)
     stamp = json.loads(out.read_text())
-    assert stamp == {"stamp": "ab" * 32, "gguf": {"size": 1004, "sha256": hashlib.sha256(gguf.read_bytes()).hexdigest()}}
+    st = gguf.stat()
+    assert stamp["stamp"] == "ab" * 32 and time.time() - 60 < stamp["sealed_at"] <= time.time()
+    assert stamp["gguf"] == {"size": 1004, "sha256": hashlib.sha256(gguf.read_bytes()).hexdigest(),
+                             "signature": {"size": 1004, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}}
