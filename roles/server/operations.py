@@ -22,7 +22,7 @@ from typing import Optional
 
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, StringCommand, operation
-from pyinfra.facts.files import FileContents, Link, Sha1File
+from pyinfra.facts.files import File, FileContents, Link, Sha1File
 from pyinfra.operations.util.files import generate_color_diff
 from pyinfra.facts.server import Command
 
@@ -107,7 +107,9 @@ rollback() {{
   fi
   exit 1
 }}
-if [ -f {u} ]; then cp -p {u} {u}.prev; fi
+# A .prev already there is the last unit that passed /health: an earlier switch was cut
+# off before its check, and the unit now in place is unproven. Keep the proven one.
+if [ ! -f {u}.prev ] && [ -f {u} ]; then cp -p {u} {u}.prev; fi
 mv -f {u}.new {u} && systemctl daemon-reload && systemctl enable -q {svc} \\
   && systemctl restart {svc} || rollback "the new unit did not start"
 health {timeout} || rollback "the new unit is not healthy"
@@ -196,7 +198,13 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
 
     if remade:
         host.log(f"{model_dir} was sealed after llama-server started: restarting it", logger.info)
-    if not (unit_changed or key_changed or remade or not running):
+    # A switch cut off before its /health check left the proven unit as .prev: the unit in
+    # place never answered, so it is checked now (and rolled back if it does not answer).
+    unproven = read(File, path=f"{UNIT_PATH}.prev") is not None
+    if unproven:
+        host.log(f"{UNIT_PATH} never passed its /health check (an earlier switch was cut off): "
+                 "switching again", logger.warning)  # fmt: skip
+    if not (unit_changed or key_changed or remade or unproven or not running):
         host.noop(f"llama-server serves {Path(model_dir).name} with build {Path(build_dir).name}, "
                   f"{ctx.note}")  # fmt: skip
         return

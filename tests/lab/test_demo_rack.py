@@ -157,6 +157,23 @@ def test_a_model_edited_in_place_is_remade_and_served_never_the_edit(lab_rack):
     assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
 
 
+def test_a_switch_cut_off_before_its_health_check_never_costs_the_proven_unit(lab_rack):
+    """Issue 13: the switch copies the unit to .prev, moves the new one in and is killed
+    before /health. The next run, whose own new unit fails too (port 80: the service user
+    may not bind it), must roll back to the unit that last passed /health, not to the
+    unproven one it found in place."""
+    host, unit = "lab-v100-b", "/etc/systemd/system/llamarack-server.service"
+    good = deploying.sh(lab_rack, host, f"sha256sum < {unit}")
+    deploying.sh(lab_rack, host, f"cp -p {unit} {unit}.prev && sed -i 's|^ExecStart=.*|ExecStart=/bin/false|' {unit} && "
+                                 "systemctl daemon-reload && (systemctl restart llamarack-server.service || true)")  # fmt: skip
+    rc, out = deploying.deploy(lab_rack, host, "server_port=80", "llamarack_roles=server")
+    assert rc != 0 and "rolled back: the previous unit is serving again" in out, out[-6000:]
+    assert deploying.sh(lab_rack, host, f"sha256sum < {unit}") == good
+    assert completion(lab_rack.rack.host(host)["ip"], 4)["tokens_predicted"] == 4
+    rc, out = deploying.deploy(lab_rack, host)
+    assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
+
+
 def test_an_api_key_uploaded_under_sudo_is_never_readable_by_others(lab_rack, tmp_path):
     # lab-t4 is reached as the 'deploy' user with sudo (inventory/lab.py).
     key = "sk-lab-sudo-" + tmp_path.name

@@ -5,7 +5,7 @@ import json
 import logging
 from pathlib import Path
 
-from pyinfra.facts.files import FileContents, Link, Sha1File
+from pyinfra.facts.files import File, FileContents, Link, Sha1File
 from pyinfra.facts.server import Command
 
 from llamarack.facts import (ArtifactState, DriverState, GgufShape, Gpu, LlamaServerFlags, ModelArtifact, NvidiaSmi,
@@ -31,7 +31,7 @@ STARTED = 1764640411  # when the running server became active (Unix seconds, as 
 
 
 def facts(unit_sha1=None, running=False, key_digest="missing", build="b1", model="m1", shape=SHAPE,
-          smi=DriverState("ok", (V100,)), recorded=(), sealed_at=STARTED - 600):
+          smi=DriverState("ok", (V100,)), recorded=(), sealed_at=STARTED - 600, prev=False):
     return {
         NvidiaSmi: smi,
         RecordedGpus: recorded,
@@ -44,6 +44,7 @@ def facts(unit_sha1=None, running=False, key_digest="missing", build="b1", model
         UnitState: {"ActiveState": "active", "SubState": "running", "ActiveEnterTimestamp": f"@{STARTED}"}
         if running else {"ActiveState": "inactive", "SubState": "dead", "ActiveEnterTimestamp": ""},
         ModelArtifact: ArtifactState("m1", 10, 10, {"stamp": "m1", "sealed_at": sealed_at}),
+        (File, frozenset({"path": f"{UNIT_PATH}.prev"}.items())): {"size": 900} if prev else None,
     }
 
 
@@ -85,6 +86,18 @@ def test_a_model_sealed_after_the_server_started_is_served_by_a_restart():
     commands, noops = first_run(s, unit_sha1=hashlib.sha1(unit.encode()).hexdigest(), running=True,
                                 sealed_at=STARTED + 30)  # fmt: skip
     assert noops == [] and "systemctl restart llamarack-server.service" in commands[-1]
+
+
+def test_a_switch_cut_off_before_its_health_check_is_checked_again_keeping_the_proven_unit():
+    """The unit in place is the wanted one and runs, but .prev is there: it never passed
+    /health. The next run switches again; the switch keeps .prev, the proven unit."""
+    s = settings()
+    unit = first_run(s)[0][0][2]
+    commands, noops = first_run(s, unit_sha1=hashlib.sha1(unit.encode()).hexdigest(), running=True, prev=True)
+    assert noops == [] and "systemctl restart llamarack-server.service" in commands[-1]
+    switch = commands[-1]
+    assert f"if [ ! -f {UNIT_PATH}.prev ] && [ -f {UNIT_PATH} ]; then cp -p {UNIT_PATH} {UNIT_PATH}.prev; fi" in switch
+    assert switch.index("health ") < switch.index(f"rm -f {UNIT_PATH}.prev")
 
 
 def test_same_unit_but_stopped_is_started_again():
