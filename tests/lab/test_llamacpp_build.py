@@ -93,10 +93,13 @@ def test_the_build_computed_before_it_was_switched_in(lab_rack):
     assert proof["tokens"] == 8 and proof["tokens_per_second"] > 0 and proof["prompt_tokens_per_second"] > 0
     assert proof["model"]["quant"] == "Q4_K_M" and proof["devices"] == ["none but the CPU"]
     # The smoke run used the runtime flags the unit serves with (and the unit carries
-    # any flag the smoke run needed to compute).
+    # any flag the smoke run needed to compute). The KV type is "auto" (the planner picks
+    # it per model): the proof computed with q4_0, the least common of its choices, and
+    # the unit's type is one of them, the same for K and V.
     exec_start = served(lab_rack)[2]
-    for flag in ("--cache-type-k q4_0", "--cache-type-v q4_0", "--flash-attn on", "--load-mode none",
-                 *proof["runtime_args"]):
+    assert "--cache-type-k q4_0 --cache-type-v q4_0" in " ".join(proof["flags"])
+    assert any(f"--cache-type-k {t} --cache-type-v {t}" in exec_start for t in ("f16", "q8_0", "q4_0")), exec_start
+    for flag in ("--flash-attn on", "--load-mode none", *proof["runtime_args"]):
         assert flag in " ".join(proof["flags"]) and flag in exec_start, (flag, exec_start)
     assert sh(lab_rack, f"ls {BUILDS}/current/smoke/").split() == [
         "quantize.log", *[f"server-{i + 1}.log" for i in range(len(proof["attempts"]))],
