@@ -57,8 +57,16 @@ def _read(f, fmt: str):
     return struct.unpack(fmt, data)[0]
 
 
+def _left(f) -> int:
+    """Bytes from here to the end of the file: no length a header claims can exceed it."""
+    return os.fstat(f.fileno()).st_size - f.tell()
+
+
 def _string(f) -> str:
     n = _read(f, "<Q")
+    # A corrupt or hostile length is refused before anything is allocated for it.
+    if n > _left(f):
+        raise GgufError(f"corrupt GGUF header: a string of {n} bytes, past the end of the file")
     data = f.read(n)
     if len(data) != n:
         raise GgufError("truncated GGUF header")
@@ -72,6 +80,8 @@ def _value(f, vtype: int, keep: bool):
         return _string(f)
     if vtype == _ARRAY:
         itype, count = _read(f, "<I"), _read(f, "<Q")
+        if count > _left(f):  # every item takes at least one byte
+            raise GgufError(f"corrupt GGUF header: an array of {count} items, past the end of the file")
         if itype in _SCALARS and not keep:
             f.seek(count * struct.calcsize(_SCALARS[itype]), os.SEEK_CUR)  # vocab scores etc.
             return None
@@ -205,8 +215,10 @@ def main(argv: list) -> int:
         return 0
     try:
         print(json.dumps(read_shape(path), sort_keys=True))
-    except (GgufError, OSError) as e:
-        print(json.dumps({"error": str(e), "path": path}))
+    except (GgufError, OSError, struct.error, ValueError, OverflowError, MemoryError) as e:
+        # A model file's header is untrusted data: whatever it holds is an answer, never a crash.
+        print(json.dumps({"error": f"{type(e).__name__}: {e}" if not isinstance(e, GgufError) else str(e),
+                          "path": path}))  # fmt: skip
     return 0
 
 

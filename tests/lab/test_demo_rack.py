@@ -143,7 +143,9 @@ def test_a_model_edited_in_place_is_remade_and_served_never_the_edit(lab_rack):
     and the server restarted on it."""
     host, gguf = "lab-v100-b", "/opt/llamarack/models/current/model.gguf"
     sealed = json.loads(deploying.sh(lab_rack, host, "cat /opt/llamarack/models/current/stamp.json"))["gguf"]["sha256"]
-    deploying.sh(lab_rack, host, f"printf 'TAMPERED' | dd of={gguf} bs=1 seek=4096 conv=notrunc status=none")
+    # in the tensor data, past the header: the file still reads as a GGUF of the same shape
+    deploying.sh(lab_rack, host, f"printf 'TAMPERED' | dd of={gguf} bs=1 seek=$(( $(stat -c %s {gguf}) - 4096 )) "
+                                 "conv=notrunc status=none")  # fmt: skip
     assert deploying.sh(lab_rack, host, f"sha256sum {gguf}").split()[0] != sealed
     rc, report, err = audit("--limit", host)
     assert rc == 1 and report["hosts"][host]["drift"] == ["model"], report

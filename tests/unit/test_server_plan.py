@@ -337,3 +337,24 @@ def test_header_reader_takes_sliding_windows_rope_and_tied_embeddings(tmp_path):
     assert book.weights_on_host == shape["token_embd_bytes"]
     # 1 dense layer at 4096 cells, 5 sliding at pad256(1024 + 512) = 1536
     assert book.kv_on_card == (4096 + 5 * 1536) * 4 * 128 * 2 * 2
+
+
+@pytest.mark.parametrize("offset", [24, 40, 300, 4096, 9000])
+def test_a_corrupt_gguf_header_is_an_answer_never_a_crash(tmp_path, offset):
+    """Model file metadata is untrusted: 8 bytes overwritten anywhere in the header (a
+    length, a count, a type) give an error the planner reports, not a traceback or a
+    MemoryError from a claimed 2^60-byte string."""
+    import subprocess
+    import sys
+
+    from llamarack import remote
+
+    data = bytearray((Path(__file__).parents[1] / "fixtures/gguf/tiny-llama-Q4_K_M.head.gguf").read_bytes())
+    data[offset:offset + 8] = b"\xff" * 8
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(bytes(data))
+    r = subprocess.run(remote.command("gguf_header", str(gguf), python=sys.executable), shell=True,
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 0 and r.stderr == "", r.stderr[-2000:]
+    answer = json.loads(r.stdout)
+    assert "error" in answer or answer.get("architecture"), answer
