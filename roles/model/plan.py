@@ -199,9 +199,11 @@ def plan_from_record(settings: Settings, state) -> Optional[ModelPlan]:
 
     ``state``: the ``ModelArtifact`` fact of ``models/current``. This is what
     lets a converged rack deploy with the hub unreachable: nothing to fetch,
-    so nothing to ask the hub.
+    so nothing to ask the hub. An artifact that must be made again (its GGUF
+    truncated, or edited after its seal) is planned from the hub's listing,
+    whose sizes and hashes the fetch checks: the record has no sizes.
     """
-    if state is None or not state.record or state.gguf_size is None or state.gguf_size != state.sealed_size:
+    if state is None or not state.record or not state.untouched:
         return None
     record = state.record
     asked = asked_inputs(settings)

@@ -280,5 +280,11 @@ def test_no_record_or_a_truncated_gguf_needs_the_hub():
     assert plan_from_record(settings(), served(plan, asked=None)) is None  # made before records said
     record = served(plan).record
     assert plan_from_record(settings(), ArtifactState(plan.stamp, 99, 100, record)) is None
+    # edited after its seal (same size, another mtime): made again, so from the hub's listing
+    sealed = {**record, "gguf": {"size": 100, "signature": {"size": 100, "mtime_ns": 1, "inode": 7}}}
+    assert plan_from_record(settings(), ArtifactState(plan.stamp, 100, 100, sealed,
+                                                      {"size": 100, "mtime_ns": 2, "inode": 7})) is None  # fmt: skip
+    assert plan_from_record(settings(), ArtifactState(plan.stamp, 100, 100, sealed,
+                                                      {"size": 100, "mtime_ns": 1, "inode": 7})) is not None  # fmt: skip
     # a mirror of the same hub is no reason to fetch again
     assert plan_from_record(settings(model_hf_endpoint="http://mirror.example:8080"), served(plan)) is not None
