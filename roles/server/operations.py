@@ -185,7 +185,8 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     # text) after the server loaded the old one: only a restart serves the new file.
     served = read(ModelArtifact, path=model_dir)
     sealed_at, since = (served.record or {}).get("sealed_at") if served else None, active_since(unit_state)
-    remade = bool(running and sealed_at and since and sealed_at > since)
+    # systemd says whole seconds: the server started in [since, since + 1).
+    remade = bool(running and sealed_at and since and sealed_at >= since + 1)
     key = read_token(s.api_key_file, "server_api_key_file")
     host_key = read(Command, command=key_digest_command())
     key_changed = False
