@@ -76,9 +76,9 @@ def audit(*args: str) -> tuple[float, str]:
 
 
 # What hosts have alike, byte for byte: the envs' wheels (pip writes them at install
-# time: --ignore-time), the Debian packages and apt's lists. Not the llama.cpp source,
-# builds or models: their files' times and inodes are what the deploy checks.
-SHARED = ("opt/llamarack/envs", "usr", "var/lib/apt", "var/cache/apt")
+# time: --ignore-time), the llama.cpp checkout, the Debian packages and apt's lists.
+# Not the builds or the models: their files' times and inodes are what the deploy checks.
+SHARED = ("opt/llamarack/envs", "opt/llamarack/src", "usr", "var/lib/apt", "var/cache/apt")
 
 
 def deploy_in_batches(rack, size: int) -> float:
@@ -117,7 +117,8 @@ def main() -> int:
     ap.add_argument("--hosts", type=int, default=4, help="hosts in the rack (default 4: the README's)")
     ap.add_argument("--batch", type=int, default=0,
                     help="first deploy N hosts at a time, then hardlink the hosts' identical files "
-                         "(a converged host holds 3.3 GB, the lab's tmpfs 18 GB: 16 hosts fit only so)")
+                         "(a converged host holds 3.3 GB, the lab's tmpfs 18 GB: 16 hosts fit only so; "
+                         "give the tmpfs 20 GB: mount -o remount,size=20G /run/llamarack-lab)")
     args = ap.parse_args()
     rack = rackmod.load()
     if rack is not None and not args.reuse:
