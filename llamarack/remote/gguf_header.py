@@ -58,8 +58,14 @@ def _read(f, fmt: str):
 
 
 def _left(f) -> int:
-    """Bytes from here to the end of the file: no length a header claims can exceed it."""
-    return os.fstat(f.fileno()).st_size - f.tell()
+    """Bytes from here to the end of the file: no length a header claims can exceed it.
+    A reader without a file (``llamarack plan``'s HTTP range reader) says its ``size``
+    once it knows it; until then only its reads bound what it returns."""
+    try:
+        size = os.fstat(f.fileno()).st_size
+    except (AttributeError, OSError, ValueError):
+        size = getattr(f, "size", None)
+    return sys.maxsize if size is None else size - f.tell()
 
 
 def _string(f) -> str:
