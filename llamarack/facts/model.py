@@ -50,10 +50,10 @@ class ModelArtifact(FactBase[Optional[ArtifactState]]):
     """
 
     def command(self, path: str) -> str:
-        d = shlex.quote(path)
+        d, gguf, stamp = (shlex.quote(p) for p in (path, f"{path}/model.gguf", f"{path}/stamp.json"))
         return (
-            f"if [ -f {d}/model.gguf ] && [ -f {d}/stamp.json ]; then "
-            f"stat -c 'size %s %.9Y %i' {d}/model.gguf; cat {d}/stamp.json; "
+            f"if [ -f {gguf} ] && [ -f {stamp} ]; then "
+            f"stat -c 'size %s %.9Y %i' {gguf}; cat {stamp}; "
             f"elif [ -e {d} ]; then echo unsealed; fi"
         )
 
