@@ -20,10 +20,12 @@ commands can share the work:
     serve8b    llama-server with the unit's exact ExecStart (the server role's
                plan_context + server_args + render_unit): /completion decode,
                single-request pp512, aggregate prefill over server_parallel slots
-    memory8b   3 contexts x 2 KV types: the planner's ledger against llama.cpp's
-               load log and nvidia-smi's per-process memory
-    v100       a 24B GQA Q4_K_M planned for a V100 16 GB with the card table,
-               started with that plan, and one context step past it
+    memory8b   3 contexts x 2 KV types, then one row per planner knob (q8_0, auto,
+               4 slots, YaRN x4, partial offload): the planner's ledger, item by item,
+               against llama.cpp's load log and nvidia-smi's per-process memory
+    v100       a Gemma-3-27B-shaped Q4_K_M (``--v100-shape``) planned for a V100 16 GB
+               with the card table, started with that plan, then one layer and one
+               context step past it
 
 ``--cpu-check BUILD`` runs the same code on a CPU machine with a tiny shape
 (``--scale-down``) and a CPU build's bin/ folder, to prove the scripts before
@@ -33,6 +35,7 @@ device time is spent on them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -55,7 +58,8 @@ from llamarack.facts.gpu import NvidiaSmi  # noqa: E402
 from llamarack.gpu_table import planning_memory_mib  # noqa: E402
 from llamarack.layout import Layout  # noqa: E402
 from llamarack.settings import load_settings  # noqa: E402
-from roles.server.plan import MIB, CTX_STEP, PlanError, plan_context, render_unit, server_args  # noqa: E402
+from llamarack.planner import CTX_STEP, Knobs, ledger as planner_ledger  # noqa: E402
+from roles.server.plan import MIB, PlanError, knobs, plan_context, render_unit, server_args  # noqa: E402
 
 V100_PCI_ID = "0x1DB410DE"  # Tesla V100 PCIe 16GB: the card table plans it at 16130 MiB
 HUB_REPO = "bench/llama3-8b-random"
@@ -76,12 +80,22 @@ LOAD_LOG_ENV = {"LLAMA_ARG_LOG_VERBOSITY": "4"}
 def parse_load_log(text: str) -> dict:
     """llama.cpp's buffer lines: {"model": {"CUDA0": MiB, "CPU_Mapped": MiB}, "KV": {...}, ...}.
 
-    The last line of each buffer wins: a memory-fitting dry run (at higher
-    verbosity) prints the same lines with what it would allocate first.
+    A memory-fitting dry run (``-fit``, at higher verbosity) prints the same
+    lines with what it would allocate, before the real ones. So the model
+    buffers: the last line of each buffer wins (one per buffer in a load);
+    the context's buffers (KV, compute, output): only those after the last
+    ``llama_context: n_ctx`` line, the KV lines of one buffer added up (a
+    sliding-window model has two caches, each with its own line).
     """
     out: dict = {}
+    cut = text.rfind("llama_context: n_ctx ")
     for m in _BUF.finditer(text):
-        out.setdefault(m["what"], {})[m["buf"]] = float(m["mib"])
+        what, buf, mib = m["what"], m["buf"], float(m["mib"])
+        if what == "model":
+            out.setdefault(what, {})[buf] = mib
+        elif m.start() > cut >= 0:
+            d = out.setdefault(what, {})
+            d[buf] = round(d.get(buf, 0.0) + mib, 2) if what == "KV" else mib
     return out
 
 
@@ -125,6 +139,33 @@ def bench_args_for(server: list) -> list:
         elif a == "--flash-attn":  # a bare switch in older builds
             out += ["-fa", "1"]
         i += 1
+    return out
+
+
+def reserve_from(needed: list) -> dict:
+    """server_memory_reserve_mib from measured runs: the largest need, +10%, rounded up to 64 MiB."""
+    worst = max(needed)
+    return {"needed_max_mib": worst, "needed_min_mib": min(needed),
+            "suggested_mib": int(-(-worst * 1.10 // 64) * 64),
+            "derivation": "needed = process memory (nvidia-smi) - the planned weights, KV and compute on the card; "
+                          "suggested = the largest, +10%, rounded up to 64 MiB"}  # fmt: skip
+
+
+def ledger_mib(book) -> dict:
+    """The planner's ledger in MiB, the items llama.cpp's load log names."""
+    mib = lambda b: round(b / MIB, 2)  # noqa: E731
+    return {"weights": mib(book.weights_on_card), "weights_host": mib(book.weights_on_host),
+            "kv": mib(book.kv_on_card), "kv_host": mib(book.kv_on_host), "compute": mib(book.compute_on_card),
+            "reserve": mib(book.reserve), "total": mib(book.total_on_card)}  # fmt: skip
+
+
+def with_arg(args: list, flag: str, value) -> list:
+    """A copy of a command line with ``flag``'s value replaced (or the flag added)."""
+    out = list(args)
+    if flag in out:
+        out[out.index(flag) + 1] = str(value)
+    else:
+        out += [flag, str(value)]
     return out
 
 
@@ -240,14 +281,12 @@ class Proof:
         return {
             "settings": {k: v for k, v in overrides.items()},
             "card": card_desc, "card_mib": card_mib, "shape": shape,
-            "ctx_size": ctx.ctx_size, "note": ctx.note,
-            "ledger_mib": {
-                "weights": round(ctx.weights_on_card / MIB, 2),
-                "kv": round(ctx.ctx_size * ctx.kv_bytes_per_token / MIB, 2),
-                "reserve": s.memory_reserve_mib,
-            },
-            "kv_bytes_per_token": ctx.kv_bytes_per_token,
+            "ctx_size": ctx.ctx_size, "ctx_per_slot": ctx.ctx_per_slot, "note": ctx.note,
+            "cache_type": ctx.cache_type_k, "gpu_layers": ctx.gpu_layers, "n_layer": ctx.ledger.n_layer,
+            "ledger_mib": ledger_mib(ctx.ledger),
+            "kv_bytes_per_token": ctx.ledger.kv_bytes_per_token,
             "exec_start": start, "port": s.port, "parallel": s.parallel,
+            "knobs": dataclasses.asdict(knobs(settings)),
         }  # fmt: skip
 
     # -- a running llama-server
@@ -367,7 +406,11 @@ class Proof:
                 (b / "bin").symlink_to(self.a.cpu_check)
             help_text = subprocess.run([f"{b}/bin/llama-server", "--help"], capture_output=True, text=True)
             (b / "server-help.txt").write_text(help_text.stdout + help_text.stderr)
-            (b / "build-info.json").write_text(json.dumps({"proof": {"runtime_args": []}}))
+            # The CPU build's own record when it has one: the runtime flags its smoke run
+            # needed (--no-repack on a CPU whose AMX repack faults) reach the served args.
+            made = Path(self.a.cpu_check).parent / "build-info.json"
+            (b / "build-info.json").write_text(made.read_text() if made.exists()
+                                               else json.dumps({"proof": {"runtime_args": []}}))  # fmt: skip
             link = Path(self.layout.current_build)
             if not link.is_symlink():
                 link.symlink_to("cpucheck")
@@ -431,7 +474,7 @@ class Proof:
                 if f.exists():
                     tail = f.read_text(errors="replace").strip().splitlines()[-3:]
                     d[f"{step}_log_tail"] = tail
-            shutil.rmtree(hub_dir, ignore_errors=True)  # shm back for the 24B
+            shutil.rmtree(hub_dir, ignore_errors=True)  # shm back for the V100 shape's f16 GGUF
         elif not self.cpu and self.left() > 150:
             d["fallback"] = self.direct_8b()
             d["ok"] = d["fallback"].get("ok", False)
@@ -533,6 +576,21 @@ class Proof:
         out["ok"] = out["runs"]["served_flags"]["rc"] == 0
         return out
 
+    def decode(self, url: str, sampling: dict, reps: int) -> dict:
+        """Served decode: 128 tokens after a short prompt, ``reps`` times (a warm-up first)."""
+        prompt = "The history of the rack server begins with"
+        self.post(url, {"prompt": prompt, "n_predict": 16, "ignore_eos": True, **sampling})  # warm-up
+        rows, texts = [], []
+        for i in range(reps):
+            r = self.post(url, {"prompt": prompt, "n_predict": 128, "ignore_eos": True,
+                                "cache_prompt": False, "return_tokens": True, **sampling})  # fmt: skip
+            t = r["timings"]
+            rows.append({"predicted_n": t["predicted_n"], "predicted_per_second": t["predicted_per_second"],
+                         "prompt_n": t["prompt_n"]})  # fmt: skip
+            texts.append(r.get("tokens") or r.get("content", ""))
+        return {"n_predict": 128, "reps": rows, "first_tokens": texts[0],
+                "median_tps": statistics.median(r["predicted_per_second"] for r in rows)}  # fmt: skip
+
     def serve8b(self):
         reps = 5 if not self.cpu else 2
         p = self.plan()
@@ -540,20 +598,8 @@ class Proof:
         proc, url, load_s = self.serve(p["exec_start"], "served", p["port"])
         try:
             out["load_seconds"] = load_s
-            prompt = "The history of the rack server begins with"
-            for mode, sampling in (("default_sampling", {}), ("greedy", {"temperature": 0})):
-                self.post(url, {"prompt": prompt, "n_predict": 16, "ignore_eos": True, **sampling})  # warm-up
-                rows = []
-                for i in range(reps):
-                    r = self.post(url, {"prompt": prompt, "n_predict": 128, "ignore_eos": True,
-                                        "cache_prompt": False, **sampling})  # fmt: skip
-                    t = r["timings"]
-                    rows.append({"predicted_n": t["predicted_n"], "predicted_per_second": t["predicted_per_second"],
-                                 "prompt_n": t["prompt_n"]})  # fmt: skip
-                out[f"decode_{mode}"] = {
-                    "n_predict": 128, "reps": rows,
-                    "median_tps": statistics.median(r["predicted_per_second"] for r in rows),
-                }  # fmt: skip
+            out["decode_default_sampling"] = self.decode(url, {}, reps)
+            out["decode_greedy"] = self.decode(url, {"temperature": 0}, reps)
             rows = []
             self.post(url, {"prompt": self.tokens(512, 99), "n_predict": 1, "cache_prompt": False})
             for i in range(reps):
@@ -565,6 +611,25 @@ class Proof:
             out["memory"] = self.gpu_memory(proc.pid)
         finally:
             self.stop(proc)
+        # Where served decode loses to llama-bench: llama-bench decodes a fixed token and
+        # samples nothing; the server copies the logits (128K floats for Llama 3) to the
+        # host and runs the sampler chain on the CPU for every token. Variants of the
+        # unit's command line, each served and measured the same way.
+        help_text = subprocess.run([p["exec_start"][0], "--help"], capture_output=True, text=True).stdout
+        variants = {"threads_all": ["--threads", str(os.cpu_count())]}
+        if "--backend-sampling" in help_text:
+            variants["backend_sampling"] = ["--backend-sampling"]
+        out["decode_variants"] = {}
+        for name, extra in variants.items():
+            proc, url, _ = self.serve(p["exec_start"] + extra, f"variant-{name}", p["port"])
+            try:
+                out["decode_variants"][name] = {
+                    "extra_args": extra, "default_sampling": self.decode(url, {}, reps),
+                    "greedy": self.decode(url, {"temperature": 0}, reps)}  # fmt: skip
+            except Exception as e:
+                out["decode_variants"][name] = {"extra_args": extra, "error": f"{type(e).__name__}: {e}"}
+            finally:
+                self.stop(proc)
         out["aggregate_prefill"] = {}
         for n in self.a.parallel:
             out["aggregate_prefill"][str(n)] = self.aggregate(n)
@@ -606,7 +671,8 @@ class Proof:
                           "client wall time from one release to the last answer"}  # fmt: skip
 
     def measure_memory(self, p: dict, name: str) -> dict:
-        """Start the planned server, one short request, then what llama.cpp and nvidia-smi say."""
+        """Start the planned server, one short request, then what llama.cpp and nvidia-smi say,
+        item by item against the planner's ledger."""
         proc, url, load_s = self.serve(p["exec_start"], name, p["port"], env=LOAD_LOG_ENV)
         try:
             before = self.gpu_memory(proc.pid)
@@ -615,65 +681,94 @@ class Proof:
             after = self.gpu_memory(proc.pid)
         finally:
             self.stop(proc)
-        log = parse_load_log((self.logs / f"server-{name}.log").read_text(errors="replace"))
-        gpu = lambda d: round(sum(v for k, v in d.items() if k.startswith("CUDA") and "Host" not in k), 2)  # noqa: E731
+        text = (self.logs / f"server-{name}.log").read_text(errors="replace")
+        log = parse_load_log(text)
+        on_gpu = lambda k: k.startswith("CUDA") and "Host" not in k  # noqa: E731
+        gpu = lambda d: round(sum(v for k, v in d.items() if on_gpu(k)), 2)  # noqa: E731
+        host = lambda d: round(sum(v for k, v in d.items() if not on_gpu(k)), 2)  # noqa: E731
         meas = {
-            "weights_gpu": gpu(log.get("model", {})), "weights_host": round(sum(
-                v for k, v in log.get("model", {}).items() if not k.startswith("CUDA") or "Host" in k), 2),
-            "kv": round(sum(log.get("KV", {}).values()), 2), "compute_gpu": gpu(log.get("compute", {})),
-            "compute_host": round(sum(v for k, v in log.get("compute", {}).items() if "Host" in k or k == "CPU"), 2),
+            "weights_gpu": gpu(log.get("model", {})), "weights_host": host(log.get("model", {})),
+            "kv": gpu(log.get("KV", {})), "kv_host": host(log.get("KV", {})),
+            "compute_gpu": gpu(log.get("compute", {})), "compute_host": host(log.get("compute", {})),
         }  # fmt: skip
+        kv_lines = re.findall(r"llama_kv_cache: size = .*", text[text.rfind("llama_context: n_ctx "):])
         used = [m["process_mib"] for m in (before, after) if m.get("process_mib") is not None]
         led = p["ledger_mib"]
-        row = {"ctx_size": p["ctx_size"], "cache_type": p["settings"].get("server_cache_type_k", "q4_0"),
-               "ledger_mib": led, "log_mib": meas, "load_log": log, "smi_after_load": before,
-               "smi_after_request": after, "load_seconds": load_s, "exec_start": p["exec_start"]}  # fmt: skip
+        row = {"ctx_size": p["ctx_size"], "ctx_per_slot": p.get("ctx_per_slot"), "parallel": p.get("parallel"),
+               "cache_type": p.get("cache_type"), "gpu_layers": p.get("gpu_layers"), "n_layer": p.get("n_layer"),
+               "knob": p.get("knob"), "ledger_mib": led, "log_mib": meas, "load_log": log, "kv_lines": kv_lines,
+               "smi_after_load": before, "smi_after_request": after, "load_seconds": load_s,
+               "exec_start": p["exec_start"]}  # fmt: skip
         err = lambda plan, seen: round((plan - seen) / seen, 4) if seen else None  # noqa: E731
-        row["error"] = {"kv": err(led["kv"], meas["kv"]),
-                        "weights_vs_gpu_model_buffer": err(led["weights"], meas["weights_gpu"]),
-                        "weights_vs_all_model_buffers": err(led["weights"], meas["weights_gpu"] + meas["weights_host"])}
+        row["error"] = {"weights": err(led["weights"], meas["weights_gpu"]),
+                        "weights_host": err(led["weights_host"], meas["weights_host"]),
+                        "kv": err(led["kv"], meas["kv"]), "kv_host": err(led["kv_host"], meas["kv_host"]),
+                        "compute": err(led["compute"], meas["compute_gpu"])}  # fmt: skip
         if used:
             proc_mib = max(used)
             row["process_mib"] = proc_mib
-            total = led["weights"] + led["kv"] + led["reserve"]
-            row["planned_total_mib"] = round(total, 1)
-            row["error"]["total_vs_process"] = err(total, proc_mib)
+            row["planned_total_mib"] = led["total"]
+            row["error"]["total_vs_process"] = err(led["total"], proc_mib)
             # What the reserve would have had to be for this run: the process less the planned items.
-            row["reserve_needed_mib"] = round(proc_mib - led["weights"] - led["kv"], 1)
-            row["overhead_beyond_log_buffers_mib"] = round(proc_mib - meas["weights_gpu"] - meas["kv"]
-                                                           - meas["compute_gpu"], 1)  # fmt: skip
+            row["reserve_needed_mib"] = round(proc_mib - led["weights"] - led["kv"] - led["compute"], 1)
+            # The CUDA context, cuBLAS workspace and pools: what no llama.cpp buffer line names.
+            row["beyond_log_buffers_mib"] = round(proc_mib - meas["weights_gpu"] - meas["kv"]
+                                                  - meas["compute_gpu"], 1)  # fmt: skip
         return row
 
     def memory8b(self):
+        """The 8B: 3 contexts x 2 KV types, then one row per planner knob (issue 16)."""
         rows = []
-        for kv in ("q4_0", "f16"):
-            for ctx in self.a.contexts:
-                p = self.plan(server_ctx_size=ctx, server_cache_type_k=kv, server_cache_type_v=kv)
-                rows.append(self.measure_memory(p, f"mem-{kv}-{ctx}"))
-                self.log(f"memory {kv} ctx {ctx}: {rows[-1].get('process_mib')} MiB")
-        needed = [r["reserve_needed_mib"] for r in rows if "reserve_needed_mib" in r]
+        cases = [dict(server_ctx_size=ctx, server_cache_type_k=kv, server_cache_type_v=kv)
+                 for kv in ("q4_0", "f16") for ctx in self.a.contexts]  # fmt: skip
+        top = max(self.a.contexts)
+        knob_cases = {
+            "kv q8_0": dict(server_ctx_size=top, server_cache_type_k="q8_0", server_cache_type_v="q8_0"),
+            "kv auto": dict(server_ctx_size=top),
+            "slots 4": dict(server_ctx_size=top // 4, server_parallel=4, server_cache_type_k="q8_0",
+                            server_cache_type_v="q8_0"),
+            "yarn x4": dict(server_ctx_size=4 * top, server_rope_scaling="yarn", server_rope_scale=4.0,
+                            server_cache_type_k="q4_0", server_cache_type_v="q4_0"),
+            "partial offload 20 layers": dict(server_ctx_size=top, server_gpu_layers=20,
+                                              server_cache_type_k="f16", server_cache_type_v="f16"),
+        }  # fmt: skip
+        for case in cases + list(knob_cases.items()):
+            knob, overrides = case if isinstance(case, tuple) else (None, case)
+            try:
+                p = self.plan(**overrides)
+            except PlanError as e:
+                rows.append({"knob": knob, "settings": overrides, "refused": e.failure.message("gpu-proof")})
+                continue
+            p["knob"] = knob
+            rows.append(self.measure_memory(p, "mem-" + re.sub(r"\W+", "-", knob or
+                                                                 f"{p['cache_type']}-{p['ctx_size']}")))  # fmt: skip
+            self.log(f"memory {knob or ''} {p['cache_type']} ctx {p['ctx_size']}: {rows[-1].get('process_mib')} MiB "
+                     f"errors {rows[-1]['error']}")  # fmt: skip
         out = {"ok": True, "rows": rows}
+        needed = [r["reserve_needed_mib"] for r in rows if "reserve_needed_mib" in r]
         if needed:
-            worst = max(needed)
-            # Rounded up to 64 MiB, with 10% headroom for what one card's context and
-            # one driver's allocator add over another's.
-            out["reserve"] = {"needed_max_mib": worst, "needed_min_mib": min(needed),
-                              "suggested_mib": int(-(-worst * 1.10 // 64) * 64)}  # fmt: skip
+            out["reserve"] = reserve_from(needed)
         return out
 
     def v100(self):
-        """The 24B GQA shape at Q4_K_M, planned for a V100 16 GB, served with that plan on this card."""
+        """A Gemma-3-27B-shaped Q4_K_M (the write-up's model class), planned for a V100 16 GB
+        with the card table, served with that plan on this card; then one layer and one
+        context step past it."""
+        shape_name = self.a.v100_shape
         root = self.a.root + "-v100"
         layout = Layout(root)
-        gguf_dir = Path(layout.model("mistral-small-24b-q4km"))
-        out = {}
+        gguf_dir = Path(layout.model(f"{shape_name}-q4km"))
+        out = {"shape_name": shape_name}
+        hub = Path(self.a.shm) / "hub"
+        if hub.exists():
+            shutil.rmtree(hub, ignore_errors=True)  # the 8B checkpoint: shm back for the f16 GGUF
         if not (gguf_dir / "model.gguf").exists():
             import math
 
             sys.path.insert(0, str(REPO / "bench"))
             from gpu_proof_model import SHAPES, scaled, tensors
 
-            need = 2.05 * sum(math.prod(d) for _, _, d, _ in tensors(scaled(SHAPES["mistral-small-24b"],
+            need = 2.05 * sum(math.prod(d) for _, _, d, _ in tensors(scaled(SHAPES[shape_name],
                                                                           self.a.scale_down)))  # fmt: skip
             gguf_dir.mkdir(parents=True, exist_ok=True)
             places = [Path(self.a.shm), gguf_dir]
@@ -682,15 +777,15 @@ class Proof:
             out["f16_room"] = {"needed": int(need), "free": free}
             if not room:
                 return {**out, "ok": False, "error": "no room for the f16 GGUF (shm or disk)"}
-            f16 = room[0] / "m24-f16.gguf"
-            cmd = [self.a.gen_python, str(REPO / "bench/gpu_proof_model.py"), "gguf", "mistral-small-24b", str(f16),
+            f16 = room[0] / "v100-f16.gguf"
+            cmd = [self.a.gen_python, str(REPO / "bench/gpu_proof_model.py"), "gguf", shape_name, str(f16),
                    "--gguf-py", f"{self.layout.src}/gguf-py", "--scale-down", str(self.a.scale_down)]  # fmt: skip
-            rc, text, s = self.sh(cmd, "gguf24.log", timeout=max(30, self.left() - 200))
+            rc, text, s = self.sh(cmd, "gguf-v100.log", timeout=max(30, self.left() - 200))
             out["f16_gguf"] = {"rc": rc, "seconds": s, "info": text.strip().splitlines()[-1][:2000]}
             if rc:
                 return {**out, "ok": False}
             q = f"{os.path.realpath(self.layout.current_build)}/bin/llama-quantize"
-            rc, text, s = self.sh([q, str(f16), str(gguf_dir / "model.gguf.tmp"), "Q4_K_M"], "quantize24.log",
+            rc, text, s = self.sh([q, str(f16), str(gguf_dir / "model.gguf.tmp"), "Q4_K_M"], "quantize-v100.log",
                                   timeout=max(30, self.left() - 60))  # fmt: skip
             f16.unlink(missing_ok=True)
             out["quantize"] = {"rc": rc, "seconds": s, "command": f"{q} F16 OUT Q4_K_M",
@@ -708,24 +803,30 @@ class Proof:
             p = self.plan(root=root, card=card)
         except PlanError as e:
             return {**out, "ok": True, "refused": e.failure.message("v100-16gb")}
-        out["plan"] = {k: p[k] for k in ("card", "card_mib", "ctx_size", "note", "ledger_mib", "shape", "exec_start")}
+        out["plan"] = {k: p[k] for k in ("card", "card_mib", "ctx_size", "note", "ledger_mib", "shape", "exec_start",
+                                         "gpu_layers", "n_layer", "cache_type")}  # fmt: skip
+        p["knob"] = "v100 plan"
         out["at_plan"] = self.measure_memory(p, "v100-plan")
-        past = dict(p)
-        past["exec_start"] = list(p["exec_start"])
-        i = past["exec_start"].index("--ctx-size")
-        past["exec_start"][i + 1] = str(p["ctx_size"] + CTX_STEP)
-        past["ctx_size"] = p["ctx_size"] + CTX_STEP
-        past["ledger_mib"] = dict(p["ledger_mib"], kv=round(past["ctx_size"] * p["kv_bytes_per_token"] / MIB, 2))
-        try:
-            self.plan(root=root, card=card, server_ctx_size=past["ctx_size"])
-            out["planner_on_step_past"] = "accepted"
-        except PlanError as e:
-            out["planner_on_step_past"] = e.failure.message("v100-16gb")
-        out["one_step_past"] = self.measure_memory(past, "v100-past")
-        lim = 16 * 1024
-        out["under_16_GiB_at_plan"] = (out["at_plan"].get("process_mib") or 0) < lim
-        out["under_16_GiB_one_step_past"] = (out["one_step_past"].get("process_mib") or 0) < lim
-        out["card_planned_mib"] = 16130
+        # One step past the plan, each way the planner could have gone further: one more
+        # layer on the card (partial offload), or one more context step.
+        steps = {}
+        if p["gpu_layers"] is not None and p["gpu_layers"] <= p["n_layer"]:
+            steps["one_layer_past"] = ("--n-gpu-layers", p["gpu_layers"] + 1, p["ctx_per_slot"])
+        steps["one_ctx_step_past"] = ("--ctx-size", p["ctx_size"] + CTX_STEP, p["ctx_per_slot"] + CTX_STEP)
+        for name, (flag, value, per_slot) in steps.items():
+            past = dict(p, knob=f"v100 {name}", exec_start=with_arg(p["exec_start"], flag, value))
+            layers = value if flag == "--n-gpu-layers" else p["gpu_layers"]
+            book = planner_ledger(p["shape"], Knobs(**p["knobs"]), p["card_mib"], layers, p["cache_type"],
+                                  p["cache_type"], per_slot)  # fmt: skip
+            past.update(ledger_mib=ledger_mib(book), gpu_layers=layers, ctx_per_slot=per_slot,
+                        ctx_size=per_slot * p["parallel"])  # fmt: skip
+            out[name] = self.measure_memory(past, f"v100-{name}")
+            out[name]["planned_total_mib"] = round(book.total_on_card / MIB, 1)
+        lim = 16130  # what nvidia-smi reports for a V100 16 GB (the card table's figure)
+        out["card_limit_mib"] = lim
+        for name in ["at_plan", *steps]:
+            used = out[name].get("process_mib")
+            out[f"fits_card_{name}"] = None if used is None else used <= lim
         out["ok"] = True
         return out
 
@@ -809,6 +910,16 @@ def summarize(r: dict) -> dict:
             "q8_0_kv_fa_on": bench_ts("kv_q8_0", n_gen=128),
             "q4_0_kv_cuda_graphs_off": bench_ts("cuda_graphs_off", n_gen=128),
         }  # fmt: skip
+        d["served_variants"] = {}
+        for name, var in serve.get("decode_variants", {}).items():
+            if "default_sampling" in var:
+                vs = round(var["default_sampling"]["median_tps"], 1)
+                d["served_variants"][name] = {
+                    "extra_args": var["extra_args"], "tps_default_sampling": vs,
+                    "tps_greedy": round(var["greedy"]["median_tps"], 1),
+                    "over_llama_bench": round(vs / tg, 3) if tg else None,
+                    "greedy_tokens_same_as_unit": var["greedy"]["first_tokens"] == serve["decode_greedy"].get("first_tokens"),
+                }  # fmt: skip
         out["decode_8b"] = d
         out["prefill_8b"] = {
             "llama_bench_pp512_tps": bench_ts("served_flags", n_prompt=512, n_gen=0),
@@ -817,47 +928,46 @@ def summarize(r: dict) -> dict:
             "llama_bench_pp_by_ubatch": {f"pp{x['n_prompt']} ub{x['n_ubatch']}": round(x["avg_ts"], 1)
                                          for x in bench.get("runs", {}).get("ubatch", {}).get("results", [])},
         }  # fmt: skip
-    rows = list(ph.get("memory8b", {}).get("rows", []))
+    rows = [r for r in ph.get("memory8b", {}).get("rows", []) if "error" in r]
     v = ph.get("v100", {})
-    rows_v = [v[k] for k in ("at_plan", "one_step_past") if k in v]
-    if rows:
+    rows_v = [v[k] for k in ("at_plan", "one_layer_past", "one_ctx_step_past") if k in v]
+    if rows or rows_v:
         items = []
         for row in rows + rows_v:
             lm = row["log_mib"]
             items.append({
-                "model": "24B" if row in rows_v else "8B", "ctx": row["ctx_size"], "kv_type": row["cache_type"],
-                "planned": row["ledger_mib"], "log_gpu": {"model": lm["weights_gpu"], "kv": lm["kv"],
-                                                           "compute": lm["compute_gpu"]},
-                "log_host": {"model": lm["weights_host"], "compute": lm["compute_host"]},
+                "model": v.get("shape_name", "v100") if row in rows_v else "llama3-8b", "knob": row.get("knob"),
+                "ctx": row["ctx_size"], "parallel": row.get("parallel"), "kv_type": row["cache_type"],
+                "gpu_layers": row.get("gpu_layers"), "planned": row["ledger_mib"],
+                "log": {"model_gpu": lm["weights_gpu"], "model_host": lm["weights_host"], "kv_gpu": lm["kv"],
+                        "kv_host": lm["kv_host"], "compute_gpu": lm["compute_gpu"]},
                 "process_mib": row.get("process_mib"), "error": row["error"],
                 "reserve_needed_mib": row.get("reserve_needed_mib"),
-                "gpu_beyond_log_buffers_mib": row.get("overhead_beyond_log_buffers_mib"),
-                "compute_plus_beyond_mib": round(lm["compute_gpu"] + (row.get("overhead_beyond_log_buffers_mib") or 0), 1),
+                "beyond_log_buffers_mib": row.get("beyond_log_buffers_mib"),
             })  # fmt: skip
+        worst = {}
+        for item in items:
+            for k in ("weights", "kv", "compute"):
+                e = item["error"].get(k)
+                if e is not None and abs(e) >= abs(worst.get(k, 0)):
+                    worst[k] = e
         needed = [i["reserve_needed_mib"] for i in items if i["reserve_needed_mib"] is not None]
-        honest = [i["compute_plus_beyond_mib"] for i in items]
-        out["memory_plan"] = {"rows": items}
+        out["memory_plan"] = {"rows": items, "worst_error_by_item": worst,
+                              "goal_within_3_percent": {k: abs(e) <= 0.03 for k, e in worst.items()}}  # fmt: skip
         if needed:
-            out["memory_plan"]["reserve"] = {
-                "today_mib": rows[0]["ledger_mib"]["reserve"],
-                "needed_max_mib": max(needed), "needed_min_mib": min(needed),
-                "suggested_mib": int(-(-max(needed) * 1.10 // 64) * 64),
-                "derivation": "needed = process memory (nvidia-smi) - planned weights (the GGUF file) - planned KV, "
-                              "per run; suggested = the largest, +10%, rounded up to 64 MiB",
-                "without_host_weights_slack_max_mib": max(honest),
-                "note": "the planned weights count the whole file, but token_embd stays in host memory "
-                        "(CPU_Mapped): that slack is part of what covers compute buffers + CUDA context today",
-            }  # fmt: skip
+            out["memory_plan"]["reserve"] = {"today_mib": items[0]["planned"]["reserve"], **reserve_from(needed)}
     if v.get("ok") and "plan" in v:
         out["v100_question"] = {
-            "shape": "mistral-small-24b (random weights), Q4_K_M", "gguf_bytes": v["plan"]["shape"]["size"],
+            "shape": f"{v.get('shape_name')} (random weights), Q4_K_M", "gguf_bytes": v["plan"]["shape"]["size"],
             "card_mib": v["plan"]["card_mib"], "card": v["plan"]["card"], "planned_ctx": v["plan"]["ctx_size"],
-            "planned_total_mib": v["at_plan"].get("planned_total_mib"),
-            "process_mib_at_plan": v["at_plan"].get("process_mib"),
-            "process_mib_one_step_past": v["one_step_past"].get("process_mib"),
-            "under_16_GiB_at_plan": v.get("under_16_GiB_at_plan"),
-            "under_16_GiB_one_step_past": v.get("under_16_GiB_one_step_past"),
-            "planner_on_one_step_past": v.get("planner_on_step_past"),
+            "planned_gpu_layers": v["plan"]["gpu_layers"], "n_layer": v["plan"]["n_layer"],
+            "planned_kv_type": v["plan"]["cache_type"], "plan_note": v["plan"]["note"],
+            "card_limit_mib": v.get("card_limit_mib"),
+            **{f"{k}_planned_total_mib": v[k].get("planned_total_mib") for k in ("at_plan", "one_layer_past",
+                                                                                 "one_ctx_step_past") if k in v},
+            **{f"{k}_process_mib": v[k].get("process_mib") for k in ("at_plan", "one_layer_past",
+                                                                     "one_ctx_step_past") if k in v},
+            **{k: v[k] for k in v if k.startswith("fits_card_")},
             "quantize_seconds": (v.get("quantize") or {}).get("seconds"),
         }  # fmt: skip
     return out
@@ -879,6 +989,7 @@ def main(argv=None) -> None:
     ap.add_argument("--cpu-src", help="with --cpu-check: a llama.cpp source tree (the converter, gguf-py)")
     ap.add_argument("--scale-down", type=int, default=1)
     ap.add_argument("--contexts", default="2048,4096,8192")
+    ap.add_argument("--v100-shape", default="gemma3-27b", help="the shape planned for a V100 16 GB")
     ap.add_argument("--parallel", default="4,8", help="server_parallel values for the aggregate prefill")
     ap.add_argument("--summarize", metavar="JSON", help="add the derived summary to a results file, and stop")
     a = ap.parse_args(argv)

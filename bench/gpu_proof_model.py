@@ -42,6 +42,12 @@ SHAPES = {
                               num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                               vocab_size=131072, rope_theta=1000000000.0,
                               max_position_embeddings=131072, rms_norm_eps=1e-5),
+    # Gemma-3-27B (text part), the write-up's model: GQA 32/16, tied embeddings, five
+    # sliding-window layers (1024 tokens) to every dense one; Q4_K_M about 16.5 GB
+    "gemma3-27b": dict(arch="gemma3", hidden_size=5376, intermediate_size=21504, num_hidden_layers=62,
+                       num_attention_heads=32, num_key_value_heads=16, head_dim=128,
+                       vocab_size=262208, rope_theta=1000000.0, max_position_embeddings=131072,
+                       rms_norm_eps=1e-6, sliding_window=1024, rope_scaling_linear=8.0),
 }  # fmt: skip
 
 STD = 0.02
@@ -53,7 +59,8 @@ def scaled(shape: dict, down: int) -> dict:
     s = dict(shape)
     for k in ("intermediate_size", "vocab_size"):
         s[k] = max(256, shape[k] // down)
-    s["num_hidden_layers"] = max(2, shape["num_hidden_layers"] // down)
+    # a sliding-window shape keeps one dense layer in every six
+    s["num_hidden_layers"] = max(7 if "sliding_window" in shape else 2, shape["num_hidden_layers"] // down)
     s["num_attention_heads"] = max(4, shape["num_attention_heads"] // down)
     s["num_key_value_heads"] = max(2, shape["num_key_value_heads"] // down)
     s["head_dim"] = min(shape["head_dim"], 64)
@@ -63,10 +70,14 @@ def scaled(shape: dict, down: int) -> dict:
 
 
 def tensors(shape: dict):
-    """(HF name, GGUF name, dims in row-major (rows, cols) order, is_norm) of a Llama."""
+    """(HF name, GGUF name, dims in row-major (rows, cols) order, is_norm) of a Llama, or
+    of a Gemma 3 (llama.cpp's src/models/gemma3.cpp: q/k norms, post-attention and
+    post-FFN norms, no output.weight: the token embedding is the output layer too)."""
     h, f, v = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
-    q = shape["num_attention_heads"] * shape["head_dim"]
-    kv = shape["num_key_value_heads"] * shape["head_dim"]
+    d = shape["head_dim"]
+    q = shape["num_attention_heads"] * d
+    kv = shape["num_key_value_heads"] * d
+    gemma = shape.get("arch") == "gemma3"
     yield "model.embed_tokens.weight", "token_embd.weight", (v, h), False
     for i in range(shape["num_hidden_layers"]):
         p, g = f"model.layers.{i}.", f"blk.{i}."
@@ -74,13 +85,23 @@ def tensors(shape: dict):
         yield p + "self_attn.q_proj.weight", g + "attn_q.weight", (q, h), False
         yield p + "self_attn.k_proj.weight", g + "attn_k.weight", (kv, h), False
         yield p + "self_attn.v_proj.weight", g + "attn_v.weight", (kv, h), False
+        if gemma:
+            yield p + "self_attn.q_norm.weight", g + "attn_q_norm.weight", (d,), True
+            yield p + "self_attn.k_norm.weight", g + "attn_k_norm.weight", (d,), True
         yield p + "self_attn.o_proj.weight", g + "attn_output.weight", (h, q), False
-        yield p + "post_attention_layernorm.weight", g + "ffn_norm.weight", (h,), True
+        if gemma:
+            yield p + "post_attention_layernorm.weight", g + "post_attention_norm.weight", (h,), True
+            yield p + "pre_feedforward_layernorm.weight", g + "ffn_norm.weight", (h,), True
+        else:
+            yield p + "post_attention_layernorm.weight", g + "ffn_norm.weight", (h,), True
         yield p + "mlp.gate_proj.weight", g + "ffn_gate.weight", (f, h), False
         yield p + "mlp.up_proj.weight", g + "ffn_up.weight", (f, h), False
         yield p + "mlp.down_proj.weight", g + "ffn_down.weight", (h, f), False
+        if gemma:
+            yield p + "post_feedforward_layernorm.weight", g + "post_ffw_norm.weight", (h,), True
     yield "model.norm.weight", "output_norm.weight", (h,), True
-    yield "lm_head.weight", "output.weight", (v, h), False
+    if not gemma:
+        yield "lm_head.weight", "output.weight", (v, h), False
 
 
 class Draw:
@@ -151,7 +172,8 @@ def write_checkpoint(shape: dict, out: Path, tokenizer: Path, shard_bytes: int =
 
 
 def write_gguf(shape: dict, out: Path, gguf_py: Path, name: str) -> dict:
-    """An f16 GGUF of a Llama with a byte-level vocabulary padded to the shape's vocab_size."""
+    """An f16 GGUF of a Llama (or a Gemma 3) with a byte-level vocabulary padded to the
+    shape's vocab_size."""
     sys.path.insert(0, str(gguf_py))
     import gguf
     import numpy as np
@@ -165,7 +187,8 @@ def write_gguf(shape: dict, out: Path, gguf_py: Path, name: str) -> dict:
     scores += [-10000.0] * pad
     types += [5] * pad  # unused
 
-    w = gguf.GGUFWriter(str(out), "llama")
+    arch = shape.get("arch", "llama")
+    w = gguf.GGUFWriter(str(out), arch)
     w.add_name(name)
     w.add_context_length(shape["max_position_embeddings"])
     w.add_embedding_length(shape["hidden_size"])
@@ -178,7 +201,13 @@ def write_gguf(shape: dict, out: Path, gguf_py: Path, name: str) -> dict:
     w.add_rope_dimension_count(shape["head_dim"])
     w.add_rope_freq_base(shape["rope_theta"])
     w.add_layer_norm_rms_eps(shape["rms_norm_eps"])
-    w.add_vocab_size(shape["vocab_size"])
+    if arch == "llama":
+        w.add_vocab_size(shape["vocab_size"])
+    if "sliding_window" in shape:
+        w.add_sliding_window(shape["sliding_window"])
+    if "rope_scaling_linear" in shape:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(shape["rope_scaling_linear"])
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
