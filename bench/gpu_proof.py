@@ -264,7 +264,7 @@ class Proof:
         if card is None:
             gpus = () if self.cpu else self.fact(NvidiaSmi).gpus
             card_mib = min((planning_memory_mib(g.pci_device_id, g.memory_mib) for g in gpus), default=None) \
-                if settings.server.gpu_layers else None  # fmt: skip
+                if settings.server.gpu_layers != 0 else None  # fmt: skip
             card_desc = [dict(name=g.name, memory_mib=g.memory_mib, pci_device_id=g.pci_device_id) for g in gpus]
         else:
             card_mib = planning_memory_mib(*card)

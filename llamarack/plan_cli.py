@@ -17,7 +17,7 @@ from llamarack.model_shapes import hub_gguf_shape, local_gguf_shape, shape_from_
 from llamarack.planner import (AUTO_KV_TYPES, KV_TYPE_BYTES, MIB, Knobs, PlanError, context_cap, largest_context,
                                ledger, plan)  # fmt: skip
 from llamarack.secrets import read_token
-from llamarack.settings import QUANT_TYPES
+from llamarack.settings import DEFAULT_RESERVE_MIB, QUANT_TYPES
 
 GIB = 2**30
 
@@ -87,8 +87,8 @@ def _gib(n: float) -> str:
 @click.option("--rope-scaling", type=click.Choice(("none", "yarn", "linear")), default="none", show_default=True)
 @click.option("--rope-scale", default=1.0, show_default=True, type=click.FloatRange(1.0))
 @click.option("--yarn-orig-ctx", type=click.IntRange(1), help="YaRN's original context (default: the GGUF's)")
-@click.option("--reserve-mib", default=1024, show_default=True, type=click.IntRange(0),
-              help="per card: CUDA context and what the compute estimate misses")
+@click.option("--reserve-mib", default=DEFAULT_RESERVE_MIB, show_default=True, type=click.IntRange(0),
+              help="per card: the CUDA context, cuBLAS workspace and pools")
 @click.option("--no-flash-attn", is_flag=True, help="plan without flash attention (V stays f16)")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def plan_command(gguf, hub_repo, revision, hub_file, hub_endpoint, hub_token_file, config_json, quant, gpu, gpus,

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from llamarack.rules import Failure
+from llamarack.settings import DEFAULT_RESERVE_MIB
 
 MIB = 2**20
 # Bytes per stored value of each KV cache type (GGML block size / values per block).
@@ -81,7 +82,7 @@ class Knobs:
     rope_scaling: str = "none"  # none, yarn, linear
     rope_scale: float = 1.0
     rope_orig_ctx: Optional[int] = None  # None: from the GGUF
-    reserve_mib: int = 1024
+    reserve_mib: int = DEFAULT_RESERVE_MIB
 
 
 @dataclass(frozen=True)

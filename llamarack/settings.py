@@ -480,6 +480,13 @@ class ModelSettings:
     )
 
 
+# Card memory no llama.cpp buffer line names: the CUDA context, cuBLAS workspace and
+# pools. Measured on the lent H200 (CUDA 13, driver 580): 601-611 MiB beyond the
+# model, KV and compute buffers in all 14 runs of bench/results/gpu-proof.json
+# (memory_plan), whatever the model, context, KV type or layers; +5%, to 64 MiB.
+DEFAULT_RESERVE_MIB = 640
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     """How llama-server runs."""
@@ -533,7 +540,8 @@ class ServerSettings:
         "reaches server_listen may use it (a closed lab network)",
     )
     memory_reserve_mib: int = setting(
-        1024, "card memory kept free of weights and KV cache (CUDA context, compute buffers)",
+        DEFAULT_RESERVE_MIB, "card memory kept free of weights, KV cache and compute buffers (CUDA context, "
+        "cuBLAS workspace, pools: 601-611 MiB measured on an H200)",
         _positive,
     )
     health_timeout: int = setting(
