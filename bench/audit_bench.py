@@ -43,6 +43,8 @@ sys.path.insert(0, str(ROOT))
 from llamarack.lab import rack as rackmod  # noqa: E402
 from llamarack.lab.pytest_plugin import count_remote_work, pyinfra_command  # noqa: E402
 
+from converged_bench import _cpu, _pyinfra_version, ssh_fan_out  # noqa: E402  (this folder's)
+
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's llamarack, whatever is installed
 
 
@@ -58,15 +60,6 @@ def audit(inventory: Path, *args: str) -> tuple[float, float, dict, str]:
     if r.returncode != 0:
         raise SystemExit(f"audit exit {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
     return wall, cpu, json.loads(r.stdout), r.stderr
-
-
-def ssh_fan_out(rack) -> float:
-    """Wall time of ``ssh HOST true`` to every host at once: the floor any remote audit pays."""
-    started = time.monotonic()
-    procs = [subprocess.Popen(rack.ssh_command(h.name, "true"), stdin=subprocess.DEVNULL) for h in rack.hosts]
-    if any(p.wait(timeout=120) for p in procs):
-        raise SystemExit("ssh HOST true failed")
-    return time.monotonic() - started
 
 
 def remote_script_cpu(rack, inventory: Path) -> dict:
@@ -149,19 +142,6 @@ def main() -> int:
     (ROOT / "bench/results" / name).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
     return 0
-
-
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
-def _pyinfra_version() -> str:
-    import pyinfra
-
-    return getattr(pyinfra, "__version__", "?")
 
 
 def _openssh_version() -> str:
