@@ -127,7 +127,8 @@ class FactsTogether(FactBase[dict]):
                                            if _requires_python(fact, kwargs) else f"echo {self.marker} rc 127")
             for i, fact, kwargs, _ in runs
         )  # fmt: skip
-        together = remote.command("host_runs", self.marker, json.dumps(spec, separators=(",", ":")))
+        # -I -S: host modules use the standard library only, and site's start-up is half a python3's
+        together = remote.command("host_runs", self.marker, json.dumps(spec, separators=(",", ":")), flags=("-I", "-S"))
         return f"if command -v python3 >/dev/null 2>&1; then {together} </dev/null 2>/dev/null; else {without}; fi"
 
     def process(self, output) -> dict:

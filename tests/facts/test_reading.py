@@ -200,7 +200,7 @@ def host_runs(tmp_path):
 def test_host_module_runs_read_together_share_one_python3_and_get_what_they_get_alone(host_runs):
     together = FactsTogether()
     command = together.command(reads=host_runs)
-    assert command.count("python3 -c '# Runs on the host") == 1  # seven runs, one interpreter
+    assert command.count("python3 -I -S -c '# Runs on the host") == 1 and command.count("python3 -c '") == 0
     status, lines = sh(command)
     answers = together.process(lines)
     assert status == 0 and sorted(answers) == list(range(len(host_runs)))
