@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from pyinfra.facts.files import FileContents, Link
+from pyinfra.facts.server import LinuxDistribution
 
 from .facts import (
     BuildRecord,
@@ -67,7 +68,8 @@ def audit_reads(settings: Settings) -> tuple[FactRead, ...]:
     (``gather``), the deploy's facts that the wanted side is planned from, and what the
     audit only reports (build record, unit text and state, /health, GPU processes, disk)."""
     layout, root = settings.layout, settings.general.root
-    return tuple(dict.fromkeys(preflight_reads(settings) + (
+    rules = tuple(r for r in preflight_reads(settings) if r.fact is not LinuxDistribution)  # preflight's own OS check
+    return tuple(dict.fromkeys(rules + (
         FactRead.of(PythonEnvPackages, env=layout.env("awq")),
         FactRead.of(PythonEnvPackages, env=layout.env("convert")),
         FactRead.of(RequirementsFile, path=layout.converter_requirements),
