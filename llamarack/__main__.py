@@ -1,5 +1,5 @@
 """python -m llamarack: the llamarack command."""
 
-from .cli import main
+from .cli import entry
 
-main()
+entry()

@@ -1,7 +1,8 @@
 """``llamarack audit``: what each host runs, against what its settings would deploy.
 
-One remote command per host (``FactsTogether`` of every fact below), hosts
-in parallel, nothing changed. The wanted side is computed by the same
+One remote command per host (``FactsTogether`` of every fact below, sent to
+the host's shell through the system's OpenSSH client: ``llamarack/openssh.py``),
+hosts in parallel, nothing changed. The wanted side is computed by the same
 settings loader and planners the deploy uses (the build stamp, the env
 pins, the model record, the unit text), so "no drift" means "a deploy now
 would change nothing".
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from pyinfra.facts.files import FileContents, Link
+from pyinfra.facts.server import LinuxDistribution
 
 from .facts import (
     BuildRecord,
@@ -47,25 +49,36 @@ from .layout import UNIT_NAME, UNIT_PATH
 from .roles.llamacpp.plan import plan_for_host
 from .roles.model.plan import plan_from_record
 from .roles.preflight import gather
-from .roles.preflight.reads import preflight_reads, role_reads
+from .roles.preflight.reads import preflight_reads
 from .roles.python_env.plan import awq_plan, converter_plan, unmet
 from .roles.server.plan import PlanError, health_url, wanted_unit
 from .roles.toolchain.plan import plan_toolchain
 from .rules import build_archs, evaluate
-from .settings import Settings
+from .settings import Settings, settings_for
 
 SCHEMA = "llamarack-audit/1"
 ITEMS = ("gpus", "rules", "driver", "toolchain", "awq_env", "converter_env", "build", "model", "unit",
          "service", "health", "gpu_processes", "disk")  # fmt: skip
 ENV_PACKAGES = ("torch", "transformers", "accelerate", "autoawq", "numpy")
+SCRIPT_TIMEOUT_S = 120  # the connection and the whole script of one host
 
 
 def audit_reads(settings: Settings) -> tuple[FactRead, ...]:
-    """Everything the audit looks at on a host: what the deploy reads, and what it
-    only reports (build record, unit text and state, /health, GPU processes, disk)."""
+    """Everything the audit looks at on a host, and nothing else: what the rules read
+    (``gather``), the deploy's facts that the wanted side is planned from, and what the
+    audit only reports (build record, unit text and state, /health, GPU processes, disk)."""
     layout, root = settings.layout, settings.general.root
-    return tuple(dict.fromkeys(preflight_reads(settings) + role_reads(settings) + (
+    rules = tuple(r for r in preflight_reads(settings) if r.fact is not LinuxDistribution)  # preflight's own OS check
+    return tuple(dict.fromkeys(rules + (
+        FactRead.of(PythonEnvPackages, env=layout.env("awq")),
+        FactRead.of(PythonEnvPackages, env=layout.env("convert")),
+        FactRead.of(RequirementsFile, path=layout.converter_requirements),
+        FactRead.of(LlamacppBuilds, root=root),
         FactRead.of(BuildRecord, root=root),
+        FactRead.of(ModelArtifact, path=layout.current_model),
+        FactRead.of(Link, path=layout.current_build),
+        FactRead.of(Link, path=layout.current_model),
+        FactRead.of(LlamaServerFlags, root=root),
         FactRead.of(GgufShape, path=f"{layout.current_model}/model.gguf"),
         FactRead.of(FileContents, path=UNIT_PATH),
         FactRead.of(UnitState, unit=UNIT_NAME),
@@ -249,54 +262,42 @@ def _target(link) -> Optional[str]:
     return os.path.basename(target.rstrip("/")) if target else None
 
 
-def run(inventory: str, limit: tuple = (), templates: tuple = ()) -> list[HostAudit]:
-    """Connect to the inventory's hosts (or those of ``limit``) in parallel and audit each
-    with one remote command. Unreachable hosts come back with ``reachable`` False."""
-    import gevent
-    from pyinfra.api import Config, State
-    from pyinfra.api.connect import connect_all, disconnect_all
-    from pyinfra.api.exceptions import PyinfraError
-    from pyinfra.context import ctx_host, ctx_inventory, ctx_state
-    from pyinfra_cli.inventory import make_inventory
-
-    from .settings import settings_for
-
-    state = State(check_for_changes=False)
-    state.cwd = os.getcwd()
-    ctx_state.set(state)
-    hosts = make_inventory(inventory, cwd=state.cwd)
-    ctx_inventory.set(hosts)
-    unknown = [name for name in limit if hosts.get_host(name) is None]
-    if unknown:
-        raise ValueError(f"--limit: no host {', '.join(unknown)} in {inventory}")
-    chosen = {hosts.get_host(name) for name in limit} if limit else None
-    config = Config()
-    config.FAIL_PERCENT = 100  # one unreachable host must not stop the audit of the others
-    state.init(hosts, config, initial_limit=chosen)
-    try:
-        connect_all(state)
-    except PyinfraError:
-        pass  # every host unreachable: each says so below
-
-    def one(host) -> HostAudit:
-        with ctx_host.use(host):
-            try:
-                settings = settings_for(host)
-                reads = audit_reads(settings)
-                answers = host.get_fact(FactsTogether, reads=reads)
-                return audit_host(host.name, settings, reads, answers, templates)
-            except Exception as e:  # a host whose facts cannot be read or planned
-                return HostAudit(host.name, reachable=host.connected, error=f"{type(e).__name__}: {e}")
-
-    targets = [h for h in hosts if chosen is None or h in chosen]
-    active = [h for h in targets if h.connected]
-    jobs = {h: state.pool.spawn(one, h) for h in active}
-    gevent.joinall(list(jobs.values()))
+def run(sessions: list, templates: tuple = ()) -> list[HostAudit]:
+    """Audit each host of ``sessions`` (``llamarack.openssh.connect``: their ssh processes
+    already connecting) with one remote command, all at once. A host that cannot be
+    reached comes back with ``reachable`` False; one whose settings fail, with the error."""
+    scripts: dict = {}
+    for s in sessions:
+        try:
+            settings = settings_for(s.host)
+            reads = audit_reads(settings)
+            together = FactsTogether()
+            script = together.command(reads=reads)
+        except Exception as e:  # bad settings: this host only
+            scripts[s.name] = HostAudit(s.name, error=f"{type(e).__name__}: {e}")
+            s.close()
+            continue
+        s.send(script, timeout=SCRIPT_TIMEOUT_S)
+        scripts[s.name] = (settings, reads, together)
     results = []
-    for h in targets:
-        results.append(jobs[h].get() if h in jobs else HostAudit(h.name, reachable=False, error="cannot connect"))
-    disconnect_all(state)
+    for s in sessions:
+        job = scripts[s.name]
+        results.append(job if isinstance(job, HostAudit) else _audit_answer(s.name, s.result(), *job, templates))
     return results
+
+
+def _audit_answer(name: str, answer, settings: Settings, reads: tuple, together: FactsTogether,
+                  templates: tuple) -> HostAudit:  # fmt: skip
+    if not answer.reachable:
+        return HostAudit(name, reachable=False, error=answer.error)
+    try:
+        answers = together.process(answer.output)
+        if not answers:  # not one section ran: sudo refused, no sh
+            why = answer.stderr.strip().splitlines()
+            return HostAudit(name, error=f"the command exited {answer.status}: {why[-1] if why else 'no output'}")
+        return audit_host(name, settings, reads, answers, templates)
+    except Exception as e:  # a host whose facts cannot be processed or planned
+        return HostAudit(name, error=f"{type(e).__name__}: {e}")
 
 
 def exit_status(audits: list[HostAudit]) -> int:

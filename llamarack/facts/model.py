@@ -94,8 +94,11 @@ class GgufShape(FactBase[Optional[dict]]):
 
     requires_command = "python3"
 
+    def host_run(self, path: str) -> tuple:
+        return ("gguf_header", path)
+
     def command(self, path: str) -> str:
-        return remote.command("gguf_header", path)
+        return remote.command(*self.host_run(path))
 
     def process(self, output) -> Optional[dict]:
         try:

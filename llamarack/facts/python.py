@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from dataclasses import dataclass
 from typing import Optional
 
@@ -37,9 +36,11 @@ class PythonEnvPackages(FactBase[Optional[PythonEnv]]):
                   packages={"torch": "2.13.0+cpu", "transformers": "4.44.2", ...})
     """
 
+    def host_run(self, env: str) -> tuple:
+        return ("env_packages", env)
+
     def command(self, env: str) -> str:
-        python = f"{env}/bin/python"
-        return f"if [ -x {shlex.quote(python)} ]; then {remote.command('env_packages', env)}; fi"
+        return remote.command(*self.host_run(env))
 
     def process(self, output) -> Optional[PythonEnv]:
         text = "\n".join(output).strip()
@@ -64,12 +65,11 @@ class RequirementsFile(FactBase[Optional[tuple]]):
          "gguf>=0.1.0", "protobuf>=4.21.0,<5.0.0", "torch==2.11.0")
     """
 
+    def host_run(self, path: str) -> tuple:
+        return ("requirements_flatten", path)
+
     def command(self, path: str) -> str:
-        quoted = shlex.quote(path)
-        return (
-            f"if [ -f {quoted} ]; then {remote.command('requirements_flatten', path)}; "
-            "else echo 'llamarack: no such file'; fi"
-        )
+        return remote.command(*self.host_run(path))
 
     def process(self, output) -> Optional[tuple]:
         if output == ["llamarack: no such file"]:

@@ -19,6 +19,7 @@ after a command of the same operation calls ``host.get_fact`` itself.
 
 from __future__ import annotations
 
+import json
 import secrets
 import weakref
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ from typing import Any, Optional
 from pyinfra import host, logger
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
+
+from .. import remote
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,14 @@ class Answer:
     error: Optional[str] = None
 
 
+def _requires_python(fact: FactBase, kwargs: dict) -> bool:
+    requires = fact.requires_command
+    requires = _text(requires(**kwargs) if callable(requires) else requires) or None
+    if requires not in (None, "python3"):
+        raise ValueError(f"{type(fact).__name__}: a fact with a host_run may require python3 only")
+    return requires == "python3"
+
+
 class FactsTogether(FactBase[dict]):
     """
     Returns the answers of several facts, their commands run in one shell command
@@ -83,17 +94,42 @@ class FactsTogether(FactBase[dict]):
 
     Each fact's output goes to its own ``process`` (on the instance that made its
     command: some facts keep their arguments there), exactly as pyinfra would.
+    A fact whose command is one run of a host module says which (``host_run(**kwargs)``
+    gives the module's name and arguments; its ``command`` is ``remote.command`` of
+    them): those runs share one python3 instead of starting one each.
     Read through ``read_together``.
     """
 
     def command(self, reads: tuple) -> str:
         self.marker = f"llamarack-section-{secrets.token_hex(8)}"
         self.facts = [r.fact() for r in reads]
-        return "\n".join(
-            f"echo {self.marker} {i}; ( {_command_text(fact, dict(r.kwargs))} ) </dev/null 2>/dev/null; "
-            f"echo {self.marker} rc $?"
-            for i, (r, fact) in enumerate(zip(reads, self.facts))
-        )
+        sections, runs = [], []
+        for i, (r, fact) in enumerate(zip(reads, self.facts)):
+            run = fact.host_run(**dict(r.kwargs)) if hasattr(fact, "host_run") else None
+            if run is not None:
+                runs.append((i, fact, dict(r.kwargs), run))
+                continue
+            sections.append(f"echo {self.marker} {i}; ( {_command_text(fact, dict(r.kwargs))} ) </dev/null 2>/dev/null; "
+                            f"echo {self.marker} rc $?")  # fmt: skip
+        if runs:
+            sections.append(self._host_runs(runs))
+        return "\n".join(sections)
+
+    def _host_runs(self, runs: list) -> str:
+        """The facts that are one run of a host module each (``host_run``), all run by one
+        python3 (``llamarack/remote/host_runs.py``), in sections as the shell's. Where the host
+        has no python3, each says so as it would alone: missing for a fact that requires
+        python3, else the shell's 127."""
+        spec = {"sources": {name: remote.source(name) for *_, (name, *_) in runs},
+                "runs": [[i, name, [str(a) for a in args]] for i, *_, (name, *args) in runs]}  # fmt: skip
+        without = "; ".join(
+            f"echo {self.marker} {i}; " + (f"echo {MISSING_COMMAND}; echo {self.marker} rc 0"
+                                           if _requires_python(fact, kwargs) else f"echo {self.marker} rc 127")
+            for i, fact, kwargs, _ in runs
+        )  # fmt: skip
+        # -I -S: host modules use the standard library only, and site's start-up is half a python3's
+        together = remote.command("host_runs", self.marker, json.dumps(spec, separators=(",", ":")), flags=("-I", "-S"))
+        return f"if command -v python3 >/dev/null 2>&1; then {together} </dev/null 2>/dev/null; else {without}; fi"
 
     def process(self, output) -> dict:
         sections: dict = {}

@@ -116,8 +116,11 @@ class HttpStatus(FactBase[Optional[int]]):
         200
     """
 
+    def host_run(self, url: str) -> tuple:
+        return ("http_status", url)
+
     def command(self, url: str) -> str:
-        return remote.command("http_status", url)
+        return remote.command(*self.host_run(url))
 
     def process(self, output) -> Optional[int]:
         word = output[-1].strip() if output else ""

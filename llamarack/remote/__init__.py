@@ -47,6 +47,7 @@ def argv(*words) -> str:
     return " ".join(shlex.quote(str(w)) for w in words)
 
 
-def command(name: str, *args: str, python: str = "python3") -> str:
-    """The shell command that runs host module ``name`` with ``args`` (each quoted)."""
-    return argv(python, "-c", source(name), *args)
+def command(name: str, *args: str, python: str = "python3", flags: tuple = ()) -> str:
+    """The shell command that runs host module ``name`` with ``args`` (each quoted);
+    ``flags`` go to the interpreter (``-I -S``: no environment, no site-packages)."""
+    return argv(python, *flags, "-c", source(name), *args)

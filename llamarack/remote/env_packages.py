@@ -1,7 +1,7 @@
 # Runs on the host (standard library only, imports nothing from llamarack; run by llamarack.remote.command).
 """Print the Python version of the env at ENV and every distribution installed in it, as JSON.
 
-    python3 -c SOURCE ENV
+    python3 -c SOURCE ENV      (nothing when ENV/bin/python is not there)
 
 Reads the env's own files, not its interpreter: the version from the venv's
 ``pyvenv.cfg`` (or the conda env's ``conda-meta/python-*.json``), the
@@ -58,4 +58,6 @@ def env_packages(env: str) -> dict:
 
 if __name__ == "__main__":
     env = sys.argv[1]
+    if not os.access(os.path.join(env, "bin", "python"), os.X_OK):
+        sys.exit(0)  # no env yet: nothing to say
     print(json.dumps({"python": env_python_version(env), "packages": env_packages(env)}))

@@ -1,7 +1,7 @@
 # Runs on the host (standard library only, imports nothing from llamarack; run by llamarack.remote.command).
 """Print the requirement lines of a pip requirements file, its ``-r`` includes followed.
 
-    python3 -c SOURCE REQUIREMENTS.txt
+    python3 -c SOURCE REQUIREMENTS.txt     ("llamarack: no such file" when it is not there)
 
 Options lines (``--extra-index-url`` and the like) are dropped on purpose:
 every outside source is a llamarack setting, never a line in someone else's file.
@@ -31,5 +31,8 @@ def read(path, seen):
 
 
 if __name__ == "__main__":
+    if not os.path.isfile(sys.argv[1]):
+        print("llamarack: no such file")
+        sys.exit(0)
     for requirement in read(sys.argv[1], set()):
         print(requirement)

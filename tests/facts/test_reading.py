@@ -7,8 +7,10 @@ from what a host said until one of that host's operations ran a command.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 
 import pytest
 from pyinfra.api import FactBase
@@ -159,3 +161,80 @@ def test_the_together_command_fits_one_argument_under_sudo(reads):
     command = FactsTogether().command(reads=preflight_reads(settings) + role_reads(settings))
     assert len(command.encode()) < 128 * 1024 - 4096, len(command)
     assert os.path.basename(command.split()[0]) == "echo"
+
+
+@pytest.fixture
+def host_runs(tmp_path):
+    """Facts that are one host module's run each, on real files here: an env, a
+    requirements file with an include, a GGUF, an HTTP server; and where each is absent."""
+    import http.server
+    import threading
+
+    from llamarack.facts import GgufShape, HttpStatus, PythonEnvPackages, RequirementsFile
+    from llamarack.remote import llamacpp_proof
+
+    env = tmp_path / "env"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").symlink_to(sys.executable)
+    (env / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.11.2\n")
+    (env / "lib" / "python3.11" / "site-packages" / "accelerate-0.33.0.dist-info").mkdir(parents=True)
+    (tmp_path / "base.txt").write_text("numpy~=1.26\n--extra-index-url http://x\n")
+    (tmp_path / "req.txt").write_text("-r base.txt\ntorch==2.13.0  # pinned\n")
+    gguf = tmp_path / "model.gguf"
+    llamacpp_proof.write_smoke_gguf(str(gguf))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield (
+        FactRead.of(PythonEnvPackages, env=str(env)),
+        FactRead.of(PythonEnvPackages, env=str(tmp_path / "no-env")),
+        FactRead.of(RequirementsFile, path=str(tmp_path / "req.txt")),
+        FactRead.of(RequirementsFile, path=str(tmp_path / "no.txt")),
+        FactRead.of(GgufShape, path=str(gguf)),
+        FactRead.of(GgufShape, path=str(tmp_path / "no.gguf")),
+        FactRead.of(HttpStatus, url=f"http://127.0.0.1:{server.server_address[1]}/nothing-here"),
+        FactRead.of(FreeDiskBytes, path=str(tmp_path)),
+    )
+    server.shutdown()
+
+
+def test_host_module_runs_read_together_share_one_python3_and_get_what_they_get_alone(host_runs):
+    together = FactsTogether()
+    command = together.command(reads=host_runs)
+    assert command.count("python3 -I -S -c '# Runs on the host") == 1 and command.count("python3 -c '") == 0
+    status, lines = sh(command)
+    answers = together.process(lines)
+    assert status == 0 and sorted(answers) == list(range(len(host_runs)))
+    for i, r in enumerate(host_runs[:-1]):
+        assert answers[i] == Answer(0, alone(r)), r
+    env, no_env, req, no_req, gguf, no_gguf, http, _ = (answers[i].value for i in range(len(host_runs)))
+    assert env.python_version == "3.11.2" and env.packages == {"accelerate": "0.33.0"} and no_env is None
+    assert req == ("numpy~=1.26", "torch==2.13.0") and no_req is None
+    assert gguf["architecture"] == "llama" and no_gguf is None
+    assert http == 404
+
+
+def test_without_python3_each_host_module_fact_answers_as_it_would_alone(host_runs, tmp_path):
+    bin_dir = tmp_path / "bin"  # sh's tools, but no python3
+    bin_dir.mkdir()
+    for tool in ("df", "tail", "dirname"):
+        (bin_dir / tool).symlink_to(subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True,
+                                                    text=True).stdout.strip())  # fmt: skip
+    together = FactsTogether()
+    r = subprocess.run(["/bin/sh", "-c", together.command(reads=host_runs)], capture_output=True, text=True,
+                       env={"PATH": str(bin_dir)})  # fmt: skip
+    answers = together.process(r.stdout.splitlines())
+    assert answers[4] == answers[5] == Answer(0, None)  # GgufShape requires python3: missing, its default
+    assert answers[0] == answers[2] == answers[6] == Answer(127)  # the shell's "not found", not kept
+    assert answers[7].status == 0 and answers[7].value > 0
+
+
+def test_a_host_module_that_fails_is_one_failed_section():
+    from llamarack.remote import host_runs
+
+    source = "import sys\nprint('half')\nsys.exit(3)\n"
+    spec = {"sources": {"fails": source, "raises": "raise ValueError('x')", "ok": "print('fine')"},
+            "runs": [[0, "fails", []], [1, "raises", []], [2, "ok", ["a"]]]}  # fmt: skip
+    r = subprocess.run([sys.executable, str(host_runs.__file__), "M", json.dumps(spec)], capture_output=True,
+                       text=True)  # fmt: skip
+    assert r.stdout.splitlines() == ["M 0", "half", "M rc 3", "M 1", "M rc 1", "M 2", "fine", "M rc 0"]
+    assert "ValueError: x" in r.stderr

@@ -14,6 +14,12 @@ OWN_VIEW = ("import importlib.metadata, json, platform; print(json.dumps({'pytho
             "if d.metadata['Name']}}))")  # fmt: skip
 
 
+def interpreter(env) -> None:
+    """The env's bin/python: without one the listing says nothing (no env yet)."""
+    (env / "bin").mkdir(parents=True, exist_ok=True)
+    (env / "bin/python").symlink_to(sys.executable)
+
+
 def test_listing_matches_what_the_env_interpreter_sees(tmp_path):
     env = tmp_path / "env"
     subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)  # with pip: one real distribution
@@ -35,6 +41,7 @@ def test_egg_info_is_read_from_its_metadata(tmp_path):
     (site / "llamarack_probe-1.2.3-py3.11.egg-info/PKG-INFO").write_text(
         "Metadata-Version: 2.1\nName: llamarack-probe\nVersion: 1.2.3\n")
     (tmp_path / "env/pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.11.2\n")
+    interpreter(tmp_path / "env")
     out = subprocess.run(remote.command("env_packages", str(tmp_path / "env")), shell=True, capture_output=True,
                          text=True, check=True).stdout  # fmt: skip
     assert json.loads(out) == {"python": "3.11.2", "packages": {"llamarack-probe": "1.2.3"}}
@@ -48,6 +55,7 @@ def test_a_conda_env_reads_its_python_record(tmp_path):
     (env / "lib/python3.10/site-packages/numpy-1.26.4.dist-info").mkdir(parents=True)
     (env / "lib/python3.10/site-packages/numpy-1.26.4.dist-info/METADATA").write_text(
         "Metadata-Version: 2.1\nName: numpy\nVersion: 1.26.4\n")
+    interpreter(env)
     out = subprocess.run(remote.command("env_packages", str(env)), shell=True, capture_output=True, text=True,
                          check=True).stdout  # fmt: skip
     assert json.loads(out) == {"python": "3.10.14", "packages": {"numpy": "1.26.4"}}

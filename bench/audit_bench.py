@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""What ``llamarack audit`` of the lab rack costs, against a bare ``ssh HOST true`` fan-out to the same hosts.
+
+    python3 bench/audit_bench.py [--reps 7] [--reuse] [--hosts N]     (as root, under the lab lock)
+
+Uses the rack that is up with ``--reuse`` (it must be converged: the audit
+must find no drift), else brings up the default 4-host rack (``--hosts N``:
+N hosts through the rack's own inventory) and deploys it until it converges
+(``pyinfra -y INVENTORY deploy.py``), and takes it down at the end.
+Then, alternating so both see the same load:
+
+- audit_s: wall time of ``llamarack audit INVENTORY --json`` (exit 0, every host
+  reachable, no drift), median of --reps;
+- ssh_true_fan_out_s: wall time of ``ssh HOST true`` to every host at once (the
+  lab's own ssh command line), median of --reps; and their ratio (issue 12's
+  goal: at most 2, and under 1 s for 4 hosts);
+- audit_control_cpu_s: the audit's CPU on this machine (its ssh children included);
+- audit_remote_commands_per_host: from one ``--debug`` run (goal: 1);
+- remote_script_cpu_s: per host, the CPU (user + sys) of the one script the
+  audit sends, run once more under the host's ``bash`` ``time``;
+- the machine (CPU model, cores) and the load average before and after.
+
+The lab's hosts are containers on this machine: their sshd, their script and
+the audit's own Python share its cores (2 here), so both figures are CPU-bound.
+
+Writes bench/results/audit.json (``audit-<N>hosts.json`` for another N).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from llamarack.lab import rack as rackmod  # noqa: E402
+from llamarack.lab.pytest_plugin import count_remote_work, pyinfra_command  # noqa: E402
+
+from converged_bench import _cpu, _pyinfra_version, ssh_fan_out  # noqa: E402  (this folder's)
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's llamarack, whatever is installed
+
+
+def audit(inventory: Path, *args: str) -> tuple[float, float, dict, str]:
+    """(wall seconds, CPU seconds here, report, stderr) of one audit; it must find every host converged."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "llamarack", "audit", str(inventory), "--json", *args], cwd=ROOT,
+                       env=ENV, capture_output=True, text=True, timeout=600)  # fmt: skip
+    wall = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    if r.returncode != 0:
+        raise SystemExit(f"audit exit {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return wall, cpu, json.loads(r.stdout), r.stderr
+
+
+def remote_script_cpu(rack, inventory: Path) -> dict:
+    """Per host: user + sys seconds of the audit's one script, run by the host's bash ``time``."""
+    from llamarack import openssh
+
+    hosts = openssh.load_inventory(str(inventory))
+    from llamarack.audit import audit_reads
+    from llamarack.facts.reading import FactsTogether
+    from llamarack.settings import settings_for
+
+    cpu = {}
+    for h in rack.hosts:
+        script = FactsTogether().command(reads=audit_reads(settings_for(hosts.get_host(h.name))))
+        r = subprocess.run(rack.ssh_command(h.name, "bash -c 'TIMEFORMAT=\"%U %S\"; time sh -s >/dev/null'"),
+                           input=script, capture_output=True, text=True, timeout=120)  # fmt: skip
+        user, sys_ = r.stderr.split()[-2:]
+        cpu[h.name] = round(float(user) + float(sys_), 3)
+    return cpu
+
+
+def converge(inventory: Path) -> None:
+    for _ in range(2):
+        r = subprocess.run([*pyinfra_command(), "-y", str(inventory), str(ROOT / "deploy.py")], cwd=ROOT, env=ENV,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=3600)  # fmt: skip
+        if r.returncode != 0:
+            raise SystemExit(f"deploy failed (rc {r.returncode}):\n{r.stdout[-4000:]}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--reuse", action="store_true", help="use the rack that is up (converged)")
+    ap.add_argument("--hosts", type=int, default=4, help="hosts in a rack brought up here (default 4)")
+    args = ap.parse_args()
+    rack = rackmod.load()
+    if rack is not None and not args.reuse:
+        raise SystemExit("a lab rack is up: run 'llamarack lab down' first, or pass --reuse")
+    brought_up = rack is None
+    rack = rack or rackmod.up(n=args.hosts)
+    inventory = ROOT / "inventory/lab.py" if len(rack.hosts) == 4 else rack.inventory_path
+    try:
+        if brought_up:
+            converge(inventory)
+        hosts = [h.name for h in rack.hosts]
+        # Bytecode as an installed package has it (pip compiles on install; PYTHONDONTWRITEBYTECODE
+        # would otherwise have every run compile this checkout's modules again).
+        subprocess.run([sys.executable, "-m", "compileall", "-q", "llamarack", "roles", "inventory"], cwd=ROOT,
+                       check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+        audit(inventory)  # warm this machine's page cache, as any second run finds it
+        ssh_fan_out(rack)
+        load_before = os.getloadavg()
+        audits, cpus, fan_outs = [], [], []
+        for _ in range(args.reps):
+            fan_outs.append(ssh_fan_out(rack))
+            wall, cpu, report, _ = audit(inventory)
+            assert all(v["reachable"] and not v["drift"] for v in report["hosts"].values()), report
+            audits.append(wall)
+            cpus.append(cpu)
+        load_after = os.getloadavg()
+        work = count_remote_work(audit(inventory, "--debug")[3], hosts)
+        script_cpu = remote_script_cpu(rack, inventory)
+    finally:
+        if brought_up:
+            rackmod.down()
+    median_audit, median_ssh = statistics.median(audits), statistics.median(fan_outs)
+    result = {
+        "date": datetime.date.today().isoformat(),
+        "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(),
+                    "pyinfra": _pyinfra_version(), "openssh": _openssh_version()},  # fmt: skip
+        "hosts": len(hosts),
+        "reps": args.reps,
+        "bytecode": "compiled first (python3 -m compileall), as an installed package has it",
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in load_after],
+        "audit_s": {"median": round(median_audit, 3), "runs": [round(t, 3) for t in audits]},
+        "ssh_true_fan_out_s": {"median": round(median_ssh, 3), "runs": [round(t, 3) for t in fan_outs]},
+        "audit_over_ssh_fan_out": round(median_audit / median_ssh, 2),
+        "goal": {"audit_over_ssh_fan_out_at_most": 2.0, "audit_s_under_for_4_hosts": 1.0},
+        "audit_control_cpu_s": {"median": round(statistics.median(cpus), 3)},
+        "audit_remote_commands_per_host": {h: v["remote_commands"] for h, v in work.items()},
+        "remote_script_cpu_s": script_cpu,
+    }
+    name = "audit.json" if len(hosts) == 4 else f"audit-{len(hosts)}hosts.json"
+    (ROOT / "bench/results" / name).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+def _openssh_version() -> str:
+    return subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
