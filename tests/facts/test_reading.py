@@ -57,7 +57,9 @@ def reads(tmp_path):
     unit = tmp_path / "unit with space.service"
     unit.write_text("[Unit]\nDescription=x\n")
     return (
-        FactRead.of(FreeDiskBytes, path=str(tmp_path)),
+        # /dev: a filesystem nothing writes to while the test runs (the disk's free space moves
+        # between the two reads when other jobs write)
+        FactRead.of(FreeDiskBytes, path="/dev"),
         FactRead.of(SystemUser, user="nobody"),
         FactRead.of(SystemUser, user="llamarack-nobody-here"),
         FactRead.of(Sha1File, path=str(unit)),
@@ -192,7 +194,9 @@ def host_runs(tmp_path):
         FactRead.of(GgufShape, path=str(gguf)),
         FactRead.of(GgufShape, path=str(tmp_path / "no.gguf")),
         FactRead.of(HttpStatus, url=f"http://127.0.0.1:{server.server_address[1]}/nothing-here"),
-        FactRead.of(FreeDiskBytes, path=str(tmp_path)),
+        # /dev: a filesystem nothing writes to while the test runs (the disk's free space moves
+        # between the two reads when other jobs write)
+        FactRead.of(FreeDiskBytes, path="/dev"),
     )
     server.shutdown()
 
