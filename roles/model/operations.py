@@ -127,7 +127,8 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
                        f"{durable_rename(s + '/model.gguf.tmp', s + '/model.gguf')}; }}")  # fmt: skip
         yield fetcher("seal", "--stamp", f"{s}/stamp.plan.json", "--gguf", f"{s}/model.gguf",
                       "--out", f"{s}/stamp.json")  # fmt: skip
-        scratch = [f"{s}/manifest.json", f"{s}/stamp.plan.json"]
+        # The token never goes into a served directory, whatever cut the fetch short.
+        scratch = [f"{s}/manifest.json", f"{s}/stamp.plan.json", token_path, token_path + ".new"]
         if plan.converts and not plan.keep_intermediates:
             scratch += [f"{s}/hf"] + ([f"{s}/model-{plan.outtype}.gguf"] if plan.quantizes else [])
         yield "rm -rf " + " ".join(q(p) for p in scratch)

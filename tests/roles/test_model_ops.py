@@ -127,7 +127,7 @@ def test_missing_artifact_is_fetched_converted_quantized_sealed_and_moved():
     assert shell[1] == f"rm -f {s}/hub-token {s}/hub-token.new"  # a killed run's token, first
     shell = shell[1:]
     assert shell[1].startswith(f"{{ {fetch} >> {s}/fetch.log 2>&1; rc=$?; [ $rc = 0 ] || {{ tail -n 40 {s}/fetch.log >&2;")
-    assert "hub-token" not in " ".join(shell[1:])
+    assert "hub-token" not in " ".join(shell[1:5])  # no token without one: only the scratch removal names it
     assert (f"/opt/lr/envs/convert/bin/python /opt/lr/src/llama.cpp/convert_hf_to_gguf.py {s}/hf "
             f"--outtype f16 --outfile {s}/model-f16.gguf.tmp >> {s}/convert.log 2>&1") in shell[2]  # fmt: skip
     assert (f"/opt/lr/builds/current/bin/llama-quantize {s}/model-f16.gguf {s}/model.gguf.tmp Q4_K_M "
@@ -136,7 +136,9 @@ def test_missing_artifact_is_fetched_converted_quantized_sealed_and_moved():
     assert shell[2].endswith(f"sync -- {s}/model-f16.gguf.tmp && mv -f -- {s}/model-f16.gguf.tmp {s}/model-f16.gguf; }}")
     assert shell[3].endswith(f"sync -- {s}/model.gguf.tmp && mv -f -- {s}/model.gguf.tmp {s}/model.gguf; }}")
     assert shell[4].startswith(remote.command("model_fetch", "seal"))
-    assert shell[5] == f"rm -rf {s}/manifest.json {s}/stamp.plan.json {s}/hf {s}/model-f16.gguf"
+    # the token too: whatever cut its fetch short, it never reaches the served directory
+    assert shell[5] == (f"rm -rf {s}/manifest.json {s}/stamp.plan.json {s}/hub-token {s}/hub-token.new "
+                        f"{s}/hf {s}/model-f16.gguf")  # fmt: skip
     assert shell[6] == f"chmod 755 {s} && mv -T {s} {d}"
     assert shell[7].startswith(f"ln -sfn {PLAN.name} ")
 
