@@ -134,19 +134,19 @@ class Poller(threading.Thread):
         self.ip, self.interval, self.timeout = ip, interval, timeout
         self.requests = 0
         self.failures: list[tuple[float, int]] = []  # (seconds since start, status; 0: no answer)
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self.started_at = time.monotonic()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             status = health(self.ip, timeout=self.timeout)
             self.requests += 1
             if status != 200:
                 self.failures.append((round(time.monotonic() - self.started_at, 2), status))
-            self._stop.wait(self.interval)
+            self._halt.wait(self.interval)
 
     def stop(self) -> dict:
-        self._stop.set()
+        self._halt.set()
         self.join()
         return self.summary()
 
