@@ -113,7 +113,7 @@ def fault_hub(kind):
     def setup(ctx, f):
         ctx.hub = HubServer({services.HUB_REPO: services.prepare_hub()}, host="10.77.0.1").start()
         if kind == "cut":
-            ctx.hub.drop_after("model.safetensors", 1_000_000)
+            ctx.hub.drop_after("model.safetensors", 1_000_000, times=2)  # the try and its one retry
         else:
             ctx.hub.corrupt("model.safetensors")
         f.data = f.data + [f"model_hf_endpoint={ctx.hub.url}"]
@@ -182,8 +182,8 @@ def broken_commit() -> str:
 FAULTS = [
     Fault("ssh-cut", "every SSH session to the host killed while the model converts",
           NEW_MODEL, NEW_MODEL, inject=at_convert_then(cut_ssh)),
-    Fault("hub-cut", "the hub cuts model.safetensors after 1 MB (no retries left)",
-          NEW_MODEL + ["model_fetch_retries=0"], NEW_MODEL, setup=fault_hub("cut"), cleanup=stop_hub),
+    Fault("hub-cut", "the hub cuts model.safetensors at 1 MB, on the try and on its one retry",
+          NEW_MODEL + ["model_fetch_retries=1"], NEW_MODEL, setup=fault_hub("cut"), cleanup=stop_hub),
     Fault("hub-wrong-sha", "the hub serves other bytes for model.safetensors (sha256 differs)",
           NEW_MODEL, NEW_MODEL, setup=fault_hub("corrupt"), cleanup=stop_hub),
     Fault("build-fails", "a llama.cpp commit that does not compile", ["llamacpp_commit=BROKEN"], []),
@@ -198,7 +198,8 @@ FAULTS = [
     Fault("driver-mismatch", "a driver upgrade waiting for its reboot (NVML library/module mismatch)",
           NEW_MODEL, [], setup=break_driver, cleanup=mend_driver),
     Fault("host-unreachable", "one host refuses SSH at the start; the other must go on",
-          NEW_MODEL, NEW_MODEL, victim=B, hosts=(A, B), setup=unreachable(True), cleanup=unreachable(False)),
+          NEW_MODEL, NEW_MODEL, victim=B, hosts=(A, B), setup=unreachable(True), cleanup=unreachable(False),
+          expect_fail=False),
     Fault("truncated-state", "the GPU record (state/gpus.json) cut to 7 bytes",
           [], [], setup=truncate_record, may_change=("/opt/llamarack/state/gpus.json",), expect_fail=False),
     Fault("sigkill-at-switch", "pyinfra SIGKILLed while the unit switch runs (a new context)",
@@ -223,7 +224,7 @@ def serving(ip: str, wait: float = 0) -> bool:
 def base(ctx: Ctx, hosts) -> tuple:
     rc, out, s = faults.run(INVENTORY, DEPLOY, list(hosts))
     if rc != 0:
-        raise SystemExit(f"deploy with the lab's settings failed on {hosts} (rc {rc}):\n{out[-5000:]}")
+        raise RuntimeError(f"deploy with the lab's settings failed on {hosts} (rc {rc}):\n{out[-5000:]}")
     return rc, out, s
 
 
@@ -318,7 +319,7 @@ def main() -> None:
             raise SystemExit("a lab rack is already up: `llamarack lab down` first, or --reuse")
         rack = rackmod.up()
         started = not args.reuse
-    results = []
+    results, report = [], {"survived": "none run"}
     try:
         ctx = Ctx(rack)
         t0 = time.monotonic()
@@ -333,30 +334,36 @@ def main() -> None:
                 r = {"fault": f.name, "what": f.what, "survived": False, "error": f"{type(e).__name__}: {e}"}
                 try:
                     base(ctx, f.hosts)
-                except SystemExit as e2:
+                except RuntimeError as e2:
                     r["error"] += f"; then the lab settings did not deploy: {str(e2)[:500]}"
             r["seconds"] = round(time.monotonic() - t, 1)
             results.append(r)
             print(json.dumps({k: r.get(k) for k in ("fault", "survived", "seconds", "error")}), flush=True)
+            report = write_report(args.out, results, chosen, bool(args.only), setup_s, started_at)
     finally:
         if started:
             rackmod.down()
+    print(f"{report['survived']} faults survived; {args.out}")
+
+
+def write_report(path: Path, results: list, chosen: list, only: bool, setup_s: float, started_at: float) -> dict:
     survived = [r["fault"] for r in results if r["survived"]]
     report = {
         "schema": "llamarack-reliability/1",
         "machine": machine(),
         "command": "flock /tmp/llamarack-lab.lock python3 bench/reliability.py"
-                   + "".join(f" --only {f.name}" for f in chosen if args.only),
-        "staging": faults.__doc__.split("The staging areas,")[1].split("Everything else")[0].strip(),
+                   + "".join(f" --only {f.name}" for f in chosen if only),
+        "staging": " ".join(faults.__doc__.split("The staging areas,")[1].split("Everything else")[0].split()),
         "baseline_deploy_s": setup_s,
         "total_s": round(time.monotonic() - started_at, 1),
         "survived": f"{len(survived)} of {len(results)}",
         "not_survived": [r["fault"] for r in results if not r["survived"]],
+        "not_run": [f.name for f in chosen if f.name not in {r["fault"] for r in results}],
         "faults": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"{report['survived']} faults survived; {args.out}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    return report
 
 
 if __name__ == "__main__":

@@ -192,7 +192,7 @@ class Deploy:
                                      cwd=self.deploy_file.parent)  # fmt: skip
         return self
 
-    def wait(self, timeout: float = 1800) -> tuple[int, str, float]:
+    def wait(self, timeout: float = 900) -> tuple[int, str, float]:
         """(returncode, output, seconds)."""
         try:
             out, _ = self.proc.communicate(timeout=timeout)
