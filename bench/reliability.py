@@ -179,32 +179,32 @@ def broken_commit() -> str:
                              {"tools/server/server.cpp": "\n#error broken on purpose by the lab tests\n"})  # fmt: skip
 
 
-FAULTS = [
+FAULTS = [  # the quick ones first
     Fault("ssh-cut", "every SSH session to the host killed while the model converts",
           NEW_MODEL, NEW_MODEL, inject=at_convert_then(cut_ssh)),
     Fault("hub-cut", "the hub cuts model.safetensors at 1 MB, on the try and on its one retry",
           NEW_MODEL + ["model_fetch_retries=1"], NEW_MODEL, setup=fault_hub("cut"), cleanup=stop_hub),
     Fault("hub-wrong-sha", "the hub serves other bytes for model.safetensors (sha256 differs)",
           NEW_MODEL, NEW_MODEL, setup=fault_hub("corrupt"), cleanup=stop_hub),
-    Fault("build-fails", "a llama.cpp commit that does not compile", ["llamacpp_commit=BROKEN"], []),
     Fault("quantize-fails", "llama-quantize SIGKILLed on the model step",
           NEW_MODEL, NEW_MODEL, inject=kill_quantize, cleanup=stop_killer),
-    Fault("health-fails", "a new unit that never answers /health (listens on an address the host lacks)",
-          ["server_listen=10.99.99.99"], [], restarts=True),
     Fault("disk-full", "the model staging fills up (5 MiB left) during the convert step",
           NEW_MODEL, NEW_MODEL, setup=small_staging, cleanup=unmount_staging),
-    Fault("reboot", "the host reboots while the model converts",
-          NEW_MODEL, NEW_MODEL, inject=at_convert_then(reboot), restarts=True),
-    Fault("driver-mismatch", "a driver upgrade waiting for its reboot (NVML library/module mismatch)",
-          NEW_MODEL, [], setup=break_driver, cleanup=mend_driver),
-    Fault("host-unreachable", "one host refuses SSH at the start; the other must go on",
-          NEW_MODEL, NEW_MODEL, victim=B, hosts=(A, B), setup=unreachable(True), cleanup=unreachable(False),
-          expect_fail=False),
     Fault("truncated-state", "the GPU record (state/gpus.json) cut to 7 bytes",
           [], [], setup=truncate_record, may_change=("/opt/llamarack/state/gpus.json",), expect_fail=False),
     Fault("sigkill-at-switch", "pyinfra SIGKILLed while the unit switch runs (a new context)",
           ["server_ctx_size=1024", "llamarack_roles=server"], [], inject=kill_at_switch, restarts=True,
           may_change=(UNIT_PATH, UNIT_PATH + ".prev")),
+    Fault("health-fails", "a new unit that never answers /health (listens on an address the host lacks)",
+          ["server_listen=10.99.99.99"], [], restarts=True),
+    Fault("host-unreachable", "one host refuses SSH at the start; the other must go on",
+          NEW_MODEL, NEW_MODEL, victim=B, hosts=(A, B), setup=unreachable(True), cleanup=unreachable(False),
+          expect_fail=False),
+    Fault("driver-mismatch", "a driver upgrade waiting for its reboot (NVML library/module mismatch)",
+          NEW_MODEL, [], setup=break_driver, cleanup=mend_driver),
+    Fault("reboot", "the host reboots while the model converts",
+          NEW_MODEL, NEW_MODEL, inject=at_convert_then(reboot), restarts=True),
+    Fault("build-fails", "a llama.cpp commit that does not compile", ["llamacpp_commit=BROKEN"], []),
 ]
 
 
