@@ -30,20 +30,39 @@ HOST = "lab-v100-b"
 TOKEN = "hf_lab_secretgrep_5b8e01c2d4"
 KEY = "sk-lab-secretgrep-93f7a6e1"
 
-# Every process's argv and environment, every 50 ms, as text (NULs made spaces).
-SAMPLE = ("while :; do for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; "
-          "tr '\\0' ' ' < $p/environ; echo; done 2>/dev/null; sleep 0.05; done")  # fmt: skip
+# Every process's argv and environment, every 20 ms, each distinct one printed once
+# (NULs made spaces). In Python: a shell forking tr per process would slow the run.
+SAMPLE = """
+import os, time
+seen = set()
+while True:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        for part in ("cmdline", "environ"):
+            try:
+                with open(f"/proc/{pid}/{part}", "rb") as f:
+                    text = f.read().replace(b"\\0", b" ").replace(b"\\n", b" ")
+            except OSError:
+                continue
+            if text and text not in seen:
+                seen.add(text)
+                os.write(1, text + b"\\n")
+    time.sleep(0.02)
+"""
 
 
 class Sampler(threading.Thread):
     def __init__(self, lab_rack):
         super().__init__(daemon=True)
-        self.proc = subprocess.Popen(lab_rack.rack.ssh_command(HOST, SAMPLE), stdout=subprocess.PIPE)
-        self.hits, self.lines = [], 0
+        self.proc = subprocess.Popen(lab_rack.rack.ssh_command(HOST, f"python3 -c {shlex.quote(SAMPLE)}"),
+                                     stdout=subprocess.PIPE)  # fmt: skip
+        self.hits, self.lines, self.saw_convert = [], 0, False
 
     def run(self):
         for line in self.proc.stdout:
             self.lines += 1
+            self.saw_convert = self.saw_convert or b"convert_hf_to_gguf.py" in line
             if TOKEN.encode() in line or KEY.encode() in line:
                 self.hits.append(line.decode(errors="replace")[:300])
 
@@ -100,7 +119,7 @@ def test_neither_secret_is_in_output_argv_environment_files_journal_or_unit(lab_
     assert rc == 0, out[-6000:]
     # The fetch ran with the token: every hub request was authorised, and the token went up.
     assert hub.downloads("model.safetensors") and all(r.auth == "ok" for r in hub.requests)
-    assert sampler.lines > 1000, sampler.lines  # the sampler did see the run's processes
+    assert sampler.saw_convert and sampler.lines > 50, sampler.lines  # it did see the run's processes
     assert TOKEN not in out and KEY not in out
     assert sampler.hits == []
     assert holders(lab_rack) == [f"640 {API_KEY_PATH}"]
