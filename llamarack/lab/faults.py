@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -125,29 +124,54 @@ def completion(ip: str, port: int = 8080, tokens: int = 2, timeout: float = 20.0
         return False
 
 
-class Poller(threading.Thread):
-    """Asks ``/health`` of one lab host every ``interval`` s (each request bounded by
-    ``timeout``) until stopped; records every answer that was not 200."""
+# The poller's loop, run as its own process: the tests' process may have gevent's
+# monkey-patching (pyinfra's CLI imported), where a thread is a greenlet.
+_POLL = r"""
+import sys, time, urllib.request, urllib.error
+url, interval, timeout = f"http://{sys.argv[1]}:{sys.argv[2]}/health", float(sys.argv[3]), float(sys.argv[4])
+start = time.monotonic()
+while True:
+    t = time.monotonic()
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            status = r.status
+    except urllib.error.HTTPError as e:
+        status = e.code
+    except OSError:
+        status = 0
+    print(f"{t - start:.2f} {status}", flush=True)
+    time.sleep(max(0.0, interval - (time.monotonic() - t)))
+"""
 
-    def __init__(self, ip: str, interval: float = 0.25, timeout: float = 2.0):
-        super().__init__(daemon=True)
-        self.ip, self.interval, self.timeout = ip, interval, timeout
+
+class Poller:
+    """Asks ``/health`` of one lab host every ``interval`` s (each request bounded by
+    ``timeout``) from ``start()`` to ``stop()``; records every answer that was not 200."""
+
+    def __init__(self, ip: str, interval: float = 0.25, timeout: float = 2.0, port: int = 8080):
+        self.ip, self.port, self.interval, self.timeout = ip, port, interval, timeout
         self.requests = 0
         self.failures: list[tuple[float, int]] = []  # (seconds since start, status; 0: no answer)
-        self._halt = threading.Event()
-        self.started_at = time.monotonic()
 
-    def run(self) -> None:
-        while not self._halt.is_set():
-            status = health(self.ip, timeout=self.timeout)
-            self.requests += 1
-            if status != 200:
-                self.failures.append((round(time.monotonic() - self.started_at, 2), status))
-            self._halt.wait(self.interval)
+    def start(self) -> "Poller":
+        import sys
+        import tempfile
+
+        self._log = tempfile.TemporaryFile()
+        self._proc = subprocess.Popen([sys.executable, "-c", _POLL, self.ip, str(self.port), str(self.interval),
+                                       str(self.timeout)], stdout=self._log)  # fmt: skip
+        return self
 
     def stop(self) -> dict:
-        self._halt.set()
-        self.join()
+        self._proc.terminate()
+        self._proc.wait()
+        self._log.seek(0)
+        for line in self._log.read().decode().splitlines():
+            t, status = line.split()
+            self.requests += 1
+            if status != "200":
+                self.failures.append((float(t), int(status)))
+        self._log.close()
         return self.summary()
 
     def summary(self) -> dict:

@@ -12,7 +12,6 @@ the fetch has read it.
 
 import shlex
 import subprocess
-import threading
 import urllib.error
 import urllib.request
 
@@ -52,23 +51,24 @@ while True:
 """
 
 
-class Sampler(threading.Thread):
-    def __init__(self, lab_rack):
-        super().__init__(daemon=True)
-        self.proc = subprocess.Popen(lab_rack.rack.ssh_command(HOST, f"python3 -c {shlex.quote(SAMPLE)}"),
-                                     stdout=subprocess.PIPE)  # fmt: skip
-        self.hits, self.lines, self.saw_convert = [], 0, False
+class Sampler:
+    """The sampling loop on the host, its output to a local file (no thread: the
+    tests' process may have gevent's patching)."""
 
-    def run(self):
-        for line in self.proc.stdout:
-            self.lines += 1
-            self.saw_convert = self.saw_convert or b"convert_hf_to_gguf.py" in line
-            if TOKEN.encode() in line or KEY.encode() in line:
-                self.hits.append(line.decode(errors="replace")[:300])
+    def __init__(self, lab_rack, out):
+        self.out = open(out, "wb")
+        self.proc = subprocess.Popen(lab_rack.rack.ssh_command(HOST, f"python3 -c {shlex.quote(SAMPLE)}"),
+                                     stdout=self.out)  # fmt: skip
 
     def stop(self):
         self.proc.kill()
-        self.join(timeout=30)
+        self.proc.wait()
+        self.out.close()
+        lines = open(self.out.name, "rb").read().splitlines()
+        self.lines = len(lines)
+        self.saw_convert = any(b"convert_hf_to_gguf.py" in line for line in lines)
+        self.hits = [line.decode(errors="replace")[:300] for line in lines
+                     if TOKEN.encode() in line or KEY.encode() in line]  # fmt: skip
 
 
 def holders(lab_rack) -> list[str]:
@@ -99,14 +99,13 @@ def secrets(tmp_path):
         yield hub, files
 
 
-def test_neither_secret_is_in_output_argv_environment_files_journal_or_unit(lab_rack, secrets):
+def test_neither_secret_is_in_output_argv_environment_files_journal_or_unit(lab_rack, secrets, tmp_path):
     hub, files = secrets
     rc, out = deploying.deploy(lab_rack, HOST)  # converged first: the run below has only the secrets' work
     assert rc == 0, out[-4000:]
     deploying.sh(lab_rack, HOST, "cd /opt/llamarack/models && cur=$(readlink current) && "
                  "for d in */; do [ \"${d%/}\" = current ] || [ \"${d%/}\" = \"$cur\" ] || rm -rf \"$d\"; done")
-    sampler = Sampler(lab_rack)
-    sampler.start()
+    sampler = Sampler(lab_rack, tmp_path / "samples")
     try:
         rc, out = lab_rack.run_pyinfra(
             deploying.ROOT / "deploy.py", "-vvv", "--debug", "--limit", HOST,

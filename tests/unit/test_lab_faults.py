@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -82,9 +83,31 @@ def test_poller_records_every_failure_and_the_longest_outage():
     assert s["longest_outage_s"] == 0.75  # 1.0 .. 1.5 plus one interval; 10.0 alone is 0.25
 
 
-def test_poller_asks_only_its_host_and_counts_a_dead_port_as_failures():
-    p = faults.Poller("127.0.0.1", interval=0.05, timeout=0.2)
-    p.start()
-    time.sleep(0.3)
-    s = p.stop()  # nothing listens on 127.0.0.1:8080 here (or not llama-server: not 200)
-    assert s["requests"] >= 2 and s["failures"] == s["requests"]
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_poller_counts_a_dead_port_as_failures_and_200_as_served(tmp_path):
+    dead = free_port()
+    p = faults.Poller("127.0.0.1", interval=0.05, timeout=0.2, port=dead).start()
+    time.sleep(1.0)
+    s = p.stop()
+    assert s["requests"] >= 3 and s["failures"] == s["requests"]
+    assert {status for _, status in p.failures} == {0}
+    (tmp_path / "health").write_text("ok")  # GET /health answers 200
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory",
+                               str(tmp_path), str(port)], stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while faults.health("127.0.0.1", port) != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        p = faults.Poller("127.0.0.1", interval=0.05, timeout=0.5, port=port).start()
+        time.sleep(1.0)
+        s = p.stop()
+    finally:
+        server.kill()
+        server.wait()
+    assert s["requests"] >= 3 and s["failures"] == 0, s
