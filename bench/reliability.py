@@ -128,7 +128,7 @@ def stop_hub(ctx, f):
 
 def kill_quantize(ctx, f):
     # Kills the first llama-quantize that starts on the host (SIGKILL, as the OOM killer would).
-    r = ctx.rack.ssh(f.victim, "timeout 900 sh -c 'until pkill -KILL -x llama-quantize; do sleep 0.005; done'",
+    r = ctx.rack.ssh(f.victim, "timeout 900 sh -c 'until pkill -KILL -x llama-quantize; do sleep 0.02; done'",
                      timeout=960)  # fmt: skip
     ctx.notes.append("llama-quantize killed" if r.returncode == 0 else "no llama-quantize ran")
 
