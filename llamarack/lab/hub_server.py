@@ -30,6 +30,9 @@ unless said otherwise):
 - ``corrupt(path)``: serve the right length of wrong bytes (every time).
 - ``redirects[path] = url``: answer 302 to ``url`` (another server: a CDN).
 
+The hub process takes the same faults as options (``--drop-after PATH=BYTES[xTIMES]``,
+``--corrupt PATH``).
+
 ``requests`` records what was asked and sent (method, path, range, whether
 auth was present and right, bytes of body sent); never the token itself.
 """
@@ -328,11 +331,21 @@ def main(argv=None) -> None:
     parser.add_argument("--bind", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--token-env", help="name of an environment variable holding the token")
+    parser.add_argument("--drop-after", action="append", default=[], metavar="PATH=BYTES[xTIMES]",
+                        help="cut the next TIMES (1) downloads of PATH at byte BYTES")
+    parser.add_argument("--corrupt", action="append", default=[], metavar="PATH",
+                        help="serve other bytes of the right length for PATH (its sha256 is then wrong)")
     parser.add_argument("repos", nargs="+", metavar="REPO=DIR")
     args = parser.parse_args(argv)
     repos = dict(item.split("=", 1) for item in args.repos)
     token = os.environ.get(args.token_env) if args.token_env else None
     server = HubServer(repos, token=token, host=args.bind, port=args.port)
+    for item in args.drop_after:
+        path, _, spec = item.rpartition("=")
+        nbytes, _, times = spec.partition("x")
+        server.drop_after(path, int(nbytes), int(times or 1))
+    for path in args.corrupt:
+        server.corrupt(path)
     for repo in server.repos.values():
         print(f"{server.url}/api/models/{repo.repo_id}/revision/{repo.sha}", flush=True)
     server.httpd.serve_forever()
