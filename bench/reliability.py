@@ -302,7 +302,11 @@ def main() -> None:
     p.add_argument("--reuse", action="store_true", help="use the rack that is up and leave it up")
     p.add_argument("--list", action="store_true")
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--table", action="store_true", help="print the results file as the README's table")
     args = p.parse_args()
+    if args.table:
+        print(table(json.loads(args.out.read_text())))
+        return
     if args.list:
         for f in FAULTS:
             print(f"{f.name:20} {f.what}")
@@ -344,6 +348,33 @@ def main() -> None:
         if started:
             rackmod.down()
     print(f"{report['survived']} faults survived; {args.out}")
+
+
+def table(report: dict) -> str:
+    """The README's table of a results file."""
+    rows = ["| fault | failed run | old deployment served | re-run | changed outside staging | survived |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for r in report["faults"]:
+        if "error" in r:
+            rows.append(f"| {r['fault']}: {r['what']} | the bench failed: {r['error'][:120]} | | | | no |")
+            continue
+        run, during = r["failed_run"], r["during"]
+        served = ("throughout" if not during["failures"] else
+                  f"{during['failures']} of {during['requests']} /health failed ({during['longest_outage_s']} s)")
+        served += "; after: yes" if r["serving_after"] else "; after: NO"
+        rerun = f"rc {r['rerun']['rc']} ({r['rerun']['seconds']} s), then {r['converged']['changes']} changes"
+        outside = ", ".join(r["changed_outside_staging"]) or "nothing"
+        if r["changed_by_the_faults_own_step"]:
+            outside += " (its own step: " + ", ".join(p.rsplit("/", 1)[-1] for p in r["changed_by_the_faults_own_step"]) + ")"
+        survived = "yes" if r["survived"] else "**no**"
+        if r["restarts"] and during["failures"]:
+            survived += " (restarts by design)"
+        rows.append(f"| {r['fault']}: {r['what']} | rc {run['rc']} ({run['seconds']} s) | {served} | {rerun} "
+                    f"| {outside} | {survived} |")
+    m = report["machine"]
+    rows.append(f"\n{report['survived']} survived; {m['cpu']}, {m['cores']} cores, {m['date'][:10]}, "
+                f"commit {m['commit'][:10]}, {report['total_s']:.0f} s in all.")
+    return "\n".join(rows)
 
 
 def write_report(path: Path, results: list, chosen: list, only: bool, setup_s: float, started_at: float) -> dict:
