@@ -21,9 +21,11 @@ each fault, on a converged host:
 Before each model fault every model artifact but the served one is removed,
 so the change always has its whole work to do. Writes
 bench/results/reliability.json (every fault's figures, the machine noted).
-A fault whose failed run restarts the server by design (a unit switch, a
-reboot) is marked ``restarts``: its outage is measured and reported, and
-``survived`` asks the poller only of the others.
+``survived`` is all three; ``nothing_lost`` all but the poller's (a fault
+whose run restarts the server by design, a unit switch or a reboot, is
+marked ``restarts``: its outage is measured). The poller goes on for
+SETTLE_S after the failed run: what a dropped run left going on the host
+(a unit switch, a convert) ends meanwhile.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ A, B = "lab-v100-a", "lab-v100-b"
 NEW_MODEL = ["model_convert_outtype=f32"]  # a new artifact, the same build
 OUT = ROOT / "bench/results/reliability.json"
 LOGS = Path("/tmp/llamarack-reliability")
+SETTLE_S = 10.0
 
 
 @dataclass
@@ -250,6 +253,7 @@ def one(ctx: Ctx, f: Fault) -> dict:
         injector = threading.Thread(target=f.inject, args=(ctx, f), daemon=True)
         injector.start()
     rc, out, seconds = ctx.deploy.wait()
+    settled = time.monotonic() + SETTLE_S
     if f.cleanup:
         f.cleanup(ctx, f)
     if injector:
@@ -257,7 +261,10 @@ def one(ctx: Ctx, f: Fault) -> dict:
     if f.name == "reboot":
         rackmod.wait_booted(rack, 180, names=[f.victim])
     after_ok = serving(ip, wait=120 if f.restarts else 0)
+    # What a dropped run left going on the host (a switch, a convert) ends meanwhile: still watched.
+    time.sleep(max(0.0, settled - time.monotonic()))
     during = poller.stop()
+    after_ok = after_ok and serving(ip)
     after = faults.snapshot(rack, f.victim)
     changed = faults.changed_outside_staging(before, after)
     res.update(
@@ -274,14 +281,15 @@ def one(ctx: Ctx, f: Fault) -> dict:
     res["rerun"] = {"rc": rerun[0][0], "seconds": rerun[0][2], "tail": rerun[0][1][-1500:].splitlines()[-8:]}
     res["converged"] = {"rc": rerun[1][0], "changes": faults.changes(rerun[1][1]), "seconds": rerun[1][2]}
     res["notes"] = list(ctx.notes)
-    res["survived"] = bool(
+    res["nothing_lost"] = bool(
         (rc != 0 or not f.expect_fail)
         and after_ok
-        and (f.restarts or during["failures"] == 0)
         and not res["changed_outside_staging"]
         and rerun[0][0] == 0 and rerun[1][0] == 0 and res["converged"]["changes"] == 0
         and res.get("other_host_went_on", True)
     )
+    res["served_throughout"] = during["failures"] == 0
+    res["survived"] = res["nothing_lost"] and res["served_throughout"]
     if f.rerun or f.data:
         base(ctx, f.hosts)  # back to the lab's settings for the next fault
     return res
@@ -366,19 +374,19 @@ def table(report: dict) -> str:
         outside = ", ".join(r["changed_outside_staging"]) or "nothing"
         if r["changed_by_the_faults_own_step"]:
             outside += " (its own step: " + ", ".join(p.rsplit("/", 1)[-1] for p in r["changed_by_the_faults_own_step"]) + ")"
-        survived = "yes" if r["survived"] else "**no**"
-        if r["restarts"] and during["failures"]:
-            survived += " (restarts by design)"
+        survived = "yes" if r["survived"] else ("**no**: served with gaps, nothing lost" if r.get("nothing_lost")
+                                                else "**no**")
         rows.append(f"| {r['fault']}: {r['what']} | rc {run['rc']} ({run['seconds']} s) | {served} | {rerun} "
                     f"| {outside} | {survived} |")
     m = report["machine"]
-    rows.append(f"\n{report['survived']} survived; {m['cpu']}, {m['cores']} cores, {m['date'][:10]}, "
+    rows.append(f"\n{report['survived']} survived, nothing lost in {report['nothing_lost']}; {m['cpu']}, {m['cores']} cores, {m['date'][:10]}, "
                 f"commit {m['commit'][:10]}, {report['total_s']:.0f} s in all.")
     return "\n".join(rows)
 
 
 def write_report(path: Path, results: list, chosen: list, only: bool, setup_s: float, started_at: float) -> dict:
     survived = [r["fault"] for r in results if r["survived"]]
+    kept = [r["fault"] for r in results if r.get("nothing_lost")]
     report = {
         "schema": "llamarack-reliability/1",
         "machine": machine(),
@@ -388,7 +396,9 @@ def write_report(path: Path, results: list, chosen: list, only: bool, setup_s: f
         "baseline_deploy_s": setup_s,
         "total_s": round(time.monotonic() - started_at, 1),
         "survived": f"{len(survived)} of {len(results)}",
+        "nothing_lost": f"{len(kept)} of {len(results)}",
         "not_survived": [r["fault"] for r in results if not r["survived"]],
+        "lost_something": [r["fault"] for r in results if not r.get("nothing_lost")],
         "not_run": [f.name for f in chosen if f.name not in {r["fault"] for r in results}],
         "faults": results,
     }

@@ -166,25 +166,32 @@ class Poller:
         self._proc.terminate()
         self._proc.wait()
         self._log.seek(0)
-        for line in self._log.read().decode().splitlines():
-            t, status = line.split()
-            self.requests += 1
-            if status != "200":
-                self.failures.append((float(t), int(status)))
+        self.samples = [(float(t), int(status)) for t, status in
+                        (line.split() for line in self._log.read().decode().splitlines())]  # fmt: skip
         self._log.close()
+        self.requests = len(self.samples)
+        self.failures = [(t, status) for t, status in self.samples if status != 200]
         return self.summary()
 
     def summary(self) -> dict:
-        """Requests, failures, and the longest run of consecutive failures in seconds."""
-        longest, run_start, last = 0.0, None, None
-        for t, _ in self.failures:
-            if last is None or t - last > self.interval + self.timeout + 0.5:
-                run_start = t
-            longest = max(longest, t - run_start + self.interval)
-            last = t
+        """Requests, failures, and the longest outage: for each run of failed requests,
+        from the last answer before it to the first after it (an upper bound; the
+        lower one is the run's own span)."""
+        samples = getattr(self, "samples", None) or sorted(self.failures)
+        longest, i = 0.0, 0
+        while i < len(samples):
+            if samples[i][1] == 200:
+                i += 1
+                continue
+            j = i
+            while j < len(samples) and samples[j][1] != 200:
+                j += 1
+            before = samples[i - 1][0] if i > 0 else samples[i][0]
+            after = samples[j][0] if j < len(samples) else samples[j - 1][0] + self.interval
+            longest = max(longest, after - before)
+            i = j
         return {"requests": self.requests, "failures": len(self.failures),
-                "longest_outage_s": round(longest, 2) if self.failures else 0.0,
-                "first_failures": self.failures[:5]}  # fmt: skip
+                "longest_outage_s": round(longest, 2), "first_failures": self.failures[:5]}  # fmt: skip
 
 
 # --- deploys --------------------------------------------------------------------------

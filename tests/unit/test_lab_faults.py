@@ -76,11 +76,11 @@ def test_snapshot_script_lists_files_and_links_with_hashes_of_small_files(tmp_pa
 
 def test_poller_records_every_failure_and_the_longest_outage():
     p = faults.Poller("127.0.0.1", interval=0.25, timeout=0.5)
-    p.failures = [(1.0, 0), (1.25, 0), (1.5, 503), (10.0, 0)]
-    p.requests = 40
+    p.samples = [(0.5, 200), (1.0, 0), (1.25, 0), (1.5, 503), (3.0, 200), (9.0, 200), (10.0, 0), (10.25, 200)]
+    p.requests, p.failures = len(p.samples), [x for x in p.samples if x[1] != 200]
     s = p.summary()
-    assert s["failures"] == 4 and s["requests"] == 40
-    assert s["longest_outage_s"] == 0.75  # 1.0 .. 1.5 plus one interval; 10.0 alone is 0.25
+    assert s["failures"] == 4 and s["requests"] == 8
+    assert s["longest_outage_s"] == 2.5  # from the answer at 0.5 to the one at 3.0; 9.0 .. 10.25 is 1.25
 
 
 def free_port() -> int:
