@@ -298,7 +298,8 @@ def one(ctx: Ctx, f: Fault) -> dict:
 def machine() -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"], capture_output=True, text=True).stdout.strip())
+    dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", ".", ":!bench/results"],
+                                capture_output=True, text=True).stdout.strip())  # fmt: skip
     return {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "commit": commit + ("+dirty" if dirty else ""), "python": platform.python_version()}  # fmt: skip
