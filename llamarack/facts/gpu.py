@@ -236,6 +236,11 @@ class RecordedGpus(FactBase[tuple]):
 
     A driver that has dropped the card, or an upgrade waiting for a reboot,
     hides the GPU list; the recorded one still says which cards the host has.
+
+    A record that is not whole JSON (truncated by a crash or a full disk:
+    llamarack itself writes it beside itself and renames it) counts as no
+    record: the run then records the cards the driver lists, over it. A
+    failure here would stop the host on every run until someone deleted it.
     """
 
     def command(self, path: str) -> str:
@@ -249,8 +254,12 @@ class RecordedGpus(FactBase[tuple]):
         if not text:
             return ()
         try:
-            return tuple(Gpu(**item, driver_version="") for item in json.loads(text))
-        except (ValueError, TypeError) as e:
+            items = json.loads(text)
+        except ValueError:
+            return ()  # torn: as if never written (the docstring says why)
+        try:
+            return tuple(Gpu(**item, driver_version="") for item in items)
+        except TypeError as e:  # whole JSON of another shape: not ours to overwrite
             raise FactProcessError(f"unreadable GPU record: {e}") from e
 
 

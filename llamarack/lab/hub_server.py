@@ -25,9 +25,13 @@ private and gated repos). The server binds where the caller says: tests use
 Faults for tests (each applies to the next matching download only once,
 unless said otherwise):
 
-- ``drop_after(path, n)``: send the headers and ``n`` bytes, then cut the connection.
+- ``drop_after(path, n, times=1)``: send the headers and the file up to byte ``n``,
+  then cut the connection (the next ``times`` downloads).
 - ``corrupt(path)``: serve the right length of wrong bytes (every time).
 - ``redirects[path] = url``: answer 302 to ``url`` (another server: a CDN).
+
+The hub process takes the same faults as options (``--drop-after PATH=BYTES[xTIMES]``,
+``--corrupt PATH``).
 
 ``requests`` records what was asked and sent (method, path, range, whether
 auth was present and right, bytes of body sent); never the token itself.
@@ -148,10 +152,11 @@ class HubServer:
     def repo(self, repo_id: str) -> Repo:
         return self.repos[repo_id]
 
-    def drop_after(self, path: str, nbytes: int) -> None:
-        """Cut the next download of ``path`` (repo-relative) after ``nbytes`` of body."""
+    def drop_after(self, path: str, nbytes: int, times: int = 1) -> None:
+        """Cut the next ``times`` downloads of ``path`` (repo-relative) after ``nbytes`` of
+        the file (a resumed download, asked from a byte past it, is cut at once)."""
         with self._lock:
-            self._drops[path] = nbytes
+            self._drops[path] = (nbytes, times)
 
     def corrupt(self, path: str) -> None:
         """Serve wrong bytes (of the right length) for ``path`` from now on."""
@@ -179,8 +184,12 @@ class HubServer:
         self.stop()
 
     def _take_drop(self, path: str) -> Optional[int]:
+        """Bytes of the file after which this download is cut, or None."""
         with self._lock:
-            return self._drops.pop(path, None)
+            nbytes, times = self._drops.pop(path, (None, 0))
+            if times > 1:
+                self._drops[path] = (nbytes, times - 1)
+            return nbytes
 
 
 _RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
@@ -288,6 +297,8 @@ class _Handler(BaseHTTPRequestHandler):
         if head:
             return
         drop = hub._take_drop(f.path)
+        if drop is not None:  # counted in bytes of the body: a resumed download is cut at once
+            drop = max(0, drop - start)
         with hub._lock:
             corrupt = f.path in hub._corrupt
         with open(f.local, "rb") as src:
@@ -320,11 +331,21 @@ def main(argv=None) -> None:
     parser.add_argument("--bind", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--token-env", help="name of an environment variable holding the token")
+    parser.add_argument("--drop-after", action="append", default=[], metavar="PATH=BYTES[xTIMES]",
+                        help="cut the next TIMES (1) downloads of PATH at byte BYTES")
+    parser.add_argument("--corrupt", action="append", default=[], metavar="PATH",
+                        help="serve other bytes of the right length for PATH (its sha256 is then wrong)")
     parser.add_argument("repos", nargs="+", metavar="REPO=DIR")
     args = parser.parse_args(argv)
     repos = dict(item.split("=", 1) for item in args.repos)
     token = os.environ.get(args.token_env) if args.token_env else None
     server = HubServer(repos, token=token, host=args.bind, port=args.port)
+    for item in args.drop_after:
+        path, _, spec = item.rpartition("=")
+        nbytes, _, times = spec.partition("x")
+        server.drop_after(path, int(nbytes), int(times or 1))
+    for path in args.corrupt:
+        server.corrupt(path)
     for repo in server.repos.values():
         print(f"{server.url}/api/models/{repo.repo_id}/revision/{repo.sha}", flush=True)
     server.httpd.serve_forever()

@@ -47,6 +47,20 @@ def _logged(command: str, log: str, after: str = "") -> str:
             f"[ $rc = 0 ] || {{ tail -n 40 {q(log)} >&2; exit $rc; }}; }}")  # fmt: skip
 
 
+def _own_tmp(path: str) -> str:
+    """``path``'s temporary name for this shell only (``.tmp.$$``, a shell word). A run whose
+    SSH connection dropped leaves its command going on the host (no terminal, no SIGHUP):
+    a re-run's step must not write into the file that one is still writing."""
+    return f"{shlex.quote(path + '.tmp')}.$$"
+
+
+def _into_place(tmp: str, path: str) -> str:
+    """``durable_rename`` for an ``_own_tmp`` word: the bytes reach the disk (``sync FILE``
+    is fsync(2)) before the name says the file is complete; a crash leaves no truncated
+    file to seal."""
+    return f"sync -- {tmp} && mv -f -- {tmp} {shlex.quote(path)}"
+
+
 def _json(data: dict) -> StringIO:
     return StringIO(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
@@ -115,22 +129,23 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
 
         if plan.converts:
             done = f"[ -f {q(unquantized)} ] || [ -f {q(s + '/model.gguf')} ]"
+            tmp = _own_tmp(unquantized)
             convert = (f"{q(t['convert_python'])} {q(t['convert_script'])} {q(s + '/hf')} "
-                       f"--outtype {q(plan.outtype)} --outfile {q(unquantized + '.tmp')}")  # fmt: skip
-            # Each file reaches the disk before its name says it is complete
-            # (sync FILE is fsync(2)): a crash can leave no truncated file to seal.
-            yield (f"{done} || {{ {_logged(convert, f'{s}/convert.log')} && "
-                   f"{durable_rename(unquantized + '.tmp', unquantized)}; }}")  # fmt: skip
+                       f"--outtype {q(plan.outtype)} --outfile {tmp}")  # fmt: skip
+            yield f"{done} || {{ {_logged(convert, f'{s}/convert.log')} && {_into_place(tmp, unquantized)}; }}"
             if plan.quantizes:
-                quantize = f"{q(t['quantize'])} {q(unquantized)} {q(s + '/model.gguf.tmp')} {q(plan.quant)}"
+                tmp = _own_tmp(f"{s}/model.gguf")
+                quantize = f"{q(t['quantize'])} {q(unquantized)} {tmp} {q(plan.quant)}"
                 yield (f"[ -f {q(s + '/model.gguf')} ] || {{ {_logged(quantize, f'{s}/quantize.log')} && "
-                       f"{durable_rename(s + '/model.gguf.tmp', s + '/model.gguf')}; }}")  # fmt: skip
+                       f"{_into_place(tmp, s + '/model.gguf')}; }}")  # fmt: skip
         yield fetcher("seal", "--stamp", f"{s}/stamp.plan.json", "--gguf", f"{s}/model.gguf",
                       "--out", f"{s}/stamp.json")  # fmt: skip
-        scratch = [f"{s}/manifest.json", f"{s}/stamp.plan.json"]
+        # The token never goes into a served directory, whatever cut the fetch short.
+        scratch = [f"{s}/manifest.json", f"{s}/stamp.plan.json", token_path, token_path + ".new"]
         if plan.converts and not plan.keep_intermediates:
             scratch += [f"{s}/hf"] + ([f"{s}/model-{plan.outtype}.gguf"] if plan.quantizes else [])
-        yield "rm -rf " + " ".join(q(p) for p in scratch)
+        # and what a step cut off (or still going on the host after its run died) wrote
+        yield "rm -rf " + " ".join(q(p) for p in scratch) + f" {q(s)}/*.gguf.tmp.*"
         # rename(2) of the whole directory: the artifact appears complete or not at all.
         # mv -T refuses to move into an existing non-empty directory: never overwrite.
         if state is None:

@@ -80,12 +80,21 @@ def _linked(current: str) -> Optional[str]:
     return target if target.startswith("/") else f"{current.rsplit('/', 1)[0]}/{target}"
 
 
+# Held by a switch while it runs: one whose run died (SSH dropped, pyinfra killed) goes on
+# on the host, and the next run's switch must not restart the service under its check.
+SWITCH_LOCK = "/run/llamarack-server-switch.lock"
+
+
 def switch_script(settings: Settings) -> str:
     """Move the staged unit in, restart, wait for /health; on failure restore the
-    previous unit and restart it, print the new one's journal, and exit 1."""
+    previous unit and restart it, print the new one's journal, and exit 1. One
+    switch at a time: a second waits for the first (``SWITCH_LOCK``)."""
     u, svc = shlex.quote(UNIT_PATH), UNIT_NAME
     timeout = settings.server.health_timeout
+    wait = 2 * timeout + 120  # the other switch's check, and its rollback's
     return f"""
+exec 9>>{shlex.quote(SWITCH_LOCK)}
+flock -w {wait} 9 || {{ echo "llama-server: another unit switch is still running after {wait} s" >&2; exit 1; }}
 health() {{
   url=$(sed -n 's|^{HEALTH_MARK}||p' {u})
   {remote.command("wait_healthy")} "$url" {svc} "$1"

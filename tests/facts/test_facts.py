@@ -56,7 +56,7 @@ def test_every_fact_has_fixtures():
         (facts.CmakeVersion, ["bash: cmake: broken"]),
         (facts.FreeDiskBytes, ["df: /opt: No such file"]),
         (facts.SystemUser, ["getent: unknown database"]),
-        (facts.RecordedGpus, ["{not json"]),
+        (facts.RecordedGpus, ['[{"name": "x"}]']),  # whole JSON of another shape (a torn one is none)
         # real output on the first 100 bytes of the tiny GGUF (an interrupted copy)
         (facts.GgufShape, ['{"error": "truncated GGUF header", "path": "/tmp/trunc.gguf"}']),
         (facts.GgufShape, ["Traceback (most recent call last):"]),

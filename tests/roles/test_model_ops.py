@@ -127,16 +127,20 @@ def test_missing_artifact_is_fetched_converted_quantized_sealed_and_moved():
     assert shell[1] == f"rm -f {s}/hub-token {s}/hub-token.new"  # a killed run's token, first
     shell = shell[1:]
     assert shell[1].startswith(f"{{ {fetch} >> {s}/fetch.log 2>&1; rc=$?; [ $rc = 0 ] || {{ tail -n 40 {s}/fetch.log >&2;")
-    assert "hub-token" not in " ".join(shell[1:])
+    assert "hub-token" not in " ".join(shell[1:5])  # no token without one: only the scratch removal names it
     assert (f"/opt/lr/envs/convert/bin/python /opt/lr/src/llama.cpp/convert_hf_to_gguf.py {s}/hf "
-            f"--outtype f16 --outfile {s}/model-f16.gguf.tmp >> {s}/convert.log 2>&1") in shell[2]  # fmt: skip
-    assert (f"/opt/lr/builds/current/bin/llama-quantize {s}/model-f16.gguf {s}/model.gguf.tmp Q4_K_M "
+            f"--outtype f16 --outfile {s}/model-f16.gguf.tmp.$$ >> {s}/convert.log 2>&1") in shell[2]  # fmt: skip
+    assert (f"/opt/lr/builds/current/bin/llama-quantize {s}/model-f16.gguf {s}/model.gguf.tmp.$$ Q4_K_M "
             f">> {s}/quantize.log 2>&1") in shell[3]  # fmt: skip
     # Each made file is on disk (fsync) before its final name says it is complete.
-    assert shell[2].endswith(f"sync -- {s}/model-f16.gguf.tmp && mv -f -- {s}/model-f16.gguf.tmp {s}/model-f16.gguf; }}")
-    assert shell[3].endswith(f"sync -- {s}/model.gguf.tmp && mv -f -- {s}/model.gguf.tmp {s}/model.gguf; }}")
+    # Each step writes a file of its own shell ($$): a step still going on the host after its
+    # run's connection dropped never shares it with a re-run's.
+    assert shell[2].endswith(f"sync -- {s}/model-f16.gguf.tmp.$$ && mv -f -- {s}/model-f16.gguf.tmp.$$ {s}/model-f16.gguf; }}")
+    assert shell[3].endswith(f"sync -- {s}/model.gguf.tmp.$$ && mv -f -- {s}/model.gguf.tmp.$$ {s}/model.gguf; }}")
     assert shell[4].startswith(remote.command("model_fetch", "seal"))
-    assert shell[5] == f"rm -rf {s}/manifest.json {s}/stamp.plan.json {s}/hf {s}/model-f16.gguf"
+    # the token too: whatever cut its fetch short, it never reaches the served directory
+    assert shell[5] == (f"rm -rf {s}/manifest.json {s}/stamp.plan.json {s}/hub-token {s}/hub-token.new "
+                        f"{s}/hf {s}/model-f16.gguf {s}/*.gguf.tmp.*")  # fmt: skip
     assert shell[6] == f"chmod 755 {s} && mv -T {s} {d}"
     assert shell[7].startswith(f"ln -sfn {PLAN.name} ")
 
@@ -215,7 +219,7 @@ def test_f16_is_converted_straight_to_the_artifact_without_quantize():
     plan = plan_model(settings(model_quant="F16"), LISTING)
     cmds, _ = commands(plan, {ModelArtifact: None, FreeDiskBytes: 100 << 30, File: None})
     shell = " ".join(c for c in cmds if isinstance(c, str))
-    assert f"--outfile {plan.staging}/model.gguf.tmp" in shell and "llama-quantize" not in shell
+    assert f"--outfile {plan.staging}/model.gguf.tmp.$$" in shell and "llama-quantize" not in shell
 
 
 def test_gguf_source_is_fetched_into_place_without_convert():

@@ -215,3 +215,41 @@ def test_the_host_says_nothing_about_the_api_key_a_guess_could_be_checked_agains
     plain = {hashlib.new(h, (key + s).encode()).hexdigest() for h in ("sha1", "sha256", "md5") for s in ("", "\n")}
     assert not any(p in on_host or p in key_digest_command() for p in plain)
     assert key not in key_digest_command() and on_host != digest((key + "\n").encode(), "another run")
+
+
+def test_two_switches_at_once_run_one_after_the_other(tmp_path, monkeypatch):
+    """A switch whose run died (SSH dropped, pyinfra killed) goes on on the host; the next
+    run's switch must wait for it, not restart the service under its /health check."""
+    import subprocess
+    import time
+
+    from llamarack import remote
+    from llamarack.roles.server import operations
+
+    unit = tmp_path / "unit"
+    unit.write_text("old\n")
+    monkeypatch.setattr(operations, "UNIT_PATH", str(unit))
+    monkeypatch.setattr(operations, "SWITCH_LOCK", str(tmp_path / "switch.lock"))
+    monkeypatch.setattr(remote, "command", lambda name, *args: f"sleep 0.3; echo health >> {tmp_path}/log #")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool, body in (("systemctl", f'echo "$1" >> {tmp_path}/log; [ "$1" = restart ] && sleep 0.3; true'),
+                       ("journalctl", "true")):  # fmt: skip
+        (bin_dir / tool).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / tool).chmod(0o755)
+    script = operations.switch_script(settings())
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    runs = []
+    for text in ("new-1\n", "new-2\n"):
+        (tmp_path / "unit.new").write_text(text)
+        runs.append(subprocess.Popen(["sh", "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        time.sleep(0.1)  # the first has moved its unit in and restarts when the second starts
+        if len(runs) == 1:
+            while (tmp_path / "unit.new").exists():
+                time.sleep(0.01)
+    outs = [r.communicate(timeout=30)[0].decode() for r in runs]
+    assert [r.returncode for r in runs] == [0, 0], outs
+    steps = (tmp_path / "log").read_text().split()
+    # Each switch's restart is followed by its own /health check before the other restarts.
+    assert steps == ["daemon-reload", "enable", "restart", "health"] * 2, steps
+    assert unit.read_text() == "new-2\n" and not (tmp_path / "unit.prev").exists()

@@ -120,3 +120,44 @@ def test_start_all_stops_the_file_server_when_the_hub_fails(tmp_path, monkeypatc
                     services.stop(pid)
                     pytest.fail("the file server was left running")
     assert started and gone(started[0])
+
+
+def test_the_hub_process_takes_its_faults_as_options(tmp_path):
+    """``hub_server.py --drop-after PATH=BYTESxTIMES --corrupt PATH``: the faults the
+    reliability bench injects, as options of the lab's hub process."""
+    import subprocess
+    import sys
+
+    from llamarack.lab import hub_server
+
+    (tmp_path / "a.safetensors").write_bytes(bytes(range(256)) * 40)  # 10240 bytes
+    (tmp_path / "b.safetensors").write_bytes(b"b" * 1000)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, hub_server.__file__, "--port", str(port),
+                             "--drop-after", "a.safetensors=4096x2", "--corrupt", "b.safetensors",
+                             f"org/x={tmp_path}"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        proc.stdout.readline()  # the listing URL: it serves
+        url = f"http://127.0.0.1:{port}/org/x/resolve/main"
+
+        def get(path, start=0):
+            req = urllib.request.Request(f"{url}/{path}", headers={"Range": f"bytes={start}-"} if start else {})
+            body = b""
+            try:
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    while chunk := r.read(1024):
+                        body += chunk
+            except Exception:  # the cut: fewer bytes than Content-Length
+                pass
+            return body
+
+        assert len(get("a.safetensors")) == 4096  # cut at byte 4096
+        assert get("a.safetensors", 4096) == b""  # the second try, resumed there, is cut at once
+        assert get("a.safetensors", 4096) == (bytes(range(256)) * 40)[4096:]  # then whole
+        wrong = get("b.safetensors")
+        assert len(wrong) == 1000 and wrong != b"b" * 1000
+    finally:
+        proc.kill()
+        proc.wait()

@@ -113,6 +113,20 @@ def test_interrupted_run_leaves_a_partial_that_the_next_run_resumes(hub, repo_di
     assert sent == [(None, 2_000_000), ("bytes=2000000-", BIG - 2_000_000)]  # no byte sent twice
 
 
+def test_a_hub_that_cuts_every_try_fails_the_run_and_the_next_run_resumes(hub, repo_dir, tmp_path):
+    hub.drop_after("model.safetensors", 1_000_000, times=2)  # the first try and its one retry
+    dest = tmp_path / "dest"
+    manifest = manifest_for(hub, tmp_path)
+    rc, out = fetch(manifest, dest, "--retries", "1")
+    assert rc == 1 and "1000000 bytes kept in" in out
+    sent = [(r.range, r.sent) for r in hub.downloads("model.safetensors")]
+    assert sent == [(None, 1_000_000), ("bytes=1000000-", 0)]  # the retry is cut at once
+    rc, out = fetch(manifest, dest, "--retries", "1")
+    assert rc == 0, out
+    same_files(repo_dir, dest, ["model.safetensors"])
+    assert hub.downloads("model.safetensors")[-1].range == "bytes=1000000-"
+
+
 def test_wrong_bytes_are_refused_and_nothing_moves_into_place(hub, tmp_path):
     hub.corrupt("model.safetensors")
     dest = tmp_path / "dest"
