@@ -209,7 +209,7 @@ class BlobCache:
         blob, size = self.path(hasher), entry.get("size")
         try:
             st = os.lstat(blob)
-        except FileNotFoundError:
+        except OSError:  # not there, or no cache to look in: a miss
             return None
         why = None
         if not stat.S_ISREG(st.st_mode):
@@ -237,13 +237,21 @@ class BlobCache:
         blob = self.path(hasher)
         if self.lookup(entry) is not None:
             return
-        for d in (self.root, os.path.dirname(blob)):
-            os.makedirs(d, mode=0o700, exist_ok=True)
-        tmp = place(verified, blob, entry)
-        # Shared with the hardlinked file: read-only, and the mtime a later write moves.
-        os.chmod(tmp, 0o444)
-        os.utime(tmp, ns=(BLOB_MTIME_NS, BLOB_MTIME_NS))
-        os.rename(tmp, blob)
+        tmp = None
+        try:
+            for d in (self.root, os.path.dirname(blob)):
+                os.makedirs(d, mode=0o700, exist_ok=True)
+            tmp = place(verified, blob, entry)
+            # Shared with the hardlinked file: read-only, and the mtime a later write moves.
+            os.chmod(tmp, 0o444)
+            os.utime(tmp, ns=(BLOB_MTIME_NS, BLOB_MTIME_NS))
+            os.rename(tmp, blob)
+        except (OSError, FetchError) as e:
+            # The cache saves downloads; a file it cannot take (a full disk under it) is still in place.
+            log(f"{entry['path']}: not cached ({e.__class__.__name__}: {e})")
+            if tmp and os.path.lexists(tmp):
+                os.unlink(tmp)
+            return
         log(f"{entry['path']}: cached as {blob}")
 
     def take(self, entry: dict, final: str) -> bool:

@@ -408,3 +408,12 @@ def test_an_unreadable_record_stops_the_prune(tmp_path):
     rc, out = prune(cache, models)
     assert rc == 0 and "cannot be read" in out and "nothing is pruned" in out
     assert (cache / "sha256" / ("1" * 64)).exists()
+
+
+def test_a_cache_that_cannot_take_a_file_does_not_stop_the_fetch(hub, repo_dir, tmp_path):
+    cache = tmp_path / "cache"
+    cache.write_text("a file where the cache's directory should be")
+    rc, out = fetch(manifest_for(hub, tmp_path), tmp_path / "dest", "--cache", str(cache))
+    assert rc == 0, out
+    assert out.count("not cached (FileExistsError") == 3
+    same_files(repo_dir, tmp_path / "dest", NAMES)
