@@ -8,6 +8,8 @@
     <root>/models/<stamp16>/          one sealed model artifact
     <root>/models/.staging/<stamp16>/ a model being made (mode 700)
     <root>/models/current -> <stamp16>
+    <root>/cache/blobs/<algo>/<hex>   downloaded model files by content hash (sha256, git-sha1;
+                                      mode 700), hardlinked into each fetch (remote/model_fetch.py)
     <root>/state/<name>.json          records later runs read back (gpus.json)
 
 Outside the root: the unit and the API key (``UNIT_PATH``, ``API_KEY_PATH``).
@@ -77,6 +79,16 @@ class Layout:
     @property
     def current_model(self) -> str:
         return f"{self.models}/current"
+
+    # the content-addressed cache of downloaded model files
+    @property
+    def cache(self) -> str:
+        return f"{self.root}/cache"
+
+    @property
+    def blob_cache(self) -> str:
+        """``<algo>/<hex>`` under it: the names of the artifact records' content ids."""
+        return f"{self.cache}/blobs"
 
     # records
     @property

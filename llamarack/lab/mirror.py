@@ -8,11 +8,16 @@ it like a real commit. The bare repository is served over HTTP ("dumb"
 protocol, after ``git update-server-info``) by the lab's file server.
 
 Tests add commits on top (a changed commit, a broken one) with
-``add_commit``; those are deterministic too.
+``add_commit``; those are deterministic too. ``add_named_commit`` names the
+branch by a hash of its changes, so a mirror kept in the cache never serves
+an older commit under the name of a changed one. ``GOOD_BUMP`` is a second
+good commit (a harmless change): what an upgrade test bumps to.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -44,6 +49,10 @@ _GIT_ENV = {
     "GIT_CONFIG_NOSYSTEM": "1",
     "HOME": "/nonexistent",
 }
+
+
+# A later commit that builds, proves and serves like the base: only its README differs.
+GOOD_BUMP = {"README.md": "\nA later commit for the llamarack lab's upgrade tests: it runs like the one before.\n"}
 
 
 @dataclass(frozen=True)
@@ -154,3 +163,9 @@ def add_commit(mirror: Mirror, branch: str, message: str, changes: dict) -> str:
         commit = _git("rev-parse", "HEAD", cwd=work)
     _git("update-server-info", cwd=mirror.bare)
     return commit
+
+
+def add_named_commit(mirror: Mirror, name: str, message: str, changes: dict) -> str:
+    """``add_commit`` on the branch ``<name>-<12 hex of the changes' sha256>``; return its sha."""
+    digest = hashlib.sha256(json.dumps(changes, sort_keys=True).encode()).hexdigest()[:12]
+    return add_commit(mirror, f"{name}-{digest}", message, changes)

@@ -6,8 +6,9 @@ fresh Debian has no ``requests``). The model role copies it to the host with
 a JSON manifest and, for private repos, a token file of mode 600 that it
 removes afterwards.
 
-    python3 model_fetch.py fetch --manifest M.json --dest DIR [--token-file F]
+    python3 model_fetch.py fetch --manifest M.json --dest DIR [--token-file F] [--cache BLOBS]
     python3 model_fetch.py seal --stamp S.json --gguf DIR/model.gguf --out DIR/stamp.json
+    python3 model_fetch.py prune-cache --cache BLOBS --models MODELS
 
 Manifest::
 
@@ -28,6 +29,28 @@ Only a file whose size and hash match is renamed to ``DIR/<path>``; one that
 does not is deleted and the run fails (exit 2), so a bad download never lands.
 Free disk is checked before the first byte (exit 3). 401/403 exits 4.
 
+With ``--cache BLOBS`` (``<root>/cache/blobs``) files are content-addressed
+on the host: ``BLOBS/<algo>/<hex>``, algo ``sha256`` or ``git-sha1`` (the
+names of the artifact records' content ids). A file the cache holds is
+hardlinked into place (copied and verified when the destination is on
+another filesystem) instead of downloaded; every file verified here goes into
+the cache (a hardlink, so no second copy on disk). The cache never hands out
+a corrupt blob:
+
+- on insert, only a file whose hash was just verified goes in (a copy to
+  another filesystem is hashed again once written), renamed into place whole;
+  it is made read-only and its mtime set to ``BLOB_MTIME_NS``;
+- on use, one ``stat``: a blob whose size is not the one the manifest names,
+  or whose mtime is not ``BLOB_MTIME_NS`` any more (a write through any of its
+  hardlinks, e.g. an artifact's model.gguf edited in place, moves it), is a
+  miss: its cache name is removed and the file downloaded. Without a size in
+  the manifest (source url) the blob is hashed in full instead.
+
+``prune-cache`` removes the blobs that no artifact under MODELS names in its
+``stamp.json`` (``files``) and no unfinished staging names in its
+``manifest.json``; an unreadable record stops the prune (nothing removed).
+Removing a cache name never frees a file something else links to.
+
 The token is read from a file (never argv, never printed), the file must not
 be readable by group or others, and it is sent only to the origin of the
 URL it was meant for: a redirect to another host (a CDN with signed URLs)
@@ -37,10 +60,12 @@ does not carry it.
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import http.client
 import json
 import os
+import shutil
 import stat
 import sys
 import time
@@ -49,6 +74,8 @@ import urllib.parse
 import urllib.request
 
 CHUNK = 1024 * 1024
+# Every cache blob's mtime (2001-09-09T01:46:40Z): set on insert, moved by any later write.
+BLOB_MTIME_NS = 1_000_000_000 * 1_000_000_000
 EXIT_FAILED, EXIT_HASH, EXIT_DISK, EXIT_AUTH = 1, 2, 3, 4
 
 
@@ -112,12 +139,134 @@ class Hasher:
         else:
             raise FetchError(f"{entry['path']}: the manifest gives no sha256 or git_sha1: "
                              "llamarack never installs an unpinned download")  # fmt: skip
+        digits = 64 if self.kind == "sha256" else 40
+        if len(self.expected) != digits or self.expected.strip("0123456789abcdef"):
+            # Also what keeps a hostile listing's "hash" from naming a path in the cache.
+            raise FetchError(f"{entry['path']}: the manifest's {self.kind} {self.expected!r} is not "
+                             f"{digits} hex digits")  # fmt: skip
 
     def update(self, data: bytes) -> None:
         self.h.update(data)
 
     def hexdigest(self) -> str:
         return self.h.hexdigest()
+
+
+# The cache's directory per hash kind: the prefixes of the artifact records' content ids.
+CACHE_ALGOS = {"sha256": "sha256", "git_sha1": "git-sha1"}
+# A hardlink is refused across filesystems (EXDEV), by some filesystems (EPERM) and
+# past a file's link limit (EMLINK): then the file is copied, and the copy verified.
+NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK)
+
+
+def copy_verified(src: str, dst: str, entry: dict) -> None:
+    """Copy ``src`` to ``dst``, then hash what landed; a copy that is not the pinned file is removed."""
+    with open(src, "rb") as i, open(dst, "wb") as o:
+        shutil.copyfileobj(i, o, CHUNK)
+        o.flush()
+        os.fsync(o.fileno())
+    hasher = Hasher(entry)
+    n = hash_file(dst, hasher)
+    size = entry.get("size")
+    if hasher.hexdigest() != hasher.expected or (size is not None and n != size):
+        os.unlink(dst)
+        raise FetchError(f"{entry['path']}: the copy of {src} is not the pinned file ({hasher.kind} "
+                         f"{hasher.hexdigest()}, expected {hasher.expected}); removed", EXIT_HASH)  # fmt: skip
+
+
+def place(src: str, dst: str, entry: dict) -> str:
+    """A new name beside ``dst`` for ``src``'s file (a hardlink, or a verified copy where one
+    cannot be made), for the caller to rename over ``dst``."""
+    tmp = f"{dst}.tmp-{os.getpid()}"
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    try:
+        os.link(src, tmp)
+    except OSError as e:
+        if e.errno not in NO_LINK:
+            raise
+        copy_verified(src, tmp, entry)
+    return tmp
+
+
+class BlobCache:
+    """Verified files by content hash: ``<root>/<algo>/<hex>`` (mode 700 directories)."""
+
+    def __init__(self, root: str):
+        self.root = root
+
+    def path(self, hasher: Hasher) -> str:
+        return os.path.join(self.root, CACHE_ALGOS[hasher.kind], hasher.expected)
+
+    def lookup(self, entry: dict):
+        """The blob for ``entry`` when the cache holds a sound one, else None.
+
+        Sound: the manifest's size and the mtime every blob gets on insert (one
+        stat); without a size, the full hash. A blob that fails is dropped from
+        the cache (its other links, if any, are not touched).
+        """
+        hasher = Hasher(entry)
+        blob, size = self.path(hasher), entry.get("size")
+        try:
+            st = os.lstat(blob)
+        except OSError:  # not there, or no cache to look in: a miss
+            return None
+        why = None
+        if not stat.S_ISREG(st.st_mode):
+            why = "is not a regular file"
+        elif st.st_mtime_ns != BLOB_MTIME_NS:
+            why = "was written to after it was cached (its mtime moved)"
+        elif size is not None and st.st_size != size:
+            why = f"has {st.st_size} bytes, not {size}"
+        elif size is None:
+            hash_file(blob, hasher)
+            if hasher.hexdigest() != hasher.expected:
+                why = f"has {hasher.kind} {hasher.hexdigest()}"
+        if why is None:
+            return blob
+        log(f"{entry['path']}: the cached blob {blob} {why}: dropped from the cache")
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(blob)
+        else:
+            os.unlink(blob)
+        return None
+
+    def put(self, entry: dict, verified: str) -> None:
+        """Add ``verified`` (a file whose hash was just checked) under its hash, unless a sound blob is there."""
+        hasher = Hasher(entry)
+        blob = self.path(hasher)
+        if self.lookup(entry) is not None:
+            return
+        tmp = None
+        try:
+            for d in (self.root, os.path.dirname(blob)):
+                os.makedirs(d, mode=0o700, exist_ok=True)
+            tmp = place(verified, blob, entry)
+            # Shared with the hardlinked file: read-only, and the mtime a later write moves.
+            os.chmod(tmp, 0o444)
+            os.utime(tmp, ns=(BLOB_MTIME_NS, BLOB_MTIME_NS))
+            os.rename(tmp, blob)
+        except (OSError, FetchError) as e:
+            # The cache saves downloads; a file it cannot take (a full disk under it) is still in place.
+            log(f"{entry['path']}: not cached ({e.__class__.__name__}: {e})")
+            if tmp and os.path.lexists(tmp):
+                os.unlink(tmp)
+            return
+        log(f"{entry['path']}: cached as {blob}")
+
+    def take(self, entry: dict, final: str) -> bool:
+        """Put the cached blob of ``entry`` at ``final``; False when the cache has none."""
+        blob = self.lookup(entry)
+        if blob is None:
+            return False
+        tmp = place(blob, final, entry)
+        os.rename(tmp, final)
+        partial = final + ".partial"
+        if os.path.exists(partial):
+            os.unlink(partial)
+        hasher = Hasher(entry)
+        log(f"{entry['path']}: from the cache, not downloaded ({hasher.kind} {hasher.expected})")
+        return True
 
 
 def file_url(manifest: dict, entry: dict) -> str:
@@ -172,7 +321,7 @@ class Progress:
             log(f"{self.name}: {done} bytes {rate:.1f} MB/s")
 
 
-def fetch_one(manifest: dict, entry: dict, dest: str, token, args) -> None:
+def fetch_one(manifest: dict, entry: dict, dest: str, token, args, cache=None) -> None:
     path = entry["path"]
     final = safe_join(dest, path)
     partial = final + ".partial"
@@ -184,9 +333,13 @@ def fetch_one(manifest: dict, entry: dict, dest: str, token, args) -> None:
         n = hash_file(final, hasher)
         if (size is None or n == size) and hasher.hexdigest() == hasher.expected:
             log(f"{path}: already in place ({hasher.kind} {hasher.expected})")
+            if cache:
+                cache.put(entry, final)
             return
         raise FetchError(f"{path}: {final} exists but its {hasher.kind} is not the pinned "
                          f"{hasher.expected}; not overwriting it. Remove it to fetch again")  # fmt: skip
+    if cache and cache.take(entry, final):
+        return
 
     url = file_url(manifest, entry)
     attempt = 0
@@ -222,6 +375,8 @@ def fetch_one(manifest: dict, entry: dict, dest: str, token, args) -> None:
         os.fsync(f.fileno())
     os.rename(partial, final)
     log(f"{path}: ok ({hasher.kind} {got})")
+    if cache:
+        cache.put(entry, final)
 
 
 def _size(path: str) -> int:
@@ -293,14 +448,14 @@ def _download(url: str, entry: dict, partial: str, token, args) -> None:
             raise ConnectionError(f"connection closed after {done - have} of {length} bytes")
 
 
-def check_disk(manifest: dict, dest: str, reserve: int) -> None:
-    """Refuse before the first byte when the known sizes cannot fit."""
+def check_disk(manifest: dict, dest: str, reserve: int, cache=None) -> None:
+    """Refuse before the first byte when the known sizes cannot fit (a cached file costs nothing)."""
     need = 0
     for entry in manifest["files"]:
         if entry.get("size") is None:
             continue
         final = safe_join(dest, entry["path"])
-        if not os.path.exists(final):
+        if not os.path.exists(final) and not (cache and cache.lookup(entry)):
             need += max(entry["size"] - _size(final + ".partial"), 0)
     free = free_bytes(dest)
     if need + reserve > free:
@@ -313,10 +468,67 @@ def cmd_fetch(args) -> None:
         manifest = json.load(f)
     os.makedirs(args.dest, exist_ok=True)
     token = read_token(args.token_file) if args.token_file else None
-    check_disk(manifest, args.dest, args.reserve_bytes)
+    cache = BlobCache(args.cache) if args.cache else None
+    check_disk(manifest, args.dest, args.reserve_bytes, cache)
     for entry in manifest["files"]:
-        fetch_one(manifest, entry, args.dest, token, args)
+        fetch_one(manifest, entry, args.dest, token, args, cache)
     log(f"all {len(manifest['files'])} file(s) in place under {args.dest}")
+
+
+def _named_ids(path: str, manifest: bool) -> set:
+    """The content ids (``algo:hex``) a stamp.json's ``files`` or a manifest.json's entries name."""
+    with open(path) as f:
+        data = json.load(f)
+    if not manifest:
+        return {str(cid) for cid in data["files"].values()}
+    ids = set()
+    for entry in data["files"]:
+        hasher = Hasher(entry)
+        ids.add(f"{CACHE_ALGOS[hasher.kind]}:{hasher.expected}")
+    return ids
+
+
+def cmd_prune_cache(args) -> None:
+    """Remove the blobs no artifact record nor unfinished staging under ``--models`` names."""
+    keep: set = set()
+    staging = os.path.join(args.models, ".staging")
+    records = [(os.path.join(args.models, n, "stamp.json"), False) for n in _listdir(args.models)
+               if n not in ("current", ".staging")]  # fmt: skip
+    for n in _listdir(staging):
+        records += [(os.path.join(staging, n, "stamp.json"), False), (os.path.join(staging, n, "manifest.json"), True)]
+    for path, is_manifest in records:
+        if not os.path.isfile(path):
+            continue  # a directory without a record names no file
+        try:
+            keep |= _named_ids(path, is_manifest)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, FetchError) as e:
+            log(f"cache: {path} cannot be read ({e.__class__.__name__}: {e}); nothing is pruned")
+            return
+    kept = removed = freed = 0
+    for algo in sorted(set(CACHE_ALGOS.values()) & set(_listdir(args.cache))):
+        d = os.path.join(args.cache, algo)
+        for name in _listdir(d):
+            blob = os.path.join(d, name)
+            if f"{algo}:{name}" in keep:
+                kept += 1
+                continue
+            st = os.lstat(blob)
+            # Only the cache's name goes: a file an artifact still links to keeps its data.
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(blob)
+            else:
+                os.unlink(blob)
+            removed += 1
+            freed += st.st_size if st.st_nlink == 1 else 0
+    log(f"cache {args.cache}: kept {kept} blob(s), removed {removed} that no artifact names "
+        f"({freed} bytes freed)")  # fmt: skip
+
+
+def _listdir(path: str) -> list:
+    try:
+        return sorted(os.listdir(path))
+    except FileNotFoundError:
+        return []
 
 
 def cmd_seal(args) -> None:
@@ -356,13 +568,17 @@ def main(argv=None) -> int:
     fetch.add_argument("--progress-interval", type=float, default=10.0)
     fetch.add_argument("--reserve-bytes", type=int, default=1 << 30,
                        help="bytes to leave free on the destination's filesystem")  # fmt: skip
+    fetch.add_argument("--cache", help="the blob cache: files taken from it and verified ones added")
     seal = sub.add_parser("seal", help="write the stamp of a finished artifact")
     seal.add_argument("--stamp", required=True)
     seal.add_argument("--gguf", required=True)
     seal.add_argument("--out", required=True)
+    prune = sub.add_parser("prune-cache", help="remove the cached blobs no artifact names")
+    prune.add_argument("--cache", required=True)
+    prune.add_argument("--models", required=True)
     args = parser.parse_args(argv)
     try:
-        {"fetch": cmd_fetch, "seal": cmd_seal}[args.command](args)
+        {"fetch": cmd_fetch, "seal": cmd_seal, "prune-cache": cmd_prune_cache}[args.command](args)
     except FetchError as e:
         print(f"model_fetch: error: {e}", file=sys.stderr, flush=True)
         return e.code

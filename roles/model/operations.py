@@ -5,6 +5,12 @@ only a sealed artifact is renamed to ``<root>/models/<stamp16>``: a failed or
 interrupted run leaves the staging to resume from (partial downloads resume
 with HTTP Range; each step skips when its output exists) and never touches a
 finished artifact. ``models/current`` then switches atomically.
+
+Downloads go through the host's blob cache (``<root>/cache/blobs``, keyed by
+the hub's content hashes): a file the cache holds is hardlinked, not fetched
+again, so an artifact remade for a new llama.cpp commit or quant converts
+from the checkpoint already on the host. Once an artifact is made, the blobs
+that no artifact's record names any more are pruned.
 """
 
 from __future__ import annotations
@@ -108,8 +114,9 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
         yield FileUploadCommand(_json(plan.record()), f"{s}/stamp.plan.json")
 
         fetcher = lambda *args: remote.command("model_fetch", *args, python=t["python"])  # noqa: E731
-        fetch_cmd = fetcher("fetch", "--manifest", f"{s}/manifest.json",
-                            "--dest", f"{s}/hf" if plan.converts else s, "--retries", str(plan.retries))  # fmt: skip
+        blobs = Layout(plan.root).blob_cache
+        fetch_cmd = fetcher("fetch", "--manifest", f"{s}/manifest.json", "--dest", f"{s}/hf" if plan.converts else s,
+                            "--retries", str(plan.retries), "--cache", blobs)  # fmt: skip
         token_path = f"{s}/hub-token"
         # A token of a run killed before its fetch ended goes first, whatever comes next.
         yield f"rm -f {q(token_path)} {q(token_path + '.new')}"
@@ -157,6 +164,8 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
             aside = f"{plan.models_dir}/.staging/replaced-{name}"
             yield (f"chmod 755 {q(s)} && rm -rf {q(aside)} && mv -T {q(d)} {q(aside)} && "
                    f"mv -T {q(s)} {q(d)} && rm -rf {q(aside)}")  # fmt: skip
+        # The new artifact's record names its files: the cache keeps what some record names.
+        yield fetcher("prune-cache", "--cache", blobs, "--models", plan.models_dir)
 
     if not link or link.get("link_target") != name:
         yield (f"ln -sfn {q(name)} {q(current + '.new')} && "

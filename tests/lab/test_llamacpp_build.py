@@ -10,7 +10,6 @@ a commit that fails to build leaves the serving build current. Tests run in
 order and share the host.
 """
 
-import hashlib
 import json
 
 import pytest
@@ -137,8 +136,7 @@ DIES_AT_FIRST_KERNEL = {
 def test_a_build_that_cannot_compute_is_refused_and_nothing_changes(lab_rack, lab_mirror):
     serving, before = current(lab_rack), served(lab_rack)
     # The branch is named by its change: a mirror kept in the cache never serves an older one.
-    branch = "lab-test-dies-" + hashlib.sha256(json.dumps(DIES_AT_FIRST_KERNEL).encode()).hexdigest()[:12]
-    dies = mirror.add_commit(lab_mirror, branch, "lab test: dies at its first kernel", DIES_AT_FIRST_KERNEL)
+    dies = mirror.add_named_commit(lab_mirror, "lab-test-dies", "lab test: dies at its first kernel", DIES_AT_FIRST_KERNEL)
     rc, out = deploy(lab_rack, f"llamacpp_commit={dies}", "llamacpp_cpu_fallback=False")
     assert rc != 0
     assert "cannot compute, refusing it" in out, out[-4000:]

@@ -242,7 +242,8 @@ def _models(lab_rack) -> str:
 
 def test_interrupted_download_resumes_with_range(lab_rack, faulty_hub):
     hub, token_file = faulty_hub
-    sh(lab_rack, f"rm -rf {OPT}/models")  # start the model part afresh: the download must happen
+    # Start the model part afresh, the blob cache too: the download must happen.
+    sh(lab_rack, f"rm -rf {OPT}/models {OPT}/cache")
     hub.drop_after("model.safetensors", 1_000_000)
     rc, out = deploy(lab_rack, f"model_hf_endpoint={hub.url}", f"model_hf_token_file={token_file}",
                      "model_quant=Q5_K_M")  # fmt: skip
@@ -258,6 +259,7 @@ def test_interrupted_download_resumes_with_range(lab_rack, faulty_hub):
 def test_wrong_sha256_is_refused_and_nothing_is_switched(lab_rack, faulty_hub):
     hub, token_file = faulty_hub
     before = _models(lab_rack)
+    sh(lab_rack, f"rm -rf {OPT}/cache")  # else the checkpoint comes from the host's cache, not the hub
     hub.corrupt("model.safetensors")
     rc, out = deploy(lab_rack, f"model_hf_endpoint={hub.url}", f"model_hf_token_file={token_file}",
                      "model_quant=Q8_0")  # fmt: skip

@@ -5,7 +5,8 @@ convert_hf_to_gguf.py (pinned llama.cpp tree from the llama-cpp-python sdist,
 converter venv from its requirements file) -> llama-quantize when a build is
 at hand (else the F16 route, converted straight to the artifact) -> seal ->
 atomic move -> ``models/current``. Then the same operation again, with the
-facts read from the real files: no command at all.
+facts read from the real files: no command at all. Then a llama.cpp bump's
+artifact: converted again from the host's blob cache, nothing downloaded.
 
 Slow inputs are cached by their inputs (tests/support/cache.py): the first
 run here builds venvs (about 2 min); later runs take seconds.
@@ -94,6 +95,14 @@ def tools():
     }
 
 
+def settings_data(root, hub, sha, token_file, quant) -> dict:
+    return {
+        "python_env_backend": "venv", "llamacpp_backend": "cpu", "llamarack_root": str(root),
+        "model_repo": "tiny/llama", "model_revision": sha, "model_hf_endpoint": hub.url,
+        "model_hf_token_file": str(token_file), "model_quant": quant,
+    }  # fmt: skip
+
+
 def test_tiny_model_chain_and_second_run_changes_nothing(tmp_path, tools):
     checkpoint = tiny_model()
     root = tmp_path / "lr"
@@ -103,11 +112,7 @@ def test_tiny_model_chain_and_second_run_changes_nothing(tmp_path, tools):
     quant = "Q4_K_M" if tools["quantize"] else "F16"
     with HubServer({"tiny/llama": checkpoint}, token=TOKEN) as hub:
         sha = hub.repo("tiny/llama").sha
-        settings = load_settings("@local", {
-            "python_env_backend": "venv", "llamacpp_backend": "cpu", "llamarack_root": str(root),
-            "model_repo": "tiny/llama", "model_revision": sha, "model_hf_endpoint": hub.url,
-            "model_hf_token_file": str(token_file), "model_quant": quant,
-        })  # fmt: skip
+        settings = load_settings("@local", settings_data(root, hub, sha, token_file, quant))
         plan = plan_model(settings, repo_files(hub.url, "tiny/llama", sha, TOKEN))
         paths = {k: v for k, v in tools.items() if k != "gguf_py" and v}
         cmds, _, timings = run_operation(plan, token_file=str(token_file), tool_paths=paths)
@@ -163,3 +168,19 @@ def test_tiny_model_chain_and_second_run_changes_nothing(tmp_path, tools):
         },
     }  # fmt: skip
     print("\nmodel chain figures:", json.dumps(figures))
+
+    # A llama.cpp bump (another commit: another artifact, converted again) while the hub is
+    # up: the checkpoint comes from the host's blob cache; not one file is downloaded.
+    with HubServer({"tiny/llama": checkpoint}, token=TOKEN) as hub:
+        bumped = load_settings("@local", {**settings_data(root, hub, sha, token_file, quant), "llamacpp_commit": "b" * 40})
+        plan2 = plan_model(bumped, repo_files(hub.url, "tiny/llama", sha, TOKEN))
+        assert plan2.name != plan.name
+        run_operation(plan2, token_file=str(token_file), tool_paths=paths)
+        assert [r.path for r in hub.requests if "/resolve/" in r.path] == []
+    made = root / "models" / plan2.name
+    assert os.readlink(root / "models" / "current") == plan2.name and (made / "model.gguf").read_bytes()[:4] == b"GGUF"
+    assert (made / "fetch.log").read_text().count("from the cache, not downloaded") == len(plan2.files)
+    assert (artifact_dir / "model.gguf").exists()  # the artifact made before stays
+    # Both records name the same files: the cache holds each once, and the prune kept them.
+    blobs = sorted(f"{p.parent.name}:{p.name}" for p in (root / "cache" / "blobs").glob("*/*"))
+    assert blobs == sorted(f.content_id for f in plan2.files)

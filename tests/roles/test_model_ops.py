@@ -123,7 +123,7 @@ def test_missing_artifact_is_fetched_converted_quantized_sealed_and_moved():
     shell = [c for c in cmds if isinstance(c, str)]
     assert shell[0] == f"install -d -m 755 /opt/lr/models && install -d -m 700 /opt/lr/models/.staging {s}"
     fetch = remote.command("model_fetch", "fetch", "--manifest", f"{s}/manifest.json", "--dest", f"{s}/hf",
-                           "--retries", "5")  # fmt: skip
+                           "--retries", "5", "--cache", "/opt/lr/cache/blobs")  # fmt: skip
     assert shell[1] == f"rm -f {s}/hub-token {s}/hub-token.new"  # a killed run's token, first
     shell = shell[1:]
     assert shell[1].startswith(f"{{ {fetch} >> {s}/fetch.log 2>&1; rc=$?; [ $rc = 0 ] || {{ tail -n 40 {s}/fetch.log >&2;")
@@ -142,7 +142,10 @@ def test_missing_artifact_is_fetched_converted_quantized_sealed_and_moved():
     assert shell[5] == (f"rm -rf {s}/manifest.json {s}/stamp.plan.json {s}/hub-token {s}/hub-token.new "
                         f"{s}/hf {s}/model-f16.gguf {s}/*.gguf.tmp.*")  # fmt: skip
     assert shell[6] == f"chmod 755 {s} && mv -T {s} {d}"
-    assert shell[7].startswith(f"ln -sfn {PLAN.name} ")
+    # Once the new artifact's record is in place, the cache keeps only what records name.
+    assert shell[7] == remote.command("model_fetch", "prune-cache", "--cache", "/opt/lr/cache/blobs",
+                                      "--models", "/opt/lr/models")  # fmt: skip
+    assert shell[8].startswith(f"ln -sfn {PLAN.name} ")
 
 
 def test_token_goes_up_as_a_private_file_and_is_removed_after_the_fetch(tmp_path):
@@ -182,7 +185,8 @@ def replaced_only_at_the_end(cmds) -> None:
     aside = f"{PLAN.models_dir}/.staging/replaced-{PLAN.name}"
     assert last[0].index(f"mv -T {PLAN.dir} {aside}") < last[0].index(f"mv -T {PLAN.staging} {PLAN.dir}") \
         < last[0].rindex(f"rm -rf {aside}")  # fmt: skip
-    assert shell.index(last[0]) > max(i for i, c in enumerate(shell) if "seal --stamp" in c)
+    seal = remote.command("model_fetch", "seal")
+    assert shell.index(last[0]) > max(i for i, c in enumerate(shell) if c.startswith(seal))
 
 
 def test_an_unsealed_leftover_is_replaced_once_its_successor_is_sealed():

@@ -248,3 +248,186 @@ def test_seal_records_size_sha256_and_the_signature_later_runs_compare(tmp_path)
     assert stamp["stamp"] == "ab" * 32 and time.time() - 60 < stamp["sealed_at"] <= time.time()
     assert stamp["gguf"] == {"size": 1004, "sha256": hashlib.sha256(gguf.read_bytes()).hexdigest(),
                              "signature": {"size": 1004, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}}
+
+
+# --- the blob cache (--cache): verified files by content hash, hardlinked into later fetches ---
+
+BLOB_MTIME_NS = 1_000_000_000 * 1_000_000_000  # model_fetch.BLOB_MTIME_NS
+
+
+def blob_of(cache: Path, repo_dir: Path, name: str) -> Path:
+    """Where the cache keeps ``name`` of the repo: by sha256 (LFS files) or git blob id (small files)."""
+    data = (repo_dir / name).read_bytes()
+    if name == "config.json":
+        return cache / "git-sha1" / hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+    return cache / "sha256" / hashlib.sha256(data).hexdigest()
+
+
+def resolves(hub, since: int = 0) -> list:
+    return [r.path for r in hub.requests[since:] if "/resolve/" in r.path]
+
+
+NAMES = ["model.safetensors", "config.json", "tokenizer.model"]
+
+
+def test_verified_files_go_into_the_cache_and_a_later_fetch_downloads_nothing(hub, repo_dir, tmp_path):
+    cache, manifest = tmp_path / "cache/blobs", manifest_for(hub, tmp_path)
+    rc, out = fetch(manifest, tmp_path / "a", "--cache", str(cache))
+    assert rc == 0, out
+    assert len(resolves(hub)) == 3
+    for name in NAMES:
+        blob = blob_of(cache, repo_dir, name)
+        st = blob.stat()
+        # The same inode as the fetched file: the cache costs no second copy on disk.
+        assert st.st_ino == (tmp_path / "a" / name).stat().st_ino and st.st_nlink == 2
+        assert (st.st_mode & 0o777, st.st_mtime_ns) == (0o444, BLOB_MTIME_NS)
+        assert f"{name}: cached as {blob}" in out
+    assert (cache.stat().st_mode & 0o777, (cache / "sha256").stat().st_mode & 0o777) == (0o700, 0o700)
+
+    # Another artifact's fetch (a new llama.cpp commit converts again): nothing is asked of the hub.
+    before = len(hub.requests)
+    rc, out = fetch(manifest, tmp_path / "b", "--cache", str(cache))
+    assert rc == 0, out
+    assert hub.requests[before:] == []
+    same_files(repo_dir, tmp_path / "b", NAMES)
+    assert out.count("from the cache, not downloaded") == 3
+    assert (tmp_path / "b/model.safetensors").stat().st_ino == blob_of(cache, repo_dir, "model.safetensors").stat().st_ino
+
+
+def test_a_cached_blob_of_the_wrong_size_is_a_miss_and_is_fetched_again(hub, repo_dir, tmp_path):
+    cache, manifest = tmp_path / "cache", manifest_for(hub, tmp_path)
+    assert fetch(manifest, tmp_path / "a", "--cache", str(cache))[0] == 0
+    blob = blob_of(cache, repo_dir, "model.safetensors")
+    os.truncate(blob, 1000)  # truncation keeps the mtime here: the size alone must tell
+    os.utime(blob, ns=(BLOB_MTIME_NS, BLOB_MTIME_NS))
+    before = len(hub.requests)
+    rc, out = fetch(manifest, tmp_path / "b", "--cache", str(cache))
+    assert rc == 0, out
+    assert f"the cached blob {blob} has 1000 bytes, not {BIG}: dropped from the cache" in out
+    assert resolves(hub, before) == ["/org/tiny/resolve/" + hub.repo("org/tiny").sha + "/model.safetensors"]
+    same_files(repo_dir, tmp_path / "b", NAMES)
+    # The fresh download took its place in the cache.
+    assert blob.stat().st_size == BIG and blob.stat().st_ino == (tmp_path / "b/model.safetensors").stat().st_ino
+
+
+def test_a_blob_written_through_a_hardlink_is_a_miss(hub, repo_dir, tmp_path):
+    """Same size, other bytes (a served model.gguf edited in place shares the blob's inode):
+    the write moved the mtime, and the cache hands it out no more."""
+    cache, manifest = tmp_path / "cache", manifest_for(hub, tmp_path)
+    assert fetch(manifest, tmp_path / "a", "--cache", str(cache))[0] == 0
+    edited = tmp_path / "a/tokenizer.model"
+    with open(edited, "r+b") as f:  # root writes past the 444 mode, as an operator's tool would
+        f.seek(100)
+        f.write(b"TAMPERED")
+    before = len(hub.requests)
+    rc, out = fetch(manifest, tmp_path / "b", "--cache", str(cache))
+    assert rc == 0, out
+    assert "was written to after it was cached (its mtime moved): dropped from the cache" in out
+    assert [p.rsplit("/", 1)[1] for p in resolves(hub, before)] == ["tokenizer.model"]
+    same_files(repo_dir, tmp_path / "b", NAMES)
+    # The edited file itself is left alone: only the cache's name of it went.
+    assert b"TAMPERED" in edited.read_bytes()
+
+
+def test_across_filesystems_the_cache_copies_and_verifies(hub, repo_dir, tmp_path):
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("no second filesystem (tmpfs /dev/shm) beside the test's temporary directory")
+    cache = shm / f"llamarack-test-blobs-{os.getpid()}"
+    try:
+        manifest = manifest_for(hub, tmp_path)
+        rc, out = fetch(manifest, tmp_path / "a", "--cache", str(cache))
+        assert rc == 0, out
+        blob = blob_of(cache, repo_dir, "model.safetensors")
+        assert blob.stat().st_ino != (tmp_path / "a/model.safetensors").stat().st_ino  # a copy
+        assert blob.read_bytes() == (repo_dir / "model.safetensors").read_bytes()
+        before = len(hub.requests)
+        rc, out = fetch(manifest, tmp_path / "b", "--cache", str(cache))
+        assert rc == 0 and hub.requests[before:] == [], out
+        same_files(repo_dir, tmp_path / "b", NAMES)
+        assert not list((tmp_path / "b").glob("*.tmp-*"))
+    finally:
+        subprocess.run(["rm", "-rf", str(cache)], check=True)
+
+
+def test_a_url_file_without_a_size_is_hashed_in_full_before_it_is_taken(hub, repo_dir, tmp_path):
+    sha = hashlib.sha256((repo_dir / "tokenizer.model").read_bytes()).hexdigest()
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"files": [{"path": "model.gguf", "url": f"{hub.url}/org/tiny/resolve/main/"
+                                               "tokenizer.model", "sha256": sha}]}))  # fmt: skip
+    cache = tmp_path / "cache"
+    assert fetch(manifest, tmp_path / "a", "--cache", str(cache))[0] == 0
+    blob = cache / "sha256" / sha
+    data = bytearray(blob.read_bytes())
+    data[7] ^= 0xFF
+    blob.write_bytes(bytes(data))  # other bytes, the mtime put back: only the hash can tell
+    os.utime(blob, ns=(BLOB_MTIME_NS, BLOB_MTIME_NS))
+    before = len(hub.requests)
+    rc, out = fetch(manifest, tmp_path / "b", "--cache", str(cache))
+    assert rc == 0, out
+    assert f"the cached blob {blob} has sha256 " in out and len(resolves(hub, before)) == 1
+    assert (tmp_path / "b/model.gguf").read_bytes() == (repo_dir / "tokenizer.model").read_bytes()
+
+
+def test_a_hash_that_is_not_hex_never_names_a_cache_path(hub, tmp_path):
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"files": [{"path": "x", "url": f"{hub.url}/x", "sha256": "../../etc/passwd"}]}))
+    rc, out = fetch(manifest, tmp_path / "dest", "--cache", str(tmp_path / "cache"))
+    assert rc == 1 and "is not 64 hex digits" in out
+    assert not (tmp_path / "cache").exists() and hub.requests == []
+
+
+def prune(cache: Path, models: Path):
+    r = subprocess.run([PYTHON, str(FETCHER), "prune-cache", "--cache", str(cache), "--models", str(models)],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    return r.returncode, r.stdout + r.stderr
+
+
+def test_prune_keeps_the_blobs_that_artifacts_and_unfinished_fetches_name(hub, repo_dir, tmp_path):
+    cache, models = tmp_path / "cache", tmp_path / "models"
+    manifest = manifest_for(hub, tmp_path)
+    assert fetch(manifest, tmp_path / "a", "--cache", str(cache))[0] == 0
+    ids = {n: f"{blob_of(cache, repo_dir, n).parent.name}:{blob_of(cache, repo_dir, n).name}" for n in NAMES}
+    # One artifact names the checkpoint but the tokenizer; an unfinished fetch names the tokenizer.
+    (models / "aaaa").mkdir(parents=True)
+    (models / "aaaa/stamp.json").write_text(json.dumps(
+        {"files": {n: ids[n] for n in ("model.safetensors", "config.json")}}))  # fmt: skip
+    (models / "current").symlink_to("aaaa")
+    (models / ".staging/bbbb").mkdir(parents=True)
+    (models / ".staging/bbbb/manifest.json").write_text(json.dumps(
+        {"files": [e for e in json.loads(manifest.read_text())["files"] if e["path"] == "tokenizer.model"]}))
+    (models / "unsealed").mkdir()  # no record: names nothing
+    stray = cache / "sha256" / ("0" * 64)
+    stray.write_bytes(b"an artifact that was deleted")
+    rc, out = prune(cache, models)
+    assert rc == 0, out
+    assert not stray.exists()
+    assert all(blob_of(cache, repo_dir, n).exists() for n in NAMES)
+    assert "kept 3 blob(s), removed 1 that no artifact names (28 bytes freed)" in out
+
+    # The fetch finished elsewhere: its blob goes, and the fetched file keeps its data.
+    (models / ".staging/bbbb/manifest.json").unlink()
+    rc, out = prune(cache, models)
+    assert rc == 0 and not blob_of(cache, repo_dir, "tokenizer.model").exists(), out
+    assert "removed 1 that no artifact names (0 bytes freed)" in out
+    same_files(repo_dir, tmp_path / "a", NAMES)
+
+
+def test_an_unreadable_record_stops_the_prune(tmp_path):
+    cache, models = tmp_path / "cache", tmp_path / "models"
+    (cache / "sha256").mkdir(parents=True)
+    (cache / "sha256" / ("1" * 64)).write_bytes(b"x")
+    (models / "aaaa").mkdir(parents=True)
+    (models / "aaaa/stamp.json").write_text("{truncated")
+    rc, out = prune(cache, models)
+    assert rc == 0 and "cannot be read" in out and "nothing is pruned" in out
+    assert (cache / "sha256" / ("1" * 64)).exists()
+
+
+def test_a_cache_that_cannot_take_a_file_does_not_stop_the_fetch(hub, repo_dir, tmp_path):
+    cache = tmp_path / "cache"
+    cache.write_text("a file where the cache's directory should be")
+    rc, out = fetch(manifest_for(hub, tmp_path), tmp_path / "dest", "--cache", str(cache))
+    assert rc == 0, out
+    assert out.count("not cached (FileExistsError") == 3
+    same_files(repo_dir, tmp_path / "dest", NAMES)

@@ -1,0 +1,188 @@
+"""Day-2 (issue 12): a llama.cpp bump across a converged host, through the real deploy.py.
+
+A new commit rebuilds llama.cpp, converts and quantizes the model again with
+the new converter and llama-quantize, and restarts the server on both, with
+the checkpoint taken from the host's blob cache: the hub is asked for its
+listing only, and no file is downloaded (its own request log says so). The
+next run changes nothing and asks the hub nothing. A bump whose new unit does
+not answer /health (a build that passes its smoke run, then refuses the
+served model) is rolled back, and the previous unit serves again. Tests run
+in order and share the host.
+"""
+
+import json
+import urllib.request
+
+import pytest
+
+from llamarack.lab import mirror, services
+from llamarack.lab.hub_server import HubServer
+from llamarack.lab.pytest_plugin import parse_pyinfra_totals
+from tests.lab import deploying
+
+pytestmark = pytest.mark.lab
+
+HOST = "lab-v100-32"
+URL = "http://10.77.0.13:8080"  # inventory/lab.py's address of HOST
+OPT = "/opt/llamarack"
+BLOBS = f"{OPT}/cache/blobs"
+UNIT = "/etc/systemd/system/llamarack-server.service"
+
+# The base tree's tools/server/main.cpp, and a change that passes the smoke run (its
+# model is smoke/smoke-Q4_K_M.gguf) but refuses the artifact the unit serves: a
+# regression only the served model shows, so only the unit's /health check can catch it.
+MAIN_CPP = "int llama_server(int argc, char ** argv);\n\nint main(int argc, char ** argv) {\n" \
+           "    return llama_server(argc, argv);\n}\n"  # fmt: skip
+REFUSES_THE_SERVED_MODEL = {"tools/server/main.cpp": (MAIN_CPP, """#include <cstdio>
+#include <cstring>
+
+int llama_server(int argc, char ** argv);
+
+int main(int argc, char ** argv) {
+    for (int i = 1; i + 1 < argc; i++) {
+        size_t n = strlen(argv[i + 1]);
+        if (strcmp(argv[i], "--model") == 0 && n >= 11 && strcmp(argv[i + 1] + n - 11, "/model.gguf") == 0) {
+            fputs("llamarack lab test: this build refuses the served model\\n", stderr);
+            return 1;
+        }
+    }
+    return llama_server(argc, argv);
+}
+""")}
+
+
+def deploy(lab_rack, *data: str):
+    return deploying.deploy(lab_rack, HOST, *data)
+
+
+def sh(lab_rack, command: str) -> str:
+    return deploying.sh(lab_rack, HOST, command)
+
+
+def health() -> int:
+    with urllib.request.urlopen(f"{URL}/health", timeout=30) as r:
+        return r.status
+
+
+def completion(tokens: int) -> dict:
+    request = urllib.request.Request(f"{URL}/completion", data=json.dumps({"prompt": "hello", "n_predict": tokens}).encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def record(lab_rack, model: str = "current") -> dict:
+    return json.loads(sh(lab_rack, f"cat {OPT}/models/{model}/stamp.json"))
+
+
+def serving(lab_rack) -> dict:
+    """What the running server runs, read from its process: the binary and the model."""
+    pid = sh(lab_rack, "systemctl show -p MainPID --value llamarack-server.service")
+    argv = sh(lab_rack, f"tr '\\0' '\\n' < /proc/{pid}/cmdline").splitlines()
+    return {"binary": argv[0], "model": argv[argv.index("--model") + 1], "pid": pid}
+
+
+def file_gets(hub: HubServer, since: int) -> list:
+    return [r.path for r in hub.requests[since:] if r.method == "GET" and "/resolve/" in r.path]
+
+
+SEEN = {}  # what earlier tests of this module saw
+
+
+@pytest.fixture(scope="module")
+def lab_mirror():
+    return services.prepare()
+
+
+@pytest.fixture(scope="module")
+def hub():
+    """A second hub on the lab bridge, serving the same tiny model as the lab's, whose
+    request log (every request, with its path) the tests read."""
+    with HubServer({services.HUB_REPO: services.prepare_hub()}, host="10.77.0.1") as server:
+        yield server
+
+
+def test_a_converged_host_has_its_checkpoint_in_the_blob_cache(lab_rack):
+    rc, out = deploy(lab_rack)
+    assert rc == 0, out[-6000:]
+    rc, out = deploy(lab_rack)
+    assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
+    stamp = record(lab_rack)
+    SEEN.update(model=sh(lab_rack, f"readlink {OPT}/models/current"), build=sh(lab_rack, f"readlink {OPT}/builds/current"),
+                serving=serving(lab_rack), files=stamp["files"])  # fmt: skip
+    # Every file the artifact was made from is in the cache under its content id, read-only.
+    for path, cid in stamp["files"].items():
+        algo, hexdigest = cid.split(":")
+        assert sh(lab_rack, f"stat -c '%a %s' {BLOBS}/{algo}/{hexdigest}").startswith("444 "), (path, cid)
+    assert sh(lab_rack, f"stat -c %a {BLOBS}") == "700"
+
+
+def test_a_llamacpp_bump_rebuilds_and_converts_again_without_downloading(lab_rack, lab_mirror, hub):
+    commit = SEEN["bump"] = mirror.add_named_commit(lab_mirror, "lab-test-bump", "lab test: a later llama.cpp",
+                                                    mirror.GOOD_BUMP)  # fmt: skip
+    since = len(hub.requests)
+    rc, out = deploy(lab_rack, f"llamacpp_commit={commit}", f"model_hf_endpoint={hub.url}")
+    assert rc == 0, out[-6000:]
+    # The hub was asked which files the revision holds (the new artifact's plan), and
+    # nothing was downloaded: the checkpoint came from the host's cache.
+    assert file_gets(hub, since) == [], hub.requests[since:]
+    assert any(r.path.startswith(f"/api/models/{services.HUB_REPO}/revision/") for r in hub.requests[since:])
+    model, build = sh(lab_rack, f"readlink {OPT}/models/current"), sh(lab_rack, f"readlink {OPT}/builds/current")
+    assert model != SEEN["model"] and build != SEEN["build"]
+    assert commit[:9] in sh(lab_rack, f"{OPT}/builds/current/bin/llama-server --version 2>&1")
+    # Converted and quantized again, with the new commit's converter and llama-quantize.
+    stamp = record(lab_rack)
+    assert stamp["llamacpp_commit"] == commit and stamp["files"] == SEEN["files"]
+    fetch_log = sh(lab_rack, f"cat {OPT}/models/current/fetch.log")
+    assert fetch_log.count("from the cache, not downloaded") == len(SEEN["files"]), fetch_log
+    assert sh(lab_rack, f"test -s {OPT}/models/current/convert.log && test -s {OPT}/models/current/quantize.log && echo made") == "made"
+    # Restarted on both, answering; the previous artifact and build stay for a rollback.
+    now = serving(lab_rack)
+    assert now["binary"] == f"{OPT}/builds/{build}/bin/llama-server" and now["model"] == f"{OPT}/models/{model}/model.gguf"
+    assert health() == 200 and completion(4)["tokens_predicted"] == 4
+    assert sh(lab_rack, f"test -f {OPT}/models/{SEEN['model']}/model.gguf && test -d {OPT}/builds/{SEEN['build']} && echo kept") == "kept"
+    SEEN["bumped"] = now
+
+
+def test_the_second_run_changes_nothing_and_asks_the_hub_nothing(lab_rack, hub):
+    since = len(hub.requests)
+    before = sh(lab_rack, f"find {OPT} -path '*/__pycache__' -prune -o -printf '%p %s %T@ %l\\n' | sort | md5sum")
+    rc, out = deploy(lab_rack, f"llamacpp_commit={SEEN['bump']}", f"model_hf_endpoint={hub.url}")
+    assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
+    assert hub.requests[since:] == []
+    assert sh(lab_rack, f"find {OPT} -path '*/__pycache__' -prune -o -printf '%p %s %T@ %l\\n' | sort | md5sum") == before
+    assert serving(lab_rack) == SEEN["bumped"]
+
+
+def test_a_bump_whose_unit_fails_health_is_rolled_back_and_the_previous_unit_serves(lab_rack, lab_mirror, hub):
+    bad = mirror.add_named_commit(lab_mirror, "lab-test-refuses-served", "lab test: refuses the served model",
+                                  REFUSES_THE_SERVED_MODEL)  # fmt: skip
+    unit_before = sh(lab_rack, f"sha256sum < {UNIT}")
+    since = len(hub.requests)
+    rc, out = deploy(lab_rack, f"llamacpp_commit={bad}", f"model_hf_endpoint={hub.url}")
+    assert rc != 0
+    # The build proved itself on the smoke model, the model was made again from the cache,
+    # and only the new unit's /health check saw the failure.
+    assert sh(lab_rack, f"readlink {OPT}/builds/current") != SEEN["bumped"]["binary"].split("/")[-3]
+    assert record(lab_rack)["llamacpp_commit"] == bad and file_gets(hub, since) == []
+    assert "this build refuses the served model" in out, out[-6000:]  # the new unit's journal
+    assert "rolled back: the previous unit is serving again" in out, out[-6000:]
+    assert sh(lab_rack, f"sha256sum < {UNIT}") == unit_before
+    assert sh(lab_rack, f"test -e {UNIT}.prev || echo none") == "none"
+    now = serving(lab_rack)
+    assert (now["binary"], now["model"]) == (SEEN["bumped"]["binary"], SEEN["bumped"]["model"])
+    assert health() == 200 and completion(4)["tokens_predicted"] == 4
+    # What the restored unit runs was kept by the build prune.
+    assert sh(lab_rack, f"test -x {now['binary']} && test -f {now['model']} && echo kept") == "kept"
+
+
+def test_back_to_the_pinned_commit_serves_again_and_the_cache_keeps_what_records_name(lab_rack):
+    rc, out = deploy(lab_rack)
+    assert rc == 0, out[-6000:]
+    assert sh(lab_rack, f"readlink {OPT}/models/current") == SEEN["model"]
+    assert health() == 200
+    rc, out = deploy(lab_rack)
+    assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
+    # Three artifacts (pinned, bump, refused bump) name the same checkpoint: one blob each file.
+    names = sorted(f"{cid.replace(':', '/')}" for cid in SEEN["files"].values())
+    assert sh(lab_rack, f"cd {BLOBS} && ls -d */* | sort").split() == names
