@@ -25,10 +25,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from pyinfra.facts.files import FileContents, Link
+from pyinfra.facts.files import FileContents, Link, Sha256File
 
 from .facts import (
     BuildRecord,
+    BuildSeals,
     FactRead,
     FreeDiskBytes,
     GgufShape,
@@ -44,7 +45,7 @@ from .facts import (
 )
 from .facts.reading import FactsTogether
 from .layout import UNIT_NAME, UNIT_PATH
-from .roles.llamacpp.plan import plan_for_host
+from .roles.llamacpp.plan import plan_for_host, same_build
 from .roles.model.plan import plan_from_record
 from .roles.preflight import gather
 from .roles.preflight.reads import preflight_reads, role_reads
@@ -60,11 +61,13 @@ ITEMS = ("gpus", "rules", "driver", "toolchain", "awq_env", "converter_env", "bu
 ENV_PACKAGES = ("torch", "transformers", "accelerate", "autoawq", "numpy")
 
 
-def audit_reads(settings: Settings) -> tuple[FactRead, ...]:
+def audit_reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
     """Everything the audit looks at on a host: what the deploy reads, and what it
-    only reports (build record, unit text and state, /health, GPU processes, disk)."""
+    only reports (build record, unit text and state, /health, GPU processes, disk).
+    ``verify``: also the sha256 of every sealed file of the current build and of the
+    served model.gguf (``verify_reads``)."""
     layout, root = settings.layout, settings.general.root
-    return tuple(dict.fromkeys(preflight_reads(settings) + role_reads(settings) + (
+    return tuple(dict.fromkeys(preflight_reads(settings) + role_reads(settings) + verify_reads(settings, verify) + (
         FactRead.of(BuildRecord, root=root),
         FactRead.of(GgufShape, path=f"{layout.current_model}/model.gguf"),
         FactRead.of(FileContents, path=UNIT_PATH),
@@ -73,6 +76,14 @@ def audit_reads(settings: Settings) -> tuple[FactRead, ...]:
         FactRead.of(GpuProcesses),
         FactRead.of(FreeDiskBytes, path=root),
     )))  # fmt: skip
+
+
+def verify_reads(settings: Settings, verify: bool) -> tuple[FactRead, ...]:
+    """``--verify``: the current build's files hashed against its seal, and the served GGUF."""
+    if not verify:
+        return ()
+    return (FactRead.of(BuildSeals, root=settings.general.root, sha256="current"),
+            FactRead.of(Sha256File, path=f"{settings.layout.current_model}/model.gguf"))  # fmt: skip
 
 
 @dataclass
@@ -115,7 +126,8 @@ class _Answers:
         return self.values[key] if key in self.values else fact().default()
 
 
-def audit_host(name: str, settings: Settings, reads: tuple, answers: dict, templates: tuple = ()) -> HostAudit:
+def audit_host(name: str, settings: Settings, reads: tuple, answers: dict, templates: tuple = (),
+               verify: bool = False) -> HostAudit:
     """The audit of one host from the answers to ``audit_reads`` (pure: no host is asked)."""
     fact = _Answers(reads, answers)
     audit = HostAudit(name)
@@ -164,24 +176,31 @@ def audit_host(name: str, settings: Settings, reads: tuple, answers: dict, templ
     builds, record = fact(LlamacppBuilds, root=root), fact(BuildRecord, root=root)
     wanted_stamp = plan_for_host(settings, facts).stamp
     proof = (record or {}).get("proof") or {}
+    current = builds.current if builds else None
+    files, files_drift = _build_files(fact(BuildSeals, root=root), current,
+                                      fact(BuildSeals, root=root, sha256="current") if verify else None)
     items["build"] = Item(
-        {"stamp": builds.current if builds else None, "commit": (record or {}).get("commit"),
+        {"stamp": current, "commit": (record or {}).get("commit"),
          "cuda_archs": (record or {}).get("cuda_archs"), "smoke": proof.get("variant") if proof else None,
-         "smoke_tokens_per_second": proof.get("tokens_per_second")},
-        {"stamp": wanted_stamp, "commit": settings.llamacpp.commit},
-        drift=not builds or builds.current != wanted_stamp,
+         "smoke_tokens_per_second": proof.get("tokens_per_second"), "files": files},
+        {"stamp": wanted_stamp, "commit": settings.llamacpp.commit, "files": "as sealed"},
+        drift=not same_build(current, wanted_stamp) or files_drift,
     )  # fmt: skip
 
     served = fact(ModelArtifact, path=layout.current_model)
     asked = (served.record or {}).get("asked", {}) if served else {}
     matches = served is not None and plan_from_record(settings, served) is not None
-    items["model"] = Item(
-        {"stamp": served.stamp if served else None, "repo": asked.get("repo"), "revision": asked.get("revision"),
-         "quant": asked.get("quant"), "untouched": bool(served and served.untouched)},
-        {"repo": settings.model.repo, "revision": settings.model.revision, "quant": settings.model.quant,
-         "untouched": True},
-        drift=not matches or not served.untouched,
-    )  # fmt: skip
+    found = {"stamp": served.stamp if served else None, "repo": asked.get("repo"), "revision": asked.get("revision"),
+             "quant": asked.get("quant"), "untouched": bool(served and served.untouched)}
+    wanted = {"repo": settings.model.repo, "revision": settings.model.revision, "quant": settings.model.quant,
+              "untouched": True}
+    sha_ok = True
+    if verify:
+        sealed = (((served.record or {}) if served else {}).get("gguf") or {}).get("sha256")
+        found["sha256"] = fact(Sha256File, path=f"{layout.current_model}/model.gguf")
+        wanted["sha256"] = sealed
+        sha_ok = bool(sealed) and found["sha256"] == sealed
+    items["model"] = Item(found, wanted, drift=not matches or not served.untouched or not sha_ok)  # fmt: skip
 
     unit_lines = fact(FileContents, path=UNIT_PATH)
     unit_text = "\n".join(unit_lines) + "\n" if unit_lines else None
@@ -208,6 +227,22 @@ def audit_host(name: str, settings: Settings, reads: tuple, answers: dict, templ
     if fact.unreadable:
         audit.error = "unreadable facts: " + ", ".join(fact.unreadable)
     return audit
+
+
+def _build_files(seals, current: Optional[str], deep) -> tuple[Any, bool]:
+    """The current build's files against its seal: ("as sealed" | "not sealed" | what differs,
+    drift). ``deep`` (``--verify``): the sha256 of each sealed file as well."""
+    if seals is None or current is None:
+        return None, False
+    if current in seals.unsealed:
+        return "not sealed (proven before builds were sealed: the next deploy seals it)", True
+    changed = list(seals.changed.get(current) or [])
+    if deep is not None:
+        if deep.sha256 is None or deep.sha256["name"] != current:
+            changed.append("sha256 not read")
+        else:
+            changed += [c for c in deep.sha256["changed"] if c not in changed]
+    return (changed or "as sealed"), bool(changed)
 
 
 def _env_item(env, plan) -> Item:
@@ -249,9 +284,10 @@ def _target(link) -> Optional[str]:
     return os.path.basename(target.rstrip("/")) if target else None
 
 
-def run(inventory: str, limit: tuple = (), templates: tuple = ()) -> list[HostAudit]:
+def run(inventory: str, limit: tuple = (), templates: tuple = (), verify: bool = False) -> list[HostAudit]:
     """Connect to the inventory's hosts (or those of ``limit``) in parallel and audit each
-    with one remote command. Unreachable hosts come back with ``reachable`` False."""
+    with one remote command. Unreachable hosts come back with ``reachable`` False.
+    ``verify``: the sha256 of the served model and of every sealed file of the current build."""
     import gevent
     from pyinfra.api import Config, State
     from pyinfra.api.connect import connect_all, disconnect_all
@@ -282,9 +318,9 @@ def run(inventory: str, limit: tuple = (), templates: tuple = ()) -> list[HostAu
         with ctx_host.use(host):
             try:
                 settings = settings_for(host)
-                reads = audit_reads(settings)
+                reads = audit_reads(settings, verify)
                 answers = host.get_fact(FactsTogether, reads=reads)
-                return audit_host(host.name, settings, reads, answers, templates)
+                return audit_host(host.name, settings, reads, answers, templates, verify)
             except Exception as e:  # a host whose facts cannot be read or planned
                 return HostAudit(host.name, reachable=host.connected, error=f"{type(e).__name__}: {e}")
 

@@ -32,11 +32,15 @@ def settings(form):
 @click.option("--json", "as_json", is_flag=True, help="one JSON object (schema llamarack-audit/1)")
 @click.option("--templates", type=click.Path(file_okay=False), default=None,
               help="operator templates the deploy uses (default: ./templates when it exists)")
+@click.option("--verify", is_flag=True,
+              help="recompute the sha256 of the served model.gguf and of every sealed file of the current build")
 @click.option("--debug", is_flag=True, help="pyinfra's debug log on stderr (each remote command)")
-def audit(inventory, limit, as_json, templates, debug):
+def audit(inventory, limit, as_json, templates, verify, debug):
     """Compare what each host runs with what its settings would deploy.
 
     One remote command per host, all hosts in parallel; nothing is changed.
+    Without --verify the files are compared by the signature recorded at their seal
+    (size, mtime, inode); with it, by their sha256.
     Exit status: 0 no drift, 1 drift, 2 a host unreachable or unreadable.
     """
     import json
@@ -56,7 +60,7 @@ def audit(inventory, limit, as_json, templates, debug):
 
     if templates is None and Path("templates").is_dir():
         templates = "templates"
-    audits = auditmod.run(inventory, tuple(limit), (Path(templates).resolve(),) if templates else ())
+    audits = auditmod.run(inventory, tuple(limit), (Path(templates).resolve(),) if templates else (), verify)
     if as_json:
         click.echo(json.dumps(auditmod.as_json(audits), indent=1, default=str))
     else:
