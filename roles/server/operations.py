@@ -80,16 +80,22 @@ def _linked(current: str) -> Optional[str]:
     return target if target.startswith("/") else f"{current.rsplit('/', 1)[0]}/{target}"
 
 
+def health_function() -> str:
+    """The shell function ``health SECONDS``: waits for the /health URL the unit names
+    (its first lines) to answer 200; fails at once when the unit stops."""
+    return f"""
+health() {{
+  url=$(sed -n 's|^{HEALTH_MARK}||p' {shlex.quote(UNIT_PATH)})
+  {remote.command("wait_healthy")} "$url" {UNIT_NAME} "$1"
+}}"""
+
+
 def switch_script(settings: Settings) -> str:
     """Move the staged unit in, restart, wait for /health; on failure restore the
     previous unit and restart it, print the new one's journal, and exit 1."""
     u, svc = shlex.quote(UNIT_PATH), UNIT_NAME
     timeout = settings.server.health_timeout
-    return f"""
-health() {{
-  url=$(sed -n 's|^{HEALTH_MARK}||p' {u})
-  {remote.command("wait_healthy")} "$url" {svc} "$1"
-}}
+    return f"""{health_function()}
 rollback() {{
   printf 'llama-server: %s\\n' "$1" >&2
   journalctl -u {svc} -n 30 --no-pager -o cat >&2 || true
@@ -116,6 +122,30 @@ health {timeout} || rollback "the new unit is not healthy"
 rm -f {u}.prev
 echo "llama-server answers /health"
 """
+
+
+@operation(is_idempotent=False)
+def answers_health(settings: Settings, reason: str):
+    """
+    Fail unless the llama-server unit answers ``/health`` within ``server_health_timeout``.
+
+    + settings: the host's settings (``server_health_timeout``)
+    + reason: why it is checked (for the messages), e.g. the driver role's reboot
+
+    For a server that was not switched by this run but started anew anyway: after
+    the reboot for a driver upgrade, the unit is the same text, yet it runs on a
+    new driver. A host without the unit has nothing to check.
+    """
+    u = shlex.quote(UNIT_PATH)
+    timeout = settings.server.health_timeout
+    fail = shlex.quote(f"{host.name}: llama-server does not answer /health after {reason} (its journal follows)")
+    yield StringCommand(f"""{health_function()}
+if [ ! -f {u} ]; then echo "no llama-server unit: nothing to check"; exit 0; fi
+if health {timeout}; then echo {shlex.quote(f"llama-server answers /health after {reason}")}; exit 0; fi
+printf '%s\n' {fail} >&2
+journalctl -u {UNIT_NAME} -n 30 --no-pager -o cat >&2 || true
+exit 1
+""")
 
 
 def _show_unit_diff(unit: str) -> None:
