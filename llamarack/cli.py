@@ -68,6 +68,37 @@ def audit(inventory, limit, as_json, templates, verify, debug):
     sys.exit(auditmod.exit_status(audits))
 
 
+@main.command()
+@click.argument("inventory")
+@click.option("--limit", multiple=True, metavar="HOST", help="roll back only this host (repeatable)")
+def rollback(inventory, limit):
+    """Put back, on each host, the unit that served before the last switch.
+
+    Its build and model are switched in as any unit is (restart, /health, the
+    unit in place restored if it does not answer), then pinned: a deploy with
+    unchanged settings keeps it; changed settings, or a second rollback
+    (forward again), release it. Runs `pyinfra -y INVENTORY rollback.py`.
+    """
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent.parent
+    deploy_file = here / "rollback.py"
+    if not deploy_file.is_file():
+        raise click.ClickException(f"no {deploy_file}: run llamarack rollback from a llamarack checkout")
+    exe = shutil.which("pyinfra")
+    args = [exe] if exe else [sys.executable, "-m", "pyinfra"]
+    args += ["-y", inventory, str(deploy_file)]
+    for name in limit:
+        args += ["--limit", name]
+    # The deploy file imports the llamarack this command runs from, not another install.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(here), os.environ.get("PYTHONPATH")])))
+    sys.exit(subprocess.run(args, env=env).returncode)
+
+
 main.add_command(plan_command)
 
 

@@ -87,6 +87,7 @@ def role_reads(settings: Settings) -> tuple[FactRead, ...]:
             FactRead.of(LlamaServerFlags, root=root),
             FactRead.of(Sha1File, path=UNIT_PATH),
             FactRead.of(FileContents, path=UNIT_PATH),  # the build it names is kept by the prune
+            FactRead.of(FileContents, path=layout.rollback_pin),  # `llamarack rollback` pinned the unit
             FactRead.of(File, path=f"{UNIT_PATH}.prev"),  # there: an earlier switch was cut off
             FactRead.of(Command, command=key_digest_command()),
             FactRead.of(UnitState, unit=UNIT_NAME),

@@ -31,8 +31,9 @@ STARTED = 1764640411  # when the running server became active (Unix seconds, as 
 
 
 def facts(unit_sha1=None, running=False, key_digest="missing", build="b1", model="m1", shape=SHAPE,
-          smi=DriverState("ok", (V100,)), recorded=(), sealed_at=STARTED - 600, prev=False):
+          smi=DriverState("ok", (V100,)), recorded=(), sealed_at=STARTED - 600, prev=False, pin=None):
     return {
+        (FileContents, frozenset({"path": f"{ROOT}/state/rollback.json"}.items())): [json.dumps(pin)] if pin else None,
         NvidiaSmi: smi,
         RecordedGpus: recorded,
         (Link, frozenset({"path": f"{ROOT}/builds/current"}.items())): {"link_target": build} if build else None,
@@ -215,3 +216,59 @@ def test_the_host_says_nothing_about_the_api_key_a_guess_could_be_checked_agains
     plain = {hashlib.new(h, (key + s).encode()).hexdigest() for h in ("sha1", "sha256", "md5") for s in ("", "\n")}
     assert not any(p in on_host or p in key_digest_command() for p in plain)
     assert key not in key_digest_command() and on_host != digest((key + "\n").encode(), "another run")
+
+
+OLD_UNIT = [
+    "# llamarack health: http://127.0.0.1:8080/health",
+    f"ExecStart={ROOT}/builds/b0/bin/llama-server --model {ROOT}/models/m0/model.gguf --port 8080",
+]
+
+
+def test_a_unit_put_back_by_rollback_is_kept_while_the_settings_want_what_it_replaced():
+    s = settings()
+    unit = first_run(s)[0][0][2]
+    wanted = hashlib.sha1(unit.encode()).hexdigest()
+    pin = {"unit_sha1": "0" * 40, "replaced_sha1": wanted, "at": STARTED}
+    held = facts(unit_sha1="0" * 40, running=True, pin=pin)
+    held[(FileContents, frozenset({"path": UNIT_PATH}.items()))] = OLD_UNIT
+    commands, noops = run_op(service, held, settings=s, gpus=(V100,))
+    assert commands == [] and noops == ["llama-server serves the unit `llamarack rollback` put back"]
+    # stopped: started again as it is, and checked, never replaced by the wanted unit
+    commands, _ = run_op(service, {**held, UnitState: {"SubState": "dead"}}, settings=s, gpus=(V100,))
+    assert len(commands) == 1 and "systemctl restart llamarack-server.service && health 600" in commands[0]
+    assert "upload" not in str(commands)
+
+
+def test_changed_settings_release_the_rollback_pin_and_switch_to_what_they_want():
+    s = settings()
+    unit = first_run(s)[0][0][2]
+    pin = {"unit_sha1": "0" * 40, "replaced_sha1": "1" * 40, "at": STARTED}  # settings wanted another unit then
+    commands, _ = first_run(s, unit_sha1="0" * 40, running=True, pin=pin)
+    assert commands[0] == f"rm -f {ROOT}/state/rollback.json"
+    assert commands[1][0] == "upload" and commands[1][2] == unit
+    # a pin left once the host serves the wanted unit again (rolled forward by hand) just goes
+    commands, noops = first_run(s, unit_sha1=hashlib.sha1(unit.encode()).hexdigest(), running=True, pin=pin)
+    assert commands == [f"rm -f {ROOT}/state/rollback.json"]
+
+
+def test_rollback_switches_the_previous_unit_in_and_pins_it():
+    from llamarack.facts import BuildSeals, Seals
+    from llamarack.roles.server.operations import rollback
+
+    s = settings()
+    current = [f"ExecStart={ROOT}/builds/b1/bin/llama-server --model {ROOT}/models/m1/model.gguf"]
+    state = {(FileContents, frozenset({"path": f"{ROOT}/state/previous.service"}.items())): OLD_UNIT,
+             (FileContents, frozenset({"path": UNIT_PATH}.items())): current, BuildSeals: Seals({"b0": []})}
+    commands, _ = run_op(rollback, state, settings=s)
+    check, copy, switch, pin = commands
+    assert check.startswith(f"test -e {ROOT}/builds/b0/bin/llama-server && test -e {ROOT}/models/m0/model.gguf || ")
+    assert copy == f"cp -p {ROOT}/state/previous.service {UNIT_PATH}.new && chmod 644 {UNIT_PATH}.new"
+    assert "health 600 || rollback" in switch and f"mv -f {UNIT_PATH}.prev {ROOT}/state/previous.service" in switch
+    assert f"> {ROOT}/state/rollback.json.new" in pin
+    # nothing recorded, or a previous build whose files changed since its seal: refused, nothing touched
+    none = {**state, (FileContents, frozenset({"path": f"{ROOT}/state/previous.service"}.items())): None}
+    (refused,), _ = run_op(rollback, none, settings=s)
+    assert "rollback: no previous unit" in str(refused)
+    tampered = {**state, BuildSeals: Seals({"b0": ["build/bin/llama-server: size 1 (sealed: 2)"]})}
+    (refused,), _ = run_op(rollback, tampered, settings=s)
+    assert "build b0 differs from its seal" in str(refused)
