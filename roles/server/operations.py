@@ -28,8 +28,8 @@ from pyinfra.operations.util.files import generate_color_diff
 from pyinfra.facts.server import Command
 
 from llamarack import remote
-from llamarack.facts import (BuildSeals, GgufShape, LlamaServerFlags, ModelArtifact, RecordedGpus, SystemUser, UnitState,
-                             active_since, read)
+from llamarack.facts import (BuildSeals, GgufShape, LlamaServerFlags, ModelArtifact, RecordedGpus, SystemUser,
+                             UnitState, active_since, read)
 from llamarack.layout import API_KEY_PATH, UNIT_NAME, UNIT_PATH
 from llamarack.operations import refusal, secret_upload
 from llamarack.remote.secret_digest import digest
@@ -292,6 +292,7 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     # want the very unit it replaced; a change of what they want releases it.
     pin = _pin(read(FileContents, path=layout.rollback_pin))
     held = bool(pin) and pin.get("unit_sha1") == found_sha1 and pin.get("replaced_sha1") == wanted_sha1
+    held_by = _served_by(root, read(FileContents, path=UNIT_PATH)) if held else None
     unit_changed = found_sha1 != wanted_sha1 and not held
     if unit_changed:
         _show_unit_diff(unit)
@@ -323,7 +324,7 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
         host.log(f"{UNIT_PATH} never passed its /health check (an earlier switch was cut off): "
                  "switching again", logger.warning)  # fmt: skip
     if held:
-        host.log(f"llama-server runs the unit `llamarack rollback` put back ({_served_by(root, read(FileContents, path=UNIT_PATH))}); "
+        host.log(f"llama-server runs the unit `llamarack rollback` put back ({held_by}); "
                  "the settings still want the unit it replaced: kept (change the settings, or run "
                  "`llamarack rollback` again to go forward)", logger.warning)  # fmt: skip
         if not (key_changed or unproven or not running):
