@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from pyinfra.facts.files import FileContents, Link, Sha256File
+from pyinfra.facts.files import FileContents, Link, Sha1File, Sha256File
 
 from .facts import (
     BuildRecord,
@@ -50,6 +50,7 @@ from .roles.model.plan import plan_from_record
 from .roles.preflight import gather
 from .roles.preflight.reads import preflight_reads, role_reads
 from .roles.python_env.plan import awq_plan, converter_plan, unmet
+from .roles.server.operations import parse_pin
 from .roles.server.plan import PlanError, health_url, wanted_unit
 from .roles.toolchain.plan import plan_toolchain
 from .rules import build_archs, evaluate
@@ -270,7 +271,14 @@ def _unit_item(settings: Settings, fact: _Answers, gpus: tuple, unit_text: Optio
     except PlanError as e:
         return Item(found, {"sha256": None, "why": e.failure.message("")}, drift=True)
     wanted = {"sha256": hashlib.sha256(unit.encode()).hexdigest(), "ctx_size": ctx.ctx_size}
-    return Item(found, wanted, drift=found["sha256"] != wanted["sha256"])
+    # `llamarack rollback` pinned the unit in place: a deploy keeps it while the settings
+    # still want the unit it replaced (so it is no drift); a pin it would drop is.
+    pin = parse_pin(fact(FileContents, path=layout.rollback_pin))
+    held = bool(pin) and pin.get("unit_sha1") == fact(Sha1File, path=UNIT_PATH) and \
+        pin.get("replaced_sha1") == hashlib.sha1(unit.encode()).hexdigest()  # fmt: skip
+    if pin is not None:
+        found["rollback_pin"] = {"held": held, **pin}
+    return Item(found, wanted, drift=(found["sha256"] != wanted["sha256"] and not held) or (pin is not None and not held))
 
 
 def _iso(unix: Optional[float]) -> Optional[str]:

@@ -160,7 +160,7 @@ exit 1
 """
 
 
-def _pin(lines) -> Optional[dict]:
+def parse_pin(lines) -> Optional[dict]:
     """The rollback pin (``state/rollback.json``, host data: only compared, never run), or None."""
     if not lines:
         return None
@@ -290,7 +290,7 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     found_sha1, wanted_sha1 = read(Sha1File, path=UNIT_PATH), hashlib.sha1(unit.encode()).hexdigest()
     # `llamarack rollback` put an earlier unit back: it stays while the settings still
     # want the very unit it replaced; a change of what they want releases it.
-    pin = _pin(read(FileContents, path=layout.rollback_pin))
+    pin = parse_pin(read(FileContents, path=layout.rollback_pin))
     held = bool(pin) and pin.get("unit_sha1") == found_sha1 and pin.get("replaced_sha1") == wanted_sha1
     held_by = _served_by(root, read(FileContents, path=UNIT_PATH)) if held else None
     unit_changed = found_sha1 != wanted_sha1 and not held

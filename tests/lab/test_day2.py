@@ -85,10 +85,15 @@ def test_rollback_puts_the_previous_build_back_and_a_deploy_keeps_it_until_the_s
                         "--limit", HOST], cwd=deploying.ROOT, capture_output=True, text=True, timeout=900)  # fmt: skip
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-6000:]
-    assert f"rolling back to build {first}" in out and "llama-server answers /health" in out, out[-6000:]
-    assert "rolled back and pinned" in out, out[-6000:]
+    assert f"rolling back to build {first}, model " in out and f"(from build {second}, model " in out, out[-6000:]
     assert served_build(lab_rack) == first and sh(lab_rack, f"sha256sum < {UNIT}") == first_unit
+    assert sh(lab_rack, "systemctl is-active llamarack-server.service") == "active"
     answers(lab_rack)
+    pin = json.loads(sh(lab_rack, f"cat {ROOT}/state/rollback.json"))
+    assert pin["unit_sha1"] == sh(lab_rack, f"sha1sum < {UNIT}").split()[0]
+    # the audit (the inventory's own settings, which want the first build: the pin would go) names the pin
+    rc, seen = audit()
+    assert seen["items"]["unit"]["found"]["rollback_pin"]["held"] is False, seen
     # The settings that made the second build still hold: the deploy keeps the rollback, says so, changes nothing.
     rc, out = deploy(lab_rack, "server_repack=False")
     assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
