@@ -30,8 +30,9 @@ runs = settings.general.runs  # --data llamarack_roles=server,model runs only th
 # Preflight always runs, and hands on the facts it read: the later roles plan from them.
 facts = preflight(settings)
 if facts:
-    if runs("driver"):
-        driver(settings, facts)
+    # The driver role's reboot (None when none is planned): the server role checks
+    # /health after it even when the unit did not change.
+    rebooted = driver(settings, facts) if runs("driver") else None
     if runs("toolchain"):
         toolchain(settings, facts)
     if runs("python_env"):
@@ -44,4 +45,4 @@ if facts:
     if runs("model"):
         model(settings)
     if runs("server"):
-        llama_server(settings, facts, templates=TEMPLATE_OVERRIDES)
+        llama_server(settings, facts, templates=TEMPLATE_OVERRIDES, rebooted=rebooted)

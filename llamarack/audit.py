@@ -26,11 +26,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from pyinfra.facts.files import FileContents, Link
+from pyinfra.facts.files import FileContents, Link, Sha1File, Sha256File
 from pyinfra.facts.server import LinuxDistribution
 
 from .facts import (
     BuildRecord,
+    BuildSeals,
     FactRead,
     FreeDiskBytes,
     GgufShape,
@@ -46,11 +47,12 @@ from .facts import (
 )
 from .facts.reading import FactsTogether
 from .layout import UNIT_NAME, UNIT_PATH
-from .roles.llamacpp.plan import plan_for_host
+from .roles.llamacpp.plan import plan_for_host, same_build
 from .roles.model.plan import plan_from_record
 from .roles.preflight import gather
 from .roles.preflight.reads import preflight_reads
 from .roles.python_env.plan import awq_plan, converter_plan, unmet
+from .roles.server.operations import parse_pin
 from .roles.server.plan import PlanError, health_url, wanted_unit
 from .roles.toolchain.plan import plan_toolchain
 from .rules import build_archs, evaluate
@@ -63,17 +65,22 @@ ENV_PACKAGES = ("torch", "transformers", "accelerate", "autoawq", "numpy")
 SCRIPT_TIMEOUT_S = 120  # the connection and the whole script of one host
 
 
-def audit_reads(settings: Settings) -> tuple[FactRead, ...]:
+def audit_reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
     """Everything the audit looks at on a host, and nothing else: what the rules read
     (``gather``), the deploy's facts that the wanted side is planned from, and what the
-    audit only reports (build record, unit text and state, /health, GPU processes, disk)."""
+    audit only reports (build record and seals, unit text and state, the rollback pin,
+    /health, GPU processes, disk). ``verify``: also the sha256 of every sealed file of
+    the current build and of the served model.gguf (``verify_reads``)."""
     layout, root = settings.layout, settings.general.root
     rules = tuple(r for r in preflight_reads(settings) if r.fact is not LinuxDistribution)  # preflight's own OS check
-    return tuple(dict.fromkeys(rules + (
+    return tuple(dict.fromkeys(rules + verify_reads(settings, verify) + (
         FactRead.of(PythonEnvPackages, env=layout.env("awq")),
         FactRead.of(PythonEnvPackages, env=layout.env("convert")),
         FactRead.of(RequirementsFile, path=layout.converter_requirements),
         FactRead.of(LlamacppBuilds, root=root),
+        FactRead.of(BuildSeals, root=root),
+        FactRead.of(Sha1File, path=UNIT_PATH),
+        FactRead.of(FileContents, path=layout.rollback_pin),
         FactRead.of(BuildRecord, root=root),
         FactRead.of(ModelArtifact, path=layout.current_model),
         FactRead.of(Link, path=layout.current_build),
@@ -86,6 +93,14 @@ def audit_reads(settings: Settings) -> tuple[FactRead, ...]:
         FactRead.of(GpuProcesses),
         FactRead.of(FreeDiskBytes, path=root),
     )))  # fmt: skip
+
+
+def verify_reads(settings: Settings, verify: bool) -> tuple[FactRead, ...]:
+    """``--verify``: the current build's files hashed against its seal, and the served GGUF."""
+    if not verify:
+        return ()
+    return (FactRead.of(BuildSeals, root=settings.general.root, sha256="current"),
+            FactRead.of(Sha256File, path=f"{settings.layout.current_model}/model.gguf"))  # fmt: skip
 
 
 @dataclass
@@ -128,7 +143,8 @@ class _Answers:
         return self.values[key] if key in self.values else fact().default()
 
 
-def audit_host(name: str, settings: Settings, reads: tuple, answers: dict, templates: tuple = ()) -> HostAudit:
+def audit_host(name: str, settings: Settings, reads: tuple, answers: dict, templates: tuple = (),
+               verify: bool = False) -> HostAudit:
     """The audit of one host from the answers to ``audit_reads`` (pure: no host is asked)."""
     fact = _Answers(reads, answers)
     audit = HostAudit(name)
@@ -177,24 +193,31 @@ def audit_host(name: str, settings: Settings, reads: tuple, answers: dict, templ
     builds, record = fact(LlamacppBuilds, root=root), fact(BuildRecord, root=root)
     wanted_stamp = plan_for_host(settings, facts).stamp
     proof = (record or {}).get("proof") or {}
+    current = builds.current if builds else None
+    files, files_drift = _build_files(fact(BuildSeals, root=root), current,
+                                      fact(BuildSeals, root=root, sha256="current") if verify else None)
     items["build"] = Item(
-        {"stamp": builds.current if builds else None, "commit": (record or {}).get("commit"),
+        {"stamp": current, "commit": (record or {}).get("commit"),
          "cuda_archs": (record or {}).get("cuda_archs"), "smoke": proof.get("variant") if proof else None,
-         "smoke_tokens_per_second": proof.get("tokens_per_second")},
-        {"stamp": wanted_stamp, "commit": settings.llamacpp.commit},
-        drift=not builds or builds.current != wanted_stamp,
+         "smoke_tokens_per_second": proof.get("tokens_per_second"), "files": files},
+        {"stamp": wanted_stamp, "commit": settings.llamacpp.commit, "files": "as sealed"},
+        drift=not same_build(current, wanted_stamp) or files_drift,
     )  # fmt: skip
 
     served = fact(ModelArtifact, path=layout.current_model)
     asked = (served.record or {}).get("asked", {}) if served else {}
     matches = served is not None and plan_from_record(settings, served) is not None
-    items["model"] = Item(
-        {"stamp": served.stamp if served else None, "repo": asked.get("repo"), "revision": asked.get("revision"),
-         "quant": asked.get("quant"), "untouched": bool(served and served.untouched)},
-        {"repo": settings.model.repo, "revision": settings.model.revision, "quant": settings.model.quant,
-         "untouched": True},
-        drift=not matches or not served.untouched,
-    )  # fmt: skip
+    found = {"stamp": served.stamp if served else None, "repo": asked.get("repo"), "revision": asked.get("revision"),
+             "quant": asked.get("quant"), "untouched": bool(served and served.untouched)}
+    wanted = {"repo": settings.model.repo, "revision": settings.model.revision, "quant": settings.model.quant,
+              "untouched": True}
+    sha_ok = True
+    if verify:
+        sealed = (((served.record or {}) if served else {}).get("gguf") or {}).get("sha256")
+        found["sha256"] = fact(Sha256File, path=f"{layout.current_model}/model.gguf")
+        wanted["sha256"] = sealed
+        sha_ok = bool(sealed) and found["sha256"] == sealed
+    items["model"] = Item(found, wanted, drift=not matches or not served.untouched or not sha_ok)  # fmt: skip
 
     unit_lines = fact(FileContents, path=UNIT_PATH)
     unit_text = "\n".join(unit_lines) + "\n" if unit_lines else None
@@ -223,6 +246,22 @@ def audit_host(name: str, settings: Settings, reads: tuple, answers: dict, templ
     return audit
 
 
+def _build_files(seals, current: Optional[str], deep) -> tuple[Any, bool]:
+    """The current build's files against its seal: ("as sealed" | "not sealed" | what differs,
+    drift). ``deep`` (``--verify``): the sha256 of each sealed file as well."""
+    if seals is None or current is None:
+        return None, False
+    if current in seals.unsealed:
+        return "not sealed (proven before builds were sealed: the next deploy seals it)", True
+    changed = list(seals.changed.get(current) or [])
+    if deep is not None:
+        if deep.sha256 is None or deep.sha256["name"] != current:
+            changed.append("sha256 not read")
+        else:
+            changed += [c for c in deep.sha256["changed"] if c not in changed]
+    return (changed or "as sealed"), bool(changed)
+
+
 def _env_item(env, plan) -> Item:
     found = {"python": env.python_version, **{p: env.packages.get(p) for p in ENV_PACKAGES if p in env.packages}} \
         if env else None  # fmt: skip
@@ -248,7 +287,14 @@ def _unit_item(settings: Settings, fact: _Answers, gpus: tuple, unit_text: Optio
     except PlanError as e:
         return Item(found, {"sha256": None, "why": e.failure.message("")}, drift=True)
     wanted = {"sha256": hashlib.sha256(unit.encode()).hexdigest(), "ctx_size": ctx.ctx_size}
-    return Item(found, wanted, drift=found["sha256"] != wanted["sha256"])
+    # `llamarack rollback` pinned the unit in place: a deploy keeps it while the settings
+    # still want the unit it replaced (so it is no drift); a pin it would drop is.
+    pin = parse_pin(fact(FileContents, path=layout.rollback_pin))
+    held = bool(pin) and pin.get("unit_sha1") == fact(Sha1File, path=UNIT_PATH) and \
+        pin.get("replaced_sha1") == hashlib.sha1(unit.encode()).hexdigest()  # fmt: skip
+    if pin is not None:
+        found["rollback_pin"] = {"held": held, **pin}
+    return Item(found, wanted, drift=(found["sha256"] != wanted["sha256"] and not held) or (pin is not None and not held))
 
 
 def _iso(unix: Optional[float]) -> Optional[str]:
@@ -262,15 +308,16 @@ def _target(link) -> Optional[str]:
     return os.path.basename(target.rstrip("/")) if target else None
 
 
-def run(sessions: list, templates: tuple = ()) -> list[HostAudit]:
+def run(sessions: list, templates: tuple = (), verify: bool = False) -> list[HostAudit]:
     """Audit each host of ``sessions`` (``llamarack.openssh.connect``: their ssh processes
     already connecting) with one remote command, all at once. A host that cannot be
-    reached comes back with ``reachable`` False; one whose settings fail, with the error."""
+    reached comes back with ``reachable`` False; one whose settings fail, with the error.
+    ``verify``: the sha256 of the served model and of every sealed file of the current build."""
     scripts: dict = {}
     for s in sessions:
         try:
             settings = settings_for(s.host)
-            reads = audit_reads(settings)
+            reads = audit_reads(settings, verify)
             together = FactsTogether()
             script = together.command(reads=reads)
         except Exception as e:  # bad settings: this host only
@@ -282,12 +329,13 @@ def run(sessions: list, templates: tuple = ()) -> list[HostAudit]:
     results = []
     for s in sessions:
         job = scripts[s.name]
-        results.append(job if isinstance(job, HostAudit) else _audit_answer(s.name, s.result(), *job, templates))
+        results.append(job if isinstance(job, HostAudit) else _audit_answer(s.name, s.result(), *job, templates,
+                                                                              verify))
     return results
 
 
 def _audit_answer(name: str, answer, settings: Settings, reads: tuple, together: FactsTogether,
-                  templates: tuple) -> HostAudit:  # fmt: skip
+                  templates: tuple, verify: bool = False) -> HostAudit:  # fmt: skip
     if not answer.reachable:
         return HostAudit(name, reachable=False, error=answer.error)
     try:
@@ -295,7 +343,7 @@ def _audit_answer(name: str, answer, settings: Settings, reads: tuple, together:
         if not answers:  # not one section ran: sudo refused, no sh
             why = answer.stderr.strip().splitlines()
             return HostAudit(name, error=f"the command exited {answer.status}: {why[-1] if why else 'no output'}")
-        return audit_host(name, settings, reads, answers, templates)
+        return audit_host(name, settings, reads, answers, templates, verify)
     except Exception as e:  # a host whose facts cannot be processed or planned
         return HostAudit(name, error=f"{type(e).__name__}: {e}")
 

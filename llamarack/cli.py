@@ -55,12 +55,16 @@ def settings(form):
 @click.option("--json", "as_json", is_flag=True, help="one JSON object (schema llamarack-audit/1)")
 @click.option("--templates", type=click.Path(file_okay=False), default=None,
               help="operator templates the deploy uses (default: ./templates when it exists)")
+@click.option("--verify", is_flag=True,
+              help="recompute the sha256 of the served model.gguf and of every sealed file of the current build")
 @click.option("--debug", is_flag=True, help="the debug log on stderr (each remote command)")
 @click.pass_context
-def audit(ctx, inventory, limit, as_json, templates, debug):
+def audit(ctx, inventory, limit, as_json, templates, verify, debug):
     """Compare what each host runs with what its settings would deploy.
 
     One remote command per host, all hosts in parallel; nothing is changed.
+    Without --verify the files are compared by the signature recorded at their seal
+    (size, mtime, inode); with it, by their sha256.
     Exit status: 0 no drift, 1 drift, 2 a host unreachable or unreadable.
     """
     import json
@@ -87,7 +91,7 @@ def audit(ctx, inventory, limit, as_json, templates, debug):
     try:
         from . import audit as auditmod
 
-        audits = auditmod.run(sessions, (Path(templates).resolve(),) if templates else ())
+        audits = auditmod.run(sessions, (Path(templates).resolve(),) if templates else (), verify)
     finally:
         for s in sessions:
             s.close()
@@ -103,6 +107,37 @@ def audit(ctx, inventory, limit, as_json, templates, debug):
         sys.stderr.flush()
         os._exit(status)
     sys.exit(status)
+
+
+@main.command()
+@click.argument("inventory")
+@click.option("--limit", multiple=True, metavar="HOST", help="roll back only this host (repeatable)")
+def rollback(inventory, limit):
+    """Put back, on each host, the unit that served before the last switch.
+
+    Its build and model are switched in as any unit is (restart, /health, the
+    unit in place restored if it does not answer), then pinned: a deploy with
+    unchanged settings keeps it; changed settings, or a second rollback
+    (forward again), release it. Runs `pyinfra -y INVENTORY rollback.py`.
+    """
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent.parent
+    deploy_file = here / "rollback.py"
+    if not deploy_file.is_file():
+        raise click.ClickException(f"no {deploy_file}: run llamarack rollback from a llamarack checkout")
+    exe = shutil.which("pyinfra")
+    args = [exe] if exe else [sys.executable, "-m", "pyinfra"]
+    args += ["-y", inventory, str(deploy_file)]
+    for name in limit:
+        args += ["--limit", name]
+    # The deploy file imports the llamarack this command runs from, not another install.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(here), os.environ.get("PYTHONPATH")])))
+    sys.exit(subprocess.run(args, env=env).returncode)
 
 
 def entry():

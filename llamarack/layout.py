@@ -10,7 +10,8 @@
     <root>/models/current -> <stamp16>
     <root>/cache/blobs/<algo>/<hex>   downloaded model files by content hash (sha256, git-sha1;
                                       mode 700), hardlinked into each fetch (remote/model_fetch.py)
-    <root>/state/<name>.json          records later runs read back (gpus.json)
+    <root>/state/<name>.json          records later runs read back (gpus.json; rollback.json,
+                                      and previous.service: the unit before the last switch)
 
 Outside the root: the unit and the API key (``UNIT_PATH``, ``API_KEY_PATH``).
 """
@@ -101,3 +102,13 @@ class Layout:
     @property
     def gpus_record(self) -> str:
         return self.state_file("gpus.json")
+
+    @property
+    def previous_unit(self) -> str:
+        """The unit that served before the last switch (what ``llamarack rollback`` puts back)."""
+        return self.state_file("previous.service")
+
+    @property
+    def rollback_pin(self) -> str:
+        """Written by ``llamarack rollback``: the unit it put back, and the one it replaced."""
+        return self.state_file("rollback.json")

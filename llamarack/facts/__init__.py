@@ -14,8 +14,8 @@ from .gpu import (
     RecordedGpus,
     gpus_record,
 )
-from .llamacpp import (BuildFlags, BuildRecord, Builds, GitHead, LlamacppBuilds, LlamaServerFlags, ServerFlags,
-                       parse_build_help, parse_server_help)
+from .llamacpp import (BuildFlags, BuildRecord, Builds, BuildSeals, GitHead, LlamacppBuilds, LlamaServerFlags, Seals,
+                       ServerFlags, parse_build_help, parse_server_help)
 from .packages import DebianSources, DebPackage, NvidiaDriverPackages
 from .python import PythonEnv, PythonEnvPackages, RequirementsFile
 from .model import ArtifactState, GgufShape, ModelArtifact
@@ -43,6 +43,8 @@ __all__ = [
     "GpuProcesses",
     "ArtifactState",
     "Builds",
+    "BuildSeals",
+    "Seals",
     "GitHead",
     "LlamacppBuilds",
     "LlamaServerFlags",

@@ -14,10 +14,11 @@ from pyinfra.api.exceptions import FactProcessError
 from ..layout import Layout
 from .value import FactValue
 
+from .. import remote
 from ..remote.llamacpp_proof import ServerFlags, parse_server_help
 
-__all__ = ["BuildFlags", "Builds", "GitHead", "LlamacppBuilds", "LlamaServerFlags", "ServerFlags",
-           "parse_build_help", "parse_server_help"]
+__all__ = ["BuildFlags", "Builds", "BuildSeals", "GitHead", "LlamacppBuilds", "LlamaServerFlags", "Seals",
+           "ServerFlags", "parse_build_help", "parse_server_help"]
 
 # Options only the served unit uses. They are read here, not in the smoke script's
 # parse_server_help: that script's hash is part of every build stamp.
@@ -173,3 +174,54 @@ class BuildRecord(FactBase[Optional[dict]]):
         if not isinstance(record, dict):
             raise FactProcessError(f"build-info.json is not an object: {str(record)[:80]!r}")
         return record
+
+
+@dataclass(frozen=True)
+class Seals(FactValue):
+    changed: dict
+    """``{stamp: [what differs, one line each]}`` for every sealed build; [] when intact."""
+    unsealed: tuple = ()
+    """Proven builds without a manifest (proven before llamarack sealed builds, or cut
+    off between the smoke run and the seal): nothing to compare them with."""
+    sha256: Optional[dict] = None
+    """With a deep read: ``{"name": stamp, "changed": [...]}``, the sha256 of every sealed
+    file of that build compared with its seal."""
+
+    def tampered(self, stamp: str) -> bool:
+        """A file of the build differs from its seal (size, mtime, inode; gone or added)."""
+        return bool(self.changed.get(stamp))
+
+
+class BuildSeals(FactBase[Seals]):
+    """
+    Returns how every proven llama.cpp build under ``<root>/builds`` compares with
+    its seal (``manifest.json``, written by ``llamarack/remote/build_seal.py`` once
+    the smoke run proved the build): the cheap signature of every sealed file
+    (size, mtime_ns, inode). With ``sha256`` (a build directory, or ``current``)
+    that build's files are read and hashed as well.
+
+    .. code:: python
+
+        Seals(changed={"3f1c0a9e52d7b6e4": ["build/bin/llama-quantize: size 14328 (sealed: 2514432)"]},
+              unsealed=("9d0e4b1c2a3f5e6d",))
+    """
+
+    requires_command = "python3"
+
+    def command(self, root: str, sha256: Optional[str] = None) -> str:
+        args = ("--sha256", sha256) if sha256 else ()
+        return remote.command("build_seal", "check", Layout(root).builds, *args)
+
+    def default(self) -> Seals:
+        return Seals({})
+
+    def process(self, output) -> Seals:
+        try:
+            report = json.loads("\n".join(output))
+            builds = report["builds"]
+            changed = {k: list(v["changed"]) for k, v in builds.items() if v["sealed"]}
+            unsealed = tuple(k for k, v in builds.items() if not v["sealed"])
+            deep = report.get("sha256")
+            return Seals(changed, unsealed, {"name": deep["name"], "changed": list(deep["changed"])} if deep else None)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise FactProcessError(f"unreadable build seal report: {e}") from e

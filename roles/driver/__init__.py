@@ -28,9 +28,13 @@ def driver(settings: Settings, facts: HostFacts):
 
     + settings: the host's settings (``driver_*``)
     + facts: what preflight read (the driver's state)
+
+    Returns the reboot operation when one is planned (else None): the server role
+    then checks ``/health`` after it even when the unit did not change.
     """
     s = settings.driver
     state = facts.driver
+    reboot = None
     # The mismatch only ends with the reboot itself, so this branch is read
     # once, before anything runs; the check after the reboot reads nvidia-smi anew.
     if state.state == "mismatch":
@@ -59,3 +63,4 @@ def driver(settings: Settings, facts: HostFacts):
         name="Hold the NVIDIA driver packages" if s.hold_packages else "Unhold the NVIDIA driver packages",
         hold=s.hold_packages,
     )
+    return reboot

@@ -5,21 +5,27 @@
     <root>/builds/current         link to the build in service
 
 Same inputs: nothing runs. New inputs (commit, archs, toolkit, flags): a new
-build directory, verified (``--version`` runs, cubins for every arch), then
-``current`` is switched; the previous build stays for rollback. A failed
+build directory, verified (``--version`` runs, cubins for every arch), proven
+by its smoke run, sealed (``manifest.json``: every file under ``build/bin``
+and the records, with size, mtime, inode and sha256), then ``current`` is
+switched. A build whose files differ from its seal is built again beside it
+(``<stamp>-r<time>``) and switched in once proven; the previous build stays for rollback. A failed
 build stops the host before the switch, so the serving build is untouched.
 Old builds are pruned by the server role (``prune_builds`` here), only once
 the unit that serves has answered ``/health``.
 """
 
+import dataclasses
+
 from pyinfra import host, logger
 from pyinfra.api import deploy
 
+from llamarack.facts import BuildSeals, LlamacppBuilds, read
 from llamarack.rules import HostFacts
 from llamarack.settings import Settings
 
-from .operations import build, checkout, switch_current
-from .plan import BuildPlan, plan_for_host
+from .operations import build, checkout, seal_build, switch_current
+from .plan import BuildPlan, build_dir_for, plan_for_host
 
 
 @deploy("llama.cpp build")
@@ -34,6 +40,15 @@ def llamacpp(settings: Settings, facts: HostFacts) -> BuildPlan:
     s = settings.llamacpp
     root, layout = settings.general.root, settings.layout
     plan = plan_for_host(settings, facts)
+    # A build whose files no longer match their seal (a binary replaced or edited) is
+    # not this build any more: it is made again beside, proven, and only then switched in.
+    builds, seals = read(LlamacppBuilds, root=root), read(BuildSeals, root=root)
+    where = build_dir_for(plan.stamp, builds, seals)
+    if where != plan.stamp:
+        if seals.tampered(plan.stamp):
+            logger.warning(f"{host.print_prefix}llama.cpp build {plan.stamp} differs from its seal "
+                           f"({'; '.join(seals.changed[plan.stamp][:3])}): building it again as {where}")
+        plan = dataclasses.replace(plan, stamp=where)
 
     checkout(
         name=f"llama.cpp source at {s.commit[:12]}",
@@ -57,5 +72,7 @@ def llamacpp(settings: Settings, facts: HostFacts) -> BuildPlan:
             "(CPU about 11 min, CUDA for one arch about 50 min on 2 cores); "
             f"follow it with: tail -f {layout.build(plan.stamp)}/build.log"
         )
+    seal_build(name=f"Seal llama.cpp build {plan.stamp} (its files' size, mtime, inode, sha256)",
+               root=root, stamp=plan.stamp)
     switch_current(name=f"Make llama.cpp build {plan.stamp} current", root=root, stamp=plan.stamp)
     return plan

@@ -13,7 +13,7 @@ from pyinfra.facts.files import FileContents
 
 from llamarack import remote
 from llamarack.facts import read
-from llamarack.facts.llamacpp import GitHead, LlamacppBuilds
+from llamarack.facts.llamacpp import BuildSeals, GitHead, LlamacppBuilds
 from llamarack.layout import Layout
 
 from .plan import PORTABLE_CPU_VARIANTS, BuildPlan, cpu_variant_name, with_cpu_features
@@ -70,7 +70,7 @@ def build(plan: BuildPlan, src: str, root: str, ccache_dir=None, jobs=None):
     build leaves nothing that looks good, and ``current`` is not touched here.
     """
     builds = read(LlamacppBuilds, root=root)
-    if plan.stamp in builds.verified:
+    if plan.stamp in builds.verified and not read(BuildSeals, root=root).tampered(plan.stamp):
         host.noop(f"llama.cpp build {plan.stamp} exists and was verified")
         return
 
@@ -186,6 +186,27 @@ def _build_env(plan: BuildPlan, root: str, ccache_dir) -> str:
 
 
 @operation()
+def seal_build(root: str, stamp: str):
+    """
+    Seal a proven build: ``manifest.json`` records every file it serves with
+    (``build/bin``, and the records the deploy reads) with its size, mtime_ns,
+    inode and sha256 (``llamarack/remote/build_seal.py``).
+
+    + root: the llamarack root
+    + stamp: the build directory under ``builds/``
+
+    A step of its own after the smoke run (whose script hash stamps every
+    build): a build proven before llamarack sealed builds, or one whose run was
+    cut off between its proof and its seal, is sealed as found by the next run.
+    """
+    seals = read(BuildSeals, root=root)
+    if stamp in seals.changed:
+        host.noop(f"llama.cpp build {stamp} is sealed")
+        return
+    yield StringCommand(remote.command("build_seal", "seal", Layout(root).build(stamp)))
+
+
+@operation()
 def switch_current(root: str, stamp: str):
     """
     Point ``<root>/builds/current`` at a verified build, atomically (rename of a new link).
@@ -219,13 +240,17 @@ def prune_builds(root: str, keep: int, previous=None, unit_path=None):
       planned: by the time this runs, ``current`` may already point elsewhere)
     + unit_path: the llama-server unit; the build its ``ExecStart`` names is in use
 
+    A build whose files differ from its seal is removed once neither ``current``
+    nor the unit names it.
+
     Runs after the server role's switch and ``/health`` check (or its rollback):
     nothing a running server uses is removed before its successor serves.
     """
-    builds = read(LlamacppBuilds, root=root)
+    builds, seals = read(LlamacppBuilds, root=root), read(BuildSeals, root=root)
     serving = _unit_build(root, read(FileContents, path=unit_path)) if unit_path else None
     must = [s for s in (builds.current, serving) if s]
-    ordered = [previous, *builds.newest_first()]
+    # A build whose files differ from its seal is no rollback target: it goes once nothing runs it.
+    ordered = [s for s in (previous, *builds.newest_first()) if not seals.tampered(s)]
     kept = list(dict.fromkeys([*must, *(s for s in ordered if s)]))[:max(keep, len(set(must)))]
     doomed = [s for s in builds.verified if s not in kept]
     doomed += [s for s in builds.partial if s not in must]

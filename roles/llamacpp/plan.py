@@ -186,6 +186,30 @@ def plan_build(
     return BuildPlan(stamp=digest[:16], **inputs)
 
 
+def same_build(name: Optional[str], stamp: str) -> bool:
+    """``builds/<name>`` holds a build of the inputs ``stamp`` names: the stamp itself, or a
+    rebuild of the same inputs beside it (``<stamp>-r<time>``: forced, or made because the
+    first one's files no longer matched their seal)."""
+    return bool(name) and (name == stamp or name.startswith(f"{stamp}-r"))
+
+
+def build_dir_for(stamp: str, builds, seals, now: Optional[float] = None) -> str:
+    """The directory under ``builds/`` that serves the build ``stamp``: a proven one whose
+    files match their seal (``current`` first, else the newest); when there is none and
+    ``builds/<stamp>`` is a proven build whose files changed since its seal, a new
+    directory beside it, so the tampered one (maybe in service) is never rebuilt in
+    place and the unit keeps running it until its successor is proven.
+
+    + builds: the ``LlamacppBuilds`` fact; seals: the ``BuildSeals`` fact
+    """
+    good = [name for name in builds.newest_first() if same_build(name, stamp) and not seals.tampered(name)]
+    if good:
+        return builds.current if builds.current in good else good[0]
+    if stamp in builds.verified:
+        return f"{stamp}-r{int(time.time() if now is None else now)}"
+    return stamp
+
+
 def plan_for_host(settings: Settings, facts: HostFacts) -> BuildPlan:
     """The build this host needs: archs from its GPUs, toolkit and host compiler
     from the run's toolchain plan (the one the toolchain role installs)."""

@@ -13,6 +13,7 @@ from pyinfra.facts.files import File, FileContents, Link, Sha1File
 from pyinfra.facts.server import Command, LinuxDistribution
 
 from llamarack.facts import (
+    BuildSeals,
     CmakeVersion,
     CudaToolkits,
     FactRead,
@@ -72,18 +73,21 @@ def role_reads(settings: Settings) -> tuple[FactRead, ...]:
     if runs("converter_env"):
         reads.append(FactRead.of(RequirementsFile, path=layout.converter_requirements))
     if runs("llamacpp"):
-        reads += [FactRead.of(LlamacppBuilds, root=root), FactRead.of(GitHead, path=layout.src)]
+        reads += [FactRead.of(LlamacppBuilds, root=root), FactRead.of(BuildSeals, root=root),
+                  FactRead.of(GitHead, path=layout.src)]
     if runs("model"):
         reads += [FactRead.of(ModelArtifact, path=layout.current_model), FactRead.of(Link, path=layout.current_model)]
     if runs("server"):
         reads += [
             FactRead.of(LlamacppBuilds, root=root),
+            FactRead.of(BuildSeals, root=root),  # a build differing from its seal is pruned
             FactRead.of(SystemUser, user=settings.general.service_user),
             FactRead.of(Link, path=layout.current_build),
             FactRead.of(Link, path=layout.current_model),
             FactRead.of(LlamaServerFlags, root=root),
             FactRead.of(Sha1File, path=UNIT_PATH),
             FactRead.of(FileContents, path=UNIT_PATH),  # the build it names is kept by the prune
+            FactRead.of(FileContents, path=layout.rollback_pin),  # `llamarack rollback` pinned the unit
             FactRead.of(File, path=f"{UNIT_PATH}.prev"),  # there: an earlier switch was cut off
             FactRead.of(Command, command=key_digest_command()),
             FactRead.of(UnitState, unit=UNIT_NAME),

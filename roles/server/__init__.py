@@ -27,7 +27,7 @@ from llamarack.rules import HostFacts
 from llamarack.settings import Settings
 
 from ..llamacpp.operations import prune_builds
-from .operations import service, service_user
+from .operations import answers_health, service, service_user
 
 
 def public_url(settings: Settings) -> str:
@@ -37,7 +37,7 @@ def public_url(settings: Settings) -> str:
 
 
 @deploy("llama-server")
-def llama_server(settings: Settings, facts: HostFacts, templates: tuple = ()):
+def llama_server(settings: Settings, facts: HostFacts, templates: tuple = (), rebooted=None):
     """
     Run llama-server as a system service and check that it answers.
 
@@ -47,6 +47,9 @@ def llama_server(settings: Settings, facts: HostFacts, templates: tuple = ()):
       driver role wrote after the reboot
     + templates: folders whose templates replace the role's own, e.g. the project's
       ``templates/`` (``deploy.py`` passes it)
+    + rebooted: the driver role's reboot operation (what ``driver`` returns), or None;
+      when it rebooted the host and the unit did not change (so was not switched and
+      checked), ``/health`` is checked anyway: the same unit now runs on a new driver
     """
     user = settings.general.service_user
     service_user(name=f"Service user {user}", user=user, home=settings.general.root)
@@ -54,12 +57,19 @@ def llama_server(settings: Settings, facts: HostFacts, templates: tuple = ()):
     previous = read(LlamacppBuilds, root=settings.general.root).current
     url = public_url(settings)
     key = "API key required" if settings.server.api_key_file else "no API key"
-    service(
+    served = service(
         name=f"llama-server at {url} ({key})",
         settings=settings,
         gpus=facts.gpus,
         templates=tuple(templates),
     )
+    if rebooted is not None:
+        answers_health(
+            name="llama-server answers /health after the driver reboot",
+            settings=settings,
+            reason="the reboot for the driver upgrade",
+            _if=[rebooted.did_change, lambda: not served.did_change()],
+        )
     # Old builds go only now, once the unit that serves has answered /health (or was put
     # back): nothing the running server uses is removed before its successor serves.
     prune_builds(

@@ -14,6 +14,7 @@ the llama.cpp and model roles made earlier in the same run.
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 import shlex
 from io import StringIO
@@ -27,14 +28,15 @@ from pyinfra.operations.util.files import generate_color_diff
 from pyinfra.facts.server import Command
 
 from llamarack import remote
-from llamarack.facts import (GgufShape, LlamaServerFlags, ModelArtifact, RecordedGpus, SystemUser, UnitState,
-                             active_since, read)
+from llamarack.facts import (BuildSeals, GgufShape, LlamaServerFlags, ModelArtifact, RecordedGpus, SystemUser,
+                             UnitState, active_since, read)
 from llamarack.layout import API_KEY_PATH, UNIT_NAME, UNIT_PATH
 from llamarack.operations import refusal, secret_upload
 from llamarack.remote.secret_digest import digest
 from llamarack.secrets import read_token
 from llamarack.settings import Settings
 
+from ..llamacpp.operations import _unit_build
 from .plan import HEALTH_MARK, PlanError, wanted_unit
 
 NOLOGIN = "/usr/sbin/nologin"
@@ -85,6 +87,16 @@ def _linked(current: str) -> Optional[str]:
 SWITCH_LOCK = "/run/llamarack-server-switch.lock"
 
 
+def health_function() -> str:
+    """The shell function ``health SECONDS``: waits for the /health URL the unit names
+    (its first lines) to answer 200; fails at once when the unit stops."""
+    return f"""
+health() {{
+  url=$(sed -n 's|^{HEALTH_MARK}||p' {shlex.quote(UNIT_PATH)})
+  {remote.command("wait_healthy")} "$url" {UNIT_NAME} "$1"
+}}"""
+
+
 def switch_script(settings: Settings) -> str:
     """Move the staged unit in, restart, wait for /health; on failure restore the
     previous unit and restart it, print the new one's journal, and exit 1. One
@@ -92,13 +104,10 @@ def switch_script(settings: Settings) -> str:
     u, svc = shlex.quote(UNIT_PATH), UNIT_NAME
     timeout = settings.server.health_timeout
     wait = 2 * timeout + 120  # the other switch's check, and its rollback's
+    state, previous = shlex.quote(settings.layout.state), shlex.quote(settings.layout.previous_unit)
     return f"""
 exec 9>>{shlex.quote(SWITCH_LOCK)}
-flock -w {wait} 9 || {{ echo "llama-server: another unit switch is still running after {wait} s" >&2; exit 1; }}
-health() {{
-  url=$(sed -n 's|^{HEALTH_MARK}||p' {u})
-  {remote.command("wait_healthy")} "$url" {svc} "$1"
-}}
+flock -w {wait} 9 || {{ echo "llama-server: another unit switch is still running after {wait} s" >&2; exit 1; }}{health_function()}
 rollback() {{
   printf 'llama-server: %s\\n' "$1" >&2
   journalctl -u {svc} -n 30 --no-pager -o cat >&2 || true
@@ -122,9 +131,112 @@ if [ ! -f {u}.prev ] && [ -f {u} ]; then cp -p {u} {u}.prev; fi
 mv -f {u}.new {u} && systemctl daemon-reload && systemctl enable -q {svc} \\
   && systemctl restart {svc} || rollback "the new unit did not start"
 health {timeout} || rollback "the new unit is not healthy"
+# The unit it replaced stays as the previous one, for `llamarack rollback`.
+if [ -f {u}.prev ] && ! cmp -s {u}.prev {u}; then mkdir -p {state} && mv -f {u}.prev {previous}; fi
 rm -f {u}.prev
 echo "llama-server answers /health"
 """
+
+
+@operation(is_idempotent=False)
+def answers_health(settings: Settings, reason: str):
+    """
+    Fail unless the llama-server unit answers ``/health`` within ``server_health_timeout``.
+
+    + settings: the host's settings (``server_health_timeout``)
+    + reason: why it is checked (for the messages), e.g. the driver role's reboot
+
+    For a server that was not switched by this run but started anew anyway: after
+    the reboot for a driver upgrade, the unit is the same text, yet it runs on a
+    new driver. A host without the unit has nothing to check.
+    """
+    yield StringCommand(health_check_script(settings, reason))
+
+
+def health_check_script(settings: Settings, reason: str, restart: bool = False) -> str:
+    """Wait for the unit in place to answer /health (restarting it first with ``restart``);
+    else print its journal and exit 1. No unit: nothing to check."""
+    u = shlex.quote(UNIT_PATH)
+    timeout = settings.server.health_timeout
+    fail = shlex.quote(f"{host.name}: llama-server does not answer /health after {reason} (its journal follows)")
+    start = f"systemctl restart {UNIT_NAME} && " if restart else ""
+    return f"""{health_function()}
+if [ ! -f {u} ]; then echo "no llama-server unit: nothing to check"; exit 0; fi
+if {start}health {timeout}; then echo {shlex.quote(f"llama-server answers /health after {reason}")}; exit 0; fi
+printf '%s\\n' {fail} >&2
+journalctl -u {UNIT_NAME} -n 30 --no-pager -o cat >&2 || true
+exit 1
+"""
+
+
+def parse_pin(lines) -> Optional[dict]:
+    """The rollback pin (``state/rollback.json``, host data: only compared, never run), or None."""
+    if not lines:
+        return None
+    try:
+        pin = json.loads("\n".join(lines))
+    except ValueError:
+        return {}
+    return pin if isinstance(pin, dict) else {}
+
+
+def _served(root: str, unit_lines) -> tuple[Optional[str], Optional[str]]:
+    """The build directory name and the model file a unit's ExecStart runs (None where it names none)."""
+    line = next((x for x in unit_lines or () if x.startswith("ExecStart=")), None)
+    try:
+        words = shlex.split(line.split("=", 1)[1]) if line else []
+    except ValueError:
+        words = []
+    model = words[words.index("--model") + 1] if "--model" in words[:-1] else None
+    return _unit_build(root, unit_lines), model
+
+
+def _served_by(root: str, unit_lines) -> str:
+    """"build B, model M": what a unit runs, for people."""
+    build, model = _served(root, unit_lines)
+    return f"build {build or '?'}, model {Path(model).parent.name if model else '?'}"
+
+
+@operation(is_idempotent=False)
+def rollback(settings: Settings):
+    """
+    Put back the unit that served before the last switch (``state/previous.service``):
+    its build and model, switched in as any unit is (restart, ``/health``, the unit in
+    place restored if it does not answer), then pinned (``state/rollback.json``).
+
+    + settings: the host's settings (root, ``server_health_timeout``)
+
+    The pin keeps later deploys from undoing it while the settings still want the
+    unit it replaced; changed settings release it, and a second rollback (forward
+    again, to the unit the settings want) removes it.
+    """
+    layout, root = settings.layout, settings.general.root
+    previous = read(FileContents, path=layout.previous_unit)
+    if not previous:
+        yield refusal(f"{host.name}: rollback: no previous unit ({layout.previous_unit}): no switch "
+                      "recorded one since llamarack kept them")  # fmt: skip
+        return
+    build = _unit_build(root, previous)
+    if build and read(BuildSeals, root=root).tampered(build):
+        yield refusal(f"{host.name}: rollback: build {build} differs from its seal; not putting it back")
+        return
+    now = _served_by(root, read(FileContents, path=UNIT_PATH))
+    host.log(f"rolling back to {_served_by(root, previous)} (from {now})", logger.info)
+    u, prev, pin = (shlex.quote(p) for p in (UNIT_PATH, layout.previous_unit, layout.rollback_pin))
+    model = _served(root, previous)[1]
+    needed = ([f"{layout.build(build)}/bin/llama-server"] if build else []) + ([model] if model else [])
+    yield (" && ".join(f"test -e {shlex.quote(p)}" for p in needed) or "true") + (
+        f" || {{ echo {shlex.quote(f'{host.name}: rollback: the previous unit names files that are gone')} >&2; exit 1; }}")
+    yield f"cp -p {prev} {u}.new && chmod 644 {u}.new"
+    yield StringCommand(switch_script(settings))
+    # Back on the unit the last pin replaced: that is undone; else pin the unit put back.
+    yield StringCommand(f"""new=$(sha1sum < {u} | cut -d' ' -f1); old=$(sha1sum < {prev} | cut -d' ' -f1)
+if [ -f {pin} ] && grep -q "\\"replaced_sha1\\": \\"$new\\"" {pin}; then
+  rm -f {pin}; echo "rolled forward to the unit the settings want: the rollback pin is released"
+else
+  printf '{{"unit_sha1": "%s", "replaced_sha1": "%s", "at": %s}}\\n' "$new" "$old" "$(date +%s)" > {pin}.new \\
+    && mv -f {pin}.new {pin} && echo "rolled back and pinned: deploys keep this unit until the settings change"
+fi""")
 
 
 def _show_unit_diff(unit: str) -> None:
@@ -184,7 +296,13 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
         yield refusal(e.failure.message(host.name))
         return
 
-    unit_changed = read(Sha1File, path=UNIT_PATH) != hashlib.sha1(unit.encode()).hexdigest()
+    found_sha1, wanted_sha1 = read(Sha1File, path=UNIT_PATH), hashlib.sha1(unit.encode()).hexdigest()
+    # `llamarack rollback` put an earlier unit back: it stays while the settings still
+    # want the very unit it replaced; a change of what they want releases it.
+    pin = parse_pin(read(FileContents, path=layout.rollback_pin))
+    held = bool(pin) and pin.get("unit_sha1") == found_sha1 and pin.get("replaced_sha1") == wanted_sha1
+    held_by = _served_by(root, read(FileContents, path=UNIT_PATH)) if held else None
+    unit_changed = found_sha1 != wanted_sha1 and not held
     if unit_changed:
         _show_unit_diff(unit)
 
@@ -195,7 +313,7 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     served = read(ModelArtifact, path=model_dir)
     sealed_at, since = (served.record or {}).get("sealed_at") if served else None, active_since(unit_state)
     # systemd says whole seconds: the server started in [since, since + 1).
-    remade = bool(running and sealed_at and since and sealed_at >= since + 1)
+    remade = bool(running and sealed_at and since and sealed_at >= since + 1) and not held
     key = read_token(s.api_key_file, "server_api_key_file")
     host_key = read(Command, command=key_digest_command())
     key_changed = False
@@ -214,10 +332,25 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     if unproven:
         host.log(f"{UNIT_PATH} never passed its /health check (an earlier switch was cut off): "
                  "switching again", logger.warning)  # fmt: skip
+    if held:
+        host.log(f"llama-server runs the unit `llamarack rollback` put back ({held_by}); "
+                 "the settings still want the unit it replaced: kept (change the settings, or run "
+                 "`llamarack rollback` again to go forward)", logger.warning)  # fmt: skip
+        if not (key_changed or unproven or not running):
+            host.noop("llama-server serves the unit `llamarack rollback` put back")
+            return
+        yield StringCommand(health_check_script(settings, "a restart of the rolled-back unit", restart=True))
+        return
     if not (unit_changed or key_changed or remade or unproven or not running):
+        if pin is not None:
+            yield f"rm -f {shlex.quote(layout.rollback_pin)}"  # the host serves what the settings want again
+            return
         host.noop(f"llama-server serves {Path(model_dir).name} with build {Path(build_dir).name}, "
                   f"{ctx.note}")  # fmt: skip
         return
+    if pin is not None:
+        host.log("the settings changed since `llamarack rollback`: its pin is released", logger.warning)
+        yield f"rm -f {shlex.quote(layout.rollback_pin)}"
     yield FileUploadCommand(StringIO(unit), f"{UNIT_PATH}.new")
     yield f"chmod 644 {shlex.quote(UNIT_PATH)}.new"
     yield StringCommand(switch_script(settings))

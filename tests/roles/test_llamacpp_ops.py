@@ -4,7 +4,7 @@ import json
 
 from llamarack import remote
 from llamarack.roles.llamacpp.plan import plan_build
-from llamarack.facts import Builds, LlamacppBuilds
+from llamarack.facts import Builds, BuildSeals, LlamacppBuilds, Seals
 from llamarack.roles.llamacpp.operations import build, proof_spec
 from llamarack.settings import load_settings
 from tests.support.ophost import run_op
@@ -109,8 +109,28 @@ def test_auto_kv_builds_as_q4_0_did_and_needs_no_mixed_kernels():
 
 def test_build_is_a_noop_when_verified():
     plan = plan_build(settings(llamacpp_backend="cpu"))
-    commands, noops = run_op(build, {LlamacppBuilds: Builds(None, {plan.stamp: 1})}, plan=plan, src="/s", root=ROOT)
+    commands, noops = run_op(build, {LlamacppBuilds: Builds(None, {plan.stamp: 1}), BuildSeals: Seals({plan.stamp: []})},
+                             plan=plan, src="/s", root=ROOT)  # fmt: skip
     assert commands == [] and "exists and was verified" in noops[0]
+
+
+def test_a_verified_build_whose_files_differ_from_its_seal_is_not_taken_for_built():
+    plan = plan_build(settings(llamacpp_backend="cpu"))
+    tampered = Seals({plan.stamp: ["build/bin/llama-quantize: size 14328 (sealed: 2514432)"]})
+    commands, _ = run_op(build, {LlamacppBuilds: Builds(None, {plan.stamp: 1}), BuildSeals: tampered},
+                         plan=plan, src="/s", root=ROOT)  # fmt: skip
+    assert commands[0].startswith("rm -rf")
+
+
+def test_a_proven_build_is_sealed_once():
+    from llamarack import remote
+    from llamarack.roles.llamacpp.operations import seal_build
+
+    commands, _ = run_op(seal_build, {BuildSeals: Seals({}, ("3f1c0a9e52d7b6e4",))}, root=ROOT, stamp="3f1c0a9e52d7b6e4")
+    assert [str(c) for c in commands] == [remote.command("build_seal", "seal", f"{ROOT}/builds/3f1c0a9e52d7b6e4")]
+    commands, noops = run_op(seal_build, {BuildSeals: Seals({"3f1c0a9e52d7b6e4": []})}, root=ROOT,
+                             stamp="3f1c0a9e52d7b6e4")  # fmt: skip
+    assert commands == [] and noops == ["llama.cpp build 3f1c0a9e52d7b6e4 is sealed"]
 
 
 def test_failed_partial_build_is_built_again():

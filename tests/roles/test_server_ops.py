@@ -31,8 +31,9 @@ STARTED = 1764640411  # when the running server became active (Unix seconds, as 
 
 
 def facts(unit_sha1=None, running=False, key_digest="missing", build="b1", model="m1", shape=SHAPE,
-          smi=DriverState("ok", (V100,)), recorded=(), sealed_at=STARTED - 600, prev=False):
+          smi=DriverState("ok", (V100,)), recorded=(), sealed_at=STARTED - 600, prev=False, pin=None):
     return {
+        (FileContents, frozenset({"path": f"{ROOT}/state/rollback.json"}.items())): [json.dumps(pin)] if pin else None,
         NvidiaSmi: smi,
         RecordedGpus: recorded,
         (Link, frozenset({"path": f"{ROOT}/builds/current"}.items())): {"link_target": build} if build else None,
@@ -237,7 +238,7 @@ def test_two_switches_at_once_run_one_after_the_other(tmp_path, monkeypatch):
                        ("journalctl", "true")):  # fmt: skip
         (bin_dir / tool).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / tool).chmod(0o755)
-    script = operations.switch_script(settings())
+    script = operations.switch_script(settings(llamarack_root=str(tmp_path / "root")))
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
     runs = []
     for text in ("new-1\n", "new-2\n"):
@@ -253,3 +254,59 @@ def test_two_switches_at_once_run_one_after_the_other(tmp_path, monkeypatch):
     # Each switch's restart is followed by its own /health check before the other restarts.
     assert steps == ["daemon-reload", "enable", "restart", "health"] * 2, steps
     assert unit.read_text() == "new-2\n" and not (tmp_path / "unit.prev").exists()
+
+
+OLD_UNIT = [
+    "# llamarack health: http://127.0.0.1:8080/health",
+    f"ExecStart={ROOT}/builds/b0/bin/llama-server --model {ROOT}/models/m0/model.gguf --port 8080",
+]
+
+
+def test_a_unit_put_back_by_rollback_is_kept_while_the_settings_want_what_it_replaced():
+    s = settings()
+    unit = first_run(s)[0][0][2]
+    wanted = hashlib.sha1(unit.encode()).hexdigest()
+    pin = {"unit_sha1": "0" * 40, "replaced_sha1": wanted, "at": STARTED}
+    held = facts(unit_sha1="0" * 40, running=True, pin=pin)
+    held[(FileContents, frozenset({"path": UNIT_PATH}.items()))] = OLD_UNIT
+    commands, noops = run_op(service, held, settings=s, gpus=(V100,))
+    assert commands == [] and noops == ["llama-server serves the unit `llamarack rollback` put back"]
+    # stopped: started again as it is, and checked, never replaced by the wanted unit
+    commands, _ = run_op(service, {**held, UnitState: {"SubState": "dead"}}, settings=s, gpus=(V100,))
+    assert len(commands) == 1 and "systemctl restart llamarack-server.service && health 600" in commands[0]
+    assert "upload" not in str(commands)
+
+
+def test_changed_settings_release_the_rollback_pin_and_switch_to_what_they_want():
+    s = settings()
+    unit = first_run(s)[0][0][2]
+    pin = {"unit_sha1": "0" * 40, "replaced_sha1": "1" * 40, "at": STARTED}  # settings wanted another unit then
+    commands, _ = first_run(s, unit_sha1="0" * 40, running=True, pin=pin)
+    assert commands[0] == f"rm -f {ROOT}/state/rollback.json"
+    assert commands[1][0] == "upload" and commands[1][2] == unit
+    # a pin left once the host serves the wanted unit again (rolled forward by hand) just goes
+    commands, noops = first_run(s, unit_sha1=hashlib.sha1(unit.encode()).hexdigest(), running=True, pin=pin)
+    assert commands == [f"rm -f {ROOT}/state/rollback.json"]
+
+
+def test_rollback_switches_the_previous_unit_in_and_pins_it():
+    from llamarack.facts import BuildSeals, Seals
+    from llamarack.roles.server.operations import rollback
+
+    s = settings()
+    current = [f"ExecStart={ROOT}/builds/b1/bin/llama-server --model {ROOT}/models/m1/model.gguf"]
+    state = {(FileContents, frozenset({"path": f"{ROOT}/state/previous.service"}.items())): OLD_UNIT,
+             (FileContents, frozenset({"path": UNIT_PATH}.items())): current, BuildSeals: Seals({"b0": []})}
+    commands, _ = run_op(rollback, state, settings=s)
+    check, copy, switch, pin = commands
+    assert check.startswith(f"test -e {ROOT}/builds/b0/bin/llama-server && test -e {ROOT}/models/m0/model.gguf || ")
+    assert copy == f"cp -p {ROOT}/state/previous.service {UNIT_PATH}.new && chmod 644 {UNIT_PATH}.new"
+    assert "health 600 || rollback" in switch and f"mv -f {UNIT_PATH}.prev {ROOT}/state/previous.service" in switch
+    assert f"> {ROOT}/state/rollback.json.new" in pin
+    # nothing recorded, or a previous build whose files changed since its seal: refused, nothing touched
+    none = {**state, (FileContents, frozenset({"path": f"{ROOT}/state/previous.service"}.items())): None}
+    (refused,), _ = run_op(rollback, none, settings=s)
+    assert "rollback: no previous unit" in str(refused)
+    tampered = {**state, BuildSeals: Seals({"b0": ["build/bin/llama-server: size 1 (sealed: 2)"]})}
+    (refused,), _ = run_op(rollback, tampered, settings=s)
+    assert "build b0 differs from its seal" in str(refused)

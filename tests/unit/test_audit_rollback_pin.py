@@ -1,0 +1,44 @@
+"""The audit's unit item with a `llamarack rollback` pin: no drift while a deploy would keep
+the pinned unit, drift when the deploy would drop the pin (the same rule as the service
+operation, tests/roles/test_server_ops.py)."""
+
+import hashlib
+import json
+
+from pyinfra.facts.files import FileContents, Link, Sha1File
+
+from llamarack.audit import _Answers, _unit_item
+from llamarack.facts import FactRead, GgufShape, LlamaServerFlags
+from llamarack.layout import UNIT_PATH
+from tests.roles.test_server_ops import FLAGS, ROOT, SHAPE, V100, first_run, settings
+
+
+def answers(pin, unit_sha1) -> _Answers:
+    fact = _Answers((), {})
+    fact.values = {
+        FactRead.of(Link, path=f"{ROOT}/builds/current"): {"link_target": "b1"},
+        FactRead.of(Link, path=f"{ROOT}/models/current"): {"link_target": "m1"},
+        FactRead.of(LlamaServerFlags, root=ROOT): FLAGS,
+        FactRead.of(GgufShape, path=f"{ROOT}/models/current/model.gguf"): SHAPE,
+        FactRead.of(FileContents, path=f"{ROOT}/state/rollback.json"): [json.dumps(pin)] if pin else None,
+        FactRead.of(Sha1File, path=UNIT_PATH): unit_sha1,
+    }
+    return fact
+
+
+def test_a_pinned_unit_is_no_drift_while_the_deploy_keeps_it_and_drift_once_it_would_go():
+    s = settings()
+    wanted = first_run(s)[0][0][2]
+    wanted_sha1 = hashlib.sha1(wanted.encode()).hexdigest()
+    old_unit = "ExecStart=/opt/lr/builds/b0/bin/llama-server --model /opt/lr/models/m0/model.gguf\n"
+    old_sha1 = hashlib.sha1(old_unit.encode()).hexdigest()
+    held = _unit_item(s, answers({"unit_sha1": old_sha1, "replaced_sha1": wanted_sha1, "at": 1}, old_sha1), (V100,),
+                      old_unit, ())  # fmt: skip
+    assert held.drift is False and held.found["rollback_pin"]["held"] is True
+    # the settings want another unit now: the deploy would switch and drop the pin
+    released = _unit_item(s, answers({"unit_sha1": old_sha1, "replaced_sha1": "1" * 40, "at": 1}, old_sha1), (V100,),
+                          old_unit, ())  # fmt: skip
+    assert released.drift is True and released.found["rollback_pin"]["held"] is False
+    # no pin: the unit against the wanted one, as before
+    plain = _unit_item(s, answers(None, wanted_sha1), (V100,), wanted, ())
+    assert plain.drift is False and "rollback_pin" not in plain.found
