@@ -22,6 +22,11 @@ __all__ = ["BuildFlags", "Builds", "GitHead", "LlamacppBuilds", "LlamaServerFlag
 # Options only the served unit uses. They are read here, not in the smoke script's
 # parse_server_help: that script's hash is part of every build stamp.
 ROPE_FLAGS = ("--rope-scaling", "--rope-scale", "--yarn-orig-ctx")
+# Speculative decoding with a draft model, as llama.cpp spells it since the --draft-max
+# family was removed ("the argument has been removed. use --spec-draft-n-max"). A draft
+# model alone enables nothing there: --spec-type draft-simple does.
+SPEC_DRAFT_FLAGS = ("--spec-type", "draft-simple", "--spec-draft-model", "--spec-draft-n-max",
+                    "--spec-draft-n-min", "--spec-draft-ngl", "--spec-draft-type-k", "--spec-draft-type-v")
 
 
 @dataclass(frozen=True)
@@ -30,13 +35,16 @@ class BuildFlags(ServerFlags):
 
     has_rope_scaling: bool = False
     """``--rope-scaling``, ``--rope-scale`` and ``--yarn-orig-ctx`` are all in its --help."""
+    has_spec_draft: bool = False
+    """Every option of ``SPEC_DRAFT_FLAGS`` (a draft model's speculative decoding) is in its --help."""
 
 
 def parse_build_help(text: str, proven_args: tuple = ()) -> BuildFlags:
     """``parse_server_help`` and the unit-only options."""
     base = parse_server_help(text, proven_args)
     return BuildFlags(**{f.name: getattr(base, f.name) for f in fields(base)},
-                      has_rope_scaling=all(flag in text for flag in ROPE_FLAGS))  # fmt: skip
+                      has_rope_scaling=all(flag in text for flag in ROPE_FLAGS),
+                      has_spec_draft=all(flag in text for flag in SPEC_DRAFT_FLAGS))  # fmt: skip
 
 
 class GitHead(FactBase[Optional[str]]):

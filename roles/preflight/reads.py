@@ -75,12 +75,15 @@ def role_reads(settings: Settings) -> tuple[FactRead, ...]:
         reads += [FactRead.of(LlamacppBuilds, root=root), FactRead.of(GitHead, path=layout.src)]
     if runs("model"):
         reads += [FactRead.of(ModelArtifact, path=layout.current_model), FactRead.of(Link, path=layout.current_model)]
+        if settings.model.draft_repo:
+            reads += [FactRead.of(ModelArtifact, path=layout.draft_model), FactRead.of(Link, path=layout.draft_model)]
     if runs("server"):
         reads += [
             FactRead.of(LlamacppBuilds, root=root),
             FactRead.of(SystemUser, user=settings.general.service_user),
             FactRead.of(Link, path=layout.current_build),
             FactRead.of(Link, path=layout.current_model),
+            *([FactRead.of(Link, path=layout.draft_model)] if settings.model.draft_repo else []),
             FactRead.of(LlamaServerFlags, root=root),
             FactRead.of(Sha1File, path=UNIT_PATH),
             FactRead.of(FileContents, path=UNIT_PATH),  # the build it names is kept by the prune

@@ -169,8 +169,11 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
             yield StringCommand(f"echo 'write {UNIT_NAME} once the {made}'")
         return
 
+    draft_dir = _linked(layout.draft_model) if settings.model.draft_repo else None
+    draft = (draft_dir, read(GgufShape, path=f"{draft_dir}/model.gguf")) if draft_dir else None
     try:
-        unit, ctx = wanted_unit(settings, flags, build_dir, model_dir, shape, _cards(settings, gpus), templates)
+        unit, ctx = wanted_unit(settings, flags, build_dir, model_dir, shape, _cards(settings, gpus), templates,
+                                draft=draft if draft and draft[1] else None)  # fmt: skip
     except PlanError as e:
         yield refusal(e.failure.message(host.name))
         return
