@@ -14,7 +14,7 @@ from .gpu import (
     RecordedGpus,
     gpus_record,
 )
-from .llamacpp import (BuildFlags, BuildRecord, Builds, GitHead, LlamacppBuilds, LlamaServerFlags, ServerFlags,
+from .llamacpp import (BenchRecord, BuildFlags, BuildRecord, Builds, GitHead, LlamacppBuilds, LlamaServerFlags, ServerFlags,
                        parse_build_help, parse_server_help)
 from .packages import DebianSources, DebPackage, NvidiaDriverPackages
 from .python import PythonEnv, PythonEnvPackages, RequirementsFile
@@ -39,6 +39,7 @@ __all__ = [
     "UnitState",
     "HttpStatus",
     "BuildRecord",
+    "BenchRecord",
     "GpuProcess",
     "GpuProcesses",
     "ArtifactState",

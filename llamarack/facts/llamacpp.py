@@ -16,7 +16,7 @@ from .value import FactValue
 
 from ..remote.llamacpp_proof import ServerFlags, parse_server_help
 
-__all__ = ["BuildFlags", "Builds", "GitHead", "LlamacppBuilds", "LlamaServerFlags", "ServerFlags",
+__all__ = ["BenchRecord", "BuildFlags", "Builds", "GitHead", "LlamacppBuilds", "LlamaServerFlags", "ServerFlags",
            "parse_build_help", "parse_server_help"]
 
 # Options only the served unit uses. They are read here, not in the smoke script's
@@ -180,4 +180,29 @@ class BuildRecord(FactBase[Optional[dict]]):
             raise FactProcessError(f"unreadable build-info.json: {e}") from e
         if not isinstance(record, dict):
             raise FactProcessError(f"build-info.json is not an object: {str(record)[:80]!r}")
+        return record
+
+
+class BenchRecord(FactBase[Optional[dict]]):
+    """
+    Returns the host's llama-bench record (``<root>/state/bench.json``, written by the
+    server role's bench after a new build or model), or None when there is none.
+
+    .. code:: python
+
+        {"key": {"build": "498d323e499aa37d", "model": "2f0c7e1d9a8b6c5d"}, "mode": "stopped",
+         "backend": "cpu", "pp512": {"tokens_per_second": 1843.2, ...}, "tg128": {...},
+         "roofline": {"card": "Tesla V100-SXM2-16GB", "bandwidth_gbs": 900, ...}, ...}
+    """
+
+    def command(self, path: str) -> str:
+        return f"cat {shlex.quote(path)} 2>/dev/null; true"
+
+    def process(self, output) -> Optional[dict]:
+        try:
+            record = json.loads("\n".join(output))
+        except ValueError as e:
+            raise FactProcessError(f"unreadable bench record: {e}") from e
+        if not isinstance(record, dict):
+            raise FactProcessError(f"the bench record is not an object: {str(record)[:80]!r}")
         return record

@@ -13,6 +13,7 @@ from pyinfra.facts.files import File, FileContents, Link, Sha1File
 from pyinfra.facts.server import Command, LinuxDistribution
 
 from llamarack.facts import (
+    BenchRecord,
     CmakeVersion,
     CudaToolkits,
     FactRead,
@@ -90,5 +91,6 @@ def role_reads(settings: Settings) -> tuple[FactRead, ...]:
             FactRead.of(File, path=f"{UNIT_PATH}.prev"),  # there: an earlier switch was cut off
             FactRead.of(Command, command=key_digest_command()),
             FactRead.of(UnitState, unit=UNIT_NAME),
+            FactRead.of(BenchRecord, path=layout.bench_record),
         ]
     return tuple(reads)

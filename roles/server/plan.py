@@ -21,7 +21,7 @@ from llamarack.facts.llamacpp import ServerFlags
 from llamarack.layout import API_KEY_PATH
 from llamarack.planner import MIB, Knobs, Plan, PlanError, plan  # noqa: F401 (MIB, PlanError: the role's API)
 from llamarack.remote.llamacpp_proof import serving_args
-from llamarack.gpu_table import planning_memory_mib
+from llamarack.gpu_table import board, planning_memory_mib
 from llamarack.rules import Failure
 from llamarack.settings import Settings
 
@@ -128,6 +128,37 @@ def draft_args(settings: Settings, flags: ServerFlags, draft_dir: str, ctx: Plan
     if cuda:
         args += ["--spec-draft-ngl", str(ctx.ledger.draft_gpu_layers)]
     return args
+
+
+def bench_args(settings: Settings, flags: ServerFlags, build_dir: str, model_dir: str, ctx: Plan,
+               cuda: bool) -> list[str]:  # fmt: skip
+    """llama-bench's command line for pp512 and tg128 with the served flags (KV types,
+    layers on the card, flash attention, mmap, repacking), as llama-bench spells them."""
+    s = settings.server
+    fa = ("on" if s.flash_attn else "off") if flags.flash_attn_takes_value else ("1" if s.flash_attn else "0")
+    args = [f"{build_dir}/bin/llama-bench", "-m", f"{model_dir}/model.gguf", "-p", "512", "-n", "128",
+            "-ctk", ctx.cache_type_k, "-ctv", ctx.cache_type_v, "-fa", fa]  # fmt: skip
+    if cuda:
+        args += ["-ngl", str(ctx.gpu_layers)]
+    if not s.mmap:
+        # llama-bench follows llama-server: --load-mode there, -lm here; --no-mmap there, -mmp 0 here.
+        args += ["-lm", "none"] if "--load-mode" in flags.mmap_off else ["-mmp", "0"]
+    if not s.repack or "--no-repack" in flags.proven_args:
+        args += ["--repack", "0"]
+    return args
+
+
+def roofline(cards: tuple, shape: dict) -> dict:
+    """Decode's ceiling on the host's slowest card: its memory bandwidth (the card table's
+    data-sheet figure) over the bytes every token reads (each layer's weights and the
+    output layer; the token embedding is a lookup of one row)."""
+    output = shape["output_bytes"] + (shape["token_embd_bytes"] if shape["tied_embeddings"] else 0)
+    weights = sum(shape["layer_bytes"]) + output
+    known = [b for b in (board(g.pci_device_id) for g in cards) if b and b.bandwidth_gbs]
+    slowest = min(known, key=lambda b: b.bandwidth_gbs, default=None)
+    return {"card": slowest.name if slowest else None, "bandwidth_gbs": slowest.bandwidth_gbs if slowest else None,
+            "weight_bytes": weights,
+            "tokens_per_second": round(slowest.bandwidth_gbs * 1e9 / weights, 1) if slowest else None}  # fmt: skip
 
 
 def health_url(settings: Settings) -> str:
