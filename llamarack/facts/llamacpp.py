@@ -159,6 +159,17 @@ class LlamaServerFlags(FactBase[Optional[ServerFlags]]):
             raise FactProcessError(str(e)) from e
 
 
+def _json_object(output, name: str) -> dict:
+    """A record file's JSON object; FactProcessError naming the file when it is not one."""
+    try:
+        record = json.loads("\n".join(output))
+    except ValueError as e:
+        raise FactProcessError(f"unreadable {name}: {e}") from e
+    if not isinstance(record, dict):
+        raise FactProcessError(f"{name} is not an object: {str(record)[:80]!r}")
+    return record
+
+
 class BuildRecord(FactBase[Optional[dict]]):
     """
     Returns the record of the current llama.cpp build (its ``build-info.json``,
@@ -174,13 +185,7 @@ class BuildRecord(FactBase[Optional[dict]]):
         return f"cat {shlex.quote(Layout(root).current_build + '/build-info.json')} 2>/dev/null; true"
 
     def process(self, output) -> Optional[dict]:
-        try:
-            record = json.loads("\n".join(output))
-        except ValueError as e:
-            raise FactProcessError(f"unreadable build-info.json: {e}") from e
-        if not isinstance(record, dict):
-            raise FactProcessError(f"build-info.json is not an object: {str(record)[:80]!r}")
-        return record
+        return _json_object(output, "build-info.json")
 
 
 class BenchRecord(FactBase[Optional[dict]]):
@@ -199,10 +204,4 @@ class BenchRecord(FactBase[Optional[dict]]):
         return f"cat {shlex.quote(path)} 2>/dev/null; true"
 
     def process(self, output) -> Optional[dict]:
-        try:
-            record = json.loads("\n".join(output))
-        except ValueError as e:
-            raise FactProcessError(f"unreadable bench record: {e}") from e
-        if not isinstance(record, dict):
-            raise FactProcessError(f"the bench record is not an object: {str(record)[:80]!r}")
-        return record
+        return _json_object(output, "bench.json")

@@ -101,6 +101,29 @@ def test_the_server_answers_and_reports_the_draft(lab_rack):
     print("timings:", json.dumps(timings), "| journal 'draft acceptance' lines:", log)
 
 
+def test_the_drafts_kv_is_what_the_planner_counted(lab_rack):
+    """llama.cpp's own report of the KV caches it made (the model's, then the draft's)
+    against the planner's ledger, from the GGUF headers on the host."""
+    import re
+
+    from llamarack import remote
+    from llamarack.planner import MIB, Knobs, ledger
+
+    shapes = [json.loads(sh(lab_rack, remote.command("gguf_header", f"{OPT}/models/{link}/model.gguf")))
+              for link in ("current", "draft")]  # fmt: skip
+    cmdline = server_cmdline(lab_rack)
+    ctx, k, v = int(flag(cmdline, "--ctx-size")), flag(cmdline, "--cache-type-k"), flag(cmdline, "--cache-type-v")
+    book = ledger(shapes[0], Knobs(), None, 0, k, v, ctx, shapes[1])
+    since = sh(lab_rack, f"systemctl show -p ActiveEnterTimestamp --value {UNIT}")
+    journal = sh(lab_rack, f"journalctl -u {UNIT} --since '{since}' --no-pager -o cat")
+    sizes = [float(m) for m in re.findall(r"llama_kv_cache: size = +([0-9.]+) MiB", journal)]
+    print("llama_kv_cache sizes (MiB):", sizes, "planned:", round((book.kv_on_card + book.kv_on_host) / MIB, 2),
+          round((book.draft_kv_on_card + book.draft_kv_on_host) / MIB, 2))  # fmt: skip
+    assert len(sizes) == 2, journal[-4000:]
+    assert sizes[0] == round((book.kv_on_card + book.kv_on_host) / MIB, 2)
+    assert sizes[1] == round((book.draft_kv_on_card + book.draft_kv_on_host) / MIB, 2)
+
+
 def test_the_bench_ran_once_with_real_figures(lab_rack):
     record = json.loads(sh(lab_rack, f"cat {OPT}/state/bench.json"))
     build, model = sh(lab_rack, f"readlink {OPT}/builds/current; readlink {OPT}/models/current").split()
