@@ -61,7 +61,7 @@ def flag(cmdline: list, name: str) -> str:
 def completion(prompt: str, n: int) -> dict:
     import urllib.request
 
-    body = json.dumps({"prompt": prompt, "n_predict": n, "temperature": 0}).encode()
+    body = json.dumps({"prompt": prompt, "n_predict": n, "temperature": 0, "ignore_eos": True}).encode()
     request = urllib.request.Request(f"{URL}/completion", data=body, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=120) as r:
         assert r.status == 200
