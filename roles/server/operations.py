@@ -28,8 +28,8 @@ from pyinfra.operations.util.files import generate_color_diff
 from pyinfra.facts.server import Command
 
 from llamarack import remote
-from llamarack.facts import (BenchRecord, GgufShape, LlamaServerFlags, ModelArtifact, RecordedGpus, SystemUser, UnitState,
-                             active_since, read)
+from llamarack.facts import (BenchRecord, GgufShape, LlamaServerFlags, ModelArtifact, RecordedGpus, SystemUser,
+                             UnitState, active_since, read)
 from llamarack.layout import API_KEY_PATH, UNIT_NAME, UNIT_PATH
 from llamarack.operations import executing, refusal, secret_upload
 from llamarack.remote.secret_digest import digest
