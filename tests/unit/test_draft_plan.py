@@ -11,11 +11,8 @@ from llamarack.planner import MIB, Knobs, ledger, model_bytes, plan
 CONFIGS = Path(__file__).resolve().parents[1] / "fixtures/configs"
 LLAMA8B_CONFIG = json.loads((CONFIGS / "llama-3.1-8b-instruct.config.json").read_text())
 LLAMA8B = shape_from_config(LLAMA8B_CONFIG, "Q4_K_M")
-# Llama-3.2-1B, the usual draft of the 8B (the same 128256-token vocabulary): its
-# published config.json differs from the 8B's in these values.
-LLAMA1B = shape_from_config({**LLAMA8B_CONFIG, "hidden_size": 2048, "intermediate_size": 8192,
-                             "num_hidden_layers": 16, "num_attention_heads": 32, "head_dim": 64,
-                             "tie_word_embeddings": True}, "Q8_0")  # fmt: skip
+# Llama-3.2-1B, the usual draft of the 8B (the same 128256-token vocabulary)
+LLAMA1B = shape_from_config(json.loads((CONFIGS / "llama-3.2-1b-instruct.config.json").read_text()), "Q8_0")
 V100_16 = 16130
 
 
@@ -57,3 +54,20 @@ def test_auto_kv_steps_down_for_the_draft_too():
     f16_alone = alone.largest["f16/f16"]
     both = plan(LLAMA8B, Knobs(ctx_size=f16_alone), V100_16, LLAMA1B)
     assert both.largest["f16/f16"] < f16_alone and both.cache_type_k == "q8_0"
+
+
+def test_plan_cli_counts_a_draft():
+    from click.testing import CliRunner
+
+    from llamarack.cli import main
+
+    args = ["plan", "--config", str(CONFIGS / "llama-3.1-8b-instruct.config.json"), "--gpu", "V100 SXM2 16GB",
+            "--kv", "q8_0", "--json"]  # fmt: skip
+    alone = json.loads(CliRunner().invoke(main, args).output)
+    both = json.loads(CliRunner().invoke(main, args + ["--draft-config", str(CONFIGS / "llama-3.2-1b-instruct.config.json"),
+                                                       "--draft-quant", "Q8_0"]).output)  # fmt: skip
+    assert both["draft"]["n_layer"] == 16 and alone["draft"] is None
+    assert both["ledger"]["draft_gpu_layers"] == 17 and both["ledger"]["draft_kv_on_card"] > 0
+    assert both["plan"]["ctx_per_slot"] < alone["plan"]["ctx_per_slot"]
+    assert both["plan"]["ctx_per_slot"] == plan(LLAMA8B, Knobs(cache_type_k="q8_0", cache_type_v="q8_0"),
+                                                V100_16, LLAMA1B).ctx_per_slot  # fmt: skip
