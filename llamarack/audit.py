@@ -30,6 +30,7 @@ from pyinfra.facts.files import FileContents, Link, Sha1File, Sha256File
 from pyinfra.facts.server import LinuxDistribution
 
 from .facts import (
+    BenchRecord,
     BuildRecord,
     BuildSeals,
     FactRead,
@@ -60,7 +61,7 @@ from .settings import Settings, settings_for
 
 SCHEMA = "llamarack-audit/1"
 ITEMS = ("gpus", "rules", "driver", "toolchain", "awq_env", "converter_env", "build", "model", "unit",
-         "service", "health", "gpu_processes", "disk")  # fmt: skip
+         "service", "health", "gpu_processes", "disk", "bench")  # fmt: skip
 ENV_PACKAGES = ("torch", "transformers", "accelerate", "autoawq", "numpy")
 SCRIPT_TIMEOUT_S = 120  # the connection and the whole script of one host
 
@@ -92,7 +93,8 @@ def audit_reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...
         FactRead.of(HttpStatus, url=health_url(settings)),
         FactRead.of(GpuProcesses),
         FactRead.of(FreeDiskBytes, path=root),
-    )))  # fmt: skip
+        FactRead.of(BenchRecord, path=layout.bench_record),
+    ) + ((FactRead.of(GgufShape, path=f"{layout.draft_model}/model.gguf"),) if settings.model.draft_repo else ())))
 
 
 def verify_reads(settings: Settings, verify: bool) -> tuple[FactRead, ...]:
@@ -240,6 +242,9 @@ def audit_host(name: str, settings: Settings, reads: tuple, answers: dict, templ
     items["gpu_processes"] = Item({"llama_server": [p.used_mib for p in processes if p.pid == pid], "others": others},
                                   {"others": []}, drift=bool(others))  # fmt: skip
     items["disk"] = Item({"free_bytes": fact(FreeDiskBytes, path=root)})
+    items["bench"] = bench_item(settings, fact(BenchRecord, path=layout.bench_record),
+                                _target(fact(Link, path=layout.current_build)),
+                                _target(fact(Link, path=layout.current_model)))  # fmt: skip
 
     if fact.unreadable:
         audit.error = "unreadable facts: " + ", ".join(fact.unreadable)
@@ -281,9 +286,12 @@ def _unit_item(settings: Settings, fact: _Answers, gpus: tuple, unit_text: Optio
     shape = fact(GgufShape, path=f"{layout.current_model}/model.gguf")
     if not (build_dir and model_dir and flags and shape):
         return Item(found, {"sha256": None, "why": "no current build or model to plan from"}, drift=True)
+    draft_dir = _target(fact(Link, path=layout.draft_model)) if settings.model.draft_repo else None
+    draft_shape = fact(GgufShape, path=f"{layout.draft_model}/model.gguf") if draft_dir else None
+    draft = (f"{layout.models}/{draft_dir}", draft_shape) if draft_shape else None
     try:
         unit, ctx = wanted_unit(settings, flags, f"{layout.builds}/{build_dir}", f"{layout.models}/{model_dir}",
-                                shape, gpus, templates)  # fmt: skip
+                                shape, gpus, templates, draft=draft)  # fmt: skip
     except PlanError as e:
         return Item(found, {"sha256": None, "why": e.failure.message("")}, drift=True)
     wanted = {"sha256": hashlib.sha256(unit.encode()).hexdigest(), "ctx_size": ctx.ctx_size}
@@ -295,6 +303,24 @@ def _unit_item(settings: Settings, fact: _Answers, gpus: tuple, unit_text: Optio
     if pin is not None:
         found["rollback_pin"] = {"held": held, **pin}
     return Item(found, wanted, drift=(found["sha256"] != wanted["sha256"] and not held) or (pin is not None and not held))
+
+
+def bench_item(settings: Settings, record: Optional[dict], build: Optional[str], model: Optional[str]) -> Item:
+    """llama-bench's figures for the build and model served (``state/bench.json``), beside
+    the card's roofline; drift when the deploy would measure again (the record names
+    another build or model) with ``server_bench`` on."""
+    record = record or {}
+    roof = record.get("roofline") or {}
+    found = {"pp512": (record.get("pp512") or {}).get("tokens_per_second"),
+             "tg128": (record.get("tg128") or {}).get("tokens_per_second"),
+             "roofline_tg": roof.get("tokens_per_second"), "roofline_fraction": record.get("roofline_fraction"),
+             "card": roof.get("card"), "backend": record.get("backend"), "mode": record.get("mode"),
+             "measured_at": _iso(record["measured_at"]) if record.get("measured_at") else None,
+             "build": (record.get("key") or {}).get("build"), "model": (record.get("key") or {}).get("model")}  # fmt: skip
+    if settings.server.bench == "off":
+        return Item(found)
+    wanted = {"build": build, "model": model}
+    return Item(found, wanted, drift=record.get("key") != wanted)
 
 
 def _iso(unix: Optional[float]) -> Optional[str]:

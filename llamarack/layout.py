@@ -91,6 +91,11 @@ class Layout:
         """``<algo>/<hex>`` under it: the names of the artifact records' content ids."""
         return f"{self.cache}/blobs"
 
+    @property
+    def draft_model(self) -> str:
+        """The link to the draft model's artifact (speculative decoding)."""
+        return f"{self.models}/draft"
+
     # records
     @property
     def state(self) -> str:
@@ -98,6 +103,11 @@ class Layout:
 
     def state_file(self, name: str) -> str:
         return f"{self.state}/{name}"
+
+    @property
+    def bench_record(self) -> str:
+        """llama-bench's figures for the build and model served (the server role's bench)."""
+        return self.state_file("bench.json")
 
     @property
     def gpus_record(self) -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Optional
+
 import click
 
 from llamarack.errors import ModelSourceError
@@ -40,7 +42,7 @@ def card_memory(gpu: str) -> tuple:
     return name, mib
 
 
-def kv_table(shape: dict, knobs: Knobs, card_mib: int, pairs: list) -> list:
+def kv_table(shape: dict, knobs: Knobs, card_mib: int, pairs: list, draft: Optional[dict] = None) -> list:
     """Per KV type: the largest per-slot context with every layer on the card and,
     when that is below the minimum, the most layers that fit the minimum and what they allow."""
     cap, _ = context_cap(shape, knobs)
@@ -48,12 +50,13 @@ def kv_table(shape: dict, knobs: Knobs, card_mib: int, pairs: list) -> list:
     floor = min(knobs.min_ctx_size, cap)
     rows = []
     for k, v in pairs:
-        row = {"kv": f"{k}/{v}", "all_layers": largest_context(shape, knobs, card_mib, n_all, k, v, cap),
+        row = {"kv": f"{k}/{v}", "all_layers": largest_context(shape, knobs, card_mib, n_all, k, v, cap, draft),
                "gpu_layers": n_all}  # fmt: skip
         if row["all_layers"] < floor:
             fit = next((n for n in range(n_all - 1, 0, -1)
-                        if ledger(shape, knobs, card_mib, n, k, v, floor).fits()), 0)  # fmt: skip
-            row.update(gpu_layers=fit, with_fewer=largest_context(shape, knobs, card_mib, fit, k, v, cap) if fit else 0)
+                        if ledger(shape, knobs, card_mib, n, k, v, floor, draft).fits()), 0)  # fmt: skip
+            row.update(gpu_layers=fit,
+                       with_fewer=largest_context(shape, knobs, card_mib, fit, k, v, cap, draft) if fit else 0)
         rows.append(row)
     return rows
 
@@ -90,10 +93,17 @@ def _gib(n: float) -> str:
 @click.option("--reserve-mib", default=DEFAULT_RESERVE_MIB, show_default=True, type=click.IntRange(0),
               help="per card: the CUDA context, cuBLAS workspace and pools")
 @click.option("--no-flash-attn", is_flag=True, help="plan without flash attention (V stays f16)")
+@click.option("--draft", "draft_gguf", type=click.Path(exists=True, dir_okay=False),
+              help="a draft model's GGUF (speculative decoding): its weights, KV and compute share the card")
+@click.option("--draft-config", type=click.Path(exists=True, dir_okay=False),
+              help="a draft model's config.json, its weights estimated for --draft-quant")
+@click.option("--draft-quant", type=click.Choice(QUANT_TYPES), default="Q8_0", show_default=True)
+@click.option("--draft-gpu-layers", type=click.IntRange(0), help="the draft's layers on the card (default: all)")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def plan_command(gguf, hub_repo, revision, hub_file, hub_endpoint, hub_token_file, config_json, quant, gpu, gpus,
                  kv_types, ctx_size, parallel, gpu_layers, min_ctx, rope_scaling, rope_scale, yarn_orig_ctx,
-                 reserve_mib, no_flash_attn, as_json):  # fmt: skip
+                 reserve_mib, no_flash_attn, draft_gguf, draft_config, draft_quant, draft_gpu_layers,
+                 as_json):  # fmt: skip
     """What a model needs on a card and what the card allows: the ledger
     (weights, KV, compute, reserve), the largest context for each KV type, and
     whether every layer fits or only some. Give GGUF (a local file), or
@@ -112,6 +122,10 @@ def plan_command(gguf, hub_repo, revision, hub_file, hub_endpoint, hub_token_fil
         else:
             with open(config_json) as f:
                 shape = shape_from_config(json.load(f), quant, config_json)
+        draft = local_gguf_shape(draft_gguf) if draft_gguf else None
+        if draft_config:
+            with open(draft_config) as f:
+                draft = shape_from_config(json.load(f), draft_quant, draft_config)
     except (ModelSourceError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     name, card_mib = card_memory(gpu)
@@ -120,25 +134,27 @@ def plan_command(gguf, hub_repo, revision, hub_file, hub_endpoint, hub_token_fil
     knobs = Knobs(ctx_size=ctx_size, parallel=parallel, cache_type_k=chosen, cache_type_v=chosen,
                   flash_attn=not no_flash_attn, gpu_layers=gpu_layers, min_ctx_size=min_ctx,
                   rope_scaling=rope_scaling, rope_scale=rope_scale, rope_orig_ctx=yarn_orig_ctx,
-                  reserve_mib=reserve_mib * gpus)  # fmt: skip
+                  reserve_mib=reserve_mib * gpus, draft_gpu_layers=draft_gpu_layers)  # fmt: skip
     pairs = [(t, t) for t in kv_types if t != "auto"] or [(t, t) for t in AUTO_KV_TYPES]
     if no_flash_attn:
         pairs = [(k, "f16") for k, _ in pairs]
-    table = kv_table(shape, knobs, card_mib, list(dict.fromkeys(pairs)))
+    table = kv_table(shape, knobs, card_mib, list(dict.fromkeys(pairs)), draft)
     cap, rope = context_cap(shape, knobs)
     try:
-        result, refusal = plan(shape, knobs, card_mib), None
+        result, refusal = plan(shape, knobs, card_mib, draft), None
         book = result.ledger
     except PlanError as e:
         result, refusal = None, e.failure.message(name)
         k = chosen if chosen != "auto" else pairs[-1][0]
         v = "f16" if no_flash_attn else k
         book = ledger(shape, knobs, card_mib, gpu_layers if gpu_layers is not None else shape["n_layer"] + 1,
-                      k, v, ctx_size or cap)  # fmt: skip
+                      k, v, ctx_size or cap, draft)  # fmt: skip
     report = {
         "model": {k: shape.get(k) for k in ("path", "architecture", "n_layer", "n_ctx_train", "n_head_kv",
                                             "head_dim_k", "head_dim_v", "n_swa", "size", "tied_embeddings",
                                             "estimated_from", "header_requests") if shape.get(k) is not None},
+        "draft": {k: draft.get(k) for k in ("path", "architecture", "n_layer", "n_head_kv", "size",
+                                            "estimated_from") if draft.get(k) is not None} if draft else None,
         "card": {"name": name, "count": gpus, "planned_mib": card_mib},
         "ctx_cap_per_slot": cap, "rope": list(rope),
         "ledger": book.as_dict(), "kv": table,
@@ -168,6 +184,11 @@ def _text(shape, name, gpus, card_mib, cap, rope, book, table, result, refusal) 
         f"  KV on the card      {_gib(book.kv_on_card)}",
         f"  KV on the host      {_gib(book.kv_on_host)}",
         f"  compute (estimate)  {_gib(book.compute_on_card)}",
+    ] + ([
+        f"  draft: --spec-draft-ngl {book.draft_gpu_layers}: weights on the card {_gib(book.draft_weights_on_card).strip()}"
+        f", on the host {_gib(book.draft_weights_on_host).strip()}; KV on the card {_gib(book.draft_kv_on_card).strip()}"
+        f", on the host {_gib(book.draft_kv_on_host).strip()}; compute {_gib(book.draft_compute_on_card).strip()}",
+    ] if book.draft_gpu_layers is not None else []) + [
         f"  CUDA reserve        {_gib(book.reserve)}",
         f"  total on the card   {_gib(book.total_on_card)}   of {card_mib * MIB / GIB:.2f} GiB: "
         + ("fits" if book.fits() else "does NOT fit"),

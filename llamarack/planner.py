@@ -30,6 +30,14 @@ The ledger follows llama.cpp's own placement (src/llama-model.cpp,
   of its own "compute buffer size" (tests/fixtures/llama-server/load-logs);
   CUDA's buffers differ, which ``reserve_mib`` (``server_memory_reserve_mib``:
   CUDA context, cuBLAS workspace and that difference) covers.
+- A draft model (speculative decoding) is a second model with its own
+  context (common/speculative.cpp, ``common_speculative_init_result``: "the
+  draft context holds as many tokens per sequence as the target context",
+  n_ctx = the target's, the same slots), its KV types those of
+  ``--spec-draft-type-k/v`` (the unit passes the plan's), its layers placed
+  by ``--spec-draft-ngl`` as the model's are by ``--n-gpu-layers``, and its
+  own compute buffer. Its weights, KV and compute count on the card with the
+  model's.
 """
 
 from __future__ import annotations
@@ -83,6 +91,7 @@ class Knobs:
     rope_scale: float = 1.0
     rope_orig_ctx: Optional[int] = None  # None: from the GGUF
     reserve_mib: int = DEFAULT_RESERVE_MIB
+    draft_gpu_layers: Optional[int] = None  # the draft's layers on the card; None: all of them
 
 
 @dataclass(frozen=True)
@@ -104,10 +113,18 @@ class Ledger:
     compute: int  # the estimate, wherever it lives
     compute_on_card: int  # the estimate when anything is on the card, else 0
     reserve: int
+    # The draft model's part (speculative decoding); 0 without one.
+    draft_gpu_layers: Optional[int] = None
+    draft_weights_on_card: int = 0
+    draft_weights_on_host: int = 0
+    draft_kv_on_card: int = 0
+    draft_kv_on_host: int = 0
+    draft_compute_on_card: int = 0
 
     @property
     def total_on_card(self) -> int:
-        return self.weights_on_card + self.kv_on_card + self.compute_on_card + self.reserve
+        return (self.weights_on_card + self.kv_on_card + self.compute_on_card + self.reserve
+                + self.draft_weights_on_card + self.draft_kv_on_card + self.draft_compute_on_card)
 
     def fits(self) -> bool:
         return self.card_mib is None or self.total_on_card <= self.card_mib * MIB
@@ -169,11 +186,12 @@ def kv_layer_bytes(shape: dict, k: str, v: str) -> float:
     return shape["n_head_kv"] * (shape["head_dim_k"] * KV_TYPE_BYTES[k] + shape["head_dim_v"] * KV_TYPE_BYTES[v])
 
 
-def ledger(shape: dict, knobs: Knobs, card_mib: Optional[int], gpu_layers: int, k: str, v: str,
-           ctx_per_slot: int) -> Ledger:  # fmt: skip
+def model_bytes(shape: dict, knobs: Knobs, on_gpu: bool, gpu_layers: int, k: str, v: str,
+                ctx_per_slot: int) -> dict:  # fmt: skip
+    """One model's weights, KV cache and compute buffer, on the card and on the host."""
     n = shape["n_layer"]
-    on_card = set(layers_on_card(n, gpu_layers)) if card_mib is not None else set()
-    output_on_card = card_mib is not None and gpu_layers >= 1
+    on_card = set(layers_on_card(n, gpu_layers)) if on_gpu else set()
+    output_on_card = on_gpu and gpu_layers >= 1
     output = shape["output_bytes"] + (shape["token_embd_bytes"] if shape["tied_embeddings"] else 0)
     weights = sum(shape["layer_bytes"]) + shape["token_embd_bytes"] + output
     card_weights = sum(shape["layer_bytes"][i] for i in on_card) + (output if output_on_card else 0)
@@ -190,14 +208,26 @@ def ledger(shape: dict, knobs: Knobs, card_mib: Optional[int], gpu_layers: int, 
             kv_host += size
     mask = N_UBATCH * ctx_per_slot * (2 if knobs.flash_attn else 4 * shape["n_head"])
     compute = N_UBATCH * 4 * ((shape.get("n_vocab") or 0) + 4 * (shape.get("n_embd") or 0)) + mask
-    dense_on_card = len(on_card - sliding)
+    return {"weights_on_card": card_weights, "weights_on_host": weights - card_weights,
+            "kv_bytes_per_token": len(on_card - sliding) * per_cell, "kv_on_card": kv_card, "kv_on_host": kv_host,
+            "compute": compute, "compute_on_card": compute if on_card or output_on_card else 0}  # fmt: skip
+
+
+def ledger(shape: dict, knobs: Knobs, card_mib: Optional[int], gpu_layers: int, k: str, v: str,
+           ctx_per_slot: int, draft: Optional[dict] = None) -> Ledger:  # fmt: skip
+    """``draft``: the draft model's shape (speculative decoding), None without one."""
+    main = model_bytes(shape, knobs, card_mib is not None, gpu_layers, k, v, ctx_per_slot)
+    extra: dict = {}
+    if draft is not None:
+        draft_layers = draft["n_layer"] + 1 if knobs.draft_gpu_layers is None else knobs.draft_gpu_layers
+        d = model_bytes(draft, knobs, card_mib is not None, draft_layers, k, v, ctx_per_slot)
+        extra = dict(draft_gpu_layers=draft_layers, draft_weights_on_card=d["weights_on_card"],
+                     draft_weights_on_host=d["weights_on_host"], draft_kv_on_card=d["kv_on_card"],
+                     draft_kv_on_host=d["kv_on_host"], draft_compute_on_card=d["compute_on_card"])  # fmt: skip
     return Ledger(
         card_mib=card_mib, ctx_per_slot=ctx_per_slot, parallel=knobs.parallel, cache_type_k=k, cache_type_v=v,
-        gpu_layers=gpu_layers, n_layer=n,
-        weights_on_card=card_weights, weights_on_host=weights - card_weights,
-        kv_bytes_per_token=dense_on_card * per_cell, kv_on_card=kv_card, kv_on_host=kv_host,
-        compute=compute, compute_on_card=compute if on_card or output_on_card else 0,
-        reserve=knobs.reserve_mib * MIB if card_mib is not None else 0,
+        gpu_layers=gpu_layers, n_layer=shape["n_layer"], **main,
+        reserve=knobs.reserve_mib * MIB if card_mib is not None else 0, **extra,
     )  # fmt: skip
 
 
@@ -217,13 +247,13 @@ def context_cap(shape: dict, knobs: Knobs) -> tuple:
 
 
 def largest_context(shape: dict, knobs: Knobs, card_mib: int, gpu_layers: int, k: str, v: str,
-                    cap: int) -> int:  # fmt: skip
+                    cap: int, draft: Optional[dict] = None) -> int:  # fmt: skip
     """The largest per-slot context (a multiple of 256, at most ``cap``) that
     fits the card; 0 when not even 256 tokens do."""
     lo, hi = 0, cap // CTX_STEP
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if ledger(shape, knobs, card_mib, gpu_layers, k, v, mid * CTX_STEP).fits():
+        if ledger(shape, knobs, card_mib, gpu_layers, k, v, mid * CTX_STEP, draft).fits():
             lo = mid
         else:
             hi = mid - 1
@@ -242,10 +272,11 @@ def kv_candidates(knobs: Knobs) -> list:
     return [(k, v) for k in ks for v in vs]
 
 
-def plan(shape: dict, knobs: Knobs, card_mib: Optional[int]) -> Plan:
+def plan(shape: dict, knobs: Knobs, card_mib: Optional[int], draft: Optional[dict] = None) -> Plan:
     """The context, KV types and layers on the card for ``shape``; ``card_mib``
     is the smallest GPU's memory, None for CPU serving (only the trained
-    context limits it). Raises PlanError naming what was found and what would fit."""
+    context limits it); ``draft`` the draft model's shape, whose weights, KV
+    and compute share the card. Raises PlanError naming what was found and what would fit."""
     cap, rope = context_cap(shape, knobs)
     wanted = knobs.ctx_size
     if wanted is not None and wanted > cap:
@@ -263,27 +294,27 @@ def plan(shape: dict, knobs: Knobs, card_mib: Optional[int]) -> Plan:
     if card_mib is None or knobs.gpu_layers == 0:
         k, v = candidates[0]
         return Plan(target, knobs.parallel, k, v, None if card_mib is None else 0, rope,
-                    ledger(shape, knobs, card_mib, 0, k, v, target),
+                    ledger(shape, knobs, card_mib, 0, k, v, target, draft),
                     f"ctx {target}{_slots(knobs)}, {k}/{v} KV (CPU; trained {shape['n_ctx_train']})")  # fmt: skip
 
     layers = n_all if knobs.gpu_layers is None else min(knobs.gpu_layers, n_all)
-    largest = {f"{k}/{v}": largest_context(shape, knobs, card_mib, n_all, k, v, cap) for k, v in candidates}
+    largest = {f"{k}/{v}": largest_context(shape, knobs, card_mib, n_all, k, v, cap, draft) for k, v in candidates}
     floor = min(knobs.min_ctx_size, target)
     chosen = next(((k, v) for k, v in candidates if largest[f"{k}/{v}"] >= target), None)
     k, v = chosen or candidates[-1]
-    fits = largest_context(shape, knobs, card_mib, layers, k, v, cap)
+    fits = largest_context(shape, knobs, card_mib, layers, k, v, cap, draft)
     why = ""
     if knobs.gpu_layers is None and fits < floor:
         # Partial offload: the most layers that still leave room for the floor context.
         layers = next((n for n in range(n_all - 1, 0, -1)
-                       if ledger(shape, knobs, card_mib, n, k, v, floor).fits()), 0)  # fmt: skip
+                       if ledger(shape, knobs, card_mib, n, k, v, floor, draft).fits()), 0)  # fmt: skip
         if layers:
-            fits = largest_context(shape, knobs, card_mib, layers, k, v, cap)
+            fits = largest_context(shape, knobs, card_mib, layers, k, v, cap, draft)
             why = f" (all {n_all} leave no room for {floor} tokens per slot)"
     kv = f"{k}/{v}"
     if fits < floor:
         shown = layers or n_all  # nothing fits: the numbers for every layer on the card
-        at = ledger(shape, knobs, card_mib, shown, k, v, floor)
+        at = ledger(shape, knobs, card_mib, shown, k, v, floor, draft)
         raise _memory(f"{card_mib} MiB on the card for {at.weights_on_card / MIB:.0f} MiB of weights "
                       f"(--n-gpu-layers {shown} of {n_all}) + {knobs.reserve_mib} MiB reserve",
                       f"{at.total_on_card / MIB:.0f} MiB for a {floor}-token context x {knobs.parallel} slots "
@@ -291,7 +322,7 @@ def plan(shape: dict, knobs: Knobs, card_mib: Optional[int]) -> Plan:
                       "a smaller model_quant, a smaller server_min_ctx_size or server_parallel, "
                       "fewer server_gpu_layers (0: CPU only), or a bigger card")  # fmt: skip
     if wanted is not None and wanted > fits:
-        at = ledger(shape, knobs, card_mib, layers, k, v, wanted)
+        at = ledger(shape, knobs, card_mib, layers, k, v, wanted, draft)
         placed = f", {layers} of {n_all} layers on the card" if layers < n_all else ""
         raise _memory(f"server_ctx_size {wanted} x {knobs.parallel} slots: {at.total_on_card / MIB:.0f} MiB on a "
                       f"{card_mib} MiB card",
@@ -303,7 +334,7 @@ def plan(shape: dict, knobs: Knobs, card_mib: Optional[int]) -> Plan:
     placed = f", {layers} of {n_all} layers on the card" if layers < n_all else ""
     note = (f"ctx {ctx}{_slots(knobs)}, {kv} KV{auto}{placed}: "
             + ("the largest that fits" if wanted is None else f"fits; largest {fits}") + f" {card_mib} MiB")  # fmt: skip
-    return Plan(ctx, knobs.parallel, k, v, layers, rope, ledger(shape, knobs, card_mib, layers, k, v, ctx),
+    return Plan(ctx, knobs.parallel, k, v, layers, rope, ledger(shape, knobs, card_mib, layers, k, v, ctx, draft),
                 note + why, largest)  # fmt: skip
 
 

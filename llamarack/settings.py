@@ -478,6 +478,19 @@ class ModelSettings:
     fetch_retries: int = setting(
         5, "times a dropped download is resumed (HTTP Range) before the run fails", _positive
     )
+    # -- the draft model (speculative decoding): fetched, converted and quantized as the model is --
+    draft_repo: Optional[str] = setting(
+        None,
+        "hub repository of a draft model for speculative decoding (it must share the model's "
+        "vocabulary, e.g. a 0.5B of the same family); None: no draft",
+        _hub_repo,
+    )
+    draft_revision: Optional[str] = setting(None, "hub commit sha the draft repository is pinned to", _git_revision)
+    draft_source: Literal["hf", "gguf"] = setting(
+        "hf", "hf (convert the draft's checkpoint) or gguf (a prequantized file of draft_repo)"
+    )
+    draft_file: Optional[str] = setting(None, "file name in the draft repository (draft source gguf)", _repo_file)
+    draft_quant: str = setting("Q8_0", "llama-quantize type of the draft (draft source hf)")
 
 
 # Card memory no llama.cpp buffer line names: the CUDA context, cuBLAS workspace and
@@ -547,11 +560,25 @@ class ServerSettings:
     health_timeout: int = setting(
         600, "seconds a (re)started llama-server has to answer /health before rollback", _positive
     )
+    # -- speculative decoding, with model_draft_repo --
+    draft_max: int = setting(16, "most tokens the draft proposes per step (--spec-draft-n-max)", _positive)
+    draft_min: int = setting(0, "fewest draft tokens worth verifying (--spec-draft-n-min)", _non_negative)
+    draft_gpu_layers: Optional[int] = setting(
+        None, "the draft's --spec-draft-ngl (-ngld); None: all of its layers", _non_negative
+    )
+    # -- the benchmark after a new build or model --
+    bench: Literal["off", "beside", "stopped"] = setting(
+        "stopped",
+        "llama-bench (pp512, tg128, the served flags) after a new build or model, recorded in "
+        "<root>/state/bench.json: stopped (llama-server is stopped for it and started again), "
+        "beside (while it serves: the card is shared, the figures are lower), off",
+    )
 
 
 # Values restricted to a fixed set beyond what a Literal type says.
 _CHOICES = {
     ("model", "quant"): QUANT_TYPES,
+    ("model", "draft_quant"): QUANT_TYPES,
     ("server", "cache_type_k"): ("auto",) + KV_CACHE_TYPES,
     ("server", "cache_type_v"): ("auto",) + KV_CACHE_TYPES,
 }
@@ -776,6 +803,18 @@ def _cross_checks(s: Settings) -> list[str]:
         problems.append("model_file: given None; allowed: the GGUF file name in model_repo")
     if model.source == "url" and not (model.url and model.sha256):
         problems.append("model_url/model_sha256: a url source needs both")
+    if model.draft_repo and not model.draft_revision:
+        problems.append(
+            f"model_draft_revision: given None; allowed: a commit sha of {model.draft_repo} "
+            "(a branch can move under you)"
+        )
+    if model.draft_repo and model.draft_source == "gguf" and not model.draft_file:
+        problems.append("model_draft_file: given None; allowed: the draft GGUF's file name in model_draft_repo")
+    if s.server.draft_min > s.server.draft_max:
+        problems.append(
+            f"server_draft_min: given {s.server.draft_min}; allowed: at most server_draft_max "
+            f"({s.server.draft_max})"
+        )
     if s.general.roles == ():
         problems.append("llamarack_roles: given []; allowed: at least one role name (None runs them all)")
     server = s.server
@@ -786,6 +825,18 @@ def _cross_checks(s: Settings) -> list[str]:
             "server_allow_unauthenticated = True to serve an API anyone on that network may use"
         )
     return problems
+
+
+def draft_settings(s: Settings) -> Optional[Settings]:
+    """The settings the model role makes the draft artifact from: the model's, with the
+    draft's source, repository, revision, file and quant; None when no draft is asked.
+    Endpoint, token, include patterns, converter type and retries are the model's."""
+    m = s.model
+    if not m.draft_repo:
+        return None
+    draft = dataclasses.replace(m, source=m.draft_source, repo=m.draft_repo, revision=m.draft_revision,
+                                file=m.draft_file, quant=m.draft_quant, url=None, sha256=None)  # fmt: skip
+    return dataclasses.replace(s, model=draft)
 
 
 def settings_for(host) -> Settings:

@@ -170,6 +170,21 @@ model_keep_intermediates = False
 # times a dropped download is resumed (HTTP Range) before the run fails
 model_fetch_retries = 5
 
+# hub repository of a draft model for speculative decoding (it must share the model's vocabulary, e.g. a 0.5B of the same family); None: no draft
+model_draft_repo = None
+
+# hub commit sha the draft repository is pinned to
+model_draft_revision = None
+
+# hf (convert the draft's checkpoint) or gguf (a prequantized file of draft_repo)
+model_draft_source = 'hf'
+
+# file name in the draft repository (draft source gguf)
+model_draft_file = None
+
+# llama-quantize type of the draft (draft source hf)
+model_draft_quant = 'Q8_0'
+
 # --- server: How llama-server runs.
 
 # address llama-server listens on; any other than loopback needs server_api_key_file or server_allow_unauthenticated
@@ -225,6 +240,18 @@ server_memory_reserve_mib = 640
 
 # seconds a (re)started llama-server has to answer /health before rollback
 server_health_timeout = 600
+
+# most tokens the draft proposes per step (--spec-draft-n-max)
+server_draft_max = 16
+
+# fewest draft tokens worth verifying (--spec-draft-n-min)
+server_draft_min = 0
+
+# the draft's --spec-draft-ngl (-ngld); None: all of its layers
+server_draft_gpu_layers = None
+
+# llama-bench (pp512, tg128, the served flags) after a new build or model, recorded in <root>/state/bench.json: stopped (llama-server is stopped for it and started again), beside (while it serves: the card is shared, the figures are lower), off
+server_bench = 'stopped'
 
 # --- pyinfra: how pyinfra connects to the hosts (llamarack/ssh.py says why).
 

@@ -14,8 +14,8 @@ from .gpu import (
     RecordedGpus,
     gpus_record,
 )
-from .llamacpp import (BuildFlags, BuildRecord, Builds, BuildSeals, GitHead, LlamacppBuilds, LlamaServerFlags, Seals,
-                       ServerFlags, parse_build_help, parse_server_help)
+from .llamacpp import (BenchRecord, BuildFlags, BuildRecord, Builds, BuildSeals, GitHead, LlamacppBuilds,
+                       LlamaServerFlags, Seals, ServerFlags, parse_build_help, parse_server_help)
 from .packages import DebianSources, DebPackage, NvidiaDriverPackages
 from .python import PythonEnv, PythonEnvPackages, RequirementsFile
 from .model import ArtifactState, GgufShape, ModelArtifact
@@ -39,6 +39,7 @@ __all__ = [
     "UnitState",
     "HttpStatus",
     "BuildRecord",
+    "BenchRecord",
     "GpuProcess",
     "GpuProcesses",
     "ArtifactState",

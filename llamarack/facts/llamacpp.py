@@ -17,12 +17,17 @@ from .value import FactValue
 from .. import remote
 from ..remote.llamacpp_proof import ServerFlags, parse_server_help
 
-__all__ = ["BuildFlags", "Builds", "BuildSeals", "GitHead", "LlamacppBuilds", "LlamaServerFlags", "Seals",
+__all__ = ["BenchRecord", "BuildFlags", "Builds", "BuildSeals", "GitHead", "LlamacppBuilds", "LlamaServerFlags", "Seals",
            "ServerFlags", "parse_build_help", "parse_server_help"]
 
 # Options only the served unit uses. They are read here, not in the smoke script's
 # parse_server_help: that script's hash is part of every build stamp.
 ROPE_FLAGS = ("--rope-scaling", "--rope-scale", "--yarn-orig-ctx")
+# Speculative decoding with a draft model, as llama.cpp spells it since the --draft-max
+# family was removed ("the argument has been removed. use --spec-draft-n-max"). A draft
+# model alone enables nothing there: --spec-type draft-simple does.
+SPEC_DRAFT_FLAGS = ("--spec-type", "draft-simple", "--spec-draft-model", "--spec-draft-n-max",
+                    "--spec-draft-n-min", "--spec-draft-ngl", "--spec-draft-type-k", "--spec-draft-type-v")
 
 
 @dataclass(frozen=True)
@@ -31,13 +36,16 @@ class BuildFlags(ServerFlags):
 
     has_rope_scaling: bool = False
     """``--rope-scaling``, ``--rope-scale`` and ``--yarn-orig-ctx`` are all in its --help."""
+    has_spec_draft: bool = False
+    """Every option of ``SPEC_DRAFT_FLAGS`` (a draft model's speculative decoding) is in its --help."""
 
 
 def parse_build_help(text: str, proven_args: tuple = ()) -> BuildFlags:
     """``parse_server_help`` and the unit-only options."""
     base = parse_server_help(text, proven_args)
     return BuildFlags(**{f.name: getattr(base, f.name) for f in fields(base)},
-                      has_rope_scaling=all(flag in text for flag in ROPE_FLAGS))  # fmt: skip
+                      has_rope_scaling=all(flag in text for flag in ROPE_FLAGS),
+                      has_spec_draft=all(flag in text for flag in SPEC_DRAFT_FLAGS))  # fmt: skip
 
 
 class GitHead(FactBase[Optional[str]]):
@@ -152,6 +160,17 @@ class LlamaServerFlags(FactBase[Optional[ServerFlags]]):
             raise FactProcessError(str(e)) from e
 
 
+def _json_object(output, name: str) -> dict:
+    """A record file's JSON object; FactProcessError naming the file when it is not one."""
+    try:
+        record = json.loads("\n".join(output))
+    except ValueError as e:
+        raise FactProcessError(f"unreadable {name}: {e}") from e
+    if not isinstance(record, dict):
+        raise FactProcessError(f"{name} is not an object: {str(record)[:80]!r}")
+    return record
+
+
 class BuildRecord(FactBase[Optional[dict]]):
     """
     Returns the record of the current llama.cpp build (its ``build-info.json``,
@@ -167,13 +186,7 @@ class BuildRecord(FactBase[Optional[dict]]):
         return f"cat {shlex.quote(Layout(root).current_build + '/build-info.json')} 2>/dev/null; true"
 
     def process(self, output) -> Optional[dict]:
-        try:
-            record = json.loads("\n".join(output))
-        except ValueError as e:
-            raise FactProcessError(f"unreadable build-info.json: {e}") from e
-        if not isinstance(record, dict):
-            raise FactProcessError(f"build-info.json is not an object: {str(record)[:80]!r}")
-        return record
+        return _json_object(output, "build-info.json")
 
 
 @dataclass(frozen=True)
@@ -225,3 +238,22 @@ class BuildSeals(FactBase[Seals]):
             return Seals(changed, unsealed, {"name": deep["name"], "changed": list(deep["changed"])} if deep else None)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise FactProcessError(f"unreadable build seal report: {e}") from e
+
+
+class BenchRecord(FactBase[Optional[dict]]):
+    """
+    Returns the host's llama-bench record (``<root>/state/bench.json``, written by the
+    server role's bench after a new build or model), or None when there is none.
+
+    .. code:: python
+
+        {"key": {"build": "498d323e499aa37d", "model": "2f0c7e1d9a8b6c5d"}, "mode": "stopped",
+         "backend": "cpu", "pp512": {"tokens_per_second": 1843.2, ...}, "tg128": {...},
+         "roofline": {"card": "Tesla V100-SXM2-16GB", "bandwidth_gbs": 900, ...}, ...}
+    """
+
+    def command(self, path: str) -> str:
+        return f"cat {shlex.quote(path)} 2>/dev/null; true"
+
+    def process(self, output) -> Optional[dict]:
+        return _json_object(output, "bench.json")

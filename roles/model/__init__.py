@@ -17,6 +17,12 @@ content hashes, only when the artifact a host serves is not already the one
 its settings ask for (its own record says so); hosts need only python3's
 standard library.
 
+A draft model for speculative decoding (``model_draft_repo``) is made the
+same way, by the same code (``llamarack.settings.draft_settings``: the
+model's settings with the draft's repository, revision, file and quant), into
+its own content-addressed directory with its own stamp, and
+``<root>/models/draft`` points at it.
+
 Returns the plan (``plan.gguf`` is the served file; ``<root>/models/current``
 points at its directory).
 """
@@ -30,7 +36,7 @@ from pyinfra.api import deploy
 from llamarack.errors import ModelSourceError
 from llamarack.facts import FactRead, GgufShape, ModelArtifact, read, read_together
 from llamarack.secrets import read_token
-from llamarack.settings import Settings
+from llamarack.settings import Settings, draft_settings
 
 from .hub import HubListing, repo_files
 from .operations import artifact
@@ -46,11 +52,11 @@ def listing_for(settings: Settings) -> Optional[HubListing]:
     return repo_files(m.hf_endpoint, m.repo, m.revision, read_token(m.hf_token_file))
 
 
-def plan_for(settings: Settings) -> ModelPlan:
-    """The artifact this host needs. When the one it serves was made from what the
-    settings ask now (its record says so), that is the plan, and the hub is not
-    asked: a converged rack deploys with the hub down."""
-    served = read(ModelArtifact, path=settings.layout.current_model)
+def plan_for(settings: Settings, link: Optional[str] = None) -> ModelPlan:
+    """The artifact this host needs. When the one it serves (``link``: models/current,
+    or models/draft) was made from what the settings ask now (its record says so),
+    that is the plan, and the hub is not asked: a converged rack deploys with the hub down."""
+    served = read(ModelArtifact, path=link or settings.layout.current_model)
     return plan_from_record(settings, served) or plan_model(settings, listing_for(settings))
 
 
@@ -64,10 +70,13 @@ def model(settings: Settings, tool_paths: Optional[dict] = None) -> ModelPlan:
       at the default places under the root (``operations.tools``)
     """
     plan = plan_for(settings)
-    # The artifact's directory is known now: its state and the served file's header
-    # (the server role plans from it) in one command.
-    read_together(FactRead.of(ModelArtifact, path=plan.dir),
-                  FactRead.of(GgufShape, path=f"{plan.dir}/model.gguf"))  # fmt: skip
+    draft = draft_settings(settings)
+    draft_plan = plan_for(draft, settings.layout.draft_model) if draft else None
+    # The artifacts' directories are known now: their state and the served files' headers
+    # (the server role plans from them) in one command.
+    read_together(*(read for p in (plan, draft_plan) if p
+                    for read in (FactRead.of(ModelArtifact, path=p.dir),
+                                 FactRead.of(GgufShape, path=f"{p.dir}/model.gguf"))))  # fmt: skip
     token_file = settings.model.hf_token_file if settings.model.source != "url" else None
     artifact(
         # A URL may carry a signed query: name only its host.
@@ -77,4 +86,12 @@ def model(settings: Settings, tool_paths: Optional[dict] = None) -> ModelPlan:
         token_file=token_file,
         tool_paths=tool_paths,
     )
+    if draft_plan:
+        artifact(
+            name=f"Draft model {draft_plan.name} ({draft.model.source}: {draft.model.repo})",
+            plan=draft_plan,
+            token_file=token_file,
+            tool_paths=tool_paths,
+            link="draft",
+        )
     return plan

@@ -72,13 +72,16 @@ def _json(data: dict) -> StringIO:
 
 
 @operation()
-def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Optional[dict] = None):
+def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Optional[dict] = None,
+             link: str = "current"):
     """
     Make the plan's GGUF artifact on the host unless it is already there, sealed and whole.
 
     + plan: the ``ModelPlan`` (llamarack.model_plan.plan_model)
     + token_file: file on the control machine holding the hub token, or None
     + tool_paths: override ``tools(plan.root)`` (python, convert_python, convert_script, quantize)
+    + link: the link under ``models/`` that ends up pointing at it: ``current`` (the served
+      model) or ``draft`` (the draft model of speculative decoding)
 
     The token goes to the host as a mode-600 file inside the mode-700 staging
     directory, only when a fetch runs, and is removed as soon as it ends,
@@ -88,11 +91,13 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
     t = {**tools(plan.root), **(tool_paths or {})}
     q = shlex.quote
     d, s, name = plan.dir, plan.staging, plan.name
-    current = f"{plan.models_dir}/current"
+    if link not in ("current", "draft"):
+        raise ValueError(f"artifact: link {link!r} is neither 'current' nor 'draft'")
+    current = f"{plan.models_dir}/{link}"
 
     # Read before this operation's first command (llamarack.facts.reading's rule).
     state = read(ModelArtifact, path=d)
-    link = read(Link, path=current)
+    linked = read(Link, path=current)
     if state is not None and state.complete_for(plan.stamp):
         host.noop(f"model {name} is in place ({plan.source}, {plan.quant if plan.converts else 'as fetched'})")
     else:
@@ -167,7 +172,7 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
         # The new artifact's record names its files: the cache keeps what some record names.
         yield fetcher("prune-cache", "--cache", blobs, "--models", plan.models_dir)
 
-    if not link or link.get("link_target") != name:
+    if not linked or linked.get("link_target") != name:
         yield (f"ln -sfn {q(name)} {q(current + '.new')} && "
                f"mv -T {q(current + '.new')} {q(current)}")  # fmt: skip
     else:

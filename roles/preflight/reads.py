@@ -13,6 +13,7 @@ from pyinfra.facts.files import File, FileContents, Link, Sha1File
 from pyinfra.facts.server import Command, LinuxDistribution
 
 from llamarack.facts import (
+    BenchRecord,
     BuildSeals,
     CmakeVersion,
     CudaToolkits,
@@ -77,6 +78,8 @@ def role_reads(settings: Settings) -> tuple[FactRead, ...]:
                   FactRead.of(GitHead, path=layout.src)]
     if runs("model"):
         reads += [FactRead.of(ModelArtifact, path=layout.current_model), FactRead.of(Link, path=layout.current_model)]
+        if settings.model.draft_repo:
+            reads += [FactRead.of(ModelArtifact, path=layout.draft_model), FactRead.of(Link, path=layout.draft_model)]
     if runs("server"):
         reads += [
             FactRead.of(LlamacppBuilds, root=root),
@@ -84,6 +87,7 @@ def role_reads(settings: Settings) -> tuple[FactRead, ...]:
             FactRead.of(SystemUser, user=settings.general.service_user),
             FactRead.of(Link, path=layout.current_build),
             FactRead.of(Link, path=layout.current_model),
+            *([FactRead.of(Link, path=layout.draft_model)] if settings.model.draft_repo else []),
             FactRead.of(LlamaServerFlags, root=root),
             FactRead.of(Sha1File, path=UNIT_PATH),
             FactRead.of(FileContents, path=UNIT_PATH),  # the build it names is kept by the prune
@@ -91,5 +95,6 @@ def role_reads(settings: Settings) -> tuple[FactRead, ...]:
             FactRead.of(File, path=f"{UNIT_PATH}.prev"),  # there: an earlier switch was cut off
             FactRead.of(Command, command=key_digest_command()),
             FactRead.of(UnitState, unit=UNIT_NAME),
+            FactRead.of(BenchRecord, path=layout.bench_record),
         ]
     return tuple(reads)

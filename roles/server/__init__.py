@@ -27,7 +27,7 @@ from llamarack.rules import HostFacts
 from llamarack.settings import Settings
 
 from ..llamacpp.operations import prune_builds
-from .operations import answers_health, service, service_user
+from .operations import answers_health, bench, service, service_user
 
 
 def public_url(settings: Settings) -> str:
@@ -70,6 +70,13 @@ def llama_server(settings: Settings, facts: HostFacts, templates: tuple = (), re
             reason="the reboot for the driver upgrade",
             _if=[rebooted.did_change, lambda: not served.did_change()],
         )
+    # After a new build or model: llama-bench with the served flags, recorded beside the
+    # card's roofline (state/bench.json); a converged run finds its record and does nothing.
+    bench(
+        name=f"llama-bench pp512/tg128 (server_bench = {settings.server.bench!r})",
+        settings=settings,
+        gpus=facts.gpus,
+    )
     # Old builds go only now, once the unit that serves has answered /health (or was put
     # back): nothing the running server uses is removed before its successor serves.
     prune_builds(

@@ -28,16 +28,16 @@ from pyinfra.operations.util.files import generate_color_diff
 from pyinfra.facts.server import Command
 
 from llamarack import remote
-from llamarack.facts import (BuildSeals, GgufShape, LlamaServerFlags, ModelArtifact, RecordedGpus, SystemUser,
-                             UnitState, active_since, read)
+from llamarack.facts import (BenchRecord, BuildSeals, GgufShape, LlamaServerFlags, ModelArtifact, RecordedGpus,
+                             SystemUser, UnitState, active_since, read)
 from llamarack.layout import API_KEY_PATH, UNIT_NAME, UNIT_PATH
-from llamarack.operations import refusal, secret_upload
+from llamarack.operations import executing, refusal, secret_upload
 from llamarack.remote.secret_digest import digest
 from llamarack.secrets import read_token
 from llamarack.settings import Settings
 
 from ..llamacpp.operations import _unit_build
-from .plan import HEALTH_MARK, PlanError, wanted_unit
+from .plan import HEALTH_MARK, PlanError, bench_args, card_mib, health_url, plan_context, roofline, wanted_unit
 
 NOLOGIN = "/usr/sbin/nologin"
 
@@ -251,6 +251,12 @@ def _show_unit_diff(unit: str) -> None:
     logger.info("")
 
 
+def _draft(settings: Settings) -> Optional[tuple]:
+    """(directory, shape) of the draft model ``models/draft`` points at, when one is asked."""
+    draft_dir = _linked(settings.layout.draft_model) if settings.model.draft_repo else None
+    return (draft_dir, read(GgufShape, path=f"{draft_dir}/model.gguf")) if draft_dir else None
+
+
 def _cards(settings: Settings, seen: tuple) -> tuple:
     """The run's GPUs: preflight's (``HostFacts.gpus``); when it had none (a driver
     that hid them until the driver role's reboot), the record that role wrote."""
@@ -290,8 +296,10 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
             yield StringCommand(f"echo 'write {UNIT_NAME} once the {made}'")
         return
 
+    draft = _draft(settings)
     try:
-        unit, ctx = wanted_unit(settings, flags, build_dir, model_dir, shape, _cards(settings, gpus), templates)
+        unit, ctx = wanted_unit(settings, flags, build_dir, model_dir, shape, _cards(settings, gpus), templates,
+                                draft=draft if draft and draft[1] else None)  # fmt: skip
     except PlanError as e:
         yield refusal(e.failure.message(host.name))
         return
@@ -354,3 +362,71 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     yield FileUploadCommand(StringIO(unit), f"{UNIT_PATH}.new")
     yield f"chmod 644 {shlex.quote(UNIT_PATH)}.new"
     yield StringCommand(switch_script(settings))
+
+
+@operation()
+def bench(settings: Settings, gpus: tuple = ()):
+    """
+    Run llama-bench (pp512, tg128) with the served flags after a new build or model, and
+    record it in ``<root>/state/bench.json`` beside the roofline of the host's card.
+
+    + settings: the host's settings (``server_bench``: stopped, beside or off)
+    + gpus: the run's GPUs (``HostFacts.gpus``)
+
+    The record is keyed by the served build's stamp and model's: a host whose record
+    names them does nothing (a converged run never benchmarks). With ``stopped``,
+    llama-server is stopped for the bench and started again, and must answer
+    ``/health`` within ``server_health_timeout``; with ``beside`` it keeps serving and
+    shares the card (the figures are then lower). The run says which it did.
+    """
+    mode, layout = settings.server.bench, settings.layout
+    # Read before this operation's first command (llamarack.facts.reading's rule).
+    record = read(BenchRecord, path=layout.bench_record)
+    build_dir, model_dir = _linked(layout.current_build), _linked(layout.current_model)
+    if mode == "off":
+        host.noop("llama-bench is off (server_bench = 'off')")
+        return
+    if not (build_dir and model_dir):
+        host.noop("llama-bench: no current build or model to measure")
+        return
+    key = {"build": Path(build_dir).name, "model": Path(model_dir).name}
+    if record and record.get("key") == key:
+        pp, tg = (record.get(t, {}).get("tokens_per_second") for t in ("pp512", "tg128"))
+        host.noop(f"llama-bench has measured build {key['build']} with model {key['model']}: "
+                  f"pp512 {pp} t/s, tg128 {tg} t/s")  # fmt: skip
+        return
+    flags = read(LlamaServerFlags, root=settings.general.root)
+    shape = read(GgufShape, path=f"{model_dir}/model.gguf")
+    if not (flags and shape):
+        host.noop("llama-bench: the build's flags or the model's header are unreadable; not measured")
+        return
+    cards = _cards(settings, gpus)
+    draft = _draft(settings)
+    cuda = settings.llamacpp.backend == "cuda"
+    try:
+        ctx = plan_context(settings, shape, card_mib(cards), draft[1] if draft else None)
+    except PlanError as e:
+        yield refusal(e.failure.message(host.name))
+        return
+    args = bench_args(settings, flags, build_dir, model_dir, ctx, cuda)
+    entry = {"key": key, "mode": mode, "backend": settings.llamacpp.backend, "on_card": cuda,
+             "served": {"cache_type_k": ctx.cache_type_k, "cache_type_v": ctx.cache_type_v,
+                        "gpu_layers": ctx.gpu_layers if cuda else None},
+             "roofline": roofline(cards, shape)}  # fmt: skip
+    run = remote.command("bench_record", layout.bench_record, json.dumps(entry, sort_keys=True), *args)
+    where = "on the CPU build (the roofline is the card's, not this measurement's)" if not cuda else "on the card"
+    if mode == "stopped":
+        if executing():
+            logger.info(f"{host.print_prefix}llama-bench {where}: llama-server is stopped for it and started "
+                        "again (server_bench = 'stopped')")  # fmt: skip
+        svc = UNIT_NAME
+        wait = remote.command("wait_healthy", health_url(settings), svc, str(settings.server.health_timeout))
+        back = f"systemctl start {svc} && {wait}"
+        yield (f"systemctl stop {svc}; {run}; rc=$?; "
+               f"{back} || {{ echo 'llama-server did not answer /health after the bench' >&2; exit 1; }}; "
+               "exit $rc")  # fmt: skip
+    else:
+        if executing():
+            logger.info(f"{host.print_prefix}llama-bench {where}, while llama-server serves beside it "
+                        "(server_bench = 'beside': they share the card)")  # fmt: skip
+        yield run

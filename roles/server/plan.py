@@ -21,7 +21,7 @@ from llamarack.facts.llamacpp import ServerFlags
 from llamarack.layout import API_KEY_PATH
 from llamarack.planner import MIB, Knobs, Plan, PlanError, plan  # noqa: F401 (MIB, PlanError: the role's API)
 from llamarack.remote.llamacpp_proof import serving_args
-from llamarack.gpu_table import planning_memory_mib
+from llamarack.gpu_table import board, planning_memory_mib
 from llamarack.rules import Failure
 from llamarack.settings import Settings
 
@@ -41,17 +41,26 @@ def knobs(settings: Settings) -> Knobs:
     return Knobs(ctx_size=s.ctx_size, parallel=s.parallel, cache_type_k=s.cache_type_k,
                  cache_type_v=s.cache_type_v, flash_attn=s.flash_attn, gpu_layers=s.gpu_layers,
                  min_ctx_size=s.min_ctx_size, rope_scaling=s.rope_scaling, rope_scale=s.rope_scale,
-                 rope_orig_ctx=s.rope_orig_ctx, reserve_mib=s.memory_reserve_mib)  # fmt: skip
+                 rope_orig_ctx=s.rope_orig_ctx, reserve_mib=s.memory_reserve_mib,
+                 draft_gpu_layers=s.draft_gpu_layers)  # fmt: skip
 
 
-def plan_context(settings: Settings, shape: dict, card_mib: Optional[int]) -> Plan:
+def card_mib(cards: tuple) -> Optional[int]:
+    """The memory a host's cards are planned at: the smallest card's board's smallest
+    known report (the same card gets the same context across a rack whatever each
+    driver says); None without cards."""
+    return min((planning_memory_mib(g.pci_device_id, g.memory_mib) for g in cards), default=None)
+
+
+def plan_context(settings: Settings, shape: dict, card_mib: Optional[int], draft_shape: Optional[dict] = None) -> Plan:
     """The plan for this host: ``card_mib`` is its smallest GPU's memory, None for
-    CPU serving. Raises PlanError naming the model, the card and what would fit."""
-    return plan(shape, knobs(settings), card_mib)
+    CPU serving; ``draft_shape`` the draft model's (speculative decoding). Raises
+    PlanError naming the model, the card and what would fit."""
+    return plan(shape, knobs(settings), card_mib, draft_shape)
 
 
 def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_dir: str,
-                ctx: Plan, cuda: bool) -> list[str]:
+                ctx: Plan, cuda: bool, draft_dir: Optional[str] = None) -> list[str]:
     """llama-server's command line, spelled as the built binary's --help says.
     Raises PlanError when a setting needs a flag this build does not have."""
     s = settings.server
@@ -72,6 +81,8 @@ def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_di
                "gpu_layers": ctx.gpu_layers if cuda else None}  # fmt: skip
     args += serving_args(flags, serving)
     args += rope_args(flags, ctx)
+    if draft_dir:
+        args += draft_args(settings, flags, draft_dir, ctx, cuda)
     if s.api_key_file:
         args += ["--api-key-file", API_KEY_PATH]
     if flags.has_metrics:
@@ -96,6 +107,58 @@ def rope_args(flags: ServerFlags, ctx: Plan) -> list[str]:
     method, scale, orig = ctx.rope
     args = ["--rope-scaling", method, "--rope-scale", f"{scale:g}"]
     return args + (["--yarn-orig-ctx", str(orig)] if method == "yarn" else [])
+
+
+def draft_args(settings: Settings, flags: ServerFlags, draft_dir: str, ctx: Plan, cuda: bool) -> list[str]:
+    """Speculative decoding with the draft model in ``draft_dir``: its KV types are the
+    plan's (the planner counted them so), its layers on the card those the plan placed;
+    PlanError when this build's --help lacks the options."""
+    if not getattr(flags, "has_spec_draft", False):
+        raise PlanError(Failure(
+            "spec-draft",
+            "model_draft_repo set, but this build's llama-server --help lacks --spec-type draft-simple "
+            "or a --spec-draft-* option (model, n-max, n-min, ngl, type-k, type-v)",
+            "a llama.cpp build with --spec-draft-* options",
+            "pin a newer llamacpp_commit, or unset model_draft_repo",
+        ))  # fmt: skip
+    s = settings.server
+    args = ["--spec-type", "draft-simple", "--spec-draft-model", f"{draft_dir}/model.gguf",
+            "--spec-draft-n-max", str(s.draft_max), "--spec-draft-n-min", str(s.draft_min),
+            "--spec-draft-type-k", ctx.cache_type_k, "--spec-draft-type-v", ctx.cache_type_v]  # fmt: skip
+    if cuda:
+        args += ["--spec-draft-ngl", str(ctx.ledger.draft_gpu_layers)]
+    return args
+
+
+def bench_args(settings: Settings, flags: ServerFlags, build_dir: str, model_dir: str, ctx: Plan,
+               cuda: bool) -> list[str]:  # fmt: skip
+    """llama-bench's command line for pp512 and tg128 with the served flags (KV types,
+    layers on the card, flash attention, mmap, repacking), as llama-bench spells them."""
+    s = settings.server
+    fa = ("on" if s.flash_attn else "off") if flags.flash_attn_takes_value else ("1" if s.flash_attn else "0")
+    args = [f"{build_dir}/bin/llama-bench", "-m", f"{model_dir}/model.gguf", "-p", "512", "-n", "128",
+            "-ctk", ctx.cache_type_k, "-ctv", ctx.cache_type_v, "-fa", fa]  # fmt: skip
+    if cuda:
+        args += ["-ngl", str(ctx.gpu_layers)]
+    if not s.mmap:
+        # llama-bench follows llama-server: --load-mode there, -lm here; --no-mmap there, -mmp 0 here.
+        args += ["-lm", "none"] if "--load-mode" in flags.mmap_off else ["-mmp", "0"]
+    if not s.repack or "--no-repack" in flags.proven_args:
+        args += ["--repack", "0"]
+    return args
+
+
+def roofline(cards: tuple, shape: dict) -> dict:
+    """Decode's ceiling on the host's slowest card: its memory bandwidth (the card table's
+    data-sheet figure) over the bytes every token reads (each layer's weights and the
+    output layer; the token embedding is a lookup of one row)."""
+    output = shape["output_bytes"] + (shape["token_embd_bytes"] if shape["tied_embeddings"] else 0)
+    weights = sum(shape["layer_bytes"]) + output
+    known = [b for b in (board(g.pci_device_id) for g in cards) if b and b.bandwidth_gbs]
+    slowest = min(known, key=lambda b: b.bandwidth_gbs, default=None)
+    return {"card": slowest.name if slowest else None, "bandwidth_gbs": slowest.bandwidth_gbs if slowest else None,
+            "weight_bytes": weights,
+            "tokens_per_second": round(slowest.bandwidth_gbs * 1e9 / weights, 1) if slowest else None}  # fmt: skip
 
 
 def health_url(settings: Settings) -> str:
@@ -126,13 +189,19 @@ def render_unit(settings: Settings, args: list[str], description: str, overrides
 
 
 def wanted_unit(settings: Settings, flags: ServerFlags, build_dir: str, model_dir: str, shape: dict,
-                cards: tuple, templates: tuple = ()) -> tuple[str, Plan]:
+                cards: tuple, templates: tuple = (), draft: Optional[tuple] = None) -> tuple[str, Plan]:
     """The unit this host should run, and its context plan: what the service operation
-    writes and what ``llamarack audit`` compares with the unit found. Raises PlanError."""
-    # Planned from the board's smallest known report, not this driver's figure: the
-    # same card gets the same context across a rack whatever each driver says.
-    card_mib = min((planning_memory_mib(g.pci_device_id, g.memory_mib) for g in cards), default=None)
-    ctx = plan_context(settings, shape, card_mib)
-    args = server_args(settings, flags, build_dir, model_dir, ctx, cuda=settings.llamacpp.backend == "cuda")
-    description = f"llamarack llama-server: {Path(model_dir).name} ({shape['architecture']}, {ctx.note})"
+    writes and what ``llamarack audit`` compares with the unit found. ``draft``:
+    (directory, shape) of the draft model when ``model_draft_repo`` is set. Raises PlanError."""
+    if settings.model.draft_repo and not draft:
+        raise PlanError(Failure(
+            "draft-model", "model_draft_repo set, but no draft model under models/draft",
+            "the draft artifact the model role makes", "run the model role (deploy.py runs it)",
+        ))  # fmt: skip
+    draft_dir, draft_shape = draft if settings.model.draft_repo else (None, None)
+    ctx = plan_context(settings, shape, card_mib(cards), draft_shape)
+    args = server_args(settings, flags, build_dir, model_dir, ctx, cuda=settings.llamacpp.backend == "cuda",
+                       draft_dir=draft_dir)  # fmt: skip
+    with_draft = f", draft {Path(draft_dir).name}" if draft_dir else ""
+    description = f"llamarack llama-server: {Path(model_dir).name}{with_draft} ({shape['architecture']}, {ctx.note})"
     return render_unit(settings, args, description, templates), ctx

@@ -296,3 +296,46 @@ def test_no_record_or_a_truncated_gguf_needs_the_hub():
                                                       {"size": 100, "mtime_ns": 1, "inode": 7})) is not None  # fmt: skip
     # a mirror of the same hub is no reason to fetch again
     assert plan_from_record(settings(model_hf_endpoint="http://mirror.example:8080"), served(plan)) is not None
+
+
+# -- the draft model: the same plan and operation, its own stamp and link --
+
+DRAFT = {"model_draft_repo": "org/tiny", "model_draft_revision": SHA, "model_draft_quant": "Q8_0"}
+
+
+def test_the_draft_is_planned_from_the_models_settings_with_its_own_repo_and_quant():
+    from llamarack.settings import draft_settings
+
+    s = settings(**DRAFT)
+    assert draft_settings(settings()) is None
+    d = draft_settings(s)
+    assert (d.model.repo, d.model.revision, d.model.quant, d.model.source) == ("org/tiny", SHA, "Q8_0", "hf")
+    assert d.model.hf_endpoint == s.model.hf_endpoint and d.model.hf_include == s.model.hf_include
+    main, draft = plan_model(s, LISTING), plan_model(d, LISTING)
+    assert draft.stamp != main.stamp and draft.quant == "Q8_0"  # its own artifact beside the model's
+    # its record plans it again without the hub, and is not taken for the model's
+    assert plan_from_record(d, served(draft)).stamp == draft.stamp
+    assert plan_from_record(s, served(draft)) is None
+
+
+def test_the_draft_artifact_switches_models_draft_not_current():
+    d = plan_model(settings(**{**DRAFT, "model_quant": "Q8_0"}), LISTING)
+    cmds, _ = commands(d, {ModelArtifact: ArtifactState(d.stamp, 1, 1), Link: None}, link="draft")
+    assert cmds == [f"ln -sfn {d.name} /opt/lr/models/draft.new && mv -T /opt/lr/models/draft.new /opt/lr/models/draft"]
+    with pytest.raises(ValueError):
+        commands(d, {ModelArtifact: None, Link: None}, link="../etc")
+
+
+@pytest.mark.parametrize("data, problem", [
+    ({"model_draft_repo": "org/tiny"}, "model_draft_revision: given None"),
+    ({**DRAFT, "model_draft_source": "gguf"}, "model_draft_file: given None"),
+    ({"server_draft_min": 9, "server_draft_max": 4}, "server_draft_min: given 9"),
+    ({**DRAFT, "model_draft_quant": "Q4_K_X"}, "model_draft_quant: given 'Q4_K_X'"),
+    ({"server_bench": "always"}, "server_bench: given 'always'"),
+])  # fmt: skip
+def test_draft_and_bench_settings_are_checked(data, problem):
+    from llamarack.errors import SettingsError
+
+    with pytest.raises(SettingsError) as e:
+        settings(**data)
+    assert problem in str(e.value)
