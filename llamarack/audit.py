@@ -94,7 +94,8 @@ def audit_reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...
         FactRead.of(GpuProcesses),
         FactRead.of(FreeDiskBytes, path=root),
         FactRead.of(BenchRecord, path=layout.bench_record),
-    ) + ((FactRead.of(GgufShape, path=f"{layout.draft_model}/model.gguf"),) if settings.model.draft_repo else ())))
+    ) + ((FactRead.of(Link, path=layout.draft_model), FactRead.of(GgufShape, path=f"{layout.draft_model}/model.gguf"))
+         if settings.model.draft_repo else ())))  # the draft the unit names
 
 
 def verify_reads(settings: Settings, verify: bool) -> tuple[FactRead, ...]:

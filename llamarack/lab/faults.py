@@ -15,7 +15,9 @@ The staging areas, from ``llamarack/layout.py``: ``<root>/models/.staging/``
 (a model being made), a ``<root>/builds/<stamp>/`` that is neither current
 nor holds ``build-info.json`` (a build that never counted), the llama.cpp
 checkout ``<root>/src/llama.cpp/`` (the build's input; the served build is
-a copy under ``builds/``), and the unit's ``.new`` (staged before a switch).
+a copy under ``builds/``), the unit's ``.new`` (staged before a switch), and
+the blob cache ``<root>/cache/`` (verified downloads by content hash: a fetch
+cut off keeps what it verified, and nothing served reads the cache).
 Everything else under the root, the unit, its ``.prev`` and
 ``/etc/llamarack`` is the running deployment.
 """
@@ -81,7 +83,7 @@ def snapshot(rack, host: str, root: str = ROOT) -> dict:
 def in_staging(path: str, after: dict, root: str = ROOT) -> bool:
     """True for a path in one of the staging areas (this module's docstring)."""
     layout = Layout(root)
-    if path.startswith(layout.staging + "/") or path.startswith(layout.src + "/"):
+    if any(path.startswith(area + "/") for area in (layout.staging, layout.src, layout.cache)):
         return True
     if path == UNIT_PATH + ".new":
         return True
