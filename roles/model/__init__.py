@@ -30,7 +30,6 @@ points at its directory).
 from typing import Optional
 from urllib.parse import urlsplit
 
-from pyinfra import host
 from pyinfra.api import deploy
 
 from llamarack.errors import ModelSourceError

@@ -28,7 +28,7 @@ from pyinfra.facts.files import Link
 from llamarack import remote
 from llamarack.facts import FreeDiskBytes, ModelArtifact, read
 from llamarack.layout import Layout
-from llamarack.operations import durable_rename, executing, refusal, secret_upload
+from llamarack.operations import executing, refusal, secret_upload
 from llamarack.secrets import read_token
 
 from .plan import ModelPlan

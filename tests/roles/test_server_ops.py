@@ -13,7 +13,7 @@ from llamarack.facts import (ArtifactState, DriverState, GgufShape, Gpu, LlamaSe
 from llamarack.facts.llamacpp import ServerFlags
 from llamarack.remote.secret_digest import digest
 from llamarack.roles.server.operations import KEY_DIGEST_SALT, key_digest_command, service
-from llamarack.layout import API_KEY_PATH, UNIT_NAME, UNIT_PATH
+from llamarack.layout import API_KEY_PATH, UNIT_PATH
 from llamarack.settings import load_settings
 from tests.support.ophost import run_op
 
@@ -77,7 +77,7 @@ def test_converged_host_is_a_noop():
     del converged[NvidiaSmi], converged[RecordedGpus]
     commands, noops = run_op(service, converged, settings=s, gpus=(V100,))
     assert commands == []
-    assert noops == [f"llama-server serves m1 with build b1, ctx 2048, f16/f16 KV (auto): the largest that fits 16384 MiB"]
+    assert noops == ["llama-server serves m1 with build b1, ctx 2048, f16/f16 KV (auto): the largest that fits 16384 MiB"]
 
 
 def test_a_model_sealed_after_the_server_started_is_served_by_a_restart():
