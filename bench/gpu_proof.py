@@ -21,7 +21,8 @@ commands can share the work:
                plan_context + server_args + render_unit): /completion decode,
                single-request pp512, aggregate prefill over server_parallel slots
     memory8b   3 contexts x 2 KV types, then one row per planner knob (q8_0, auto,
-               4 slots, YaRN x4, partial offload): the planner's ledger, item by item,
+               4 slots, YaRN x4, partial offload) and YaRN contexts to 131072 (x2 to
+               x16): the planner's ledger, item by item,
                against llama.cpp's load log and nvidia-smi's per-process memory
     v100       a Gemma-3-27B-shaped Q4_K_M (``--v100-shape``) planned for a V100 16 GB
                with the card table, started with that plan, then one layer and one
@@ -616,9 +617,15 @@ class Proof:
         # host and runs the sampler chain on the CPU for every token. Variants of the
         # unit's command line, each served and measured the same way.
         help_text = subprocess.run([p["exec_start"][0], "--help"], capture_output=True, text=True).stdout
-        variants = {"threads_all": ["--threads", str(os.cpu_count())]}
+        # Threads: the CPU side only embeds the token and samples, and llama-bench (16 threads)
+        # sampling nothing says little about it; all threads cost 3% in the last run.
+        variants = {"threads_all": ["--threads", str(os.cpu_count())], "threads_1": ["--threads", "1"],
+                    "threads_2": ["--threads", "2"], "threads_4": ["--threads", "4"]}  # fmt: skip
+        if "--poll" in help_text:
+            variants["poll_0"] = ["--poll", "0"]
         if "--backend-sampling" in help_text:
             variants["backend_sampling"] = ["--backend-sampling"]
+            variants["backend_sampling_threads_2"] = ["--backend-sampling", "--threads", "2"]
         out["decode_variants"] = {}
         for name, extra in variants.items():
             proc, url, _ = self.serve(p["exec_start"] + extra, f"variant-{name}", p["port"])
@@ -732,6 +739,12 @@ class Proof:
             "partial offload 20 layers": dict(server_ctx_size=top, server_gpu_layers=20,
                                               server_cache_type_k="f16", server_cache_type_v="f16"),
         }  # fmt: skip
+        # Long contexts (YaRN past the shape's trained 8192): how llama.cpp's compute buffer
+        # grows with the cells, which the planner's estimate follows to 8192 only.
+        for scale, kv in ((2, "q4_0"), (4, "f16"), (8, "q4_0"), (16, "q4_0")):
+            knob_cases[f"yarn x{scale} {kv}"] = dict(
+                server_ctx_size=scale * top, server_rope_scaling="yarn", server_rope_scale=float(scale),
+                server_cache_type_k=kv, server_cache_type_v=kv)  # fmt: skip
         for case in cases + list(knob_cases.items()):
             knob, overrides = case if isinstance(case, tuple) else (None, case)
             try:
@@ -833,7 +846,7 @@ class Proof:
     # ----------------------------------------------------------------------
 
     PHASES = (("machine", 5), ("build", 480), ("model8b", 120), ("roofline", 20), ("bench8b", 90),
-              ("serve8b", 120), ("memory8b", 120), ("v100", 330))  # fmt: skip
+              ("serve8b", 200), ("memory8b", 180), ("v100", 330))  # fmt: skip
 
     def run(self, only) -> None:
         if "model8b" in only:
@@ -951,9 +964,19 @@ def summarize(r: dict) -> dict:
                 e = item["error"].get(k)
                 if e is not None and abs(e) >= abs(worst.get(k, 0)):
                     worst[k] = e
+        # The issue's goal is set on its 3 contexts x 2 KV types (the rows without a knob).
+        issue_worst = {}
+        for item in items:
+            if item["knob"] is None and item["model"] == "llama3-8b":
+                for k in ("weights", "kv", "compute"):
+                    e = item["error"].get(k)
+                    if e is not None and abs(e) >= abs(issue_worst.get(k, 0)):
+                        issue_worst[k] = e
         needed = [i["reserve_needed_mib"] for i in items if i["reserve_needed_mib"] is not None]
         out["memory_plan"] = {"rows": items, "worst_error_by_item": worst,
-                              "goal_within_3_percent": {k: abs(e) <= 0.03 for k, e in worst.items()}}  # fmt: skip
+                              "worst_error_3_contexts_x_2_kv_types": issue_worst,
+                              "goal_within_3_percent": {k: abs(e) <= 0.03 for k, e in issue_worst.items()},
+                              "within_3_percent_every_row": {k: abs(e) <= 0.03 for k, e in worst.items()}}  # fmt: skip
         if needed:
             out["memory_plan"]["reserve"] = {"today_mib": items[0]["planned"]["reserve"], **reserve_from(needed)}
     if v.get("ok") and "plan" in v:

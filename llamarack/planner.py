@@ -186,6 +186,33 @@ def kv_layer_bytes(shape: dict, k: str, v: str) -> float:
     return shape["n_head_kv"] * (shape["head_dim_k"] * KV_TYPE_BYTES[k] + shape["head_dim_v"] * KV_TYPE_BYTES[v])
 
 
+def compute_bytes(shape: dict, knobs: Knobs, on_gpu: bool, ctx_per_slot: int, swa_per_slot: int) -> int:
+    """The compute buffer llama.cpp reserves for one n_ubatch micro-batch.
+
+    On CUDA (``on_gpu``) with flash attention: the feed-forward peak, where the
+    layer's input, its residual and its normed copy (n_embd each) live beside
+    the gate, the up projection and their product (n_ff each), all f32 x
+    n_ubatch; plus the f16 attention mask of one slot's cells (n_ubatch x cells
+    x 2 bytes), a second one for the sliding-window cells. Equal to llama.cpp's
+    "CUDA0 compute buffer size" to 0.1 MiB for a dense model with every layer
+    on the card (tests/fixtures/llama-server/gpu-load-logs); 10 to 27% under
+    it with layers on the CPU, a sliding window or a 32K context, which the
+    reserve covers (``DEFAULT_RESERVE_MIB``). Without flash attention the f32
+    scores of every head (n_ubatch x cells x heads x 4) are added.
+
+    On the CPU backend (and for a shape without n_ff): n_ubatch x 4 bytes x
+    (vocabulary + 4 x width) plus the mask, within 3% above llama.cpp's "CPU
+    compute buffer size" (tests/fixtures/llama-server/load-logs).
+    """
+    cells = ctx_per_slot + swa_per_slot
+    if on_gpu and shape.get("n_ff"):
+        ffn = N_UBATCH * 4 * 3 * (shape["n_ff"] + shape["n_embd"])
+        scores = 0 if knobs.flash_attn else N_UBATCH * cells * 4 * (1 + shape["n_head"])
+        return ffn + N_UBATCH * cells * 2 + scores
+    mask = N_UBATCH * ctx_per_slot * (2 if knobs.flash_attn else 4 * shape["n_head"])
+    return N_UBATCH * 4 * ((shape.get("n_vocab") or 0) + 4 * (shape.get("n_embd") or 0)) + mask
+
+
 def model_bytes(shape: dict, knobs: Knobs, on_gpu: bool, gpu_layers: int, k: str, v: str,
                 ctx_per_slot: int) -> dict:  # fmt: skip
     """One model's weights, KV cache and compute buffer, on the card and on the host."""
@@ -206,8 +233,7 @@ def model_bytes(shape: dict, knobs: Knobs, on_gpu: bool, gpu_layers: int, k: str
             kv_card += size
         else:
             kv_host += size
-    mask = N_UBATCH * ctx_per_slot * (2 if knobs.flash_attn else 4 * shape["n_head"])
-    compute = N_UBATCH * 4 * ((shape.get("n_vocab") or 0) + 4 * (shape.get("n_embd") or 0)) + mask
+    compute = compute_bytes(shape, knobs, on_gpu, ctx_per_slot, swa_cells // knobs.parallel if sliding else 0)
     return {"weights_on_card": card_weights, "weights_on_host": weights - card_weights,
             "kv_bytes_per_token": len(on_card - sliding) * per_cell, "kv_on_card": kv_card, "kv_on_host": kv_host,
             "compute": compute, "compute_on_card": compute if on_card or output_on_card else 0}  # fmt: skip

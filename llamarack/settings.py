@@ -493,11 +493,14 @@ class ModelSettings:
     draft_quant: str = setting("Q8_0", "llama-quantize type of the draft (draft source hf)")
 
 
-# Card memory no llama.cpp buffer line names: the CUDA context, cuBLAS workspace and
-# pools. Measured on the lent H200 (CUDA 13, driver 580): 601-611 MiB beyond the
-# model, KV and compute buffers in all 14 runs of bench/results/gpu-proof.json
-# (memory_plan), whatever the model, context, KV type or layers; +5%, to 64 MiB.
-DEFAULT_RESERVE_MIB = 640
+# Card memory the ledger's items do not count: the CUDA context, cuBLAS workspace and
+# pools (601-611 MiB beyond llama.cpp's own model, KV and compute buffers in all 14
+# runs on the lent H200, CUDA 13, driver 580: bench/results/gpu-proof.json), and what
+# the compute estimate misses where it is under llama.cpp's figure (layers on the CPU,
+# a sliding window, a 32K context: up to 52 MiB). The process less the planned
+# weights, KV and compute reached 654.5 MiB at most in those runs
+# (tests/unit/test_server_plan.py::test_ledger_matches_llama_cpp_on_cuda); +17.5 MiB.
+DEFAULT_RESERVE_MIB = 672
 
 
 @dataclass(frozen=True)
@@ -554,7 +557,7 @@ class ServerSettings:
     )
     memory_reserve_mib: int = setting(
         DEFAULT_RESERVE_MIB, "card memory kept free of weights, KV cache and compute buffers (CUDA context, "
-        "cuBLAS workspace, pools: 601-611 MiB measured on an H200)",
+        "cuBLAS workspace, pools, and what the compute estimate misses: up to 654.5 MiB measured on an H200)",
         _positive,
     )
     health_timeout: int = setting(

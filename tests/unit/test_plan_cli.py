@@ -46,13 +46,13 @@ def test_json_carries_the_ledger_and_the_kv_table():
 
 
 def test_a_card_too_small_offloads_fewer_layers_and_says_so():
-    # 1032 MiB: every layer needs 1032.8 (1024 reserve, 5.95 compute, 1 KV, 0.88 weights);
-    # without block 0 (--n-gpu-layers 2: block 1 and the output layer) it is 1031.5
-    data = json.loads(plan(str(TINY), "--gpu", "1032", "--reserve-mib", "1024", "--kv", "f16", "--min-ctx", "2048",
+    # 1033 MiB: every layer at 2048 tokens needs 1033.4 (1024 reserve, 6.5 compute, 2 KV, 0.88 weights);
+    # without block 0 (--n-gpu-layers 2: block 1 and the output layer) it is 1032.1
+    data = json.loads(plan(str(TINY), "--gpu", "1033", "--reserve-mib", "1024", "--kv", "f16", "--min-ctx", "2048",
                            "--json"))  # fmt: skip
     assert data["plan"]["gpu_layers"] == 2 and "2 of 3 layers on the card" in data["plan"]["note"]
-    # all 3 layers still allow 1536 tokens: under the minimum 2048, so 2 layers and 2048
-    assert data["kv"][0] == {"kv": "f16/f16", "all_layers": 1536, "gpu_layers": 2, "with_fewer": 2048}
+    # all 3 layers still allow 1792 tokens: under the minimum 2048, so 2 layers and 2048
+    assert data["kv"][0] == {"kv": "f16/f16", "all_layers": 1792, "gpu_layers": 2, "with_fewer": 2048}
     out = plan(str(TINY), "--gpu", "1024", "--reserve-mib", "1024", "--kv", "f16", code=1)
     assert "plan refused:" in out and "nothing fits" in out
 
@@ -83,8 +83,8 @@ def test_the_write_ups_case_from_its_config():
                "--rope-scaling", "yarn", "--rope-scale", "2", "--kv", "q4_0", "--ctx", "262144", code=1)  # fmt: skip
     assert "gemma3, 62 layers, 16 KV heads, trained 131072, yarn x2 from 131072: at most 262144 per slot" in out
     assert re.search(r"weights on the card +15\.40 GiB", out) and re.search(r"KV on the card +5\.80 GiB", out)
-    assert re.search(r"total on the card +22\.62 GiB +of 15\.75 GiB: does NOT fit", out)
-    assert re.search(r"q4_0/q4_0 +0 +11520 with --n-gpu-layers 58", out)
+    assert re.search(r"total on the card +22\.26 GiB +of 15\.75 GiB: does NOT fit", out)
+    assert re.search(r"q4_0/q4_0 +0 +5120 with --n-gpu-layers 60", out)
 
 
 def test_unknown_gpu_names_the_known_ones():

@@ -78,16 +78,16 @@ def test_largest_context_that_fits_the_card():
     # every byte counted: weights (all 33 layers), KV, compute estimate, reserve
     spare = V100_16 * MIB - book.total_on_card
     assert 0 <= spare < 128 * 1024 * 256 + 512 * 2 * 256  # one more step of 256 would not fit
-    assert plan.ctx_size == 87552 and plan.ctx_size % 256 == 0
+    assert plan.ctx_size == 88832 and plan.ctx_size % 256 == 0
     assert plan.gpu_layers == 33 and book.weights_on_host == LLAMA8B["token_embd_bytes"]
     assert "largest that fits 16384 MiB" in plan.note
 
 
 def test_auto_kv_takes_the_most_precise_type_that_gives_the_context():
-    # f16 reaches 87552 on a V100 16 GB; the trained 131072 needs q8_0, not q4_0
+    # f16 reaches 88832 on a V100 16 GB; the trained 131072 needs q8_0, not q4_0
     plan = plan_context(settings(), LLAMA8B, V100_16)
     assert (plan.cache_type_k, plan.cache_type_v, plan.ctx_size) == ("q8_0", "q8_0", 131072)
-    assert plan.largest == {"f16/f16": 87552, "q8_0/q8_0": 131072, "q4_0/q4_0": 131072}
+    assert plan.largest == {"f16/f16": 88832, "q8_0/q8_0": 131072, "q4_0/q4_0": 131072}
     # a context f16 gives keeps f16 (quantized KV is 11% slower: issue 16)
     small = plan_context(settings(server_ctx_size=32768), LLAMA8B, V100_16)
     assert (small.cache_type_k, small.cache_type_v) == ("f16", "f16")
@@ -104,8 +104,8 @@ def test_given_context_that_does_not_fit_names_the_largest_that_does():
     with pytest.raises(PlanError) as e:
         plan_context(s, LLAMA8B, V100_16)
     f = e.value.failure
-    assert f.rule == "memory" and "at most 87552 tokens" in f.needed
-    assert "server_ctx_size <= 87552" in f.fix
+    assert f.rule == "memory" and "at most 88832 tokens" in f.needed
+    assert "server_ctx_size <= 88832" in f.fix
 
 
 def test_given_context_that_fits_is_kept():
@@ -158,9 +158,9 @@ def test_gpu_layers_count_the_last_layers_and_the_output_layer():
 def test_partial_offload_picks_the_most_layers_that_leave_the_minimum_context():
     big = shape_from_config(json.loads((CONFIGS / "gemma-3-27b-it.config.json").read_text()), "Q4_K_M")
     plan = plan_context(settings(), big, 16130)
-    assert plan.gpu_layers == 58 and "58 of 63 layers on the card" in plan.note
-    assert ledger(big, knobs(settings()), 16130, 58, "q4_0", "q4_0", 4096).fits()
-    assert not ledger(big, knobs(settings()), 16130, 59, "q4_0", "q4_0", 4096).fits()
+    assert plan.gpu_layers == 60 and "60 of 63 layers on the card" in plan.note
+    assert ledger(big, knobs(settings()), 16130, 60, "q4_0", "q4_0", 4096).fits()
+    assert not ledger(big, knobs(settings()), 16130, 61, "q4_0", "q4_0", 4096).fits()
     assert plan.ctx_size >= 4096 and plan.cache_type_k == "q4_0"
     # a fixed count that leaves no room is refused with the numbers
     with pytest.raises(PlanError) as e:
@@ -291,16 +291,16 @@ def test_the_write_ups_case_gemma_3_27b_q4_k_m_on_a_v100_16gb():
     # 15.40 GiB on the card: every layer plus the Q6_K output layer (the tied embedding's second
     # copy); 1.08 GiB of token embedding on the host. KV: 10 dense layers x 256K + 52 at 1536 cells.
     assert gib == {"weights_on_card": 15.40, "weights_on_host": 1.08, "kv_on_card": 5.80,
-                   "compute_on_card": 0.79, "reserve": 0.62, "total_on_card": 22.62}  # fmt: skip
+                   "compute_on_card": 0.41, "reserve": 0.66, "total_on_card": 22.26}  # fmt: skip
     assert book.kv_bytes_per_token == 10 * 16 * 128 * 2 * 18 / 32
     with pytest.raises(PlanError) as e:
         plan_context(s, shape, 16130)
-    assert "at most 11520 tokens per slot" in e.value.failure.needed
+    assert "at most 5120 tokens per slot" in e.value.failure.needed
     # what the card does serve: 58 of 63 layers, 11520 tokens per slot (57 and 6400 with the
     # 1024 MiB reserve before it was measured; the GPU proof ran that plan on an H200 in
     # 15352 MiB, bench/results/gpu-proof.json)
     served = plan_context(settings(server_rope_scaling="yarn", server_rope_scale=2.0), shape, 16130)
-    assert (served.gpu_layers, served.ctx_size, served.cache_type_k) == (58, 11520, "q4_0")
+    assert (served.gpu_layers, served.ctx_size, served.cache_type_k) == (60, 5120, "q4_0")
 
 
 def _gguf_header(meta: list, tensors: list) -> bytes:
@@ -398,8 +398,16 @@ def test_ledger_matches_llama_cpp_on_cuda(case):
     assert abs(mib(book.kv_on_card) - seen[("KV", True)]) <= 0.02
     assert abs(mib(book.kv_on_host) - seen.get(("KV", False), 0.0)) <= 0.02
     assert f"n_ctx                 = {case['ctx_per_slot'] * case['parallel']}" in log
-    # compute: an upper bound on CUDA (1.6 to 2.8x; the server keeps one row of logits per slot)
-    assert seen[("compute", True)] < mib(book.compute_on_card) < 3 * seen[("compute", True)]
-    # what no buffer line names (CUDA context, cuBLAS, pools) stays inside the reserve
-    beyond = case["process_mib"] - seen[("model", True)] - seen[("KV", True)] - seen[("compute", True)]
-    assert 590 < beyond < DEFAULT_RESERVE_MIB
+    compute, estimate = seen[("compute", True)], mib(book.compute_on_card)
+    if case["gpu_layers"] == shape["n_layer"] + 1 and not shape["n_swa"] and case["ctx_per_slot"] <= 8192:
+        # a dense model, every layer on the card (the issue's 3 contexts x 2 KV types, q8_0, auto,
+        # 4 slots): the feed-forward peak and the f16 mask are llama.cpp's figure, to 0.1 MiB
+        assert abs(estimate - compute) <= 0.1
+    else:
+        # layers on the CPU, a sliding window, a 32K context: under llama.cpp's figure by 10 to 27%
+        assert 0.72 * compute < estimate < compute
+    # what no buffer line names (CUDA context, cuBLAS, pools: 601-611 MiB) stays inside the reserve
+    beyond = case["process_mib"] - seen[("model", True)] - seen[("KV", True)] - compute
+    assert 600 < beyond < 612
+    # and so does the process less everything the ledger counts besides the reserve
+    assert case["process_mib"] - (book.total_on_card - book.reserve) / MIB < DEFAULT_RESERVE_MIB
