@@ -23,13 +23,13 @@ The ledger follows llama.cpp's own placement (src/llama-model.cpp,
   so total = per-slot x slots. A sliding-window layer keeps only
   pad256(min(per-slot, window + n_ubatch)) cells per slot
   (llama-kv-cache-iswa.cpp).
-- The compute buffer is estimated as n_ubatch x 4 bytes x (vocabulary + 4 x
-  embedding) for the logits and activations, plus the attention mask
-  n_ubatch x cells x 2 bytes (flash attention; without it the f32 scores,
-  x heads x 4 bytes). On llama.cpp's CPU backend this is within 3% (above)
-  of its own "compute buffer size" (tests/fixtures/llama-server/load-logs);
-  CUDA's buffers differ, which ``reserve_mib`` (``server_memory_reserve_mib``:
-  CUDA context, cuBLAS workspace and that difference) covers.
+- The compute buffer (``compute_bytes``): on CUDA, llama.cpp's feed-forward
+  peak plus the f16 attention masks, its own figure to 0.1 MiB for a dense
+  model with every layer on the card and 10-27% under it otherwise; on the
+  CPU backend within 3% above its figure. ``reserve_mib``
+  (``server_memory_reserve_mib``) covers the CUDA context, cuBLAS workspace
+  and pools, and what the estimate misses (tests/fixtures/llama-server/
+  gpu-load-logs, load-logs).
 - A draft model (speculative decoding) is a second model with its own
   context (common/speculative.cpp, ``common_speculative_init_result``: "the
   draft context holds as many tokens per sequence as the target context",
