@@ -772,6 +772,7 @@ class Proof:
         layout = Layout(root)
         gguf_dir = Path(layout.model(f"{shape_name}-q4km"))
         out = {"shape_name": shape_name}
+        Path(self.a.shm).mkdir(parents=True, exist_ok=True)  # a fresh machine: the 8B phases made it before
         hub = Path(self.a.shm) / "hub"
         if hub.exists():
             shutil.rmtree(hub, ignore_errors=True)  # the 8B checkpoint: shm back for the f16 GGUF

@@ -186,19 +186,29 @@ def kv_layer_bytes(shape: dict, k: str, v: str) -> float:
     return shape["n_head_kv"] * (shape["head_dim_k"] * KV_TYPE_BYTES[k] + shape["head_dim_v"] * KV_TYPE_BYTES[v])
 
 
-def compute_bytes(shape: dict, knobs: Knobs, on_gpu: bool, ctx_per_slot: int, swa_per_slot: int) -> int:
+def compute_bytes(shape: dict, knobs: Knobs, on_gpu: bool, ctx_per_slot: int, swa_per_slot: int,
+                  k: str = "f16", v: str = "f16") -> int:  # fmt: skip
     """The compute buffer llama.cpp reserves for one n_ubatch micro-batch.
 
-    On CUDA (``on_gpu``) with flash attention: the feed-forward peak, where the
-    layer's input, its residual and its normed copy (n_embd each) live beside
-    the gate, the up projection and their product (n_ff each), all f32 x
-    n_ubatch; plus the f16 attention mask of one slot's cells (n_ubatch x cells
-    x 2 bytes), a second one for the sliding-window cells. Equal to llama.cpp's
-    "CUDA0 compute buffer size" to 0.1 MiB for a dense model with every layer
-    on the card (tests/fixtures/llama-server/gpu-load-logs); 10 to 27% under
-    it with layers on the CPU, a sliding window or a 32K context, which the
-    reserve covers (``DEFAULT_RESERVE_MIB``). Without flash attention the f32
-    scores of every head (n_ubatch x cells x heads x 4) are added.
+    On CUDA (``on_gpu``) with flash attention, the f16 attention mask of one
+    slot's cells (n_ubatch x cells x 2 bytes; a second one for the
+    sliding-window cells) lives through the graph, beside the larger of two
+    peaks, all f32 x n_ubatch:
+
+    - the feed-forward one: the layer's input, its residual and its normed copy
+      (n_embd each) beside the gate, the up projection and their product (n_ff
+      each);
+    - the attention one: the input and its normed copy (n_embd each), Q and the
+      attention's output (heads x head size each), and, for a quantized K or V,
+      that cache's cells converted to f16 for the kernel (cells x KV heads x
+      head size x 2 bytes).
+
+    Equal to llama.cpp's "CUDA0 compute buffer size" to 0.1 MiB for a dense
+    model with every layer on the card, f16 or quantized KV, 2048 to 131072
+    cells (tests/fixtures/llama-server/gpu-load-logs); 10 to 17% under it with
+    layers on the CPU or a sliding window, which the reserve covers
+    (``DEFAULT_RESERVE_MIB``). Without flash attention the f32 scores of every
+    head (n_ubatch x cells x heads x 4) are added.
 
     On the CPU backend (and for a shape without n_ff): n_ubatch x 4 bytes x
     (vocabulary + 4 x width) plus the mask, within 3% above llama.cpp's "CPU
@@ -207,8 +217,12 @@ def compute_bytes(shape: dict, knobs: Knobs, on_gpu: bool, ctx_per_slot: int, sw
     cells = ctx_per_slot + swa_per_slot
     if on_gpu and shape.get("n_ff"):
         ffn = N_UBATCH * 4 * 3 * (shape["n_ff"] + shape["n_embd"])
+        attention = N_UBATCH * 4 * 2 * (shape["n_embd"] + shape["n_head"] * shape["head_dim_k"])
+        for kind, size in ((k, shape["head_dim_k"]), (v, shape["head_dim_v"])):
+            if kind not in ("f16", "bf16", "f32"):
+                attention += ctx_per_slot * shape["n_head_kv"] * size * 2
         scores = 0 if knobs.flash_attn else N_UBATCH * cells * 4 * (1 + shape["n_head"])
-        return ffn + N_UBATCH * cells * 2 + scores
+        return N_UBATCH * cells * 2 + max(ffn, attention) + scores
     mask = N_UBATCH * ctx_per_slot * (2 if knobs.flash_attn else 4 * shape["n_head"])
     return N_UBATCH * 4 * ((shape.get("n_vocab") or 0) + 4 * (shape.get("n_embd") or 0)) + mask
 
@@ -233,7 +247,7 @@ def model_bytes(shape: dict, knobs: Knobs, on_gpu: bool, gpu_layers: int, k: str
             kv_card += size
         else:
             kv_host += size
-    compute = compute_bytes(shape, knobs, on_gpu, ctx_per_slot, swa_cells // knobs.parallel if sliding else 0)
+    compute = compute_bytes(shape, knobs, on_gpu, ctx_per_slot, swa_cells // knobs.parallel if sliding else 0, k, v)
     return {"weights_on_card": card_weights, "weights_on_host": weights - card_weights,
             "kv_bytes_per_token": len(on_card - sliding) * per_cell, "kv_on_card": kv_card, "kv_on_host": kv_host,
             "compute": compute, "compute_on_card": compute if on_card or output_on_card else 0}  # fmt: skip
