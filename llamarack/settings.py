@@ -455,7 +455,7 @@ class ModelSettings:
     repo: Optional[str] = setting(None, "hub repository id, e.g. Qwen/Qwen2.5-7B-Instruct", _hub_repo)
     revision: Optional[str] = setting(
         None, "hub commit sha the repository is pinned to; given in full (40 hex digits), a llama.cpp "
-        "bump or another quant asks the hub nothing", _git_revision
+        "bump asks the hub nothing", _git_revision
     )
     file: Optional[str] = setting(None, "file name in the repository (source gguf)", _repo_file)
     url: Optional[str] = setting(None, "download URL (source url)", _remote_url)

@@ -267,10 +267,10 @@ def plan_from_record(settings: Settings, state) -> Optional[ModelPlan]:
 
 FULL_SHA = re.compile(r"[0-9a-f]{40}")
 
-# The asked inputs that decide which files a checkpoint's artifact is made from (the
-# revision is compared as the hub resolved it, ``record["revision"]``); the others
-# (quant, outtype, llamacpp_commit) decide only what is made of them.
-_FILE_INPUTS = ("source", "repo", "include")
+# What a record's asked inputs may differ in from the settings' and still plan the new
+# artifact from its files: the llama.cpp commit (a bump), and the revision as given (the
+# record's ``revision``, the full sha the hub resolved, is compared instead).
+_BUMPED = ("llamacpp_commit", "revision")
 
 
 def plan_from_pinned_record(settings: Settings, state) -> Optional[ModelPlan]:
@@ -280,11 +280,12 @@ def plan_from_pinned_record(settings: Settings, state) -> Optional[ModelPlan]:
     When ``model_revision`` is a full 40-hex commit sha, the hub's listing of it never
     changes, so a record made from that same commit of the same repository with the
     same ``model_hf_include`` names exactly the files a listing would select, with
-    their content ids and sizes. Only what is made of them changed (a llama.cpp bump,
-    another quant or outtype, or the artifact is made again because its GGUF was
-    truncated or edited): the new artifact is planned from the record, and its fetch
-    is satisfied from the host's blob cache (checked by content id and size) or, for
-    a blob the cache lost, downloaded from the pinned commit and verified.
+    their content ids and sizes. When the settings ask what the record says apart from
+    the llama.cpp commit (a bump, or the same artifact made again because its GGUF was
+    truncated or edited), the new artifact is planned from the record, and its fetch is
+    satisfied from the host's blob cache (checked by content id and size) or, for a
+    blob the cache lost, downloaded from the pinned commit and verified. Another quant
+    or outtype is a new model setting: the hub is asked, as for any.
 
     None (the hub is asked) for a revision given shorter than 40 hex digits, a source
     other than hf (a prequantized file's artifact does not change with llama.cpp), and
@@ -297,7 +298,7 @@ def plan_from_pinned_record(settings: Settings, state) -> Optional[ModelPlan]:
     made_from, wanted = record.get("asked") or {}, dict(asked_inputs(settings))
     if record.get("source") != "hf" or record.get("repo") != m.repo or record.get("revision") != m.revision:
         return None
-    if any(made_from.get(k) != wanted[k] for k in _FILE_INPUTS):
+    if any(made_from.get(k) != wanted.get(k) for k in set(made_from) | set(wanted) if k not in _BUMPED):
         return None
     files = _record_files(record)
     if not files or any(f.size is None for f in files) or not any(f.path.endswith(".safetensors") for f in files):

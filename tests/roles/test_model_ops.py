@@ -390,8 +390,8 @@ def FactKey(fact, **kwargs):
 def test_a_bump_of_a_full_sha_pin_is_planned_from_the_record_without_the_hub():
     plan = plan_model(settings(), LISTING)
     assert plan.record()["sizes"] == {"config.json": 600, "model.safetensors": 3_000_000, "tokenizer.model": 250_000}
-    for change in ({"llamacpp_commit": "b" * 40}, {"model_quant": "Q8_0"}, {"model_convert_outtype": "bf16"},
-                   {"model_quant": "F16"}, {"llamacpp_commit": "b" * 40, "model_hf_endpoint": "http://mirror:8080"}):
+    for change in ({"llamacpp_commit": "b" * 40}, {"llamacpp_commit": "b" * 40, "model_hf_endpoint": "http://mirror:8080"},
+                   {"llamacpp_commit": "b" * 40, "model_fetch_retries": 2}):
         bumped = settings(**change)
         assert plan_from_record(bumped, served(plan)) is None  # not the served artifact (the audit's drift)
         again = plan_from_pinned_record(bumped, served(plan))
@@ -410,6 +410,8 @@ def test_a_bump_of_a_full_sha_pin_is_planned_from_the_record_without_the_hub():
 
 @pytest.mark.parametrize("change", [
     {"model_revision": SHA[:12]},  # a short sha: listed again
+    {"model_quant": "Q8_0"},  # a new model setting: listed, as any
+    {"model_convert_outtype": "bf16"},
     {"model_revision": "f" * 40},  # another commit
     {"model_repo": "org/other"},
     {"model_hf_include": ["*.safetensors"]},  # another selection of the listing
