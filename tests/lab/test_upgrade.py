@@ -133,6 +133,7 @@ def test_a_llamacpp_bump_rebuilds_and_converts_again_without_downloading(lab_rac
     assert hub.requests[since:] == [], hub.requests[since:]
     n = len(SEEN["files"])
     assert f"{n} file(s)" in out and f"{n} of them in the host's blob cache (0.00 GB to download)" in out, out[-6000:]
+    print("\nbump's fetch line:", next(line for line in out.splitlines() if "host's blob cache" in line).strip())
     model, build = sh(lab_rack, f"readlink {OPT}/models/current"), sh(lab_rack, f"readlink {OPT}/builds/current")
     assert model != SEEN["model"] and build != SEEN["build"]
     assert commit[:9] in sh(lab_rack, f"{OPT}/builds/current/bin/llama-server --version 2>&1")
