@@ -453,7 +453,10 @@ class ModelSettings:
         "hf", "hf (convert a checkpoint), gguf (a prequantized file from a hub) or url"
     )
     repo: Optional[str] = setting(None, "hub repository id, e.g. Qwen/Qwen2.5-7B-Instruct", _hub_repo)
-    revision: Optional[str] = setting(None, "hub commit sha the repository is pinned to", _git_revision)
+    revision: Optional[str] = setting(
+        None, "hub commit sha the repository is pinned to; given in full (40 hex digits), a llama.cpp "
+        "bump asks the hub nothing", _git_revision
+    )
     file: Optional[str] = setting(None, "file name in the repository (source gguf)", _repo_file)
     url: Optional[str] = setting(None, "download URL (source url)", _remote_url)
     sha256: Optional[str] = setting(None, "sha256 of the file at url (source url)", _sha256)

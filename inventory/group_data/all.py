@@ -137,7 +137,7 @@ model_source = 'hf'
 # hub repository id, e.g. Qwen/Qwen2.5-7B-Instruct
 model_repo = None
 
-# hub commit sha the repository is pinned to
+# hub commit sha the repository is pinned to; given in full (40 hex digits), a llama.cpp bump asks the hub nothing
 model_revision = None
 
 # file name in the repository (source gguf)

@@ -18,7 +18,7 @@ from .llamacpp import (BenchRecord, BuildFlags, BuildRecord, Builds, BuildSeals,
                        LlamaServerFlags, Seals, ServerFlags, parse_build_help, parse_server_help)
 from .packages import DebianSources, DebPackage, NvidiaDriverPackages
 from .python import PythonEnv, PythonEnvPackages, RequirementsFile
-from .model import ArtifactState, GgufShape, ModelArtifact
+from .model import ArtifactState, CachedBlobs, GgufShape, ModelArtifact
 from .reading import FactRead, read, read_together
 from .system import FreeDiskBytes, HttpStatus, PasswdEntry, SystemUser, UnitState, active_since
 from .toolchain import (
@@ -43,6 +43,7 @@ __all__ = [
     "GpuProcess",
     "GpuProcesses",
     "ArtifactState",
+    "CachedBlobs",
     "Builds",
     "BuildSeals",
     "Seals",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Optional
@@ -11,6 +12,7 @@ from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
 from .. import remote
+from ..remote.model_fetch import BLOB_MTIME_NS
 from .value import FactValue
 
 
@@ -110,3 +112,51 @@ class GgufShape(FactBase[Optional[dict]]):
         if "error" in data:
             raise FactProcessError(f"GGUF header of {data.get('path')}: {data['error']}")
         return data
+
+
+# A content id as the blob cache names it: sha256:<64 hex> or git-sha1:<40 hex>.
+_BLOB_ID = re.compile(r"(sha256):([0-9a-f]{64})|(git-sha1):([0-9a-f]{40})")
+
+
+class CachedBlobs(FactBase[dict]):
+    """
+    Returns which of the content ids ``ids`` the host's blob cache (``cache``:
+    ``<root>/cache/blobs``) holds as sound blobs, with each blob's size: those a
+    fetch hardlinks instead of downloading (``model_fetch.BlobCache.lookup``: a
+    regular file whose mtime is still the one every blob gets on insert; the
+    caller compares the size with the one it expects). Ids of another shape are
+    not asked.
+
+    .. code:: python
+
+        {"sha256:5ef2...": 3000000, "git-sha1:c3a1...": 600}
+    """
+
+    @staticmethod
+    def default() -> dict:
+        return {}
+
+    def command(self, cache: str, ids: tuple) -> str:
+        names = [f"{m.group(1) or m.group(3)}/{m.group(2) or m.group(4)}"
+                 for m in (_BLOB_ID.fullmatch(str(i)) for i in ids) if m]  # fmt: skip
+        if not names:
+            return "true"
+        return (f"cd {shlex.quote(cache)} 2>/dev/null || exit 0; "
+                f"for b in {' '.join(shlex.quote(n) for n in names)}; do "
+                '[ -f "$b" ] && [ ! -L "$b" ] && stat -c \'%n %s %.9Y\' -- "$b"; done; true')
+
+    def process(self, output) -> dict:
+        blobs = {}
+        for line in output:
+            try:
+                name, size, mtime = line.split()
+                algo, hexdigest = name.split("/")
+                seconds, _, fraction = mtime.partition(".")
+                mtime_ns = int(seconds) * 10**9 + int(fraction.ljust(9, "0")[:9])
+                if not _BLOB_ID.fullmatch(f"{algo}:{hexdigest}"):
+                    raise ValueError(name)
+            except ValueError as e:
+                raise FactProcessError(f"unreadable blob cache line {line!r}: {e}") from e
+            if mtime_ns == BLOB_MTIME_NS:  # else written to since it was cached: a miss
+                blobs[f"{algo}:{hexdigest}"] = int(size)
+        return blobs

@@ -17,7 +17,8 @@ Endpoints, in the format of huggingface.co (the fields huggingface_hub's
   git blob id, quoted), ``X-Repo-Commit`` and ``Accept-Ranges: bytes``.
 
 ``rev`` is the repository's commit sha (derived from its content, like a
-git commit) or ``main``. With a token set, a request without
+git commit), a prefix of it of 7 or more hex digits (a short sha, which
+``model_revision`` accepts), or ``main``. With a token set, a request without
 ``Authorization: Bearer <token>`` gets 401 (huggingface.co answers 401 for
 private and gated repos). The server binds where the caller says: tests use
 127.0.0.1; lab hosts reach this machine at 10.77.0.1.
@@ -252,7 +253,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _repo(self, repo_id: str, rev: str) -> Optional[Repo]:
         repo = self.server_hub.repos.get(repo_id)
-        if repo is None or rev not in (repo.sha, "main"):
+        short = len(rev) >= 7 and repo is not None and repo.sha.startswith(rev)
+        if repo is None or not (short or rev == "main"):
             return None
         return repo
 

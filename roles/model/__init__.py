@@ -14,8 +14,11 @@ fetching in parallel from a mirror does not.
 
 The hub is asked on the control machine (``requests``), for sizes and
 content hashes, only when the artifact a host serves is not already the one
-its settings ask for (its own record says so); hosts need only python3's
-standard library.
+its settings ask for (its own record says so), and not even then when the
+record was made from the same settings but the llama.cpp commit, of a
+revision pinned by its full 40-hex sha (a llama.cpp bump): a commit's
+listing never changes, so the record's files (content ids and sizes) plan
+the new artifact. A revision given shorter is listed again. Hosts need only python3's standard library.
 
 A draft model for speculative decoding (``model_draft_repo``) is made the
 same way, by the same code (``llamarack.settings.draft_settings``: the
@@ -39,7 +42,7 @@ from llamarack.settings import Settings, draft_settings
 
 from .hub import HubListing, repo_files
 from .operations import artifact
-from .plan import ModelPlan, plan_from_record, plan_model
+from .plan import ModelPlan, plan_from_pinned_record, plan_from_record, plan_model
 
 
 def listing_for(settings: Settings) -> Optional[HubListing]:
@@ -54,9 +57,14 @@ def listing_for(settings: Settings) -> Optional[HubListing]:
 def plan_for(settings: Settings, link: Optional[str] = None) -> ModelPlan:
     """The artifact this host needs. When the one it serves (``link``: models/current,
     or models/draft) was made from what the settings ask now (its record says so),
-    that is the plan, and the hub is not asked: a converged rack deploys with the hub down."""
+    that is the plan, and the hub is not asked: a converged rack deploys with the hub down.
+    When it was made from the same settings but the llama.cpp commit, of a revision
+    pinned by its full sha, the new artifact is planned from its record (its files, with
+    content ids and sizes), and the hub is not asked either. Otherwise the hub lists the
+    revision."""
     served = read(ModelArtifact, path=link or settings.layout.current_model)
-    return plan_from_record(settings, served) or plan_model(settings, listing_for(settings))
+    return (plan_from_record(settings, served) or plan_from_pinned_record(settings, served)
+            or plan_model(settings, listing_for(settings)))  # fmt: skip
 
 
 @deploy("llamarack model")

@@ -26,7 +26,7 @@ from pyinfra.facts.files import File
 from pyinfra.facts.files import Link
 
 from llamarack import remote
-from llamarack.facts import FreeDiskBytes, ModelArtifact, read
+from llamarack.facts import CachedBlobs, FreeDiskBytes, ModelArtifact, read
 from llamarack.layout import Layout
 from llamarack.operations import executing, refusal, secret_upload
 from llamarack.secrets import read_token
@@ -106,10 +106,15 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
         # A rerun resumes where one failed: each step skips when its output exists,
         # and the fetch is past once a GGUF is made.
         fetched = plan.converts and any(read(File, path=p) for p in {unquantized, f"{s}/model.gguf"})
-        need = plan.disk_needed()
+        # A source file the blob cache holds is hardlinked, not written again: only the
+        # others count (as model_fetch.check_disk counts on the host).
+        blobs = Layout(plan.root).blob_cache
+        cached = (read(CachedBlobs, cache=blobs, ids=plan.blob_ids) if plan.blob_ids else None) or {}
+        need = plan.disk_needed(cached)
         if free is not None and free < need:
             reason = (f"{host.name}: model-disk: found {free} bytes free under {plan.models_dir}; "
-                      f"needed {need} (checkpoint, unquantized GGUF, quantized GGUF and 1 GiB). "
+                      f"needed {need} (checkpoint files not in the blob cache: {plan.to_download(cached)}, "
+                      "unquantized GGUF, quantized GGUF and 1 GiB). "
                       "Fix: free space or move llamarack_root to a bigger disk")  # fmt: skip
             yield refusal(reason)
             return
@@ -119,7 +124,6 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
         yield FileUploadCommand(_json(plan.record()), f"{s}/stamp.plan.json")
 
         fetcher = lambda *args: remote.command("model_fetch", *args, python=t["python"])  # noqa: E731
-        blobs = Layout(plan.root).blob_cache
         fetch_cmd = fetcher("fetch", "--manifest", f"{s}/manifest.json", "--dest", f"{s}/hf" if plan.converts else s,
                             "--retries", str(plan.retries), "--cache", blobs)  # fmt: skip
         token_path = f"{s}/hub-token"
@@ -135,7 +139,7 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
                 fetch_cmd += " --token-file " + q(token_path)
                 after = f"rm -f {q(token_path)}"
             if executing():
-                logger.info(f"{host.print_prefix}model {name}: {plan.describe_fetch()}; follow each step "
+                logger.info(f"{host.print_prefix}model {name}: {plan.describe_fetch(cached)}; follow each step "
                             f"with: tail -f {s}/fetch.log (then convert.log, quantize.log)")  # fmt: skip
             yield _logged(fetch_cmd, f"{s}/fetch.log", after)
 

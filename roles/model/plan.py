@@ -22,8 +22,10 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import re
 from dataclasses import dataclass
-from typing import Optional
+from types import MappingProxyType
+from typing import Mapping, Optional
 from urllib.parse import quote
 
 from llamarack.errors import ModelSourceError
@@ -109,22 +111,39 @@ class ModelPlan:
     def source_bytes(self) -> int:
         return sum(f.size or 0 for f in self.files)
 
-    def disk_needed(self) -> int:
+    @property
+    def blob_ids(self) -> tuple:
+        """The content ids (``algo:hex``, the blob cache's names) of the files whose size is
+        known: those the host's cache can stand in for (``CachedBlobs`` reads which it holds)."""
+        return tuple(sorted({f.content_id for f in self.files if f.size is not None}))
+
+    def to_download(self, cached: Mapping[str, int] = MappingProxyType({})) -> int:
+        """Bytes of the source files the host's blob cache does not hold (``cached``:
+        content id -> size of the sound blobs, the ``CachedBlobs`` fact): a cached file is
+        hardlinked into the fetch and takes no new space, as ``model_fetch.check_disk`` counts."""
+        return sum(f.size or 0 for f in self.files if f.size is None or cached.get(f.content_id) != f.size)
+
+    def disk_needed(self, cached: Mapping[str, int] = MappingProxyType({})) -> int:
         """Bytes the staging needs at its peak, with 1 GiB to spare.
 
-        The checkpoint, plus (converting) an unquantized GGUF no bigger than a
-        16-bit checkpoint, plus the quantized file (at most ~8.5 bits per
-        weight for Q8_0: ~0.55 of f16).
+        The checkpoint files the blob cache does not hold (``to_download``), plus
+        (converting) an unquantized GGUF no bigger than a 16-bit checkpoint (the
+        whole checkpoint counts, cached or not), plus the quantized file (at most
+        ~8.5 bits per weight for Q8_0: ~0.55 of f16).
         """
         s = self.source_bytes
+        need = self.to_download(cached)
         if self.converts:
-            s = s + s + (s * 55 // 100 if self.quantizes else 0)
-        return s + (1 << 30)
+            need += s + (s * 55 // 100 if self.quantizes else 0)
+        return need + (1 << 30)
 
-    def describe_fetch(self) -> str:
+    def describe_fetch(self, cached: Mapping[str, int] = MappingProxyType({})) -> str:
         """What the fetch brings, for the user who waits on it."""
         steps = "fetch, convert, quantize" if self.quantizes else "fetch, convert" if self.converts else "fetch"
-        return f"{steps}: {len(self.files)} file(s), {self.source_bytes / 1e9:.2f} GB"
+        held = sum(1 for f in self.files if f.size is not None and cached.get(f.content_id) == f.size)
+        return (f"{steps}: {len(self.files)} file(s), {self.source_bytes / 1e9:.2f} GB, {held} of them in the "
+                f"host's blob cache ({self.to_download(cached) / 1e9:.2f} GB to download); "
+                f"disk needed: {self.disk_needed(cached)} bytes")  # fmt: skip
 
     def manifest(self) -> dict:
         """What ``model_fetch.py fetch`` reads (no secret in it)."""
@@ -142,6 +161,11 @@ class ModelPlan:
             "source": self.source,
             "files": {f.path: f.content_id for f in self.files},
         }
+        # The sizes the listing gave: with them, a later plan from this record can fetch
+        # (a git-sha1 check needs the size) and count the disk without the hub.
+        sizes = {f.path: f.size for f in self.files if f.size is not None}
+        if sizes:
+            record["sizes"] = sizes
         if self.repo:
             record.update(repo=self.repo, revision=self.revision)
         if self.source == "url":
@@ -193,6 +217,19 @@ def asked_inputs(settings: Settings) -> tuple:
     return tuple(sorted(json.loads(json.dumps(asked)).items()))
 
 
+def _record_files(record: dict) -> tuple[SourceFile, ...]:
+    """The source files a record names, with the sizes it gives (records made before
+    they carried sizes give none)."""
+    sizes = record.get("sizes") or {}
+    files = []
+    for path, cid in sorted(record.get("files", {}).items()):
+        algo, _, hexdigest = str(cid).partition(":")
+        size = sizes.get(path)
+        files.append(SourceFile(path, int(size) if isinstance(size, int) else None,
+                                hexdigest if algo == "sha256" else None, hexdigest if algo == "git-sha1" else None))
+    return tuple(files)
+
+
 def plan_from_record(settings: Settings, state) -> Optional[ModelPlan]:
     """The plan of the artifact a host already serves, from its own record, when
     that record says it was made from what the settings ask now; else None.
@@ -200,8 +237,9 @@ def plan_from_record(settings: Settings, state) -> Optional[ModelPlan]:
     ``state``: the ``ModelArtifact`` fact of ``models/current``. This is what
     lets a converged rack deploy with the hub unreachable: nothing to fetch,
     so nothing to ask the hub. An artifact that must be made again (its GGUF
-    truncated, or edited after its seal) is planned from the hub's listing,
-    whose sizes and hashes the fetch checks: the record has no sizes.
+    truncated, or edited after its seal) is not planned here (the audit reads
+    a plan from here as "the served artifact is the wanted one"): see
+    ``plan_from_pinned_record``.
     """
     if state is None or not state.record or not state.untouched:
         return None
@@ -210,16 +248,11 @@ def plan_from_record(settings: Settings, state) -> Optional[ModelPlan]:
     if tuple(sorted((record.get("asked") or {}).items())) != asked:
         return None
     m = settings.model
-    files = tuple(
-        SourceFile(path, None, cid[len("sha256:"):] if cid.startswith("sha256:") else None,
-                   cid[len("git-sha1:"):] if cid.startswith("git-sha1:") else None)
-        for path, cid in sorted(record.get("files", {}).items())
-    )  # fmt: skip
     return ModelPlan(
         root=settings.general.root,
         source=m.source,
         stamp=record["stamp"],
-        files=files,
+        files=_record_files(record),
         endpoint=m.hf_endpoint if m.source != "url" else None,
         repo=record.get("repo"),
         revision=record.get("revision"),
@@ -229,6 +262,62 @@ def plan_from_record(settings: Settings, state) -> Optional[ModelPlan]:
         keep_intermediates=m.keep_intermediates,
         retries=m.fetch_retries,
         asked=asked,
+    )
+
+
+FULL_SHA = re.compile(r"[0-9a-f]{40}")
+
+# What a record's asked inputs may differ in from the settings' and still plan the new
+# artifact from its files: the llama.cpp commit (a bump), and the revision as given (the
+# record's ``revision``, the full sha the hub resolved, is compared instead).
+_BUMPED = ("llamacpp_commit", "revision")
+
+
+def plan_from_pinned_record(settings: Settings, state) -> Optional[ModelPlan]:
+    """The plan of the artifact the settings ask for, made from the files the served
+    artifact's record names, without asking the hub; else None.
+
+    When ``model_revision`` is a full 40-hex commit sha, the hub's listing of it never
+    changes, so a record made from that same commit of the same repository with the
+    same ``model_hf_include`` names exactly the files a listing would select, with
+    their content ids and sizes. When the settings ask what the record says apart from
+    the llama.cpp commit (a bump, or the same artifact made again because its GGUF was
+    truncated or edited), the new artifact is planned from the record, and its fetch is
+    satisfied from the host's blob cache (checked by content id and size) or, for a
+    blob the cache lost, downloaded from the pinned commit and verified. Another quant
+    or outtype is a new model setting: the hub is asked, as for any.
+
+    None (the hub is asked) for a revision given shorter than 40 hex digits, a source
+    other than hf (a prequantized file's artifact does not change with llama.cpp), and
+    a record made before records carried the files' sizes (a git-sha1 check needs them).
+    """
+    m = settings.model
+    if m.source != "hf" or state is None or not state.record or not FULL_SHA.fullmatch(m.revision or ""):
+        return None
+    record = state.record
+    made_from, wanted = record.get("asked") or {}, dict(asked_inputs(settings))
+    if record.get("source") != "hf" or record.get("repo") != m.repo or record.get("revision") != m.revision:
+        return None
+    if any(made_from.get(k) != wanted.get(k) for k in set(made_from) | set(wanted) if k not in _BUMPED):
+        return None
+    files = _record_files(record)
+    if not files or any(f.size is None for f in files) or not any(f.path.endswith(".safetensors") for f in files):
+        return None
+    outtype = m.quant.lower() if m.quant in ("F16", "BF16") else m.convert_outtype
+    return ModelPlan(
+        root=settings.general.root,
+        source=m.source,
+        stamp=artifact_stamp(m.source, files, m.quant, outtype, settings.llamacpp.commit),
+        files=files,
+        endpoint=m.hf_endpoint,
+        repo=m.repo,
+        revision=m.revision,
+        quant=m.quant,
+        outtype=outtype,
+        llamacpp_commit=settings.llamacpp.commit,
+        keep_intermediates=m.keep_intermediates,
+        retries=m.fetch_retries,
+        asked=tuple(sorted(wanted.items())),
     )
 
 

@@ -55,6 +55,9 @@ def test_every_fact_has_fixtures():
         (facts.CudaToolkits, ["toolkit /usr/local/cuda", "nvcc: NVIDIA (R) Cuda compiler driver"]),
         (facts.CmakeVersion, ["bash: cmake: broken"]),
         (facts.FreeDiskBytes, ["df: /opt: No such file"]),
+        (facts.CachedBlobs, ["stat: cannot statx 'sha256/x': No such file or directory"]),
+        (facts.CachedBlobs, ["sha256/" + "0" * 64 + " 12 yesterday"]),
+        (facts.CachedBlobs, ["../../etc/" + "0" * 64 + " 12 1000000000.000000000"]),
         (facts.SystemUser, ["getent: unknown database"]),
         (facts.RecordedGpus, ['[{"name": "x"}]']),  # whole JSON of another shape (a torn one is none)
         # real output on the first 100 bytes of the tiny GGUF (an interrupted copy)

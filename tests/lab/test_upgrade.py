@@ -2,12 +2,16 @@
 
 A new commit rebuilds llama.cpp, converts and quantizes the model again with
 the new converter and llama-quantize, and restarts the server on both, with
-the checkpoint taken from the host's blob cache: the hub is asked for its
-listing only, and no file is downloaded (its own request log says so). The
-next run changes nothing and asks the hub nothing. A bump whose new unit does
-not answer /health (a build that passes its smoke run, then refuses the
-served model) is rolled back, and the previous unit serves again. Tests run
-in order and share the host.
+the checkpoint taken from the host's blob cache. The lab pins the model's
+revision by its full sha, so the served artifact's record plans the new one:
+the hub is asked nothing at all, not even its listing (its own request log
+says so), and the disk the model step asks for counts none of the checkpoint.
+The next run changes nothing and asks the hub nothing. A bump whose new unit
+does not answer /health (a build that passes its smoke run, then refuses the
+served model) is rolled back, and the previous unit serves again; that bump
+gives the revision as a short sha, which the hub is asked to list again (and
+nothing more: the files still come from the cache). Tests run in order and
+share the host.
 """
 
 import json
@@ -15,7 +19,7 @@ import urllib.request
 
 import pytest
 
-from llamarack.lab import mirror, services
+from llamarack.lab import TINY_MODEL_REVISION, mirror, services
 from llamarack.lab.hub_server import HubServer
 from llamarack.lab.pytest_plugin import parse_pyinfra_totals
 from tests.lab import deploying
@@ -123,10 +127,13 @@ def test_a_llamacpp_bump_rebuilds_and_converts_again_without_downloading(lab_rac
     since = len(hub.requests)
     rc, out = deploy(lab_rack, f"llamacpp_commit={commit}", f"model_hf_endpoint={hub.url}")
     assert rc == 0, out[-6000:]
-    # The hub was asked which files the revision holds (the new artifact's plan), and
-    # nothing was downloaded: the checkpoint came from the host's cache.
-    assert file_gets(hub, since) == [], hub.requests[since:]
-    assert any(r.path.startswith(f"/api/models/{services.HUB_REPO}/revision/") for r in hub.requests[since:])
+    # The hub was asked nothing: the revision is a full sha, so the served artifact's record
+    # (files, content ids, sizes) planned the new artifact, and the checkpoint came from
+    # the host's cache. The disk the model step asked for counts none of the checkpoint.
+    assert hub.requests[since:] == [], hub.requests[since:]
+    n = len(SEEN["files"])
+    assert f"{n} file(s)" in out and f"{n} of them in the host's blob cache (0.00 GB to download)" in out, out[-6000:]
+    print("\nbump's fetch line:", next(line for line in out.splitlines() if "host's blob cache" in line).strip())
     model, build = sh(lab_rack, f"readlink {OPT}/models/current"), sh(lab_rack, f"readlink {OPT}/builds/current")
     assert model != SEEN["model"] and build != SEEN["build"]
     assert commit[:9] in sh(lab_rack, f"{OPT}/builds/current/bin/llama-server --version 2>&1")
@@ -159,8 +166,11 @@ def test_a_bump_whose_unit_fails_health_is_rolled_back_and_the_previous_unit_ser
                                   REFUSES_THE_SERVED_MODEL)  # fmt: skip
     unit_before = sh(lab_rack, f"sha256sum < {UNIT}")
     since = len(hub.requests)
-    rc, out = deploy(lab_rack, f"llamacpp_commit={bad}", f"model_hf_endpoint={hub.url}")
+    short = TINY_MODEL_REVISION[:12]  # a revision not given in full is listed again: it is all asked
+    rc, out = deploy(lab_rack, f"llamacpp_commit={bad}", f"model_hf_endpoint={hub.url}", f"model_revision={short}")
     assert rc != 0
+    listings = [r.path for r in hub.requests[since:] if r.path.startswith(f"/api/models/{services.HUB_REPO}/revision/{short}")]
+    assert len(listings) == 1 and len(hub.requests) - since == 1, hub.requests[since:]
     # The build proved itself on the smoke model, the model was made again from the cache,
     # and only the new unit's /health check saw the failure.
     assert sh(lab_rack, f"readlink {OPT}/builds/current") != SEEN["bumped"]["binary"].split("/")[-3]

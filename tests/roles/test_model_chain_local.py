@@ -6,7 +6,8 @@ converter venv from its requirements file) -> llama-quantize when a build is
 at hand (else the F16 route, converted straight to the artifact) -> seal ->
 atomic move -> ``models/current``. Then the same operation again, with the
 facts read from the real files: no command at all. Then a llama.cpp bump's
-artifact: converted again from the host's blob cache, nothing downloaded.
+artifact, planned from the served artifact's record (a full-sha revision: the hub is
+not asked at all) and converted again from the host's blob cache, nothing downloaded.
 
 Slow inputs are cached by their inputs (tests/support/cache.py): the first
 run here builds venvs (about 2 min); later runs take seconds.
@@ -26,7 +27,8 @@ from pyinfra.context import ctx_host
 
 from llamarack.roles.model.hub import repo_files
 from llamarack.roles.model.operations import artifact
-from llamarack.roles.model.plan import plan_model
+from llamarack.facts import CachedBlobs, ModelArtifact
+from llamarack.roles.model.plan import plan_from_pinned_record, plan_model
 from llamarack.settings import load_settings
 from tests.support.cache import CACHE, converter_python, llama_cpp_source
 from tests.support.hub_server import HubServer
@@ -170,13 +172,25 @@ def test_tiny_model_chain_and_second_run_changes_nothing(tmp_path, tools):
     print("\nmodel chain figures:", json.dumps(figures))
 
     # A llama.cpp bump (another commit: another artifact, converted again) while the hub is
-    # up: the checkpoint comes from the host's blob cache; not one file is downloaded.
+    # up: the revision is a full sha, so the served artifact's record plans the new one (the
+    # hub is not even asked for its listing), and the checkpoint comes from the host's blob
+    # cache; not one file is downloaded.
     with HubServer({"tiny/llama": checkpoint}, token=TOKEN) as hub:
         bumped = load_settings("@local", {**settings_data(root, hub, sha, token_file, quant), "llamacpp_commit": "b" * 40})
-        plan2 = plan_model(bumped, repo_files(hub.url, "tiny/llama", sha, TOKEN))
+        served = LocalHost().get_fact(ModelArtifact, path=str(root / "models" / "current"))
+        assert served.record["sizes"] == {f.path: f.size for f in plan.files}
+        plan2 = plan_from_pinned_record(bumped, served)
         assert plan2.name != plan.name
+        # The disk figure counts none of the checkpoint: every file is in the blob cache.
+        cached = LocalHost().get_fact(CachedBlobs, cache=str(root / "cache" / "blobs"), ids=plan2.blob_ids)
+        assert cached == {f.content_id: f.size for f in plan2.files}
+        assert plan2.to_download(cached) == 0 and plan2.disk_needed(cached) == plan2.disk_needed() - plan2.source_bytes
         run_operation(plan2, token_file=str(token_file), tool_paths=paths)
-        assert [r.path for r in hub.requests if "/resolve/" in r.path] == []
+        assert hub.requests == []
+        # the plan the hub's listing gives is the same: same artifact, same fetch, same record
+        listed = plan_model(bumped, repo_files(hub.url, "tiny/llama", sha, TOKEN))
+        entries = lambda p: sorted(p.manifest()["files"], key=lambda e: e["path"])  # noqa: E731
+        assert (listed.stamp, entries(listed), listed.record()) == (plan2.stamp, entries(plan2), plan2.record())
     made = root / "models" / plan2.name
     assert os.readlink(root / "models" / "current") == plan2.name and (made / "model.gguf").read_bytes()[:4] == b"GGUF"
     assert (made / "fetch.log").read_text().count("from the cache, not downloaded") == len(plan2.files)

@@ -13,10 +13,10 @@ from pyinfra.api import FileUploadCommand, StringCommand
 from pyinfra.context import ctx_host
 
 from llamarack.errors import ModelSourceError
-from llamarack.facts import ArtifactState, FreeDiskBytes, ModelArtifact
+from llamarack.facts import ArtifactState, CachedBlobs, FreeDiskBytes, ModelArtifact
 from llamarack.roles.model.hub import HubFile, HubListing, repo_files
 from llamarack.roles.model.operations import artifact
-from llamarack.roles.model.plan import artifact_stamp, plan_from_record, plan_model
+from llamarack.roles.model.plan import artifact_stamp, plan_from_pinned_record, plan_from_record, plan_model
 from llamarack import remote
 from llamarack.settings import load_settings
 from pyinfra.facts.files import File, Link
@@ -248,6 +248,8 @@ def test_hub_listing_from_the_local_hub(tmp_path):
             repo_files(hub.url, "org/tiny", sha, None)
         with pytest.raises(ModelSourceError, match="not found"):
             repo_files(hub.url, "org/tiny", "b" * 40, "tok")
+        # a short sha (model_revision takes 7 to 40 hex digits) resolves to the full one
+        assert repo_files(hub.url, "org/tiny", sha[:12], "tok").sha == sha
 
 
 @pytest.mark.parametrize("output", [["size x"], ["size 10", "{not json"], ["size 10", "{}"]])
@@ -339,3 +341,107 @@ def test_draft_and_bench_settings_are_checked(data, problem):
     with pytest.raises(SettingsError) as e:
         settings(**data)
     assert problem in str(e.value)
+
+
+# Issue 12, day 2: the disk a model step asks for counts only the checkpoint files the
+# host's blob cache does not hold (they are hardlinked, not written again).
+CACHED_ALL = {f.content_id: f.size for f in PLAN.files}
+
+
+def test_disk_needed_counts_the_checkpoint_only_where_the_blob_cache_lacks_it():
+    s = PLAN.source_bytes  # 600 + 3_000_000 + 250_000
+    gguf_files = s + s * 55 // 100  # the unquantized GGUF and the quantized one
+    assert PLAN.disk_needed() == s + gguf_files + (1 << 30)
+    assert PLAN.disk_needed(CACHED_ALL) == gguf_files + (1 << 30)
+    # one file missing from the cache: that file's bytes count
+    some = {cid: n for cid, n in CACHED_ALL.items() if not cid.startswith("sha256:5")}
+    assert PLAN.to_download(some) == 3_000_000 and PLAN.disk_needed(some) == 3_000_000 + gguf_files + (1 << 30)
+    # a blob of another size is not the file (model_fetch drops it and downloads)
+    other = {**CACHED_ALL, "sha256:" + "5" * 64: 17}
+    assert PLAN.disk_needed(other) == PLAN.disk_needed(some)
+    # a prequantized source: only what is fetched, and nothing when cached
+    listing = replace(LISTING, files=LISTING.files + (HubFile("m.gguf", 9_000_000, "1" * 64, "2" * 40),))
+    gguf = plan_model(settings(model_source="gguf", model_file="m.gguf"), listing)
+    assert gguf.disk_needed() == 9_000_000 + (1 << 30)
+    assert gguf.disk_needed({"sha256:" + "1" * 64: 9_000_000}) == 1 << 30
+
+
+def test_the_disk_check_reads_the_blob_cache_and_refuses_only_on_what_must_be_written():
+    blobs = FactKey(CachedBlobs, cache="/opt/lr/cache/blobs", ids=PLAN.blob_ids)
+    assert PLAN.blob_ids == tuple(sorted(CACHED_ALL))
+    free = PLAN.disk_needed(CACHED_ALL)  # room for the GGUFs, not for a second checkpoint
+    facts = {ModelArtifact: None, FreeDiskBytes: free, Link: None, File: None}
+    cmds, _ = commands(PLAN, {**facts, blobs: CACHED_ALL})
+    assert not any("model-disk" in c for c in cmds if isinstance(c, str)) and len(cmds) > 5
+    # the same host without the blobs is refused, and the message says what counts
+    cmds, _ = commands(PLAN, {**facts, blobs: {}})
+    assert len(cmds) == 1 and cmds[0].endswith("exit 1")
+    assert (f"gpu01: model-disk: found {free} bytes free under /opt/lr/models; needed {PLAN.disk_needed()} "
+            f"(checkpoint files not in the blob cache: {PLAN.source_bytes}, unquantized GGUF") in cmds[0]
+    assert "Fix: free space or move llamarack_root to a bigger disk" in cmds[0]
+
+
+def FactKey(fact, **kwargs):
+    return (fact, frozenset(kwargs.items()))
+
+
+# Issue 12, day 2: a llama.cpp bump with the revision pinned by its full sha is planned from
+# the served artifact's record: the hub's listing of a commit never changes.
+def test_a_bump_of_a_full_sha_pin_is_planned_from_the_record_without_the_hub():
+    plan = plan_model(settings(), LISTING)
+    assert plan.record()["sizes"] == {"config.json": 600, "model.safetensors": 3_000_000, "tokenizer.model": 250_000}
+    for change in ({"llamacpp_commit": "b" * 40}, {"llamacpp_commit": "b" * 40, "model_hf_endpoint": "http://mirror:8080"},
+                   {"llamacpp_commit": "b" * 40, "model_fetch_retries": 2}):
+        bumped = settings(**change)
+        assert plan_from_record(bumped, served(plan)) is None  # not the served artifact (the audit's drift)
+        again = plan_from_pinned_record(bumped, served(plan))
+        listed = plan_model(bumped, LISTING)
+        assert again.stamp == listed.stamp != plan.stamp, change
+        assert (again.manifest(), again.record(), again.dir) == (listed.manifest(), listed.record(), listed.dir)
+        assert again.disk_needed(CACHED_ALL) == listed.disk_needed(CACHED_ALL)
+    # The record it makes plans the same artifact again (a converged rack asks nothing).
+    bumped = settings(llamacpp_commit="b" * 40)
+    made = plan_from_pinned_record(bumped, served(plan))
+    assert plan_from_record(bumped, served(made)).stamp == made.stamp
+    # An artifact that must be made again (its GGUF truncated): the same stamp, from the record.
+    truncated = ArtifactState(plan.stamp, 99, 100, served(plan).record)
+    assert plan_from_pinned_record(settings(), truncated).stamp == plan.stamp
+
+
+@pytest.mark.parametrize("change", [
+    {"model_revision": SHA[:12]},  # a short sha: listed again
+    {"model_quant": "Q8_0"},  # a new model setting: listed, as any
+    {"model_convert_outtype": "bf16"},
+    {"model_revision": "f" * 40},  # another commit
+    {"model_repo": "org/other"},
+    {"model_hf_include": ["*.safetensors"]},  # another selection of the listing
+    {"model_source": "gguf", "model_file": "m.gguf"},
+])  # fmt: skip
+def test_a_pin_not_by_full_sha_or_other_files_needs_the_hub(change):
+    plan = plan_model(settings(), LISTING)
+    assert plan_from_pinned_record(settings(llamacpp_commit="b" * 40, **change), served(plan)) is None
+
+
+def test_a_record_without_sizes_needs_the_hub():
+    """Records made before they carried sizes: a git-sha1 check needs the size, so the hub lists."""
+    plan = plan_model(settings(), LISTING)
+    old = {k: v for k, v in served(plan).record.items() if k != "sizes"}
+    state = ArtifactState(plan.stamp, 100, 100, old)
+    assert plan_from_record(settings(), state).stamp == plan.stamp  # still read as the served one
+    assert plan_from_pinned_record(settings(llamacpp_commit="b" * 40), state) is None
+    assert plan_from_pinned_record(settings(llamacpp_commit="b" * 40), None) is None
+
+
+def test_plan_for_asks_the_hub_only_when_the_record_cannot_say(monkeypatch):
+    import llamarack.roles.model as role
+
+    asked = []
+    monkeypatch.setattr(role, "listing_for", lambda s: asked.append(s.model.revision) or LISTING)
+    plan = plan_model(settings(), LISTING)
+    current = FactKey(ModelArtifact, path="/opt/lr/models/current")
+    for data, listed in (({"llamacpp_commit": "b" * 40}, []), ({"llamacpp_commit": "b" * 40, "model_revision": SHA[:12]},
+                                                               [SHA[:12]])):  # fmt: skip
+        asked.clear()
+        with ctx_host.use(FakeHost({current: served(plan)})):
+            got = role.plan_for(settings(**data))
+        assert asked == listed and got.stamp == plan_model(settings(**data), LISTING).stamp
