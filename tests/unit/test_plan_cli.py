@@ -83,7 +83,7 @@ def test_the_write_ups_case_from_its_config():
                "--rope-scaling", "yarn", "--rope-scale", "2", "--kv", "q4_0", "--ctx", "262144", code=1)  # fmt: skip
     assert "gemma3, 62 layers, 16 KV heads, trained 131072, yarn x2 from 131072: at most 262144 per slot" in out
     assert re.search(r"weights on the card +15\.40 GiB", out) and re.search(r"KV on the card +5\.80 GiB", out)
-    assert re.search(r"total on the card +22\.26 GiB +of 15\.75 GiB: does NOT fit", out)
+    assert re.search(r"total on the card +24\.14 GiB +of 15\.75 GiB: does NOT fit", out)
     assert re.search(r"q4_0/q4_0 +0 +5120 with --n-gpu-layers 60", out)
 
 

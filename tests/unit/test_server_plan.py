@@ -305,7 +305,7 @@ def test_the_write_ups_case_gemma_3_27b_q4_k_m_on_a_v100_16gb():
     # 15.40 GiB on the card: every layer plus the Q6_K output layer (the tied embedding's second
     # copy); 1.08 GiB of token embedding on the host. KV: 10 dense layers x 256K + 52 at 1536 cells.
     assert gib == {"weights_on_card": 15.40, "weights_on_host": 1.08, "kv_on_card": 5.80,
-                   "compute_on_card": 0.41, "reserve": 0.66, "total_on_card": 22.26}  # fmt: skip
+                   "compute_on_card": 2.29, "reserve": 0.66, "total_on_card": 24.14}  # fmt: skip
     assert book.kv_bytes_per_token == 10 * 16 * 128 * 2 * 18 / 32
     with pytest.raises(PlanError) as e:
         plan_context(s, shape, 16130)
@@ -413,13 +413,15 @@ def test_ledger_matches_llama_cpp_on_cuda(case):
     assert abs(mib(book.kv_on_host) - seen.get(("KV", False), 0.0)) <= 0.02
     assert f"n_ctx                 = {case['ctx_per_slot'] * case['parallel']}" in log
     compute, estimate = seen[("compute", True)], mib(book.compute_on_card)
-    if case["gpu_layers"] == shape["n_layer"] + 1 and not shape["n_swa"] and case["ctx_per_slot"] <= 8192:
-        # a dense model, every layer on the card (the 3 contexts x 2 KV types, q8_0, auto,
-        # 4 slots): the feed-forward peak and the f16 mask are llama.cpp's figure, to 0.1 MiB
+    if case["gpu_layers"] == shape["n_layer"] + 1 and not shape["n_swa"]:
+        # a dense model, every layer on the card (3 contexts x 2 KV types, q8_0, auto, 4 slots,
+        # YaRN to 131072 cells): the mask beside the larger of the feed-forward and attention
+        # peaks (a q4_0 cache converted to f16: 192, 352, 672 MiB at 32K, 64K, 128K) is
+        # llama.cpp's figure, to 0.1 MiB
         assert abs(estimate - compute) <= 0.1
     else:
-        # layers on the CPU, a sliding window, a 32K context: under llama.cpp's figure by 10 to 27%
-        assert 0.72 * compute < estimate < compute
+        # layers on the CPU, a sliding window: under llama.cpp's figure by 10 to 17%
+        assert 0.83 * compute < estimate < compute
     # what no buffer line names (CUDA context, cuBLAS, pools: 601-611 MiB) stays inside the reserve
     beyond = case["process_mib"] - seen[("model", True)] - seen[("KV", True)] - compute
     assert 600 < beyond < 612
