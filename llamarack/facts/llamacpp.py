@@ -38,6 +38,8 @@ class BuildFlags(ServerFlags):
     """``--rope-scaling``, ``--rope-scale`` and ``--yarn-orig-ctx`` are all in its --help."""
     has_spec_draft: bool = False
     """Every option of ``SPEC_DRAFT_FLAGS`` (a draft model's speculative decoding) is in its --help."""
+    has_backend_sampling: bool = False
+    """``--backend-sampling`` (the sampler chain on the GPU) is in its --help."""
 
 
 def parse_build_help(text: str, proven_args: tuple = ()) -> BuildFlags:
@@ -45,7 +47,8 @@ def parse_build_help(text: str, proven_args: tuple = ()) -> BuildFlags:
     base = parse_server_help(text, proven_args)
     return BuildFlags(**{f.name: getattr(base, f.name) for f in fields(base)},
                       has_rope_scaling=all(flag in text for flag in ROPE_FLAGS),
-                      has_spec_draft=all(flag in text for flag in SPEC_DRAFT_FLAGS))  # fmt: skip
+                      has_spec_draft=all(flag in text for flag in SPEC_DRAFT_FLAGS),
+                      has_backend_sampling=re.search(r"(^|[\s,])--backend-sampling\b", text, re.M) is not None)  # fmt: skip
 
 
 class GitHead(FactBase[Optional[str]]):

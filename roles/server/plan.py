@@ -85,6 +85,14 @@ def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_di
         args += draft_args(settings, flags, draft_dir, ctx, cuda)
     if s.api_key_file:
         args += ["--api-key-file", API_KEY_PATH]
+    if s.backend_sampling:
+        if not getattr(flags, "has_backend_sampling", False):
+            raise PlanError(Failure(
+                "backend-sampling", "server_backend_sampling set, but this build's llama-server --help has no "
+                "--backend-sampling", "a llama.cpp build that samples on the backend",
+                "pin a newer llamacpp_commit, or unset server_backend_sampling",
+            ))  # fmt: skip
+        args += ["--backend-sampling"]
     if flags.has_metrics:
         args += ["--metrics"]
     return args

@@ -202,6 +202,20 @@ def test_args_real_help_fixture_and_cpu_build_and_api_key():
     assert args[args.index("--api-key-file") + 1] == "/etc/llamarack/server-api-key"
 
 
+def test_backend_sampling_is_asked_only_of_a_build_that_has_it():
+    help_fixture = json.loads((Path(__file__).resolve().parents[1]
+                               / "facts/LlamaServerFlags/pinned_0c1e57098.json").read_text())
+    flags = parse_build_help("\n".join(help_fixture["output"]))
+    assert flags.has_backend_sampling  # "-bs, --backend-sampling" in the pinned build's --help
+    ctx = plan_context(settings(), LLAMA8B, V100_16)
+    assert "--backend-sampling" not in server_args(settings(), flags, "/b", "/m", ctx, cuda=True)  # off by default
+    on = settings(server_backend_sampling=True)
+    assert server_args(on, flags, "/b", "/m", ctx, cuda=True)[-2:] == ["--backend-sampling", "--metrics"]
+    with pytest.raises(PlanError) as e:
+        server_args(on, NEW_HELP, "/b", "/m", ctx, cuda=True)
+    assert e.value.failure.rule == "backend-sampling" and "server_backend_sampling" in e.value.failure.fix
+
+
 def test_unit_runs_as_the_service_user_with_the_args():
     s = settings(llamarack_service_user="llm")
     ctx = plan_context(s, LLAMA8B, V100_16)
