@@ -17,6 +17,18 @@ pyinfra's own ``make_unix_command``. What needs a password typed
 The inventory is read with pyinfra's own loader, imported without its CLI
 package's gevent monkey patching (nothing here runs under gevent: the
 patching scans every installed distribution's entry points, 0.1-0.7 s).
+
+Importing pyinfra (and paramiko under it) takes about 0.17 s, so the ssh
+processes start before that, from a light read of an inventory file
+(``early``): the file is executed once (pyinfra's loader then takes its
+result instead of executing it again), the group-data files beside it and
+in the working directory are read for the ``all`` group, and each host whose
+connection data is plain (no command wrapping, no password, no group
+overriding another) gets its ``ssh`` at once. Once pyinfra has loaded the
+inventory, each host's ``ssh`` command line is made again from its real data:
+an early process is kept only when its command line is the same, else it is
+stopped and the right one started, so the light read can cost time but not
+reach a host differently.
 """
 
 from __future__ import annotations
@@ -43,9 +55,10 @@ WRAPPING = ("_sudo", "_sudo_user", "_use_sudo_login", "_preserve_sudo_env", "_su
 REMOTE_SHELL = "sh -s"
 
 
-def load_inventory(inventory: str):
+def load_inventory(inventory: str, executed: Optional[dict] = None):
     """pyinfra's ``Inventory`` of ``inventory`` (a file, or hosts separated by commas), loaded
-    as ``pyinfra INVENTORY ...`` loads it, group data included."""
+    as ``pyinfra INVENTORY ...`` loads it, group data included. ``executed``: an inventory
+    file's module namespace, by its path, from ``early`` (not executed a second time)."""
     if "pyinfra_cli" not in sys.modules:
         # pyinfra_cli/__init__.py is only gevent's monkey patching; its inventory module needs none.
         spec = importlib.util.find_spec("pyinfra_cli")
@@ -55,15 +68,123 @@ def load_inventory(inventory: str):
         sys.modules["pyinfra_cli"] = package
     from pyinfra.api import Config, State
     from pyinfra.context import ctx_inventory, ctx_state
-    from pyinfra_cli.inventory import make_inventory
+    from pyinfra_cli import inventory as loader
 
     state = State(check_for_changes=False)
     state.cwd = os.getcwd()
     ctx_state.set(state)
-    hosts = make_inventory(inventory, cwd=state.cwd)
+    # pyinfra's Inventory asks for the installed connectors 4 times while it is made, each
+    # a scan of every installed distribution's entry points (25 ms each here): asked once.
+    from pyinfra.api import inventory as inventory_module
+
+    connectors = (inventory_module.get_all_connectors, inventory_module.get_execution_connectors)
+    found = connectors[0]()
+    execution = {name: module for name, module in found.items() if module.handles_execution}
+    inventory_module.get_all_connectors = lambda: dict(found)
+    inventory_module.get_execution_connectors = lambda: dict(execution)
+    exec_file = loader.exec_file
+    if executed:
+
+        def once(filename, return_locals=False, is_deploy_code=False):
+            if return_locals and filename in executed:
+                return executed.pop(filename)
+            return exec_file(filename, return_locals=return_locals, is_deploy_code=is_deploy_code)
+
+        loader.exec_file = once
+    try:
+        hosts = loader.make_inventory(inventory, cwd=state.cwd)
+    finally:
+        loader.exec_file = exec_file
+        inventory_module.get_all_connectors, inventory_module.get_execution_connectors = connectors
     ctx_inventory.set(hosts)
     state.init(hosts, Config())
     return hosts
+
+
+# What ``connect`` gives ssh when pyinfra's Config does not say otherwise (its CONNECT_TIMEOUT).
+DEFAULT_CONNECT_TIMEOUT = 10
+# ``sh -s`` as pyinfra's make_unix_command wraps it with no command arguments.
+PLAIN_REMOTE_COMMAND = "sh -c 'sh -s'"
+
+
+@dataclass
+class Early:
+    """What ``early`` read and started: the inventory file's namespace (for
+    ``load_inventory``) and one ssh process per host, by name, with its command line."""
+
+    executed: dict
+    started: dict
+
+
+def _exec(filename: str) -> dict:
+    """A Python file's namespace, executed as pyinfra's ``exec_file`` executes it."""
+    with open(filename, encoding="utf-8") as f:
+        code = compile(f.read(), filename, "exec")
+    namespace = {"__file__": filename}
+    exec(code, namespace)
+    return namespace
+
+
+def _light_hosts(inventory: str) -> tuple[dict, dict]:
+    """(the inventory file's namespace, {host: data}) for the hosts whose connection data
+    the file and the ``all`` group data give plainly; ({}, {}) when it is not a file."""
+    if not (inventory.endswith(".py") and os.path.isfile(inventory)):
+        return {}, {}
+    path = os.path.abspath(inventory)
+    namespace = _exec(path)
+    groups = {}
+    for key, value in namespace.items():
+        if key.startswith("_") or not isinstance(value, (list, tuple)):
+            continue
+        members, data = (value if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], dict)
+                         else (value, {}))  # fmt: skip
+        if isinstance(members, (list, tuple)) and all(isinstance(m, (str, tuple)) for m in members):
+            groups[key] = (members, data)
+    all_data = dict(groups.pop("all", ((), {}))[1])
+    for folder in dict.fromkeys([os.path.join(os.getcwd(), "group_data"),
+                                 os.path.join(os.path.dirname(path), "group_data")]):  # fmt: skip
+        group_file = os.path.join(folder, "all.py")
+        if os.path.isfile(group_file):
+            all_data.update({k: v for k, v in _exec(group_file).items()
+                             if not k.startswith("__") and not isinstance(v, types.ModuleType)})  # fmt: skip
+    hosts: dict = {}
+    group_set: dict = {}
+    for group, (members, data) in groups.items():
+        for member in members:
+            name, own = member if isinstance(member, tuple) else (member, {})
+            group_set.setdefault(name, []).append(data)
+            hosts.setdefault(name, {}).update(own or {})
+    plain = {}
+    for name, own in hosts.items():
+        merged = dict(all_data)
+        for data in group_set[name]:
+            if any(k in merged and merged[k] != v and k in data for k, v in data.items() if k.startswith("ssh_")):
+                break  # two groups disagree: pyinfra's order decides; left to it
+            merged.update(data)
+        else:
+            merged.update(own)
+            if not any(merged.get(k) for k in (*WRAPPING, *PASSWORD_DATA)):
+                plain[name] = merged
+    return namespace, plain
+
+
+def early(inventory: str, limit: tuple = ()) -> Early:
+    """Start an ``ssh`` to each host of an inventory file at once, from a light read of
+    it (see the module's docstring); nothing when the read fails or finds no plain host."""
+    try:
+        namespace, plain = _light_hosts(inventory)
+    except Exception as e:  # pyinfra's loader reads it again, and says what is wrong
+        logger.debug("early connect: %s: %s", inventory, e)
+        return Early({}, {})
+    started = {}
+    for name, data in plain.items():
+        if limit and name not in limit:
+            continue
+        argv = ssh_argv(name, data, DEFAULT_CONNECT_TIMEOUT) + [PLAIN_REMOTE_COMMAND]
+        started[name] = (argv, subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                stderr=subprocess.PIPE))  # fmt: skip
+    executed = {os.path.abspath(inventory): namespace} if namespace else {}
+    return Early(executed, started)
 
 
 def ssh_argv(name: str, data: dict, connect_timeout: int) -> list[str]:
@@ -120,7 +241,9 @@ class Session:
     """One host's ``ssh`` process, connecting from the moment it is made; ``send`` gives
     its shell the script and collects the output."""
 
-    def __init__(self, host, connect_timeout: int):
+    def __init__(self, host, connect_timeout: int, early: Optional[tuple] = None):
+        """``early``: (command line, process) of an ssh ``early`` started for this host,
+        kept when the command line is the one its data gives."""
         from pyinfra.api.arguments import pop_global_arguments
 
         self.name = host.name
@@ -137,6 +260,13 @@ class Session:
         arguments, _ = pop_global_arguments(host.state, host, {})
         self.command = remote_command(dict(arguments))
         self.argv = ssh_argv(host.name, data, connect_timeout) + [self.command]
+        if early is not None and early[0] == self.argv:
+            self.proc = early[1]
+            return
+        if early is not None:
+            logger.debug("early connect: %s: its ssh command line differs from its data's; started again",
+                         host.name)
+            _stop(early[1])
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE)  # fmt: skip
 
@@ -175,9 +305,14 @@ class Session:
         return self._result
 
     def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc is not None:
+            _stop(self.proc)
+
+
+def _stop(proc) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
 
 
 def select(hosts, limit: tuple = ()) -> list:
@@ -189,11 +324,16 @@ def select(hosts, limit: tuple = ()) -> list:
     return [h for h in hosts if not limit or h.name in limit]
 
 
-def connect(hosts, connect_timeout: Optional[int] = None) -> list[Session]:
+def connect(hosts, connect_timeout: Optional[int] = None, started: Optional[Early] = None) -> list[Session]:
     """One ``ssh`` process per host of ``hosts``, all started now (they connect and
-    authenticate while the caller makes the scripts)."""
+    authenticate while the caller makes the scripts), or kept from ``started`` (``early``).
+    An early process of a host not among ``hosts`` is stopped."""
     if connect_timeout is None:
         from pyinfra.api import Config
 
         connect_timeout = Config().CONNECT_TIMEOUT
-    return [Session(h, connect_timeout) for h in hosts]
+    left = dict(started.started) if started else {}
+    sessions = [Session(h, connect_timeout, left.pop(h.name, None)) for h in hosts]
+    for _, proc in left.values():
+        _stop(proc)
+    return sessions

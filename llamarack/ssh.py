@@ -19,13 +19,15 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from paramiko import Transport
 
-
-def nodelay_transport(sock: Any, **kwargs: Any) -> Transport:
+def nodelay_transport(sock: Any, **kwargs: Any) -> "paramiko.Transport":  # noqa: F821
     """paramiko's Transport on ``sock`` with TCP_NODELAY set. Sockets that
     are not TCP (a ProxyCommand pipe, a ProxyJump channel) are left as they
     are."""
+    # Imported here: inventories import this module, and ``llamarack audit`` reads them
+    # before anything of paramiko (0.1 s to import) is needed, or is at all (it uses OpenSSH).
+    from paramiko import Transport
+
     if getattr(sock, "family", None) in (socket.AF_INET, socket.AF_INET6):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return Transport(sock, **kwargs)

@@ -224,9 +224,12 @@ class BuildSeals(FactBase[Seals]):
 
     requires_command = "python3"
 
+    def host_run(self, root: str, sha256: Optional[str] = None) -> tuple:
+        # Read together with other host runs, it shares their python3 (FactsTogether).
+        return ("build_seal", "check", Layout(root).builds, *(("--sha256", sha256) if sha256 else ()))
+
     def command(self, root: str, sha256: Optional[str] = None) -> str:
-        args = ("--sha256", sha256) if sha256 else ()
-        return remote.command("build_seal", "check", Layout(root).builds, *args)
+        return remote.command(*self.host_run(root, sha256))
 
     def default(self) -> Seals:
         return Seals({})

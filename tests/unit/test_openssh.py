@@ -78,3 +78,89 @@ def test_limit_names_hosts_of_the_inventory():
     assert [h.name for h in openssh.select(hosts)] == ["a", "b", "c"]
     with pytest.raises(ValueError, match="no host d"):
         openssh.select(hosts, ("d",))
+
+
+def test_the_plain_remote_command_is_pyinfras():
+    # early starts ssh before pyinfra is imported, with this text; connect keeps it only if equal
+    assert openssh.PLAIN_REMOTE_COMMAND == openssh.remote_command({})
+
+
+@pytest.fixture
+def fake_ssh(tmp_path, monkeypatch):
+    """An ``ssh`` on PATH that logs its argv and answers its stdin's script with sh."""
+    log = tmp_path / "ssh.log"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec sh -s\n')
+    (bin_dir / "ssh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    return log
+
+
+def _inventory_file(tmp_path, text, all_data=None):
+    (tmp_path / "inv").mkdir()
+    path = tmp_path / "inv" / "rack.py"
+    path.write_text(text)
+    if all_data is not None:
+        (tmp_path / "inv" / "group_data").mkdir()
+        (tmp_path / "inv" / "group_data" / "all.py").write_text(all_data)
+    return str(path)
+
+
+def test_early_ssh_is_kept_when_the_real_data_gives_the_same_command_line(tmp_path, monkeypatch, fake_ssh):
+    monkeypatch.chdir(tmp_path)
+    path = _inventory_file(tmp_path, "import os\ncounted = os.environ\n"
+                                     "gpus = [('gpu01', {'ssh_hostname': '192.0.2.1'}), 'gpu02']\n",
+                           all_data="ssh_user = 'ops'\nssh_port = 2222\n")  # fmt: skip
+    started = openssh.early(path)
+    assert set(started.started) == {"gpu01", "gpu02"}
+    hosts = openssh.load_inventory(path, started.executed)
+    assert hosts.get_host("gpu01").data.ssh_user == "ops"  # pyinfra's own loader, group data included
+    sessions = openssh.connect(list(hosts), started=started)
+    for s in sessions:
+        s.send("echo from $0", timeout=30)
+    assert [s.result().output for s in sessions] == [["from sh"], ["from sh"]]
+    lines = fake_ssh.read_text().splitlines()
+    assert len(lines) == 2  # no second ssh: each early one was kept
+    assert "-l ops" in lines[0] and "-p 2222" in lines[0] and "-- 192.0.2.1" in lines[0]
+
+
+def test_early_ssh_is_replaced_when_pyinfra_reads_the_data_otherwise(tmp_path, monkeypatch, fake_ssh):
+    # two groups set ssh_user: pyinfra's order decides, so early leaves gpu01 to it; a
+    # group_data file for a group early does not read changes gpu02's port
+    monkeypatch.chdir(tmp_path)
+    path = _inventory_file(tmp_path, "a = ([('gpu01', {})], {'ssh_user': 'x'})\n"
+                                     "b = (['gpu01', 'gpu02'], {'ssh_user': 'y'})\n")  # fmt: skip
+    (tmp_path / "group_data").mkdir()
+    (tmp_path / "group_data" / "b.py").write_text("ssh_port = 2200\n")
+    started = openssh.early(path)
+    assert set(started.started) == {"gpu02"}
+    hosts = openssh.load_inventory(path, started.executed)
+    sessions = openssh.connect(list(hosts), started=started)
+    for s in sessions:
+        s.send("true", timeout=30)
+        assert s.result().status == 0
+    lines = fake_ssh.read_text().splitlines()
+    # gpu02's early ssh (no port) was stopped and started again with pyinfra's data
+    assert len(lines) == 3 and "-p 2200" not in lines[0] and "-p 2200" in lines[2]
+
+
+def test_early_reads_nothing_but_files_and_leaves_errors_to_pyinfra(tmp_path, monkeypatch, fake_ssh):
+    monkeypatch.chdir(tmp_path)
+    assert openssh.early("gpu01,gpu02").started == {}
+    broken = _inventory_file(tmp_path, "raise RuntimeError('inventory of your own')\n")
+    assert openssh.early(broken).started == {}
+    wrapped = tmp_path / "wrapped.py"
+    wrapped.write_text("gpus = [('gpu01', {'_sudo': True}), ('gpu02', {'ssh_password': 'p'})]\n")
+    assert openssh.early(str(wrapped)).started == {}
+    assert not fake_ssh.exists()
+
+
+def test_the_inventory_file_runs_once(tmp_path, monkeypatch, fake_ssh):
+    monkeypatch.chdir(tmp_path)
+    runs = tmp_path / "runs"
+    path = _inventory_file(tmp_path, f"open({str(runs)!r}, 'a').write('ran\\n')\ngpus = ['gpu01']\n")
+    started = openssh.early(path, limit=("gpu01",))
+    hosts = openssh.load_inventory(path, started.executed)
+    openssh.connect(list(hosts), started=started)[0].close()
+    assert runs.read_text() == "ran\n"
