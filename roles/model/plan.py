@@ -32,7 +32,7 @@ from llamarack.errors import ModelSourceError
 from llamarack.layout import Layout
 from llamarack.settings import Settings
 
-from .hub import HubListing
+from .hub import HubFile, HubListing
 
 
 @dataclass(frozen=True)
@@ -303,22 +303,10 @@ def plan_from_pinned_record(settings: Settings, state) -> Optional[ModelPlan]:
     files = _record_files(record)
     if not files or any(f.size is None for f in files) or not any(f.path.endswith(".safetensors") for f in files):
         return None
-    outtype = m.quant.lower() if m.quant in ("F16", "BF16") else m.convert_outtype
-    return ModelPlan(
-        root=settings.general.root,
-        source=m.source,
-        stamp=artifact_stamp(m.source, files, m.quant, outtype, settings.llamacpp.commit),
-        files=files,
-        endpoint=m.hf_endpoint,
-        repo=m.repo,
-        revision=m.revision,
-        quant=m.quant,
-        outtype=outtype,
-        llamacpp_commit=settings.llamacpp.commit,
-        keep_intermediates=m.keep_intermediates,
-        retries=m.fetch_retries,
-        asked=tuple(sorted(wanted.items())),
-    )
+    # The record's files are the listing's selection: planned as that listing would be.
+    listing = HubListing(m.repo, m.revision, tuple(HubFile(f.path, f.size, f.sha256, f.git_sha1 or "")
+                                                   for f in files))  # fmt: skip
+    return plan_model(settings, listing)
 
 
 def plan_model(settings: Settings, listing: Optional[HubListing] = None) -> ModelPlan:
