@@ -35,6 +35,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import threading
@@ -142,7 +143,7 @@ def stop_killer(ctx, f):
 
 def small_staging(ctx, f):
     staging = "/opt/llamarack/models/.staging"
-    r = ctx.rack.ssh(f.victim, f"mkdir -p {staging} && mount -t tmpfs -o size=5m,mode=700 llamarack-full {staging}")
+    r = ctx.rack.ssh(f.victim, f"mkdir -p {shlex.quote(staging)} && mount -t tmpfs -o size=5m,mode=700 llamarack-full {shlex.quote(staging)}")
     if r.returncode != 0:
         raise RuntimeError(f"cannot mount a small tmpfs on {staging}: {r.stderr}")
 
@@ -170,7 +171,7 @@ def truncate_record(ctx, f):
 
 
 def kill_at_switch(ctx, f):
-    if faults.wait_on_host(ctx.rack, f.victim, f"[ -e {UNIT_PATH}.prev ]", timeout=900):
+    if faults.wait_on_host(ctx.rack, f.victim, f"[ -e {shlex.quote(UNIT_PATH + '.prev')} ]", timeout=900):
         ctx.deploy.kill()
         ctx.notes.append("pyinfra SIGKILLed with the unit switch under way")
     else:

@@ -25,6 +25,7 @@ Everything else under the root, the unit, its ``.prev`` and
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import subprocess
 import time
@@ -261,7 +262,7 @@ def changes(output: str) -> int:
 
 def wait_on_host(rack, host: str, test: str, timeout: float = 600) -> bool:
     """Block until the shell ``test`` holds on the host (checked every 20 ms)."""
-    r = rack.ssh(host, f"timeout {int(timeout)} sh -c {_q(f'until {test}; do sleep 0.02; done')}",
+    r = rack.ssh(host, f"timeout {int(timeout)} sh -c {shlex.quote(f'until {test}; do sleep 0.02; done')}",
                  timeout=timeout + 30)  # fmt: skip
     return r.returncode == 0
 
@@ -288,12 +289,7 @@ def prune_models(rack, host: str, root: str = ROOT) -> None:
     """Remove every model artifact but the served one and the staging: the next model
     change then has all its work to do."""
     models = Layout(root).models
-    rack.ssh(host, f"cd {models} && cur=$(readlink current) && for d in */; do d=${{d%/}}; "
+    rack.ssh(host, f"cd {shlex.quote(models)} && cur=$(readlink current) && for d in */; do d=${{d%/}}; "
                    f"[ \"$d\" = current ] || [ \"$d\" = \"$cur\" ] || rm -rf -- \"$d\"; done; "
                    f"rm -rf .staging/* .staging/.[!.]* 2>/dev/null; true")  # fmt: skip
 
-
-def _q(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)

@@ -8,6 +8,7 @@ the staging areas changes (``llamarack.lab.faults``), and a re-run
 converges. Tests run in order and share the host.
 """
 
+import shlex
 import time
 
 import pytest
@@ -56,7 +57,7 @@ def converged(lab_rack):
 def test_sigkill_of_pyinfra_during_the_unit_switch(lab_rack):
     before = faults.snapshot(lab_rack.rack, HOST)
     run = faults.Deploy(INVENTORY, DEPLOY, [HOST], ["server_ctx_size=1024", "llamarack_roles=server"]).start()
-    at_switch = faults.wait_on_host(lab_rack.rack, HOST, f"[ -e {UNIT_PATH}.prev ]", timeout=600)
+    at_switch = faults.wait_on_host(lab_rack.rack, HOST, f"[ -e {shlex.quote(UNIT_PATH + '.prev')} ]", timeout=600)
     run.kill()
     rc, out, _ = run.wait()
     assert at_switch and rc == -9, out[-3000:]

@@ -5,6 +5,7 @@ These need root and the lab's tools; when the rack cannot start they fail
 
 import http.server
 import re
+import shlex
 import threading
 from pathlib import Path
 
@@ -55,9 +56,9 @@ def test_hosts_have_own_uptime_and_shared_ccache(lab_rack):
     a, b = lab_rack.hosts[0].name, lab_rack.hosts[1].name
     up = float(lab_rack.ssh(a, "cut -d' ' -f1 /proc/uptime").stdout)
     assert up < float(Path("/proc/uptime").read_text().split()[0])
-    assert lab_rack.ssh(a, f"echo shared > {GUEST_CCACHE_DIR}/.lab-test").returncode == 0
+    assert lab_rack.ssh(a, f"echo shared > {shlex.quote(GUEST_CCACHE_DIR + '/.lab-test')}").returncode == 0
     try:
-        assert lab_rack.ssh(b, f"cat {GUEST_CCACHE_DIR}/.lab-test").stdout == "shared\n"
+        assert lab_rack.ssh(b, f"cat {shlex.quote(GUEST_CCACHE_DIR + '/.lab-test')}").stdout == "shared\n"
         assert (paths.CCACHE_DIR / ".lab-test").read_text() == "shared\n"
     finally:
         (paths.CCACHE_DIR / ".lab-test").unlink(missing_ok=True)

@@ -75,7 +75,7 @@ def holders(lab_rack) -> list[str]:
     """Every file on the host holding either secret, with its mode: 'MODE PATH'."""
     find = ("find / \\( -path /proc -o -path /sys -o -path /dev -o -path /var/cache/llamarack-ccache \\) -prune "
             "-o -type f -print0 | xargs -0 grep -lsF -e \"$1\" -e \"$2\" | xargs -r stat -c '%a %n'")  # fmt: skip
-    r = lab_rack.ssh(HOST, f"sh -c {shlex.quote(find)} - {TOKEN} {KEY}", timeout=900)
+    r = lab_rack.ssh(HOST, f"sh -c {shlex.quote(find)} - {shlex.quote(TOKEN)} {shlex.quote(KEY)}", timeout=900)
     return sorted(r.stdout.splitlines())
 
 
@@ -124,7 +124,7 @@ def test_neither_secret_is_in_output_argv_environment_files_journal_or_unit(lab_
     assert TOKEN not in out and KEY not in out
     assert sampler.hits == []
     assert holders(lab_rack) == [f"640 {API_KEY_PATH}"]
-    journal = lab_rack.ssh(HOST, f"journalctl -o cat --no-pager | grep -cF -e {TOKEN} -e {KEY}").stdout.strip()
+    journal = lab_rack.ssh(HOST, f"journalctl -o cat --no-pager | grep -cF -e {shlex.quote(TOKEN)} -e {shlex.quote(KEY)}").stdout.strip()
     assert journal == "0"
     assert deploying.sh(lab_rack, HOST, f"grep -cF -e {TOKEN} -e {KEY} {UNIT_PATH} || true") == "0"
     # The key works (the server read its file); a second run with both changes nothing.
