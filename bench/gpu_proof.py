@@ -20,13 +20,16 @@ commands can share the work:
     serve8b    llama-server with the unit's exact ExecStart (the server role's
                plan_context + server_args + render_unit): /completion decode,
                single-request pp512, aggregate prefill over server_parallel slots
+    pinning    served decode under taskset (one CPU, two) with --threads 1, and with
+               CUDA graphs off, against llama-bench unpinned and pinned
     memory8b   3 contexts x 2 KV types, then one row per planner knob (q8_0, auto,
                4 slots, YaRN x4, partial offload) and YaRN contexts to 131072 (x2 to
                x16): the planner's ledger, item by item,
                against llama.cpp's load log and nvidia-smi's per-process memory
     v100       a Gemma-3-27B-shaped Q4_K_M (``--v100-shape``) planned for a V100 16 GB
                with the card table, started with that plan, then one layer and one
-               context step past it
+               context step past it; then planned again with the reserve this run
+               measured (the edge) and started, and one context step past that
 
 ``--cpu-check BUILD`` runs the same code on a CPU machine with a tiny shape
 (``--scale-down``) and a CPU build's bin/ folder, to prove the scripts before
@@ -643,6 +646,67 @@ class Proof:
         out["ok"] = True
         return out
 
+    def pinning(self):
+        """Served decode with the process held on one or two CPUs, against llama-bench the same way.
+
+        What the server adds per token beyond llama-bench (pinned build): the sampler chain
+        on the CPU, and a hand-off to a queue thread around every decode (``yield_to_queue``
+        wakes it, then waits until it has gone back to sleep). Two thread wake-ups per token
+        cost little on a busy CPU and tens of microseconds on an idle one, which is what a
+        CPU waiting on the GPU is. One CPU for the whole process makes each wake-up a
+        context switch on that CPU. These variants measure that, each served with the
+        unit's ExecStart plus the extra arguments, under ``taskset`` for the pinned ones.
+        """
+        reps = 5 if not self.cpu else 2
+        p = self.plan()
+        b = f"{os.path.realpath(self.layout.current_build)}/bin/llama-bench"
+        model = p["exec_start"][p["exec_start"].index("--model") + 1]
+        served = bench_args_for(p["exec_start"])
+        cpus = sorted(os.sched_getaffinity(0))
+        one, two = str(cpus[-1]), ",".join(str(c) for c in cpus[-2:])
+        idle = Path("/sys/devices/system/cpu/cpuidle")
+        out = {"cpus": cpus, "one_cpu": one, "two_cpus": two, "served_flags": served,
+               "cpuidle": {f.name: f.read_text().strip() for f in sorted(idle.glob("current_*"))} if idle.is_dir()
+               else None, "bench": {}, "served": {}}  # fmt: skip
+        bench_runs = {"unpinned": ([], []), "one_cpu_threads_1": (["taskset", "-c", one], ["-t", "1"])}
+        for name, (prefix, extra) in bench_runs.items():
+            cmd = prefix + [b, "-m", model, "-p", "0", "-n", "128", "-r", str(reps), "-o", "json", *served, *extra]
+            rc, text, s = self.sh(cmd, f"pinning-bench-{name}.log", timeout=180)
+            try:
+                rows = parse_bench_json(text)
+            except ValueError as e:
+                rows = [{"error": f"unparsed: {e}"}]
+            out["bench"][name] = {"rc": rc, "command": " ".join(cmd), "results": rows,
+                                  "tg128_tps": next((r.get("avg_ts") for r in rows if r.get("n_gen")), None)}
+        reference = out["bench"]["unpinned"]["tg128_tps"]
+        variants = {
+            "unit": ([], [], {}),
+            "threads_1": ([], ["--threads", "1"], {}),
+            "one_cpu_threads_1": (["taskset", "-c", one], ["--threads", "1"], {}),
+            "two_cpus_threads_1": (["taskset", "-c", two], ["--threads", "1"], {}),
+            "one_cpu_threads_1_backend_sampling": (["taskset", "-c", one], ["--threads", "1", "--backend-sampling"],
+                                                   {}),
+            "cuda_graphs_off": ([], [], {"GGML_CUDA_DISABLE_GRAPHS": "1"}),
+        }  # fmt: skip
+        help_text = subprocess.run([p["exec_start"][0], "--help"], capture_output=True, text=True).stdout
+        if "--backend-sampling" not in help_text:
+            variants.pop("one_cpu_threads_1_backend_sampling")
+        for name, (prefix, extra, env) in variants.items():
+            proc, url, _ = self.serve(prefix + p["exec_start"] + extra, f"pinning-{name}", p["port"], env=env)
+            try:
+                row = {"prefix": prefix, "extra_args": extra, "env": env,
+                       "default_sampling": self.decode(url, {}, reps),
+                       "greedy": self.decode(url, {"temperature": 0}, reps)}  # fmt: skip
+                tps = row["default_sampling"]["median_tps"]
+                row["over_llama_bench_unpinned"] = round(tps / reference, 3) if reference else None
+                out["served"][name] = row
+            except Exception as e:
+                out["served"][name] = {"prefix": prefix, "extra_args": extra, "error": f"{type(e).__name__}: {e}"}
+            finally:
+                self.stop(proc)
+        out["ok"] = reference is not None and "error" not in out["served"]["unit"]
+        return out
+
     def aggregate(self, n: int) -> dict:
         p = self.plan(server_parallel=n)
         proc, url, _ = self.serve(p["exec_start"], f"parallel{n}", p["port"])
@@ -841,13 +905,42 @@ class Proof:
         for name in ["at_plan", *steps]:
             used = out[name].get("process_mib")
             out[f"fits_card_{name}"] = None if used is None else used <= lim
+        # The default reserve leaves a margin (about five context steps here) over the largest
+        # "beyond the buffers" figure seen, because that figure moves between runs. At the
+        # edge: plan again with the reserve this run measured (rounded up to a whole MiB),
+        # start that plan and the one a context step past it. Shows the planner's arithmetic,
+        # not a setting to ship: the next start may need a few MiB more.
+        needed = out["at_plan"].get("reserve_needed_mib")
+        if needed is not None and self.left() > 120:
+            reserve = int(-(-needed // 1))
+            try:
+                q = self.plan(root=root, card=card, server_memory_reserve_mib=reserve)
+            except PlanError as e:
+                out["edge"] = {"reserve_mib": reserve, "refused": e.failure.message("v100-16gb")}
+            else:
+                q["knob"] = f"v100 edge, reserve {reserve}"
+                edge = {"reserve_mib": reserve, "ctx_size": q["ctx_size"], "gpu_layers": q["gpu_layers"],
+                        "note": q["note"], "at_plan": self.measure_memory(q, "v100-edge")}  # fmt: skip
+                if self.left() > 60:
+                    per_slot = q["ctx_per_slot"] + CTX_STEP
+                    book = planner_ledger(q["shape"], Knobs(**q["knobs"]), q["card_mib"], q["gpu_layers"],
+                                          q["cache_type"], q["cache_type"], per_slot)  # fmt: skip
+                    past = dict(q, knob="v100 edge, one ctx step past", ctx_per_slot=per_slot,
+                                ctx_size=per_slot * q["parallel"], ledger_mib=ledger_mib(book),
+                                exec_start=with_arg(q["exec_start"], "--ctx-size", per_slot * q["parallel"]))
+                    edge["one_ctx_step_past"] = self.measure_memory(past, "v100-edge-past")
+                    edge["one_ctx_step_past"]["planned_total_mib"] = round(book.total_on_card / MIB, 1)
+                for k in ("at_plan", "one_ctx_step_past"):
+                    used = edge.get(k, {}).get("process_mib")
+                    edge[f"fits_card_{k}"] = None if used is None else used <= lim
+                out["edge"] = edge
         out["ok"] = True
         return out
 
     # ----------------------------------------------------------------------
 
     PHASES = (("machine", 5), ("build", 480), ("model8b", 120), ("roofline", 20), ("bench8b", 90),
-              ("serve8b", 200), ("memory8b", 180), ("v100", 330))  # fmt: skip
+              ("serve8b", 200), ("pinning", 150), ("memory8b", 180), ("v100", 400))  # fmt: skip
 
     def run(self, only) -> None:
         if "model8b" in only:
