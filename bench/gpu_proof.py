@@ -1027,6 +1027,19 @@ def summarize(r: dict) -> dict:
                     "over_llama_bench": round(vs / tg, 3) if tg else None,
                     "greedy_tokens_same_as_unit": var["greedy"]["first_tokens"] == serve["decode_greedy"].get("first_tokens"),
                 }  # fmt: skip
+        pin = ph.get("pinning", {})
+        if pin.get("ok"):
+            ref = pin["bench"]["unpinned"]["tg128_tps"]
+            d["pinning"] = {
+                "separate_run": "a later machine and model build than the figures above (same commit and shape)",
+                "llama_bench_tg128_tps": {k: round(b["tg128_tps"], 1) for k, b in pin["bench"].items()
+                                          if b.get("tg128_tps")},
+                "served_tps_default_sampling": {k: round(x["default_sampling"]["median_tps"], 1)
+                                                for k, x in pin["served"].items() if "default_sampling" in x},
+                "served_over_llama_bench_unpinned": {k: round(x["default_sampling"]["median_tps"] / ref, 3)
+                                                     for k, x in pin["served"].items() if "default_sampling" in x},
+                "one_cpu": pin.get("one_cpu"), "cpuidle": pin.get("cpuidle"),
+            }  # fmt: skip
         out["decode_8b"] = d
         out["prefill_8b"] = {
             "llama_bench_pp512_tps": bench_ts("served_flags", n_prompt=512, n_gen=0),
@@ -1087,6 +1100,15 @@ def summarize(r: dict) -> dict:
             **{k: v[k] for k in v if k.startswith("fits_card_")},
             "quantize_seconds": (v.get("quantize") or {}).get("seconds"),
         }  # fmt: skip
+        e = v.get("edge")
+        if e and "at_plan" in e:
+            out["v100_question"]["edge"] = {
+                "reserve_mib": e["reserve_mib"], "planned_ctx": e["ctx_size"], "gpu_layers": e["gpu_layers"],
+                **{f"{k}_planned_total_mib": e[k].get("planned_total_mib") for k in ("at_plan", "one_ctx_step_past")
+                   if k in e},
+                **{f"{k}_process_mib": e[k].get("process_mib") for k in ("at_plan", "one_ctx_step_past") if k in e},
+                **{k: e[k] for k in e if k.startswith("fits_card_")},
+            }  # fmt: skip
     return out
 
 
