@@ -33,6 +33,7 @@ reach a host differently.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
@@ -57,8 +58,9 @@ REMOTE_SHELL = "sh -s"
 
 def load_inventory(inventory: str, executed: Optional[dict] = None):
     """pyinfra's ``Inventory`` of ``inventory`` (a file, or hosts separated by commas), loaded
-    as ``pyinfra INVENTORY ...`` loads it, group data included. ``executed``: an inventory
-    file's module namespace, by its path, from ``early`` (not executed a second time)."""
+    as ``pyinfra INVENTORY ...`` loads it, group data included. ``executed``: the namespaces
+    of the files ``early`` executed (the inventory file, its ``all`` group data), by the path
+    pyinfra's loader names them with: not executed a second time."""
     if "pyinfra_cli" not in sys.modules:
         # pyinfra_cli/__init__.py is only gevent's monkey patching; its inventory module needs none.
         spec = importlib.util.find_spec("pyinfra_cli")
@@ -82,7 +84,10 @@ def load_inventory(inventory: str, executed: Optional[dict] = None):
     execution = {name: module for name, module in found.items() if module.handles_execution}
     inventory_module.get_all_connectors = lambda: dict(found)
     inventory_module.get_execution_connectors = lambda: dict(execution)
-    exec_file = loader.exec_file
+    exec_file, imported_names = loader.exec_file, loader._get_imported_names
+    # pyinfra parses a group data file again for each name it defines (ast.parse in a
+    # comprehension's condition: 83 parses of group_data/all.py here); once per file.
+    loader._get_imported_names = functools.lru_cache(maxsize=None)(imported_names)
     if executed:
 
         def once(filename, return_locals=False, is_deploy_code=False):
@@ -94,7 +99,7 @@ def load_inventory(inventory: str, executed: Optional[dict] = None):
     try:
         hosts = loader.make_inventory(inventory, cwd=state.cwd)
     finally:
-        loader.exec_file = exec_file
+        loader.exec_file, loader._get_imported_names = exec_file, imported_names
         inventory_module.get_all_connectors, inventory_module.get_execution_connectors = connectors
     ctx_inventory.set(hosts)
     state.init(hosts, Config())
@@ -126,12 +131,14 @@ def _exec(filename: str) -> dict:
 
 
 def _light_hosts(inventory: str) -> tuple[dict, dict]:
-    """(the inventory file's namespace, {host: data}) for the hosts whose connection data
-    the file and the ``all`` group data give plainly; ({}, {}) when it is not a file."""
+    """({path: namespace} of the files executed: the inventory file and its ``all`` group
+    data, {host: data}) for the hosts whose connection data they give plainly; ({}, {})
+    when the inventory is not a file."""
     if not (inventory.endswith(".py") and os.path.isfile(inventory)):
         return {}, {}
     path = os.path.abspath(inventory)
     namespace = _exec(path)
+    executed = {path: namespace}
     groups = {}
     for key, value in namespace.items():
         if key.startswith("_") or not isinstance(value, (list, tuple)):
@@ -142,10 +149,11 @@ def _light_hosts(inventory: str) -> tuple[dict, dict]:
             groups[key] = (members, data)
     all_data = dict(groups.pop("all", ((), {}))[1])
     for folder in dict.fromkeys([os.path.join(os.getcwd(), "group_data"),
-                                 os.path.join(os.path.dirname(path), "group_data")]):  # fmt: skip
+                                 os.path.join(os.path.dirname(os.path.realpath(path)), "group_data")]):  # fmt: skip
         group_file = os.path.join(folder, "all.py")
         if os.path.isfile(group_file):
-            all_data.update({k: v for k, v in _exec(group_file).items()
+            executed[group_file] = _exec(group_file)
+            all_data.update({k: v for k, v in executed[group_file].items()
                              if not k.startswith("__") and not isinstance(v, types.ModuleType)})  # fmt: skip
     hosts: dict = {}
     group_set: dict = {}
@@ -165,14 +173,14 @@ def _light_hosts(inventory: str) -> tuple[dict, dict]:
             merged.update(own)
             if not any(merged.get(k) for k in (*WRAPPING, *PASSWORD_DATA)):
                 plain[name] = merged
-    return namespace, plain
+    return executed, plain
 
 
 def early(inventory: str, limit: tuple = ()) -> Early:
     """Start an ``ssh`` to each host of an inventory file at once, from a light read of
     it (see the module's docstring); nothing when the read fails or finds no plain host."""
     try:
-        namespace, plain = _light_hosts(inventory)
+        executed, plain = _light_hosts(inventory)
     except Exception as e:  # pyinfra's loader reads it again, and says what is wrong
         logger.debug("early connect: %s: %s", inventory, e)
         return Early({}, {})
@@ -183,7 +191,6 @@ def early(inventory: str, limit: tuple = ()) -> Early:
         argv = ssh_argv(name, data, DEFAULT_CONNECT_TIMEOUT) + [PLAIN_REMOTE_COMMAND]
         started[name] = (argv, subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                 stderr=subprocess.PIPE))  # fmt: skip
-    executed = {os.path.abspath(inventory): namespace} if namespace else {}
     return Early(executed, started)
 
 

@@ -17,10 +17,10 @@ import sys
 import traceback
 
 
-def run(source: str, name: str, args: list) -> int:
+def run(code, name: str, args: list) -> int:
     sys.argv = [name, *args]
     try:
-        exec(compile(source, name, "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+        exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
             return e.code or 0
@@ -34,9 +34,17 @@ def run(source: str, name: str, args: list) -> int:
 
 def main(argv: list) -> int:
     marker, spec = argv[1], json.loads(argv[2])
+    compiled = {}  # a module run twice (one env each) is compiled once
     for index, name, args in spec["runs"]:
         print(f"{marker} {index}", flush=True)
-        status = run(spec["sources"][name], name, args)
+        if name not in compiled:
+            try:
+                compiled[name] = compile(spec["sources"][name], name, "exec")
+            except SyntaxError:
+                traceback.print_exc()
+                print(f"{marker} rc 1", flush=True)
+                continue
+        status = run(compiled[name], name, args)
         sys.stdout.flush()
         print(f"{marker} rc {status}", flush=True)
     return 0

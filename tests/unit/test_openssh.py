@@ -164,3 +164,18 @@ def test_the_inventory_file_runs_once(tmp_path, monkeypatch, fake_ssh):
     hosts = openssh.load_inventory(path, started.executed)
     openssh.connect(list(hosts), started=started)[0].close()
     assert runs.read_text() == "ran\n"
+
+
+def test_the_all_group_data_file_runs_once_and_is_read_as_pyinfra_reads_it(tmp_path, monkeypatch, fake_ssh):
+    monkeypatch.chdir(tmp_path)
+    runs = tmp_path / "runs"
+    path = _inventory_file(tmp_path, "gpus = ['gpu01']\n",
+                           all_data=f"import os\nopen({str(runs)!r}, 'a').write('ran\\n')\n"
+                                    "ssh_port = 2222\nserver_port = 8081\n")  # fmt: skip
+    started = openssh.early(path, limit=("gpu01",))
+    hosts = openssh.load_inventory(path, started.executed)
+    (host,) = list(hosts)
+    assert runs.read_text() == "ran\n"
+    assert host.data.ssh_port == 2222 and host.data.server_port == 8081
+    assert "os" not in host.data.dict()  # pyinfra's rule: names bound by imports are not data
+    openssh.connect([host], started=started)[0].close()

@@ -15,18 +15,22 @@ So an upgraded package without a reboot gives the NVML version mismatch,
 and no loaded module gives the "couldn't communicate" failure, with the
 real messages and exit codes. LLAMARACK_FAKE_NVIDIA_ROOT prefixes all
 paths (unit tests only). Standard library only: it runs on the guest.
+
+The package installs this module under /usr/lib/llamarack-lab, compiled at
+install, and /usr/bin/nvidia-smi imports it (``python3 -I -S``): the real
+nvidia-smi is a compiled program, and a double that re-compiles 300 lines
+and imports glob and re each call cost every host's audit 10 ms a call.
 """
 
-import glob
 import json
 import os
-import re
 import sys
 import time
 
 ROOT = os.environ.get("LLAMARACK_FAKE_NVIDIA_ROOT", "")
 PROC_VERSION = ROOT + "/proc/driver/nvidia/version"
-LIB_GLOB = ROOT + "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.*.*"
+LIB_DIR = ROOT + "/usr/lib/x86_64-linux-gnu"
+LIB_PREFIX = "libnvidia-ml.so."  # then the version: libnvidia-ml.so.550.127.05
 GPUS_JSON = ROOT + "/etc/llamarack-lab/gpus.json"
 
 # driver branch -> highest CUDA version it supports (what nvidia-smi shows)
@@ -60,15 +64,27 @@ def module_version():
         text = open(PROC_VERSION).read()
     except OSError:
         return None
-    m = re.search(r"Kernel Module(?: for x86_64)?\s+(\S+)", text)
-    return m.group(1) if m else None
+    # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.127.05  <date>" (or "Kernel Module for x86_64")
+    for marker in ("Kernel Module for x86_64", "Kernel Module"):
+        if marker in text:
+            words = text.split(marker, 1)[1].split()
+            return words[0] if words else None
+    return None
+
+
+def _is_version(text):
+    parts = text.split(".")
+    return 2 <= len(parts) <= 3 and all(p.isdigit() for p in parts)
 
 
 def library_version():
-    for path in sorted(glob.glob(LIB_GLOB)):
-        ver = path.rsplit("libnvidia-ml.so.", 1)[1]
-        if re.fullmatch(r"\d+\.\d+(\.\d+)?", ver):
-            return ver
+    try:
+        names = sorted(os.listdir(LIB_DIR))
+    except OSError:
+        return None
+    for name in names:
+        if name.startswith(LIB_PREFIX) and _is_version(name[len(LIB_PREFIX):]):
+            return name[len(LIB_PREFIX):]
     return None
 
 
