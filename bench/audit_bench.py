@@ -117,7 +117,8 @@ def main() -> int:
     ap.add_argument("--hosts", type=int, default=4, help="hosts in a rack brought up here (default 4)")
     ap.add_argument("--batch", type=int, default=0,
                     help="first deploy N hosts at a time and hardlink their identical files, as "
-                         "bench/converged_bench.py does (16 hosts fit the lab's tmpfs only so)")
+                         "bench/converged_bench.py does (16 hosts fit the lab's 20G tmpfs only so, and "
+                         "only 2 at a time: with 4 the last batch had 350 MB left for a 1 GB model)")
     args = ap.parse_args()
     rack = rackmod.load()
     if rack is not None and not args.reuse:
