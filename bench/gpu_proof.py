@@ -537,6 +537,15 @@ class Proof:
                 "bandwidth_GBps": round(2 * n / med / 1e9, 1), "method": "torch y.copy_(x), 4 GiB fp16, "
                 "20 timed after 3 warm-ups, CUDA events; bytes read + written"}  # fmt: skip
 
+    def llama_bench(self, cmd: list, log: str, timeout: float, env: dict = None, shown: str = "") -> dict:
+        """One llama-bench run with -o json: its status, command line and result rows."""
+        rc, text, s = self.sh(cmd, log, timeout=timeout, env=env)
+        try:
+            rows = parse_bench_json(text)
+        except ValueError as e:
+            rows = [{"error": f"unparsed: {e}"}]
+        return {"rc": rc, "seconds": s, "command": shown + " ".join(cmd), "results": rows}
+
     def bench8b(self):
         p = self.plan()
         b = f"{os.path.realpath(self.layout.current_build)}/bin/llama-bench"
@@ -564,19 +573,13 @@ class Proof:
             if name == "ubatch":
                 cmd[cmd.index("-p") + 1] = "512,2048"
                 cmd[cmd.index("-n") + 1] = "0"
-            rc, text, s = self.sh(cmd, f"bench-{name}.log", timeout=240)
-            try:
-                rows = parse_bench_json(text)
-            except ValueError as e:
-                rows = [{"error": f"unparsed: {e}"}]
-            out["runs"][name] = {"rc": rc, "seconds": s, "command": " ".join(cmd), "results": rows}
+            out["runs"][name] = self.llama_bench(cmd, f"bench-{name}.log", 240)
         if not self.cpu:
             # CUDA graphs are on by default; this says what they are worth here.
             env = {**os.environ, "GGML_CUDA_DISABLE_GRAPHS": "1"}
             cmd = [b, "-m", model, "-p", "0", "-n", "128", "-r", reps, "-o", "json", *served]
-            rc, text, s = self.sh(cmd, "bench-nographs.log", timeout=120, env=env)
-            out["runs"]["cuda_graphs_off"] = {"rc": rc, "seconds": s, "command": "GGML_CUDA_DISABLE_GRAPHS=1 "
-                                              + " ".join(cmd), "results": parse_bench_json(text)}  # fmt: skip
+            out["runs"]["cuda_graphs_off"] = self.llama_bench(cmd, "bench-nographs.log", 120, env=env,
+                                                              shown="GGML_CUDA_DISABLE_GRAPHS=1 ")  # fmt: skip
         out["ok"] = out["runs"]["served_flags"]["rc"] == 0
         return out
 
@@ -594,6 +597,20 @@ class Proof:
             texts.append(r.get("tokens") or r.get("content", ""))
         return {"n_predict": 128, "reps": rows, "first_tokens": texts[0],
                 "median_tps": statistics.median(r["predicted_per_second"] for r in rows)}  # fmt: skip
+
+    def decode_variant(self, args: list, name: str, port: int, reps: int, env: dict = None, **shown) -> dict:
+        """A llama-server started with ``args`` (the unit's ExecStart and a variation), its
+        decode with the default sampling and greedy; ``shown`` (and ``env``, when given) is
+        recorded beside them."""
+        shown = {**shown, "env": env} if env is not None else shown
+        proc, url, _ = self.serve(args, name, port, env=env)
+        try:
+            return {**shown, "default_sampling": self.decode(url, {}, reps),
+                    "greedy": self.decode(url, {"temperature": 0}, reps)}  # fmt: skip
+        except Exception as e:
+            return {**shown, "error": f"{type(e).__name__}: {e}"}
+        finally:
+            self.stop(proc)
 
     def serve8b(self):
         reps = 5 if not self.cpu else 2
@@ -631,15 +648,8 @@ class Proof:
             variants["backend_sampling_threads_2"] = ["--backend-sampling", "--threads", "2"]
         out["decode_variants"] = {}
         for name, extra in variants.items():
-            proc, url, _ = self.serve(p["exec_start"] + extra, f"variant-{name}", p["port"])
-            try:
-                out["decode_variants"][name] = {
-                    "extra_args": extra, "default_sampling": self.decode(url, {}, reps),
-                    "greedy": self.decode(url, {"temperature": 0}, reps)}  # fmt: skip
-            except Exception as e:
-                out["decode_variants"][name] = {"extra_args": extra, "error": f"{type(e).__name__}: {e}"}
-            finally:
-                self.stop(proc)
+            out["decode_variants"][name] = self.decode_variant(p["exec_start"] + extra, f"variant-{name}", p["port"],
+                                                               reps, extra_args=extra)  # fmt: skip
         out["aggregate_prefill"] = {}
         for n in self.a.parallel:
             out["aggregate_prefill"][str(n)] = self.aggregate(n)
@@ -671,13 +681,9 @@ class Proof:
         bench_runs = {"unpinned": ([], []), "one_cpu_threads_1": (["taskset", "-c", one], ["-t", "1"])}
         for name, (prefix, extra) in bench_runs.items():
             cmd = prefix + [b, "-m", model, "-p", "0", "-n", "128", "-r", str(reps), "-o", "json", *served, *extra]
-            rc, text, s = self.sh(cmd, f"pinning-bench-{name}.log", timeout=180)
-            try:
-                rows = parse_bench_json(text)
-            except ValueError as e:
-                rows = [{"error": f"unparsed: {e}"}]
-            out["bench"][name] = {"rc": rc, "command": " ".join(cmd), "results": rows,
-                                  "tg128_tps": next((r.get("avg_ts") for r in rows if r.get("n_gen")), None)}
+            run = self.llama_bench(cmd, f"pinning-bench-{name}.log", 180)
+            run["tg128_tps"] = next((r.get("avg_ts") for r in run["results"] if r.get("n_gen")), None)
+            out["bench"][name] = run
         reference = out["bench"]["unpinned"]["tg128_tps"]
         variants = {
             "unit": ([], [], {}),
@@ -692,18 +698,11 @@ class Proof:
         if "--backend-sampling" not in help_text:
             variants.pop("one_cpu_threads_1_backend_sampling")
         for name, (prefix, extra, env) in variants.items():
-            proc, url, _ = self.serve(prefix + p["exec_start"] + extra, f"pinning-{name}", p["port"], env=env)
-            try:
-                row = {"prefix": prefix, "extra_args": extra, "env": env,
-                       "default_sampling": self.decode(url, {}, reps),
-                       "greedy": self.decode(url, {"temperature": 0}, reps)}  # fmt: skip
-                tps = row["default_sampling"]["median_tps"]
-                row["over_llama_bench_unpinned"] = round(tps / reference, 3) if reference else None
-                out["served"][name] = row
-            except Exception as e:
-                out["served"][name] = {"prefix": prefix, "extra_args": extra, "error": f"{type(e).__name__}: {e}"}
-            finally:
-                self.stop(proc)
+            row = self.decode_variant(prefix + p["exec_start"] + extra, f"pinning-{name}", p["port"], reps, env=env,
+                                      prefix=prefix, extra_args=extra)  # fmt: skip
+            if "default_sampling" in row and reference:
+                row["over_llama_bench_unpinned"] = round(row["default_sampling"]["median_tps"] / reference, 3)
+            out["served"][name] = row
         out["ok"] = reference is not None and "error" not in out["served"]["unit"]
         return out
 
@@ -827,6 +826,22 @@ class Proof:
             out["reserve"] = reserve_from(needed)
         return out
 
+    def measure_past(self, p: dict, knob: str, log: str, layers: int, per_slot: int) -> dict:
+        """``measure_memory`` of plan ``p`` taken further than the planner went (``layers`` on
+        the card, ``per_slot`` cells a slot), with the planner's ledger for it."""
+        args = p["exec_start"]
+        if layers != p["gpu_layers"]:
+            args = with_arg(args, "--n-gpu-layers", layers)
+        if per_slot != p["ctx_per_slot"]:
+            args = with_arg(args, "--ctx-size", per_slot * p["parallel"])
+        book = planner_ledger(p["shape"], Knobs(**p["knobs"]), p["card_mib"], layers, p["cache_type"],
+                              p["cache_type"], per_slot)  # fmt: skip
+        past = dict(p, knob=knob, exec_start=args, ledger_mib=ledger_mib(book), gpu_layers=layers,
+                    ctx_per_slot=per_slot, ctx_size=per_slot * p["parallel"])  # fmt: skip
+        row = self.measure_memory(past, log)
+        row["planned_total_mib"] = round(book.total_on_card / MIB, 1)
+        return row
+
     def v100(self):
         """A Gemma-3-27B-shaped Q4_K_M (the write-up's model class), planned for a V100 16 GB
         with the card table, served with that plan on this card; then one layer and one
@@ -889,17 +904,10 @@ class Proof:
         # layer on the card (partial offload), or one more context step.
         steps = {}
         if p["gpu_layers"] is not None and p["gpu_layers"] <= p["n_layer"]:
-            steps["one_layer_past"] = ("--n-gpu-layers", p["gpu_layers"] + 1, p["ctx_per_slot"])
-        steps["one_ctx_step_past"] = ("--ctx-size", p["ctx_size"] + CTX_STEP, p["ctx_per_slot"] + CTX_STEP)
-        for name, (flag, value, per_slot) in steps.items():
-            past = dict(p, knob=f"v100 {name}", exec_start=with_arg(p["exec_start"], flag, value))
-            layers = value if flag == "--n-gpu-layers" else p["gpu_layers"]
-            book = planner_ledger(p["shape"], Knobs(**p["knobs"]), p["card_mib"], layers, p["cache_type"],
-                                  p["cache_type"], per_slot)  # fmt: skip
-            past.update(ledger_mib=ledger_mib(book), gpu_layers=layers, ctx_per_slot=per_slot,
-                        ctx_size=per_slot * p["parallel"])  # fmt: skip
-            out[name] = self.measure_memory(past, f"v100-{name}")
-            out[name]["planned_total_mib"] = round(book.total_on_card / MIB, 1)
+            steps["one_layer_past"] = (p["gpu_layers"] + 1, p["ctx_per_slot"])
+        steps["one_ctx_step_past"] = (p["gpu_layers"], p["ctx_per_slot"] + CTX_STEP)
+        for name, (layers, per_slot) in steps.items():
+            out[name] = self.measure_past(p, f"v100 {name}", f"v100-{name}", layers, per_slot)
         lim = 16130  # what nvidia-smi reports for a V100 16 GB (the card table's figure)
         out["card_limit_mib"] = lim
         for name in ["at_plan", *steps]:
@@ -922,14 +930,8 @@ class Proof:
                 edge = {"reserve_mib": reserve, "ctx_size": q["ctx_size"], "gpu_layers": q["gpu_layers"],
                         "note": q["note"], "at_plan": self.measure_memory(q, "v100-edge")}  # fmt: skip
                 if self.left() > 60:
-                    per_slot = q["ctx_per_slot"] + CTX_STEP
-                    book = planner_ledger(q["shape"], Knobs(**q["knobs"]), q["card_mib"], q["gpu_layers"],
-                                          q["cache_type"], q["cache_type"], per_slot)  # fmt: skip
-                    past = dict(q, knob="v100 edge, one ctx step past", ctx_per_slot=per_slot,
-                                ctx_size=per_slot * q["parallel"], ledger_mib=ledger_mib(book),
-                                exec_start=with_arg(q["exec_start"], "--ctx-size", per_slot * q["parallel"]))
-                    edge["one_ctx_step_past"] = self.measure_memory(past, "v100-edge-past")
-                    edge["one_ctx_step_past"]["planned_total_mib"] = round(book.total_on_card / MIB, 1)
+                    edge["one_ctx_step_past"] = self.measure_past(q, "v100 edge, one ctx step past", "v100-edge-past",
+                                                                  q["gpu_layers"], q["ctx_per_slot"] + CTX_STEP)
                 for k in ("at_plan", "one_ctx_step_past"):
                     used = edge.get(k, {}).get("process_mib")
                     edge[f"fits_card_{k}"] = None if used is None else used <= lim

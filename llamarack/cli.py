@@ -92,11 +92,10 @@ def audit(ctx, inventory, limit, as_json, templates, verify, debug):
     try:
         hosts = openssh.load_inventory(inventory, started.executed)
         chosen = openssh.select(hosts, tuple(limit))
-    except ValueError as e:
-        openssh.connect([], started=started)  # stops what early started
-        raise click.UsageError(str(e))
-    except BaseException:
-        openssh.connect([], started=started)
+    except BaseException as e:
+        started.stop()
+        if isinstance(e, ValueError):
+            raise click.UsageError(str(e))
         raise
     sessions = openssh.connect(chosen, started=started)
     try:

@@ -91,8 +91,9 @@ def load_inventory(inventory: str, executed: Optional[dict] = None):
     if executed:
 
         def once(filename, return_locals=False, is_deploy_code=False):
-            if return_locals and filename in executed:
-                return executed.pop(filename)
+            # pyinfra names the inventory file as given (often relative), its group data absolute
+            if return_locals and os.path.abspath(filename) in executed:
+                return executed.pop(os.path.abspath(filename))
             return exec_file(filename, return_locals=return_locals, is_deploy_code=is_deploy_code)
 
         loader.exec_file = once
@@ -114,11 +115,17 @@ PLAIN_REMOTE_COMMAND = "sh -c 'sh -s'"
 
 @dataclass
 class Early:
-    """What ``early`` read and started: the inventory file's namespace (for
-    ``load_inventory``) and one ssh process per host, by name, with its command line."""
+    """What ``early`` read and started: the namespaces of the files it executed, by
+    absolute path (for ``load_inventory``), and one ssh process per host, by name, with
+    its command line."""
 
     executed: dict
     started: dict
+
+    def stop(self) -> None:
+        """Stop every ssh process started early (the audit will not use them)."""
+        for _, proc in self.started.values():
+            _stop(proc)
 
 
 def _exec(filename: str) -> dict:
@@ -339,8 +346,7 @@ def connect(hosts, connect_timeout: Optional[int] = None, started: Optional[Earl
         from pyinfra.api import Config
 
         connect_timeout = Config().CONNECT_TIMEOUT
-    left = dict(started.started) if started else {}
-    sessions = [Session(h, connect_timeout, left.pop(h.name, None)) for h in hosts]
-    for _, proc in left.values():
-        _stop(proc)
+    left = Early({}, dict(started.started) if started else {})
+    sessions = [Session(h, connect_timeout, left.started.pop(h.name, None)) for h in hosts]
+    left.stop()
     return sessions

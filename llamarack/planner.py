@@ -131,6 +131,9 @@ class Ledger:
 
     def as_dict(self) -> dict:
         return {**asdict(self), "total_on_card": self.total_on_card}
+# Cache types the CUDA flash-attention kernel reads as they are; a quantized cache is
+# converted to f16 for it, in the compute buffer (``compute_bytes``).
+UNQUANTIZED_KV_TYPES = ("f32", "f16", "bf16")
 
 
 @dataclass(frozen=True)
@@ -219,7 +222,7 @@ def compute_bytes(shape: dict, knobs: Knobs, on_gpu: bool, ctx_per_slot: int, sw
         ffn = N_UBATCH * 4 * 3 * (shape["n_ff"] + shape["n_embd"])
         attention = N_UBATCH * 4 * 2 * (shape["n_embd"] + shape["n_head"] * shape["head_dim_k"])
         for kind, size in ((k, shape["head_dim_k"]), (v, shape["head_dim_v"])):
-            if kind not in ("f16", "bf16", "f32"):
+            if kind not in UNQUANTIZED_KV_TYPES:
                 attention += ctx_per_slot * shape["n_head_kv"] * size * 2
         scores = 0 if knobs.flash_attn else N_UBATCH * cells * 4 * (1 + shape["n_head"])
         return N_UBATCH * cells * 2 + max(ffn, attention) + scores

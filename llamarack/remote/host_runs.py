@@ -17,10 +17,12 @@ import sys
 import traceback
 
 
-def run(code, name: str, args: list) -> int:
+def run(source: str, name: str, args: list, compiled: dict) -> int:
     sys.argv = [name, *args]
     try:
-        exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+        if name not in compiled:  # a module run twice (one env each) is compiled once
+            compiled[name] = compile(source, name, "exec")
+        exec(compiled[name], {"__name__": "__main__", "__builtins__": __builtins__})
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
             return e.code or 0
@@ -34,17 +36,10 @@ def run(code, name: str, args: list) -> int:
 
 def main(argv: list) -> int:
     marker, spec = argv[1], json.loads(argv[2])
-    compiled = {}  # a module run twice (one env each) is compiled once
+    compiled: dict = {}
     for index, name, args in spec["runs"]:
         print(f"{marker} {index}", flush=True)
-        if name not in compiled:
-            try:
-                compiled[name] = compile(spec["sources"][name], name, "exec")
-            except SyntaxError:
-                traceback.print_exc()
-                print(f"{marker} rc 1", flush=True)
-                continue
-        status = run(compiled[name], name, args)
+        status = run(spec["sources"][name], name, args, compiled)
         sys.stdout.flush()
         print(f"{marker} rc {status}", flush=True)
     return 0

@@ -179,3 +179,15 @@ def test_the_all_group_data_file_runs_once_and_is_read_as_pyinfra_reads_it(tmp_p
     assert host.data.ssh_port == 2222 and host.data.server_port == 8081
     assert "os" not in host.data.dict()  # pyinfra's rule: names bound by imports are not data
     openssh.connect([host], started=started)[0].close()
+
+
+def test_the_inventory_file_given_relative_runs_once(tmp_path, monkeypatch, fake_ssh):
+    # pyinfra's loader names the inventory file as it was given: `llamarack audit inventory/lab.py`
+    monkeypatch.chdir(tmp_path)
+    runs = tmp_path / "runs"
+    _inventory_file(tmp_path, f"open({str(runs)!r}, 'a').write('ran\\n')\ngpus = ['gpu01']\n",
+                    all_data=f"open({str(runs)!r}, 'a').write('group data ran\\n')\n")  # fmt: skip
+    started = openssh.early("inv/rack.py", limit=("gpu01",))
+    hosts = openssh.load_inventory("inv/rack.py", started.executed)
+    openssh.connect(list(hosts), started=started)[0].close()
+    assert runs.read_text() == "ran\ngroup data ran\n"
