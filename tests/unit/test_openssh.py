@@ -3,6 +3,7 @@ data pyinfra's SSH connector reads, its command wrapped as pyinfra wraps it
 (the lab tests run it against real hosts, one of them through sudo)."""
 
 import subprocess
+import sys
 
 import pytest
 
@@ -191,3 +192,17 @@ def test_the_inventory_file_given_relative_runs_once(tmp_path, monkeypatch, fake
     hosts = openssh.load_inventory("inv/rack.py", started.executed)
     openssh.connect(list(hosts), started=started)[0].close()
     assert runs.read_text() == "ran\ngroup data ran\n"
+
+
+def test_pyinfra_is_imported_without_invoke_and_invoke_stays_importable():
+    # A fresh interpreter: this process may have imported pyinfra (and invoke) already.
+    code = ("import sys; from llamarack import openssh\n"
+            "with openssh._without_invoke():\n"
+            "    import paramiko.config, pyinfra.api\n"
+            "assert 'invoke' not in sys.modules, sys.modules.get('invoke')\n"
+            "assert paramiko.config.invoke is None and paramiko.config.invoke_import_error is not None\n"
+            "import invoke\n"
+            "print(invoke.__name__)\n")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "invoke"
