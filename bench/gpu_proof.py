@@ -43,6 +43,7 @@ import dataclasses
 import json
 import os
 import random
+import resource
 import re
 import shlex
 import shutil
@@ -740,13 +741,14 @@ class Proof:
                 "method": f"{n} concurrent /completion requests of 512 distinct random tokens, n_predict 1; "
                           "client wall time from one release to the last answer"}  # fmt: skip
 
-    def measure_memory(self, p: dict, name: str) -> dict:
-        """Start the planned server, one short request, then what llama.cpp and nvidia-smi say,
-        item by item against the planner's ledger."""
-        proc, url, load_s = self.serve(p["exec_start"], name, p["port"], env=LOAD_LOG_ENV)
+    def measure_memory(self, p: dict, name: str, env: dict = None, prompt_tokens: int = 256) -> dict:
+        """Start the planned server (``env`` added to its environment), one request of
+        ``prompt_tokens`` tokens, then what llama.cpp and nvidia-smi say, item by item
+        against the planner's ledger."""
+        proc, url, load_s = self.serve(p["exec_start"], name, p["port"], env={**LOAD_LOG_ENV, **(env or {})})
         try:
             before = self.gpu_memory(proc.pid)
-            self.post(url, {"prompt": self.tokens(256, 5), "n_predict": 16, "cache_prompt": False,
+            self.post(url, {"prompt": self.tokens(prompt_tokens, 5), "n_predict": 16, "cache_prompt": False,
                             "ignore_eos": True})  # fmt: skip
             after = self.gpu_memory(proc.pid)
         finally:
@@ -765,6 +767,7 @@ class Proof:
         used = [m["process_mib"] for m in (before, after) if m.get("process_mib") is not None]
         led = p["ledger_mib"]
         row = {"ctx_size": p["ctx_size"], "ctx_per_slot": p.get("ctx_per_slot"), "parallel": p.get("parallel"),
+               "env": env, "prompt_tokens": prompt_tokens,
                "cache_type": p.get("cache_type"), "gpu_layers": p.get("gpu_layers"), "n_layer": p.get("n_layer"),
                "knob": p.get("knob"), "ledger_mib": led, "log_mib": meas, "load_log": log, "kv_lines": kv_lines,
                "smi_after_load": before, "smi_after_request": after, "load_seconds": load_s,
@@ -824,6 +827,92 @@ class Proof:
         needed = [r["reserve_needed_mib"] for r in rows if "reserve_needed_mib" in r]
         if needed:
             out["reserve"] = reserve_from(needed)
+        return out
+
+    def smi(self):
+        """What the audit's two nvidia-smi queries cost on a real driver (CPU seconds, the
+        median of 9), and whether one run of nvidia-smi answers both (it would halve them)."""
+        gpu_q = ("nvidia-smi --query-gpu=index,name,uuid,memory.total,compute_cap,driver_version,pci.device_id"
+                 " --format=csv,noheader,nounits")  # fmt: skip
+        apps_q = "nvidia-smi --query-compute-apps=pid,process_name,used_gpu_memory,gpu_uuid --format=csv,noheader,nounits"
+        out = {}
+        for name, q in (("query_gpu", gpu_q), ("query_compute_apps", apps_q)):
+            cpu, wall = [], []
+            for _ in range(9):
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                start = time.time()
+                r = subprocess.run(q, shell=True, capture_output=True, text=True)
+                wall.append(time.time() - start)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+            out[name] = {"command": q, "rc": r.returncode, "output": r.stdout[-1000:],
+                         "cpu_s_median": round(statistics.median(cpu), 4),
+                         "wall_s_median": round(statistics.median(wall), 4)}  # fmt: skip
+        both = gpu_q.replace(" --format", " --query-compute-apps=pid,process_name,used_gpu_memory,gpu_uuid --format")
+        r = subprocess.run(both, shell=True, capture_output=True, text=True)
+        out["both_in_one_run"] = {"command": both, "rc": r.returncode, "output": (r.stdout + r.stderr)[-1500:]}
+        out["ok"] = self.cpu or out["query_gpu"]["rc"] == 0  # the CPU check proves the script only
+        return out
+
+    def modload(self):
+        """The 8B plan served with CUDA_MODULE_LOADING=LAZY and =EAGER, a 512-token request
+        each. CUDA's runtime loads every kernel of the process (llama.cpp's and cuBLAS's)
+        onto the card at start when EAGER, the default of runtimes before 12.2 (the
+        toolkit 11.8 this project installs for V100s); LAZY, the default since, loads a
+        kernel when it is first used. This card's runtime (13) is LAZY by default, so the
+        reserve was measured LAZY."""
+        p = self.plan()
+        out = {}
+        for mode in ("LAZY", "EAGER"):
+            out[mode.lower()] = self.measure_memory(p, f"modload-{mode.lower()}", env={"CUDA_MODULE_LOADING": mode},
+                                                    prompt_tokens=512)  # fmt: skip
+        used = {m: out[m].get("process_mib") for m in ("lazy", "eager")}
+        out["eager_over_lazy_mib"] = used["eager"] - used["lazy"] if None not in used.values() else None
+        out["ok"] = self.cpu or out["eager_over_lazy_mib"] is not None
+        return out
+
+    def cublas_build(self):
+        """llama-server again, from the same source and cmake flags with GGML_CUDA_FORCE_CUBLAS:
+        the quantized matrix products of a batch go through cuBLAS, as they do on a V100 for
+        batches of 64 tokens and more (ggml-cuda/mmq.cu, ggml_cuda_should_use_mmq: FP16 tensor
+        cores without int8 MMA). This card's own choice is MMQ."""
+        if self.cpu:
+            return {"ok": True, "server": os.path.realpath(f"{self.layout.current_build}/bin/llama-server"),
+                    "note": "CPU check: no CUDA here, the role's build stands in"}  # fmt: skip
+        info = json.loads((Path(self.layout.current_build) / "build-info.json").read_text())
+        d = self.work / "build-force-cublas"
+        args = list(info["cmake_args"]) + ["-DGGML_CUDA_FORCE_CUBLAS=ON"]
+        rc, text, s1 = self.sh(["cmake", "-S", self.layout.src, "-B", str(d), *args], "cublas-configure.log",
+                               timeout=120)  # fmt: skip
+        out = {"cmake_args": args, "configure": {"rc": rc, "seconds": s1}}
+        if rc == 0:
+            rc, text, s2 = self.sh(["cmake", "--build", str(d), "--config", "Release", "-j", str(os.cpu_count()),
+                                    "--target", "llama-server"], "cublas-build.log")  # fmt: skip
+            out["build"] = {"rc": rc, "seconds": s2, "tail": text.strip().splitlines()[-3:]}
+        out["server"] = str(d / "bin/llama-server")
+        out["ok"] = rc == 0 and Path(out["server"]).exists()
+        return out
+
+    def cublas(self):
+        """The 8B plan served by the GGML_CUDA_FORCE_CUBLAS build and by the role's, each with a
+        128- and a 512-token request (LAZY module loading both): what the cuBLAS path holds
+        beyond MMQ's is each weight matrix dequantized to f16 in ggml's CUDA pool, beside
+        the batch converted to f16 (and, on cards other than Volta, the f16 result):
+        ``dequant_pool_bytes`` in the summary."""
+        server = self.r["phases"]["cublas_build"]["server"]
+        p = self.plan()
+        out = {"server": server, "rows": {}}
+        for tokens in (128, 512):
+            for name, binary in (("mmq", p["exec_start"][0]), ("cublas", server)):
+                q = dict(p, exec_start=[binary, *p["exec_start"][1:]])
+                out["rows"][f"{name}_{tokens}"] = self.measure_memory(q, f"cublas-{name}-{tokens}", prompt_tokens=tokens,
+                                                                      env={"CUDA_MODULE_LOADING": "LAZY"})  # fmt: skip
+        used = {k: r.get("process_mib") for k, r in out["rows"].items()}
+        out["cublas_over_mmq_mib"] = {str(t): used[f"cublas_{t}"] - used[f"mmq_{t}"] for t in (128, 512)
+                                      if used.get(f"cublas_{t}") is not None and used.get(f"mmq_{t}") is not None}
+        out["shape"] = {k: p["shape"].get(k) for k in ("n_embd", "n_ff", "n_head", "n_head_kv", "head_dim_k",
+                                                        "n_vocab", "n_layer")}  # fmt: skip
+        out["ok"] = self.cpu or len(out["cublas_over_mmq_mib"]) == 2
         return out
 
     def measure_past(self, p: dict, knob: str, log: str, layers: int, per_slot: int) -> dict:
@@ -942,7 +1031,8 @@ class Proof:
     # ----------------------------------------------------------------------
 
     PHASES = (("machine", 5), ("build", 480), ("model8b", 120), ("roofline", 20), ("bench8b", 90),
-              ("serve8b", 200), ("pinning", 150), ("memory8b", 180), ("v100", 400))  # fmt: skip
+              ("serve8b", 200), ("pinning", 150), ("memory8b", 180), ("smi", 10), ("modload", 90),
+              ("cublas_build", 420), ("cublas", 150), ("v100", 400))  # fmt: skip
 
     def run(self, only) -> None:
         if "model8b" in only:
