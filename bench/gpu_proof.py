@@ -60,11 +60,12 @@ sys.path.insert(0, str(REPO))
 
 from llamarack.facts import GgufShape, LlamaServerFlags  # noqa: E402
 from llamarack.facts.gpu import NvidiaSmi  # noqa: E402
-from llamarack.gpu_table import planning_memory_mib  # noqa: E402
+from llamarack.gpu_table import compute_cap as compute_cap_of, planning_memory_mib  # noqa: E402
 from llamarack.layout import Layout  # noqa: E402
 from llamarack.settings import load_settings  # noqa: E402
 from llamarack.planner import CTX_STEP, Knobs, ledger as planner_ledger  # noqa: E402
-from roles.server.plan import MIB, PlanError, knobs, plan_context, render_unit, server_args  # noqa: E402
+from roles.server.plan import (MIB, PlanError, card_compute_cap, knobs, plan_context, render_unit,  # noqa: E402
+                               server_args)  # fmt: skip
 
 V100_PCI_ID = "0x1DB410DE"  # Tesla V100 PCIe 16GB: the card table plans it at 16130 MiB
 HUB_REPO = "bench/llama3-8b-random"
@@ -271,12 +272,15 @@ class Proof:
             card_mib = min((planning_memory_mib(g.pci_device_id, g.memory_mib) for g in gpus), default=None) \
                 if settings.server.gpu_layers != 0 else None  # fmt: skip
             card_desc = [dict(name=g.name, memory_mib=g.memory_mib, pci_device_id=g.pci_device_id) for g in gpus]
+            cap = card_compute_cap(gpus)
         else:
             card_mib = planning_memory_mib(*card)
-            card_desc = [{"pci_device_id": card[0], "reported_mib": card[1], "planned_mib": card_mib}]
+            cap = compute_cap_of(card[0])
+            card_desc = [{"pci_device_id": card[0], "reported_mib": card[1], "planned_mib": card_mib,
+                          "compute_cap": cap}]  # fmt: skip
         if self.cpu and card is None:
             card_mib = 16130  # the CPU check still plans against a card, as the lab does
-        ctx = plan_context(settings, shape, card_mib)
+        ctx = plan_context(settings, shape, card_mib, compute_cap=cap)
         args = server_args(settings, flags, build_dir, model_dir, ctx, cuda=settings.llamacpp.backend == "cuda")
         unit = render_unit(settings, args, f"llamarack llama-server: {Path(model_dir).name} "
                                            f"({shape['architecture']}, {ctx.note})")  # fmt: skip
@@ -291,7 +295,7 @@ class Proof:
             "ledger_mib": ledger_mib(ctx.ledger),
             "kv_bytes_per_token": ctx.ledger.kv_bytes_per_token,
             "exec_start": start, "port": s.port, "parallel": s.parallel,
-            "knobs": dataclasses.asdict(knobs(settings)),
+            "knobs": dataclasses.asdict(dataclasses.replace(knobs(settings), compute_cap=cap)),
         }  # fmt: skip
 
     # -- a running llama-server
@@ -911,7 +915,7 @@ class Proof:
         out["cublas_over_mmq_mib"] = {str(t): used[f"cublas_{t}"] - used[f"mmq_{t}"] for t in (128, 512)
                                       if used.get(f"cublas_{t}") is not None and used.get(f"mmq_{t}") is not None}
         out["shape"] = {k: p["shape"].get(k) for k in ("n_embd", "n_ff", "n_head", "n_head_kv", "head_dim_k",
-                                                        "n_vocab", "n_layer")}  # fmt: skip
+                                                        "head_dim_v", "file_type", "n_vocab", "n_layer")}  # fmt: skip
         out["ok"] = self.cpu or len(out["cublas_over_mmq_mib"]) == 2
         return out
 
@@ -1201,6 +1205,25 @@ def summarize(r: dict) -> dict:
                 **{f"{k}_process_mib": e[k].get("process_mib") for k in ("at_plan", "one_ctx_step_past") if k in e},
                 **{k: e[k] for k in e if k.startswith("fits_card_")},
             }  # fmt: skip
+    m, c, smi = ph.get("modload", {}), ph.get("cublas", {}), ph.get("smi", {})
+    if m.get("ok") and m.get("eager_over_lazy_mib") is not None:
+        out["module_loading"] = {"lazy_process_mib": m["lazy"]["process_mib"], "eager_process_mib": m["eager"]["process_mib"],
+                                 "eager_over_lazy_mib": m["eager_over_lazy_mib"], "prompt_tokens": 512,
+                                 "note": "the 8B plan; the unit sets CUDA_MODULE_LOADING=LAZY"}  # fmt: skip
+    if c.get("ok") and c.get("cublas_over_mmq_mib"):
+        from llamarack.planner import prefill_pool_bytes
+
+        shape = {"head_dim_v": c["shape"]["head_dim_k"], "file_type": 15, **c["shape"]}  # the Q4_K_M 8B
+        out["cublas_prefill"] = {
+            "cublas_over_mmq_mib": c["cublas_over_mmq_mib"],
+            # the H200's cuBLAS path keeps an f16 product buffer, as a P100's (6.0) does
+            "planned_mib_as_6_0": {str(t): round(prefill_pool_bytes(shape, "6.0", t) / MIB, 1)
+                                   for t in (128, 512)},
+            "planned_mib_for_a_v100": round(prefill_pool_bytes(shape, "7.0") / MIB, 1),
+        }  # fmt: skip
+    if smi.get("ok") and "query_gpu" in smi:
+        out["nvidia_smi_cpu_s"] = {k: smi[k]["cpu_s_median"] for k in ("query_gpu", "query_compute_apps")}
+        out["nvidia_smi_cpu_s"]["both_in_one_run"] = smi["both_in_one_run"]["output"].strip()
     return out
 
 

@@ -38,6 +38,8 @@ QUANTS = {"Q4_K_M": ("Q4_K", True), "Q5_K_M": ("Q5_K", True), "Q4_K_S": ("Q4_K",
           "Q6_K": ("Q6_K", False), "Q8_0": ("Q8_0", False), "Q4_0": ("Q4_0", False),
           "F16": ("F16", False), "BF16": ("BF16", False)}  # fmt: skip
 _FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+# The GGUF general.file_type llama-quantize writes for each quant (llama.h, enum llama_ftype).
+FILE_TYPES = {"F16": 1, "Q4_0": 2, "Q8_0": 7, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "BF16": 32}
 # config.json model_type -> (GGUF architecture, norms per layer, q/k norms, attention biases)
 LAYER_NORMS = {
     "llama": ("llama", 2, False, False), "mistral": ("llama", 2, False, False),
@@ -118,7 +120,7 @@ def shape_from_config(config: dict, quant: str, name: str = "config.json") -> di
     rope_type = rope.get("rope_type") or rope.get("type")
     ledger = {"layer_bytes": layers, "token_embd_bytes": embd, "output_bytes": output, "tied_embeddings": tied}
     return {
-        "path": name, "size": sum(layers) + embd + output, "architecture": arch, "file_type": None,
+        "path": name, "size": sum(layers) + embd + output, "architecture": arch, "file_type": FILE_TYPES[quant],
         "n_layer": n, "n_ctx_train": trained, "n_head": n_head, "n_head_kv": n_kv,
         "head_dim_k": hd, "head_dim_v": hd, "n_embd": n_embd, "n_ff": n_ff, "n_vocab": vocab,
         "n_swa": swa or 0, "swa_pattern": pattern if swa else None,

@@ -16,8 +16,8 @@ import click
 from llamarack.errors import ModelSourceError
 from llamarack.gpu_table import BOARDS, planning_memory_mib
 from llamarack.model_shapes import hub_gguf_shape, local_gguf_shape, shape_from_config
-from llamarack.planner import (AUTO_KV_TYPES, KV_TYPE_BYTES, MIB, Knobs, PlanError, context_cap, largest_context,
-                               ledger, plan)  # fmt: skip
+from llamarack.planner import (AUTO_KV_TYPES, KV_TYPE_BYTES, MIB, Knobs, PlanError, context_cap, cublas_prefill,
+                               largest_context, ledger, plan)  # fmt: skip
 from llamarack.secrets import read_token
 from llamarack.settings import DEFAULT_RESERVE_MIB, QUANT_TYPES
 
@@ -25,21 +25,22 @@ GIB = 2**30
 
 
 def card_memory(gpu: str) -> tuple:
-    """(name, MiB to plan with) for a card name from the table or a number of MiB."""
+    """(name, MiB to plan with, compute capability) for a card name from the table, or
+    for a number of MiB (the capability then unknown: None)."""
     if gpu.isdigit():
-        return f"{gpu} MiB", int(gpu)
+        return f"{gpu} MiB", int(gpu), None
     want = re.sub(r"[^a-z0-9]", "", gpu.lower())
     found = {}
     for b in BOARDS.values():
         if b.memory_gb and want in re.sub(r"[^a-z0-9]", "", b.name.lower()):
-            found.setdefault(planning_memory_mib(b.device_id, 10**9), b.name)
+            found.setdefault(planning_memory_mib(b.device_id, 10**9), (b.name, b.compute_cap))
     if len(found) != 1:
         known = sorted({b.name for b in BOARDS.values() if b.memory_gb})
-        which = "matches boards of different memory: " + ", ".join(sorted(found.values())) if found \
+        which = "matches boards of different memory: " + ", ".join(sorted(n for n, _ in found.values())) if found \
             else "names no board with known memory"  # fmt: skip
         raise click.BadParameter(f"{gpu!r} {which}; give MiB, or one of: {', '.join(known)}", param_hint="--gpu")
-    mib, name = next(iter(found.items()))
-    return name, mib
+    mib, (name, cap) = next(iter(found.items()))
+    return name, mib, cap
 
 
 def kv_table(shape: dict, knobs: Knobs, card_mib: int, pairs: list, draft: Optional[dict] = None) -> list:
@@ -128,13 +129,14 @@ def plan_command(gguf, hub_repo, revision, hub_file, hub_endpoint, hub_token_fil
                 draft = shape_from_config(json.load(f), draft_quant, draft_config)
     except (ModelSourceError, ValueError) as e:
         raise click.ClickException(str(e)) from None
-    name, card_mib = card_memory(gpu)
+    name, card_mib, compute_cap = card_memory(gpu)
     card_mib *= gpus
     chosen = kv_types[-1] if kv_types else "auto"
     knobs = Knobs(ctx_size=ctx_size, parallel=parallel, cache_type_k=chosen, cache_type_v=chosen,
                   flash_attn=not no_flash_attn, gpu_layers=gpu_layers, min_ctx_size=min_ctx,
                   rope_scaling=rope_scaling, rope_scale=rope_scale, rope_orig_ctx=yarn_orig_ctx,
-                  reserve_mib=reserve_mib * gpus, draft_gpu_layers=draft_gpu_layers)  # fmt: skip
+                  reserve_mib=reserve_mib * gpus, draft_gpu_layers=draft_gpu_layers,
+                  compute_cap=compute_cap)  # fmt: skip
     pairs = [(t, t) for t in kv_types if t != "auto"] or [(t, t) for t in AUTO_KV_TYPES]
     if no_flash_attn:
         pairs = [(k, "f16") for k, _ in pairs]
@@ -155,7 +157,8 @@ def plan_command(gguf, hub_repo, revision, hub_file, hub_endpoint, hub_token_fil
                                             "estimated_from", "header_requests") if shape.get(k) is not None},
         "draft": {k: draft.get(k) for k in ("path", "architecture", "n_layer", "n_head_kv", "size",
                                             "estimated_from") if draft.get(k) is not None} if draft else None,
-        "card": {"name": name, "count": gpus, "planned_mib": card_mib},
+        "card": {"name": name, "count": gpus, "planned_mib": card_mib, "compute_cap": compute_cap,
+                 "cublas_prefill": cublas_prefill(compute_cap) if compute_cap else None},
         "ctx_cap_per_slot": cap, "rope": list(rope),
         "ledger": book.as_dict(), "kv": table,
         "plan": result.as_dict() if result else None, "refused": refusal,
@@ -163,19 +166,22 @@ def plan_command(gguf, hub_repo, revision, hub_file, hub_endpoint, hub_token_fil
     if as_json:
         click.echo(json.dumps(report, indent=1, sort_keys=True))
     else:
-        click.echo(_text(shape, name, gpus, card_mib, cap, rope, book, table, result, refusal))
+        click.echo(_text(shape, name, gpus, card_mib, compute_cap, cap, rope, book, table, result, refusal))
     if refusal:
         raise SystemExit(1)
 
 
-def _text(shape, name, gpus, card_mib, cap, rope, book, table, result, refusal) -> str:
+def _text(shape, name, gpus, card_mib, compute_cap, cap, rope, book, table, result, refusal) -> str:
     n_all = shape["n_layer"] + 1
     rope_text = f", {rope[0]} x{rope[1]:g} from {rope[2]}" if rope else ""
     where = shape.get("estimated_from") or shape["path"]
     lines = [
         f"model: {where}: {shape['architecture']}, {shape['n_layer']} layers, {shape['n_head_kv']} KV heads, "
         f"trained {shape['n_ctx_train']}{rope_text}: at most {cap} per slot",
-        f"card:  {name}{f' x{gpus}' if gpus > 1 else ''}: planned at {card_mib} MiB",
+        f"card:  {name}{f' x{gpus}' if gpus > 1 else ''}: planned at {card_mib} MiB, "
+        + (f"compute capability {compute_cap}" + (": prompts through cuBLAS" if cublas_prefill(compute_cap) else "")
+           if compute_cap else "compute capability unknown (a V100's or P100's prefill pool is counted only "
+           "for a card named from the table)"),
         f"ledger: ctx {book.ctx_per_slot} per slot x {book.parallel}, {book.cache_type_k}/{book.cache_type_v} KV, "
         f"--n-gpu-layers {book.gpu_layers} of {n_all}:",
         f"  weights on the card {_gib(book.weights_on_card)}",
@@ -188,7 +194,9 @@ def _text(shape, name, gpus, card_mib, cap, rope, book, table, result, refusal) 
         f"  draft: --spec-draft-ngl {book.draft_gpu_layers}: weights on the card {_gib(book.draft_weights_on_card).strip()}"
         f", on the host {_gib(book.draft_weights_on_host).strip()}; KV on the card {_gib(book.draft_kv_on_card).strip()}"
         f", on the host {_gib(book.draft_kv_on_host).strip()}; compute {_gib(book.draft_compute_on_card).strip()}",
-    ] if book.draft_gpu_layers is not None else []) + [
+    ] if book.draft_gpu_layers is not None else []) + ([
+        f"  prefill pool        {_gib(book.prefill_pool + book.draft_prefill_pool)}   (cuBLAS: weights dequantized for prompts)",
+    ] if book.prefill_pool or book.draft_prefill_pool else []) + [
         f"  CUDA reserve        {_gib(book.reserve)}",
         f"  total on the card   {_gib(book.total_on_card)}   of {card_mib * MIB / GIB:.2f} GiB: "
         + ("fits" if book.fits() else "does NOT fit"),

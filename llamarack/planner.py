@@ -38,6 +38,11 @@ The ledger follows llama.cpp's own placement (src/llama-model.cpp,
   by ``--spec-draft-ngl`` as the model's are by ``--n-gpu-layers``, and its
   own compute buffer. Its weights, KV and compute count on the card with the
   model's.
+- The prefill pool (``prefill_pool_bytes``), on the cards whose prompts go
+  through cuBLAS (a V100, a P100): each quantized weight dequantized for it
+  in ggml's CUDA pool, which keeps its largest size; no buffer line of
+  llama.cpp's log names it, and the cards the reserve was measured on
+  (Hopper, lazy module loading) never make it.
 """
 
 from __future__ import annotations
@@ -78,7 +83,8 @@ class PlanError(Exception):
 
 @dataclass(frozen=True)
 class Knobs:
-    """What the operator asks for (the ``server_*`` settings, or the CLI's options)."""
+    """What the plan is asked for: the operator's ``server_*`` settings (or the CLI's
+    options), and the planned card's compute capability."""
 
     ctx_size: Optional[int] = None  # per slot; None: the largest that fits
     parallel: int = 1
@@ -92,6 +98,7 @@ class Knobs:
     rope_orig_ctx: Optional[int] = None  # None: from the GGUF
     reserve_mib: int = DEFAULT_RESERVE_MIB
     draft_gpu_layers: Optional[int] = None  # the draft's layers on the card; None: all of them
+    compute_cap: Optional[str] = None  # the card's, "7.0": where prompts are multiplied; None: not known
 
 
 @dataclass(frozen=True)
@@ -120,11 +127,16 @@ class Ledger:
     draft_kv_on_card: int = 0
     draft_kv_on_host: int = 0
     draft_compute_on_card: int = 0
+    # The cuBLAS prefill pool of a V100- or P100-class card (``prefill_pool_bytes``);
+    # 0 on other cards. The draft's context has a pool of its own.
+    prefill_pool: int = 0
+    draft_prefill_pool: int = 0
 
     @property
     def total_on_card(self) -> int:
-        return (self.weights_on_card + self.kv_on_card + self.compute_on_card + self.reserve
-                + self.draft_weights_on_card + self.draft_kv_on_card + self.draft_compute_on_card)
+        return (self.weights_on_card + self.kv_on_card + self.compute_on_card + self.reserve + self.prefill_pool
+                + self.draft_weights_on_card + self.draft_kv_on_card + self.draft_compute_on_card
+                + self.draft_prefill_pool)
 
     def fits(self) -> bool:
         return self.card_mib is None or self.total_on_card <= self.card_mib * MIB
@@ -230,6 +242,61 @@ def compute_bytes(shape: dict, knobs: Knobs, on_gpu: bool, ctx_per_slot: int, sw
     return N_UBATCH * 4 * ((shape.get("n_vocab") or 0) + 4 * (shape.get("n_embd") or 0)) + mask
 
 
+# Where llama.cpp multiplies a prompt's micro-batch by the quantized weights
+# (ggml-cuda/mmq.cu, ggml_cuda_should_use_mmq): cards with int8 MMA (Turing, 7.5,
+# and later) and the dp4a cards without FP16 tensor cores (6.1, 6.2: P40, P4) run
+# its MMQ kernels on the quantized weights, in place. A Volta (7.0, 7.2: V100,
+# TITAN V) hands batches of 64 tokens and more to cuBLAS, and a card without dp4a
+# (before 6.1: P100) every batch past a few tokens: the weight is dequantized to
+# f16 (f32 before 6.0) in ggml's CUDA pool, the batch converted to f16 beside it
+# and, except on Volta, the f16 product too; the pool keeps its largest size for
+# the process's life. Measured on the H200 with a GGML_CUDA_FORCE_CUBLAS build
+# (bench/results/gpu-proof.json, phase cublas; tests/fixtures/llama-server/
+# gpu-load-logs/cublas-pool.json): 204 and 216 MiB more than MMQ's for an 8B
+# after 128- and 512-token prompts, where these products need 116.5 and 130 MiB;
+# the rest is cuBLAS's own (its handle, workspace and kernels), at most:
+CUBLAS_OWN_MIB = 88
+# GGUF general.file_type of unquantized weights (all f32, mostly f16, mostly bf16):
+# cuBLAS multiplies those as they are, on every card.
+UNQUANTIZED_FILE_TYPES = (0, 1, 32)
+
+
+def _compute_cap(text: Optional[str]) -> Optional[tuple]:
+    try:
+        major, minor = (int(x) for x in (text or "").split("."))
+    except ValueError:
+        return None
+    return major, minor
+
+
+def cublas_prefill(compute_cap: Optional[str]) -> bool:
+    """Whether a card of this compute capability multiplies a prompt's batches by the
+    quantized weights with cuBLAS (see above): Volta (7.0, 7.2), and cards before 6.1."""
+    cc = _compute_cap(compute_cap)
+    return cc is not None and ((7, 0) <= cc < (7, 5) or cc < (6, 1))
+
+
+def prefill_pool_bytes(shape: dict, compute_cap: Optional[str], n_tokens: int = N_UBATCH) -> int:
+    """What ggml's CUDA pool holds after a prompt on a card that takes cuBLAS for it
+    (``cublas_prefill``): the largest of the layer's products (the feed-forward's
+    in and out, attention's in and out), each its weight dequantized plus the
+    ``n_tokens`` batch converted (and the f16 product, except on Volta), and
+    cuBLAS's own. 0 on other cards, for unquantized weights, without n_ff."""
+    cc = _compute_cap(compute_cap)
+    if not cublas_prefill(compute_cap) or not shape.get("n_ff") or shape.get("file_type") in UNQUANTIZED_FILE_TYPES:
+        return 0
+    n_embd, n_ff = shape["n_embd"], shape["n_ff"]
+    products = ((n_embd, n_ff), (n_ff, n_embd), (n_embd, shape["n_head"] * shape["head_dim_k"]),
+                (shape["n_head"] * shape["head_dim_v"], n_embd))  # (in, out) of each weight  # fmt: skip
+    if cc >= (7, 0):  # f16, the f32 product written in place
+        need = max(2 * i * o + 2 * i * n_tokens for i, o in products)
+    elif cc >= (6, 0):  # f16, the product through an f16 buffer
+        need = max(2 * i * o + 2 * i * n_tokens + 2 * o * n_tokens for i, o in products)
+    else:  # f32: the weight only, the batch is f32 already
+        need = max(4 * i * o for i, o in products)
+    return need + CUBLAS_OWN_MIB * MIB
+
+
 def model_bytes(shape: dict, knobs: Knobs, on_gpu: bool, gpu_layers: int, k: str, v: str,
                 ctx_per_slot: int) -> dict:  # fmt: skip
     """One model's weights, KV cache and compute buffer, on the card and on the host."""
@@ -251,9 +318,13 @@ def model_bytes(shape: dict, knobs: Knobs, on_gpu: bool, gpu_layers: int, k: str
         else:
             kv_host += size
     compute = compute_bytes(shape, knobs, on_gpu, ctx_per_slot, swa_cells // knobs.parallel if sliding else 0, k, v)
+    # Anything on the card, and a prompt's products run there: llama.cpp also takes the
+    # weights of layers left on the host to the card for a batch of 32 tokens or more.
+    pool = prefill_pool_bytes(shape, knobs.compute_cap) if on_gpu and gpu_layers >= 1 else 0
     return {"weights_on_card": card_weights, "weights_on_host": weights - card_weights,
             "kv_bytes_per_token": len(on_card - sliding) * per_cell, "kv_on_card": kv_card, "kv_on_host": kv_host,
-            "compute": compute, "compute_on_card": compute if on_card or output_on_card else 0}  # fmt: skip
+            "compute": compute, "compute_on_card": compute if on_card or output_on_card else 0,
+            "prefill_pool": pool}  # fmt: skip
 
 
 def ledger(shape: dict, knobs: Knobs, card_mib: Optional[int], gpu_layers: int, k: str, v: str,
@@ -266,7 +337,8 @@ def ledger(shape: dict, knobs: Knobs, card_mib: Optional[int], gpu_layers: int, 
         d = model_bytes(draft, knobs, card_mib is not None, draft_layers, k, v, ctx_per_slot)
         extra = dict(draft_gpu_layers=draft_layers, draft_weights_on_card=d["weights_on_card"],
                      draft_weights_on_host=d["weights_on_host"], draft_kv_on_card=d["kv_on_card"],
-                     draft_kv_on_host=d["kv_on_host"], draft_compute_on_card=d["compute_on_card"])  # fmt: skip
+                     draft_kv_on_host=d["kv_on_host"], draft_compute_on_card=d["compute_on_card"],
+                     draft_prefill_pool=d["prefill_pool"])  # fmt: skip
     return Ledger(
         card_mib=card_mib, ctx_per_slot=ctx_per_slot, parallel=knobs.parallel, cache_type_k=k, cache_type_v=v,
         gpu_layers=gpu_layers, n_layer=shape["n_layer"], **main,

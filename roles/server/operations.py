@@ -37,7 +37,8 @@ from llamarack.secrets import read_token
 from llamarack.settings import Settings
 
 from ..llamacpp.operations import _unit_build
-from .plan import HEALTH_MARK, PlanError, bench_args, card_mib, health_url, plan_context, roofline, wanted_unit
+from .plan import (HEALTH_MARK, PlanError, bench_args, card_compute_cap, card_mib, health_url, plan_context, roofline,
+                   wanted_unit)  # fmt: skip
 
 NOLOGIN = "/usr/sbin/nologin"
 
@@ -404,7 +405,7 @@ def bench(settings: Settings, gpus: tuple = ()):
     draft = _draft(settings)
     cuda = settings.llamacpp.backend == "cuda"
     try:
-        ctx = plan_context(settings, shape, card_mib(cards), draft[1] if draft else None)
+        ctx = plan_context(settings, shape, card_mib(cards), draft[1] if draft else None, card_compute_cap(cards))
     except PlanError as e:
         yield refusal(e.failure.message(host.name))
         return

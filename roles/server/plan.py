@@ -11,6 +11,7 @@ context (``server_ctx_size`` None), or refuses.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Optional
 
@@ -19,7 +20,7 @@ import jinja2
 from llamarack import unitfile
 from llamarack.facts.llamacpp import ServerFlags
 from llamarack.layout import API_KEY_PATH
-from llamarack.planner import MIB, Knobs, Plan, PlanError, plan  # noqa: F401 (MIB, PlanError: the role's API)
+from llamarack.planner import MIB, Knobs, Plan, PlanError, cublas_prefill, plan  # noqa: F401 (MIB, PlanError: the role's API)
 from llamarack.remote.llamacpp_proof import serving_args
 from llamarack.gpu_table import board, planning_memory_mib
 from llamarack.rules import Failure
@@ -52,11 +53,21 @@ def card_mib(cards: tuple) -> Optional[int]:
     return min((planning_memory_mib(g.pci_device_id, g.memory_mib) for g in cards), default=None)
 
 
-def plan_context(settings: Settings, shape: dict, card_mib: Optional[int], draft_shape: Optional[dict] = None) -> Plan:
+def card_compute_cap(cards: tuple) -> Optional[str]:
+    """The compute capability a host's plan counts with: that of a card whose prompts go
+    through cuBLAS when the host has one (its prefill pool is the larger need), else the
+    smallest card's; None without cards."""
+    caps = [g.compute_cap for g in sorted(cards, key=lambda g: planning_memory_mib(g.pci_device_id, g.memory_mib))]
+    return next((c for c in caps if cublas_prefill(c)), caps[0] if caps else None)
+
+
+def plan_context(settings: Settings, shape: dict, card_mib: Optional[int], draft_shape: Optional[dict] = None,
+                 compute_cap: Optional[str] = None) -> Plan:  # fmt: skip
     """The plan for this host: ``card_mib`` is its smallest GPU's memory, None for
-    CPU serving; ``draft_shape`` the draft model's (speculative decoding). Raises
-    PlanError naming the model, the card and what would fit."""
-    return plan(shape, knobs(settings), card_mib, draft_shape)
+    CPU serving; ``draft_shape`` the draft model's (speculative decoding);
+    ``compute_cap`` the card's (``card_compute_cap``). Raises PlanError naming the
+    model, the card and what would fit."""
+    return plan(shape, dataclasses.replace(knobs(settings), compute_cap=compute_cap), card_mib, draft_shape)
 
 
 def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_dir: str,
@@ -207,7 +218,7 @@ def wanted_unit(settings: Settings, flags: ServerFlags, build_dir: str, model_di
             "the draft artifact the model role makes", "run the model role (deploy.py runs it)",
         ))  # fmt: skip
     draft_dir, draft_shape = draft if settings.model.draft_repo else (None, None)
-    ctx = plan_context(settings, shape, card_mib(cards), draft_shape)
+    ctx = plan_context(settings, shape, card_mib(cards), draft_shape, card_compute_cap(cards))
     args = server_args(settings, flags, build_dir, model_dir, ctx, cuda=settings.llamacpp.backend == "cuda",
                        draft_dir=draft_dir)  # fmt: skip
     with_draft = f", draft {Path(draft_dir).name}" if draft_dir else ""

@@ -69,5 +69,5 @@ def test_plan_cli_counts_a_draft():
     assert both["draft"]["n_layer"] == 16 and alone["draft"] is None
     assert both["ledger"]["draft_gpu_layers"] == 17 and both["ledger"]["draft_kv_on_card"] > 0
     assert both["plan"]["ctx_per_slot"] < alone["plan"]["ctx_per_slot"]
-    assert both["plan"]["ctx_per_slot"] == plan(LLAMA8B, Knobs(cache_type_k="q8_0", cache_type_v="q8_0"),
+    assert both["plan"]["ctx_per_slot"] == plan(LLAMA8B, Knobs(cache_type_k="q8_0", cache_type_v="q8_0", compute_cap="7.0"),
                                                 V100_16, LLAMA1B).ctx_per_slot  # fmt: skip

@@ -42,7 +42,7 @@ def test_json_carries_the_ledger_and_the_kv_table():
     assert book["weights_on_host"] == shape["token_embd_bytes"]
     assert data["plan"]["ctx_size"] == 2 * data["plan"]["ctx_per_slot"] == 4096
     assert [row["kv"] for row in data["kv"]] == ["f16/f16", "q8_0/q8_0", "q4_0/q4_0"]
-    assert data["card"] == {"name": "1500 MiB", "count": 1, "planned_mib": 1500}
+    assert data["card"] == {"name": "1500 MiB", "count": 1, "planned_mib": 1500, "compute_cap": None, "cublas_prefill": None}
 
 
 def test_a_card_too_small_offloads_fewer_layers_and_says_so():
@@ -61,7 +61,7 @@ def test_config_json_estimate_equals_the_converted_and_quantized_gguf():
     # the lab's tiny Llama: its config.json, and the Q4_K_M GGUF llama.cpp made from it
     estimate = shape_from_config(json.loads((CONFIGS / "tiny-llama.config.json").read_text()), "Q4_K_M")
     real = read_shape(str(TINY))
-    for key in ("layer_bytes", "token_embd_bytes", "output_bytes", "n_vocab", "n_ctx_train", "n_head_kv"):
+    for key in ("layer_bytes", "token_embd_bytes", "output_bytes", "n_vocab", "n_ctx_train", "n_head_kv", "file_type"):
         assert estimate[key] == real[key], key
     data = json.loads(plan("--config", str(CONFIGS / "tiny-llama.config.json"), "--gpu", "T4", "--json"))
     assert data["model"]["estimated_from"].endswith("at Q4_K_M (llama-quantize's type rules, ggml block sizes)")
@@ -83,8 +83,10 @@ def test_the_write_ups_case_from_its_config():
                "--rope-scaling", "yarn", "--rope-scale", "2", "--kv", "q4_0", "--ctx", "262144", code=1)  # fmt: skip
     assert "gemma3, 62 layers, 16 KV heads, trained 131072, yarn x2 from 131072: at most 262144 per slot" in out
     assert re.search(r"weights on the card +15\.40 GiB", out) and re.search(r"KV on the card +5\.80 GiB", out)
-    assert re.search(r"total on the card +24\.14 GiB +of 15\.75 GiB: does NOT fit", out)
-    assert re.search(r"q4_0/q4_0 +0 +5120 with --n-gpu-layers 60", out)
+    # a V100 takes cuBLAS for prompts: the weights dequantized for it (0.24 GiB) and cuBLAS's own (88 MiB)
+    assert re.search(r"prefill pool +0\.32 GiB", out) and "compute capability 7.0: prompts through cuBLAS" in out
+    assert re.search(r"total on the card +24\.47 GiB +of 15\.75 GiB: does NOT fit", out)
+    assert re.search(r"q4_0/q4_0 +0 +13056 with --n-gpu-layers 58", out)
 
 
 def test_unknown_gpu_names_the_known_ones():

@@ -1,5 +1,6 @@
 """The context planner and the unit: memory arithmetic, refusals, flags."""
 
+import dataclasses
 import json
 import re
 import struct
@@ -10,7 +11,8 @@ import pytest
 from llamarack.facts import BuildFlags, parse_build_help
 from llamarack.facts.llamacpp import ServerFlags
 from llamarack.model_shapes import shape_from_config
-from llamarack.planner import Knobs, context_cap, layers_on_card, ledger, sliding_layers
+from llamarack.planner import (CUBLAS_OWN_MIB, Knobs, context_cap, cublas_prefill, layers_on_card, ledger,
+                               prefill_pool_bytes, sliding_layers)  # fmt: skip
 from llamarack.remote.gguf_header import GgufError, read_shape
 from llamarack.roles.server.plan import (
     MIB,
@@ -25,9 +27,11 @@ from llamarack.settings import DEFAULT_RESERVE_MIB, load_settings
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TINY = FIXTURES / "gguf/tiny-llama-Q4_K_M.head.gguf"
 CONFIGS = FIXTURES / "configs"
+GPU_LOGS = FIXTURES / "llama-server/gpu-load-logs"
 # Llama-3.1-8B-Instruct at Q4_K_M, from its config.json: 32 layers, 8 KV heads of 128, 131072 trained.
 LLAMA8B = shape_from_config(json.loads((CONFIGS / "llama-3.1-8b-instruct.config.json").read_text()), "Q4_K_M")
 V100_16 = 16384  # MiB, as nvidia-smi lists a V100-SXM2-16GB
+V100_CC = "7.0"
 NEW_HELP = BuildFlags(("--load-mode", "none"), True, True, True, has_rope_scaling=True)
 OLD_HELP = ServerFlags(("--no-mmap",), False, False, False)
 
@@ -299,22 +303,90 @@ def test_the_write_ups_case_gemma_3_27b_q4_k_m_on_a_v100_16gb():
     assert round(shape["size"] / 1e9, 2) == 16.54  # the published Q4_K_M GGUFs: 16.5 GB
     s = settings(server_rope_scaling="yarn", server_rope_scale=2.0, server_ctx_size=262144,
                  server_cache_type_k="q4_0", server_cache_type_v="q4_0")  # fmt: skip
-    book = ledger(shape, knobs(s), 16130, 63, "q4_0", "q4_0", 262144)
-    gib = {k: round(getattr(book, k) / 2**30, 2) for k in
-           ("weights_on_card", "weights_on_host", "kv_on_card", "compute_on_card", "reserve", "total_on_card")}
+    book = ledger(shape, dataclasses.replace(knobs(s), compute_cap=V100_CC), 16130, 63, "q4_0", "q4_0", 262144)
+    gib = {k: round(getattr(book, k) / 2**30, 2) for k in ("weights_on_card", "weights_on_host", "kv_on_card",
+                                                           "compute_on_card", "prefill_pool", "reserve", "total_on_card")}
     # 15.40 GiB on the card: every layer plus the Q6_K output layer (the tied embedding's second
     # copy); 1.08 GiB of token embedding on the host. KV: 10 dense layers x 256K + 52 at 1536 cells.
+    # A V100 multiplies prompts with cuBLAS: a feed-forward weight dequantized (5376 x 21504 x 2 bytes)
+    # and the batch (512 x 21504 x 2), and cuBLAS's own 88 MiB.
     assert gib == {"weights_on_card": 15.40, "weights_on_host": 1.08, "kv_on_card": 5.80,
-                   "compute_on_card": 2.29, "reserve": 0.66, "total_on_card": 24.14}  # fmt: skip
+                   "compute_on_card": 2.29, "prefill_pool": 0.32, "reserve": 0.66, "total_on_card": 24.47}  # fmt: skip
+    assert book.prefill_pool == 2 * 5376 * 21504 + 2 * 512 * 21504 + 88 * MIB
     assert book.kv_bytes_per_token == 10 * 16 * 128 * 2 * 18 / 32
     with pytest.raises(PlanError) as e:
-        plan_context(s, shape, 16130)
-    assert "at most 5120 tokens per slot" in e.value.failure.needed
-    # what the card does serve: 58 of 63 layers, 11520 tokens per slot (57 and 6400 with the
-    # 1024 MiB reserve before it was measured; the GPU proof ran that plan on an H200 in
-    # 15352 MiB, bench/results/gpu-proof.json)
-    served = plan_context(settings(server_rope_scaling="yarn", server_rope_scale=2.0), shape, 16130)
-    assert (served.gpu_layers, served.ctx_size, served.cache_type_k) == (60, 5120, "q4_0")
+        plan_context(s, shape, 16130, compute_cap=V100_CC)
+    assert "at most 13056 tokens per slot" in e.value.failure.needed
+    # what the card does serve: 58 of 63 layers, 13056 tokens per slot. Without the prefill pool
+    # it was 60 and 5120: the GPU proof served that plan on an H200 (MMQ, no pool) in 16100 MiB
+    # of the 16130 (bench/results/gpu-proof.json, v100_question); a V100 would have needed 330
+    # MiB more at its first long prompt.
+    served = plan_context(settings(server_rope_scaling="yarn", server_rope_scale=2.0), shape, 16130,
+                          compute_cap=V100_CC)  # fmt: skip
+    assert (served.gpu_layers, served.ctx_size, served.cache_type_k) == (58, 13056, "q4_0")
+    h200_path = plan_context(settings(server_rope_scaling="yarn", server_rope_scale=2.0), shape, 16130)
+    assert (h200_path.gpu_layers, h200_path.ctx_size) == (60, 5120) and h200_path.ledger.prefill_pool == 0
+
+
+def test_the_prefill_pool_is_what_a_cublas_build_holds_beyond_mmq():
+    """An 8B served on the H200 by the role's build (MMQ) and by a GGML_CUDA_FORCE_CUBLAS build
+    of the same source and flags, after a 128- and a 512-token prompt (gpu-load-logs,
+    cublas-pool.json). The H200's cuBLAS path computes in f16 through an f16 product buffer,
+    as a P100's does (6.0); a V100 writes the f32 product in place."""
+    data = json.loads((GPU_LOGS / "cublas-pool.json").read_text())
+    shape = json.loads((GPU_LOGS / "llama3-8b.shape.json").read_text())
+    used = {(r["build"], r["prompt_tokens"]): r for r in data["rows"] if "env" not in r}
+    forced = (GPU_LOGS / used[("GGML_CUDA_FORCE_CUBLAS", 512)]["log"]).read_text()
+    assert "FORCE_CUBLAS = 1" in forced and "FORCE_CUBLAS" not in (GPU_LOGS / used[("the role's", 512)]["log"]).read_text()
+    extra = {}
+    for tokens in (128, 512):
+        cublas, mmq = used[("GGML_CUDA_FORCE_CUBLAS", tokens)], used[("the role's", tokens)]
+        # the same buffers, the same memory until a prompt runs
+        assert _cuda_buffers((GPU_LOGS / cublas["log"]).read_text()) == _cuda_buffers((GPU_LOGS / mmq["log"]).read_text())
+        assert cublas["after_load_mib"] == mmq["after_load_mib"]
+        extra[tokens] = cublas["process_mib"] - mmq["process_mib"]
+        planned = prefill_pool_bytes(shape, "6.0", tokens) / MIB
+        assert extra[tokens] <= planned <= extra[tokens] + 3  # covered, to 3 MiB (204 of 204.5, 216 of 218)
+    # the batch's share: 384 more tokens, planned 13.5 MiB, measured 12
+    assert abs((prefill_pool_bytes(shape, "6.0", 512) - prefill_pool_bytes(shape, "6.0", 128)) / MIB
+               - (extra[512] - extra[128])) <= 2  # fmt: skip
+    # Volta: no f16 product buffer
+    assert prefill_pool_bytes(shape, "7.0") == 2 * 4096 * 14336 + 2 * 512 * 14336 + CUBLAS_OWN_MIB * MIB
+
+
+def test_which_cards_take_cublas_for_prompts():
+    assert all(cublas_prefill(c) for c in ("7.0", "7.2", "6.0", "5.2"))  # V100, Xavier, P100, Maxwell
+    assert not any(cublas_prefill(c) for c in ("7.5", "6.1", "8.0", "8.6", "8.9", "9.0", None, "[N/A]"))
+    assert prefill_pool_bytes(LLAMA8B, "7.5") == prefill_pool_bytes(LLAMA8B, "6.1") == 0  # T4, P40: MMQ
+    f16_weights = dict(LLAMA8B, file_type=1)  # cuBLAS multiplies those as they are, on every card
+    assert prefill_pool_bytes(f16_weights, "7.0") == 0
+
+
+def test_a_v100_host_plans_the_prefill_pool_and_a_t4_host_does_not():
+    from llamarack.facts.gpu import Gpu
+    from llamarack.roles.server.plan import card_compute_cap
+
+    v100 = Gpu(0, "Tesla V100-SXM2-16GB", "GPU-1", 16160, "7.0", "550.127.05", "0x1DB110DE")
+    t4 = Gpu(1, "Tesla T4", "GPU-2", 15360, "7.5", "550.127.05", "0x1EB810DE")
+    assert card_compute_cap((v100,)) == card_compute_cap((t4, v100)) == "7.0"  # the pool is the larger need
+    assert card_compute_cap((t4,)) == "7.5" and card_compute_cap(()) is None
+    s = settings(server_ctx_size=65536, server_cache_type_k="f16", server_cache_type_v="f16")
+    volta = plan_context(s, LLAMA8B, 16130, compute_cap="7.0").ledger
+    turing = plan_context(s, LLAMA8B, 16130, compute_cap="7.5").ledger
+    assert volta.prefill_pool == 214 * MIB and turing.prefill_pool == 0
+    assert volta.total_on_card - turing.total_on_card == 214 * MIB
+    # the unit a V100 host renders loads kernels lazily, as the reserve was measured
+    unit = render_unit(s, server_args(s, NEW_HELP, "/b", "/m", plan_context(s, LLAMA8B, 16130), cuda=True), "m")
+    assert "\nEnvironment=CUDA_MODULE_LOADING=LAZY\n" in unit
+
+
+def test_eager_module_loading_holds_more_of_the_card():
+    """The same 8B plan with CUDA_MODULE_LOADING=EAGER (the default of CUDA runtimes before 12.2)
+    and LAZY (gpu-load-logs, cublas-pool.json): why the unit sets LAZY."""
+    rows = {r["env"]["CUDA_MODULE_LOADING"]: r for r in json.loads((GPU_LOGS / "cublas-pool.json").read_text())["rows"]
+            if "env" in r}  # fmt: skip
+    assert rows["EAGER"]["process_mib"] - rows["LAZY"]["process_mib"] == 112
+    assert rows["EAGER"]["after_load_mib"] - rows["LAZY"]["after_load_mib"] == 114
 
 
 def _gguf_header(meta: list, tensors: list) -> bytes:
@@ -374,9 +446,6 @@ def test_a_corrupt_gguf_header_is_an_answer_never_a_crash(tmp_path, offset):
     assert r.returncode == 0 and r.stderr == "", r.stderr[-2000:]
     answer = json.loads(r.stdout)
     assert "error" in answer or answer.get("architecture"), answer
-
-
-GPU_LOGS = FIXTURES / "llama-server/gpu-load-logs"
 
 
 def _cuda_buffers(log: str) -> dict:
