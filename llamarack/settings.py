@@ -565,7 +565,8 @@ class ServerSettings:
     )
     memory_reserve_mib: int = setting(
         DEFAULT_RESERVE_MIB, "card memory kept free of weights, KV cache and compute buffers (CUDA context, "
-        "cuBLAS workspace, pools, and what the compute estimate misses: up to 654.5 MiB measured on an H200)",
+        "pools, and what the compute estimate misses: up to 654.5 MiB measured on an H200); a V100's or P100's "
+        "cuBLAS prefill pool is planned beside it",
         _positive,
     )
     health_timeout: int = setting(

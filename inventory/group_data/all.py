@@ -238,7 +238,7 @@ server_api_key_file = None
 # True serves an API without a key on an address other than loopback: anyone who reaches server_listen may use it (a closed lab network)
 server_allow_unauthenticated = False
 
-# card memory kept free of weights, KV cache and compute buffers (CUDA context, cuBLAS workspace, pools, and what the compute estimate misses: up to 654.5 MiB measured on an H200)
+# card memory kept free of weights, KV cache and compute buffers (CUDA context, pools, and what the compute estimate misses: up to 654.5 MiB measured on an H200); a V100's or P100's cuBLAS prefill pool is planned beside it
 server_memory_reserve_mib = 672
 
 # seconds a (re)started llama-server has to answer /health before rollback
