@@ -80,7 +80,7 @@ def _gib(n: float) -> str:
               help="with --config: the llama-quantize type")
 @click.option("--gpu", required=True, help="a card from the table (e.g. 'V100 SXM2 16GB') or its memory in MiB")
 @click.option("--gpus", default=1, show_default=True, type=click.IntRange(1),
-              help="cards per host (layers split among them; planned as one card of their sum)")
+              help="cards per host (layers split among them; planned as one card of their sum, with a reserve and a prefill pool each)")
 @click.option("--kv", "kv_types", multiple=True, type=click.Choice(("auto",) + tuple(KV_TYPE_BYTES)),
               help="KV cache type for K and V (repeat for a table; default: the table of f16, q8_0, q4_0, plan with auto)")
 @click.option("--ctx", "ctx_size", type=click.IntRange(1), help="wanted context per slot (default: the largest)")
@@ -136,7 +136,7 @@ def plan_command(gguf, hub_repo, revision, hub_file, hub_endpoint, hub_token_fil
                   flash_attn=not no_flash_attn, gpu_layers=gpu_layers, min_ctx_size=min_ctx,
                   rope_scaling=rope_scaling, rope_scale=rope_scale, rope_orig_ctx=yarn_orig_ctx,
                   reserve_mib=reserve_mib * gpus, draft_gpu_layers=draft_gpu_layers,
-                  compute_cap=compute_cap)  # fmt: skip
+                  compute_cap=compute_cap, cards=gpus)  # fmt: skip
     pairs = [(t, t) for t in kv_types if t != "auto"] or [(t, t) for t in AUTO_KV_TYPES]
     if no_flash_attn:
         pairs = [(k, "f16") for k, _ in pairs]

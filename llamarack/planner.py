@@ -99,6 +99,7 @@ class Knobs:
     reserve_mib: int = DEFAULT_RESERVE_MIB
     draft_gpu_layers: Optional[int] = None  # the draft's layers on the card; None: all of them
     compute_cap: Optional[str] = None  # the card's, "7.0": where prompts are multiplied; None: not known
+    cards: int = 1  # cards planned as one (llamarack plan --gpus): each keeps a prefill pool of its own
 
 
 @dataclass(frozen=True)
@@ -320,7 +321,7 @@ def model_bytes(shape: dict, knobs: Knobs, on_gpu: bool, gpu_layers: int, k: str
     compute = compute_bytes(shape, knobs, on_gpu, ctx_per_slot, swa_cells // knobs.parallel if sliding else 0, k, v)
     # Anything on the card, and a prompt's products run there: llama.cpp also takes the
     # weights of layers left on the host to the card for a batch of 32 tokens or more.
-    pool = prefill_pool_bytes(shape, knobs.compute_cap) if on_gpu and gpu_layers >= 1 else 0
+    pool = prefill_pool_bytes(shape, knobs.compute_cap) * knobs.cards if on_gpu and gpu_layers >= 1 else 0
     return {"weights_on_card": card_weights, "weights_on_host": weights - card_weights,
             "kv_bytes_per_token": len(on_card - sliding) * per_cell, "kv_on_card": kv_card, "kv_on_host": kv_host,
             "compute": compute, "compute_on_card": compute if on_card or output_on_card else 0,

@@ -123,3 +123,11 @@ def test_other_quants_estimate_with_ggml_block_sizes(quant):
     bits = {"Q8_0": 8.5, "Q4_0": 4.5, "F16": 16, "Q6_K": 6.5625, "Q5_K_M": 5.5}[quant]
     # the blocks alone, within what Q6_K layers (Q5_K_M) and f32 norms add
     assert params * bits / 8 <= sum(shape["layer_bytes"]) <= params * bits / 8 * 1.06
+
+
+def test_each_card_of_several_keeps_its_own_prefill_pool():
+    config = str(CONFIGS / "llama-3.1-8b-instruct.config.json")
+    one = json.loads(plan("--config", config, "--gpu", "V100 SXM2 16GB", "--json"))["ledger"]
+    two = json.loads(plan("--config", config, "--gpu", "V100 SXM2 16GB", "--gpus", "2", "--json"))["ledger"]
+    assert one["prefill_pool"] == 214 * 2**20 and two["prefill_pool"] == 2 * one["prefill_pool"]
+    assert json.loads(plan("--config", config, "--gpu", "T4", "--gpus", "2", "--json"))["ledger"]["prefill_pool"] == 0
