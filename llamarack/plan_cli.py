@@ -80,7 +80,8 @@ def _gib(n: float) -> str:
               help="with --config: the llama-quantize type")
 @click.option("--gpu", required=True, help="a card from the table (e.g. 'V100 SXM2 16GB') or its memory in MiB")
 @click.option("--gpus", default=1, show_default=True, type=click.IntRange(1),
-              help="cards per host (layers split among them; planned as one card of their sum, with a reserve and a prefill pool each)")
+              help="cards per host (layers split among them; planned as one card of their sum, "
+                   "with a reserve and a prefill pool each)")
 @click.option("--kv", "kv_types", multiple=True, type=click.Choice(("auto",) + tuple(KV_TYPE_BYTES)),
               help="KV cache type for K and V (repeat for a table; default: the table of f16, q8_0, q4_0, plan with auto)")
 @click.option("--ctx", "ctx_size", type=click.IntRange(1), help="wanted context per slot (default: the largest)")
@@ -195,7 +196,8 @@ def _text(shape, name, gpus, card_mib, compute_cap, cap, rope, book, table, resu
         f", on the host {_gib(book.draft_weights_on_host).strip()}; KV on the card {_gib(book.draft_kv_on_card).strip()}"
         f", on the host {_gib(book.draft_kv_on_host).strip()}; compute {_gib(book.draft_compute_on_card).strip()}",
     ] if book.draft_gpu_layers is not None else []) + ([
-        f"  prefill pool        {_gib(book.prefill_pool + book.draft_prefill_pool)}   (cuBLAS: weights dequantized for prompts)",
+        f"  prefill pool        {_gib(book.prefill_pool + book.draft_prefill_pool)}"
+        "   (cuBLAS: weights dequantized for prompts)",
     ] if book.prefill_pool or book.draft_prefill_pool else []) + [
         f"  CUDA reserve        {_gib(book.reserve)}",
         f"  total on the card   {_gib(book.total_on_card)}   of {card_mib * MIB / GIB:.2f} GiB: "

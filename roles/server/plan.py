@@ -20,7 +20,8 @@ import jinja2
 from llamarack import unitfile
 from llamarack.facts.llamacpp import ServerFlags
 from llamarack.layout import API_KEY_PATH
-from llamarack.planner import MIB, Knobs, Plan, PlanError, cublas_prefill, plan  # noqa: F401 (MIB, PlanError: the role's API)
+from llamarack.planner import (MIB, Knobs, Plan, PlanError, cublas_prefill,  # noqa: F401 (MIB, PlanError: the role's API)
+                               plan)  # fmt: skip
 from llamarack.remote.llamacpp_proof import serving_args
 from llamarack.gpu_table import board, planning_memory_mib
 from llamarack.rules import Failure
