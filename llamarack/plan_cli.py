@@ -93,7 +93,7 @@ def _gib(n: float) -> str:
 @click.option("--rope-scale", default=1.0, show_default=True, type=click.FloatRange(1.0))
 @click.option("--yarn-orig-ctx", type=click.IntRange(1), help="YaRN's original context (default: the GGUF's)")
 @click.option("--reserve-mib", default=DEFAULT_RESERVE_MIB, show_default=True, type=click.IntRange(0),
-              help="per card: the CUDA context, cuBLAS workspace and pools")
+              help="per card: the CUDA context and pools")
 @click.option("--no-flash-attn", is_flag=True, help="plan without flash attention (V stays f16)")
 @click.option("--draft", "draft_gguf", type=click.Path(exists=True, dir_okay=False),
               help="a draft model's GGUF (speculative decoding): its weights, KV and compute share the card")

@@ -27,8 +27,8 @@ The ledger follows llama.cpp's own placement (src/llama-model.cpp,
   peak plus the f16 attention masks, its own figure to 0.1 MiB for a dense
   model with every layer on the card and 10-27% under it otherwise; on the
   CPU backend within 3% above its figure. ``reserve_mib``
-  (``server_memory_reserve_mib``) covers the CUDA context, cuBLAS workspace
-  and pools, and what the estimate misses (tests/fixtures/llama-server/
+  (``server_memory_reserve_mib``) covers the CUDA context and pools (not
+  cuBLAS: the H200 runs it was measured on never used it), and what the estimate misses (tests/fixtures/llama-server/
   gpu-load-logs, load-logs).
 - A draft model (speculative decoding) is a second model with its own
   context (common/speculative.cpp, ``common_speculative_init_result``: "the

@@ -496,8 +496,8 @@ class ModelSettings:
     draft_quant: str = setting("Q8_0", "llama-quantize type of the draft (draft source hf)")
 
 
-# Card memory the ledger's items do not count: the CUDA context, cuBLAS workspace and
-# pools (601-611 MiB beyond llama.cpp's own model, KV and compute buffers in all 14
+# Card memory the ledger's items do not count: the CUDA context and pools (cuBLAS's
+# own is counted with a V100's or P100's prefill pool: planner.prefill_pool_bytes) (601-611 MiB beyond llama.cpp's own model, KV and compute buffers in all 14
 # runs on the lent H200, CUDA 13, driver 580: bench/results/gpu-proof.json), and what
 # the compute estimate misses where it is under llama.cpp's figure (layers on the CPU,
 # a sliding window, a 32K context: up to 52 MiB). The process less the planned
