@@ -902,7 +902,7 @@ class Proof:
         128- and a 512-token request (LAZY module loading both): what the cuBLAS path holds
         beyond MMQ's is each weight matrix dequantized to f16 in ggml's CUDA pool, beside
         the batch converted to f16 (and, on cards other than Volta, the f16 result):
-        ``dequant_pool_bytes`` in the summary."""
+        ``cublas_prefill`` in the summary, against ``planner.prefill_pool_bytes``."""
         server = self.r["phases"]["cublas_build"]["server"]
         p = self.plan()
         out = {"server": server, "rows": {}}

@@ -33,13 +33,12 @@ from llamarack.remote.gguf_header import GGML_BLOCKS, GgufError, read_shape, sha
 # ggml type ids (GGML_BLOCKS' keys) by name.
 GGML = {"F32": 0, "F16": 1, "Q4_0": 2, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14,
         "BF16": 30}  # fmt: skip
-# quant name: (base type, Q6_K on attn_v/ffn_down where use_more_bits)
-QUANTS = {"Q4_K_M": ("Q4_K", True), "Q5_K_M": ("Q5_K", True), "Q4_K_S": ("Q4_K", False),
-          "Q6_K": ("Q6_K", False), "Q8_0": ("Q8_0", False), "Q4_0": ("Q4_0", False),
-          "F16": ("F16", False), "BF16": ("BF16", False)}  # fmt: skip
+# quant name: (base type, Q6_K on attn_v/ffn_down where use_more_bits, the GGUF
+# general.file_type llama-quantize writes for it: llama.h, enum llama_ftype)
+QUANTS = {"Q4_K_M": ("Q4_K", True, 15), "Q5_K_M": ("Q5_K", True, 17), "Q4_K_S": ("Q4_K", False, 14),
+          "Q6_K": ("Q6_K", False, 18), "Q8_0": ("Q8_0", False, 7), "Q4_0": ("Q4_0", False, 2),
+          "F16": ("F16", False, 1), "BF16": ("BF16", False, 32)}  # fmt: skip
 _FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
-# The GGUF general.file_type llama-quantize writes for each quant (llama.h, enum llama_ftype).
-FILE_TYPES = {"F16": 1, "Q4_0": 2, "Q8_0": 7, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "BF16": 32}
 # config.json model_type -> (GGUF architecture, norms per layer, q/k norms, attention biases)
 LAYER_NORMS = {
     "llama": ("llama", 2, False, False), "mistral": ("llama", 2, False, False),
@@ -71,7 +70,7 @@ def _tensor_bytes(type_name: str, ne0: int, rows: int) -> int:
 def quant_type(quant: str, role: str, i_layer: int = 0, n_layer: int = 1, tied: bool = False) -> str:
     """The type llama-quantize gives a 2-D tensor (``role``: output, token_embd,
     attn_v, ffn_down, or any other) under ``quant``."""
-    base, more_bits = QUANTS[quant]
+    base, more_bits, _ = QUANTS[quant]
     if base in ("F16", "BF16"):
         return base
     if role == "output" or (role == "token_embd" and tied):
@@ -120,7 +119,7 @@ def shape_from_config(config: dict, quant: str, name: str = "config.json") -> di
     rope_type = rope.get("rope_type") or rope.get("type")
     ledger = {"layer_bytes": layers, "token_embd_bytes": embd, "output_bytes": output, "tied_embeddings": tied}
     return {
-        "path": name, "size": sum(layers) + embd + output, "architecture": arch, "file_type": FILE_TYPES[quant],
+        "path": name, "size": sum(layers) + embd + output, "architecture": arch, "file_type": QUANTS[quant][2],
         "n_layer": n, "n_ctx_train": trained, "n_head": n_head, "n_head_kv": n_kv,
         "head_dim_k": hd, "head_dim_v": hd, "n_embd": n_embd, "n_ff": n_ff, "n_vocab": vocab,
         "n_swa": swa or 0, "swa_pattern": pattern if swa else None,

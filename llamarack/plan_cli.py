@@ -136,7 +136,7 @@ def plan_command(gguf, hub_repo, revision, hub_file, hub_endpoint, hub_token_fil
     knobs = Knobs(ctx_size=ctx_size, parallel=parallel, cache_type_k=chosen, cache_type_v=chosen,
                   flash_attn=not no_flash_attn, gpu_layers=gpu_layers, min_ctx_size=min_ctx,
                   rope_scaling=rope_scaling, rope_scale=rope_scale, rope_orig_ctx=yarn_orig_ctx,
-                  reserve_mib=reserve_mib * gpus, draft_gpu_layers=draft_gpu_layers,
+                  reserve_mib=reserve_mib, draft_gpu_layers=draft_gpu_layers,
                   compute_cap=compute_cap, cards=gpus)  # fmt: skip
     pairs = [(t, t) for t in kv_types if t != "auto"] or [(t, t) for t in AUTO_KV_TYPES]
     if no_flash_attn:

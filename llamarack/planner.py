@@ -50,7 +50,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from llamarack.rules import Failure
+from llamarack.rules import Failure, parse_compute_cap
 from llamarack.settings import DEFAULT_RESERVE_MIB
 
 MIB = 2**20
@@ -96,10 +96,10 @@ class Knobs:
     rope_scaling: str = "none"  # none, yarn, linear
     rope_scale: float = 1.0
     rope_orig_ctx: Optional[int] = None  # None: from the GGUF
-    reserve_mib: int = DEFAULT_RESERVE_MIB
+    reserve_mib: int = DEFAULT_RESERVE_MIB  # per card
     draft_gpu_layers: Optional[int] = None  # the draft's layers on the card; None: all of them
     compute_cap: Optional[str] = None  # the card's, "7.0": where prompts are multiplied; None: not known
-    cards: int = 1  # cards planned as one (llamarack plan --gpus): each keeps a prefill pool of its own
+    cards: int = 1  # cards planned as one (llamarack plan --gpus): each keeps a reserve and a prefill pool
 
 
 @dataclass(frozen=True)
@@ -262,18 +262,10 @@ CUBLAS_OWN_MIB = 88
 UNQUANTIZED_FILE_TYPES = (0, 1, 32)
 
 
-def _compute_cap(text: Optional[str]) -> Optional[tuple]:
-    try:
-        major, minor = (int(x) for x in (text or "").split("."))
-    except ValueError:
-        return None
-    return major, minor
-
-
 def cublas_prefill(compute_cap: Optional[str]) -> bool:
     """Whether a card of this compute capability multiplies a prompt's batches by the
     quantized weights with cuBLAS (see above): Volta (7.0, 7.2), and cards before 6.1."""
-    cc = _compute_cap(compute_cap)
+    cc = parse_compute_cap(compute_cap)
     return cc is not None and ((7, 0) <= cc < (7, 5) or cc < (6, 1))
 
 
@@ -283,7 +275,7 @@ def prefill_pool_bytes(shape: dict, compute_cap: Optional[str], n_tokens: int = 
     in and out, attention's in and out), each its weight dequantized plus the
     ``n_tokens`` batch converted (and the f16 product, except on Volta), and
     cuBLAS's own. 0 on other cards, for unquantized weights, without n_ff."""
-    cc = _compute_cap(compute_cap)
+    cc = parse_compute_cap(compute_cap)
     if not cublas_prefill(compute_cap) or not shape.get("n_ff") or shape.get("file_type") in UNQUANTIZED_FILE_TYPES:
         return 0
     n_embd, n_ff = shape["n_embd"], shape["n_ff"]
@@ -343,7 +335,7 @@ def ledger(shape: dict, knobs: Knobs, card_mib: Optional[int], gpu_layers: int, 
     return Ledger(
         card_mib=card_mib, ctx_per_slot=ctx_per_slot, parallel=knobs.parallel, cache_type_k=k, cache_type_v=v,
         gpu_layers=gpu_layers, n_layer=shape["n_layer"], **main,
-        reserve=knobs.reserve_mib * MIB if card_mib is not None else 0, **extra,
+        reserve=knobs.reserve_mib * knobs.cards * MIB if card_mib is not None else 0, **extra,
     )  # fmt: skip
 
 
@@ -432,7 +424,7 @@ def plan(shape: dict, knobs: Knobs, card_mib: Optional[int], draft: Optional[dic
         shown = layers or n_all  # nothing fits: the numbers for every layer on the card
         at = ledger(shape, knobs, card_mib, shown, k, v, floor, draft)
         raise _memory(f"{card_mib} MiB on the card for {at.weights_on_card / MIB:.0f} MiB of weights "
-                      f"(--n-gpu-layers {shown} of {n_all}) + {knobs.reserve_mib} MiB reserve",
+                      f"(--n-gpu-layers {shown} of {n_all}) + {at.reserve // MIB} MiB reserve",
                       f"{at.total_on_card / MIB:.0f} MiB for a {floor}-token context x {knobs.parallel} slots "
                       f"({kv} KV: {at.kv_bytes_per_token / 1024:.1f} KiB per token)",
                       "a smaller model_quant, a smaller server_min_ctx_size or server_parallel, "

@@ -82,7 +82,7 @@ class Failure:
         return f"{host}: {self.rule}: found {self.found}; needed {self.needed}. Fix: {self.fix}"
 
 
-def _cap(text: Optional[str]) -> Optional[tuple[int, int]]:
+def parse_compute_cap(text: Optional[str]) -> Optional[tuple[int, int]]:
     """(7, 0) from "7.0"; None for no value or one that is no number ("[N/A]")."""
     major, _, minor = (text or "").partition(".")
     if not (major.isdigit() and minor.isdigit()):
@@ -131,7 +131,8 @@ def legacy_gpus_past_ceiling(facts: HostFacts) -> tuple[Optional[str], tuple]:
     version = coming_driver_version(facts)
     if not version or _major(version) <= LEGACY_DRIVER_LAST_BRANCH:
         return version, ()
-    legacy = tuple(g for g in all_known_gpus(facts) if (c := _cap(g.compute_cap)) and c < LEGACY_BELOW_CAP)
+    legacy = tuple(g for g in all_known_gpus(facts)
+                   if (c := parse_compute_cap(g.compute_cap)) and c < LEGACY_BELOW_CAP)  # fmt: skip
     return version, legacy
 
 
@@ -346,7 +347,7 @@ def rule_gpus_known(s: Settings, facts: HostFacts) -> Optional[Failure]:
     the build's arch list is empty and cmake refuses -DCMAKE_CUDA_ARCHITECTURES=."""
     if s.llamacpp.backend != "cuda" or s.llamacpp.cuda_archs:
         return None
-    unknown = [g for g in facts.gpus if _cap(g.compute_cap) is None]
+    unknown = [g for g in facts.gpus if parse_compute_cap(g.compute_cap) is None]
     if not unknown:
         return None
     return Failure(

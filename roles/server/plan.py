@@ -58,8 +58,10 @@ def card_compute_cap(cards: tuple) -> Optional[str]:
     """The compute capability a host's plan counts with: that of a card whose prompts go
     through cuBLAS when the host has one (its prefill pool is the larger need), else the
     smallest card's; None without cards."""
-    caps = [g.compute_cap for g in sorted(cards, key=lambda g: planning_memory_mib(g.pci_device_id, g.memory_mib))]
-    return next((c for c in caps if cublas_prefill(c)), caps[0] if caps else None)
+    if not cards:
+        return None
+    smallest = min(cards, key=lambda g: planning_memory_mib(g.pci_device_id, g.memory_mib))
+    return next((g.compute_cap for g in cards if cublas_prefill(g.compute_cap)), smallest.compute_cap)
 
 
 def plan_context(settings: Settings, shape: dict, card_mib: Optional[int], draft_shape: Optional[dict] = None,

@@ -130,4 +130,5 @@ def test_each_card_of_several_keeps_its_own_prefill_pool():
     one = json.loads(plan("--config", config, "--gpu", "V100 SXM2 16GB", "--json"))["ledger"]
     two = json.loads(plan("--config", config, "--gpu", "V100 SXM2 16GB", "--gpus", "2", "--json"))["ledger"]
     assert one["prefill_pool"] == 214 * 2**20 and two["prefill_pool"] == 2 * one["prefill_pool"]
+    assert two["reserve"] == 2 * one["reserve"] == 2 * 672 * 2**20  # and a reserve each
     assert json.loads(plan("--config", config, "--gpu", "T4", "--gpus", "2", "--json"))["ledger"]["prefill_pool"] == 0
