@@ -26,10 +26,19 @@ commands can share the work:
                4 slots, YaRN x4, partial offload) and YaRN contexts to 131072 (x2 to
                x16): the planner's ledger, item by item,
                against llama.cpp's load log and nvidia-smi's per-process memory
+    smi        the CPU each nvidia-smi query of the audit costs (issue 12), and whether
+               one run answers both
+    modload    the 8B plan with CUDA_MODULE_LOADING=EAGER and =LAZY
+    cublas_build  llama-server again with GGML_CUDA_FORCE_CUBLAS (the V100's prompt path)
+    cublas     the 8B plan served by both builds after 128- and 512-token prompts: the
+               prefill pool against planner.prefill_pool_bytes
     v100       a Gemma-3-27B-shaped Q4_K_M (``--v100-shape``) planned for a V100 16 GB
                with the card table, started with that plan, then one layer and one
                context step past it; then planned again with the reserve this run
                measured (the edge) and started, and one context step past that
+    v100_cublas  the same served by the cublas_build's llama-server, each start sent a
+               1024-token prompt: the cuBLAS path a V100 takes for prompts, so the
+               prefill pool the planner counts for a V100 is really allocated
 
 ``--cpu-check BUILD`` runs the same code on a CPU machine with a tiny shape
 (``--scale-down``) and a CPU build's bin/ folder, to prove the scripts before
@@ -745,10 +754,13 @@ class Proof:
                 "method": f"{n} concurrent /completion requests of 512 distinct random tokens, n_predict 1; "
                           "client wall time from one release to the last answer"}  # fmt: skip
 
-    def measure_memory(self, p: dict, name: str, env: dict = None, prompt_tokens: int = 256) -> dict:
+    def measure_memory(self, p: dict, name: str, env: dict = None, prompt_tokens: int = None) -> dict:
         """Start the planned server (``env`` added to its environment), one request of
         ``prompt_tokens`` tokens, then what llama.cpp and nvidia-smi say, item by item
-        against the planner's ledger."""
+        against the planner's ledger. Both default to the plan's own (``p["env"]``,
+        ``p["prompt_tokens"]``), else none and 256."""
+        env = env if env is not None else p.get("env")
+        prompt_tokens = prompt_tokens or p.get("prompt_tokens") or 256
         proc, url, load_s = self.serve(p["exec_start"], name, p["port"], env={**LOAD_LOG_ENV, **(env or {})})
         try:
             before = self.gpu_memory(proc.pid)
@@ -939,11 +951,28 @@ class Proof:
         """A Gemma-3-27B-shaped Q4_K_M (the write-up's model class), planned for a V100 16 GB
         with the card table, served with that plan on this card; then one layer and one
         context step past it."""
+        return self.v100_question("v100")
+
+    def v100_cublas(self):
+        """``v100`` served by the GGML_CUDA_FORCE_CUBLAS build (``cublas_build``): prompts take
+        the cuBLAS path a V100 takes, so the prefill pool the planner counts for a V100 is
+        really allocated; each start is sent a 1024-token prompt (two 512-token batches),
+        with the unit's lazy module loading."""
+        server = self.r["phases"].get("cublas_build", {}).get("server")
+        if not server:
+            return {"ok": False, "error": "no cublas_build in this run"}
+        return self.v100_question("v100-cublas", server=server, prompt_tokens=1024,
+                                  env={"CUDA_MODULE_LOADING": "LAZY"})  # fmt: skip
+
+    def v100_question(self, tag: str, server: str = None, prompt_tokens: int = 256, env: dict = None) -> dict:
+        """The V100 16 GB plan of ``--v100-shape`` served here (by ``server`` where given, else
+        the role's build), one layer and one context step past it, and the edge."""
         shape_name = self.a.v100_shape
         root = self.a.root + "-v100"
         layout = Layout(root)
         gguf_dir = Path(layout.model(f"{shape_name}-q4km"))
-        out = {"shape_name": shape_name}
+        out = {"shape_name": shape_name, "server": server or "the role's build", "prompt_tokens": prompt_tokens,
+               "env": env}  # fmt: skip
         Path(self.a.shm).mkdir(parents=True, exist_ok=True)  # a fresh machine: the 8B phases made it before
         hub = Path(self.a.shm) / "hub"
         if hub.exists():
@@ -985,14 +1014,20 @@ class Proof:
             if not os.path.islink(link):
                 os.symlink(target, link)
         card = (V100_PCI_ID, 16130)
+
+        def served(plan: dict) -> dict:
+            if server:
+                plan["exec_start"] = [server, *plan["exec_start"][1:]]
+            return dict(plan, prompt_tokens=prompt_tokens, env=env)
+
         try:
-            p = self.plan(root=root, card=card)
+            p = served(self.plan(root=root, card=card))
         except PlanError as e:
             return {**out, "ok": True, "refused": e.failure.message("v100-16gb")}
         out["plan"] = {k: p[k] for k in ("card", "card_mib", "ctx_size", "note", "ledger_mib", "shape", "exec_start",
                                          "gpu_layers", "n_layer", "cache_type")}  # fmt: skip
         p["knob"] = "v100 plan"
-        out["at_plan"] = self.measure_memory(p, "v100-plan")
+        out["at_plan"] = self.measure_memory(p, f"{tag}-plan")
         # One step past the plan, each way the planner could have gone further: one more
         # layer on the card (partial offload), or one more context step.
         steps = {}
@@ -1000,7 +1035,7 @@ class Proof:
             steps["one_layer_past"] = (p["gpu_layers"] + 1, p["ctx_per_slot"])
         steps["one_ctx_step_past"] = (p["gpu_layers"], p["ctx_per_slot"] + CTX_STEP)
         for name, (layers, per_slot) in steps.items():
-            out[name] = self.measure_past(p, f"v100 {name}", f"v100-{name}", layers, per_slot)
+            out[name] = self.measure_past(p, f"{tag} {name}", f"{tag}-{name}", layers, per_slot)
         lim = 16130  # what nvidia-smi reports for a V100 16 GB (the card table's figure)
         out["card_limit_mib"] = lim
         for name in ["at_plan", *steps]:
@@ -1015,16 +1050,17 @@ class Proof:
         if needed is not None and self.left() > 120:
             reserve = int(-(-needed // 1))
             try:
-                q = self.plan(root=root, card=card, server_memory_reserve_mib=reserve)
+                q = served(self.plan(root=root, card=card, server_memory_reserve_mib=reserve))
             except PlanError as e:
                 out["edge"] = {"reserve_mib": reserve, "refused": e.failure.message("v100-16gb")}
             else:
-                q["knob"] = f"v100 edge, reserve {reserve}"
+                q["knob"] = f"{tag} edge, reserve {reserve}"
                 edge = {"reserve_mib": reserve, "ctx_size": q["ctx_size"], "gpu_layers": q["gpu_layers"],
-                        "note": q["note"], "at_plan": self.measure_memory(q, "v100-edge")}  # fmt: skip
+                        "note": q["note"], "at_plan": self.measure_memory(q, f"{tag}-edge")}  # fmt: skip
                 if self.left() > 60:
-                    edge["one_ctx_step_past"] = self.measure_past(q, "v100 edge, one ctx step past", "v100-edge-past",
-                                                                  q["gpu_layers"], q["ctx_per_slot"] + CTX_STEP)
+                    edge["one_ctx_step_past"] = self.measure_past(q, f"{tag} edge, one ctx step past",
+                                                                  f"{tag}-edge-past", q["gpu_layers"],
+                                                                  q["ctx_per_slot"] + CTX_STEP)  # fmt: skip
                 for k in ("at_plan", "one_ctx_step_past"):
                     used = edge.get(k, {}).get("process_mib")
                     edge[f"fits_card_{k}"] = None if used is None else used <= lim
@@ -1036,7 +1072,7 @@ class Proof:
 
     PHASES = (("machine", 5), ("build", 480), ("model8b", 120), ("roofline", 20), ("bench8b", 90),
               ("serve8b", 200), ("pinning", 150), ("memory8b", 180), ("smi", 10), ("modload", 90),
-              ("cublas_build", 420), ("cublas", 150), ("v100", 400))  # fmt: skip
+              ("cublas_build", 420), ("cublas", 150), ("v100", 400), ("v100_cublas", 400))  # fmt: skip
 
     def run(self, only) -> None:
         if "model8b" in only:
@@ -1145,14 +1181,14 @@ def summarize(r: dict) -> dict:
                                          for x in bench.get("runs", {}).get("ubatch", {}).get("results", [])},
         }  # fmt: skip
     rows = [r for r in ph.get("memory8b", {}).get("rows", []) if "error" in r]
-    v = ph.get("v100", {})
-    rows_v = [v[k] for k in ("at_plan", "one_layer_past", "one_ctx_step_past") if k in v]
+    rows_v = [(ph[phase], ph[phase][k]) for phase in ("v100", "v100_cublas") if phase in ph
+              for k in ("at_plan", "one_layer_past", "one_ctx_step_past") if k in ph[phase]]  # fmt: skip
     if rows or rows_v:
         items = []
-        for row in rows + rows_v:
+        for phase, row in [(None, r) for r in rows] + rows_v:
             lm = row["log_mib"]
             items.append({
-                "model": v.get("shape_name", "v100") if row in rows_v else "llama3-8b", "knob": row.get("knob"),
+                "model": phase.get("shape_name", "v100") if phase else "llama3-8b", "knob": row.get("knob"),
                 "ctx": row["ctx_size"], "parallel": row.get("parallel"), "kv_type": row["cache_type"],
                 "gpu_layers": row.get("gpu_layers"), "planned": row["ledger_mib"],
                 "log": {"model_gpu": lm["weights_gpu"], "model_host": lm["weights_host"], "kv_gpu": lm["kv"],
@@ -1182,29 +1218,10 @@ def summarize(r: dict) -> dict:
                               "within_3_percent_every_row": {k: abs(e) <= 0.03 for k, e in worst.items()}}  # fmt: skip
         if needed:
             out["memory_plan"]["reserve"] = {"today_mib": items[0]["planned"]["reserve"], **reserve_from(needed)}
-    if v.get("ok") and "plan" in v:
-        out["v100_question"] = {
-            "shape": f"{v.get('shape_name')} (random weights), Q4_K_M", "gguf_bytes": v["plan"]["shape"]["size"],
-            "card_mib": v["plan"]["card_mib"], "card": v["plan"]["card"], "planned_ctx": v["plan"]["ctx_size"],
-            "planned_gpu_layers": v["plan"]["gpu_layers"], "n_layer": v["plan"]["n_layer"],
-            "planned_kv_type": v["plan"]["cache_type"], "plan_note": v["plan"]["note"],
-            "card_limit_mib": v.get("card_limit_mib"),
-            **{f"{k}_planned_total_mib": v[k].get("planned_total_mib") for k in ("at_plan", "one_layer_past",
-                                                                                 "one_ctx_step_past") if k in v},
-            **{f"{k}_process_mib": v[k].get("process_mib") for k in ("at_plan", "one_layer_past",
-                                                                     "one_ctx_step_past") if k in v},
-            **{k: v[k] for k in v if k.startswith("fits_card_")},
-            "quantize_seconds": (v.get("quantize") or {}).get("seconds"),
-        }  # fmt: skip
-        e = v.get("edge")
-        if e and "at_plan" in e:
-            out["v100_question"]["edge"] = {
-                "reserve_mib": e["reserve_mib"], "planned_ctx": e["ctx_size"], "gpu_layers": e["gpu_layers"],
-                **{f"{k}_planned_total_mib": e[k].get("planned_total_mib") for k in ("at_plan", "one_ctx_step_past")
-                   if k in e},
-                **{f"{k}_process_mib": e[k].get("process_mib") for k in ("at_plan", "one_ctx_step_past") if k in e},
-                **{k: e[k] for k in e if k.startswith("fits_card_")},
-            }  # fmt: skip
+    for key, phase in (("v100_question", "v100"), ("v100_question_cublas", "v100_cublas")):
+        question = v100_summary(ph.get(phase, {}))
+        if question:
+            out[key] = question
     m, c, smi = ph.get("modload", {}), ph.get("cublas", {}), ph.get("smi", {})
     if m.get("ok") and m.get("eager_over_lazy_mib") is not None:
         out["module_loading"] = {"lazy_process_mib": m["lazy"]["process_mib"], "eager_process_mib": m["eager"]["process_mib"],
@@ -1226,6 +1243,34 @@ def summarize(r: dict) -> dict:
         out["nvidia_smi_cpu_s"]["both_in_one_run"] = smi["both_in_one_run"]["output"].strip()
     return out
 
+
+def v100_summary(v: dict) -> dict:
+    """The V100 question's figures from a ``v100`` or ``v100_cublas`` phase (None before it ran)."""
+    if not (v.get("ok") and "plan" in v):
+        return None
+    steps = ("at_plan", "one_layer_past", "one_ctx_step_past")
+    out = {
+        "shape": f"{v.get('shape_name')} (random weights), Q4_K_M", "gguf_bytes": v["plan"]["shape"]["size"],
+        "server": v.get("server", "the role's build"), "prompt_tokens": v.get("prompt_tokens", 256),
+        "card_mib": v["plan"]["card_mib"], "card": v["plan"]["card"], "planned_ctx": v["plan"]["ctx_size"],
+        "planned_gpu_layers": v["plan"]["gpu_layers"], "n_layer": v["plan"]["n_layer"],
+        "planned_kv_type": v["plan"]["cache_type"], "plan_note": v["plan"]["note"],
+        "card_limit_mib": v.get("card_limit_mib"),
+        **{f"{k}_planned_total_mib": v[k].get("planned_total_mib") for k in steps if k in v},
+        **{f"{k}_process_mib": v[k].get("process_mib") for k in steps if k in v},
+        **{k: v[k] for k in v if k.startswith("fits_card_")},
+        "quantize_seconds": (v.get("quantize") or {}).get("seconds"),
+    }  # fmt: skip
+    e = v.get("edge")
+    if e and "at_plan" in e:
+        out["edge"] = {
+            "reserve_mib": e["reserve_mib"], "planned_ctx": e["ctx_size"], "gpu_layers": e["gpu_layers"],
+            **{f"{k}_planned_total_mib": e[k].get("planned_total_mib") for k in ("at_plan", "one_ctx_step_past")
+               if k in e},
+            **{f"{k}_process_mib": e[k].get("process_mib") for k in ("at_plan", "one_ctx_step_past") if k in e},
+            **{k: e[k] for k in e if k.startswith("fits_card_")},
+        }  # fmt: skip
+    return out
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
