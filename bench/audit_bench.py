@@ -14,10 +14,14 @@ Then, alternating so both see the same load:
 - ssh_true_fan_out_s: wall time of ``ssh HOST true`` to every host at once (the
   lab's own ssh command line), median of --reps; and their ratio (issue 12's
   goal: at most 2, and under 1 s for 4 hosts);
-- audit_control_cpu_s: the audit's CPU on this machine (its ssh children included);
+- audit_control_cpu_s: the audit's CPU on this machine (its ssh children included), and
+  split: its own Python, its ssh children;
 - audit_remote_commands_per_host: from one ``--debug`` run (goal: 1);
 - remote_script_cpu_s: per host, the CPU (user + sys) of the one script the
   audit sends, run once more under the host's ``bash`` ``time``;
+- where_the_cpu_goes: one host's script in parts (every read; the two nvidia-smi
+  queries; the facts one shared python3 answers; the shell commands), and the CPU of
+  one ``ssh HOST true`` here with OpenSSH's default key exchange and with curve25519;
 - the machine (CPU model, cores) and the load average before and after.
 
 The lab's hosts are containers on this machine: their sshd, their script and
@@ -51,11 +55,25 @@ from converged_bench import _cpu, _pyinfra_version, ssh_fan_out  # noqa: E402  (
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's llamarack, whatever is installed
 
 
+# ``python3 -m llamarack audit ...``, and on exit one stderr line with the CPU the audit's own
+# Python used and the CPU its children (one ssh per host) used.
+AUDIT_CLI = """
+import atexit, json, resource, sys
+def _cpu():
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    print("audit-cpu " + json.dumps([own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime]), file=sys.stderr)
+atexit.register(_cpu)
+sys.argv = ["llamarack", *sys.argv[1:]]
+from llamarack.cli import main
+main()
+"""
+
+
 def audit(inventory: Path, *args: str) -> tuple[float, float, dict, str]:
     """(wall seconds, CPU seconds here, report, stderr) of one audit; it must find every host converged."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "llamarack", "audit", str(inventory), "--json", *args], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-c", AUDIT_CLI, "audit", str(inventory), "--json", *args], cwd=ROOT,
                        env=ENV, capture_output=True, text=True, timeout=600)  # fmt: skip
     wall = time.monotonic() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -82,6 +100,66 @@ def remote_script_cpu(rack, inventory: Path) -> dict:
         user, sys_ = r.stderr.split()[-2:]
         cpu[h.name] = round(float(user) + float(sys_), 3)
     return cpu
+
+
+def _split_cpu(stderr: str) -> tuple:
+    """(the audit's own Python, its ssh children) CPU seconds from its ``audit-cpu`` line."""
+    line = [x for x in stderr.splitlines() if x.startswith("audit-cpu ")][-1]
+    return tuple(json.loads(line.split(" ", 1)[1]))
+
+
+def _bash_cpu(rack, host: str, scripts: dict, reps: int) -> dict:
+    """Median CPU (user + sys, seconds) of each of ``scripts`` run by the host's ``sh``, timed by its bash."""
+    import shlex
+
+    body = ["TIMEFORMAT='%3U %3S'"] + [f"echo part {name} >&2; time ( sh -c {shlex.quote(text)} >/dev/null 2>&1 )"
+                                       for name, text in scripts.items()]  # fmt: skip
+    runs: dict = {}
+    for _ in range(reps):
+        err = subprocess.run(rack.ssh_command(host, "bash -s"), input="\n".join(body), capture_output=True,
+                             text=True, timeout=120).stderr.splitlines()  # fmt: skip
+        for mark, times in zip(err, err[1:]):
+            if mark.startswith("part "):
+                runs.setdefault(mark.split()[1], []).append(sum(map(float, times.split())))
+    return {name: round(statistics.median(v), 4) for name, v in runs.items()}
+
+
+def where_the_cpu_goes(rack, inventory: Path, reps: int = 9) -> dict:
+    """What one host's script is made of, and what one ssh connection costs here: the
+    figures that bound the audit's ratio on this machine, where hosts and control share
+    the cores. The script's parts (medians, seconds of the host's CPU): every fact read
+    together, the two nvidia-smi queries, the facts one shared python3 answers
+    (``host_run``), and the facts that are shell commands. And the CPU of one
+    ``ssh HOST true`` on this side, with the lab's command line (OpenSSH's default key
+    exchange, sntrup761x25519) and with ``-o KexAlgorithms=curve25519-sha256``: the
+    fan-out's own cost, shown, not changed (the audit uses the same ssh defaults)."""
+    from llamarack import openssh
+    from llamarack.audit import audit_reads
+    from llamarack.facts import GpuProcesses
+    from llamarack.facts.gpu import NvidiaSmi
+    from llamarack.facts.reading import FactsTogether
+    from llamarack.settings import settings_for
+
+    host = rack.hosts[0].name
+    reads = audit_reads(settings_for(openssh.load_inventory(str(inventory)).get_host(host)))
+    smi = tuple(r for r in reads if r.fact in (NvidiaSmi, GpuProcesses))
+    python = tuple(r for r in reads if hasattr(r.fact, "host_run") and r.fact().host_run(**dict(r.kwargs)))
+    shell = tuple(r for r in reads if r not in smi and r not in python)
+    parts = {"all": reads, "nvidia_smi": smi, "host_runs_python3": python, "shell_commands": shell}
+    script = _bash_cpu(rack, host, {k: FactsTogether().command(reads=v) for k, v in parts.items()}, reps)
+    script = {k: script[k] for k in parts}
+    client = {}
+    for name, extra in (("default_kex", []), ("curve25519_kex", ["-o", "KexAlgorithms=curve25519-sha256"])):
+        cpu = []
+        for _ in range(reps):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            command = rack.ssh_command(host, "true")
+            subprocess.run([command[0], *extra, *command[1:]], stdin=subprocess.DEVNULL, check=True)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+        client[name] = round(statistics.median(cpu), 4)
+    return {"host": host, "reads": {k: len(v) for k, v in parts.items()}, "remote_script_cpu_s": script,
+            "ssh_true_client_cpu_s": client}  # fmt: skip
 
 
 def _lab_cpu() -> float:
@@ -143,19 +221,21 @@ def main() -> int:
         audit(inventory)  # warm this machine's page cache, as any second run finds it
         ssh_fan_out(rack)
         load_before = os.getloadavg()
-        audits, cpus, fan_outs, hosts_cpu, fan_out_hosts_cpu = [], [], [], [], []
+        audits, cpus, splits, fan_outs, hosts_cpu, fan_out_hosts_cpu = [], [], [], [], [], []
         for _ in range(args.reps):
             fan_out, used = _measured(ssh_fan_out, rack)
             fan_outs.append(fan_out)
             fan_out_hosts_cpu.append(used)
-            (wall, cpu, report, _), used = _measured(audit, inventory)
+            (wall, cpu, report, stderr), used = _measured(audit, inventory)
             assert all(v["reachable"] and not v["drift"] for v in report["hosts"].values()), report
             audits.append(wall)
             cpus.append(cpu)
+            splits.append(_split_cpu(stderr))
             hosts_cpu.append(used)
         load_after = os.getloadavg()
         work = count_remote_work(audit(inventory, "--debug")[3], hosts)
         script_cpu = remote_script_cpu(rack, inventory)
+        parts = where_the_cpu_goes(rack, inventory)
     finally:
         if brought_up:
             rackmod.down()
@@ -173,17 +253,26 @@ def main() -> int:
         "ssh_true_fan_out_s": {"median": round(median_ssh, 3), "runs": [round(t, 3) for t in fan_outs]},
         "audit_over_ssh_fan_out": round(median_audit / median_ssh, 2),
         "goal": {"audit_over_ssh_fan_out_at_most": 2.0, "audit_s_under_for_4_hosts": 1.0},
-        "audit_control_cpu_s": {"median": round(statistics.median(cpus), 3)},
+        "audit_control_cpu_s": {"median": round(statistics.median(cpus), 3),
+                                "python_median": round(statistics.median(p for p, _ in splits), 3),
+                                "ssh_children_median": round(statistics.median(k for _, k in splits), 3)},
         # The lab's hosts share this machine's cores: what they spent (sshd, the script) counts too.
         "hosts_cpu_s": {"audit_median": round(statistics.median(hosts_cpu), 3),
                         "ssh_true_fan_out_median": round(statistics.median(fan_out_hosts_cpu), 3)},
         "audit_remote_commands_per_host": {h: v["remote_commands"] for h, v in work.items()},
         "remote_script_cpu_s": script_cpu,
+        "where_the_cpu_goes": parts,
     }
     name = "audit.json" if len(hosts) == 4 else f"audit-{len(hosts)}hosts.json"
     path = ROOT / "bench/results" / name
-    if path.exists() and "before" in json.loads(path.read_text()):  # the figures before the audit's speed work
-        result["before"] = json.loads(path.read_text())["before"]
+    if path.exists():
+        kept = json.loads(path.read_text())
+        if "before" in kept:  # the figures before the audit's speed work
+            result["before"] = kept["before"]
+        # the run this one replaces, its figures only
+        result["previous_run"] = {k: kept[k] for k in ("date", "audit_s", "ssh_true_fan_out_s", "audit_over_ssh_fan_out",
+                                                        "audit_control_cpu_s", "hosts_cpu_s", "remote_script_cpu_s")
+                                  if k in kept}  # fmt: skip
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
     return 0
