@@ -171,6 +171,7 @@ def ledger_mib(book) -> dict:
     mib = lambda b: round(b / MIB, 2)  # noqa: E731
     return {"weights": mib(book.weights_on_card), "weights_host": mib(book.weights_on_host),
             "kv": mib(book.kv_on_card), "kv_host": mib(book.kv_on_host), "compute": mib(book.compute_on_card),
+            "prefill_pool": mib(book.prefill_pool + book.draft_prefill_pool),
             "reserve": mib(book.reserve), "total": mib(book.total_on_card)}  # fmt: skip
 
 
@@ -798,8 +799,10 @@ class Proof:
             row["process_mib"] = proc_mib
             row["planned_total_mib"] = led["total"]
             row["error"]["total_vs_process"] = err(led["total"], proc_mib)
-            # What the reserve would have had to be for this run: the process less the planned items.
-            row["reserve_needed_mib"] = round(proc_mib - led["weights"] - led["kv"] - led["compute"], 1)
+            # What the reserve would have had to be for this run: the process less the planned items
+            # (the prefill pool among them: a cuBLAS card's, counted apart from the reserve).
+            row["reserve_needed_mib"] = round(proc_mib - led["weights"] - led["kv"] - led["compute"]
+                                              - led.get("prefill_pool", 0.0), 1)  # fmt: skip
             # The CUDA context, cuBLAS workspace and pools: what no llama.cpp buffer line names.
             row["beyond_log_buffers_mib"] = round(proc_mib - meas["weights_gpu"] - meas["kv"]
                                                   - meas["compute_gpu"], 1)  # fmt: skip
@@ -1026,7 +1029,7 @@ class Proof:
             return {**out, "ok": True, "refused": e.failure.message("v100-16gb")}
         out["plan"] = {k: p[k] for k in ("card", "card_mib", "ctx_size", "note", "ledger_mib", "shape", "exec_start",
                                          "gpu_layers", "n_layer", "cache_type")}  # fmt: skip
-        p["knob"] = "v100 plan"
+        p["knob"] = f"{tag} plan"
         out["at_plan"] = self.measure_memory(p, f"{tag}-plan")
         # One step past the plan, each way the planner could have gone further: one more
         # layer on the card (partial offload), or one more context step.
@@ -1262,7 +1265,9 @@ def v100_summary(v: dict) -> dict:
         "quantize_seconds": (v.get("quantize") or {}).get("seconds"),
     }  # fmt: skip
     e = v.get("edge")
-    if e and "at_plan" in e:
+    if e and e.get("not_valid"):
+        out["edge_not_valid"] = e["not_valid"]
+    elif e and "at_plan" in e:
         out["edge"] = {
             "reserve_mib": e["reserve_mib"], "planned_ctx": e["ctx_size"], "gpu_layers": e["gpu_layers"],
             **{f"{k}_planned_total_mib": e[k].get("planned_total_mib") for k in ("at_plan", "one_ctx_step_past")

@@ -320,7 +320,8 @@ def test_the_write_ups_case_gemma_3_27b_q4_k_m_on_a_v100_16gb():
     # what the card does serve: 58 of 63 layers, 13056 tokens per slot. Without the prefill pool
     # it was 60 and 5120: the GPU proof served that plan on an H200 (MMQ, no pool) in 16100 MiB
     # of the 16130 (bench/results/gpu-proof.json, v100_question); a V100 would have needed 330
-    # MiB more at its first long prompt.
+    # MiB more at its first long prompt. This plan, served through cuBLAS as a V100 serves
+    # prompts: test_the_v100_plan_of_the_27b_holds_on_the_cublas_path.
     served = plan_context(settings(server_rope_scaling="yarn", server_rope_scale=2.0), shape, 16130,
                           compute_cap=V100_CC)  # fmt: skip
     assert (served.gpu_layers, served.ctx_size, served.cache_type_k) == (58, 13056, "q4_0")
@@ -352,6 +353,45 @@ def test_the_prefill_pool_is_what_a_cublas_build_holds_beyond_mmq():
                - (extra[512] - extra[128])) <= 2  # fmt: skip
     # Volta: no f16 product buffer
     assert prefill_pool_bytes(shape, "7.0") == 2 * 4096 * 14336 + 2 * 512 * 14336 + CUBLAS_OWN_MIB * MIB
+
+
+def test_the_v100_plan_of_the_27b_holds_on_the_cublas_path():
+    """The write-up's 27B planned for a V100 16 GB (58 of 63 layers, 13056 tokens, q4_0, the
+    prefill pool counted) and served on the H200 by a GGML_CUDA_FORCE_CUBLAS build, so that
+    prompts take the V100's path and the pool is really made: a 1024-token prompt after
+    loading (gpu-load-logs, v100-cublas.json)."""
+    data = json.loads((GPU_LOGS / "v100-cublas.json").read_text())
+    shape = json.loads((GPU_LOGS / "gemma3-27b.shape.json").read_text())
+    rows = {r["knob"].split(" ", 1)[1]: r for r in data["rows"]}
+    card = 16130
+    books = {}
+    for name, r in rows.items():
+        log = (GPU_LOGS / r["log"]).read_text()
+        assert "FORCE_CUBLAS = 1" in log and f"n_ctx                 = {r['ctx_per_slot']}" in log
+        k = r["cache_type"]
+        books[name] = book = ledger(shape, Knobs(compute_cap=V100_CC), card, r["gpu_layers"], k, k, r["ctx_per_slot"])
+        seen = _cuda_buffers(log)
+        assert abs(book.weights_on_card / MIB - seen[("model", True)]) <= 0.1
+        assert abs(book.kv_on_card / MIB - seen[("KV", True)]) <= 0.02
+    plan, layer_past, step_past = rows["plan"], rows["one_layer_past"], rows["one_ctx_step_past"]
+    assert (plan["gpu_layers"], plan["ctx_per_slot"]) == (58, 13056)
+    # the plan holds, after the prompt made the pool: 16094 of the card's 16130 MiB, under the
+    # planned 16129; one layer more does not (16348)
+    assert plan["process_mib"] <= books["plan"].total_on_card / MIB <= card
+    assert layer_past["process_mib"] > card
+    # the prompt's growth: the pool as an H200's cuBLAS path makes it (an f16 product buffer as
+    # a P100's, 6.0: 334.75 MiB; a V100's is 329.5) and the 12 MiB any build's pool took after a
+    # prompt (the 8B's MMQ rows, cublas-pool.json)
+    grown = plan["process_mib"] - plan["after_load_mib"]
+    mmq = [r for r in json.loads((GPU_LOGS / "cublas-pool.json").read_text())["rows"]
+           if "env" not in r and r["build"] == "the role's" and r["prompt_tokens"] == 512]  # fmt: skip
+    any_build = mmq[0]["process_mib"] - mmq[0]["after_load_mib"]
+    assert abs(grown - (prefill_pool_bytes(shape, "6.0") / MIB + any_build)) <= 2  # 346 against 346.75
+    assert books["plan"].prefill_pool == prefill_pool_bytes(shape, V100_CC) == 329.5 * MIB
+    # One context step is 256 tokens of a cache that only 1 layer in 6 keeps whole (the others
+    # slide over 1024): 5.9 MiB planned, 6 seen; the plan's 36 MiB of margin is six such steps.
+    assert step_past["process_mib"] - plan["process_mib"] == 6
+    assert abs((books["one_ctx_step_past"].total_on_card - books["plan"].total_on_card) / MIB - 6) <= 0.2
 
 
 def test_which_cards_take_cublas_for_prompts():
