@@ -267,8 +267,8 @@ def main() -> int:
     path = ROOT / "bench/results" / name
     if path.exists():
         kept = json.loads(path.read_text())
-        if "before" in kept:  # the figures before the audit's speed work
-            result["before"] = kept["before"]
+        # the figures before the audit's speed work, and the earlier stops' runs, kept as they were
+        result.update({k: kept[k] for k in ("before", "earlier") if k in kept})
         # the run this one replaces, its figures only
         result["previous_run"] = {k: kept[k] for k in ("date", "audit_s", "ssh_true_fan_out_s", "audit_over_ssh_fan_out",
                                                         "audit_control_cpu_s", "hosts_cpu_s", "remote_script_cpu_s")
