@@ -20,7 +20,8 @@ Then, alternating so both see the same load:
 - remote_script_cpu_s: per host, the CPU (user + sys) of the one script the
   audit sends, run once more under the host's ``bash`` ``time``;
 - where_the_cpu_goes: one host's script in parts (every read; the two nvidia-smi
-  queries; the facts one shared python3 answers; the shell commands), and the CPU of
+  queries; the facts one shared python3 answers; the shell commands, and each of those
+  alone), and the CPU of
   one ``ssh HOST true`` here with OpenSSH's default key exchange and with curve25519;
 - the machine (CPU model, cores) and the load average before and after.
 
@@ -146,7 +147,9 @@ def where_the_cpu_goes(rack, inventory: Path, reps: int = 9) -> dict:
     python = tuple(r for r in reads if hasattr(r.fact, "host_run") and r.fact().host_run(**dict(r.kwargs)))
     shell = tuple(r for r in reads if r not in smi and r not in python)
     parts = {"all": reads, "nvidia_smi": smi, "host_runs_python3": python, "shell_commands": shell}
-    script = _bash_cpu(rack, host, {k: FactsTogether().command(reads=v) for k, v in parts.items()}, reps)
+    each = {f"shell_{i}": (r,) for i, r in enumerate(shell)}  # one shell read alone: spread thin, or one big one?
+    script = _bash_cpu(rack, host, {k: FactsTogether().command(reads=v) for k, v in {**parts, **each}.items()}, reps)
+    shell_each = {repr(r): script[f"shell_{i}"] for i, r in enumerate(shell)}
     script = {k: script[k] for k in parts}
     client = {}
     for name, extra in (("default_kex", []), ("curve25519_kex", ["-o", "KexAlgorithms=curve25519-sha256"])):
@@ -159,6 +162,7 @@ def where_the_cpu_goes(rack, inventory: Path, reps: int = 9) -> dict:
             cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
         client[name] = round(statistics.median(cpu), 4)
     return {"host": host, "reads": {k: len(v) for k, v in parts.items()}, "remote_script_cpu_s": script,
+            "shell_command_cpu_s": dict(sorted(shell_each.items(), key=lambda kv: -kv[1])),
             "ssh_true_client_cpu_s": client}  # fmt: skip
 
 
