@@ -800,9 +800,10 @@ class Proof:
             row["planned_total_mib"] = led["total"]
             row["error"]["total_vs_process"] = err(led["total"], proc_mib)
             # What the reserve would have had to be for this run: the process less the planned items
-            # (the prefill pool among them: a cuBLAS card's, counted apart from the reserve).
-            row["reserve_needed_mib"] = round(proc_mib - led["weights"] - led["kv"] - led["compute"]
-                                              - led.get("prefill_pool", 0.0), 1)  # fmt: skip
+            # (the prefill pool among them, counted apart from the reserve, where this build made it:
+            # this card's own MMQ build never does, whatever card the plan was for).
+            pool = led.get("prefill_pool", 0.0) if p.get("prefill_pool_made", True) else 0.0
+            row["reserve_needed_mib"] = round(proc_mib - led["weights"] - led["kv"] - led["compute"] - pool, 1)
             # The CUDA context, cuBLAS workspace and pools: what no llama.cpp buffer line names.
             row["beyond_log_buffers_mib"] = round(proc_mib - meas["weights_gpu"] - meas["kv"]
                                                   - meas["compute_gpu"], 1)  # fmt: skip
@@ -1021,7 +1022,7 @@ class Proof:
         def served(plan: dict) -> dict:
             if server:
                 plan["exec_start"] = [server, *plan["exec_start"][1:]]
-            return dict(plan, prompt_tokens=prompt_tokens, env=env)
+            return dict(plan, prompt_tokens=prompt_tokens, env=env, prefill_pool_made=bool(server))
 
         try:
             p = served(self.plan(root=root, card=card))
