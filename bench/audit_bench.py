@@ -56,17 +56,20 @@ from converged_bench import _cpu, _pyinfra_version, ssh_fan_out  # noqa: E402  (
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's llamarack, whatever is installed
 
 
-# ``python3 -m llamarack audit ...``, and on exit one stderr line with the CPU the audit's own
-# Python used and the CPU its children (one ssh per host) used.
+# ``python3 -m llamarack audit ...`` (the same entry point, so the same ``os._exit`` without
+# the interpreter's teardown), and just before that exit one stderr line with the CPU the
+# audit's own Python used and the CPU its children (one ssh per host, all waited) used.
 AUDIT_CLI = """
-import atexit, json, resource, sys
-def _cpu():
+import json, os, resource, sys
+def _exit(status, _exit=os._exit):
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     print("audit-cpu " + json.dumps([own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime]), file=sys.stderr)
-atexit.register(_cpu)
+    sys.stderr.flush()
+    _exit(status)
+os._exit = _exit
 sys.argv = ["llamarack", *sys.argv[1:]]
-from llamarack.cli import main
-main()
+from llamarack.cli import entry
+entry()
 """
 
 
