@@ -87,23 +87,22 @@ def audit(inventory: Path, *args: str) -> tuple[float, float, dict, str]:
     return wall, cpu, json.loads(r.stdout), r.stderr
 
 
-def remote_script_cpu(rack, inventory: Path) -> dict:
-    """Per host: user + sys seconds of the audit's one script, run by the host's bash ``time``."""
+def audit_reads_by_host(inventory: Path) -> dict:
+    """{host: the facts the audit reads there} for every host of the inventory, from its settings."""
     from llamarack import openssh
-
-    hosts = openssh.load_inventory(str(inventory))
     from llamarack.audit import audit_reads
-    from llamarack.facts.reading import FactsTogether
     from llamarack.settings import settings_for
 
-    cpu = {}
-    for h in rack.hosts:
-        script = FactsTogether().command(reads=audit_reads(settings_for(hosts.get_host(h.name))))
-        r = subprocess.run(rack.ssh_command(h.name, "bash -c 'TIMEFORMAT=\"%U %S\"; time sh -s >/dev/null'"),
-                           input=script, capture_output=True, text=True, timeout=120)  # fmt: skip
-        user, sys_ = r.stderr.split()[-2:]
-        cpu[h.name] = round(float(user) + float(sys_), 3)
-    return cpu
+    return {h.name: audit_reads(settings_for(h)) for h in openssh.load_inventory(str(inventory))}
+
+
+def remote_script_cpu(rack, reads: dict) -> dict:
+    """Per host: user + sys seconds of the audit's one script (``reads``: ``audit_reads_by_host``),
+    one run by the host's bash ``time``."""
+    from llamarack.facts.reading import FactsTogether
+
+    return {h.name: round(_bash_cpu(rack, h.name, {"all": FactsTogether().command(reads=reads[h.name])}, 1)["all"], 3)
+            for h in rack.hosts}  # fmt: skip
 
 
 def _split_cpu(stderr: str) -> tuple:
@@ -128,7 +127,7 @@ def _bash_cpu(rack, host: str, scripts: dict, reps: int) -> dict:
     return {name: round(statistics.median(v), 4) for name, v in runs.items()}
 
 
-def where_the_cpu_goes(rack, inventory: Path, reps: int = 9) -> dict:
+def where_the_cpu_goes(rack, reads: dict, reps: int = 9) -> dict:
     """What one host's script is made of, and what one ssh connection costs here: the
     figures that bound the audit's ratio on this machine, where hosts and control share
     the cores. The script's parts (medians, seconds of the host's CPU): every fact read
@@ -137,15 +136,12 @@ def where_the_cpu_goes(rack, inventory: Path, reps: int = 9) -> dict:
     ``ssh HOST true`` on this side, with the lab's command line (OpenSSH's default key
     exchange, sntrup761x25519) and with ``-o KexAlgorithms=curve25519-sha256``: the
     fan-out's own cost, shown, not changed (the audit uses the same ssh defaults)."""
-    from llamarack import openssh
-    from llamarack.audit import audit_reads
     from llamarack.facts import GpuProcesses
     from llamarack.facts.gpu import NvidiaSmi
     from llamarack.facts.reading import FactsTogether
-    from llamarack.settings import settings_for
 
     host = rack.hosts[0].name
-    reads = audit_reads(settings_for(openssh.load_inventory(str(inventory)).get_host(host)))
+    reads = reads[host]
     smi = tuple(r for r in reads if r.fact in (NvidiaSmi, GpuProcesses))
     python = tuple(r for r in reads if hasattr(r.fact, "host_run") and r.fact().host_run(**dict(r.kwargs)))
     shell = tuple(r for r in reads if r not in smi and r not in python)
@@ -241,8 +237,9 @@ def main() -> int:
             hosts_cpu.append(used)
         load_after = os.getloadavg()
         work = count_remote_work(audit(inventory, "--debug")[3], hosts)
-        script_cpu = remote_script_cpu(rack, inventory)
-        parts = where_the_cpu_goes(rack, inventory)
+        reads = audit_reads_by_host(inventory)
+        script_cpu = remote_script_cpu(rack, reads)
+        parts = where_the_cpu_goes(rack, reads)
     finally:
         if brought_up:
             rackmod.down()

@@ -28,8 +28,8 @@ The ledger follows llama.cpp's own placement (src/llama-model.cpp,
   model with every layer on the card and 10-27% under it otherwise; on the
   CPU backend within 3% above its figure. ``reserve_mib``
   (``server_memory_reserve_mib``) covers the CUDA context and pools (not
-  cuBLAS: the H200 runs it was measured on never used it), and what the estimate misses (tests/fixtures/llama-server/
-  gpu-load-logs, load-logs).
+  cuBLAS: the H200 runs it was measured on never used it), and what the
+  estimate misses (tests/fixtures/llama-server/gpu-load-logs, load-logs).
 - A draft model (speculative decoding) is a second model with its own
   context (common/speculative.cpp, ``common_speculative_init_result``: "the
   draft context holds as many tokens per sequence as the target context",
@@ -265,7 +265,10 @@ UNQUANTIZED_FILE_TYPES = (0, 1, 32)
 def cublas_prefill(compute_cap: Optional[str]) -> bool:
     """Whether a card of this compute capability multiplies a prompt's batches by the
     quantized weights with cuBLAS (see above): Volta (7.0, 7.2), and cards before 6.1."""
-    cc = parse_compute_cap(compute_cap)
+    return _cublas(parse_compute_cap(compute_cap))
+
+
+def _cublas(cc: Optional[tuple]) -> bool:
     return cc is not None and ((7, 0) <= cc < (7, 5) or cc < (6, 1))
 
 
@@ -276,7 +279,7 @@ def prefill_pool_bytes(shape: dict, compute_cap: Optional[str], n_tokens: int = 
     ``n_tokens`` batch converted (and the f16 product, except on Volta), and
     cuBLAS's own. 0 on other cards, for unquantized weights, without n_ff."""
     cc = parse_compute_cap(compute_cap)
-    if not cublas_prefill(compute_cap) or not shape.get("n_ff") or shape.get("file_type") in UNQUANTIZED_FILE_TYPES:
+    if not _cublas(cc) or not shape.get("n_ff") or shape.get("file_type") in UNQUANTIZED_FILE_TYPES:
         return 0
     n_embd, n_ff = shape["n_embd"], shape["n_ff"]
     products = ((n_embd, n_ff), (n_ff, n_embd), (n_embd, shape["n_head"] * shape["head_dim_k"]),

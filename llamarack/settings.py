@@ -496,12 +496,13 @@ class ModelSettings:
     draft_quant: str = setting("Q8_0", "llama-quantize type of the draft (draft source hf)")
 
 
-# Card memory the ledger's items do not count: the CUDA context and pools (cuBLAS's
-# own is counted with a V100's or P100's prefill pool: planner.prefill_pool_bytes) (601-611 MiB beyond llama.cpp's own model, KV and compute buffers in all 14
-# runs on the lent H200, CUDA 13, driver 580: bench/results/gpu-proof.json), and what
-# the compute estimate misses where it is under llama.cpp's figure (layers on the CPU,
-# a sliding window, a 32K context: up to 52 MiB). The process less the planned
-# weights, KV and compute reached 654.5 MiB at most in those runs
+# Card memory the ledger's items do not count: the CUDA context and pools (601-611 MiB
+# beyond llama.cpp's own model, KV and compute buffers in all 14 runs on the lent H200,
+# CUDA 13, driver 580: bench/results/gpu-proof.json), and what the compute estimate
+# misses where it is under llama.cpp's figure (layers on the CPU, a sliding window, a
+# 32K context: up to 52 MiB). cuBLAS's own memory is not here: it is counted with a
+# V100's or P100's prefill pool (planner.prefill_pool_bytes). The process less the
+# planned weights, KV and compute reached 654.5 MiB at most in those runs
 # (tests/unit/test_server_plan.py::test_ledger_matches_llama_cpp_on_cuda); +17.5 MiB.
 DEFAULT_RESERVE_MIB = 672
 
