@@ -467,6 +467,49 @@ def test_header_reader_takes_sliding_windows_rope_and_tied_embeddings(tmp_path):
     assert book.kv_on_card == (4096 + 5 * 1536) * 4 * 128 * 2 * 2
 
 
+def _vocab_gguf(tokens: list, merges: list) -> bytes:
+    """A llama header whose tokenizer arrays come before the keys the planner keeps."""
+    meta = [("general.architecture", "str", "llama"), ("tokenizer.ggml.tokens", "[]str", tokens),
+            ("tokenizer.ggml.token_type", "[]i32", [1] * len(tokens)), ("tokenizer.ggml.merges", "[]str", merges),
+            ("llama.block_count", "u32", 2), ("llama.context_length", "u32", 8192),
+            ("llama.embedding_length", "u32", 256), ("llama.attention.head_count", "u32", 4),
+            ("llama.attention.head_count_kv", "u32", 2), ("general.file_type", "u32", 15)]  # fmt: skip
+    tensors = [("token_embd.weight", (256, len(tokens)), 12)] + [(f"blk.{i}.attn_q.weight", (256, 256), 12)
+                                                                  for i in range(2)]  # fmt: skip
+    return _gguf_header(meta, tensors)
+
+
+def test_the_vocabulary_is_read_past_across_chunks_and_long_strings(tmp_path):
+    """A real vocabulary (10^5 strings) is skipped from chunks of the file, not read string
+    by string: strings of every length, some across a chunk's end, one longer than a chunk,
+    and the keys after them still read right, as the whole-metadata reader reads them."""
+    from llamarack.remote import gguf_header
+
+    tokens = [("t" * (i % 23)) + str(i) for i in range(30000)]
+    tokens[7777] = "L" * (3 * gguf_header._SKIP_CHUNK + 5)  # past two chunks at once
+    merges = [f"{a} {b}" for a, b in zip(tokens[:20000], tokens[1:20001])]
+    path = tmp_path / "v.gguf"
+    path.write_bytes(_vocab_gguf(tokens, merges))
+    shape = read_shape(str(path))
+    assert (shape["n_layer"], shape["n_ctx_train"], shape["n_head_kv"], shape["file_type"]) == (2, 8192, 2, 15)
+    assert shape["n_vocab"] == 30000 and shape["layer_bytes"] == [256 * 256 // 256 * 144] * 2
+    whole = gguf_header.read_metadata(str(path))  # every value read, the tokens decoded
+    assert whole["tokenizer.ggml.tokens"] == tokens and whole["llama.block_count"] == 2
+
+
+def test_a_vocabulary_that_runs_past_the_file_is_an_error(tmp_path):
+    data = bytearray(_vocab_gguf([f"tok{i}" for i in range(5000)], []))
+    at = data.index(b"tok4000") - 8  # that token's length: past the end of the file
+    data[at:at + 8] = struct.pack("<Q", len(data))
+    path = tmp_path / "v.gguf"
+    path.write_bytes(bytes(data))
+    with pytest.raises(GgufError, match="past the end of the file"):
+        read_shape(str(path))
+    (tmp_path / "cut.gguf").write_bytes(bytes(data[:data.index(b"tok4000")]))  # cut inside the array
+    with pytest.raises(GgufError):
+        read_shape(str(tmp_path / "cut.gguf"))
+
+
 @pytest.mark.parametrize("offset", [24, 40, 300, 4096, 9000])
 def test_a_corrupt_gguf_header_is_an_answer_never_a_crash(tmp_path, offset):
     """Model file metadata is untrusted: 8 bytes overwritten anywhere in the header (a
