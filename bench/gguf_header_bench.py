@@ -30,6 +30,7 @@ import argparse
 import datetime
 import importlib.util
 import json
+import os
 import platform
 import random
 import resource
@@ -45,6 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from llamarack.remote.llamacpp_proof import _gguf_kv, _gguf_string  # noqa: E402
+
+from converged_bench import _cpu  # noqa: E402  (this folder's)
 
 BEFORE = "1656a69"  # the last commit that read every string of the header one at a time
 
@@ -146,7 +149,7 @@ def main() -> int:
             print(name, json.dumps(row), flush=True)
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cpu": platform.processor() or _cpu(), "cores": len(__import__("os").sched_getaffinity(0)),
+        "machine": {"cpu": _cpu(), "cores": len(os.sched_getaffinity(0)),
                     "python": platform.python_version()},
         "reps": args.reps, "before": args.before,
         "strings": "random BPE-like words of 2 to 12 letters; a merge: two of them and a space",
@@ -157,12 +160,6 @@ def main() -> int:
     print(f"wrote {out}")
     return 0
 
-
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
 
 
 if __name__ == "__main__":
