@@ -21,7 +21,12 @@ For each, with this checkout's ``llamarack/remote/gguf_header.py`` and with the 
 - host_command_cpu_s: CPU of the whole command the fact runs (``python3 -I -S -c SOURCE
   MODEL.gguf``, the interpreter's start included), median of --reps;
 
-and checks that both give the same shape. Writes bench/results/gguf-header.json.
+and checks that both give the same shape. With ``--lab-host NAME`` (a converged lab rack
+up, under the lab lock), also ``written_by_gguf_py``: on that host, the pinned llama.cpp's
+own writer (gguf-py, in the converter env) writes a header with Llama-3's tokenizer counts
+(128,256 tokens and types, 280,147 merges), and the host's python3 reads it with both
+readers: their CPU (bash ``time``) and whether their outputs are the same bytes.
+Writes bench/results/gguf-header.json.
 """
 
 from __future__ import annotations
@@ -95,6 +100,50 @@ def header(name: str) -> bytes:
     return b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(meta) + 2 + scores + bool(n_merges)) + kv + infos
 
 
+# Run by the converter env's python on a lab host: gguf-py's GGUFWriter, as convert_hf_to_gguf.py uses it.
+GGUF_PY_WRITER = """
+import random, sys, numpy as np, gguf
+rng = random.Random(1)
+letters = "abcdefghijklmnopqrstuvwxyz\u0120"
+tokens = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 12))) for _ in range(128256)]
+w = gguf.GGUFWriter(sys.argv[1], "llama")
+w.add_block_count(2); w.add_context_length(8192); w.add_embedding_length(64); w.add_feed_forward_length(128)
+w.add_head_count(4); w.add_head_count_kv(2); w.add_file_type(1); w.add_tokenizer_model("gpt2")
+w.add_token_list(tokens); w.add_token_types([1] * len(tokens))
+w.add_token_merges([rng.choice(tokens) + " " + rng.choice(tokens) for _ in range(280147)])
+w.add_tensor("token_embd.weight", np.zeros((128256, 64), dtype=np.float16))
+for i in range(2):
+    w.add_tensor(f"blk.{i}.attn_q.weight", np.zeros((64, 64), dtype=np.float16))
+w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+"""
+
+
+def on_lab_host(host: str, sources: dict) -> dict:
+    """``written_by_gguf_py`` (see the module's docstring), on lab host ``host``."""
+    import shlex
+
+    from llamarack.lab import rack as rackmod
+
+    rack = rackmod.load()
+    if rack is None:
+        raise SystemExit("--lab-host: no lab rack is up")
+    gguf = "/tmp/llamarack-gguf-header-bench.gguf"
+    script = (f"set -e; /opt/llamarack/envs/convert/bin/python -c {shlex.quote(GGUF_PY_WRITER)} {gguf}; "
+              f"stat -c 'bytes %s' {gguf}; TIMEFORMAT='%3U %3S'; "
+              + "".join(f"echo cpu_{k} >&2; time python3 -I -S -c {shlex.quote(v)} {gguf} > {gguf}.{k}; "
+                        for k, v in sources.items())
+              + f"cmp -s {gguf}.now {gguf}.before && echo same || echo differ; rm -f {gguf} {gguf}.*")  # fmt: skip
+    r = subprocess.run(rack.ssh_command(host, script), capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise SystemExit(f"--lab-host {host}: exit {r.returncode}\n{r.stderr[-2000:]}")
+    err = r.stderr.splitlines()
+    cpu = {mark[4:]: round(sum(map(float, times.split())), 3) for mark, times in zip(err, err[1:])
+           if mark.startswith("cpu_")}  # fmt: skip
+    out = r.stdout.split()
+    return {"host": host, "tokens": 128256, "merges": 280147, "file_bytes": int(out[out.index("bytes") + 1]),
+            **{f"host_command_cpu_s_{k}": v for k, v in cpu.items()}, "same_output": out[-1] == "same"}
+
+
 def _module(source: str, name: str):
     spec = importlib.util.spec_from_loader(name, loader=None)
     module = importlib.util.module_from_spec(spec)
@@ -125,6 +174,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--before", default=BEFORE, help=f"the commit to compare with (default {BEFORE})")
+    ap.add_argument("--lab-host", help="also read a header gguf-py wrote, on this lab host")
     args = ap.parse_args()
     sources = {"now": (ROOT / "llamarack/remote/gguf_header.py").read_text(),
                "before": subprocess.run(["git", "show", f"{args.before}:llamarack/remote/gguf_header.py"], cwd=ROOT,
@@ -147,6 +197,9 @@ def main() -> int:
                                                         / row["host_command_cpu_s_now"], 1)  # fmt: skip
             models[name] = row
             print(name, json.dumps(row), flush=True)
+    if args.lab_host:
+        models["written_by_gguf_py"] = on_lab_host(args.lab_host, sources)
+        print("written_by_gguf_py", json.dumps(models["written_by_gguf_py"]), flush=True)
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpu": _cpu(), "cores": len(os.sched_getaffinity(0)),
