@@ -132,18 +132,19 @@ def where_the_cpu_goes(rack, reads: dict, reps: int = 9) -> dict:
     figures that bound the audit's ratio on this machine, where hosts and control share
     the cores. The script's parts (medians, seconds of the host's CPU): every fact read
     together, the two nvidia-smi queries, the facts one shared python3 answers
-    (``host_run``), and the facts that are shell commands. And the CPU of one
-    ``ssh HOST true`` on this side, with the lab's command line (OpenSSH's default key
-    exchange, sntrup761x25519) and with ``-o KexAlgorithms=curve25519-sha256``: the
+    (``host_run``, and the shell commands' twins: ``host_twin``), and the facts that are
+    shell commands. And the CPU of one ``ssh HOST true`` on this side, with the lab's
+    command line (OpenSSH's default key exchange, sntrup761x25519) and with
+    ``-o KexAlgorithms=curve25519-sha256``: the
     fan-out's own cost, shown, not changed (the audit uses the same ssh defaults)."""
     from llamarack.facts import GpuProcesses
     from llamarack.facts.gpu import NvidiaSmi
-    from llamarack.facts.reading import FactsTogether
+    from llamarack.facts.reading import FactsTogether, answered_by_python3
 
     host = rack.hosts[0].name
     reads = reads[host]
     smi = tuple(r for r in reads if r.fact in (NvidiaSmi, GpuProcesses))
-    python = tuple(r for r in reads if hasattr(r.fact, "host_run") and r.fact().host_run(**dict(r.kwargs)))
+    python = tuple(r for r in reads if answered_by_python3(r))
     shell = tuple(r for r in reads if r not in smi and r not in python)
     parts = {"all": reads, "nvidia_smi": smi, "host_runs_python3": python, "shell_commands": shell}
     each = {f"shell_{i}": (r,) for i, r in enumerate(shell)}  # one shell read alone: spread thin, or one big one?

@@ -28,6 +28,7 @@ from typing import Any, Optional
 from pyinfra import host, logger
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
+from pyinfra.facts.files import FileContents
 
 from .. import remote
 
@@ -78,6 +79,25 @@ class Answer:
     error: Optional[str] = None
 
 
+# pyinfra's own facts that a host module prints the same bytes for (their ``host_twin``).
+_PYINFRA_TWINS = {FileContents: lambda path: ("file_reads", "contents", path)}
+
+
+def _twin(fact: FactBase, kwargs: dict) -> Optional[tuple]:
+    """The host module run that prints what ``fact``'s shell command prints, if it has one
+    (``host_twin(**kwargs)``; ``llamarack/remote/file_reads.py``)."""
+    if hasattr(fact, "host_twin"):
+        return fact.host_twin(**kwargs)
+    twin = _PYINFRA_TWINS.get(type(fact))
+    return twin(**kwargs) if twin else None
+
+
+def answered_by_python3(read: FactRead) -> bool:
+    """Whether ``FactsTogether`` has the shared python3 answer ``read`` (where the host has one)."""
+    fact, kwargs = read.fact(), dict(read.kwargs)
+    return bool((fact.host_run(**kwargs) if hasattr(fact, "host_run") else None) or _twin(fact, kwargs))
+
+
 def _requires_python(fact: FactBase, kwargs: dict) -> bool:
     requires = fact.requires_command
     requires = _text(requires(**kwargs) if callable(requires) else requires) or None
@@ -96,7 +116,10 @@ class FactsTogether(FactBase[dict]):
     command: some facts keep their arguments there), exactly as pyinfra would.
     A fact whose command is one run of a host module says which (``host_run(**kwargs)``
     gives the module's name and arguments; its ``command`` is ``remote.command`` of
-    them): those runs share one python3 instead of starting one each.
+    them): those runs share one python3 instead of starting one each. A fact whose shell
+    command only cats and stats files may have a twin (``host_twin(**kwargs)``, the same
+    for pyinfra's FileContents): a host module run that prints the same bytes, which the
+    shared python3 runs too; a host without python3 runs its shell command.
     Read through ``read_together``.
     """
 
@@ -105,27 +128,33 @@ class FactsTogether(FactBase[dict]):
         self.facts = [r.fact() for r in reads]
         sections, runs = [], []
         for i, (r, fact) in enumerate(zip(reads, self.facts)):
-            run = fact.host_run(**dict(r.kwargs)) if hasattr(fact, "host_run") else None
-            if run is not None:
-                runs.append((i, fact, dict(r.kwargs), run))
+            kwargs = dict(r.kwargs)
+            run = fact.host_run(**kwargs) if hasattr(fact, "host_run") else None
+            twin = None if run else _twin(fact, kwargs)
+            if run or twin:
+                runs.append((i, fact, kwargs, run or twin, twin is not None))
                 continue
-            sections.append(f"echo {self.marker} {i}; ( {_command_text(fact, dict(r.kwargs))} ) </dev/null 2>/dev/null; "
-                            f"echo {self.marker} rc $?")  # fmt: skip
+            sections.append(self._shell_section(i, fact, kwargs))
         if runs:
             sections.append(self._host_runs(runs))
         return "\n".join(sections)
 
+    def _shell_section(self, i: int, fact: FactBase, kwargs: dict) -> str:
+        return f"echo {self.marker} {i}; ( {_command_text(fact, kwargs)} ) </dev/null 2>/dev/null; echo {self.marker} rc $?"
+
     def _host_runs(self, runs: list) -> str:
         """The facts that are one run of a host module each (``host_run``), all run by one
-        python3 (``llamarack/remote/host_runs.py``), in sections as the shell's. Where the host
-        has no python3, each says so as it would alone: missing for a fact that requires
-        python3, else the shell's 127."""
-        spec = {"sources": {name: remote.source(name) for *_, (name, *_) in runs},
-                "runs": [[i, name, [str(a) for a in args]] for i, *_, (name, *args) in runs]}  # fmt: skip
+        python3 (``llamarack/remote/host_runs.py``), in sections as the shell's, and the twins
+        of shell commands (``host_twin``). Where the host has no python3, each says so as it
+        would alone: missing for a fact that requires python3, else the shell's 127; a twin's
+        shell command runs."""
+        spec = {"sources": {name: remote.source(name) for *_, (name, *_), _ in runs},
+                "runs": [[i, name, [str(a) for a in args]] for i, _, _, (name, *args), _ in runs]}  # fmt: skip
         without = "; ".join(
+            self._shell_section(i, fact, kwargs) if twin else
             f"echo {self.marker} {i}; " + (f"echo {MISSING_COMMAND}; echo {self.marker} rc 0"
                                            if _requires_python(fact, kwargs) else f"echo {self.marker} rc 127")
-            for i, fact, kwargs, _ in runs
+            for i, fact, kwargs, _, twin in runs
         )  # fmt: skip
         # -I -S: host modules use the standard library only, and site's start-up is half a python3's
         together = remote.command("host_runs", self.marker, json.dumps(spec, separators=(",", ":")), flags=("-I", "-S"))

@@ -242,3 +242,97 @@ def test_a_host_module_that_fails_is_one_failed_section():
                        text=True)  # fmt: skip
     assert r.stdout.splitlines() == ["M 0", "half", "M rc 3", "M 1", "M rc 1", "M 2", "fine", "M rc 0"]
     assert "ValueError: x" in r.stderr
+
+
+@pytest.fixture
+def twins(tmp_path):
+    """Facts whose shell commands only cat and stat files, each with its Python twin
+    (``host_twin``), on real files here: present, absent, a directory, an empty file,
+    a last line without its newline, a name with a space and a quote."""
+    from pyinfra.facts.files import FileContents
+
+    from llamarack.facts import BenchRecord, BuildRecord, LlamaServerFlags, ModelArtifact, NvidiaKernelModule
+    from llamarack.facts.gpu import RecordedGpus
+
+    root = tmp_path / "root"
+    build = root / "builds" / "498d323e499aa37d"
+    build.mkdir(parents=True)
+    (build / "build-info.json").write_text('{"stamp": "498d323e499aa37d",\n "proof": {"runtime_args": ["--no-repack"]}}\n')
+    help_text = os.path.join(os.path.dirname(__file__), "..", "fixtures", "llama-server", "help-0c1e57098.txt")
+    (build / "server-help.txt").write_bytes(open(help_text, "rb").read())  # the pinned llama-server's --help
+    (root / "builds" / "current").symlink_to(build)
+    bare = tmp_path / "bare"  # a current build with no help saved
+    (bare / "builds" / "x").mkdir(parents=True)
+    (bare / "builds" / "current").symlink_to(bare / "builds" / "x")
+    model = tmp_path / "models" / "a2edeea9af9ba732"
+    model.mkdir(parents=True)
+    (model / "model.gguf").write_bytes(b"GGUF" + bytes(60))
+    (model / "stamp.json").write_text('{"stamp": "a2edeea9af9ba732", "gguf": {"size": 64}}\n')
+    os.utime(model / "model.gguf", ns=(1764441600_123456789, 1764441600_123456789))
+    unsealed = tmp_path / "models" / "unsealed"
+    unsealed.mkdir()
+    (unsealed / "model.gguf").write_bytes(b"GGUF")
+    linked = tmp_path / "models" / "linked"  # model.gguf a symlink: stat(1) without -L stats the link
+    linked.mkdir()
+    (linked / "model.gguf").symlink_to(model / "model.gguf")
+    (linked / "stamp.json").write_text('{"stamp": "linked", "gguf": {"size": 64}}\n')
+    odd = tmp_path / "it's a file"
+    odd.write_text("one\ntwo")  # no newline at the end
+    (tmp_path / "empty").write_text("")
+    (tmp_path / "gpus.json").write_text('[{"index": 0, "name": "Tesla V100-SXM2-16GB", "uuid": "GPU-5f1c",'
+                                        ' "memory_mib": 16384, "compute_cap": "7.0"}]\n')
+    return (
+        FactRead.of(RecordedGpus, path=str(tmp_path / "gpus.json")),
+        FactRead.of(RecordedGpus, path=str(tmp_path / "absent.json")),
+        FactRead.of(RecordedGpus, path=str(tmp_path)),
+        FactRead.of(NvidiaKernelModule),
+        FactRead.of(BuildRecord, root=str(root)),
+        FactRead.of(BuildRecord, root=str(tmp_path / "no-root")),
+        FactRead.of(BenchRecord, path=str(tmp_path / "empty")),
+        FactRead.of(LlamaServerFlags, root=str(root)),
+        FactRead.of(LlamaServerFlags, root=str(bare)),
+        FactRead.of(ModelArtifact, path=str(model)),
+        FactRead.of(ModelArtifact, path=str(unsealed)),
+        FactRead.of(ModelArtifact, path=str(linked)),
+        FactRead.of(ModelArtifact, path=str(tmp_path / "models" / "absent")),
+        FactRead.of(FileContents, path=str(odd)),
+        FactRead.of(FileContents, path=str(tmp_path / "gpus.json")),
+        FactRead.of(FileContents, path=str(tmp_path / "absent")),
+        FactRead.of(FileContents, path=str(tmp_path)),
+    )
+
+
+def test_each_twin_prints_the_bytes_its_shell_command_prints(twins):
+    from llamarack import remote
+    from llamarack.facts.reading import _twin
+
+    for r in twins:
+        fact, kwargs = r.fact(), dict(r.kwargs)
+        shell = subprocess.run(["sh", "-c", _command_text(fact, kwargs)], capture_output=True)
+        name, *args = _twin(fact, kwargs)
+        python = subprocess.run([sys.executable, "-I", "-S", "-c", remote.source(name), *args], capture_output=True)
+        assert python.stdout == shell.stdout and python.returncode == shell.returncode == 0, r
+        assert python.stderr == b"", python.stderr
+
+
+def test_twins_read_together_run_in_the_shared_python3_and_answer_as_alone(twins, tmp_path):
+    together = FactsTogether()
+    command = together.command(reads=twins)
+    assert command.count("python3 -I -S -c") == 1 and command.startswith("if command -v python3")  # no shell section
+    status, lines = sh(command)
+    answers = together.process(lines)
+    assert status == 0
+    for i, r in enumerate(twins):
+        if r.fact.__name__ == "FileContents" and i == 13:
+            assert i not in answers  # no newline at the end: glued to the section's end, as the shell's is
+            continue
+        assert answers[i] == Answer(0, alone(r)), r
+    assert answers[9].value.signature["mtime_ns"] == 1764441600_123456789
+    # No python3 on the host: the shell commands run, and answer the same.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("cat", "stat"):
+        (bin_dir / tool).symlink_to(subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True,
+                                                    text=True).stdout.strip())  # fmt: skip
+    r = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, env={"PATH": str(bin_dir)})
+    assert together.process(r.stdout.splitlines()) == answers

@@ -1,0 +1,62 @@
+# Runs on the host (standard library only, imports nothing from llamarack; run by llamarack.remote.command).
+"""Print, byte for byte, what a file-reading fact's shell command prints: its twin in Python.
+
+    python3 -c SOURCE cat PATH                   cat PATH 2>/dev/null (nothing where it cannot be read)
+    python3 -c SOURCE contents PATH              pyinfra's FileContents: the file, else __pyinfra_missing_PATH
+    python3 -c SOURCE artifact DIR               ModelArtifact's command (llamarack/facts/model.py)
+    python3 -c SOURCE server-flags DIR SPLIT     LlamaServerFlags's command (llamarack/facts/llamacpp.py)
+
+Read together (``FactsTogether``), a fact whose command only cats and stats files is
+answered by the python3 the host modules already share: each such shell section forked a
+subshell and exec'd ``cat`` or ``stat``, 2 to 3 ms of a host's CPU apiece in every audit
+and deploy. Where the host has no python3, the shell commands run as before. The fact's
+``process`` reads either output; tests/facts/test_reading.py runs both on the same files
+and compares the bytes.
+"""
+
+import os
+import sys
+
+
+def _cat(path: str) -> bool:
+    """``cat PATH 2>/dev/null``: the file's bytes, nothing where it cannot be read (absent,
+    a directory, no permission). True where it could."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    sys.stdout.buffer.write(data)
+    return True
+
+
+def contents(path: str) -> None:
+    # ( test -e P && cat P ) || echo '__pyinfra_missing_P'
+    if not (os.path.exists(path) and _cat(path)):
+        sys.stdout.buffer.write(b"__pyinfra_missing_" + os.fsencode(path) + b"\n")
+
+
+def artifact(directory: str) -> None:
+    # if [ -f GGUF ] && [ -f STAMP ]; then stat -c 'size %s %.9Y %i' GGUF; cat STAMP; elif [ -e DIR ]; then echo unsealed; fi
+    gguf, stamp = os.path.join(directory, "model.gguf"), os.path.join(directory, "stamp.json")
+    if os.path.isfile(gguf) and os.path.isfile(stamp):
+        st = os.lstat(gguf)  # stat(1) without -L: the path itself
+        seconds, fraction = divmod(st.st_mtime_ns, 10**9)
+        sys.stdout.buffer.write(f"size {st.st_size} {seconds}.{fraction:09d} {st.st_ino}\n".encode())
+        _cat(stamp)
+    elif os.path.exists(directory):
+        sys.stdout.buffer.write(b"unsealed\n")
+
+
+def server_flags(directory: str, split: str) -> None:
+    # cat DIR/server-help.txt 2>/dev/null || exit 0; echo SPLIT; cat DIR/build-info.json 2>/dev/null; true
+    if _cat(os.path.join(directory, "server-help.txt")):
+        sys.stdout.buffer.write(split.encode() + b"\n")
+        _cat(os.path.join(directory, "build-info.json"))
+
+
+READS = {"cat": _cat, "contents": contents, "artifact": artifact, "server-flags": server_flags}
+
+if __name__ == "__main__":
+    READS[sys.argv[1]](*sys.argv[2:])
+    sys.stdout.flush()
