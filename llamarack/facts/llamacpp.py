@@ -109,6 +109,10 @@ class LlamacppBuilds(FactBase[Builds]):
             'else echo "partial $d"; fi; done; true'
         )
 
+    def host_twin(self, root: str) -> tuple:
+        # read together, the shared python3 prints the same bytes (llamarack/remote/file_reads.py)
+        return ("file_reads", "builds", Layout(root).builds)
+
     def default(self) -> Builds:
         return Builds(None, {})
 

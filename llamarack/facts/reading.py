@@ -28,7 +28,7 @@ from typing import Any, Optional
 from pyinfra import host, logger
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
-from pyinfra.facts.files import FileContents
+from pyinfra.facts.files import FileContents, Sha1File
 
 from .. import remote
 
@@ -80,7 +80,8 @@ class Answer:
 
 
 # pyinfra's own facts that a host module prints the same bytes for (their ``host_twin``).
-_PYINFRA_TWINS = {FileContents: lambda path: ("file_reads", "contents", path)}
+_PYINFRA_TWINS = {FileContents: lambda path: ("file_reads", "contents", path),
+                  Sha1File: lambda path: ("file_reads", "sha1", path)}
 
 
 def _twin(fact: FactBase, kwargs: dict) -> Optional[tuple]:

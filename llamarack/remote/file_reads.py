@@ -5,11 +5,13 @@
     python3 -c SOURCE contents PATH              pyinfra's FileContents: the file, else __pyinfra_missing_PATH
     python3 -c SOURCE artifact DIR               ModelArtifact's command (llamarack/facts/model.py)
     python3 -c SOURCE server-flags DIR SPLIT     LlamaServerFlags's command (llamarack/facts/llamacpp.py)
+    python3 -c SOURCE builds DIR                 LlamacppBuilds's command (llamarack/facts/llamacpp.py)
+    python3 -c SOURCE sha1 PATH                  pyinfra's Sha1File: sha1sum's line, nothing where it cannot read
 
-Read together (``FactsTogether``), a fact whose command only cats and stats files is
-answered by the python3 the host modules already share: each such shell section forked a
-subshell and exec'd ``cat`` or ``stat``, 2 to 3 ms of a host's CPU apiece in every audit
-and deploy. Where the host has no python3, the shell commands run as before. The fact's
+Read together (``FactsTogether``), a fact whose command only reads files (cat, stat, a
+listing, sha1sum) is answered by the python3 the host modules already share: each such
+shell section forked a subshell and exec'd ``cat``, ``stat`` or ``sha1sum``, 2 to 3 ms of a
+host's CPU apiece in every audit and deploy. Where the host has no python3, the shell commands run as before. The fact's
 ``process`` reads either output; tests/facts/test_reading.py runs both on the same files
 and compares the bytes.
 """
@@ -55,7 +57,50 @@ def server_flags(directory: str, split: str) -> None:
         _cat(os.path.join(directory, "build-info.json"))
 
 
-READS = {"cat": _cat, "contents": contents, "artifact": artifact, "server-flags": server_flags}
+def builds(directory: str) -> None:
+    # cd DIR 2>/dev/null || exit 0; echo "current $(readlink current 2>/dev/null)"; for d in */; do d=${d%/};
+    # [ "$d" = current ] && continue; if [ -f "$d/build-info.json" ]; then echo "verified $d $(stat -c %Y ...)";
+    # else echo "partial $d"; fi; done; true
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    try:
+        current = os.readlink(os.path.join(directory, "current")).rstrip("\n")  # $(...) drops trailing newlines
+    except OSError:
+        current = ""
+    lines = [f"current {current}"]
+    for name in sorted(names):  # the shell's */: no dot names, directories and links to them, in byte order
+        if name.startswith(".") or name == "current" or not os.path.isdir(os.path.join(directory, name)):
+            continue
+        info = os.path.join(directory, name, "build-info.json")
+        if os.path.isfile(info):
+            lines.append(f"verified {name} {os.lstat(info).st_mtime_ns // 10**9}")
+        else:
+            lines.append(f"partial {name}")
+    sys.stdout.buffer.write(os.fsencode("\n".join(lines) + "\n"))
+
+
+def sha1(path: str) -> None:
+    # test -e P && ( sha1sum P 2>/dev/null || shasum P 2>/dev/null || sha1 P 2>/dev/null ) || true
+    try:
+        from _sha1 import sha1 as new  # CPython's own: OpenSSL's load (hashlib) is 2 ms of a host's CPU
+    except ImportError:
+        from hashlib import sha1 as new
+    try:
+        with open(path, "rb") as f:
+            digest = new(f.read()).hexdigest()
+    except OSError:
+        return
+    name = os.fsencode(path)
+    if b"\\" in name or b"\n" in name:  # sha1sum escapes such a name and marks the line with a backslash
+        name = name.replace(b"\\", b"\\\\").replace(b"\n", b"\\n")
+        digest = "\\" + digest
+    sys.stdout.buffer.write(digest.encode() + b"  " + name + b"\n")
+
+
+READS = {"cat": _cat, "contents": contents, "artifact": artifact, "server-flags": server_flags, "builds": builds,
+         "sha1": sha1}
 
 if __name__ == "__main__":
     READS[sys.argv[1]](*sys.argv[2:])

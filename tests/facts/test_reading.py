@@ -251,7 +251,8 @@ def twins(tmp_path):
     a last line without its newline, a name with a space and a quote."""
     from pyinfra.facts.files import FileContents
 
-    from llamarack.facts import BenchRecord, BuildRecord, LlamaServerFlags, ModelArtifact, NvidiaKernelModule
+    from llamarack.facts import (BenchRecord, BuildRecord, LlamacppBuilds, LlamaServerFlags, ModelArtifact,
+                                 NvidiaKernelModule)
     from llamarack.facts.gpu import RecordedGpus
 
     root = tmp_path / "root"
@@ -261,6 +262,10 @@ def twins(tmp_path):
     help_text = os.path.join(os.path.dirname(__file__), "..", "fixtures", "llama-server", "help-0c1e57098.txt")
     (build / "server-help.txt").write_bytes(open(help_text, "rb").read())  # the pinned llama-server's --help
     (root / "builds" / "current").symlink_to(build)
+    (root / "builds" / "9d0e4b1c2a3f5e6d").mkdir()  # partial: no build-info.json
+    (root / "builds" / ".staging").mkdir()  # the shell's */ skips dot names
+    (root / "builds" / "notes.txt").write_text("a file, not a build\n")
+    os.utime(build / "build-info.json", ns=(1764441600_999999999, 1764441600_999999999))
     bare = tmp_path / "bare"  # a current build with no help saved
     (bare / "builds" / "x").mkdir(parents=True)
     (bare / "builds" / "current").symlink_to(bare / "builds" / "x")
@@ -279,6 +284,7 @@ def twins(tmp_path):
     odd = tmp_path / "it's a file"
     odd.write_text("one\ntwo")  # no newline at the end
     (tmp_path / "empty").write_text("")
+    (tmp_path / "back\\slash.service").write_text("[Unit]\n")  # sha1sum escapes the name
     (tmp_path / "gpus.json").write_text('[{"index": 0, "name": "Tesla V100-SXM2-16GB", "uuid": "GPU-5f1c",'
                                         ' "memory_mib": 16384, "compute_cap": "7.0"}]\n')
     return (
@@ -299,6 +305,13 @@ def twins(tmp_path):
         FactRead.of(FileContents, path=str(tmp_path / "gpus.json")),
         FactRead.of(FileContents, path=str(tmp_path / "absent")),
         FactRead.of(FileContents, path=str(tmp_path)),
+        FactRead.of(LlamacppBuilds, root=str(root)),
+        FactRead.of(LlamacppBuilds, root=str(bare)),
+        FactRead.of(LlamacppBuilds, root=str(tmp_path / "no-root")),
+        FactRead.of(Sha1File, path=str(odd)),
+        FactRead.of(Sha1File, path=str(tmp_path / "back\\slash.service")),
+        FactRead.of(Sha1File, path=str(tmp_path / "absent")),
+        FactRead.of(Sha1File, path=str(tmp_path)),
     )
 
 
@@ -328,10 +341,13 @@ def test_twins_read_together_run_in_the_shared_python3_and_answer_as_alone(twins
             continue
         assert answers[i] == Answer(0, alone(r)), r
     assert answers[9].value.signature["mtime_ns"] == 1764441600_123456789
+    assert answers[17].value.verified == {"498d323e499aa37d": 1764441600}
+    assert answers[17].value.partial == ("9d0e4b1c2a3f5e6d",) and answers[19].value.current is None
+    assert len(answers[20].value) == 40 and answers[22].value is None
     # No python3 on the host: the shell commands run, and answer the same.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool in ("cat", "stat"):
+    for tool in ("cat", "stat", "readlink", "sha1sum"):
         (bin_dir / tool).symlink_to(subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True,
                                                     text=True).stdout.strip())  # fmt: skip
     r = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, env={"PATH": str(bin_dir)})
