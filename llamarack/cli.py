@@ -98,6 +98,8 @@ def audit(ctx, inventory, limit, as_json, templates, verify, debug):
             raise click.UsageError(str(e))
         raise
     sessions = openssh.connect(chosen, started=started)
+    if (ctx.obj or {}).get("whole_process"):
+        openssh.global_arguments_once()  # before the fact classes are declared (imported)
     try:
         from . import audit as auditmod
 

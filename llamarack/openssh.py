@@ -127,6 +127,20 @@ def load_inventory(inventory: str, executed: Optional[dict] = None):
     return hosts
 
 
+def global_arguments_once() -> None:
+    """pyinfra checks each fact class as it is declared (``FactBase.__init_subclass__``): its
+    command must not take a global argument's name. It makes the list of those names again
+    for each class, from type hints (``get_type_hints`` of a TypedDict, about 1 ms apiece on
+    a 2-core host), and the audit declares about a hundred fact classes (pyinfra's fact
+    modules and llamarack's): 40 to 60 ms of its Python. The list cannot change within a
+    process, so this makes it once and hands out copies; the check itself is pyinfra's.
+    For a process that is only the audit (``llamarack.cli``)."""
+    from pyinfra.api import facts
+
+    names = facts.all_global_arguments()
+    facts.all_global_arguments = lambda: list(names)
+
+
 # What ``connect`` gives ssh when pyinfra's Config does not say otherwise (its CONNECT_TIMEOUT).
 DEFAULT_CONNECT_TIMEOUT = 10
 # ``sh -s`` as pyinfra's make_unix_command wraps it with no command arguments.

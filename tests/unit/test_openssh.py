@@ -206,3 +206,23 @@ def test_pyinfra_is_imported_without_invoke_and_invoke_stays_importable():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "invoke"
+
+
+def test_global_arguments_made_once_still_refuse_a_fact_that_takes_one():
+    # run in its own process: the audit's patch is for a process that is only the audit
+    code = """
+from llamarack import openssh
+from pyinfra.api import facts
+before = facts.all_global_arguments()
+openssh.global_arguments_once()
+assert facts.all_global_arguments() == before and facts.all_global_arguments() is not facts.all_global_arguments()
+try:
+    class TakesSudo(facts.FactBase):
+        def command(self, _sudo):
+            return "true"
+except TypeError as e:
+    print("refused:", e)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "refused:" in r.stdout and "_sudo are reserved for global arguments" in r.stdout
