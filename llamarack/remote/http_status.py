@@ -33,7 +33,8 @@ def _get_status_line(host: str, port: int, request: bytes, timeout: float) -> by
     import _socket
 
     error = None
-    for family, kind, proto, _, address in _socket.getaddrinfo(host, port, 0, _socket.SOCK_STREAM):
+    name = host.encode() if host.isascii() else host  # a str name is encoded with the idna codec: its import
+    for family, kind, proto, _, address in _socket.getaddrinfo(name, port, 0, _socket.SOCK_STREAM):
         s = _socket.socket(family, kind, proto)
         try:
             s.settimeout(timeout)
