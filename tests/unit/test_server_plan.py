@@ -579,3 +579,21 @@ def test_ledger_matches_llama_cpp_on_cuda(case):
     assert 600 < beyond < 612
     # and so does the process less everything the ledger counts besides the reserve
     assert case["process_mib"] - (book.total_on_card - book.reserve) / MIB < DEFAULT_RESERVE_MIB
+
+
+def test_an_operator_template_edited_between_two_renders_is_the_one_rendered(tmp_path):
+    """Each template search path keeps one jinja2 environment (compiled once, not per host);
+    an edit of an operator's template still shows at the next render."""
+    import os
+
+    s = settings()
+    args = server_args(s, NEW_HELP, "/b", "/m", plan_context(s, LLAMA8B, V100_16), cuda=True)
+    own = render_unit(s, args, "m")
+    template = tmp_path / "llama-server.service.j2"
+    template.write_text("# site A\n{{ exec_start }}\n")
+    exec_line = next(line for line in own.splitlines() if line.startswith("ExecStart="))
+    assert render_unit(s, args, "m", (tmp_path,)) == f"# site A\n{exec_line.split('=', 1)[1]}\n"
+    template.write_text("# site B\n{{ exec_start }}\n")
+    os.utime(template, ns=(template.stat().st_mtime_ns + 10**9,) * 2)
+    assert render_unit(s, args, "m", (tmp_path,)).startswith("# site B\n")
+    assert render_unit(s, args, "m") == own  # the role's own, with no override
