@@ -28,7 +28,7 @@ from typing import Any, Optional
 from pyinfra import host, logger
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
-from pyinfra.facts.files import FileContents, Sha1File
+from pyinfra.facts.files import Directory, File, FileContents, Link, Sha1File
 
 from .. import remote
 
@@ -81,7 +81,10 @@ class Answer:
 
 # pyinfra's own facts that a host module prints the same bytes for (their ``host_twin``).
 _PYINFRA_TWINS = {FileContents: lambda path: ("file_reads", "contents", path),
-                  Sha1File: lambda path: ("file_reads", "sha1", path)}
+                  Sha1File: lambda path: ("file_reads", "sha1", path),
+                  # not a "~/" path: pyinfra leaves its tilde for the shell to expand
+                  **{stat_fact: lambda path: None if path.startswith("~") else ("file_reads", "stat", path)
+                     for stat_fact in (File, Link, Directory)}}
 
 
 def _twin(fact: FactBase, kwargs: dict) -> Optional[tuple]:

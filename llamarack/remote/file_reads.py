@@ -7,6 +7,7 @@
     python3 -c SOURCE server-flags DIR SPLIT     LlamaServerFlags's command (llamarack/facts/llamacpp.py)
     python3 -c SOURCE builds DIR                 LlamacppBuilds's command (llamarack/facts/llamacpp.py)
     python3 -c SOURCE sha1 PATH                  pyinfra's Sha1File: sha1sum's line, nothing where it cannot read
+    python3 -c SOURCE stat PATH                  pyinfra's File, Link, Directory: GNU stat's line (LINUX_STAT)
 
 Read together (``FactsTogether``), a fact whose command only reads files (cat, stat, a
 listing, sha1sum) is answered by the python3 the host modules already share: each such
@@ -99,8 +100,49 @@ def sha1(path: str) -> None:
     sys.stdout.buffer.write(digest.encode() + b"  " + name + b"\n")
 
 
+# pyinfra's LINUX_STAT_COMMAND format (pyinfra/facts/files.py)
+LINUX_STAT = "user=%U group=%G mode=%A atime=%X mtime=%Y ctime=%Z size=%s %N"
+
+
+def _plain(name: str) -> bool:
+    """Whether GNU stat's %N prints ``name`` as 'name' in every locale: printable ASCII with
+    no quote or backslash (its shell-escape quoting changes anything else)."""
+    return all(" " <= c <= "~" and c not in "'\\" for c in name)
+
+
+def stat_line(path: str) -> None:
+    # ! (test -e P || test -L P) || ( stat -c 'LINUX_STAT' P 2> /dev/null || ... )
+    try:
+        st = os.lstat(path)
+        target = os.readlink(path) if (st.st_mode & 0o170000) == 0o120000 else None
+    except OSError:
+        return
+    if os.environ.get("QUOTING_STYLE") or not _plain(path) or not _plain(target or ""):
+        import subprocess  # a name stat quotes its own way: stat itself says it
+
+        r = subprocess.run(["stat", "-c", LINUX_STAT, path], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        sys.stdout.buffer.write(r.stdout)
+        return
+    import pwd
+    import grp
+    from stat import filemode
+
+    try:
+        user = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        user = "UNKNOWN"
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = "UNKNOWN"
+    name = f"'{path}'" + (f" -> '{target}'" if target is not None else "")
+    line = (f"user={user} group={group} mode={filemode(st.st_mode)} atime={st.st_atime_ns // 10**9} "
+            f"mtime={st.st_mtime_ns // 10**9} ctime={st.st_ctime_ns // 10**9} size={st.st_size} {name}\n")
+    sys.stdout.buffer.write(line.encode())
+
+
 READS = {"cat": _cat, "contents": contents, "artifact": artifact, "server-flags": server_flags, "builds": builds,
-         "sha1": sha1}
+         "sha1": sha1, "stat": stat_line}
 
 if __name__ == "__main__":
     READS[sys.argv[1]](*sys.argv[2:])

@@ -249,7 +249,7 @@ def twins(tmp_path):
     """Facts whose shell commands only cat and stat files, each with its Python twin
     (``host_twin``), on real files here: present, absent, a directory, an empty file,
     a last line without its newline, a name with a space and a quote."""
-    from pyinfra.facts.files import FileContents
+    from pyinfra.facts.files import Directory, File, FileContents
 
     from llamarack.facts import (BenchRecord, BuildRecord, LlamacppBuilds, LlamaServerFlags, ModelArtifact,
                                  NvidiaKernelModule)
@@ -284,9 +284,20 @@ def twins(tmp_path):
     odd = tmp_path / "it's a file"
     odd.write_text("one\ntwo")  # no newline at the end
     (tmp_path / "empty").write_text("")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "it's a link").symlink_to(build)
     (tmp_path / "back\\slash.service").write_text("[Unit]\n")  # sha1sum escapes the name
     (tmp_path / "gpus.json").write_text('[{"index": 0, "name": "Tesla V100-SXM2-16GB", "uuid": "GPU-5f1c",'
                                         ' "memory_mib": 16384, "compute_cap": "7.0"}]\n')
+    # Reading a link or a directory may move its atime (relatime: the first read after a
+    # change): an atime ahead of the clock and of mtime and ctime keeps it still, so the
+    # stat lines printed a moment apart are the same.
+    import time
+
+    ahead = time.time_ns() + 3600 * 10**9
+    for p in (root, root / "builds", root / "builds" / "current", tmp_path / "dangling", tmp_path / "it's a link",
+              tmp_path / "gpus.json"):
+        os.utime(p, ns=(ahead, 1764441600 * 10**9), follow_symlinks=False)
     return (
         FactRead.of(RecordedGpus, path=str(tmp_path / "gpus.json")),
         FactRead.of(RecordedGpus, path=str(tmp_path / "absent.json")),
@@ -312,6 +323,13 @@ def twins(tmp_path):
         FactRead.of(Sha1File, path=str(tmp_path / "back\\slash.service")),
         FactRead.of(Sha1File, path=str(tmp_path / "absent")),
         FactRead.of(Sha1File, path=str(tmp_path)),
+        FactRead.of(Link, path=str(root / "builds" / "current")),
+        FactRead.of(Link, path=str(root / "builds")),  # not a link
+        FactRead.of(Link, path=str(tmp_path / "dangling")),
+        FactRead.of(Link, path=str(tmp_path / "absent")),
+        FactRead.of(Link, path=str(tmp_path / "it's a link")),  # stat quotes it its own way: stat says it
+        FactRead.of(File, path=str(tmp_path / "gpus.json")),
+        FactRead.of(Directory, path=str(root)),
     )
 
 
@@ -344,6 +362,10 @@ def test_twins_read_together_run_in_the_shared_python3_and_answer_as_alone(twins
     assert answers[17].value.verified == {"498d323e499aa37d": 1764441600}
     assert answers[17].value.partial == ("9d0e4b1c2a3f5e6d",) and answers[19].value.current is None
     assert len(answers[20].value) == 40 and answers[22].value is None
+    build = str(tmp_path / "root" / "builds" / "498d323e499aa37d")
+    assert answers[24].value["link_target"] == build and answers[25].value is False
+    assert answers[27].value is None and answers[28].value["link_target"] == build
+    assert answers[30].value["mode"] == 755
     # No python3 on the host: the shell commands run, and answer the same.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
