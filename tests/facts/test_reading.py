@@ -298,46 +298,39 @@ def twins(tmp_path):
     for p in (root, root / "builds", root / "builds" / "current", tmp_path / "dangling", tmp_path / "it's a link",
               tmp_path / "gpus.json"):
         os.utime(p, ns=(ahead, 1764441600 * 10**9), follow_symlinks=False)
-    return (
-        FactRead.of(RecordedGpus, path=str(tmp_path / "gpus.json")),
-        FactRead.of(RecordedGpus, path=str(tmp_path / "absent.json")),
-        FactRead.of(RecordedGpus, path=str(tmp_path)),
-        FactRead.of(NvidiaKernelModule),
-        FactRead.of(BuildRecord, root=str(root)),
-        FactRead.of(BuildRecord, root=str(tmp_path / "no-root")),
-        FactRead.of(BenchRecord, path=str(tmp_path / "empty")),
-        FactRead.of(LlamaServerFlags, root=str(root)),
-        FactRead.of(LlamaServerFlags, root=str(bare)),
-        FactRead.of(ModelArtifact, path=str(model)),
-        FactRead.of(ModelArtifact, path=str(unsealed)),
-        FactRead.of(ModelArtifact, path=str(linked)),
-        FactRead.of(ModelArtifact, path=str(tmp_path / "models" / "absent")),
-        FactRead.of(FileContents, path=str(odd)),
-        FactRead.of(FileContents, path=str(tmp_path / "gpus.json")),
-        FactRead.of(FileContents, path=str(tmp_path / "absent")),
-        FactRead.of(FileContents, path=str(tmp_path)),
-        FactRead.of(LlamacppBuilds, root=str(root)),
-        FactRead.of(LlamacppBuilds, root=str(bare)),
-        FactRead.of(LlamacppBuilds, root=str(tmp_path / "no-root")),
-        FactRead.of(Sha1File, path=str(odd)),
-        FactRead.of(Sha1File, path=str(tmp_path / "back\\slash.service")),
-        FactRead.of(Sha1File, path=str(tmp_path / "absent")),
-        FactRead.of(Sha1File, path=str(tmp_path)),
-        FactRead.of(Link, path=str(root / "builds" / "current")),
-        FactRead.of(Link, path=str(root / "builds")),  # not a link
-        FactRead.of(Link, path=str(tmp_path / "dangling")),
-        FactRead.of(Link, path=str(tmp_path / "absent")),
-        FactRead.of(Link, path=str(tmp_path / "it's a link")),  # stat quotes it its own way: stat says it
-        FactRead.of(File, path=str(tmp_path / "gpus.json")),
-        FactRead.of(Directory, path=str(root)),
-    )
+    here = {name: str(tmp_path / name) for name in ("gpus.json", "absent.json", "absent", "empty", "dangling",
+                                                     "it's a link", "back\\slash.service", "no-root")}
+    here["."], builds = str(tmp_path), str(root / "builds")
+    paths = {  # fact: its cases, by name
+        RecordedGpus: ("gpus.json", "absent.json", "."),
+        BenchRecord: ("empty",),
+        ModelArtifact: {"sealed": str(model), "unsealed": str(unsealed), "linked": str(linked),
+                        "absent": str(tmp_path / "models" / "absent")},
+        FileContents: {"odd": str(odd), "gpus.json": here["gpus.json"], "absent": here["absent"], ".": here["."]},
+        Sha1File: {"odd": str(odd), "back\\slash.service": here["back\\slash.service"], "absent": here["absent"],
+                   ".": here["."]},
+        Link: {"current": builds + "/current", "builds": builds, "dangling": here["dangling"],
+               "absent": here["absent"], "it's a link": here["it's a link"]},
+        File: ("gpus.json",),
+        Directory: {"root": str(root)},
+    }
+    roots = {BuildRecord: (root, tmp_path / "no-root"), LlamaServerFlags: (root, bare),
+             LlamacppBuilds: (root, bare, tmp_path / "no-root")}
+    reads = {"NvidiaKernelModule": FactRead.of(NvidiaKernelModule)}
+    for fact, cases in paths.items():
+        for case, path in (cases.items() if isinstance(cases, dict) else ((c, here[c]) for c in cases)):
+            reads[f"{fact.__name__} {case}"] = FactRead.of(fact, path=path)
+    for fact, cases in roots.items():
+        for case in cases:
+            reads[f"{fact.__name__} {case.name}"] = FactRead.of(fact, root=str(case))
+    return reads
 
 
 def test_each_twin_prints_the_bytes_its_shell_command_prints(twins):
     from llamarack import remote
     from llamarack.facts.reading import _twin
 
-    for r in twins:
+    for r in twins.values():
         fact, kwargs = r.fact(), dict(r.kwargs)
         shell = subprocess.run(["sh", "-c", _command_text(fact, kwargs)], capture_output=True)
         name, *args = _twin(fact, kwargs)
@@ -348,24 +341,27 @@ def test_each_twin_prints_the_bytes_its_shell_command_prints(twins):
 
 def test_twins_read_together_run_in_the_shared_python3_and_answer_as_alone(twins, tmp_path):
     together = FactsTogether()
-    command = together.command(reads=twins)
+    reads = tuple(twins.values())
+    command = together.command(reads=reads)
     assert command.count("python3 -I -S -c") == 1 and command.startswith("if command -v python3")  # no shell section
     status, lines = sh(command)
     answers = together.process(lines)
     assert status == 0
-    for i, r in enumerate(twins):
-        if r.fact.__name__ == "FileContents" and i == 13:
-            assert i not in answers  # no newline at the end: glued to the section's end, as the shell's is
+    answer = {name: answers.get(i) for i, name in enumerate(twins)}
+    for name, r in twins.items():
+        if name == "FileContents odd":
+            assert answer[name] is None  # no newline at the end: glued to the section's end, as the shell's is
             continue
-        assert answers[i] == Answer(0, alone(r)), r
-    assert answers[9].value.signature["mtime_ns"] == 1764441600_123456789
-    assert answers[17].value.verified == {"498d323e499aa37d": 1764441600}
-    assert answers[17].value.partial == ("9d0e4b1c2a3f5e6d",) and answers[19].value.current is None
-    assert len(answers[20].value) == 40 and answers[22].value is None
+        assert answer[name] == Answer(0, alone(r)), r
+    assert answer["ModelArtifact sealed"].value.signature["mtime_ns"] == 1764441600_123456789
+    assert answer["LlamacppBuilds root"].value.verified == {"498d323e499aa37d": 1764441600}
+    assert answer["LlamacppBuilds root"].value.partial == ("9d0e4b1c2a3f5e6d",)
+    assert answer["LlamacppBuilds no-root"].value.current is None
+    assert len(answer["Sha1File odd"].value) == 40 and answer["Sha1File absent"].value is None
     build = str(tmp_path / "root" / "builds" / "498d323e499aa37d")
-    assert answers[24].value["link_target"] == build and answers[25].value is False
-    assert answers[27].value is None and answers[28].value["link_target"] == build
-    assert answers[30].value["mode"] == 755
+    assert answer["Link current"].value["link_target"] == build and answer["Link builds"].value is False
+    assert answer["Link absent"].value is None and answer["Link it's a link"].value["link_target"] == build
+    assert answer["Directory root"].value["mode"] == 755
     # No python3 on the host: the shell commands run, and answer the same.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
