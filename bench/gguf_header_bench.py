@@ -120,19 +120,20 @@ w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); 
 
 def on_lab_host(host: str, sources: dict) -> dict:
     """``written_by_gguf_py`` (see the module's docstring), on lab host ``host``."""
-    import shlex
-
     from llamarack.lab import rack as rackmod
+    from llamarack.remote import argv
 
     rack = rackmod.load()
     if rack is None:
         raise SystemExit("--lab-host: no lab rack is up")
     gguf = "/tmp/llamarack-gguf-header-bench.gguf"
-    script = (f"set -e; /opt/llamarack/envs/convert/bin/python -c {shlex.quote(GGUF_PY_WRITER)} {gguf}; "
-              f"stat -c 'bytes %s' {gguf}; TIMEFORMAT='%3U %3S'; "
-              + "".join(f"echo cpu_{k} >&2; time python3 -I -S -c {shlex.quote(v)} {gguf} > {gguf}.{k}; "
+    outputs = {k: f"{gguf}.{k}" for k in sources}
+    script = (f"set -e; {argv('/opt/llamarack/envs/convert/bin/python', '-c', GGUF_PY_WRITER, gguf)}; "
+              f"{argv('stat', '-c', 'bytes %s', gguf)}; TIMEFORMAT='%3U %3S'; "
+              + "".join(f"echo cpu_{k} >&2; time {argv('python3', '-I', '-S', '-c', v, gguf)} > {argv(outputs[k])}; "
                         for k, v in sources.items())
-              + f"cmp -s {gguf}.now {gguf}.before && echo same || echo differ; rm -f {gguf} {gguf}.*")  # fmt: skip
+              + f"{argv('cmp', '-s', *outputs.values())} && echo same || echo differ; "
+              f"{argv('rm', '-f', gguf, *outputs.values())}")  # fmt: skip
     r = subprocess.run(rack.ssh_command(host, script), capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
         raise SystemExit(f"--lab-host {host}: exit {r.returncode}\n{r.stderr[-2000:]}")

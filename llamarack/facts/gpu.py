@@ -205,6 +205,10 @@ class KernelModule(FactValue):
     open: bool
 
 
+# What the loaded NVIDIA kernel module says of itself.
+PROC_VERSION = "/proc/driver/nvidia/version"
+
+
 class NvidiaKernelModule(FactBase[Optional[KernelModule]]):
     """
     Returns the loaded NVIDIA kernel module's version from ``/proc/driver/nvidia/version``,
@@ -216,11 +220,11 @@ class NvidiaKernelModule(FactBase[Optional[KernelModule]]):
     """
 
     def command(self) -> str:
-        return "cat /proc/driver/nvidia/version 2>/dev/null || true"
+        return f"cat {PROC_VERSION} 2>/dev/null || true"
 
     def host_twin(self) -> tuple:
         # read together, the shared python3 prints the same bytes (llamarack/remote/file_reads.py)
-        return ("file_reads", "cat", "/proc/driver/nvidia/version")
+        return ("file_reads", "cat", PROC_VERSION)
 
     def process(self, output) -> Optional[KernelModule]:
         for line in output:

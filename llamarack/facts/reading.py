@@ -96,10 +96,19 @@ def _twin(fact: FactBase, kwargs: dict) -> Optional[tuple]:
     return twin(**kwargs) if twin else None
 
 
+def _python_run(fact: FactBase, kwargs: dict) -> tuple[Optional[tuple], bool]:
+    """(the host module run the shared python3 makes for ``fact``, or None; whether that run
+    is a twin of a shell command): its ``host_run``, else its twin."""
+    run = fact.host_run(**kwargs) if hasattr(fact, "host_run") else None
+    if run:
+        return run, False
+    twin = _twin(fact, kwargs)
+    return twin, twin is not None
+
+
 def answered_by_python3(read: FactRead) -> bool:
     """Whether ``FactsTogether`` has the shared python3 answer ``read`` (where the host has one)."""
-    fact, kwargs = read.fact(), dict(read.kwargs)
-    return bool((fact.host_run(**kwargs) if hasattr(fact, "host_run") else None) or _twin(fact, kwargs))
+    return _python_run(read.fact(), dict(read.kwargs))[0] is not None
 
 
 def _requires_python(fact: FactBase, kwargs: dict) -> bool:
@@ -121,9 +130,10 @@ class FactsTogether(FactBase[dict]):
     A fact whose command is one run of a host module says which (``host_run(**kwargs)``
     gives the module's name and arguments; its ``command`` is ``remote.command`` of
     them): those runs share one python3 instead of starting one each. A fact whose shell
-    command only cats and stats files may have a twin (``host_twin(**kwargs)``, the same
-    for pyinfra's FileContents): a host module run that prints the same bytes, which the
-    shared python3 runs too; a host without python3 runs its shell command.
+    command only reads files may have a twin (``host_twin(**kwargs)``; pyinfra's own
+    FileContents, Sha1File, File, Link and Directory through ``_PYINFRA_TWINS``): a host
+    module run that prints the same bytes, which the shared python3 runs too; a host
+    without python3 runs its shell command.
     Read through ``read_together``.
     """
 
@@ -133,10 +143,9 @@ class FactsTogether(FactBase[dict]):
         sections, runs = [], []
         for i, (r, fact) in enumerate(zip(reads, self.facts)):
             kwargs = dict(r.kwargs)
-            run = fact.host_run(**kwargs) if hasattr(fact, "host_run") else None
-            twin = None if run else _twin(fact, kwargs)
-            if run or twin:
-                runs.append((i, fact, kwargs, run or twin, twin is not None))
+            run, twin = _python_run(fact, kwargs)
+            if run:
+                runs.append((i, fact, kwargs, run, twin))
                 continue
             sections.append(self._shell_section(i, fact, kwargs))
         if runs:
@@ -144,7 +153,10 @@ class FactsTogether(FactBase[dict]):
         return "\n".join(sections)
 
     def _shell_section(self, i: int, fact: FactBase, kwargs: dict) -> str:
-        return f"echo {self.marker} {i}; ( {_command_text(fact, kwargs)} ) </dev/null 2>/dev/null; echo {self.marker} rc $?"
+        """Fact ``i``'s own shell command, between its markers. The marker is hex and ``i`` a
+        number; the command is the fact's, every value in it quoted by the fact itself."""
+        command = _command_text(fact, kwargs)
+        return f"echo {self.marker} {int(i)}; ( {command} ) </dev/null 2>/dev/null; echo {self.marker} rc $?"
 
     def _host_runs(self, runs: list) -> str:
         """The facts that are one run of a host module each (``host_run``), all run by one

@@ -12,12 +12,13 @@
 Read together (``FactsTogether``), a fact whose command only reads files (cat, stat, a
 listing, sha1sum) is answered by the python3 the host modules already share: each such
 shell section forked a subshell and exec'd ``cat``, ``stat`` or ``sha1sum``, 2 to 3 ms of a
-host's CPU apiece in every audit and deploy. Where the host has no python3, the shell commands run as before. The fact's
-``process`` reads either output; tests/facts/test_reading.py runs both on the same files
-and compares the bytes.
+host's CPU apiece in every audit and deploy. Where the host has no python3, the shell
+commands run as before. The fact's ``process`` reads either output;
+tests/facts/test_reading.py runs both on the same files and compares the bytes.
 """
 
 import os
+import stat
 import sys
 
 
@@ -40,7 +41,8 @@ def contents(path: str) -> None:
 
 
 def artifact(directory: str) -> None:
-    # if [ -f GGUF ] && [ -f STAMP ]; then stat -c 'size %s %.9Y %i' GGUF; cat STAMP; elif [ -e DIR ]; then echo unsealed; fi
+    # if [ -f GGUF ] && [ -f STAMP ]; then stat -c 'size %s %.9Y %i' GGUF; cat STAMP;
+    # elif [ -e DIR ]; then echo unsealed; fi
     gguf, stamp = os.path.join(directory, "model.gguf"), os.path.join(directory, "stamp.json")
     if os.path.isfile(gguf) and os.path.isfile(stamp):
         st = os.lstat(gguf)  # stat(1) without -L: the path itself
@@ -114,7 +116,7 @@ def stat_line(path: str) -> None:
     # ! (test -e P || test -L P) || ( stat -c 'LINUX_STAT' P 2> /dev/null || ... )
     try:
         st = os.lstat(path)
-        target = os.readlink(path) if (st.st_mode & 0o170000) == 0o120000 else None
+        target = os.readlink(path) if stat.S_ISLNK(st.st_mode) else None
     except OSError:
         return
     if os.environ.get("QUOTING_STYLE") or not _plain(path) or not _plain(target or ""):
@@ -123,9 +125,8 @@ def stat_line(path: str) -> None:
         r = subprocess.run(["stat", "-c", LINUX_STAT, path], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         sys.stdout.buffer.write(r.stdout)
         return
-    import pwd
     import grp
-    from stat import filemode
+    import pwd
 
     try:
         user = pwd.getpwuid(st.st_uid).pw_name
@@ -136,7 +137,7 @@ def stat_line(path: str) -> None:
     except KeyError:
         group = "UNKNOWN"
     name = f"'{path}'" + (f" -> '{target}'" if target is not None else "")
-    line = (f"user={user} group={group} mode={filemode(st.st_mode)} atime={st.st_atime_ns // 10**9} "
+    line = (f"user={user} group={group} mode={stat.filemode(st.st_mode)} atime={st.st_atime_ns // 10**9} "
             f"mtime={st.st_mtime_ns // 10**9} ctime={st.st_ctime_ns // 10**9} size={st.st_size} {name}\n")
     sys.stdout.buffer.write(line.encode())
 

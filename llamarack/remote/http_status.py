@@ -16,8 +16,9 @@ import sys
 
 
 def _split(url: str):
-    """(host, port, path) of a plain ``http://HOST[:PORT][/PATH]`` URL, else None."""
-    if not url.startswith("http://"):
+    """(host, port, netloc, path) of a plain ``http://HOST[:PORT][/PATH]`` URL, else None:
+    nothing that could end the request line early (a space, a control character)."""
+    if not url.startswith("http://") or any(c <= " " or c == "\x7f" for c in url):
         return None
     netloc, slash, path = url[len("http://"):].partition("/")
     host, colon, port = netloc.rpartition(":") if not netloc.endswith("]") else (netloc, "", "")

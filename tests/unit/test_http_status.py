@@ -64,5 +64,6 @@ def test_only_a_plain_http_url_is_split_by_hand():
     assert _split("http://127.0.0.1:8080/health") == ("127.0.0.1", 8080, "127.0.0.1:8080", "/health")
     assert _split("http://gpu01") == ("gpu01", 80, "gpu01", "/")
     assert _split("http://[::1]/h?x=1") == ("::1", 80, "[::1]", "/h?x=1")
-    for other in ("https://gpu01/health", "http://user@gpu01/", "http://gpu01:port/", "http://gpu01?x", "ftp://a/"):
+    for other in ("https://gpu01/health", "http://user@gpu01/", "http://gpu01:port/", "http://gpu01?x", "ftp://a/",
+                  "http://gpu01/a b", "http://gpu01/h\r\nX-Injected: 1"):
         assert _split(other) is None, other  # urllib.request's, as before
