@@ -21,11 +21,14 @@ For each, with this checkout's ``llamarack/remote/gguf_header.py`` and with the 
 - host_command_cpu_s: CPU of the whole command the fact runs (``python3 -I -S -c SOURCE
   MODEL.gguf``, the interpreter's start included), median of --reps;
 
-and checks that both give the same shape. With ``--lab-host NAME`` (a converged lab rack
+and checks that both give the same shape. Then ``host_command_cpu_s_recorded``: the same
+command with this checkout's reader once the model role's seal has recorded the shape beside
+the file (``--record``; the fact then answers from the record), and whether its output is
+the header's, byte for byte. With ``--lab-host NAME`` (a converged lab rack
 up, under the lab lock), also ``written_by_gguf_py``: on that host, the pinned llama.cpp's
 own writer (gguf-py, in the converter env) writes a header with Llama-3's tokenizer counts
 (128,256 tokens and types, 280,147 merges), and the host's python3 reads it with both
-readers: their CPU (bash ``time``) and whether their outputs are the same bytes.
+readers and from the record: their CPU (bash ``time``) and whether their outputs are the same bytes.
 Writes bench/results/gguf-header.json.
 """
 
@@ -50,6 +53,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from llamarack.facts import shape_record_name  # noqa: E402
 from llamarack.remote.llamacpp_proof import _gguf_kv, _gguf_string  # noqa: E402
 
 from converged_bench import _cpu  # noqa: E402  (this folder's)
@@ -126,14 +130,21 @@ def on_lab_host(host: str, sources: dict) -> dict:
     rack = rackmod.load()
     if rack is None:
         raise SystemExit("--lab-host: no lab rack is up")
-    gguf = "/tmp/llamarack-gguf-header-bench.gguf"
-    outputs = {k: f"{gguf}.{k}" for k in sources}
-    script = (f"set -e; {argv('/opt/llamarack/envs/convert/bin/python', '-c', GGUF_PY_WRITER, gguf)}; "
-              f"{argv('stat', '-c', 'bytes %s', gguf)}; TIMEFORMAT='%3U %3S'; "
-              + "".join(f"echo cpu_{k} >&2; time {argv('python3', '-I', '-S', '-c', v, gguf)} > {argv(outputs[k])}; "
-                        for k, v in sources.items())
-              + f"{argv('cmp', '-s', *outputs.values())} && echo same || echo differ; "
-              f"{argv('rm', '-f', gguf, *outputs.values())}")  # fmt: skip
+    folder = "/tmp/llamarack-gguf-header-bench"
+    gguf, record = f"{folder}/model.gguf", shape_record_name()
+    runs = {k: (v, gguf) for k, v in sources.items()}
+    runs["recorded"] = (sources["now"], gguf, "--recorded", record)
+    outputs = {k: f"{gguf}.{k}" for k in runs}
+    script = (f"set -e; {argv('mkdir', '-p', folder)}; "
+              f"{argv('/opt/llamarack/envs/convert/bin/python', '-c', GGUF_PY_WRITER, gguf)}; "
+              f"{argv('stat', '-c', 'bytes %s', gguf)}; "
+              f"{argv('python3', '-I', '-S', '-c', sources['now'], '--record', record, gguf)} >/dev/null; "
+              "TIMEFORMAT='%3U %3S'; "
+              + "".join(f"echo cpu_{k} >&2; time {argv('python3', '-I', '-S', '-c', *v)} > {argv(outputs[k])}; "
+                        for k, v in runs.items())
+              + f"{argv('cmp', '-s', outputs['now'], outputs['before'])} && "
+              f"{argv('cmp', '-s', outputs['now'], outputs['recorded'])} && echo same || echo differ; "
+              f"{argv('rm', '-rf', folder)}")  # fmt: skip
     r = subprocess.run(rack.ssh_command(host, script), capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
         raise SystemExit(f"--lab-host {host}: exit {r.returncode}\n{r.stderr[-2000:]}")
@@ -161,11 +172,12 @@ def _median_cpu(fn, reps: int) -> float:
     return round(statistics.median(runs), 4)
 
 
-def _command_cpu(source: str, path: Path, reps: int) -> float:
+def _command_cpu(source: str, path: Path, reps: int, *extra: str) -> float:
     runs = []
     for _ in range(reps):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        subprocess.run([sys.executable, "-I", "-S", "-c", source, str(path)], stdout=subprocess.DEVNULL, check=True)
+        subprocess.run([sys.executable, "-I", "-S", "-c", source, str(path), *extra], stdout=subprocess.DEVNULL,
+                       check=True)  # fmt: skip
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         runs.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     return round(statistics.median(runs), 4)
@@ -184,7 +196,8 @@ def main() -> int:
     models = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in MODELS:
-            path = Path(tmp) / f"{name}.gguf"
+            (Path(tmp) / name).mkdir()
+            path = Path(tmp) / name / "model.gguf"
             path.write_bytes(header(name))
             shapes = {k: m.read_shape(str(path)) for k, m in modules.items()}
             if shapes["now"] != shapes["before"]:
@@ -196,6 +209,15 @@ def main() -> int:
                 row[f"host_command_cpu_s_{k}"] = _command_cpu(sources[k], path, args.reps)
             row["host_command_before_over_now"] = round(row["host_command_cpu_s_before"]
                                                         / row["host_command_cpu_s_now"], 1)  # fmt: skip
+            command = [sys.executable, "-I", "-S", "-c", sources["now"]]
+            record = shape_record_name()
+            subprocess.run([*command, "--record", record, str(path)], stdout=subprocess.DEVNULL, check=True)
+            row["host_command_cpu_s_recorded"] = _command_cpu(sources["now"], path, args.reps, "--recorded", record)
+            row["host_command_now_over_recorded"] = round(row["host_command_cpu_s_now"]
+                                                          / row["host_command_cpu_s_recorded"], 1)  # fmt: skip
+            answers = [subprocess.run([*command, str(path), *extra], capture_output=True, check=True).stdout
+                       for extra in ((), ("--recorded", record))]  # fmt: skip
+            row["recorded_same_output"] = answers[0] == answers[1]
             models[name] = row
             print(name, json.dumps(row), flush=True)
     if args.lab_host:

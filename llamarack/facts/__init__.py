@@ -18,7 +18,7 @@ from .llamacpp import (BenchRecord, BuildFlags, BuildRecord, Builds, BuildSeals,
                        LlamaServerFlags, Seals, ServerFlags, parse_build_help, parse_server_help)
 from .packages import DebianSources, DebPackage, NvidiaDriverPackages
 from .python import PythonEnv, PythonEnvPackages, RequirementsFile
-from .model import ArtifactState, CachedBlobs, GgufShape, ModelArtifact
+from .model import ArtifactState, CachedBlobs, GgufShape, ModelArtifact, shape_record_name
 from .reading import FactRead, read, read_together
 from .system import FreeDiskBytes, HttpStatus, PasswdEntry, SystemUser, UnitState, active_since
 from .toolchain import (
@@ -76,4 +76,5 @@ __all__ = [
     "RequirementsFile",
     "RecordedGpus",
     "gpus_record",
+    "shape_record_name",
 ]

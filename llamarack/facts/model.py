@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Optional
 
 from pyinfra.api import FactBase
@@ -81,11 +83,23 @@ class ModelArtifact(FactBase[Optional[ArtifactState]]):
             raise FactProcessError(f"unreadable model artifact state: {e}") from e
 
 
+@lru_cache(maxsize=None)
+def shape_record_name() -> str:
+    """The name of the shape record the model role writes beside each artifact's GGUF
+    (``gguf_header.py --record``): ``shape-<the reader's digest>.json``, so that a changed
+    reader answers from the header until the next deploy records again."""
+    return f"shape-{hashlib.sha256(remote.source('gguf_header').encode()).hexdigest()[:16]}.json"
+
+
 class GgufShape(FactBase[Optional[dict]]):
     """
     Returns what the context planner needs from a GGUF file's header, or None
     when the file does not exist. Read by the host's python3 running
     ``llamarack/remote/gguf_header.py`` (standard library only; the tensors are not read).
+    With ``recorded`` (the default), from the shape recorded beside the file when its
+    artifact was sealed (``shape_record_name``), as long as the file is the one it was
+    recorded from (size, mtime, inode); the same answer as the header's, without reading
+    past a real tokenizer's 10^5 strings.
 
     .. code:: python
 
@@ -100,11 +114,11 @@ class GgufShape(FactBase[Optional[dict]]):
 
     requires_command = "python3"
 
-    def host_run(self, path: str) -> tuple:
-        return ("gguf_header", path)
+    def host_run(self, path: str, recorded: bool = True) -> tuple:
+        return ("gguf_header", path, "--recorded", shape_record_name()) if recorded else ("gguf_header", path)
 
-    def command(self, path: str) -> str:
-        return remote.command(*self.host_run(path))
+    def command(self, path: str, recorded: bool = True) -> str:
+        return remote.command(*self.host_run(path, recorded))
 
     def process(self, output) -> Optional[dict]:
         try:

@@ -34,9 +34,10 @@ from typing import Optional
 from urllib.parse import urlsplit
 
 from pyinfra.api import deploy
+from pyinfra.facts.files import File
 
 from llamarack.errors import ModelSourceError
-from llamarack.facts import FactRead, GgufShape, ModelArtifact, read, read_together
+from llamarack.facts import FactRead, GgufShape, ModelArtifact, read, read_together, shape_record_name
 from llamarack.secrets import read_token
 from llamarack.settings import Settings, draft_settings
 
@@ -79,10 +80,11 @@ def model(settings: Settings, tool_paths: Optional[dict] = None) -> ModelPlan:
     plan = plan_for(settings)
     draft = draft_settings(settings)
     draft_plan = plan_for(draft, settings.layout.draft_model) if draft else None
-    # The artifacts' directories are known now: their state and the served files' headers
-    # (the server role plans from them) in one command.
+    # The artifacts' directories are known now: their state, their shape records and the
+    # served files' shapes (the server role plans from them) in one command.
     read_together(*(read for p in (plan, draft_plan) if p
                     for read in (FactRead.of(ModelArtifact, path=p.dir),
+                                 FactRead.of(File, path=f"{p.dir}/{shape_record_name()}"),
                                  FactRead.of(GgufShape, path=f"{p.dir}/model.gguf"))))  # fmt: skip
     token_file = settings.model.hf_token_file if settings.model.source != "url" else None
     artifact(

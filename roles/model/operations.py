@@ -26,7 +26,7 @@ from pyinfra.facts.files import File
 from pyinfra.facts.files import Link
 
 from llamarack import remote
-from llamarack.facts import CachedBlobs, FreeDiskBytes, ModelArtifact, read
+from llamarack.facts import CachedBlobs, FreeDiskBytes, ModelArtifact, read, shape_record_name
 from llamarack.layout import Layout
 from llamarack.operations import executing, refusal, secret_upload
 from llamarack.secrets import read_token
@@ -67,6 +67,13 @@ def _into_place(tmp: str, path: str) -> str:
     return f"sync -- {tmp} && mv -f -- {tmp} {shlex.quote(path)}"
 
 
+def _record_shape(gguf: str, python: str) -> str:
+    """Record the GGUF's shape beside it (``gguf_header.py --record``): every later read of
+    its ``GgufShape`` (each audit, each deploy's server plan) answers from the record while
+    the file is the one recorded, instead of reading past its tokenizer again."""
+    return remote.command("gguf_header", "--record", shape_record_name(), gguf, python=python)
+
+
 def _json(data: dict) -> StringIO:
     return StringIO(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
@@ -99,7 +106,11 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
     state = read(ModelArtifact, path=d)
     linked = read(Link, path=current)
     if state is not None and state.complete_for(plan.stamp):
-        host.noop(f"model {name} is in place ({plan.source}, {plan.quant if plan.converts else 'as fetched'})")
+        if read(File, path=f"{d}/{shape_record_name()}"):
+            host.noop(f"model {name} is in place ({plan.source}, {plan.quant if plan.converts else 'as fetched'})")
+        else:
+            # sealed before its shape was recorded, or recorded by another reader: once
+            yield _record_shape(f"{d}/model.gguf", t["python"])
     else:
         free = read(FreeDiskBytes, path=plan.models_dir)
         unquantized = f"{s}/model.gguf" if not plan.quantizes else f"{s}/model-{plan.outtype}.gguf"
@@ -154,6 +165,7 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
                 quantize = f"{q(t['quantize'])} {q(unquantized)} {tmp} {q(plan.quant)}"
                 yield (f"[ -f {q(s + '/model.gguf')} ] || {{ {_logged(quantize, f'{s}/quantize.log')} && "
                        f"{_into_place(tmp, s + '/model.gguf')}; }}")  # fmt: skip
+        yield _record_shape(f"{s}/model.gguf", t["python"])
         yield fetcher("seal", "--stamp", f"{s}/stamp.plan.json", "--gguf", f"{s}/model.gguf",
                       "--out", f"{s}/stamp.json")  # fmt: skip
         # The token never goes into a served directory, whatever cut the fetch short.

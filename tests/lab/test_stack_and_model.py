@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from llamarack import remote
+from llamarack.facts import GgufShape, shape_record_name
 from llamarack.lab.pytest_plugin import parse_pyinfra_totals
 from tests.lab import deploying
 
@@ -117,6 +119,30 @@ def test_second_run_changes_nothing_and_calls_neither_pip_nor_apt(lab_rack):
     assert parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
     assert host_state(lab_rack) == before
     assert _index_requests(lab_rack) == requests_before
+
+
+def test_the_served_shape_is_answered_from_its_record_and_a_record_missing_is_made_once(lab_rack):
+    gguf = f"{OPT}/models/current/model.gguf"
+    record = f"{OPT}/models/current/{shape_record_name()}"
+    from_header = sh(lab_rack, remote.command(*GgufShape().host_run(gguf, recorded=False)))
+    assert sh(lab_rack, GgufShape().command(path=gguf)) == from_header
+    recorded = json.loads(sh(lab_rack, f"cat {record}"))
+    assert recorded["shape"] == {k: v for k, v in json.loads(from_header).items() if k != "path"}
+    # an artifact sealed before shapes were recorded: the next deploy records it, and only that
+    # all else as it was: only the record and its directory's mtime change
+    artifact_dir = f"{OPT}/models/" + sh(lab_rack, f"readlink {OPT}/models/current")
+    changing = (f"{artifact_dir}/{shape_record_name()} ", f"{artifact_dir} ")
+    others = lambda state: [line for line in state.splitlines() if not line.startswith(changing)]  # noqa: E731
+    main_pid = f"systemctl show -p MainPID --value {UNIT}"
+    before, pid = host_state(lab_rack), sh(lab_rack, main_pid)
+    sh(lab_rack, f"rm {record}")
+    rc, out = deploy(lab_rack)
+    assert rc == 0, out[-6000:]
+    assert parse_pyinfra_totals(out)["success"] == 1, out[-6000:]
+    assert json.loads(sh(lab_rack, f"cat {record}")) == recorded
+    assert others(host_state(lab_rack)) == others(before) and sh(lab_rack, main_pid) == pid  # not restarted
+    rc, out = deploy(lab_rack)
+    assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
 
 
 # Nothing listens there: every outside source a deploy may use, out of reach.

@@ -27,7 +27,8 @@ from pyinfra.context import ctx_host
 
 from llamarack.roles.model.hub import repo_files
 from llamarack.roles.model.operations import artifact
-from llamarack.facts import CachedBlobs, ModelArtifact
+from llamarack.facts import CachedBlobs, ModelArtifact, shape_record_name
+from llamarack.remote.gguf_header import read_shape
 from llamarack.roles.model.plan import plan_from_pinned_record, plan_model
 from llamarack.settings import load_settings
 from tests.support.cache import CACHE, converter_python, llama_cpp_source
@@ -133,7 +134,12 @@ def test_tiny_model_chain_and_second_run_changes_nothing(tmp_path, tools):
     assert os.readlink(root / "models" / "current") == plan.name
     # the artifact and the logs of the steps that made it (their paths were printed)
     logs = ["convert.log", "fetch.log"] + (["quantize.log"] if plan.quantizes else [])
-    assert sorted(p.name for p in artifact_dir.iterdir()) == sorted(logs + ["model.gguf", "stamp.json"])
+    record = shape_record_name()
+    assert sorted(p.name for p in artifact_dir.iterdir()) == sorted(logs + ["model.gguf", "stamp.json", record])
+    # the shape recorded at its seal, of this very file: what reading its header gives
+    recorded = json.loads((artifact_dir / record).read_text())
+    assert recorded["shape"] == {k: v for k, v in read_shape(str(gguf)).items() if k != "path"}
+    assert recorded["signature"] == stamp["gguf"]["signature"]
     assert all(TOKEN not in (artifact_dir / log).read_text() for log in logs)
     assert "model_fetch:" in (artifact_dir / "fetch.log").read_text()  # the download's progress
     assert list((root / "models" / ".staging").iterdir()) == []  # token, checkpoint, f16: gone

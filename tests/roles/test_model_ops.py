@@ -13,7 +13,7 @@ from pyinfra.api import FileUploadCommand, StringCommand
 from pyinfra.context import ctx_host
 
 from llamarack.errors import ModelSourceError
-from llamarack.facts import ArtifactState, CachedBlobs, FreeDiskBytes, ModelArtifact
+from llamarack.facts import ArtifactState, CachedBlobs, FreeDiskBytes, ModelArtifact, shape_record_name
 from llamarack.roles.model.hub import HubFile, HubListing, repo_files
 from llamarack.roles.model.operations import artifact
 from llamarack.roles.model.plan import artifact_stamp, plan_from_pinned_record, plan_from_record, plan_model
@@ -65,6 +65,11 @@ DONE = ArtifactState(PLAN.stamp, 1_100_000, 1_100_000)
 CURRENT = {"link_target": PLAN.name}
 
 
+def recorded(plan) -> dict:
+    """The File fact of the shape record beside ``plan``'s GGUF: there."""
+    return {(File, frozenset({("path", f"{plan.dir}/{shape_record_name()}")})): {"size": 600, "mode": 644}}
+
+
 def test_plan_takes_the_included_files_and_pins_the_full_commit():
     assert [f.path for f in PLAN.files] == ["config.json", "model.safetensors", "tokenizer.model"]
     m = PLAN.manifest()
@@ -103,13 +108,20 @@ def test_a_repo_without_safetensors_is_refused_with_what_it_has():
 
 
 def test_already_in_place_is_a_noop():
-    cmds, noops = commands(PLAN, {ModelArtifact: DONE, Link: CURRENT})
+    cmds, noops = commands(PLAN, {ModelArtifact: DONE, Link: CURRENT, **recorded(PLAN)})
     assert cmds == []
     assert noops[0].startswith(f"model {PLAN.name} is in place")
 
 
+def test_in_place_without_its_shape_record_only_records_it():
+    # sealed before shapes were recorded, or recorded by another reader (another name)
+    cmds, noops = commands(PLAN, {ModelArtifact: DONE, Link: CURRENT})
+    assert cmds == [remote.command("gguf_header", "--record", shape_record_name(), f"{PLAN.dir}/model.gguf")]
+    assert not any(n.startswith(f"model {PLAN.name} is in place") for n in noops)
+
+
 def test_in_place_but_current_points_elsewhere_only_switches_the_link():
-    cmds, _ = commands(PLAN, {ModelArtifact: DONE, Link: {"link_target": "0123456789abcdef"}})
+    cmds, _ = commands(PLAN, {ModelArtifact: DONE, Link: {"link_target": "0123456789abcdef"}, **recorded(PLAN)})
     assert cmds == [f"ln -sfn {PLAN.name} /opt/lr/models/current.new && "
                     "mv -T /opt/lr/models/current.new /opt/lr/models/current"]  # fmt: skip
 
@@ -137,15 +149,17 @@ def test_missing_artifact_is_fetched_converted_quantized_sealed_and_moved():
     # run's connection dropped never shares it with a re-run's.
     assert shell[2].endswith(f"sync -- {s}/model-f16.gguf.tmp.$$ && mv -f -- {s}/model-f16.gguf.tmp.$$ {s}/model-f16.gguf; }}")
     assert shell[3].endswith(f"sync -- {s}/model.gguf.tmp.$$ && mv -f -- {s}/model.gguf.tmp.$$ {s}/model.gguf; }}")
-    assert shell[4].startswith(remote.command("model_fetch", "seal"))
+    # its shape recorded beside it, then sealed: the artifact appears with both
+    assert shell[4] == remote.command("gguf_header", "--record", shape_record_name(), f"{s}/model.gguf")
+    assert shell[5].startswith(remote.command("model_fetch", "seal"))
     # the token too: whatever cut its fetch short, it never reaches the served directory
-    assert shell[5] == (f"rm -rf {s}/manifest.json {s}/stamp.plan.json {s}/hub-token {s}/hub-token.new "
+    assert shell[6] == (f"rm -rf {s}/manifest.json {s}/stamp.plan.json {s}/hub-token {s}/hub-token.new "
                         f"{s}/hf {s}/model-f16.gguf {s}/*.gguf.tmp.*")  # fmt: skip
-    assert shell[6] == f"chmod 755 {s} && mv -T {s} {d}"
+    assert shell[7] == f"chmod 755 {s} && mv -T {s} {d}"
     # Once the new artifact's record is in place, the cache keeps only what records name.
-    assert shell[7] == remote.command("model_fetch", "prune-cache", "--cache", "/opt/lr/cache/blobs",
+    assert shell[8] == remote.command("model_fetch", "prune-cache", "--cache", "/opt/lr/cache/blobs",
                                       "--models", "/opt/lr/models")  # fmt: skip
-    assert shell[8].startswith(f"ln -sfn {PLAN.name} ")
+    assert shell[9].startswith(f"ln -sfn {PLAN.name} ")
 
 
 def test_token_goes_up_as_a_private_file_and_is_removed_after_the_fetch(tmp_path):
@@ -273,7 +287,7 @@ def test_the_served_artifacts_own_record_plans_it_without_the_hub():
     assert (again.stamp, again.dir, again.revision) == (plan.stamp, plan.dir, plan.revision)
     assert again.record()["asked"] == plan.record()["asked"]
     # The artifact operation then does nothing: the listing was never needed.
-    cmds, noops = commands(again, {ModelArtifact: served(plan), Link: {"link_target": plan.name}})
+    cmds, noops = commands(again, {ModelArtifact: served(plan), Link: {"link_target": plan.name}, **recorded(plan)})
     assert cmds == [] and noops[0].startswith(f"model {plan.name} is in place")
 
 
@@ -322,7 +336,7 @@ def test_the_draft_is_planned_from_the_models_settings_with_its_own_repo_and_qua
 
 def test_the_draft_artifact_switches_models_draft_not_current():
     d = plan_model(settings(**{**DRAFT, "model_quant": "Q8_0"}), LISTING)
-    cmds, _ = commands(d, {ModelArtifact: ArtifactState(d.stamp, 1, 1), Link: None}, link="draft")
+    cmds, _ = commands(d, {ModelArtifact: ArtifactState(d.stamp, 1, 1), Link: None, **recorded(d)}, link="draft")
     assert cmds == [f"ln -sfn {d.name} /opt/lr/models/draft.new && mv -T /opt/lr/models/draft.new /opt/lr/models/draft"]
     with pytest.raises(ValueError):
         commands(d, {ModelArtifact: None, Link: None}, link="../etc")
