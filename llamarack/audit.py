@@ -5,7 +5,9 @@ the host's shell through the system's OpenSSH client: ``llamarack/openssh.py``),
 hosts in parallel, nothing changed. The wanted side is computed by the same
 settings loader and planners the deploy uses (the build stamp, the env
 pins, the model record, the unit text), so "no drift" means "a deploy now
-would change nothing".
+would change nothing" (but for writing a missing GGUF shape record, the
+header's reading kept beside the file: it changes nothing that serves, and
+``GgufShape`` reads the header without it).
 
 The JSON (``--json``) is one object, schema ``llamarack-audit/1``:
 

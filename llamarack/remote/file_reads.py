@@ -8,6 +8,7 @@
     python3 -c SOURCE builds DIR                 LlamacppBuilds's command (llamarack/facts/llamacpp.py)
     python3 -c SOURCE sha1 PATH                  pyinfra's Sha1File: sha1sum's line, nothing where it cannot read
     python3 -c SOURCE stat PATH                  pyinfra's File, Link, Directory: GNU stat's line (LINUX_STAT)
+    python3 -c SOURCE free PATH                  FreeDiskBytes's command (llamarack/facts/system.py), PATH absolute
 
 Read together (``FactsTogether``), a fact whose command only reads files (cat, stat, a
 listing, sha1sum) is answered by the python3 the host modules already share: each such
@@ -142,8 +143,16 @@ def stat_line(path: str) -> None:
     sys.stdout.buffer.write(line.encode())
 
 
+def free(path: str) -> None:
+    # p=P; while [ ! -e "$p" ]; do p=$(dirname "$p") || break; done; stat -f -c "%a %S" "$p"
+    while not os.path.exists(path):
+        path = os.path.dirname(path.rstrip("/")) or "/"  # dirname(1) of an absolute path
+    st = os.statvfs(path)
+    sys.stdout.buffer.write(f"{st.f_bavail} {st.f_frsize}\n".encode())
+
+
 READS = {"cat": _cat, "contents": contents, "artifact": artifact, "server-flags": server_flags, "builds": builds,
-         "sha1": sha1, "stat": stat_line}
+         "sha1": sha1, "stat": stat_line, "free": free}
 
 if __name__ == "__main__":
     READS[sys.argv[1]](*sys.argv[2:])

@@ -6,6 +6,7 @@ fact's command, the expected ``fact`` and the ``source`` of the output.
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -54,7 +55,8 @@ def test_every_fact_has_fixtures():
         (facts.GccVersions, ["gcc not-a-version"]),
         (facts.CudaToolkits, ["toolkit /usr/local/cuda", "nvcc: NVIDIA (R) Cuda compiler driver"]),
         (facts.CmakeVersion, ["bash: cmake: broken"]),
-        (facts.FreeDiskBytes, ["df: /opt: No such file"]),
+        (facts.FreeDiskBytes, ["stat: cannot read file system information for '/opt': No such file or directory"]),
+        (facts.FreeDiskBytes, ["/dev/vda 263174212 22473960 83840596 22% /"]),  # df's line: not this command's
         (facts.CachedBlobs, ["stat: cannot statx 'sha256/x': No such file or directory"]),
         (facts.CachedBlobs, ["sha256/" + "0" * 64 + " 12 yesterday"]),
         (facts.CachedBlobs, ["../../etc/" + "0" * 64 + " 12 1000000000.000000000"]),
@@ -97,7 +99,13 @@ def test_commands_run_on_a_real_debian_host(tmp_path):
     for toolkit in facts.CudaToolkits().process(run_here(facts.CudaToolkits().command())):
         assert toolkit.max_gcc and toolkit.version
     free = facts.FreeDiskBytes()
-    assert free.process(run_here(free.command(str(tmp_path / "not yet" / "there")))) > 0
+    found = free.process(run_here(free.command(str(tmp_path / "not yet" / "there"))))
+    st = os.statvfs(tmp_path)
+    assert abs(found - st.f_bavail * st.f_frsize) < 64 << 20  # the disk may move a little in between
+    # no dirname on the PATH: the search for an existing parent stops, it does not spin
+    r = subprocess.run(["/bin/sh", "-c", free.command(str(tmp_path / "not yet" / "there"))], capture_output=True,
+                       text=True, timeout=10, env={"PATH": str(tmp_path / "no-bin")})  # fmt: skip
+    assert r.stdout == "" and r.returncode != 0
 
 
 @pytest.mark.parametrize("path", CASES, ids=lambda p: f"{p.parent.name}/{p.stem}")

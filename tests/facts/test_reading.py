@@ -220,7 +220,7 @@ def test_host_module_runs_read_together_share_one_python3_and_get_what_they_get_
 def test_without_python3_each_host_module_fact_answers_as_it_would_alone(host_runs, tmp_path):
     bin_dir = tmp_path / "bin"  # sh's tools, but no python3
     bin_dir.mkdir()
-    for tool in ("df", "tail", "dirname"):
+    for tool in ("stat", "dirname"):
         (bin_dir / tool).symlink_to(subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True,
                                                     text=True).stdout.strip())  # fmt: skip
     together = FactsTogether()
@@ -251,8 +251,8 @@ def twins(tmp_path):
     a last line without its newline, a name with a space and a quote."""
     from pyinfra.facts.files import Directory, File, FileContents
 
-    from llamarack.facts import (BenchRecord, BuildRecord, LlamacppBuilds, LlamaServerFlags, ModelArtifact,
-                                 NvidiaKernelModule)
+    from llamarack.facts import (BenchRecord, BuildRecord, FreeDiskBytes, LlamacppBuilds, LlamaServerFlags,
+                                 ModelArtifact, NvidiaKernelModule)
     from llamarack.facts.gpu import RecordedGpus
 
     root = tmp_path / "root"
@@ -313,6 +313,8 @@ def twins(tmp_path):
                "absent": here["absent"], "it's a link": here["it's a link"]},
         File: ("gpus.json",),
         Directory: {"root": str(root)},
+        # a filesystem whose free blocks stay put between the two runs (proc: none, ever)
+        FreeDiskBytes: {"proc": "/proc/self/status", "absent under proc": "/proc/llamarack-absent/a/b/"},
     }
     roots = {BuildRecord: (root, tmp_path / "no-root"), LlamaServerFlags: (root, bare),
              LlamacppBuilds: (root, bare, tmp_path / "no-root")}
@@ -365,7 +367,7 @@ def test_twins_read_together_run_in_the_shared_python3_and_answer_as_alone(twins
     # No python3 on the host: the shell commands run, and answer the same.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool in ("cat", "stat", "readlink", "sha1sum"):
+    for tool in ("cat", "stat", "readlink", "sha1sum", "dirname"):
         (bin_dir / tool).symlink_to(subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True,
                                                     text=True).stdout.strip())  # fmt: skip
     r = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, env={"PATH": str(bin_dir)})
