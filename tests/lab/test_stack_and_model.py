@@ -126,20 +126,20 @@ def test_the_served_shape_is_answered_from_its_record_and_a_record_missing_is_ma
     record = f"{OPT}/models/current/{shape_record_name()}"
     from_header = sh(lab_rack, remote.command(*GgufShape().host_run(gguf, recorded=False)))
     assert sh(lab_rack, GgufShape().command(path=gguf)) == from_header
-    recorded = json.loads(sh(lab_rack, f"cat {record}"))
+    recorded = json.loads(sh(lab_rack, remote.argv("cat", record)))
     assert recorded["shape"] == {k: v for k, v in json.loads(from_header).items() if k != "path"}
     # an artifact sealed before shapes were recorded: the next deploy records it, and only that
     # all else as it was: only the record and its directory's mtime change
-    artifact_dir = f"{OPT}/models/" + sh(lab_rack, f"readlink {OPT}/models/current")
+    artifact_dir = f"{OPT}/models/" + sh(lab_rack, remote.argv("readlink", f"{OPT}/models/current"))
     changing = (f"{artifact_dir}/{shape_record_name()} ", f"{artifact_dir} ")
     others = lambda state: [line for line in state.splitlines() if not line.startswith(changing)]  # noqa: E731
-    main_pid = f"systemctl show -p MainPID --value {UNIT}"
+    main_pid = remote.argv("systemctl", "show", "-p", "MainPID", "--value", UNIT)
     before, pid = host_state(lab_rack), sh(lab_rack, main_pid)
-    sh(lab_rack, f"rm {record}")
+    sh(lab_rack, remote.argv("rm", record))
     rc, out = deploy(lab_rack)
     assert rc == 0, out[-6000:]
     assert parse_pyinfra_totals(out)["success"] == 1, out[-6000:]
-    assert json.loads(sh(lab_rack, f"cat {record}")) == recorded
+    assert json.loads(sh(lab_rack, remote.argv("cat", record))) == recorded
     assert others(host_state(lab_rack)) == others(before) and sh(lab_rack, main_pid) == pid  # not restarted
     rc, out = deploy(lab_rack)
     assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
