@@ -134,6 +134,41 @@ def test_every_profile_renders_aligned(tmp_path, profile):
     assert out == f"{g.name}, {g.memory_mib} MiB, {g.compute_cap}\n"
 
 
+def _nvidia_smi_module():
+    sys.path.insert(0, str(FAKE))
+    try:
+        import nvidia_smi
+    finally:
+        sys.path.pop(0)
+    return nvidia_smi
+
+
+@pytest.mark.parametrize("text", [
+    json.dumps(profiles.gpus_json("lab-v100-a", "v100-16gb"), indent=2) + "\n",  # as the lab writes it
+    json.dumps([H200_GPU]), "  []\n", '[{"a": -1.5e3, "b": null, "c": true, "d": "\\u00e9\\n"}]',
+])
+def test_gpus_json_parsed_as_json_loads_parses_it(text):
+    assert _nvidia_smi_module().parse_json(text) == json.loads(text)
+
+
+@pytest.mark.parametrize("text", ["", "[", '[{"name": 1}] x', "[1,]", "NaN x"])
+def test_gpus_json_that_json_loads_refuses_is_refused(text):
+    with pytest.raises(ValueError):
+        json.loads(text)
+    with pytest.raises(ValueError):
+        _nvidia_smi_module().parse_json(text)
+
+
+def test_a_query_imports_neither_json_nor_re(h200):
+    # What keeps a call of the double near the real nvidia-smi's CPU cost (its docstring).
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import nvidia_smi; "
+             "rc = nvidia_smi.main(['--query-gpu=name,uuid', '--format=csv,noheader']); "
+             "print(sorted({'json', 're'} & set(sys.modules)), rc)")
+    r = subprocess.run([sys.executable, "-I", "-S", "-c", probe, str(FAKE)], capture_output=True, text=True,
+                       env={"LLAMARACK_FAKE_NVIDIA_ROOT": str(h200)})
+    assert r.stdout.splitlines() == [f"{H200_GPU['name']}, {H200_GPU['uuid']}", "[] 0"], r.stderr
+
+
 def test_module_text_format_of_proprietary_module():
     assert fake_module_text("550.127.05") == (
         "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.127.05  "
