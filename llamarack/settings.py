@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import ipaddress
 import re
 import typing
@@ -639,8 +640,10 @@ class SettingInfo:
     choices: Optional[tuple]
 
 
-def all_settings() -> list[SettingInfo]:
-    """Every setting of every role, in declaration order."""
+@functools.cache
+def all_settings() -> tuple[SettingInfo, ...]:
+    """Every setting of every role, in declaration order. Made once per process: the roles'
+    type hints cannot change, and each host's settings are loaded from it (3 ms a host)."""
     infos = []
     for role in ROLE_SETTINGS:
         hints = typing.get_type_hints(role)
@@ -657,7 +660,7 @@ def all_settings() -> list[SettingInfo]:
                     choices=_CHOICES.get((role.prefix, f.name)) or _literal_choices(hints[f.name]),
                 )
             )
-    return infos
+    return tuple(infos)
 
 
 def defaults() -> dict[str, Any]:
