@@ -54,6 +54,8 @@ import struct
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import asdict, dataclass
 
 # --------------------------------------------------------------------------
@@ -293,11 +295,6 @@ def _free_port() -> int:
 
 
 def _http_json(url: str, body=None, timeout: float = 30):
-    """(status, JSON answer) of ``url``; its failures are OSErrors (urllib's URLError is one)
-    or ValueErrors. urllib is imported here, not with the module: the control side imports
-    this module for ServerFlags on every audit and deploy, and urllib cost them 7 ms."""
-    import urllib.request
-
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -357,7 +354,7 @@ def serve_once(build_dir: str, model: str, args: list, log: str, timeout: float)
                 status, _ = _http_json(base + "/health", timeout=5)
                 if status == 200:
                     break
-            except (OSError, ValueError):
+            except (urllib.error.URLError, OSError, ValueError):
                 pass
             if time.monotonic() > deadline:
                 raise SmokeFailure(f"llama-server did not answer /health within {timeout:.0f} s", _tail(log))
@@ -366,7 +363,7 @@ def serve_once(build_dir: str, model: str, args: list, log: str, timeout: float)
                 "ignore_eos": True, "n_probs": 1, "cache_prompt": False}
         try:
             _, answer = _http_json(base + "/completion", body, timeout=timeout)
-        except (OSError, ValueError) as e:
+        except (urllib.error.URLError, OSError, ValueError) as e:
             rc = proc.poll()
             why = _exit_reason(rc) if rc is not None else f"gave no answer ({e})"
             raise SmokeFailure(f"llama-server {why} on /completion", _tail(log))
