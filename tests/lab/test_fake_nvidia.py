@@ -2,6 +2,7 @@
 temp root (LLAMARACK_FAKE_NVIDIA_ROOT), compared with real captured output
 (tests/fixtures/nvidia-smi/h200-driver-580.159.04)."""
 
+import importlib
 import json
 import re
 import subprocess
@@ -38,13 +39,17 @@ def make_root(tmp_path, gpus, lib=None, module=None, module_text=None):
     return tmp_path
 
 
-def fake_module_text(version):
+def fake_module(name):
+    """One of the double's modules, imported as the guest imports it (from its own folder)."""
     sys.path.insert(0, str(FAKE))
     try:
-        import nvidia_module
+        return importlib.import_module(name)
     finally:
         sys.path.pop(0)
-    return nvidia_module.proc_version_text(version)
+
+
+def fake_module_text(version):
+    return fake_module("nvidia_module").proc_version_text(version)
 
 
 def smi(root, *args):
@@ -134,21 +139,12 @@ def test_every_profile_renders_aligned(tmp_path, profile):
     assert out == f"{g.name}, {g.memory_mib} MiB, {g.compute_cap}\n"
 
 
-def _nvidia_smi_module():
-    sys.path.insert(0, str(FAKE))
-    try:
-        import nvidia_smi
-    finally:
-        sys.path.pop(0)
-    return nvidia_smi
-
-
 @pytest.mark.parametrize("text", [
     json.dumps(profiles.gpus_json("lab-v100-a", "v100-16gb"), indent=2) + "\n",  # as the lab writes it
     json.dumps([H200_GPU]), "  []\n", '[{"a": -1.5e3, "b": null, "c": true, "d": "\\u00e9\\n"}]',
 ])
 def test_gpus_json_parsed_as_json_loads_parses_it(text):
-    assert _nvidia_smi_module().parse_json(text) == json.loads(text)
+    assert fake_module("nvidia_smi").parse_json(text) == json.loads(text)
 
 
 @pytest.mark.parametrize("text", ["", "[", '[{"name": 1}] x', "[1,]", "NaN x"])
@@ -156,7 +152,7 @@ def test_gpus_json_that_json_loads_refuses_is_refused(text):
     with pytest.raises(ValueError):
         json.loads(text)
     with pytest.raises(ValueError):
-        _nvidia_smi_module().parse_json(text)
+        fake_module("nvidia_smi").parse_json(text)
 
 
 def test_a_query_imports_neither_json_nor_re(h200):
