@@ -12,13 +12,13 @@ from pathlib import Path
 
 from pyinfra import host
 
-from llamarack.roles.driver import driver
-from llamarack.roles.llamacpp import llamacpp
-from llamarack.roles.model import model
-from llamarack.roles.preflight import preflight
-from llamarack.roles.python_env import converter_env, python_env
-from llamarack.roles.server import llama_server
-from llamarack.roles.toolchain import toolchain
+from llamarack.roles.driver.deploy import driver
+from llamarack.roles.llamacpp.deploy import llamacpp
+from llamarack.roles.model.deploy import model
+from llamarack.roles.preflight.deploy import preflight
+from llamarack.roles.python_env.deploy import converter_env, python_env
+from llamarack.roles.server.deploy import llama_server
+from llamarack.roles.toolchain.deploy import toolchain
 from llamarack.settings import settings_for
 
 # Templates here replace the roles' own of the same name (see templates/README.md).

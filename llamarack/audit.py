@@ -52,11 +52,9 @@ from .facts.reading import FactsTogether
 from .layout import UNIT_NAME, UNIT_PATH
 from .roles.llamacpp.plan import plan_for_host, same_build
 from .roles.model.plan import plan_from_record
-from .roles.preflight import gather
-from .roles.preflight.reads import preflight_reads
+from .roles.preflight.reads import gather, preflight_reads
 from .roles.python_env.plan import awq_plan, converter_plan, unmet
-from .roles.server.operations import parse_pin
-from .roles.server.plan import PlanError, health_url, wanted_unit
+from .roles.server.plan import PlanError, health_url, parse_pin, wanted_unit
 from .roles.toolchain.plan import plan_toolchain
 from .rules import build_archs, evaluate
 from .settings import Settings, settings_for

@@ -1,14 +1,15 @@
 """llamarack's roles, one folder each (installed as ``llamarack.roles``).
 
-Each ``roles/<role>/`` holds the role's one ``@deploy`` entry point (its
-``__init__.py``), its plan (``plan.py``: pure functions of settings and
+Each ``roles/<role>/`` holds the role's one ``@deploy`` entry point
+(``deploy.py``), its plan (``plan.py``: pure functions of settings and
 facts), its operations (``operations.py``) and its templates
-(``templates/``). Another pyinfra deploy uses a role the way ``deploy.py``
-does:
+(``templates/``); its ``__init__.py`` only describes it, so that importing
+a plan (as ``llamarack audit`` does) imports no operation. Another pyinfra
+deploy uses a role the way ``deploy.py`` does:
 
     from pyinfra import host
-    from llamarack.roles.preflight import preflight
-    from llamarack.roles.server import llama_server
+    from llamarack.roles.preflight.deploy import preflight
+    from llamarack.roles.server.deploy import llama_server
     from llamarack.settings import settings_for
 
     settings = settings_for(host)

@@ -1,4 +1,5 @@
-"""Every fact the roles will read on a host, for preflight to read in one remote command.
+"""Every fact the roles will read on a host, for preflight to read in one remote command,
+and ``gather``: the facts the rules look at, as ``HostFacts``.
 
 The roles read their facts through ``llamarack.facts.read``; what preflight
 read here answers them until an operation on the host changes something.
@@ -32,11 +33,13 @@ from llamarack.facts import (
     RequirementsFile,
     SystemUser,
     UnitState,
+    read,
 )
 from llamarack.layout import UNIT_NAME, UNIT_PATH
+from llamarack.rules import HostFacts
 from llamarack.settings import Settings
 
-from ..server.operations import key_digest_command
+from ..server.plan import key_digest_command
 from ..toolchain.plan import toolkit_search_homes
 
 
@@ -98,3 +101,22 @@ def role_reads(settings: Settings) -> tuple[FactRead, ...]:
             FactRead.of(BenchRecord, path=layout.bench_record),
         ]
     return tuple(reads)
+
+
+def gather(settings: Settings, read=read) -> HostFacts:
+    """Read everything the rules look at; the CUDA-only facts only on CUDA builds.
+
+    + read: how a fact is read (``llamarack.facts.read``; ``llamarack audit`` passes
+      the answers its one command got)
+    """
+    cuda = settings.llamacpp.backend == "cuda"
+    return HostFacts(
+        driver=read(NvidiaSmi),
+        module=read(NvidiaKernelModule),
+        toolkits=tuple(read(CudaToolkits, extra_homes=toolkit_search_homes(settings))) if cuda else (),
+        gcc=read(GccVersions),
+        gcc_installable=read(InstallableGccMajors) if cuda else (),
+        recorded_gpus=read(RecordedGpus, path=settings.layout.gpus_record),
+        # the driver the next boot loads: nvidia-smi cannot say when the module ignores the card
+        driver_packages=tuple(read(NvidiaDriverPackages)),
+    )

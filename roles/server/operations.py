@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import secrets
 import shlex
 from io import StringIO
 from pathlib import Path
@@ -37,8 +36,8 @@ from llamarack.secrets import read_token
 from llamarack.settings import Settings
 
 from ..llamacpp.operations import _unit_build
-from .plan import (HEALTH_MARK, PlanError, bench_args, card_compute_cap, card_mib, health_url, plan_context, roofline,
-                   wanted_unit)  # fmt: skip
+from .plan import (HEALTH_MARK, KEY_DIGEST_SALT, PlanError, bench_args, card_compute_cap, card_mib, health_url,
+                   key_digest_command, parse_pin, plan_context, roofline, wanted_unit)  # fmt: skip
 
 NOLOGIN = "/usr/sbin/nologin"
 
@@ -62,16 +61,6 @@ def service_user(user: str, home: str):
         yield StringCommand("usermod", "--home", home, "--shell", NOLOGIN, user)
     else:
         host.noop(f"user {user} exists")
-
-
-# A fresh salt for each pyinfra run: what the host prints about its API key
-# (``remote/secret_digest.py``) is never the same twice, nor a plain hash of the key.
-KEY_DIGEST_SALT = secrets.token_hex(16)
-
-
-def key_digest_command() -> str:
-    """The command that prints the salted digest of the host's API key file, or "missing"."""
-    return remote.command("secret_digest", API_KEY_PATH, KEY_DIGEST_SALT)
 
 
 def _linked(current: str) -> Optional[str]:
@@ -168,17 +157,6 @@ printf '%s\\n' {fail} >&2
 journalctl -u {UNIT_NAME} -n 30 --no-pager -o cat >&2 || true
 exit 1
 """
-
-
-def parse_pin(lines) -> Optional[dict]:
-    """The rollback pin (``state/rollback.json``, host data: only compared, never run), or None."""
-    if not lines:
-        return None
-    try:
-        pin = json.loads("\n".join(lines))
-    except ValueError:
-        return {}
-    return pin if isinstance(pin, dict) else {}
 
 
 def _served(root: str, unit_lines) -> tuple[Optional[str], Optional[str]]:

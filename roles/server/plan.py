@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import secrets
 from pathlib import Path
 from typing import Optional
 
 import jinja2
 
-from llamarack import unitfile
+from llamarack import remote, unitfile
 from llamarack.facts.llamacpp import ServerFlags
 from llamarack.layout import API_KEY_PATH
 from llamarack.planner import (MIB, Knobs, Plan, PlanError, cublas_prefill,  # noqa: F401 (MIB, PlanError: the role's API)
@@ -235,3 +237,24 @@ def wanted_unit(settings: Settings, flags: ServerFlags, build_dir: str, model_di
     with_draft = f", draft {Path(draft_dir).name}" if draft_dir else ""
     description = f"llamarack llama-server: {Path(model_dir).name}{with_draft} ({shape['architecture']}, {ctx.note})"
     return render_unit(settings, args, description, templates), ctx
+
+
+# A fresh salt for each pyinfra run: what the host prints about its API key
+# (``remote/secret_digest.py``) is never the same twice, nor a plain hash of the key.
+KEY_DIGEST_SALT = secrets.token_hex(16)
+
+
+def key_digest_command() -> str:
+    """The command that prints the salted digest of the host's API key file, or "missing"."""
+    return remote.command("secret_digest", API_KEY_PATH, KEY_DIGEST_SALT)
+
+
+def parse_pin(lines) -> Optional[dict]:
+    """The rollback pin (``state/rollback.json``, host data: only compared, never run), or None."""
+    if not lines:
+        return None
+    try:
+        pin = json.loads("\n".join(lines))
+    except ValueError:
+        return {}
+    return pin if isinstance(pin, dict) else {}

@@ -447,7 +447,7 @@ def test_a_record_without_sizes_needs_the_hub():
 
 
 def test_plan_for_asks_the_hub_only_when_the_record_cannot_say(monkeypatch):
-    import llamarack.roles.model as role
+    import llamarack.roles.model.deploy as role
 
     asked = []
     monkeypatch.setattr(role, "listing_for", lambda s: asked.append(s.model.revision) or LISTING)

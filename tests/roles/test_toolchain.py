@@ -14,7 +14,7 @@ import llamarack.facts as facts
 from llamarack.facts import DriverState, GccInstall, Gpu
 from llamarack.operations import apt_install_missing
 from llamarack.roles.llamacpp.plan import plan_for_host
-from llamarack.roles.toolchain import BUILD_PACKAGES
+from llamarack.roles.toolchain.deploy import BUILD_PACKAGES
 from llamarack.roles.toolchain.operations import toolkit_takes_host_compiler
 from llamarack.roles.toolchain.plan import nonfree_sources, plan_toolchain
 from llamarack.rules import HostFacts

@@ -14,8 +14,8 @@ OTHER_DEPLOY = '''
 from pyinfra import host
 
 import llamarack
-from llamarack.roles.preflight import gather
-from llamarack.roles.server import llama_server
+from llamarack.roles.preflight.reads import gather
+from llamarack.roles.server.deploy import llama_server
 from llamarack.roles.server.plan import TEMPLATES
 from llamarack.settings import settings_for
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from pyinfra import host
 
-from llamarack.roles.preflight import gather
-from llamarack.roles.toolchain import toolchain
+from llamarack.roles.preflight.reads import gather
+from llamarack.roles.toolchain.deploy import toolchain
 from llamarack.roles.toolchain.plan import plan_toolchain
 from llamarack.settings import settings_for
 

@@ -1,0 +1,63 @@
+"""The role's one ``@deploy`` entry point (the role is described in ``__init__.py``)."""
+
+import dataclasses
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+
+from llamarack.facts import BuildSeals, LlamacppBuilds, read
+from llamarack.rules import HostFacts
+from llamarack.settings import Settings
+
+from .operations import build, checkout, seal_build, switch_current
+from .plan import BuildPlan, build_dir_for, plan_for_host
+
+
+@deploy("llama.cpp build")
+def llamacpp(settings: Settings, facts: HostFacts) -> BuildPlan:
+    """
+    Check out the pinned llama.cpp, build it for this host if its inputs changed,
+    verify the build and make it current.
+
+    + settings: the host's settings (llamacpp, toolchain, server cache types, root)
+    + facts: what preflight read (GPUs, toolkits, gcc)
+    """
+    s = settings.llamacpp
+    root, layout = settings.general.root, settings.layout
+    plan = plan_for_host(settings, facts)
+    # A build whose files no longer match their seal (a binary replaced or edited) is
+    # not this build any more: it is made again beside, proven, and only then switched in.
+    builds, seals = read(LlamacppBuilds, root=root), read(BuildSeals, root=root)
+    where = build_dir_for(plan.stamp, builds, seals)
+    if where != plan.stamp:
+        if seals.tampered(plan.stamp):
+            logger.warning(f"{host.print_prefix}llama.cpp build {plan.stamp} differs from its seal "
+                           f"({'; '.join(seals.changed[plan.stamp][:3])}): building it again as {where}")
+        plan = dataclasses.replace(plan, stamp=where)
+
+    checkout(
+        name=f"llama.cpp source at {s.commit[:12]}",
+        git_url=s.git_url,
+        commit=s.commit,
+        dest=layout.src,
+    )
+    built = build(
+        name=f"Build llama.cpp {plan.stamp} ({plan.backend}"
+        + (f", sm_{'/'.join(plan.cuda_archs)}" if plan.cuda_archs else "")
+        + f"; log: {layout.build(plan.stamp)}/build.log)",
+        plan=plan,
+        src=layout.src,
+        root=root,
+        ccache_dir=s.ccache_dir,
+        jobs=s.build_jobs,
+    )
+    if built.will_change:
+        logger.info(
+            f"{host.print_prefix}llama.cpp build {plan.stamp} needed: a cold build takes minutes "
+            "(CPU about 11 min, CUDA for one arch about 50 min on 2 cores); "
+            f"follow it with: tail -f {layout.build(plan.stamp)}/build.log"
+        )
+    seal_build(name=f"Seal llama.cpp build {plan.stamp} (its files' size, mtime, inode, sha256)",
+               root=root, stamp=plan.stamp)
+    switch_current(name=f"Make llama.cpp build {plan.stamp} current", root=root, stamp=plan.stamp)
+    return plan

@@ -1,0 +1,48 @@
+"""The role's one ``@deploy`` entry point (the role is described in ``__init__.py``)."""
+
+from typing import Optional
+
+from pyinfra import host, logger
+from pyinfra.api import deploy
+from pyinfra.facts.server import LinuxDistribution
+
+from llamarack.facts import read, read_together
+from llamarack.operations import record_gpus, refuse
+from llamarack.rules import HostFacts, evaluate
+from llamarack.settings import Settings
+
+from .reads import gather, preflight_reads, role_reads
+
+
+@deploy("llamarack preflight")
+def preflight(settings: Settings) -> Optional[HostFacts]:
+    """
+    Run the compatibility rules; return the facts they read when the host may be
+    changed (the later roles plan from them rather than read them again), else None.
+
+    + settings: the host's settings (all roles: the rules span them)
+
+    On success the GPU list is recorded under the llamarack root, so a later
+    run can still tell which cards the host has when the driver hides them.
+    """
+    # One remote command for every fact the rules and the roles that run will read
+    # (reads.py); they answer from it until an operation on this host changes something.
+    read_together(*preflight_reads(settings), *role_reads(settings))
+    distro = read(LinuxDistribution)
+    if distro.get("name") not in ("Debian", "Ubuntu"):
+        failures = [f"{host.name}: os: found {distro.get('name')}; needed Debian or Ubuntu "
+                    "(apt, systemd). Fix: use a Debian or Ubuntu host"]  # fmt: skip
+    else:
+        facts = gather(settings)
+        failures = [f.message(host.name) for f in evaluate(settings, facts)]
+
+    if failures:
+        for message in failures:
+            logger.error(message)
+        refuse(name="Preflight refused this host", reason="\n".join(failures))
+        return None
+
+    if facts.driver.gpus:
+        record_gpus(name="Record the GPUs the driver lists", path=settings.layout.gpus_record,
+                    gpus=facts.driver.gpus, recorded=facts.recorded_gpus)  # fmt: skip
+    return facts

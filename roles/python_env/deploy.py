@@ -1,0 +1,80 @@
+"""The role's one ``@deploy`` entry point (the role is described in ``__init__.py``)."""
+
+from typing import Optional
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.api.exceptions import DeployError
+
+from llamarack.operations import apt_install_missing, conda_env, miniforge
+from llamarack.rules import HostFacts, build_archs
+from llamarack.settings import Settings
+
+from .operations import converter_pins, pip_pins, venv
+from .plan import awq_plan
+
+
+def _make_env(settings: Settings, name: str) -> str:
+    """Create the env's interpreter with the configured backend; return the env prefix."""
+    s = settings.python_env
+    layout = settings.layout
+    env = layout.env(name)
+    if s.backend == "venv":
+        apt_install_missing(
+            name=f"python{s.python_version} and its venv module",
+            packages=[f"python{s.python_version}-venv"],
+            cache_time=settings.toolchain.apt_cache_time,
+        )
+        venv(name=f"venv {env}", env=env, python=f"/usr/bin/python{s.python_version}",
+             python_version=s.python_version)  # fmt: skip
+    else:
+        if not s.conda_installer_sha256:
+            raise DeployError(f"{host.name}: python_env_conda_installer_sha256 is required with conda")
+        conda_root = layout.conda
+        miniforge(name="Miniforge", installer_url=s.conda_installer_url,
+                  installer_sha256=s.conda_installer_sha256, prefix=conda_root)  # fmt: skip
+        conda_env(
+            name=f"conda env {env}",
+            conda=f"{conda_root}/bin/conda",
+            env=env,
+            specs=[f"python={s.python_version}", "pip"],
+            channels=list(s.conda_channels),
+            marker=f"{env}/bin/python",
+        )
+    return env
+
+
+@deploy("llamarack python env")
+def python_env(settings: Settings, facts: Optional[HostFacts] = None):
+    """
+    The AWQ env (``<root>/envs/awq``): torch, transformers, accelerate, autoawq at their pins.
+
+    + settings: the host's settings (``python_env_*``; on CUDA builds the toolkit
+      version and the GPUs' archs are verified against torch)
+    + facts: what preflight read (the GPUs); needed on CUDA builds only
+    """
+    env = _make_env(settings, "awq")
+    archs = build_archs(settings, facts) if settings.llamacpp.backend == "cuda" else ()
+    pip_pins(
+        name="AWQ env pins (resolve, install, verify)",
+        plan=awq_plan(settings, env, archs),
+    )
+
+
+@deploy("llamarack converter env")
+def converter_env(settings: Settings, requirements_path: str = None):
+    """
+    The env for llama.cpp's ``convert_hf_to_gguf.py`` (``<root>/envs/convert``).
+
+    + settings: the host's settings (``python_env_*``)
+    + requirements_path: the converter's requirements file; default: in the
+      llama.cpp checkout under ``<root>/src/llama.cpp``, which may be made
+      earlier in the same run (the file is read when the operation runs)
+    """
+    env = _make_env(settings, "convert")
+    converter_pins(
+        name="Converter env pins (resolve, install, verify)",
+        settings=settings,
+        requirements_path=requirements_path or settings.layout.converter_requirements,
+        env=env,
+    )

@@ -1,0 +1,76 @@
+"""The role's one ``@deploy`` entry point (the role is described in ``__init__.py``)."""
+
+from pyinfra import host
+from pyinfra.api import deploy
+
+from llamarack.facts import LlamacppBuilds, read
+from llamarack.layout import UNIT_PATH
+from llamarack.operations import report
+from llamarack.rules import HostFacts
+from llamarack.settings import Settings
+
+from ..llamacpp.operations import prune_builds
+from .operations import answers_health, bench, service, service_user
+
+
+def public_url(settings: Settings) -> str:
+    listen = settings.server.listen
+    addr = host.data.get("ssh_hostname") or host.name if listen in ("0.0.0.0", "::") else listen
+    return f"http://{addr}:{settings.server.port}"
+
+
+@deploy("llama-server")
+def llama_server(settings: Settings, facts: HostFacts, templates: tuple = (), rebooted=None):
+    """
+    Run llama-server as a system service and check that it answers.
+
+    + settings: the host's settings (``server_*``, ``llamarack_service_user``)
+    + facts: what preflight read; where it knew no GPU (a mismatch the driver role
+      reboots away, on a host with no record yet), the service reads the record the
+      driver role wrote after the reboot
+    + templates: folders whose templates replace the role's own, e.g. the project's
+      ``templates/`` (``deploy.py`` passes it)
+    + rebooted: the driver role's reboot operation (what ``driver`` returns), or None;
+      when it rebooted the host and the unit did not change (so was not switched and
+      checked), ``/health`` is checked anyway: the same unit now runs on a new driver
+    """
+    user = settings.general.service_user
+    service_user(name=f"Service user {user}", user=user, home=settings.general.root)
+    # The build current before this run: kept for rollback whatever else was built since.
+    previous = read(LlamacppBuilds, root=settings.general.root).current
+    url = public_url(settings)
+    key = "API key required" if settings.server.api_key_file else "no API key"
+    served = service(
+        name=f"llama-server at {url} ({key})",
+        settings=settings,
+        gpus=facts.gpus,
+        templates=tuple(templates),
+    )
+    if rebooted is not None:
+        answers_health(
+            name="llama-server answers /health after the driver reboot",
+            settings=settings,
+            reason="the reboot for the driver upgrade",
+            _if=[rebooted.did_change, lambda: not served.did_change()],
+        )
+    # After a new build or model: llama-bench with the served flags, recorded beside the
+    # card's roofline (state/bench.json); a converged run finds its record and does nothing.
+    bench(
+        name=f"llama-bench pp512/tg128 (server_bench = {settings.server.bench!r})",
+        settings=settings,
+        gpus=facts.gpus,
+    )
+    # Old builds go only now, once the unit that serves has answered /health (or was put
+    # back): nothing the running server uses is removed before its successor serves.
+    prune_builds(
+        name=f"Prune old llama.cpp builds (keep {settings.llamacpp.keep_builds})",
+        root=settings.general.root,
+        keep=settings.llamacpp.keep_builds,
+        previous=previous,
+        unit_path=UNIT_PATH,
+    )
+    report(
+        name="How to reach it",
+        message=f"serving: {url}/v1/chat/completions (OpenAI API), {url}/completion, "
+        f"health at {url}/health ({key})",
+    )

@@ -1,0 +1,110 @@
+"""The role's one ``@deploy`` entry point (the role is described in ``__init__.py``)."""
+
+from io import StringIO
+
+from packaging.version import Version
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.api.exceptions import DeployError
+from pyinfra.facts.server import LinuxDistribution
+from pyinfra.operations import apt, files
+
+from llamarack.facts import CmakeVersion, DebianSources, read
+from llamarack.operations import apt_install_missing, conda_env, miniforge
+from llamarack.rules import HostFacts
+from llamarack.settings import Settings
+
+from .operations import toolkit_takes_host_compiler
+from .plan import conda_cuda_env, nonfree_sources, plan_toolchain
+
+BUILD_PACKAGES = ["git", "cmake", "build-essential", "ccache", "pkg-config"]
+# The pinned llama.cpp's CMakeLists.txt: cmake_minimum_required(VERSION 3.14).
+CMAKE_MIN = "3.14"
+CUDA_SOURCES_FILE = "/etc/apt/sources.list.d/llamarack-cuda.sources"
+CONDA_CUDA_PACKAGES = ["cuda-nvcc", "cuda-cudart-dev", "libcublas-dev"]
+
+
+@deploy("llamarack toolchain")
+def toolchain(settings: Settings, facts: HostFacts):
+    """
+    Install the build packages and, on CUDA builds, the toolkit and a host compiler it accepts.
+
+    + settings: the host's settings (``toolchain_*``; ``llamacpp_backend``; the conda
+      installer of ``python_env_*`` with source conda)
+    + facts: what preflight read (toolkits, gcc)
+    """
+    t = settings.toolchain
+    cuda = settings.llamacpp.backend == "cuda"
+
+    cmake = read(CmakeVersion)
+    if cmake and Version(cmake) < Version(CMAKE_MIN):
+        raise DeployError(
+            f"{host.name}: cmake {cmake} is installed; llama.cpp needs cmake >= {CMAKE_MIN}. "
+            "Fix: install a newer cmake (Debian 12 has 3.25, Ubuntu 22.04 has 3.22)"
+        )
+    apt_install_missing(name="Build packages", packages=BUILD_PACKAGES, cache_time=t.apt_cache_time)
+
+    extra_homes: tuple = ()
+    if cuda and t.cuda_source == "debian":
+        distro = read(LinuxDistribution)
+        if distro.get("name") != "Debian":
+            raise DeployError(
+                f"{host.name}: toolchain_cuda_source 'debian' needs Debian (found {distro.get('name')}). "
+                "Fix: use 'system' or 'conda' on this host"
+            )
+        stanzas = read(DebianSources)
+        if not stanzas:
+            raise DeployError(
+                f"{host.name}: no deb822 /etc/apt/sources.list.d/debian.sources to take the "
+                "archive and Signed-By from. Fix: add contrib non-free to the host's apt sources "
+                "yourself, or use toolchain_cuda_source 'system'"
+            )
+        text = nonfree_sources(stanzas)
+        if text:
+            sources = files.put(
+                name="apt sources: contrib and non-free for nvidia-cuda-toolkit",
+                src=StringIO(text),
+                dest=CUDA_SOURCES_FILE,
+                mode="644",
+            )
+            apt.update(name="apt update for the new sources", _if=sources.did_change)
+        apt_install_missing(
+            name="CUDA toolkit (Debian non-free)", packages=["nvidia-cuda-toolkit"],
+            cache_time=t.apt_cache_time,
+        )  # fmt: skip
+    elif cuda and t.cuda_source == "conda":
+        p = settings.python_env
+        if not p.conda_installer_sha256:
+            raise DeployError(
+                f"{host.name}: toolchain_cuda_source 'conda' needs python_env_conda_installer_sha256 "
+                "(the Miniforge installer is pinned by its sha256)"
+            )
+        conda_root = settings.layout.conda
+        miniforge(name="Miniforge", installer_url=p.conda_installer_url,
+                  installer_sha256=p.conda_installer_sha256, prefix=conda_root)  # fmt: skip
+        env = conda_cuda_env(settings)
+        conda_env(
+            name=f"CUDA {t.cuda_version} toolkit (conda)",
+            conda=f"{conda_root}/bin/conda",
+            env=env,
+            specs=CONDA_CUDA_PACKAGES,
+            channels=[t.conda_channel],
+            marker=f"{env}/bin/nvcc",
+        )
+        extra_homes = (env,)
+
+    plan = plan_toolchain(settings, facts)
+    if plan is None:
+        return
+    if plan.install_gcc:
+        apt_install_missing(
+            name=f"gcc-{plan.gcc_major} for nvcc (CUDA {plan.cuda_version} takes gcc {plan.max_gcc} or older)",
+            packages=[f"gcc-{plan.gcc_major}", f"g++-{plan.gcc_major}"],
+            cache_time=t.apt_cache_time,
+        )
+    if not plan.toolkit_installed:
+        toolkit_takes_host_compiler(
+            name=f"CUDA {plan.cuda_version} takes {plan.host_compiler or 'the default gcc'}",
+            plan=plan,
+            extra_homes=extra_homes,
+        )
