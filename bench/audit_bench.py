@@ -68,7 +68,7 @@ def _exit(status, _exit=os._exit):
     _exit(status)
 os._exit = _exit
 sys.argv = ["llamarack", *sys.argv[1:]]
-from llamarack.cli import entry
+from llamarack.entry import entry
 entry()
 """
 

@@ -1,5 +1,5 @@
 """python -m llamarack: the llamarack command."""
 
-from .cli import entry
+from .entry import entry
 
 entry()

@@ -87,8 +87,15 @@ def audit(ctx, inventory, limit, as_json, templates, verify, debug):
 
     if templates is None and Path("templates").is_dir():
         templates = "templates"
-    # Each host's ssh connects while pyinfra and the planners are imported.
-    started = openssh.early(inventory, tuple(limit))
+    # Each host's ssh connects while pyinfra and the planners are imported: started by
+    # llamarack.entry before click was imported, when it read the same line as click.
+    given = (ctx.obj or {}).get("early")
+    if given is not None and given[0] == (inventory, tuple(limit)):
+        started = given[1]
+    else:
+        if given is not None:
+            given[1].stop()
+        started = openssh.early(inventory, tuple(limit))
     try:
         hosts = openssh.load_inventory(inventory, started.executed)
         chosen = openssh.select(hosts, tuple(limit))
@@ -150,8 +157,3 @@ def rollback(inventory, limit):
     # The deploy file imports the llamarack this command runs from, not another install.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(here), os.environ.get("PYTHONPATH")])))
     sys.exit(subprocess.run(args, env=env).returncode)
-
-
-def entry():
-    """The ``llamarack`` program (and ``python -m llamarack``): ``main`` as the whole process."""
-    main(obj={"whole_process": True})

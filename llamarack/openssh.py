@@ -23,12 +23,26 @@ processes start before that, from a light read of an inventory file
 (``early``): the file is executed once (pyinfra's loader then takes its
 result instead of executing it again), the group-data files beside it and
 in the working directory are read for the ``all`` group, and each host whose
-connection data is plain (no command wrapping, no password, no group
-overriding another) gets its ``ssh`` at once. Once pyinfra has loaded the
-inventory, each host's ``ssh`` command line is made again from its real data:
-an early process is kept only when its command line is the same, else it is
-stopped and the right one started, so the light read can cost time but not
-reach a host differently.
+connection data is plain (no password, no group overriding another) gets
+its ``ssh`` at once. Once pyinfra has loaded the inventory, each host's
+``ssh`` command line is made again from its real data: an early process is
+kept only when its command line is the same, else it is stopped and the
+right one started, so the light read can cost time but not reach a host
+differently.
+
+Every host's ssh runs the same plain remote command, ``sh -s`` (as
+``make_unix_command`` writes it with no arguments), so it can start before
+pyinfra is imported, which is what ``_sudo`` and the like need: the wrapped
+shell (``sudo -H -n sh -c 'sh -s'``) is the one command of the script the
+plain shell is given, with the audit's script as its here-document. A host
+reached through sudo used to connect only once pyinfra had loaded the
+inventory, half a second later, and its handshake and script then ran alone
+at the end of every audit.
+
+The ssh processes run below the audit's own priority (``SSH_NICENESS``):
+where the cores are few (the lab: 2 cores for the audit, its ssh clients and
+the hosts), the handshakes otherwise took their fair share from the audit's
+Python, finished first, and then waited for the scripts while a core idled.
 """
 
 from __future__ import annotations
@@ -134,7 +148,7 @@ def global_arguments_once() -> None:
     a 2-core host), and the audit declares about a hundred fact classes (pyinfra's fact
     modules and llamarack's): 40 to 60 ms of its Python. The list cannot change within a
     process, so this makes it once and hands out copies; the check itself is pyinfra's.
-    For a process that is only the audit (``llamarack.cli``)."""
+    For a process that is only the audit (``llamarack.entry``)."""
     from pyinfra.api import facts
 
     names = facts.all_global_arguments()
@@ -212,7 +226,7 @@ def _light_hosts(inventory: str) -> tuple[dict, dict]:
             merged.update(data)
         else:
             merged.update(own)
-            if not any(merged.get(k) for k in (*WRAPPING, *PASSWORD_DATA)):
+            if not any(merged.get(k) for k in PASSWORD_DATA):
                 plain[name] = merged
     return executed, plain
 
@@ -230,8 +244,7 @@ def early(inventory: str, limit: tuple = ()) -> Early:
         if limit and name not in limit:
             continue
         argv = ssh_argv(name, data, DEFAULT_CONNECT_TIMEOUT) + [PLAIN_REMOTE_COMMAND]
-        started[name] = (argv, subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                                stderr=subprocess.PIPE))  # fmt: skip
+        started[name] = (argv, _spawn(argv))
     return Early(executed, started)
 
 
@@ -267,6 +280,20 @@ def remote_command(arguments: dict) -> str:
 
     given = {k: v for k, v in arguments.items() if k in WRAPPING and v not in (None, False, "", {})}
     return make_unix_command(StringCommand(REMOTE_SHELL), **given).get_raw_value()
+
+
+def through(command: str, script: str) -> str:
+    """What the plain remote shell is given so that ``script`` runs in the wrapped shell
+    ``command`` (``remote_command``'s): that one command, the script its here-document
+    (quoted: the script reaches the wrapped shell byte for byte). Its status is the shell's."""
+    if command == PLAIN_REMOTE_COMMAND:
+        return script
+    while True:  # a delimiter that is no line of the script
+        end = f"llamarack-script-end-{os.urandom(8).hex()}"
+        if end not in script:
+            break
+    body = script if script.endswith("\n") else script + "\n"
+    return f"{command} <<'{end}'\n{body}{end}\n"
 
 
 @dataclass
@@ -307,7 +334,7 @@ class Session:
             return
         arguments, _ = pop_global_arguments(host.state, host, {})
         self.command = remote_command(dict(arguments))
-        self.argv = ssh_argv(host.name, data, connect_timeout) + [self.command]
+        self.argv = ssh_argv(host.name, data, connect_timeout) + [PLAIN_REMOTE_COMMAND]
         if early is not None and early[0] == self.argv:
             self.proc = early[1]
             return
@@ -315,8 +342,7 @@ class Session:
             logger.debug("early connect: %s: its ssh command line differs from its data's; started again",
                          host.name)
             _stop(early[1])
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE)  # fmt: skip
+        self.proc = _spawn(self.argv)
 
     def send(self, script: str, timeout: float) -> None:
         """Give the host's shell ``script`` (in the background); ``result`` waits for it."""
@@ -325,7 +351,8 @@ class Session:
             return
         # The same line pyinfra's connector logs for each command (the benchmarks count them).
         logger.debug("Running command on %s: (pty=False) %s <<< %s", self.name, self.command, script)
-        self._thread = threading.Thread(target=self._communicate, args=(script, timeout), daemon=True)
+        self._thread = threading.Thread(target=self._communicate, args=(through(self.command, script), timeout),
+                                        daemon=True)  # fmt: skip
         self._thread.start()
 
     def _communicate(self, script: str, timeout: float) -> None:
@@ -355,6 +382,25 @@ class Session:
     def close(self) -> None:
         if self.proc is not None:
             _stop(self.proc)
+
+
+# How much less CPU an audit's ssh processes get than the audit itself, when they compete.
+SSH_NICENESS = 10
+
+
+def _spawn(argv: list) -> subprocess.Popen:
+    """Start one host's ssh, below the audit's own priority. The handshakes (0.17 s of CPU
+    each with OpenSSH's default post-quantum key exchange) would otherwise take their fair
+    share of the cores from the audit's Python, which is importing pyinfra and making the
+    scripts the connections then wait for; where cores are short, the handshakes finish
+    early and wait while one core idles. Set after the start, not in a ``preexec_fn``: that
+    would fork the whole interpreter instead of spawning ssh."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        os.setpriority(os.PRIO_PROCESS, proc.pid, os.getpriority(os.PRIO_PROCESS, 0) + SSH_NICENESS)
+    except OSError:  # it has exited already (it could not start): nothing to schedule
+        pass
+    return proc
 
 
 def _stop(proc) -> None:

@@ -151,10 +151,50 @@ def test_early_reads_nothing_but_files_and_leaves_errors_to_pyinfra(tmp_path, mo
     assert openssh.early("gpu01,gpu02").started == {}
     broken = _inventory_file(tmp_path, "raise RuntimeError('inventory of your own')\n")
     assert openssh.early(broken).started == {}
-    wrapped = tmp_path / "wrapped.py"
-    wrapped.write_text("gpus = [('gpu01', {'_sudo': True}), ('gpu02', {'ssh_password': 'p'})]\n")
-    assert openssh.early(str(wrapped)).started == {}
+    typed = tmp_path / "typed.py"
+    typed.write_text("gpus = [('gpu01', {'ssh_password': 'p'}), ('gpu02', {'_sudo_password': 'p'})]\n")
+    assert openssh.early(str(typed)).started == {}
     assert not fake_ssh.exists()
+
+
+def test_a_host_reached_through_sudo_connects_early_and_its_script_runs_in_the_wrapped_shell(tmp_path, monkeypatch,
+                                                                                              fake_ssh):  # fmt: skip
+    # The ssh runs the plain shell for every host, so a wrapped one connects before pyinfra is
+    # imported too; the wrapping (here an environment, then a working directory) runs the script.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "there").mkdir()
+    path = _inventory_file(tmp_path, "gpus = [('gpu01', {'_env': {'WRAPPED': 'yes'}}),"
+                                     f" ('gpu02', {{'_chdir': {str(tmp_path / 'there')!r}}}), 'gpu03']\n")  # fmt: skip
+    started = openssh.early(path)
+    assert set(started.started) == {"gpu01", "gpu02", "gpu03"}
+    hosts = openssh.load_inventory(path, started.executed)
+    sessions = openssh.connect(list(hosts), started=started)
+    assert [s.command for s in sessions] == ["sh -c 'export WRAPPED=yes && sh -s'",
+                                             f"sh -c 'cd {tmp_path / 'there'} && sh -s'",
+                                             openssh.PLAIN_REMOTE_COMMAND]  # fmt: skip
+    script = 'echo "$(basename "$PWD") $WRAPPED"\nexit 3'
+    for s in sessions:
+        s.send(script, timeout=30)
+    results = [s.result() for s in sessions]
+    assert [r.output for r in results] == [[f"{tmp_path.name} yes"], ["there "], [f"{tmp_path.name} "]]
+    assert [r.status for r in results] == [3, 3, 3]  # the wrapped shell's status is the command's
+    lines = fake_ssh.read_text().splitlines()
+    assert len(lines) == 3 and all(line.endswith(" sh -c 'sh -s'") for line in lines)  # each early ssh kept
+
+
+def test_the_wrapped_shell_gets_the_script_byte_for_byte():
+    # what the plain remote shell is given: the wrapped shell with the script as a quoted
+    # here-document, whose delimiter is no line of the script
+    script = "printf '%s\\n' \"$HOME\" '$(date)' \\\nEOF\nllamarack-script-end-x\necho 'no newline at the end'"
+    given = openssh.through("bash -c 'sh -s'", script)
+    end = given.splitlines()[-1]
+    assert given.startswith(f"bash -c 'sh -s' <<'{end}'\n") and end.startswith("llamarack-script-end-")
+    assert end not in script and given.count(end) == 2
+    r = subprocess.run(["sh", "-s"], input=given, capture_output=True, text=True, timeout=30, env={"HOME": "/h"})
+    wanted = subprocess.run(["bash", "-c", "sh -s"], input=script, capture_output=True, text=True, timeout=30,
+                            env={"HOME": "/h"})  # fmt: skip
+    assert r.returncode == 0 and r.stdout == wanted.stdout and "$(date)" in r.stdout
+    assert openssh.through(openssh.PLAIN_REMOTE_COMMAND, script) == script  # the plain shell reads it as is
 
 
 def test_the_inventory_file_runs_once(tmp_path, monkeypatch, fake_ssh):
@@ -226,3 +266,32 @@ except TypeError as e:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "refused:" in r.stdout and "_sudo are reserved for global arguments" in r.stdout
+
+
+def test_the_ssh_processes_run_below_the_audits_priority(tmp_path, monkeypatch, fake_ssh):
+    # they compete with the audit's Python for the cores: the scripts they wait for come from it
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    path = _inventory_file(tmp_path, "gpus = ['gpu01', ('gpu02', {'_chdir': '/'})]\n")
+    started = openssh.early(path)
+    hosts = openssh.load_inventory(path, started.executed)
+    sessions = openssh.connect(list(hosts), started=started)
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    assert [os.getpriority(os.PRIO_PROCESS, s.proc.pid) for s in sessions] == [min(19, ours + 10)] * 2
+    for s in sessions:
+        s.send("true", timeout=30)
+        assert s.result().status == 0
+
+
+def test_the_audit_imports_the_roles_plans_without_their_operations():
+    # Each role's @deploy lives in its deploy.py, so a plan imports no operation (pyinfra's
+    # or a role's); the audit pays for what it compares, not for the deploy.
+    code = ("import sys, llamarack.audit\n"
+            "print('\\n'.join(m for m in sys.modules if m.startswith(('pyinfra.operations', 'llamarack.roles'))"
+            " or m == 'llamarack.operations'))\n")  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    loaded = set(r.stdout.split())
+    assert "llamarack.roles.server.plan" in loaded and "llamarack.roles.preflight.reads" in loaded
+    assert not [m for m in loaded if m.startswith("pyinfra.operations") or m.endswith((".operations", ".deploy"))]
