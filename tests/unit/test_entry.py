@@ -8,6 +8,7 @@ import pytest
 
 from llamarack import cli
 from llamarack.entry import audit_arguments
+from tests.support.fake_ssh import fake_ssh as on_path
 
 LINES = [
     ["audit", "inv.py"],
@@ -48,14 +49,8 @@ def test_a_line_it_is_not_sure_of_starts_nothing(argv):
 
 @pytest.fixture
 def fake_ssh(tmp_path, monkeypatch):
-    """An ``ssh`` on PATH that logs its argv and its host, and answers nothing."""
-    log = tmp_path / "ssh.log"
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "ssh").write_text(f'#!/bin/sh\necho "$*" >> {log}\ncat >/dev/null\nexit 255\n')
-    (bin_dir / "ssh").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{sys.prefix}/bin:/usr/bin:/bin")
-    return log
+    """An ``ssh`` that logs its command line and reaches nobody."""
+    return on_path(tmp_path, monkeypatch, "cat >/dev/null\nexit 255")
 
 
 # The program, with a note of each time openssh.early ran and whether click was imported then.

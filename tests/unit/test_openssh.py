@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from llamarack import openssh
+from tests.support.fake_ssh import fake_ssh as on_path
 
 
 def test_ssh_argv_reads_the_data_pyinfra_reads():
@@ -88,14 +89,8 @@ def test_the_plain_remote_command_is_pyinfras():
 
 @pytest.fixture
 def fake_ssh(tmp_path, monkeypatch):
-    """An ``ssh`` on PATH that logs its argv and answers its stdin's script with sh."""
-    log = tmp_path / "ssh.log"
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "ssh").write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec sh -s\n')
-    (bin_dir / "ssh").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
-    return log
+    """An ``ssh`` that logs its command line and answers its stdin's script with sh."""
+    return on_path(tmp_path, monkeypatch, "exec sh -s")
 
 
 def _inventory_file(tmp_path, text, all_data=None):
