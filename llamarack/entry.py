@@ -55,6 +55,10 @@ def entry() -> None:
     given = audit_arguments(sys.argv[1:])
     early = None
     if given is not None:
+        if "--debug" in sys.argv[2:]:  # what starting them logs, as the audit command would log it
+            import logging
+
+            logging.basicConfig(level=logging.DEBUG, format="%(message)s")
         from .openssh import early as start
 
         early = (given, start(*given))

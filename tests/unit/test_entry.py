@@ -90,3 +90,12 @@ def test_python_m_llamarack_is_the_same_program(tmp_path, monkeypatch, fake_ssh)
                        text=True, timeout=120)  # fmt: skip
     assert r.returncode == 2 and '"gpu01"' in r.stdout, r.stderr  # its settings are refused (no sha256 pins)
     assert len(fake_ssh.read_text().splitlines()) == 1
+
+
+def test_debug_shows_what_starting_the_connections_logs(tmp_path, monkeypatch, fake_ssh):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rack.py").write_text("raise RuntimeError('an inventory of your own')\n")
+    r = subprocess.run([sys.executable, "-m", "llamarack", "audit", "rack.py", "--debug"], capture_output=True,
+                       text=True, timeout=120)  # fmt: skip
+    assert "early connect: rack.py: an inventory of your own" in r.stderr  # then pyinfra's loader says it again
+    assert not fake_ssh.exists()
