@@ -293,6 +293,10 @@ def through(command: str, script: str) -> str:
         if end not in script:
             break
     body = script if script.endswith("\n") else script + "\n"
+    # No value is quoted here: ``command`` is already shell text, each host-data value in it
+    # (``_sudo_user``, ``_chdir``, ``_env``...) quoted by pyinfra's make_unix_command, as in
+    # the deploy; ``end`` is made here of letters, digits and dashes, and quoted as a whole
+    # so the shell expands nothing in the script.
     return f"{command} <<'{end}'\n{body}{end}\n"
 
 
