@@ -19,7 +19,6 @@ after a command of the same operation calls ``host.get_fact`` itself.
 
 from __future__ import annotations
 
-import json
 import secrets
 import weakref
 from dataclasses import dataclass
@@ -119,6 +118,20 @@ def _requires_python(fact: FactBase, kwargs: dict) -> bool:
     return requires == "python3"
 
 
+def host_runs_argv(marker: str, sources: dict, runs: list, included: Optional[dict] = None) -> list:
+    """The arguments of ``llamarack/remote/host_runs.py``: the modules' own ``sources``
+    ({name: source}), the modules they ``included`` (the same) and ``runs`` ([(index, name,
+    [arg, ...]), ...]), as that module reads them."""
+    argv = [marker]
+    for given in (included or {}, sources):
+        argv.append(str(len(given)))
+        for name, source in given.items():
+            argv += [name, source]
+    for index, name, args in runs:
+        argv += [str(int(index)), name, str(len(args)), *(str(a) for a in args)]
+    return argv
+
+
 class FactsTogether(FactBase[dict]):
     """
     Returns the answers of several facts, their commands run in one shell command
@@ -164,8 +177,11 @@ class FactsTogether(FactBase[dict]):
         of shell commands (``host_twin``). Where the host has no python3, each says so as it
         would alone: missing for a fact that requires python3, else the shell's 127; a twin's
         shell command runs."""
-        spec = {"sources": {name: remote.source(name) for *_, (name, *_), _ in runs},
-                "runs": [[i, name, [str(a) for a in args]] for i, _, _, (name, *args), _ in runs]}  # fmt: skip
+        names = tuple(dict.fromkeys(name for *_, (name, *_), _ in runs))
+        sources = {name: remote.own_source(name) for name in names}
+        included = {n: remote.own_source(n) for n in dict.fromkeys(n for name in names for n in remote.includes(name))}
+        arguments = host_runs_argv(self.marker, sources, [(i, name, args) for i, _, _, (name, *args), _ in runs],
+                                   included)  # fmt: skip
         without = "; ".join(
             self._shell_section(i, fact, kwargs) if twin else
             f"echo {self.marker} {i}; " + (f"echo {MISSING_COMMAND}; echo {self.marker} rc 0"
@@ -173,7 +189,7 @@ class FactsTogether(FactBase[dict]):
             for i, fact, kwargs, _, twin in runs
         )  # fmt: skip
         # -I -S: host modules use the standard library only, and site's start-up is half a python3's
-        together = remote.command("host_runs", self.marker, json.dumps(spec, separators=(",", ":")), flags=("-I", "-S"))
+        together = remote.command("host_runs", *arguments, flags=("-I", "-S"))
         return f"if command -v python3 >/dev/null 2>&1; then {together} </dev/null 2>/dev/null; else {without}; fi"
 
     def process(self, output) -> dict:

@@ -1,4 +1,5 @@
 # Runs on the host (standard library only, imports nothing from llamarack; run by llamarack.remote.command).
+# Includes: json_text
 """Seal a proven llama.cpp build, and check builds against their seals.
 
     python3 build_seal.py seal BUILD_DIR
@@ -24,13 +25,18 @@ symlink's target) and names files gone or added. ``--sha256 NAME`` (NAME a
 build directory or ``current``) also reads every sealed file of that build
 and compares its sha256: an edit in place that kept size and mtime shows
 only there.
+
+The manifest is read and the report written through ``json_text`` (what
+``json`` writes, without its 15 ms import of ``re``: every audit checks).
 """
 
-from __future__ import annotations
-
-import json
 import os
 import sys
+
+try:
+    dumps, loads  # json_text's, put first by llamarack.remote.source (the "# Includes:" line)
+except NameError:  # this file run or imported as it is
+    from json import dumps, loads
 
 # What a build's seal covers, relative to the build directory.
 SEALED = ("build/bin", "version.txt", "server-help.txt", "build-info.json")
@@ -78,8 +84,7 @@ def seal(build_dir: str) -> dict:
     manifest = {"files": files}
     new = os.path.join(build_dir, MANIFEST + ".new")
     with open(new, "w") as f:
-        json.dump(manifest, f, sort_keys=True)
-        f.write("\n")
+        f.write(dumps(manifest, sort_keys=True) + "\n")
     os.replace(new, os.path.join(build_dir, MANIFEST))
     return manifest
 
@@ -124,7 +129,7 @@ def check(builds_dir: str, deep_name=None) -> dict:
             continue
         try:
             with open(os.path.join(d, MANIFEST)) as f:
-                manifest = json.load(f)
+                manifest = loads(f.read())
         except FileNotFoundError:
             report["builds"][name] = {"sealed": False, "changed": []}
             continue
@@ -145,7 +150,7 @@ def main(argv: list) -> int:
         print(f"sealed {argv[2]}: {len(manifest['files'])} files")
         return 0
     if argv[1:2] == ["check"] and len(argv) in (3, 5) and (len(argv) == 3 or argv[3] == "--sha256"):
-        print(json.dumps(check(argv[2], argv[4] if len(argv) == 5 else None), sort_keys=True))
+        print(dumps(check(argv[2], argv[4] if len(argv) == 5 else None), sort_keys=True))
         return 0
     print("usage: build_seal.py seal BUILD_DIR | check BUILDS_DIR [--sha256 NAME]", file=sys.stderr)
     return 2

@@ -1,4 +1,5 @@
 # Runs on the host (standard library only, imports nothing from llamarack; run by llamarack.remote.command).
+# Includes: json_text
 """Read what the context planner needs from a GGUF file's header.
 
 Standard library only: the ``GgufShape`` fact runs this file's source with
@@ -29,16 +30,22 @@ strings and more) are read past, not decoded: 0.06 to 0.08 s of CPU for a
 real model's header (``bench/gguf_header_bench.py``). A tensor's bytes follow
 from its dimensions and type (ggml's block sizes below), which is how the
 weights are counted per layer.
+
+Records are read and answers written through ``json_text`` (what ``json``
+writes), run on a host: ``json`` and ``re`` cost a host 15 ms of CPU to import
+in every audit. The control machine imports this file for its reader
+(``llamarack/model_shapes.py``), which needs neither.
 """
 
-from __future__ import annotations
-
-import json
 import os
-import re
 import stat
 import struct
 import sys
+
+try:
+    dumps, loads  # json_text's, put first by llamarack.remote.source (the "# Includes:" line)
+except NameError:  # this file run or imported as it is
+    from json import dumps, loads
 
 # GGUF metadata value types: struct format of the scalar ones.
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
@@ -271,8 +278,11 @@ def shape_of(f, path: str, size: int) -> dict:
     return shape
 
 
-# What a shape record is named: shape-<the reader's digest, 16 hex>.json (``--record``).
-RECORD_NAME = re.compile(r"shape-[0-9a-f]{16}\.json")
+def is_record_name(name: str) -> bool:
+    """Whether ``name`` is a shape record's: shape-<the reader's digest, 16 hex>.json (``--record``)."""
+    digest = name[6:-5]
+    return len(name) == 27 and name.startswith("shape-") and name.endswith(".json") \
+        and all(c in "0123456789abcdef" for c in digest)  # fmt: skip
 
 
 def signature(st: os.stat_result) -> dict:
@@ -283,11 +293,11 @@ def signature(st: os.stat_result) -> dict:
 def recorded_shape(path: str, name: str, st: os.stat_result):
     """The shape record ``name`` beside ``path`` holds, when it was made from exactly this
     file (``st``: its stat now) and has every key a shape has; else None."""
-    if not RECORD_NAME.fullmatch(name):
+    if not is_record_name(name):
         return None
     try:
         with open(os.path.join(os.path.dirname(path), name)) as f:
-            record = json.load(f)
+            record = loads(f.read())
         shape, sig = record["shape"], record["signature"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -300,7 +310,7 @@ def recorded_shape(path: str, name: str, st: os.stat_result):
 def record(path: str, name: str) -> dict:
     """Read the shape of the GGUF at ``path`` and write it, with the file's signature, to
     ``name`` beside it (whole or not at all); other shape records there are removed."""
-    if not RECORD_NAME.fullmatch(name):
+    if not is_record_name(name):
         raise GgufError(f"not a shape record's name: {name!r}")
     st = os.stat(path)
     shape = read_shape(path)
@@ -308,15 +318,14 @@ def record(path: str, name: str) -> dict:
     out = os.path.join(folder, name)
     tmp = f"{out}.tmp.{os.getpid()}"
     with open(tmp, "w") as f:
-        json.dump({"signature": signature(st), "shape": {k: v for k, v in shape.items() if k != "path"}}, f,
-                  sort_keys=True)  # fmt: skip
-        f.write("\n")
+        f.write(dumps({"signature": signature(st), "shape": {k: v for k, v in shape.items() if k != "path"}},
+                      sort_keys=True) + "\n")  # fmt: skip
         f.flush()
         os.fsync(f.fileno())
     os.chmod(tmp, 0o644)
     os.rename(tmp, out)
     for other in os.listdir(folder):
-        if other != name and RECORD_NAME.fullmatch(other):
+        if other != name and is_record_name(other):
             os.unlink(os.path.join(folder, other))
     return shape
 
@@ -324,7 +333,7 @@ def record(path: str, name: str) -> dict:
 def main(argv: list) -> int:
     if argv[1] == "--record":
         name, path = argv[2], argv[3]
-        print(json.dumps(record(path, name), sort_keys=True))  # a failure exits 1: the deploy step fails
+        print(dumps(record(path, name), sort_keys=True))  # a failure exits 1: the deploy step fails
         return 0
     path = argv[1]
     try:
@@ -332,17 +341,17 @@ def main(argv: list) -> int:
     except OSError:
         st = None
     if st is None or not stat.S_ISREG(st.st_mode):
-        print(json.dumps({"missing": True, "path": path}))
+        print(dumps({"missing": True, "path": path}))
         return 0
     shape = recorded_shape(path, argv[3], st) if argv[2:3] == ["--recorded"] else None
     if shape is not None:
-        print(json.dumps(shape, sort_keys=True))
+        print(dumps(shape, sort_keys=True))
         return 0
     try:
-        print(json.dumps(read_shape(path), sort_keys=True))
+        print(dumps(read_shape(path), sort_keys=True))
     except (GgufError, OSError, struct.error, ValueError, OverflowError, MemoryError) as e:
         # A model file's header is untrusted data: whatever it holds is an answer, never a crash.
-        print(json.dumps({"error": f"{type(e).__name__}: {e}" if not isinstance(e, GgufError) else str(e),
+        print(dumps({"error": f"{type(e).__name__}: {e}" if not isinstance(e, GgufError) else str(e),
                           "path": path}))  # fmt: skip
     return 0
 

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from pyinfra.api import FactBase
@@ -19,7 +20,8 @@ from pyinfra.context import ctx_host
 from pyinfra.facts.files import File, Link, Sha1File
 
 from llamarack.facts import FactRead, FreeDiskBytes, SystemUser, read, read_together
-from llamarack.facts.reading import MISSING_COMMAND, Answer, FactsTogether, _command_text
+from llamarack import remote
+from llamarack.facts.reading import MISSING_COMMAND, Answer, FactsTogether, _command_text, host_runs_argv
 from tests.support.ophost import FakeHost
 
 
@@ -217,6 +219,35 @@ def test_host_module_runs_read_together_share_one_python3_and_get_what_they_get_
     assert http == 404
 
 
+def test_the_shared_python3_imports_neither_json_nor_re(host_runs, tmp_path):
+    """What the audit's python3 runs on a host (every host module fact, a sealed build checked
+    included) imports neither json nor re (nor glob, enum): their import was a third of its CPU
+    on a lab host. The python3 here is this interpreter, logging what it imports."""
+    from llamarack.facts import BuildSeals
+    from llamarack.layout import Layout
+
+    root = tmp_path / "opt"
+    build = Path(Layout(str(root)).builds) / "498d323e499aa37d"
+    (build / "build" / "bin").mkdir(parents=True)
+    (build / "build" / "bin" / "llama-server").write_bytes(b"\x7fELF")
+    (build / "build-info.json").write_text("{}\n")
+    subprocess.run(remote.command("build_seal", "seal", str(build)), shell=True, check=True, capture_output=True)
+    (build / "build" / "bin" / "llama-server").write_bytes(b"\x7fELF!")  # changed since: the check says so
+    bin_dir, log = tmp_path / "bin", tmp_path / "imports.log"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} -X importtime "$@" 2>{log}\n')
+    (bin_dir / "python3").chmod(0o755)
+    reads = host_runs + (FactRead.of(BuildSeals, root=str(root)),)
+    together = FactsTogether()
+    r = subprocess.run(["/bin/sh", "-c", together.command(reads=reads)], capture_output=True, text=True,
+                       env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})  # fmt: skip
+    answers = together.process(r.stdout.splitlines())
+    assert answers[4].value["architecture"] == "llama" and answers[0].value.packages == {"accelerate": "0.33.0"}
+    assert answers[len(host_runs)].value.changed["498d323e499aa37d"]  # the check ran, and read the seal
+    imported = {line.split("|")[-1].strip() for line in log.read_text().splitlines()[1:]}
+    assert "_socket" in imported and not imported & {"json", "re", "glob", "enum", "fnmatch"}, sorted(imported)
+
+
 def test_without_python3_each_host_module_fact_answers_as_it_would_alone(host_runs, tmp_path):
     bin_dir = tmp_path / "bin"  # sh's tools, but no python3
     bin_dir.mkdir()
@@ -236,12 +267,31 @@ def test_a_host_module_that_fails_is_one_failed_section():
     from llamarack.remote import host_runs
 
     source = "import sys\nprint('half')\nsys.exit(3)\n"
-    spec = {"sources": {"fails": source, "raises": "raise ValueError('x')", "ok": "print('fine')"},
-            "runs": [[0, "fails", []], [1, "raises", []], [2, "ok", ["a"]]]}  # fmt: skip
-    r = subprocess.run([sys.executable, str(host_runs.__file__), "M", json.dumps(spec)], capture_output=True,
-                       text=True)  # fmt: skip
+    sources = {"fails": source, "raises": "raise ValueError('x')", "ok": "print('fine')"}
+    argv = host_runs_argv("M", sources, [(0, "fails", []), (1, "raises", []), (2, "ok", ["a"])])
+    r = subprocess.run([sys.executable, str(host_runs.__file__), *argv], capture_output=True, text=True)
     assert r.stdout.splitlines() == ["M 0", "half", "M rc 3", "M 1", "M rc 1", "M 2", "fine", "M rc 0"]
     assert "ValueError: x" in r.stderr
+
+
+def test_an_included_module_runs_once_and_its_names_reach_every_run():
+    from llamarack.remote import host_runs
+
+    library = "import sys\nsys.library_runs = getattr(sys, 'library_runs', 0) + 1\ndef runs():\n    return sys.library_runs\n"
+    sources = {"a": "print('a', runs())", "b": "print('b', runs())"}
+    argv = host_runs_argv("M", sources, [(0, "a", []), (1, "b", []), (2, "a", [])], {"library": library})
+    r = subprocess.run([sys.executable, str(host_runs.__file__), *argv], capture_output=True, text=True)
+    assert r.stdout.splitlines() == ["M 0", "a 1", "M rc 0", "M 1", "b 1", "M rc 0", "M 2", "a 1", "M rc 0"], r.stderr
+
+
+def test_the_together_command_carries_an_included_module_once(host_runs, tmp_path):
+    from llamarack.facts import BuildSeals
+
+    assert remote.includes("gguf_header") == remote.includes("build_seal") == ("json_text",)
+    alone = remote.source("gguf_header")  # run alone, a module's source starts with what it includes
+    assert alone == remote.own_source("json_text") + remote.own_source("gguf_header")
+    command = FactsTogether().command(reads=host_runs + (FactRead.of(BuildSeals, root=str(tmp_path)),))
+    assert command.count("def _read_string(") == 1
 
 
 @pytest.fixture
