@@ -47,19 +47,21 @@ Python, finished first, and then waited for the scripts while a core idled.
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import importlib.util
-import logging
 import os
 import subprocess
 import sys
-import threading
-import types
-from dataclasses import dataclass
 from typing import Optional
 
-logger = logging.getLogger("llamarack.audit")
+# The ssh processes start from here (``early``) before anything else is imported: the
+# modules only the rest needs (logging, threading, pyinfra's loader) are imported where
+# they are used, and the module declares no dataclass (dataclasses imports inspect). Its
+# import was 40 to 60 ms of CPU before the first ssh, with the other core idle.
+
+
+def _debug(message: str, *args) -> None:
+    import logging
+
+    logging.getLogger("llamarack.audit").debug(message, *args)
 
 # Host data that needs a password typed: ssh runs with BatchMode=yes and cannot.
 PASSWORD_DATA = ("ssh_password", "ssh_key_password", "_sudo_password", "_su_password")
@@ -71,22 +73,22 @@ WRAPPING = ("_sudo", "_sudo_user", "_use_sudo_login", "_preserve_sudo_env", "_su
 REMOTE_SHELL = "sh -s"
 
 
-@contextlib.contextmanager
-def _without_invoke():
-    """``import invoke`` refused while pyinfra is imported. pyinfra.api imports paramiko
-    (for its exception names), and paramiko.config imports invoke, only ever to run an
-    ssh_config ``Match exec`` for a paramiko connection: the audit's connections are the
-    system's ssh, and importing invoke took 28 ms of the audit's 250 ms of Python CPU.
-    paramiko keeps the ImportError for ``Match exec``; later imports of invoke work."""
+def _refuse_invoke() -> bool:
+    """``import invoke`` refused while pyinfra is imported (``_allow_invoke`` ends it); whether
+    it was refused. pyinfra.api imports paramiko (for its exception names), and
+    paramiko.config imports invoke, only ever to run an ssh_config ``Match exec`` for a
+    paramiko connection: the audit's connections are the system's ssh, and importing invoke
+    took 28 ms of the audit's 250 ms of Python CPU. paramiko keeps the ImportError for
+    ``Match exec``; later imports of invoke work."""
     if "invoke" in sys.modules:
-        yield
-        return
+        return False
     sys.modules["invoke"] = None  # the import system's own "not importable" mark
-    try:
-        yield
-    finally:
-        if sys.modules.get("invoke", False) is None:
-            del sys.modules["invoke"]
+    return True
+
+
+def _allow_invoke(refused: bool) -> None:
+    if refused and sys.modules.get("invoke", False) is None:
+        del sys.modules["invoke"]
 
 
 def load_inventory(inventory: str, executed: Optional[dict] = None):
@@ -94,6 +96,10 @@ def load_inventory(inventory: str, executed: Optional[dict] = None):
     as ``pyinfra INVENTORY ...`` loads it, group data included. ``executed``: the namespaces
     of the files ``early`` executed (the inventory file, its ``all`` group data), by the path
     pyinfra's loader names them with: not executed a second time."""
+    import functools
+    import importlib.util
+    import types
+
     if "pyinfra_cli" not in sys.modules:
         # pyinfra_cli/__init__.py is only gevent's monkey patching; its inventory module needs none.
         spec = importlib.util.find_spec("pyinfra_cli")
@@ -101,8 +107,11 @@ def load_inventory(inventory: str, executed: Optional[dict] = None):
         package.__path__ = list(spec.submodule_search_locations)
         package.__spec__ = spec
         sys.modules["pyinfra_cli"] = package
-    with _without_invoke():
+    refused = _refuse_invoke()
+    try:
         from pyinfra.api import Config, State
+    finally:
+        _allow_invoke(refused)
     from pyinfra.context import ctx_inventory, ctx_state
     from pyinfra_cli import inventory as loader
 
@@ -161,14 +170,14 @@ DEFAULT_CONNECT_TIMEOUT = 10
 PLAIN_REMOTE_COMMAND = "sh -c 'sh -s'"
 
 
-@dataclass
 class Early:
     """What ``early`` read and started: the namespaces of the files it executed, by
     absolute path (for ``load_inventory``), and one ssh process per host, by name, with
     its command line."""
 
-    executed: dict
-    started: dict
+    def __init__(self, executed: dict, started: dict):
+        self.executed = executed
+        self.started = started
 
     def stop(self) -> None:
         """Stop every ssh process started early (the audit will not use them)."""
@@ -209,7 +218,7 @@ def _light_hosts(inventory: str) -> tuple[dict, dict]:
         if os.path.isfile(group_file):
             executed[group_file] = _exec(group_file)
             all_data.update({k: v for k, v in executed[group_file].items()
-                             if not k.startswith("__") and not isinstance(v, types.ModuleType)})  # fmt: skip
+                             if not k.startswith("__") and not isinstance(v, type(os))})  # fmt: skip
     hosts: dict = {}
     group_set: dict = {}
     for group, (members, data) in groups.items():
@@ -237,7 +246,7 @@ def early(inventory: str, limit: tuple = ()) -> Early:
     try:
         executed, plain = _light_hosts(inventory)
     except Exception as e:  # pyinfra's loader reads it again, and says what is wrong
-        logger.debug("early connect: %s: %s", inventory, e)
+        _debug("early connect: %s: %s", inventory, e)
         return Early({}, {})
     started = {}
     for name, data in plain.items():
@@ -300,16 +309,16 @@ def through(command: str, script: str) -> str:
     return f"{command} <<'{end}'\n{body}{end}\n"
 
 
-@dataclass
 class Result:
     """What one host's command gave: ``output`` its stdout lines; ``error`` why there is
     none (cannot connect, refused before connecting)."""
 
-    name: str
-    status: Optional[int]
-    output: list
-    error: Optional[str] = None
-    stderr: str = ""
+    def __init__(self, name: str, status: Optional[int], output: list, error: Optional[str] = None,
+                 stderr: str = ""):  # fmt: skip
+        self.name, self.status, self.output, self.error, self.stderr = name, status, output, error, stderr
+
+    def __repr__(self) -> str:
+        return f"Result({self.name!r}, status={self.status!r}, error={self.error!r})"
 
     @property
     def reachable(self) -> bool:
@@ -333,7 +342,7 @@ class Session:
             "use a key or an agent" if typed else None  # fmt: skip
         self.proc = None
         self._result: Optional[Result] = None
-        self._thread: Optional[threading.Thread] = None
+        self._thread = None
         if self.refused:
             return
         arguments, _ = pop_global_arguments(host.state, host, {})
@@ -343,7 +352,7 @@ class Session:
             self.proc = early[1]
             return
         if early is not None:
-            logger.debug("early connect: %s: its ssh command line differs from its data's; started again",
+            _debug("early connect: %s: its ssh command line differs from its data's; started again",
                          host.name)
             _stop(early[1])
         self.proc = _spawn(self.argv)
@@ -354,7 +363,9 @@ class Session:
             self._result = Result(self.name, None, [], self.refused)
             return
         # The same line pyinfra's connector logs for each command (the benchmarks count them).
-        logger.debug("Running command on %s: (pty=False) %s <<< %s", self.name, self.command, script)
+        _debug("Running command on %s: (pty=False) %s <<< %s", self.name, self.command, script)
+        import threading
+
         self._thread = threading.Thread(target=self._communicate, args=(through(self.command, script), timeout),
                                         daemon=True)  # fmt: skip
         self._thread.start()

@@ -16,7 +16,6 @@ sets ``ssh_paramiko_connect_kwargs`` should include these kwargs as well.
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 
@@ -25,7 +24,10 @@ def nodelay_transport(sock: Any, **kwargs: Any) -> "paramiko.Transport":  # noqa
     are not TCP (a ProxyCommand pipe, a ProxyJump channel) are left as they
     are."""
     # Imported here: inventories import this module, and ``llamarack audit`` reads them
-    # before anything of paramiko (0.1 s to import) is needed, or is at all (it uses OpenSSH).
+    # before anything of paramiko (0.1 s to import), or of socket, is needed, or is at all
+    # (it uses OpenSSH, and starts it from that read).
+    import socket
+
     from paramiko import Transport
 
     if getattr(sock, "family", None) in (socket.AF_INET, socket.AF_INET6):

@@ -232,10 +232,10 @@ def test_the_inventory_file_given_relative_runs_once(tmp_path, monkeypatch, fake
 def test_pyinfra_is_imported_without_invoke_and_invoke_stays_importable():
     # A fresh interpreter: this process may have imported pyinfra (and invoke) already.
     code = ("import sys; from llamarack import openssh\n"
-            "with openssh._without_invoke():\n"
-            "    import paramiko.config, pyinfra.api\n"
+            "openssh.load_inventory('gpu01,gpu02')\n"
+            "import paramiko.config\n"
             "assert 'invoke' not in sys.modules, sys.modules.get('invoke')\n"
-            "assert paramiko.config.invoke is None and paramiko.config.invoke_import_error is not None\n"
+            "assert getattr(paramiko.config.invoke, '__name__', None) != 'invoke'\n"  # None, or pyinfra's FakeInvoke
             "import invoke\n"
             "print(invoke.__name__)\n")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
