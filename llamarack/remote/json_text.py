@@ -167,6 +167,17 @@ def _read_number(text: str, i: int) -> tuple:
     return (int(text[start:i]) if i == whole else float(text[start:i])), i
 
 
+def _after_item(text: str, i: int, close: str) -> tuple:
+    """After an object's or an array's item: (True, past ``close``) where it closes, else
+    (False, the next item's start) past its comma."""
+    i = _skip_space(text, i)
+    if text[i:i + 1] == close:
+        return True, i + 1
+    if text[i:i + 1] != ",":
+        raise ValueError(f"expected ',' or {close!r} at {i}")
+    return False, _skip_space(text, i + 1)
+
+
 def _read_value(text: str, i: int) -> tuple:
     """The value at ``i`` (no space before it), and the index after it."""
     ch = text[i:i + 1]
@@ -185,12 +196,9 @@ def _read_value(text: str, i: int) -> tuple:
             if text[i:i + 1] != ":":
                 raise ValueError(f"expected ':' at {i}")
             found[key], i = _read_value(text, _skip_space(text, i + 1))
-            i = _skip_space(text, i)
-            if text[i:i + 1] == "}":
-                return found, i + 1
-            if text[i:i + 1] != ",":
-                raise ValueError(f"expected ',' or '}}' at {i}")
-            i = _skip_space(text, i + 1)
+            closed, i = _after_item(text, i, "}")
+            if closed:
+                return found, i
     if ch == "[":
         items: list = []
         i = _skip_space(text, i + 1)
@@ -199,12 +207,9 @@ def _read_value(text: str, i: int) -> tuple:
         while True:
             item, i = _read_value(text, i)
             items.append(item)
-            i = _skip_space(text, i)
-            if text[i:i + 1] == "]":
-                return items, i + 1
-            if text[i:i + 1] != ",":
-                raise ValueError(f"expected ',' or ']' at {i}")
-            i = _skip_space(text, i + 1)
+            closed, i = _after_item(text, i, "]")
+            if closed:
+                return items, i
     for word, value in _WORDS:
         if text.startswith(word, i):
             return value, i + len(word)
