@@ -47,15 +47,20 @@ Python, finished first, and then waited for the scripts while a core idled.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import subprocess
 import sys
+import threading
+import types
 from typing import Optional
 
-# The ssh processes start from here (``early``) before anything else is imported: the
-# modules only the rest needs (logging, threading, pyinfra's loader) are imported where
-# they are used, and the module declares no dataclass (dataclasses imports inspect). Its
-# import was 40 to 60 ms of CPU before the first ssh, with the other core idle.
+# The ssh processes start from here (``early``) before pyinfra is imported, so this module
+# imports only what subprocess already has (contextlib, functools, threading, types):
+# logging and importlib.util are imported where they are used, and the module declares no
+# dataclass (dataclasses imports inspect). Its import was 22 to 36 ms of CPU before the
+# first ssh, with the other core idle; it is 7 to 10 ms.
 
 
 def _debug(message: str, *args) -> None:
@@ -73,22 +78,22 @@ WRAPPING = ("_sudo", "_sudo_user", "_use_sudo_login", "_preserve_sudo_env", "_su
 REMOTE_SHELL = "sh -s"
 
 
-def _refuse_invoke() -> bool:
-    """``import invoke`` refused while pyinfra is imported (``_allow_invoke`` ends it); whether
-    it was refused. pyinfra.api imports paramiko (for its exception names), and
-    paramiko.config imports invoke, only ever to run an ssh_config ``Match exec`` for a
-    paramiko connection: the audit's connections are the system's ssh, and importing invoke
-    took 28 ms of the audit's 250 ms of Python CPU. paramiko keeps the ImportError for
-    ``Match exec``; later imports of invoke work."""
+@contextlib.contextmanager
+def _without_invoke():
+    """``import invoke`` refused while pyinfra is imported. pyinfra.api imports paramiko
+    (for its exception names), and paramiko.config imports invoke, only ever to run an
+    ssh_config ``Match exec`` for a paramiko connection: the audit's connections are the
+    system's ssh, and importing invoke took 28 ms of the audit's 250 ms of Python CPU.
+    paramiko keeps the ImportError for ``Match exec``; later imports of invoke work."""
     if "invoke" in sys.modules:
-        return False
+        yield
+        return
     sys.modules["invoke"] = None  # the import system's own "not importable" mark
-    return True
-
-
-def _allow_invoke(refused: bool) -> None:
-    if refused and sys.modules.get("invoke", False) is None:
-        del sys.modules["invoke"]
+    try:
+        yield
+    finally:
+        if sys.modules.get("invoke", False) is None:
+            del sys.modules["invoke"]
 
 
 def load_inventory(inventory: str, executed: Optional[dict] = None):
@@ -96,9 +101,7 @@ def load_inventory(inventory: str, executed: Optional[dict] = None):
     as ``pyinfra INVENTORY ...`` loads it, group data included. ``executed``: the namespaces
     of the files ``early`` executed (the inventory file, its ``all`` group data), by the path
     pyinfra's loader names them with: not executed a second time."""
-    import functools
     import importlib.util
-    import types
 
     if "pyinfra_cli" not in sys.modules:
         # pyinfra_cli/__init__.py is only gevent's monkey patching; its inventory module needs none.
@@ -107,11 +110,8 @@ def load_inventory(inventory: str, executed: Optional[dict] = None):
         package.__path__ = list(spec.submodule_search_locations)
         package.__spec__ = spec
         sys.modules["pyinfra_cli"] = package
-    refused = _refuse_invoke()
-    try:
+    with _without_invoke():
         from pyinfra.api import Config, State
-    finally:
-        _allow_invoke(refused)
     from pyinfra.context import ctx_inventory, ctx_state
     from pyinfra_cli import inventory as loader
 
@@ -218,7 +218,7 @@ def _light_hosts(inventory: str) -> tuple[dict, dict]:
         if os.path.isfile(group_file):
             executed[group_file] = _exec(group_file)
             all_data.update({k: v for k, v in executed[group_file].items()
-                             if not k.startswith("__") and not isinstance(v, type(os))})  # fmt: skip
+                             if not k.startswith("__") and not isinstance(v, types.ModuleType)})  # fmt: skip
     hosts: dict = {}
     group_set: dict = {}
     for group, (members, data) in groups.items():
@@ -342,7 +342,7 @@ class Session:
             "use a key or an agent" if typed else None  # fmt: skip
         self.proc = None
         self._result: Optional[Result] = None
-        self._thread = None
+        self._thread: Optional[threading.Thread] = None
         if self.refused:
             return
         arguments, _ = pop_global_arguments(host.state, host, {})
@@ -352,8 +352,7 @@ class Session:
             self.proc = early[1]
             return
         if early is not None:
-            _debug("early connect: %s: its ssh command line differs from its data's; started again",
-                         host.name)
+            _debug("early connect: %s: its ssh command line differs from its data's; started again", host.name)
             _stop(early[1])
         self.proc = _spawn(self.argv)
 
@@ -364,8 +363,6 @@ class Session:
             return
         # The same line pyinfra's connector logs for each command (the benchmarks count them).
         _debug("Running command on %s: (pty=False) %s <<< %s", self.name, self.command, script)
-        import threading
-
         self._thread = threading.Thread(target=self._communicate, args=(through(self.command, script), timeout),
                                         daemon=True)  # fmt: skip
         self._thread.start()

@@ -38,13 +38,16 @@ def path(name: str) -> Path:
 INCLUDES = "# Includes: "
 
 
-@lru_cache(maxsize=None)
-def own_source(name: str) -> str:
-    """Host module ``name``'s own source, what it includes left out."""
-    text = path(name).read_text()
+def _fitting(name: str, text: str) -> str:
     if len(text.encode()) > MAX_SCRIPT_BYTES:
         raise ValueError(f"host module {name} is over {MAX_SCRIPT_BYTES} bytes: too long for one command")
     return text
+
+
+@lru_cache(maxsize=None)
+def own_source(name: str) -> str:
+    """Host module ``name``'s own source, what it includes left out."""
+    return _fitting(name, path(name).read_text())
 
 
 @lru_cache(maxsize=None)
@@ -62,10 +65,7 @@ def includes(name: str) -> tuple:
 @lru_cache(maxsize=None)
 def source(name: str) -> str:
     """Host module ``name``'s source as it runs alone: the modules it includes first, then its own."""
-    text = "".join(own_source(n) for n in includes(name)) + own_source(name)
-    if len(text.encode()) > MAX_SCRIPT_BYTES:
-        raise ValueError(f"host module {name} is over {MAX_SCRIPT_BYTES} bytes: too long for one command")
-    return text
+    return _fitting(name, "".join(own_source(n) for n in includes(name)) + own_source(name))
 
 
 def argv(*words) -> str:

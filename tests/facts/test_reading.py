@@ -7,7 +7,6 @@ from what a host said until one of that host's operations ran a command.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -20,8 +19,8 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.context import ctx_host
 from pyinfra.facts.files import File, Link, Sha1File
 
-from llamarack.facts import FactRead, FreeDiskBytes, SystemUser, read, read_together
 from llamarack import remote
+from llamarack.facts import FactRead, FreeDiskBytes, SystemUser, read, read_together
 from llamarack.facts.reading import MISSING_COMMAND, Answer, FactsTogether, _command_text, host_runs_argv
 from tests.support.ophost import FakeHost
 
