@@ -340,7 +340,13 @@ def run(sessions: list, templates: tuple = (), verify: bool = False) -> list[Hos
     already connecting) with one remote command, all at once. A host that cannot be
     reached comes back with ``reachable`` False; one whose settings fail, with the error.
     ``verify``: the sha256 of the served model and of every sealed file of the current build."""
-    scripts: dict = {}
+    import queue
+
+    from .openssh import answered
+
+    audits: dict = {}
+    jobs: dict = {}
+    replies = queue.SimpleQueue()
     for s in sessions:
         try:
             settings = settings_for(s.host)
@@ -348,17 +354,16 @@ def run(sessions: list, templates: tuple = (), verify: bool = False) -> list[Hos
             together = FactsTogether()
             script = together.command(reads=reads)
         except Exception as e:  # bad settings: this host only
-            scripts[s.name] = HostAudit(s.name, error=f"{type(e).__name__}: {e}")
+            audits[s.name] = HostAudit(s.name, error=f"{type(e).__name__}: {e}")
             s.close()
             continue
-        s.send(script, timeout=SCRIPT_TIMEOUT_S)
-        scripts[s.name] = (settings, reads, together)
-    results = []
-    for s in sessions:
-        job = scripts[s.name]
-        results.append(job if isinstance(job, HostAudit) else _audit_answer(s.name, s.result(), *job, templates,
-                                                                              verify))
-    return results
+        s.send(script, timeout=SCRIPT_TIMEOUT_S, answered=replies)
+        jobs[s.name] = (settings, reads, together)
+    # Each answer is read and planned as it comes, while the slower hosts still work:
+    # in inventory order, the last host's wait held up the reading of all the others.
+    for s in answered([s for s in sessions if s.name in jobs], replies):
+        audits[s.name] = _audit_answer(s.name, s.result(), *jobs[s.name], templates, verify)
+    return [audits[s.name] for s in sessions]
 
 
 def _audit_answer(name: str, answer, settings: Settings, reads: tuple, together: FactsTogether,

@@ -54,7 +54,7 @@ import subprocess
 import sys
 import threading
 import types
-from typing import Optional
+from typing import Iterator, Optional
 
 # The ssh processes start from here (``early``) before pyinfra is imported, so this module
 # imports only what subprocess already has (contextlib, functools, threading, types):
@@ -356,18 +356,30 @@ class Session:
             _stop(early[1])
         self.proc = _spawn(self.argv)
 
-    def send(self, script: str, timeout: float) -> None:
-        """Give the host's shell ``script`` (in the background); ``result`` waits for it."""
+    def send(self, script: str, timeout: float, answered=None) -> None:
+        """Give the host's shell ``script`` (in the background); ``result`` waits for it.
+        ``answered``: a queue this session is put on once its result is in (``answered``)."""
         if self.proc is None:
             self._result = Result(self.name, None, [], self.refused)
+            if answered is not None:
+                answered.put(self)
             return
         # The same line pyinfra's connector logs for each command (the benchmarks count them).
         _debug("Running command on %s: (pty=False) %s <<< %s", self.name, self.command, script)
-        self._thread = threading.Thread(target=self._communicate, args=(through(self.command, script), timeout),
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(target=self._communicate,
+                                        args=(through(self.command, script), timeout, answered), daemon=True)
         self._thread.start()
 
-    def _communicate(self, script: str, timeout: float) -> None:
+    def _communicate(self, script: str, timeout: float, answered=None) -> None:
+        try:
+            self._collect(script, timeout)
+        except Exception as e:  # the pipe or the process failed otherwise: this host only
+            self._result = Result(self.name, None, [], f"{type(e).__name__}: {e}")
+        finally:
+            if answered is not None:
+                answered.put(self)
+
+    def _collect(self, script: str, timeout: float) -> None:
         try:
             out, err = self.proc.communicate(script.encode(), timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -394,6 +406,13 @@ class Session:
     def close(self) -> None:
         if self.proc is not None:
             _stop(self.proc)
+
+
+def answered(sessions: list, queue) -> Iterator[Session]:
+    """``sessions`` in the order their hosts answer (each was sent its script with this
+    ``queue``), so what comes back is read while the slower hosts still work."""
+    for _ in sessions:
+        yield queue.get()
 
 
 # How much less CPU an audit's ssh processes get than the audit itself, when they compete.

@@ -74,6 +74,36 @@ def test_a_host_nothing_answers_for_is_unreachable_with_ssh_s_reason():
     assert not result.reachable and "Connection refused" in result.error and result.output == []
 
 
+def test_answers_are_read_in_the_order_the_hosts_give_them(fake_ssh):
+    import queue
+
+    hosts = inventory("slow", "quick", ("typed", {"ssh_password": "secret"}))
+    sessions = openssh.connect(list(hosts))
+    replies = queue.SimpleQueue()
+    sessions[0].send("sleep 2; echo slow", timeout=30, answered=replies)
+    sessions[1].send("echo quick", timeout=30, answered=replies)
+    sessions[2].send("echo never", timeout=30, answered=replies)  # refused: answered at once
+    order = [(s.name, s.result().output) for s in openssh.answered(sessions, replies)]
+    assert sorted(order[:2]) == [("quick", ["quick"]), ("typed", [])]
+    assert order[2] == ("slow", ["slow"])
+
+
+def test_a_session_whose_pipe_fails_is_answered_with_the_reason(fake_ssh, monkeypatch):
+    import queue
+
+    session = openssh.connect(list(inventory("gpu01")))[0]
+
+    def broken(*args, **kwargs):
+        raise OSError("pipe gone")
+
+    monkeypatch.setattr(session.proc, "communicate", broken)
+    replies = queue.SimpleQueue()
+    session.send("true", timeout=30, answered=replies)
+    assert replies.get(timeout=30) is session
+    assert not session.result().reachable and session.result().error == "OSError: pipe gone"
+    session.close()
+
+
 def test_limit_names_hosts_of_the_inventory():
     hosts = inventory("a", "b", "c")
     assert [h.name for h in openssh.select(hosts, ("c", "a"))] == ["a", "c"]
