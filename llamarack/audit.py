@@ -357,7 +357,7 @@ def run(sessions: list, templates: tuple = (), verify: bool = False) -> list[Hos
             audits[s.name] = HostAudit(s.name, error=f"{type(e).__name__}: {e}")
             s.close()
             continue
-        s.send(script, timeout=SCRIPT_TIMEOUT_S, answered=replies)
+        s.send(script, timeout=SCRIPT_TIMEOUT_S, replies=replies)
         jobs[s.name] = (settings, reads, together)
     # Each answer is read and planned as it comes, while the slower hosts still work:
     # in inventory order, the last host's wait held up the reading of all the others.

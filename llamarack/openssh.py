@@ -356,28 +356,28 @@ class Session:
             _stop(early[1])
         self.proc = _spawn(self.argv)
 
-    def send(self, script: str, timeout: float, answered=None) -> None:
+    def send(self, script: str, timeout: float, replies=None) -> None:
         """Give the host's shell ``script`` (in the background); ``result`` waits for it.
-        ``answered``: a queue this session is put on once its result is in (``answered``)."""
+        ``replies``: a queue this session is put on once its result is in (read by ``answered``)."""
         if self.proc is None:
             self._result = Result(self.name, None, [], self.refused)
-            if answered is not None:
-                answered.put(self)
+            if replies is not None:
+                replies.put(self)
             return
         # The same line pyinfra's connector logs for each command (the benchmarks count them).
         _debug("Running command on %s: (pty=False) %s <<< %s", self.name, self.command, script)
         self._thread = threading.Thread(target=self._communicate,
-                                        args=(through(self.command, script), timeout, answered), daemon=True)
+                                        args=(through(self.command, script), timeout, replies), daemon=True)
         self._thread.start()
 
-    def _communicate(self, script: str, timeout: float, answered=None) -> None:
+    def _communicate(self, script: str, timeout: float, replies=None) -> None:
         try:
             self._collect(script, timeout)
         except Exception as e:  # the pipe or the process failed otherwise: this host only
             self._result = Result(self.name, None, [], f"{type(e).__name__}: {e}")
         finally:
-            if answered is not None:
-                answered.put(self)
+            if replies is not None:
+                replies.put(self)
 
     def _collect(self, script: str, timeout: float) -> None:
         try:
@@ -408,11 +408,11 @@ class Session:
             _stop(self.proc)
 
 
-def answered(sessions: list, queue) -> Iterator[Session]:
+def answered(sessions: list, replies) -> Iterator[Session]:
     """``sessions`` in the order their hosts answer (each was sent its script with this
-    ``queue``), so what comes back is read while the slower hosts still work."""
+    ``replies`` queue), so what comes back is read while the slower hosts still work."""
     for _ in sessions:
-        yield queue.get()
+        yield replies.get()
 
 
 # How much less CPU an audit's ssh processes get than the audit itself, when they compete.

@@ -80,9 +80,9 @@ def test_answers_are_read_in_the_order_the_hosts_give_them(fake_ssh):
     hosts = inventory("slow", "quick", ("typed", {"ssh_password": "secret"}))
     sessions = openssh.connect(list(hosts))
     replies = queue.SimpleQueue()
-    sessions[0].send("sleep 2; echo slow", timeout=30, answered=replies)
-    sessions[1].send("echo quick", timeout=30, answered=replies)
-    sessions[2].send("echo never", timeout=30, answered=replies)  # refused: answered at once
+    sessions[0].send("sleep 2; echo slow", timeout=30, replies=replies)
+    sessions[1].send("echo quick", timeout=30, replies=replies)
+    sessions[2].send("echo never", timeout=30, replies=replies)  # refused: answered at once
     order = [(s.name, s.result().output) for s in openssh.answered(sessions, replies)]
     assert sorted(order[:2]) == [("quick", ["quick"]), ("typed", [])]
     assert order[2] == ("slow", ["slow"])
@@ -98,7 +98,7 @@ def test_a_session_whose_pipe_fails_is_answered_with_the_reason(fake_ssh, monkey
 
     monkeypatch.setattr(session.proc, "communicate", broken)
     replies = queue.SimpleQueue()
-    session.send("true", timeout=30, answered=replies)
+    session.send("true", timeout=30, replies=replies)
     assert replies.get(timeout=30) is session
     assert not session.result().reachable and session.result().error == "OSError: pipe gone"
     session.close()
@@ -259,6 +259,14 @@ def test_the_inventory_file_given_relative_runs_once(tmp_path, monkeypatch, fake
     assert runs.read_text() == "ran\ngroup data ran\n"
 
 
+def _fresh_python(code: str, timeout: int = 60) -> str:
+    """What ``code`` prints in a fresh interpreter (this process may have imported pyinfra,
+    invoke or the audit's modules already); it must exit 0."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def test_pyinfra_is_imported_without_invoke_and_invoke_stays_importable():
     # A fresh interpreter: this process may have imported pyinfra (and invoke) already.
     code = ("import sys; from llamarack import openssh\n"
@@ -268,9 +276,8 @@ def test_pyinfra_is_imported_without_invoke_and_invoke_stays_importable():
             "assert paramiko.config.invoke is None and paramiko.config.invoke_import_error is not None\n"
             "import invoke\n"
             "print(invoke.__name__)\n")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "invoke"
+    stdout = _fresh_python(code)
+    assert stdout.strip() == "invoke"
 
 
 def test_what_runs_before_the_first_ssh_imports_no_logging_dataclasses_or_pyinfra():
@@ -278,9 +285,8 @@ def test_what_runs_before_the_first_ssh_imports_no_logging_dataclasses_or_pyinfr
     code = ("import sys; before = set(sys.modules)\n"
             "import llamarack.entry, llamarack.openssh, llamarack.ssh\n"
             "print(' '.join(sorted(set(sys.modules) - before)))\n")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    imported = set(out.stdout.split())
+    stdout = _fresh_python(code)
+    imported = set(stdout.split())
     assert "llamarack.openssh" in imported
     assert not imported & {"logging", "dataclasses", "inspect", "socket", "pyinfra", "click"}, sorted(imported)
 
@@ -294,9 +300,8 @@ def test_the_audit_loads_an_inventory_without_importing_invoke():
             "assert getattr(paramiko.config.invoke, '__name__', None) != 'invoke'\n"
             "import invoke\n"
             "print(invoke.__name__)\n")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "invoke"
+    stdout = _fresh_python(code)
+    assert stdout.strip() == "invoke"
 
 
 def test_global_arguments_made_once_still_refuse_a_fact_that_takes_one():
@@ -314,9 +319,8 @@ try:
 except TypeError as e:
     print("refused:", e)
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert "refused:" in r.stdout and "_sudo are reserved for global arguments" in r.stdout
+    stdout = _fresh_python(code, timeout=120)
+    assert "refused:" in stdout and "_sudo are reserved for global arguments" in stdout
 
 
 def test_the_ssh_processes_run_below_the_audits_priority(tmp_path, monkeypatch, fake_ssh):
@@ -341,8 +345,7 @@ def test_the_audit_imports_the_roles_plans_without_their_operations():
     code = ("import sys, llamarack.audit\n"
             "print('\\n'.join(m for m in sys.modules if m.startswith(('pyinfra.operations', 'llamarack.roles'))"
             " or m == 'llamarack.operations'))\n")  # fmt: skip
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    loaded = set(r.stdout.split())
+    stdout = _fresh_python(code, timeout=120)
+    loaded = set(stdout.split())
     assert "llamarack.roles.server.plan" in loaded and "llamarack.roles.preflight.reads" in loaded
     assert not [m for m in loaded if m.startswith("pyinfra.operations") or m.endswith((".operations", ".deploy"))]
