@@ -23,6 +23,9 @@ Then, alternating so both see the same load:
   queries; the facts one shared python3 answers; the shell commands, and each of those
   alone), and the CPU of
   one ``ssh HOST true`` here with OpenSSH's default key exchange and with curve25519;
+- floor: a lower bound on the audit's wall time here from CPU alone (``floor``): the
+  fan-out's CPU plus what any audit through pyinfra's facts with one python3 per host
+  spends before it reads a fact, over the cores;
 - the machine (CPU model, cores) and the load average before and after.
 
 The lab's hosts are containers on this machine: their sshd, their script and
@@ -166,6 +169,40 @@ def where_the_cpu_goes(rack, reads: dict, reps: int = 9) -> dict:
             "ssh_true_client_cpu_s": client}  # fmt: skip
 
 
+def floor(rack, parts: dict, fan_out_hosts_cpu: float, reps: int = 9) -> dict:
+    """A lower bound on the audit's wall time here, from CPU alone: what the bare fan-out
+    spends (the ssh clients here, and the hosts' sshd), plus what any audit that reads
+    the hosts' facts through pyinfra's fact classes, with one python3 per host, spends
+    before it reads a single fact: this machine's python3 starting as the audit's does
+    (its site included), ``import pyinfra.api`` as the audit imports it (pyinfra's facts,
+    inventory loader and ``make_unix_command`` each import all of it), each host's ``python3 -I -S`` starting,
+    and each host's two nvidia-smi queries (the real one refuses two --query-* in one
+    call). The hosts and this machine share its cores, so the bound is that CPU over the
+    cores, with no core ever idle: no llamarack code, no fact read, nothing printed."""
+    def own_cpu(code: str) -> float:
+        runs = []
+        for _ in range(reps):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, check=True)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            runs.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+        return statistics.median(runs)
+
+    start = own_cpu("pass")
+    # as the audit imports it: invoke refused (llamarack.openssh._without_invoke)
+    pyinfra_api = own_cpu("import sys; sys.modules['invoke'] = None; import pyinfra.api") - start
+    host_python = _bash_cpu(rack, parts["host"], {"python3": "python3 -I -S -c pass"}, reps)["python3"]
+    n, cores = len(rack.hosts), os.cpu_count() or 1
+    clients = parts["ssh_true_client_cpu_s"]["default_kex"] * n
+    smi = parts["remote_script_cpu_s"]["nvidia_smi"]
+    cpu = {"ssh_clients": clients, "hosts_sshd": fan_out_hosts_cpu, "audit_python_start": start,
+           "import_pyinfra_api": pyinfra_api, "hosts_python3_start": host_python * n, "hosts_nvidia_smi": smi * n}
+    total = sum(cpu.values())
+    return {"cpu_s": {k: round(v, 3) for k, v in cpu.items()}, "total_cpu_s": round(total, 3), "cores": cores,
+            "audit_s_at_least": round(total / cores, 3),
+            "fan_out_s_at_least": round((clients + fan_out_hosts_cpu) / cores, 3)}  # fmt: skip
+
+
 def _lab_cpu() -> float:
     """CPU seconds the lab's hosts have used (their cgroup), 0.0 where it cannot be read."""
     for base in ("/sys/fs/cgroup/unified", "/sys/fs/cgroup"):
@@ -241,6 +278,7 @@ def main() -> int:
         reads = audit_reads_by_host(inventory)
         script_cpu = remote_script_cpu(rack, reads)
         parts = where_the_cpu_goes(rack, reads)
+        bound = floor(rack, parts, statistics.median(fan_out_hosts_cpu))
     finally:
         if brought_up:
             rackmod.down()
@@ -267,6 +305,7 @@ def main() -> int:
         "audit_remote_commands_per_host": {h: v["remote_commands"] for h, v in work.items()},
         "remote_script_cpu_s": script_cpu,
         "where_the_cpu_goes": parts,
+        "floor": bound,
     }
     name = "audit.json" if len(hosts) == 4 else f"audit-{len(hosts)}hosts.json"
     path = ROOT / "bench/results" / name

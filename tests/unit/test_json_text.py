@@ -4,6 +4,9 @@ text written, the same values read, the same texts refused."""
 import json
 import math
 import random
+import subprocess
+import sys
+
 import pytest
 
 from llamarack import remote
@@ -90,7 +93,44 @@ def test_reads_what_json_reads(text):
     assert same(JSON_TEXT["loads"](text), json.loads(text))
 
 
-@pytest.mark.parametrize("value", [{1: 2}, {None: 1}, b"x", {1.5}, object()])
-def test_refuses_to_write_what_host_modules_never_print(value):
+def test_writes_keys_that_are_not_str_as_json_writes_them():
+    value = {1: 2, None: 1, 1.5: True, False: "x"}
+    assert JSON_TEXT["dumps"](value) == json.dumps(value)
+
+
+@pytest.mark.parametrize("value", [b"x", {1.5}, object(), {(1, 2): 3}])
+def test_refuses_to_write_what_json_refuses(value):
+    with pytest.raises(TypeError):
+        json.dumps(value)
     with pytest.raises(TypeError):
         JSON_TEXT["dumps"](value)
+
+
+def test_a_value_that_holds_itself_is_refused_as_json_refuses_it():
+    loop: list = []
+    loop.append(loop)
+    with pytest.raises(ValueError, match="Circular reference"):
+        JSON_TEXT["dumps"](loop)
+
+
+def _fresh_python(code: str) -> str:
+    """What ``code`` prints, run by a fresh interpreter started as a host starts it (-I -S)."""
+    source = remote.path("json_text").read_text()
+    run = subprocess.run([sys.executable, "-I", "-S", "-c", code, source], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip()
+
+
+def test_imports_neither_json_nor_re_where_json_has_its_c_accelerator():
+    imported = _fresh_python(
+        "import sys; exec(compile(sys.argv[1], 'json_text', 'exec'), {}); "
+        "print(sorted(m for m in ('json', 're', 'json.decoder') if m in sys.modules))")
+    assert imported == "[]"
+
+
+def test_takes_jsons_own_functions_where_there_is_no_c_accelerator():
+    found = _fresh_python(
+        "import sys; sys.modules['_json'] = None; namespace = {}; "
+        "exec(compile(sys.argv[1], 'json_text', 'exec'), namespace); import json; "
+        "print(namespace['dumps'] is json.dumps, namespace['loads'] is json.loads)")
+    assert found == "True True"
