@@ -15,6 +15,8 @@ from llamarack.lab import profiles
 from llamarack.lab.fake_nvidia import deb
 
 FAKE = Path(deb.__file__).parent
+# The package installs the hosts' JSON reader beside the double's modules (deb.JSON_TEXT).
+BESIDE = str(deb.JSON_TEXT.parent)
 FIXTURES = Path(__file__).parent.parent / "fixtures/nvidia-smi/h200-driver-580.159.04"
 H200_GPU = {
     "name": "NVIDIA H200", "memory_mib": 143771, "compute_cap": "9.0",
@@ -41,11 +43,11 @@ def make_root(tmp_path, gpus, lib=None, module=None, module_text=None):
 
 def fake_module(name):
     """One of the double's modules, imported as the guest imports it (from its own folder)."""
-    sys.path.insert(0, str(FAKE))
+    sys.path[:0] = [str(FAKE), BESIDE]
     try:
         return importlib.import_module(name)
     finally:
-        sys.path.pop(0)
+        del sys.path[:2]
 
 
 def fake_module_text(version):
@@ -55,7 +57,7 @@ def fake_module_text(version):
 def smi(root, *args):
     r = subprocess.run([sys.executable, str(FAKE / "nvidia_smi.py"), *args],
                        capture_output=True, text=True,
-                       env={"LLAMARACK_FAKE_NVIDIA_ROOT": str(root), "PATH": "/usr/bin:/bin"})
+                       env={"LLAMARACK_FAKE_NVIDIA_ROOT": str(root), "PATH": "/usr/bin:/bin", "PYTHONPATH": BESIDE})
     return r.returncode, r.stdout
 
 
@@ -157,10 +159,10 @@ def test_gpus_json_that_json_loads_refuses_is_refused(text):
 
 def test_a_query_imports_neither_json_nor_re(h200):
     # What keeps a call of the double near the real nvidia-smi's CPU cost (its docstring).
-    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import nvidia_smi; "
+    probe = ("import sys; sys.path[:0] = sys.argv[1:]; import nvidia_smi; "
              "rc = nvidia_smi.main(['--query-gpu=name,uuid', '--format=csv,noheader']); "
              "print(sorted({'json', 're'} & set(sys.modules)), rc)")
-    r = subprocess.run([sys.executable, "-I", "-S", "-c", probe, str(FAKE)], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-I", "-S", "-c", probe, str(FAKE), BESIDE], capture_output=True, text=True,
                        env={"LLAMARACK_FAKE_NVIDIA_ROOT": str(h200)})
     assert r.stdout.splitlines() == [f"{H200_GPU['name']}, {H200_GPU['uuid']}", "[] 0"], r.stderr
 

@@ -21,7 +21,8 @@ install, and /usr/bin/nvidia-smi imports it (``python3 -I -S``): the real
 nvidia-smi is a compiled program, and a double that re-compiles 300 lines
 and imports glob and re each call cost every host's audit 10 ms a call.
 For the same reason gpus.json is parsed by the json module's C scanner
-(``_json``), not through ``import json``: json's decoder imports and
+(``_json``, through llamarack/remote/json_text.py, which the package installs
+beside this module), not through ``import json``: json's decoder imports and
 compiles ``re``, which made each call cost a lab host 41 ms of CPU, against
 18 ms for the real nvidia-smi on an H200 host; the double now costs 20 ms.
 """
@@ -29,6 +30,9 @@ compiles ``re``, which made each call cost a lab host 41 ms of CPU, against
 import os
 import sys
 import time
+
+# The hosts' own JSON (llamarack/remote/json_text.py), which the package installs beside this module.
+from json_text import loads
 
 ROOT = os.environ.get("LLAMARACK_FAKE_NVIDIA_ROOT", "")
 PROC_VERSION = ROOT + "/proc/driver/nvidia/version"
@@ -105,27 +109,9 @@ def pci_device_id(gpu):
     return gpu.get("pci_device_id") or PCI_DEVICE_ID_BY_NAME.get(gpu["name"], "0x000010DE")
 
 
-class _JsonContext:
-    """What ``_json.make_scanner`` reads from a JSONDecoder: json.loads's defaults."""
-
-    strict = True
-    object_hook = object_pairs_hook = None
-    parse_float, parse_int = float, int
-    parse_constant = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__
-
-
 def parse_json(text):
     """``json.loads(text)`` without importing json (see the module's docstring)."""
-    import _json  # built into CPython, Debian's python3 included
-
-    text = text.strip(" \t\n\r")  # the whitespace json.loads allows around the value
-    try:
-        value, end = _json.make_scanner(_JsonContext())(text, 0)
-    except StopIteration:
-        raise ValueError("gpus.json: not JSON") from None
-    if end != len(text):
-        raise ValueError("gpus.json: extra data after the JSON value, at %d" % end)
-    return value
+    return loads(text)
 
 
 def load_gpus():
