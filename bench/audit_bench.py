@@ -189,8 +189,9 @@ def floor(rack, parts: dict, fan_out_hosts_cpu: float, reps: int = 9) -> dict:
         return statistics.median(runs)
 
     start = own_cpu("pass")
-    # as the audit imports it: invoke refused (llamarack.openssh._without_invoke)
-    pyinfra_api = own_cpu("import sys; sys.modules['invoke'] = None; import pyinfra.api") - start
+    # as the audit imports it: the collector off (llamarack.cli.audit), invoke refused
+    # (llamarack.openssh._without_invoke)
+    pyinfra_api = own_cpu("import gc, sys; gc.disable(); sys.modules['invoke'] = None; import pyinfra.api") - start
     host_python = _bash_cpu(rack, parts["host"], {"python3": "python3 -I -S -c pass"}, reps)["python3"]
     n, cores = len(rack.hosts), os.cpu_count() or 1
     clients = parts["ssh_true_client_cpu_s"]["default_kex"] * n
