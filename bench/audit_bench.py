@@ -154,19 +154,23 @@ def where_the_cpu_goes(rack, reads: dict, reps: int = 9) -> dict:
     script = _bash_cpu(rack, host, {k: FactsTogether().command(reads=v) for k, v in {**parts, **each}.items()}, reps)
     shell_each = {repr(r): script[f"shell_{i}"] for i, r in enumerate(shell)}
     script = {k: script[k] for k in parts}
-    client = {}
-    for name, extra in (("default_kex", []), ("curve25519_kex", ["-o", "KexAlgorithms=curve25519-sha256"])):
-        cpu = []
-        for _ in range(reps):
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            command = rack.ssh_command(host, "true")
-            subprocess.run([command[0], *extra, *command[1:]], stdin=subprocess.DEVNULL, check=True)
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-        client[name] = round(statistics.median(cpu), 4)
+    command = rack.ssh_command(host, "true")
+    client = {name: round(_child_cpu([command[0], *extra, *command[1:]], reps, stdin=subprocess.DEVNULL), 4)
+              for name, extra in (("default_kex", []), ("curve25519_kex", ["-o", "KexAlgorithms=curve25519-sha256"]))}
     return {"host": host, "reads": {k: len(v) for k, v in parts.items()}, "remote_script_cpu_s": script,
             "shell_command_cpu_s": dict(sorted(shell_each.items(), key=lambda kv: -kv[1])),
             "ssh_true_client_cpu_s": client}  # fmt: skip
+
+
+def _child_cpu(argv: list, reps: int, **run) -> float:
+    """Median CPU (user + sys, seconds) of ``argv`` run here ``reps`` times, its children included."""
+    runs = []
+    for _ in range(reps):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run(argv, check=True, **run)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        runs.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return statistics.median(runs)
 
 
 def floor(rack, parts: dict, fan_out_hosts_cpu: float, reps: int = 9) -> dict:
@@ -179,19 +183,11 @@ def floor(rack, parts: dict, fan_out_hosts_cpu: float, reps: int = 9) -> dict:
     and each host's two nvidia-smi queries (the real one refuses two --query-* in one
     call). The hosts and this machine share its cores, so the bound is that CPU over the
     cores, with no core ever idle: no llamarack code, no fact read, nothing printed."""
-    def own_cpu(code: str) -> float:
-        runs = []
-        for _ in range(reps):
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, check=True)
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            runs.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-        return statistics.median(runs)
-
-    start = own_cpu("pass")
+    start = _child_cpu([sys.executable, "-c", "pass"], reps, cwd=ROOT, env=ENV)
     # as the audit imports it: the collector off (llamarack.cli.audit), invoke refused
     # (llamarack.openssh._without_invoke)
-    pyinfra_api = own_cpu("import gc, sys; gc.disable(); sys.modules['invoke'] = None; import pyinfra.api") - start
+    importing = "import gc, sys; gc.disable(); sys.modules['invoke'] = None; import pyinfra.api"
+    pyinfra_api = _child_cpu([sys.executable, "-c", importing], reps, cwd=ROOT, env=ENV) - start
     host_python = _bash_cpu(rack, parts["host"], {"python3": "python3 -I -S -c pass"}, reps)["python3"]
     n, cores = len(rack.hosts), os.cpu_count() or 1
     clients = parts["ssh_true_client_cpu_s"]["default_kex"] * n

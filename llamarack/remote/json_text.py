@@ -18,12 +18,6 @@ shared python3 runs it once for every module that includes it
 (``host_runs.py``). A module run as a file takes json's own functions.
 """
 
-try:
-    import _json
-except ImportError:  # no C accelerator (PyPy): json's own functions
-    _json = None
-
-
 class _Decoding:
     """What ``_json.make_scanner`` reads of a ``json.JSONDecoder()``: its default settings."""
 
@@ -45,9 +39,11 @@ def _encoders() -> tuple:
 
 
 try:
+    import _json
+
     _scan, _ENCODE = _json.make_scanner(_Decoding()), _encoders()
-    _scan("0", 0), _ENCODE[0](0, 0)  # called as json calls them, or json's own functions below
-except (AttributeError, TypeError):
+    _scan("0", 0), _ENCODE[0](0, 0)  # called as json calls them
+except (ImportError, AttributeError, TypeError):  # no C accelerator (PyPy), or another one: json's own
     from json import dumps, loads
 else:
     _SPACE = " \t\n\r"  # json's whitespace

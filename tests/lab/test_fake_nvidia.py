@@ -146,7 +146,7 @@ def test_every_profile_renders_aligned(tmp_path, profile):
     json.dumps([H200_GPU]), "  []\n", '[{"a": -1.5e3, "b": null, "c": true, "d": "\\u00e9\\n"}]',
 ])
 def test_gpus_json_parsed_as_json_loads_parses_it(text):
-    assert fake_module("nvidia_smi").parse_json(text) == json.loads(text)
+    assert fake_module("nvidia_smi").loads(text) == json.loads(text)
 
 
 @pytest.mark.parametrize("text", ["", "[", '[{"name": 1}] x', "[1,]", "NaN x"])
@@ -154,7 +154,7 @@ def test_gpus_json_that_json_loads_refuses_is_refused(text):
     with pytest.raises(ValueError):
         json.loads(text)
     with pytest.raises(ValueError):
-        fake_module("nvidia_smi").parse_json(text)
+        fake_module("nvidia_smi").loads(text)
 
 
 def test_a_query_imports_neither_json_nor_re(h200):

@@ -109,15 +109,10 @@ def pci_device_id(gpu):
     return gpu.get("pci_device_id") or PCI_DEVICE_ID_BY_NAME.get(gpu["name"], "0x000010DE")
 
 
-def parse_json(text):
-    """``json.loads(text)`` without importing json (see the module's docstring)."""
-    return loads(text)
-
-
 def load_gpus():
     try:
         with open(GPUS_JSON) as f:
-            return parse_json(f.read())
+            return loads(f.read())
     except OSError:
         return []
 
