@@ -35,6 +35,7 @@ from .facts import (
     BenchRecord,
     BuildRecord,
     BuildSeals,
+    CharDevices,
     FactRead,
     FreeDiskBytes,
     GgufShape,
@@ -291,8 +292,9 @@ def _unit_item(settings: Settings, fact: _Answers, gpus: tuple, unit_text: Optio
     draft_shape = fact(GgufShape, path=f"{layout.draft_model}/model.gguf") if draft_dir else None
     draft = (f"{layout.models}/{draft_dir}", draft_shape) if draft_shape else None
     try:
+        devices = tuple(fact(CharDevices)) if settings.llamacpp.backend == "cuda" else ()
         unit, ctx = wanted_unit(settings, flags, f"{layout.builds}/{build_dir}", f"{layout.models}/{model_dir}",
-                                shape, gpus, templates, draft=draft)  # fmt: skip
+                                shape, gpus, templates, draft=draft, devices=devices)  # fmt: skip
     except PlanError as e:
         return Item(found, {"sha256": None, "why": e.failure.message("")}, drift=True)
     wanted = {"sha256": hashlib.sha256(unit.encode()).hexdigest(), "ctx_size": ctx.ctx_size}

@@ -4,6 +4,8 @@ OS release comes from pyinfra's own ``server.LinuxDistribution``.
 """
 
 from .gpu import (
+    CharDevice,
+    CharDevices,
     DriverState,
     Gpu,
     GpuProcess,
@@ -31,6 +33,8 @@ from .toolchain import (
 )
 
 __all__ = [
+    "CharDevice",
+    "CharDevices",
     "FactRead",
     "read",
     "read_together",

@@ -236,6 +236,49 @@ class NvidiaKernelModule(FactBase[Optional[KernelModule]]):
         return None
 
 
+@dataclass(frozen=True)
+class CharDevice(FactValue):
+    major: int
+    name: str
+
+
+class CharDevices(FactBase[tuple]):
+    """
+    Returns the character devices the kernel has registered (``/proc/devices``,
+    its "Character devices:" section), as ``CharDevice(major, name)`` in the
+    kernel's order. systemd's ``DeviceAllow=char-NAME`` matches these names, and
+    the NVIDIA driver's changed in 550.40 (``nvidia-frontend`` became ``nvidia``
+    and ``nvidiactl``), so the served unit allows what the host's driver registered.
+
+    .. code:: python
+
+        (CharDevice(major=195, name="nvidia"), CharDevice(major=195, name="nvidiactl"),
+         CharDevice(major=238, name="nvidia-uvm"))
+    """
+
+    def command(self) -> str:
+        return "cat /proc/devices"
+
+    def default(self) -> tuple:
+        return ()
+
+    def process(self, output) -> tuple:
+        devices, section = [], None
+        for line in output:
+            if line.strip().endswith("devices:"):
+                section = line.strip()
+                continue
+            if section != "Character devices:" or not line.strip():
+                continue
+            major, _, name = line.strip().partition(" ")
+            if not major.isdigit() or not name.strip():
+                raise FactProcessError(f"unexpected /proc/devices line: {line!r}")
+            devices.append(CharDevice(int(major), name.strip()))
+        if section is None:
+            raise FactProcessError(f"unexpected /proc/devices output: {output[:3]!r}")
+        return tuple(devices)
+
+
 class RecordedGpus(FactBase[tuple]):
     """
     Returns the GPUs llamarack recorded at the last run where the driver

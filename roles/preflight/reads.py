@@ -16,6 +16,7 @@ from pyinfra.facts.server import Command, LinuxDistribution
 from llamarack.facts import (
     BenchRecord,
     BuildSeals,
+    CharDevices,
     CmakeVersion,
     CudaToolkits,
     FactRead,
@@ -56,7 +57,8 @@ def preflight_reads(settings: Settings) -> tuple[FactRead, ...]:
     ]
     if settings.llamacpp.backend == "cuda":
         reads += [FactRead.of(CudaToolkits, extra_homes=toolkit_search_homes(settings)),
-                  FactRead.of(InstallableGccMajors)]  # fmt: skip
+                  FactRead.of(InstallableGccMajors),
+                  FactRead.of(CharDevices)]  # the driver's device names, for the unit  # fmt: skip
     return tuple(reads)
 
 

@@ -27,7 +27,7 @@ from pyinfra.operations.util.files import generate_color_diff
 from pyinfra.facts.server import Command
 
 from llamarack import remote
-from llamarack.facts import (BenchRecord, BuildSeals, GgufShape, LlamaServerFlags, ModelArtifact, RecordedGpus,
+from llamarack.facts import (BenchRecord, BuildSeals, CharDevices, GgufShape, LlamaServerFlags, ModelArtifact, RecordedGpus,
                              SystemUser, UnitState, active_since, read)
 from llamarack.layout import API_KEY_PATH, UNIT_NAME, UNIT_PATH
 from llamarack.operations import executing, refusal, secret_upload
@@ -242,6 +242,11 @@ def _cards(settings: Settings, seen: tuple) -> tuple:
     return seen or read(RecordedGpus, path=settings.layout.gpus_record) or ()
 
 
+def _devices(settings: Settings) -> tuple:
+    """The host's character devices, on a CUDA build (the unit allows the driver's)."""
+    return tuple(read(CharDevices)) if settings.llamacpp.backend == "cuda" else ()
+
+
 @operation()
 def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     """
@@ -278,7 +283,7 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     draft = _draft(settings)
     try:
         unit, ctx = wanted_unit(settings, flags, build_dir, model_dir, shape, _cards(settings, gpus), templates,
-                                draft=draft if draft and draft[1] else None)  # fmt: skip
+                                draft=draft if draft and draft[1] else None, devices=_devices(settings))  # fmt: skip
     except PlanError as e:
         yield refusal(e.failure.message(host.name))
         return

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
 import secrets
 from pathlib import Path
 from typing import Optional
@@ -204,8 +205,38 @@ def _templates(dirs: tuple) -> jinja2.Environment:
                               undefined=jinja2.StrictUndefined)  # fmt: skip
 
 
-def render_unit(settings: Settings, args: list[str], description: str, overrides: tuple = ()) -> str:
-    """The unit file; ``overrides``: folders whose templates win over the role's own.
+# The driver's character devices a CUDA llama-server opens: the control and card nodes
+# (major 195: ``nvidia-frontend`` before driver 550.40, ``nvidia`` and ``nvidiactl`` from
+# it on), ``nvidia-uvm`` (and its tools node), ``nvidia-caps`` (MIG). ``nvidia-uvm`` is
+# loaded when a CUDA program first asks for it, so a host may not list it yet.
+DRIVER_DEVICE_PREFIX = "nvidia"
+MAJOR_195_NAMES = ("nvidia-frontend", "nvidia", "nvidiactl")
+_DEVICE_NAME = re.compile(r"nvidia[a-z0-9_-]*")
+
+
+def device_names(devices: tuple, cuda: bool) -> tuple[str, ...]:
+    """The ``/proc/devices`` names the unit's ``DeviceAllow=char-NAME`` lines allow.
+
+    + devices: the host's ``CharDevices``
+    + cuda: the build serves on the GPU (a CPU build is allowed no driver device)
+
+    Every name the NVIDIA driver registered (``nvidia*``), plus ``nvidia-uvm``; when
+    nothing is registered at major 195 (the module not loaded when the host was
+    read), the names of both driver eras, so a driver loaded later is still reached.
+    """
+    if not cuda:
+        return ()
+    names = [d.name for d in devices if _DEVICE_NAME.fullmatch(d.name)]
+    if not any(d.major == 195 and d.name in names for d in devices):
+        names += MAJOR_195_NAMES
+    names.append("nvidia-uvm")
+    return tuple(dict.fromkeys(names))
+
+
+def render_unit(settings: Settings, args: list[str], description: str, overrides: tuple = (),
+                devices: tuple = ()) -> str:
+    """The unit file; ``overrides``: folders whose templates win over the role's own;
+    ``devices``: the character device names it may open (``device_names``).
 
     Every value is escaped for systemd by ``llamarack.unitfile`` (the template
     only places them): ``description`` holds the GGUF's own metadata.
@@ -217,14 +248,17 @@ def render_unit(settings: Settings, args: list[str], description: str, overrides
         user=unitfile.value("User", settings.general.service_user),
         exec_start=unitfile.exec_line(args),
         working_directory=unitfile.value("WorkingDirectory", settings.general.root),
+        device_allow=[unitfile.value("DeviceAllow", f"char-{name} rw") for name in devices],
     )
 
 
 def wanted_unit(settings: Settings, flags: ServerFlags, build_dir: str, model_dir: str, shape: dict,
-                cards: tuple, templates: tuple = (), draft: Optional[tuple] = None) -> tuple[str, Plan]:
+                cards: tuple, templates: tuple = (), draft: Optional[tuple] = None,
+                devices: tuple = ()) -> tuple[str, Plan]:
     """The unit this host should run, and its context plan: what the service operation
     writes and what ``llamarack audit`` compares with the unit found. ``draft``:
-    (directory, shape) of the draft model when ``model_draft_repo`` is set. Raises PlanError."""
+    (directory, shape) of the draft model when ``model_draft_repo`` is set; ``devices``:
+    the host's ``CharDevices``. Raises PlanError."""
     if settings.model.draft_repo and not draft:
         raise PlanError(Failure(
             "draft-model", "model_draft_repo set, but no draft model under models/draft",
@@ -236,7 +270,8 @@ def wanted_unit(settings: Settings, flags: ServerFlags, build_dir: str, model_di
                        draft_dir=draft_dir)  # fmt: skip
     with_draft = f", draft {Path(draft_dir).name}" if draft_dir else ""
     description = f"llamarack llama-server: {Path(model_dir).name}{with_draft} ({shape['architecture']}, {ctx.note})"
-    return render_unit(settings, args, description, templates), ctx
+    cuda = settings.llamacpp.backend == "cuda"
+    return render_unit(settings, args, description, templates, device_names(devices, cuda)), ctx
 
 
 # A fresh salt for each pyinfra run: what the host prints about its API key

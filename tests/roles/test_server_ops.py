@@ -8,7 +8,7 @@ from pathlib import Path
 from pyinfra.facts.files import File, FileContents, Link, Sha1File
 from pyinfra.facts.server import Command
 
-from llamarack.facts import (ArtifactState, DriverState, GgufShape, Gpu, LlamaServerFlags, ModelArtifact, NvidiaSmi,
+from llamarack.facts import (ArtifactState, CharDevices, DriverState, GgufShape, Gpu, LlamaServerFlags, ModelArtifact, NvidiaSmi,
                              RecordedGpus, UnitState)
 from llamarack.facts.llamacpp import ServerFlags
 from llamarack.remote.secret_digest import digest
@@ -23,6 +23,15 @@ FLAGS = ServerFlags(("--load-mode", "none"), True, True, True)
 V100 = Gpu(0, "Tesla V100-SXM2-16GB", "GPU-1", 16384, "7.0", "550.127.05")
 
 
+def char_devices(case: str) -> tuple:
+    """A real ``/proc/devices`` (tests/facts/CharDevices/<case>.json) as the fact reads it."""
+    fixture = Path(__file__).resolve().parents[1] / "facts/CharDevices" / f"{case}.json"
+    return CharDevices().process(json.loads(fixture.read_text())["output"])
+
+
+DEVICES_580 = char_devices("driver_580_h200")
+
+
 def settings(**data):
     return load_settings("gpu01", {"python_env_backend": "venv", "llamarack_root": ROOT, **data})
 
@@ -31,8 +40,10 @@ STARTED = 1764640411  # when the running server became active (Unix seconds, as 
 
 
 def facts(unit_sha1=None, running=False, key_digest="missing", build="b1", model="m1", shape=SHAPE,
-          smi=DriverState("ok", (V100,)), recorded=(), sealed_at=STARTED - 600, prev=False, pin=None):
+          smi=DriverState("ok", (V100,)), recorded=(), sealed_at=STARTED - 600, prev=False, pin=None,
+          devices=DEVICES_580):
     return {
+        CharDevices: devices,
         (FileContents, frozenset({"path": f"{ROOT}/state/rollback.json"}.items())): [json.dumps(pin)] if pin else None,
         NvidiaSmi: smi,
         RecordedGpus: recorded,
@@ -67,6 +78,19 @@ def test_first_run_writes_the_unit_then_switches_with_health_and_rollback():
     assert chmod == f"chmod 644 {UNIT_PATH}.new"
     assert "systemctl restart llamarack-server.service" in switch
     assert "rollback" in switch and f"mv -f {UNIT_PATH}.prev {UNIT_PATH}" in switch
+
+
+def test_the_unit_allows_the_device_names_the_driver_registered():
+    unit = first_run(settings())[0][0][2]
+    allowed = [line for line in unit.splitlines() if line.startswith("DeviceAllow=")]
+    assert allowed[:2] == ["DeviceAllow=char-nvidia rw", "DeviceAllow=char-nvidiactl rw"]
+    assert "DeviceAllow=char-nvidia-uvm rw" in allowed and "DeviceAllow=char-nvidia-frontend rw" not in allowed
+    # the same host on a driver before 550.40: major 195 is nvidia-frontend, and the unit changes
+    old = first_run(settings(), devices=char_devices("driver_535"))[0][0][2]
+    assert "DeviceAllow=char-nvidia-frontend rw" in old.splitlines() and "DeviceAllow=char-nvidia rw" not in old
+    # a CPU build opens no driver device
+    cpu = first_run(settings(llamacpp_backend="cpu"))[0][0][2]
+    assert "DeviceAllow=" not in cpu and "DevicePolicy=closed" in cpu
 
 
 def test_converged_host_is_a_noop():

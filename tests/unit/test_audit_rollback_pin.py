@@ -8,9 +8,9 @@ import json
 from pyinfra.facts.files import FileContents, Link, Sha1File
 
 from llamarack.audit import _Answers, _unit_item
-from llamarack.facts import FactRead, GgufShape, LlamaServerFlags
+from llamarack.facts import CharDevices, FactRead, GgufShape, LlamaServerFlags
 from llamarack.layout import UNIT_PATH
-from tests.roles.test_server_ops import FLAGS, ROOT, SHAPE, V100, first_run, settings
+from tests.roles.test_server_ops import DEVICES_580, FLAGS, ROOT, SHAPE, V100, first_run, settings
 
 
 def answers(pin, unit_sha1) -> _Answers:
@@ -22,6 +22,7 @@ def answers(pin, unit_sha1) -> _Answers:
         FactRead.of(GgufShape, path=f"{ROOT}/models/current/model.gguf"): SHAPE,
         FactRead.of(FileContents, path=f"{ROOT}/state/rollback.json"): [json.dumps(pin)] if pin else None,
         FactRead.of(Sha1File, path=UNIT_PATH): unit_sha1,
+        FactRead.of(CharDevices): DEVICES_580,
     }
     return fact
 

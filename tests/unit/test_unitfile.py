@@ -156,3 +156,45 @@ def test_the_unit_passes_verify_but_for_the_missing_binary():
     problems = [line for line in out.stderr.splitlines() if line.strip()]
     assert problems == [f"{UNIT_NAME}: Command /opt/llamarack/builds/b1/bin/llama-server is not executable: "
                         "No such file or directory"], out.stderr  # fmt: skip
+
+
+def _char_devices(case: str) -> tuple:
+    """The ``CharDevices`` fact of a fixture (real ``/proc/devices`` output)."""
+    from llamarack.facts import CharDevices
+
+    fixture = Path(__file__).parents[1] / "facts" / "CharDevices" / f"{case}.json"
+    return CharDevices().process(__import__("json").loads(fixture.read_text())["output"])
+
+
+def test_the_driver_devices_allowed_are_the_names_the_host_registered():
+    from roles.server.plan import device_names
+
+    # driver 580 (the lent H200): major 195 is "nvidia" and "nvidiactl"; no "nvidia-frontend"
+    new = device_names(_char_devices("driver_580_h200"), cuda=True)
+    assert new[:2] == ("nvidia", "nvidiactl") and "nvidia-frontend" not in new
+    assert {"nvidia-uvm", "nvidia-caps"} <= set(new)
+    # a driver before 550.40: major 195 is "nvidia-frontend"
+    old = device_names(_char_devices("driver_535"), cuda=True)
+    assert old[0] == "nvidia-frontend" and "nvidia" not in old and {"nvidia-uvm", "nvidia-caps"} <= set(old)
+    # nothing registered (the module not loaded when read): both eras' names, and uvm
+    assert device_names(_char_devices("no_driver"), cuda=True) == ("nvidia-frontend", "nvidia", "nvidiactl",
+                                                                  "nvidia-uvm")  # fmt: skip
+    # a CPU build opens no driver device
+    assert device_names(_char_devices("driver_580_h200"), cuda=False) == ()
+
+
+@needs_systemd
+@pytest.mark.parametrize("case", ["driver_580_h200", "driver_535"])
+def test_systemd_reads_one_device_rule_per_registered_driver_name(case):
+    from roles.server.plan import device_names
+
+    devices = _char_devices(case)
+    names = device_names(devices, cuda=True)
+    args = ["/opt/llamarack/builds/b1/bin/llama-server", "--model", "/m/model.gguf"]
+    unit = render_unit(settings(), args, "m", devices=names)
+    seen = systemd_reads(unit)
+    assert seen["DevicePolicy"] == ["closed"]
+    # ProtectClock= adds systemd's own "char-rtc r"; every other rule is one driver name
+    assert set(seen["DeviceAllow"]) - {"char-rtc r"} == {f"char-{name} rw" for name in names}
+    registered_195 = {d.name for d in devices if d.major == 195}
+    assert registered_195 and registered_195 <= set(names), (registered_195, names)
