@@ -748,6 +748,34 @@ def _coerce(info: SettingInfo, value: Any) -> tuple[Any, Optional[str]]:
     return value, None
 
 
+_WARNED: set = set()
+
+
+def unknown_keys(keys, known) -> list[tuple[str, str]]:
+    """(key, the setting it looks like) for each host data key that no role knows but
+    that is close to a setting's name: ``server-port``, ``llama_root``. Other keys
+    (pyinfra's ``ssh_user``, the user's own) are not compared with anything."""
+    found = []
+    for key in keys:
+        normal = key.strip().lower().replace("-", "_")
+        close = [normal] if normal in known else difflib.get_close_matches(normal, known, n=1, cutoff=0.8)
+        if close:
+            found.append((key, close[0]))
+    return found
+
+
+def _warn_unknown(host_name: str, keys, known) -> None:
+    """Warn once per host and key about data that looks like a setting but is none (it is
+    ignored): a key without a role prefix may be pyinfra's or the user's, so no error."""
+    for key, like in unknown_keys(keys, known):
+        if (host_name, key) not in _WARNED:
+            _WARNED.add((host_name, key))
+            import logging  # here: most runs warn about nothing
+
+            logging.getLogger("pyinfra").warning(
+                f"{host_name}: {key!r} is no llamarack setting and is ignored; did you mean {like!r}?")
+
+
 def load_settings(host_name: str, data: Mapping[str, Any]) -> Settings:
     """Build one host's settings from its data (inventory + group data).
 
@@ -768,6 +796,7 @@ def load_settings(host_name: str, data: Mapping[str, Any]) -> Settings:
             close = difflib.get_close_matches(key, by_key, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             problems.append(f"unknown setting {key!r}{hint}")
+    _warn_unknown(host_name, [k for k in data if isinstance(k, str) and not k.startswith(prefixes)], by_key)
 
     values: dict[type, dict[str, Any]] = {role: {} for role in ROLE_SETTINGS}
     for info in infos:

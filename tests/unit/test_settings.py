@@ -133,3 +133,17 @@ def test_roles_subset_from_the_command_line():
     assert load_settings("h", {"python_env_backend": "venv"}).general.runs("driver")
     with pytest.raises(SettingsError, match="llamarack_roles: given 'server,modle'; allowed: role names"):
         load_settings("h", {"python_env_backend": "venv", "llamarack_roles": "server,modle"})
+
+
+def test_a_key_that_looks_like_a_setting_but_is_none_is_warned_about(caplog):
+    from llamarack.settings import unknown_keys
+
+    known = {info.key for info in all_settings()}
+    assert unknown_keys(["server-port", "llama_root", "ssh_user", "ssh_port", "_sudo", "my_own_thing"], known) == [
+        ("server-port", "server_port"), ("llama_root", "llamarack_root")]  # fmt: skip
+    with caplog.at_level("WARNING", logger="pyinfra"):
+        s = load_settings("gpu07", {"server-port": 9000, "ssh_user": "root", "python_env_backend": "venv"})
+        load_settings("gpu07", {"server-port": 9000, "python_env_backend": "venv"})  # once per host and key
+    assert s.server.port == 8080  # ignored, as the warning says
+    warned = [r.getMessage() for r in caplog.records]
+    assert warned == ["gpu07: 'server-port' is no llamarack setting and is ignored; did you mean 'server_port'?"]
