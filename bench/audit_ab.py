@@ -25,7 +25,7 @@ from converged_bench import ssh_fan_out  # noqa: E402
 
 from llamarack.lab import rack as lab_rack  # noqa: E402
 
-# A checkout from before llamarack.entry (stop 28) starts through llamarack.cli.
+# A checkout from before llamarack.entry starts through llamarack.cli.
 OLD_CLI = audit_bench.AUDIT_CLI.replace("from llamarack.entry import entry", "from llamarack.cli import entry")
 
 

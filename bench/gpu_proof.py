@@ -1,4 +1,4 @@
-"""GPU proof with real-size models (issue 15): served speed against llama-bench and
+"""GPU proof with real-size models: served speed against llama-bench and
 the bandwidth limit, and the memory plan against what the GPU allocates.
 
 Runs on the borrowed GPU machine (H200, CUDA 13, no systemd, no network) from
@@ -26,7 +26,7 @@ commands can share the work:
                4 slots, YaRN x4, partial offload) and YaRN contexts to 131072 (x2 to
                x16): the planner's ledger, item by item,
                against llama.cpp's load log and nvidia-smi's per-process memory
-    smi        the CPU each nvidia-smi query of the audit costs (issue 12), and whether
+    smi        the CPU each nvidia-smi query of the audit costs, and whether
                one run answers both
     modload    the 8B plan with CUDA_MODULE_LOADING=EAGER and =LAZY
     cublas_build  llama-server again with GGML_CUDA_FORCE_CUBLAS (the V100's prompt path)
@@ -810,7 +810,7 @@ class Proof:
         return row
 
     def memory8b(self):
-        """The 8B: 3 contexts x 2 KV types, then one row per planner knob (issue 16)."""
+        """The 8B: 3 contexts x 2 KV types, then one row per planner knob."""
         rows = []
         cases = [dict(server_ctx_size=ctx, server_cache_type_k=kv, server_cache_type_v=kv)
                  for kv in ("q4_0", "f16") for ctx in self.a.contexts]  # fmt: skip

@@ -1,4 +1,4 @@
-"""The model role on the borrowed GPU machine (issue 15's proof), through pyinfra @local.
+"""The model role on the borrowed GPU machine (the GPU proof), through pyinfra @local.
 
     pyinfra -y @local bench/gpu_proof_deploy.py --data llamarack_root=... --data model_repo=... ...
 

@@ -1,4 +1,4 @@
-"""Random-weight checkpoints of real architectures' shapes, for the GPU proof (issue 15).
+"""Random-weight checkpoints of real architectures' shapes, for the GPU proof.
 
 Random weights decode at the speed trained ones do: every weight is read once
 per token whatever its value. Two outputs:

@@ -1,4 +1,4 @@
-"""The served unit's sandbox on a GPU machine without systemd (issue 13).
+"""The served unit's sandbox on a GPU machine without systemd.
 
 The lent GPU machine has no systemd, so the unit's restrictions
 (roles/server/templates/llama-server.service.j2) are applied to llama-server

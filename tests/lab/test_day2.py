@@ -1,5 +1,5 @@
 """Day-2 operations on one lab host, through deploy.py, rollback.py and the audit over SSH
-(issue 12): rollback by command, a tampered build file, an edit only --verify sees, and
+rollback by command, a tampered build file, an edit only --verify sees, and
 the /health check after a driver upgrade's reboot.
 
 The tests run in order on lab-v100-a, each from the state the one before left. The fake

@@ -55,7 +55,7 @@ def test_demo_second_run_changes_nothing(lab_rack):
     assert totals["success"] == 0 and totals["error"] == 0, out[-6000:]
 
 
-# Issue 17's budget: what a converged host may cost.
+# The budget: what a converged host may cost.
 MAX_REMOTE_COMMANDS = 15
 
 
@@ -140,7 +140,7 @@ def test_drift_is_still_repaired_by_the_next_run(lab_rack):
 
 
 def test_a_model_edited_in_place_is_remade_and_served_never_the_edit(lab_rack):
-    """Issue 12's case: 8 bytes of the served GGUF overwritten, same size. The seal's
+    """A tampered model: 8 bytes of the served GGUF overwritten, same size. The seal's
     signature (size, mtime, inode) tells; the artifact is remade beside it, swapped in,
     and the server restarted on it."""
     host, gguf = "lab-v100-b", "/opt/llamarack/models/current/model.gguf"
@@ -162,7 +162,7 @@ def test_a_model_edited_in_place_is_remade_and_served_never_the_edit(lab_rack):
 
 
 def test_a_switch_cut_off_before_its_health_check_never_costs_the_proven_unit(lab_rack):
-    """Issue 13: the switch copies the unit to .prev, moves the new one in and is killed
+    """A cut-off switch: the switch copies the unit to .prev, moves the new one in and is killed
     before /health. The next run, whose own new unit fails too (port 80: the service user
     may not bind it), must roll back to the unit that last passed /health, not to the
     unproven one it found in place."""

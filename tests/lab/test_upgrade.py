@@ -1,4 +1,4 @@
-"""Day-2 (issue 12): a llama.cpp bump across a converged host, through the real deploy.py.
+"""Day 2: a llama.cpp bump across a converged host, through the real deploy.py.
 
 A new commit rebuilds llama.cpp, converts and quantizes the model again with
 the new converter and llama-quantize, and restarts the server on both, with

@@ -215,7 +215,7 @@ def test_a_truncated_artifact_is_not_taken_for_done():
 
 
 def test_a_gguf_edited_after_its_seal_is_not_taken_for_done():
-    """Same size, other bytes: the mtime the seal recorded differs (issue 12's tampered model)."""
+    """Same size, other bytes: the mtime the seal recorded differs (a tampered model)."""
     sealed = {"stamp": PLAN.stamp, "gguf": {"size": 1_100_000, "signature":
               {"size": 1_100_000, "mtime_ns": 1764640411_000000000, "inode": 42}}}  # fmt: skip
     edited = ArtifactState(PLAN.stamp, 1_100_000, 1_100_000, sealed,
@@ -357,7 +357,7 @@ def test_draft_and_bench_settings_are_checked(data, problem):
     assert problem in str(e.value)
 
 
-# Issue 12, day 2: the disk a model step asks for counts only the checkpoint files the
+# Day 2: the disk a model step asks for counts only the checkpoint files the
 # host's blob cache does not hold (they are hardlinked, not written again).
 CACHED_ALL = {f.content_id: f.size for f in PLAN.files}
 
@@ -399,7 +399,7 @@ def FactKey(fact, **kwargs):
     return (fact, frozenset(kwargs.items()))
 
 
-# Issue 12, day 2: a llama.cpp bump with the revision pinned by its full sha is planned from
+# Day 2: a llama.cpp bump with the revision pinned by its full sha is planned from
 # the served artifact's record: the hub's listing of a commit never changes.
 def test_a_bump_of_a_full_sha_pin_is_planned_from_the_record_without_the_hub():
     plan = plan_model(settings(), LISTING)

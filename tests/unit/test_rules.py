@@ -223,7 +223,7 @@ def test_message_names_host_value_need_and_fix():
     assert "needed a driver of the 580 branch" in text and "Fix: install a 580.xx driver" in text
 
 
-# the facts real hosts print (issue 14): fixtures from tests/facts
+# the facts real hosts print: fixtures from tests/facts
 
 FACTS = Path(__file__).parents[1] / "facts"
 NO_MODULE = DriverState("no_module", message="NVIDIA-SMI has failed because it couldn't communicate with the "

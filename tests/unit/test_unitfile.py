@@ -30,7 +30,7 @@ needs_systemd = pytest.mark.skipif(
 needs_analyze = pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="no systemd-analyze")
 
 # A GGUF's general.architecture is the model file's own text: here, the attack
-# of issue 13 (a root ExecStartPre), plus specifiers, quotes and a line join.
+# of a root ExecStartPre), plus specifiers, quotes and a line join.
 EVIL_ARCH = 'llama\n[Service]\nExecStartPre=+/bin/sh -c id\nUser=root %h "q" \\'
 ODD_ARGS = ["--model", "/models/odd dir/model.gguf", "--alias", "%h%%n", 'say "hi"', "it's",
             "back\\slash", "$HOME", "${USER}", "$$", ";", "", "  lead", "a=b c", "ünïcode"]  # fmt: skip
