@@ -57,7 +57,7 @@ from .roles.preflight.reads import gather, preflight_reads
 from .roles.python_env.plan import awq_plan, converter_plan, unmet
 from .roles.server.plan import PlanError, health_url, parse_pin, wanted_unit
 from .roles.toolchain.plan import plan_toolchain
-from .rules import build_archs, evaluate
+from .rules import build_archs, driver_warnings, evaluate
 from .settings import Settings, settings_for
 
 SCHEMA = "llamarack-audit/1"
@@ -169,7 +169,7 @@ def audit_host(name: str, settings: Settings, reads: tuple, answers: dict, templ
     held = all(p.held for p in packages) if packages else None
     items["driver"] = Item(
         {"packages": {p.name: p.version for p in packages}, "held": held, "module": module, "library": library,
-         "state": facts.driver.state},
+         "state": facts.driver.state, "warnings": list(driver_warnings(facts.driver))},
         {"held": settings.driver.hold_packages, "module": "same as the library"},
         drift=bool(packages) and held != settings.driver.hold_packages or bool(module and library and module != library),
     )  # fmt: skip

@@ -125,6 +125,15 @@ def coming_driver_version(facts: HostFacts) -> Optional[str]:
     return packaged or (facts.module.version if facts.module else None)
 
 
+def driver_warnings(driver) -> tuple[str, ...]:
+    """What nvidia-smi warned about while it answered (``DriverState.message`` in the ok
+    state: "WARNING: infoROM is corrupted at gpu 0000:00:1E.0"): the cards still serve,
+    so no rule refuses, but the operator is told (preflight's output, the audit's driver item)."""
+    if driver is None or driver.state != "ok":
+        return ()
+    return tuple(line.strip() for line in driver.message.splitlines() if line.strip())
+
+
 def legacy_gpus_past_ceiling(facts: HostFacts) -> tuple[Optional[str], tuple]:
     """(driver version, pre-Turing cards) when the driver is past the last branch
     that supports them; (version, ()) when it is not."""

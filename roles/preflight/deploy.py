@@ -8,7 +8,7 @@ from pyinfra.facts.server import LinuxDistribution
 
 from llamarack.facts import read, read_together
 from llamarack.operations import record_gpus, refuse
-from llamarack.rules import HostFacts, evaluate
+from llamarack.rules import HostFacts, driver_warnings, evaluate
 from llamarack.settings import Settings
 
 from .reads import gather, preflight_reads, role_reads
@@ -42,6 +42,8 @@ def preflight(settings: Settings) -> Optional[HostFacts]:
         refuse(name="Preflight refused this host", reason="\n".join(failures))
         return None
 
+    for warning in driver_warnings(facts.driver):
+        logger.warning(f"{host.name}: nvidia-smi: {warning}")
     if facts.driver.gpus:
         record_gpus(name="Record the GPUs the driver lists", path=settings.layout.gpus_record,
                     gpus=facts.driver.gpus, recorded=facts.recorded_gpus)  # fmt: skip

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from llamarack.facts import CudaToolkit, DebPackage, DriverState, GccInstall, Gpu, KernelModule, NvidiaSmi
 from llamarack.facts import NvidiaDriverPackages
-from llamarack.rules import RULES, HostFacts, choose_host_compiler, driver_floor, evaluate, package_driver_version
+from llamarack.rules import RULES, HostFacts, choose_host_compiler, driver_floor, driver_warnings, evaluate, package_driver_version
 from llamarack.settings import load_settings
 
 V100 = Gpu(0, "Tesla V100-SXM2-16GB", "GPU-1", 16384, "7.0", "550.127.05")
@@ -309,6 +309,9 @@ def test_unreadable_card_line_is_named():
 def test_infororm_warning_keeps_the_card():
     facts = host(state=smi_fixture("inforom_warning"))
     assert evaluate(settings(), facts) == []
+    # and is shown: preflight logs it, the audit's driver item lists it
+    assert driver_warnings(facts.driver) == ("WARNING: infoROM is corrupted at gpu 0000:00:1E.0",)
+    assert driver_warnings(smi_fixture("h200_ok")) == () and driver_warnings(smi_fixture("error")) == ()
 
 
 def test_mixed_host_names_the_dropped_v100_and_the_ceiling():
