@@ -460,8 +460,8 @@ BOARD_MEMORY: dict[int, tuple[int, Optional[int], Optional[int]]] = {
     0x13F2: (16, 320, None),  # Tesla M60 (2 x 8 GB)
     0x17FD: (24, 288, None),  # Tesla M40 24GB
     0x15F7: (12, 549, None),  # Tesla P100 PCIe 12GB
-    0x15F8: (16, 732, None),  # Tesla P100 PCIe 16GB
-    0x15F9: (16, 732, None),  # Tesla P100 SXM2 16GB
+    0x15F8: (16, 732, 16280),  # Tesla P100 PCIe 16GB (16280 to 16384 by driver)
+    0x15F9: (16, 732, 16280),  # Tesla P100 SXM2 16GB
     0x1B38: (24, 346, None),  # Tesla P40
     0x1BB3: (8, 192, None),  # Tesla P4
     0x1B06: (11, 484, None),  # GeForce GTX 1080 Ti
@@ -491,7 +491,7 @@ BOARD_MEMORY: dict[int, tuple[int, Optional[int], Optional[int]]] = {
     0x2684: (24, 1008, None),  # GeForce RTX 4090
     0x26B5: (48, 864, None),  # L40
     0x27B8: (24, 300, None),  # L4
-    0x2330: (80, 3350, None),  # H100 SXM5 80GB
+    0x2330: (80, 3350, 81559),  # H100 SXM5 80GB (81559 MiB reported)
     0x2331: (80, 2000, None),  # H100 PCIe
     0x2335: (141, 4800, 143771),  # H200 (143771 MiB: the real capture)
 }
@@ -499,8 +499,12 @@ BOARD_MEMORY: dict[int, tuple[int, Optional[int], Optional[int]]] = {
 # GB as sold are GiB on these boards (HBM stacks and GDDR chips come in
 # powers of two); the driver reserves a little of it, more with ECC on GDDR.
 # Without a real report, planning assumes the largest reservation seen on a
-# known board, ECC on GDDR: 1/16 of the memory.
+# known board of the kind: ECC on GDDR takes 1/16 of the memory; HBM keeps its
+# ECC beside the data, and its boards report within 1/64 of the nominal (V100
+# 16130 of 16384, V100 SXM3 32510 of 32768, P100 16280, H100 81559 of 81920).
 _UNREPORTED_RESERVE = 16
+_HBM_CHIPS = frozenset({"GP100", "GV100", "GA100", "GH100"})
+_UNREPORTED_RESERVE_HBM = 64
 
 
 @dataclass(frozen=True)
@@ -555,7 +559,7 @@ def planning_memory_mib(pci_device_id, reported_mib: int) -> int:
 
     It is the smallest value reported: the smallest real report the table
     holds for the board, else the board's nominal memory less the largest
-    reservation seen (1/16); never more than this driver reports (a card
+    reservation seen on its kind of memory (1/16 for GDDR, 1/64 for HBM); never more than this driver reports (a card
     with ECC on, or failing pages retired, has less). A card not in the
     table (or without memory figures) plans with what its driver reports.
     """
@@ -566,5 +570,5 @@ def planning_memory_mib(pci_device_id, reported_mib: int) -> int:
         floor = found.min_reported_mib
     else:
         nominal = found.memory_gb * 1024
-        floor = nominal - nominal // _UNREPORTED_RESERVE
+        floor = nominal - nominal // (_UNREPORTED_RESERVE_HBM if found.chip in _HBM_CHIPS else _UNREPORTED_RESERVE)
     return min(floor, reported_mib)

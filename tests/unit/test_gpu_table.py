@@ -57,6 +57,18 @@ def test_planning_memory_without_a_real_report_is_nominal_less_a_sixteenth():
     assert gpu_table.planning_memory_mib("0x1EB810DE", 15109) == 15109  # ECC on: less, and that wins
 
 
+@pytest.mark.parametrize("pci, reported, planned", [
+    ("0x1DB510DE", 32768, 32256),  # V100 SXM2 32GB: 32768 - 512, not the GDDR margin's 30720
+    ("0x1DB810DE", 32768, 32510),  # V100 SXM3 32GB: its real report
+    ("0x15F810DE", 16384, 16280),  # P100 16GB: its smallest real report, not 15360
+    ("0x15F810DE", 16280, 16280),
+    ("0x233010DE", 81559, 81559),  # H100 80GB: what it reports, not 76800
+    ("0x20B010DE", 40536, 40320),  # A100 40GB: 40960 - 640
+])
+def test_hbm_boards_plan_close_to_what_their_drivers_report(pci, reported, planned):
+    assert gpu_table.planning_memory_mib(pci, reported) == planned
+
+
 def test_planning_memory_of_an_unknown_card_is_what_the_driver_reports():
     assert gpu_table.planning_memory_mib("0x2BB110DE", 24576) == 24576
     assert gpu_table.planning_memory_mib(None, 8000) == 8000
