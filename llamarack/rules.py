@@ -220,6 +220,29 @@ def choose_host_compiler(
 # --- the rules -------------------------------------------------------------
 
 
+# llama.cpp's CUDA backend builds for compute 5.0 (Maxwell) and newer.
+OLDEST_CAP = (5, 0)
+
+
+def rule_gpus_supported(s: Settings, facts: HostFacts) -> Optional[Failure]:
+    """No card older than Maxwell on a CUDA build: Kepler's last driver branch is 470,
+    older than CUDA 11.8's floor, and llama.cpp builds for nothing before 5.0. No
+    driver, toolkit or arch setting fixes that, so this rule alone is reported."""
+    if s.llamacpp.backend != "cuda":
+        return None
+    old = [g for g in all_known_gpus(facts) if (c := parse_compute_cap(g.compute_cap)) and c < OLDEST_CAP]
+    if not old:
+        return None
+    return Failure(
+        "gpu-supported",
+        ", ".join(sorted({f"{g.name} (compute capability {g.compute_cap})" for g in old})),
+        "GPUs of compute capability 5.0 or newer (llama.cpp's CUDA backend; CUDA 11.8 needs driver 520.61.05, "
+        "and 470 is the last driver branch for Kepler cards)",
+        "no driver or toolkit serves these cards: set llamacpp_backend = 'cpu' for this host to serve "
+        "from its CPU, or move the model to a host with a newer card",
+    )
+
+
 def rule_driver_loaded(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """The driver answers: installed, module loaded, library and module of one version."""
     driver = facts.driver
@@ -459,6 +482,7 @@ def rule_gcc_for_toolkit(s: Settings, facts: HostFacts) -> Optional[Failure]:
 Rule = Callable[[Settings, HostFacts], Optional[Failure]]
 
 RULES: tuple[Rule, ...] = (
+    rule_gpus_supported,
     rule_driver_loaded,
     rule_driver_floor,
     rule_driver_ceiling,
@@ -474,5 +498,9 @@ RULES: tuple[Rule, ...] = (
 
 
 def evaluate(s: Settings, facts: HostFacts) -> list[Failure]:
-    """Run every rule; return the failures in table order."""
+    """Run every rule; return the failures in table order. Cards no setup can serve
+    (``gpu-supported``) are the one failure reported: the others' fixes lead nowhere."""
+    unsupported = rule_gpus_supported(s, facts)
+    if unsupported:
+        return [unsupported]
     return [failure for rule in RULES if (failure := rule(s, facts)) is not None]

@@ -18,6 +18,13 @@ from .value import FactValue
 # the card table's (by PCI device id), else this one (names as nvidia-smi
 # prints them; only for output without a PCI id, e.g. an old record).
 COMPUTE_CAP_BY_NAME = {
+    # Kepler: the 470 branch is their last driver (a rule refuses them, naming that)
+    "Tesla K80": "3.7",
+    "Tesla K40": "3.5",
+    "Tesla K20": "3.5",
+    "Tesla K10": "3.0",
+    "GeForce GTX 770": "3.0",
+    "GeForce GTX 780": "3.5",
     "Tesla P100": "6.0",
     "Tesla P40": "6.1",
     "Tesla P4": "6.1",

@@ -43,7 +43,7 @@ def test_reference_v100_host_passes_every_rule():
 
 
 def test_every_rule_is_in_the_table_once():
-    assert len(set(RULES)) == len(RULES) == 11
+    assert len(set(RULES)) == len(RULES) == 12
 
 
 # driver-installed / module / mismatch
@@ -339,3 +339,14 @@ def test_mig_a100_passes():
     state = smi_fixture("a100_mig_enabled")
     facts = HostFacts(driver=state, module=KernelModule("535.129.03", False), toolkits=(CUDA118,), gcc=GCC11)
     assert evaluate(settings(), facts) == []
+
+
+def test_kepler_cards_are_refused_as_unsupported_with_no_driver_fix():
+    state = smi_fixture("k80_driver_470")
+    failures = evaluate(settings(), host(state=state, module=KernelModule("470.256.02", False)))
+    # one failure: not driver-floor's "upgrade the driver", which no Kepler card can take
+    assert [f.rule for f in failures] == ["gpu-supported"]
+    assert "Tesla K80 (compute capability 3.7)" in failures[0].found
+    assert "llamacpp_backend = 'cpu'" in failures[0].fix and "upgrade" not in failures[0].fix
+    # a CPU build does not use the card
+    assert "gpu-supported" not in {f.rule for f in evaluate(settings(llamacpp_backend="cpu"), host(state=state))}
