@@ -50,7 +50,9 @@ class NvidiaDriverPackages(FactBase[tuple]):
         return "dpkg-query"
 
     def command(self) -> str:
-        return "dpkg-query -W -f='${Package}\\t${Version}\\t${Status}\\n'"
+        # ${binary:Package}: "libnvidia-ml1:i386" for a foreign architecture's copy (and
+        # ":amd64" on a Multi-Arch: same package), so each copy is held by its own name
+        return "dpkg-query -W -f='${binary:Package}\\t${Version}\\t${Status}\\n'"
 
     def default(self) -> tuple:
         return ()
@@ -64,7 +66,8 @@ class NvidiaDriverPackages(FactBase[tuple]):
                 raise FactProcessError(f"unexpected dpkg-query line: {line!r}")
             name, version, (want, _, status) = fields[0], fields[1], fields[2].split()
             # -dev packages (libnvidia-ml-dev) come with the toolkit, not the driver.
-            if status == "installed" and DRIVER_PACKAGE.fullmatch(name) and not name.endswith("-dev"):
+            base = name.split(":", 1)[0]
+            if status == "installed" and DRIVER_PACKAGE.fullmatch(base) and not base.endswith("-dev"):
                 packages.append(DebPackage(name, version, want == "hold"))
         return tuple(sorted(packages, key=lambda p: p.name))
 
