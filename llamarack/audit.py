@@ -291,8 +291,8 @@ def _unit_item(settings: Settings, fact: _Answers, gpus: tuple, unit_text: Optio
     draft_dir = _target(fact(Link, path=layout.draft_model)) if settings.model.draft_repo else None
     draft_shape = fact(GgufShape, path=f"{layout.draft_model}/model.gguf") if draft_dir else None
     draft = (f"{layout.models}/{draft_dir}", draft_shape) if draft_shape else None
+    devices = tuple(fact(CharDevices)) if settings.llamacpp.backend == "cuda" else ()
     try:
-        devices = tuple(fact(CharDevices)) if settings.llamacpp.backend == "cuda" else ()
         unit, ctx = wanted_unit(settings, flags, f"{layout.builds}/{build_dir}", f"{layout.models}/{model_dir}",
                                 shape, gpus, templates, draft=draft, devices=devices)  # fmt: skip
     except PlanError as e:

@@ -559,8 +559,9 @@ def planning_memory_mib(pci_device_id, reported_mib: int) -> int:
 
     It is the smallest value reported: the smallest real report the table
     holds for the board, else the board's nominal memory less the largest
-    reservation seen on its kind of memory (1/16 for GDDR, 1/64 for HBM); never more than this driver reports (a card
-    with ECC on, or failing pages retired, has less). A card not in the
+    reservation seen on its kind of memory (1/16 for GDDR, 1/64 for HBM);
+    never more than this driver reports (a card with ECC on, or failing pages
+    retired, has less). A card not in the
     table (or without memory figures) plans with what its driver reports.
     """
     found = board(pci_device_id)

@@ -129,7 +129,7 @@ def driver_warnings(driver) -> tuple[str, ...]:
     """What nvidia-smi warned about while it answered (``DriverState.message`` in the ok
     state: "WARNING: infoROM is corrupted at gpu 0000:00:1E.0"): the cards still serve,
     so no rule refuses, but the operator is told (preflight's output, the audit's driver item)."""
-    if driver is None or driver.state != "ok":
+    if driver.state != "ok":
         return ()
     return tuple(line.strip() for line in driver.message.splitlines() if line.strip())
 
@@ -500,7 +500,5 @@ RULES: tuple[Rule, ...] = (
 def evaluate(s: Settings, facts: HostFacts) -> list[Failure]:
     """Run every rule; return the failures in table order. Cards no setup can serve
     (``gpu-supported``) are the one failure reported: the others' fixes lead nowhere."""
-    unsupported = rule_gpus_supported(s, facts)
-    if unsupported:
-        return [unsupported]
-    return [failure for rule in RULES if (failure := rule(s, facts)) is not None]
+    failures = [failure for rule in RULES if (failure := rule(s, facts)) is not None]
+    return failures[:1] if failures and failures[0].rule == "gpu-supported" else failures
