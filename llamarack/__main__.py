@@ -1,5 +1,5 @@
 """python -m llamarack: the llamarack command."""
 
-from .entry import entry
+from .cli import main
 
-entry()
+main()

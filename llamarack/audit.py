@@ -1,8 +1,8 @@
 """``llamarack audit``: what each host runs, against what its settings would deploy.
 
-One remote command per host (``FactsTogether`` of every fact below, sent to
-the host's shell through the system's OpenSSH client: ``llamarack/openssh.py``),
-hosts in parallel, nothing changed. The wanted side is computed by the same
+One remote command per host (``FactsTogether`` of every fact below, run
+through the host's own pyinfra connector: ``llamarack/hosts.py``), hosts in
+parallel, nothing changed. The wanted side is computed by the same
 settings loader and planners the deploy uses (the build stamp, the env
 pins, the model record, the unit text), so "no drift" means "a deploy now
 would change nothing" (but for writing a missing GGUF shape record, the
@@ -337,49 +337,48 @@ def _target(link) -> Optional[str]:
     return os.path.basename(target.rstrip("/")) if target else None
 
 
-def run(sessions: list, templates: tuple = (), verify: bool = False) -> list[HostAudit]:
-    """Audit each host of ``sessions`` (``llamarack.openssh.connect``: their ssh processes
-    already connecting) with one remote command, all at once. A host that cannot be
-    reached comes back with ``reachable`` False; one whose settings fail, with the error.
-    ``verify``: the sha256 of the served model and of every sealed file of the current build."""
-    import queue
-
-    from .openssh import answered
+def run(chosen: list, templates: tuple = (), verify: bool = False) -> list[HostAudit]:
+    """Audit each of the pyinfra hosts ``chosen`` (``llamarack.hosts.load``) with one remote
+    command, all at once. A host that cannot be reached comes back with ``reachable`` False;
+    one whose settings fail, with the error. ``verify``: the sha256 of the served model and
+    of every sealed file of the current build."""
+    from .hosts import run_each
 
     audits: dict = {}
     jobs: dict = {}
-    replies = queue.SimpleQueue()
-    for s in sessions:
+    scripts: dict = {}
+    for host in chosen:
         try:
-            settings = settings_for(s.host)
+            settings = settings_for(host)
             reads = audit_reads(settings, verify)
             together = FactsTogether()
-            script = together.command(reads=reads)
+            scripts[host] = together.command(reads=reads)
         except Exception as e:  # bad settings: this host only
-            audits[s.name] = HostAudit(s.name, error=f"{type(e).__name__}: {e}")
-            s.close()
+            audits[host.name] = HostAudit(host.name, error=f"{type(e).__name__}: {e}")
             continue
-        s.send(script, timeout=SCRIPT_TIMEOUT_S, replies=replies)
-        jobs[s.name] = (settings, reads, together)
-    # Each answer is read and planned as it comes, while the slower hosts still work:
-    # in inventory order, the last host's wait held up the reading of all the others.
-    for s in answered([s for s in sessions if s.name in jobs], replies):
-        audits[s.name] = _audit_answer(s.name, s.result(), *jobs[s.name], templates, verify)
-    return [audits[s.name] for s in sessions]
+        jobs[host.name] = (settings, reads, together)
+
+    def answer(reply) -> HostAudit:
+        return _audit_answer(reply, *jobs[reply.name], templates, verify)
+
+    # Each answer is read and planned as it comes, while the slower hosts still work.
+    for audit in run_each(scripts, SCRIPT_TIMEOUT_S, answer):
+        audits[audit.name] = audit
+    return [audits[host.name] for host in chosen]
 
 
-def _audit_answer(name: str, answer, settings: Settings, reads: tuple, together: FactsTogether,
-                  templates: tuple, verify: bool = False) -> HostAudit:  # fmt: skip
-    if not answer.reachable:
-        return HostAudit(name, reachable=False, error=answer.error)
+def _audit_answer(reply, settings: Settings, reads: tuple, together: FactsTogether, templates: tuple,
+                  verify: bool = False) -> HostAudit:  # fmt: skip
+    if not reply.reachable:
+        return HostAudit(reply.name, reachable=False, error=reply.error)
     try:
-        answers = together.process(answer.output)
+        answers = together.process(reply.output)
         if not answers:  # not one section ran: sudo refused, no sh
-            why = answer.stderr.strip().splitlines()
-            return HostAudit(name, error=f"the command exited {answer.status}: {why[-1] if why else 'no output'}")
-        return audit_host(name, settings, reads, answers, templates, verify)
+            why = reply.stderr[-1] if reply.stderr else "no output"
+            return HostAudit(reply.name, error=f"the command failed: {why}")
+        return audit_host(reply.name, settings, reads, answers, templates, verify)
     except Exception as e:  # a host whose facts cannot be processed or planned
-        return HostAudit(name, error=f"{type(e).__name__}: {e}")
+        return HostAudit(reply.name, error=f"{type(e).__name__}: {e}")
 
 
 def exit_status(audits: list[HostAudit]) -> int:

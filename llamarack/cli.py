@@ -58,8 +58,7 @@ def settings(form):
 @click.option("--verify", is_flag=True,
               help="recompute the sha256 of the served model.gguf and of every sealed file of the current build")
 @click.option("--debug", is_flag=True, help="the debug log on stderr (each remote command)")
-@click.pass_context
-def audit(ctx, inventory, limit, as_json, templates, verify, debug):
+def audit(inventory, limit, as_json, templates, verify, debug):
     """Compare what each host runs with what its settings would deploy.
 
     One remote command per host, all hosts in parallel; nothing is changed.
@@ -67,65 +66,32 @@ def audit(ctx, inventory, limit, as_json, templates, verify, debug):
     (size, mtime, inode); with it, by their sha256.
     Exit status: 0 no drift, 1 drift, 2 a host unreachable or unreadable.
     """
-    import gc
+    from . import hosts  # first: pyinfra's gevent patching, before anything imports ssl
+
     import json
     import logging
     import os
     import sys
     from pathlib import Path
 
-    from . import openssh
-
-    # A short run that makes few cycles: the collector's passes over the ~900 modules being
-    # imported cost more than the garbage they would find.
-    gc.disable()
-
     if debug:
         logging.basicConfig(level=logging.DEBUG, format="%(message)s")
     else:
-        logging.getLogger("pyinfra").setLevel(logging.ERROR)  # connection chatter; failures are in the report
-
+        logging.getLogger("pyinfra").setLevel(logging.CRITICAL)  # connection chatter; failures are in the report
     if templates is None and Path("templates").is_dir():
         templates = "templates"
-    # Each host's ssh connects while pyinfra and the planners are imported: started by
-    # llamarack.entry before click was imported, when it read the same line as click.
-    given = (ctx.obj or {}).get("early")
-    if given is not None and given[0] == (inventory, tuple(limit)):
-        started = given[1]
-    else:
-        if given is not None:
-            given[1].stop()
-        started = openssh.early(inventory, tuple(limit))
-    try:
-        hosts = openssh.load_inventory(inventory, started.executed)
-        chosen = openssh.select(hosts, tuple(limit))
-    except BaseException as e:
-        started.stop()
-        if isinstance(e, ValueError):
-            raise click.UsageError(str(e))
-        raise
-    sessions = openssh.connect(chosen, started=started)
-    if (ctx.obj or {}).get("whole_process"):
-        openssh.global_arguments_once()  # before the fact classes are declared (imported)
-    try:
-        from . import audit as auditmod
+    from . import audit as auditmod
 
-        audits = auditmod.run(sessions, (Path(templates).resolve(),) if templates else (), verify)
-    finally:
-        for s in sessions:
-            s.close()
+    try:
+        chosen = hosts.load(inventory, tuple(limit))
+    except ValueError as e:
+        raise click.UsageError(str(e))
+    audits = auditmod.run(chosen, (Path(templates).resolve(),) if templates else (), verify)
     if as_json:
         click.echo(json.dumps(auditmod.as_json(audits), indent=1, default=str))
     else:
         click.echo(auditmod.as_table(audits, colour=sys.stdout.isatty() and not os.environ.get("NO_COLOR")), nl=False)
-    status = auditmod.exit_status(audits)
-    if (ctx.obj or {}).get("whole_process"):
-        # The process is this command, and all is said: the interpreter's teardown of the
-        # ~900 modules imported took 50-120 ms more than the audit itself needs.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
-    sys.exit(status)
+    sys.exit(auditmod.exit_status(audits))
 
 
 @main.command()

@@ -23,9 +23,8 @@ def nodelay_transport(sock: Any, **kwargs: Any) -> "paramiko.Transport":  # noqa
     """paramiko's Transport on ``sock`` with TCP_NODELAY set. Sockets that
     are not TCP (a ProxyCommand pipe, a ProxyJump channel) are left as they
     are."""
-    # Imported here: inventories import this module, and ``llamarack audit`` reads them
-    # before anything of paramiko (0.1 s to import), or of socket, is needed, or is at all
-    # (it uses OpenSSH, and starts it from that read).
+    # Imported here: inventories import this module, and ``llamarack plan`` and
+    # ``llamarack settings`` read them without connecting (paramiko takes 0.1 s to import).
     import socket
 
     from paramiko import Transport

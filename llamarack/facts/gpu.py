@@ -229,10 +229,6 @@ class NvidiaKernelModule(FactBase[Optional[KernelModule]]):
     def command(self) -> str:
         return f"cat {PROC_VERSION} 2>/dev/null || true"
 
-    def host_twin(self) -> tuple:
-        # read together, the shared python3 prints the same bytes (llamarack/remote/file_reads.py)
-        return ("file_reads", "cat", PROC_VERSION)
-
     def process(self, output) -> Optional[KernelModule]:
         for line in output:
             if line.startswith("NVRM version:"):
@@ -303,10 +299,6 @@ class RecordedGpus(FactBase[tuple]):
 
     def command(self, path: str) -> str:
         return f"cat {shlex.quote(path)} 2>/dev/null || true"
-
-    def host_twin(self, path: str) -> tuple:
-        # read together, the shared python3 prints the same bytes (llamarack/remote/file_reads.py)
-        return ("file_reads", "cat", path)
 
     def default(self) -> tuple:
         return ()

@@ -109,10 +109,6 @@ class LlamacppBuilds(FactBase[Builds]):
             'else echo "partial $d"; fi; done; true'
         )
 
-    def host_twin(self, root: str) -> tuple:
-        # read together, the shared python3 prints the same bytes (llamarack/remote/file_reads.py)
-        return ("file_reads", "builds", Layout(root).builds)
-
     def default(self) -> Builds:
         return Builds(None, {})
 
@@ -150,10 +146,6 @@ class LlamaServerFlags(FactBase[Optional[ServerFlags]]):
             f"cat {shlex.quote(current + '/server-help.txt')} 2>/dev/null || exit 0; "
             f"echo {shlex.quote(self._SPLIT)}; cat {shlex.quote(current + '/build-info.json')} 2>/dev/null; true"
         )
-
-    def host_twin(self, root: str) -> tuple:
-        # read together, the shared python3 prints the same bytes (llamarack/remote/file_reads.py)
-        return ("file_reads", "server-flags", Layout(root).current_build, self._SPLIT)
 
     def process(self, output) -> Optional[ServerFlags]:
         lines = list(output)
@@ -195,10 +187,6 @@ class BuildRecord(FactBase[Optional[dict]]):
 
     def command(self, root: str) -> str:
         return f"cat {shlex.quote(Layout(root).current_build + '/build-info.json')} 2>/dev/null; true"
-
-    def host_twin(self, root: str) -> tuple:
-        # read together, the shared python3 prints the same bytes (llamarack/remote/file_reads.py)
-        return ("file_reads", "cat", Layout(root).current_build + "/build-info.json")
 
     def process(self, output) -> Optional[dict]:
         return _json_object(output, "build-info.json")
@@ -272,10 +260,6 @@ class BenchRecord(FactBase[Optional[dict]]):
 
     def command(self, path: str) -> str:
         return f"cat {shlex.quote(path)} 2>/dev/null; true"
-
-    def host_twin(self, path: str) -> tuple:
-        # read together, the shared python3 prints the same bytes (llamarack/remote/file_reads.py)
-        return ("file_reads", "cat", path)
 
     def process(self, output) -> Optional[dict]:
         return _json_object(output, "bench.json")

@@ -61,10 +61,6 @@ class ModelArtifact(FactBase[Optional[ArtifactState]]):
             f"elif [ -e {d} ]; then echo unsealed; fi"
         )
 
-    def host_twin(self, path: str) -> tuple:
-        # read together, the shared python3 prints the same bytes (llamarack/remote/file_reads.py)
-        return ("file_reads", "artifact", path)
-
     def process(self, output) -> Optional[ArtifactState]:
         if not output:
             return None

@@ -27,7 +27,6 @@ from typing import Any, Optional
 from pyinfra import host, logger
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
-from pyinfra.facts.files import Directory, File, FileContents, Link, Sha1File
 
 from .. import remote
 
@@ -57,9 +56,11 @@ def _text(command) -> str:
     return command.get_raw_value() if hasattr(command, "get_raw_value") else str(command)
 
 
-def _command_text(fact: FactBase, kwargs: dict) -> str:
-    """The shell text of ``fact``'s command, behind its ``requires_command`` guard as pyinfra builds it."""
-    command = _text(fact.command(**kwargs) if callable(fact.command) else fact.command)
+def _command_text(fact: FactBase, kwargs: dict, command: Optional[str] = None) -> str:
+    """The shell text of ``fact``'s command (or ``command`` in its place), behind its
+    ``requires_command`` guard as pyinfra builds it."""
+    if command is None:
+        command = _text(fact.command(**kwargs) if callable(fact.command) else fact.command)
     requires = fact.requires_command
     requires = _text(requires(**kwargs) if callable(requires) else requires)
     if requires:
@@ -78,60 +79,6 @@ class Answer:
     error: Optional[str] = None
 
 
-# pyinfra's own facts that a host module prints the same bytes for (their ``host_twin``).
-_PYINFRA_TWINS = {FileContents: lambda path: ("file_reads", "contents", path),
-                  Sha1File: lambda path: ("file_reads", "sha1", path),
-                  # not a "~/" path: pyinfra leaves its tilde for the shell to expand
-                  **{stat_fact: lambda path: None if path.startswith("~") else ("file_reads", "stat", path)
-                     for stat_fact in (File, Link, Directory)}}
-
-
-def _twin(fact: FactBase, kwargs: dict) -> Optional[tuple]:
-    """The host module run that prints what ``fact``'s shell command prints, if it has one
-    (``host_twin(**kwargs)``; ``llamarack/remote/file_reads.py``)."""
-    if hasattr(fact, "host_twin"):
-        return fact.host_twin(**kwargs)
-    twin = _PYINFRA_TWINS.get(type(fact))
-    return twin(**kwargs) if twin else None
-
-
-def _python_run(fact: FactBase, kwargs: dict) -> tuple[Optional[tuple], bool]:
-    """(the host module run the shared python3 makes for ``fact``, or None; whether that run
-    is a twin of a shell command): its ``host_run``, else its twin."""
-    run = fact.host_run(**kwargs) if hasattr(fact, "host_run") else None
-    if run:
-        return run, False
-    twin = _twin(fact, kwargs)
-    return twin, twin is not None
-
-
-def answered_by_python3(read: FactRead) -> bool:
-    """Whether ``FactsTogether`` has the shared python3 answer ``read`` (where the host has one)."""
-    return _python_run(read.fact(), dict(read.kwargs))[0] is not None
-
-
-def _requires_python(fact: FactBase, kwargs: dict) -> bool:
-    requires = fact.requires_command
-    requires = _text(requires(**kwargs) if callable(requires) else requires) or None
-    if requires not in (None, "python3"):
-        raise ValueError(f"{type(fact).__name__}: a fact with a host_run may require python3 only")
-    return requires == "python3"
-
-
-def host_runs_argv(marker: str, sources: dict, runs: list, included: Optional[dict] = None) -> list:
-    """The arguments of ``llamarack/remote/host_runs.py``: the modules' own ``sources``
-    ({name: source}), the modules they ``included`` (the same) and ``runs`` ([(index, name,
-    [arg, ...]), ...]), as that module reads them."""
-    argv = [marker]
-    for given in (included or {}, sources):
-        argv.append(str(len(given)))
-        for name, source in given.items():
-            argv += [name, source]
-    for index, name, args in runs:
-        argv += [str(int(index)), name, str(len(args)), *(str(a) for a in args)]
-    return argv
-
-
 class FactsTogether(FactBase[dict]):
     """
     Returns the answers of several facts, their commands run in one shell command
@@ -142,55 +89,36 @@ class FactsTogether(FactBase[dict]):
     command: some facts keep their arguments there), exactly as pyinfra would.
     A fact whose command is one run of a host module says which (``host_run(**kwargs)``
     gives the module's name and arguments; its ``command`` is ``remote.command`` of
-    them): those runs share one python3 instead of starting one each. A fact whose shell
-    command only reads files may have a twin (``host_twin(**kwargs)``; pyinfra's own
-    FileContents, Sha1File, File, Link and Directory through ``_PYINFRA_TWINS``): a host
-    module run that prints the same bytes, which the shared python3 runs too; a host
-    without python3 runs its shell command.
-    Read through ``read_together``.
+    them): the script holds each module's source once, in a shell variable, and the
+    fact's section runs ``python3 -c "$variable" ARGS``. Read through ``read_together``.
     """
 
     def command(self, reads: tuple) -> str:
         self.marker = f"llamarack-section-{secrets.token_hex(8)}"
         self.facts = [r.fact() for r in reads]
-        sections, runs = [], []
+        sources: dict = {}
+        sections = []
         for i, (r, fact) in enumerate(zip(reads, self.facts)):
             kwargs = dict(r.kwargs)
-            run, twin = _python_run(fact, kwargs)
+            run = fact.host_run(**kwargs) if hasattr(fact, "host_run") else None
             if run:
-                runs.append((i, fact, kwargs, run, twin))
-                continue
-            sections.append(self._shell_section(i, fact, kwargs))
-        if runs:
-            sections.append(self._host_runs(runs))
-        return "\n".join(sections)
+                name, *args = run
+                variable = sources.setdefault(name, f"LLAMARACK_HOST_MODULE_{len(sources)}")
+                command = f'python3 -c "${variable}" {remote.argv(*args)}'.rstrip()
+                sections.append(self._section(i, fact, kwargs, command))
+            else:
+                sections.append(self._section(i, fact, kwargs))
+        # The variable names are made here; each source is quoted whole (shlex), so the
+        # shell expands nothing in it.
+        defined = [f"{variable}={remote.argv(remote.source(name))}" for name, variable in sources.items()]
+        return "\n".join(defined + sections)
 
-    def _shell_section(self, i: int, fact: FactBase, kwargs: dict) -> str:
-        """Fact ``i``'s own shell command, between its markers. The marker is hex and ``i`` a
-        number; the command is the fact's, every value in it quoted by the fact itself."""
-        command = _command_text(fact, kwargs)
-        return f"echo {self.marker} {int(i)}; ( {command} ) </dev/null 2>/dev/null; echo {self.marker} rc $?"
-
-    def _host_runs(self, runs: list) -> str:
-        """The facts that are one run of a host module each (``host_run``), all run by one
-        python3 (``llamarack/remote/host_runs.py``), in sections as the shell's, and the twins
-        of shell commands (``host_twin``). Where the host has no python3, each says so as it
-        would alone: missing for a fact that requires python3, else the shell's 127; a twin's
-        shell command runs."""
-        names = tuple(dict.fromkeys(name for *_, (name, *_), _ in runs))
-        sources = {name: remote.own_source(name) for name in names}
-        included = {n: remote.own_source(n) for n in dict.fromkeys(n for name in names for n in remote.includes(name))}
-        arguments = host_runs_argv(self.marker, sources, [(i, name, args) for i, _, _, (name, *args), _ in runs],
-                                   included)  # fmt: skip
-        without = "; ".join(
-            self._shell_section(i, fact, kwargs) if twin else
-            f"echo {self.marker} {i}; " + (f"echo {MISSING_COMMAND}; echo {self.marker} rc 0"
-                                           if _requires_python(fact, kwargs) else f"echo {self.marker} rc 127")
-            for i, fact, kwargs, _, twin in runs
-        )  # fmt: skip
-        # -I -S: host modules use the standard library only, and site's start-up is half a python3's
-        together = remote.command("host_runs", *arguments, flags=("-I", "-S"))
-        return f"if command -v python3 >/dev/null 2>&1; then {together} </dev/null 2>/dev/null; else {without}; fi"
+    def _section(self, i: int, fact: FactBase, kwargs: dict, command: Optional[str] = None) -> str:
+        """Fact ``i``'s command (its own, or ``command``), behind its ``requires_command``
+        guard, between its markers. The marker is hex and ``i`` a number; the command is
+        the fact's, every value in it quoted by the fact itself."""
+        text = _command_text(fact, kwargs, command)
+        return f"echo {self.marker} {int(i)}; ( {text} ) </dev/null 2>/dev/null; echo {self.marker} rc $?"
 
     def process(self, output) -> dict:
         sections: dict = {}

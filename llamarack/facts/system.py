@@ -32,11 +32,6 @@ class FreeDiskBytes(FactBase[int]):
             'while [ ! -e "$p" ]; do p=$(dirname "$p") || break; done; stat -f -c "%a %S" "$p"'
         )
 
-    def host_twin(self, path: str) -> Optional[tuple]:
-        # read together, the shared python3 prints the same line (llamarack/remote/file_reads.py);
-        # a relative or "~" path is left to the shell's dirname
-        return ("file_reads", "free", path) if path.startswith("/") else None
-
     def process(self, output) -> int:
         fields = output[-1].split() if output else []
         try:

@@ -1,5 +1,4 @@
 # Runs on the host (standard library only, imports nothing from llamarack; run by llamarack.remote.command).
-# Includes: json_text
 """Seal a proven llama.cpp build, and check builds against their seals.
 
     python3 build_seal.py seal BUILD_DIR
@@ -26,17 +25,12 @@ build directory or ``current``) also reads every sealed file of that build
 and compares its sha256: an edit in place that kept size and mtime shows
 only there.
 
-The manifest is read and the report written through ``json_text`` (what
-``json`` writes, without its 15 ms import of ``re``: every audit checks).
 """
 
 import os
 import sys
 
-try:
-    dumps, loads  # json_text's, put first by llamarack.remote.source (the "# Includes:" line)
-except NameError:  # this file run or imported as it is
-    from json import dumps, loads
+from json import dumps, loads
 
 # What a build's seal covers, relative to the build directory.
 SEALED = ("build/bin", "version.txt", "server-help.txt", "build-info.json")

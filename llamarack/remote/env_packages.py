@@ -1,5 +1,4 @@
 # Runs on the host (standard library only, imports nothing from llamarack; run by llamarack.remote.command).
-# Includes: json_text
 """Print the Python version of the env at ENV and every distribution installed in it, as JSON.
 
     python3 -c SOURCE ENV      (nothing when ENV/bin/python is not there)
@@ -11,17 +10,12 @@ distributions from the ``*.dist-info`` (and ``*.egg-info``) entries of its
 Starting an env's own Python, with torch installed, cost about 0.2 s of a
 host's CPU per env on every run; listing the directory costs a few ms.
 Where neither version record exists, the env's interpreter is asked after all.
-JSON through ``json_text`` and directories listed by hand: ``json`` and ``glob``
-import ``re``, 15 ms of a host's CPU in every audit.
 """
 
 import os
 import sys
 
-try:
-    dumps, loads  # json_text's, put first by llamarack.remote.source (the "# Includes:" line)
-except NameError:  # this file run or imported as it is
-    from json import dumps, loads
+from json import dumps, loads
 
 
 def _listing(folder: str) -> list:

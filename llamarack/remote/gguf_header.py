@@ -1,5 +1,4 @@
 # Runs on the host (standard library only, imports nothing from llamarack; run by llamarack.remote.command).
-# Includes: json_text
 """Read what the context planner needs from a GGUF file's header.
 
 Standard library only: the ``GgufShape`` fact runs this file's source with
@@ -31,10 +30,8 @@ real model's header (``bench/gguf_header_bench.py``). A tensor's bytes follow
 from its dimensions and type (ggml's block sizes below), which is how the
 weights are counted per layer.
 
-Records are read and answers written through ``json_text`` (what ``json``
-writes), run on a host: ``json`` and ``re`` cost a host 15 ms of CPU to import
-in every audit. The control machine imports this file for its reader
-(``llamarack/model_shapes.py``), which needs neither.
+The control machine imports this file for its reader
+(``llamarack/model_shapes.py``).
 """
 
 import os
@@ -42,10 +39,7 @@ import stat
 import struct
 import sys
 
-try:
-    dumps, loads  # json_text's, put first by llamarack.remote.source (the "# Includes:" line)
-except NameError:  # this file run or imported as it is
-    from json import dumps, loads
+from json import dumps, loads
 
 # GGUF metadata value types: struct format of the scalar ones.
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",

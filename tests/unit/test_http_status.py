@@ -1,5 +1,5 @@
-"""llamarack/remote/http_status.py: the health status the audit reports, asked over the
-interpreter's own socket module, run as the host runs it (``python3 -I -S -c SOURCE URL``)."""
+"""llamarack/remote/http_status.py: the health status the audit reports, run as the
+host runs it (``python3 -I -S -c SOURCE URL``)."""
 
 import http.server
 import socket
@@ -10,12 +10,15 @@ import threading
 import pytest
 
 from llamarack import remote
-from llamarack.remote.http_status import _split
 
 
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        self.send_response(200 if self.path == "/health" else 404)
+        if self.path == "/moved":
+            self.send_response(302)
+            self.send_header("Location", "/health")
+        else:
+            self.send_response(200 if self.path == "/health" else 404)
         self.end_headers()
 
     def log_message(self, *args):
@@ -31,9 +34,9 @@ def _serve(family=socket.AF_INET, host="127.0.0.1"):
     return server
 
 
-def status(url: str) -> str:
+def status(url: str, env=None) -> str:
     r = subprocess.run([sys.executable, "-I", "-S", "-c", remote.source("http_status"), url], capture_output=True,
-                       text=True, timeout=60)  # fmt: skip
+                       text=True, timeout=60, env=env)  # fmt: skip
     assert r.returncode == 0 and r.stderr == "", r.stderr
     return r.stdout.strip()
 
@@ -60,10 +63,13 @@ def test_an_ipv6_address_in_brackets():
         server.shutdown()
 
 
-def test_only_a_plain_http_url_is_split_by_hand():
-    assert _split("http://127.0.0.1:8080/health") == ("127.0.0.1", 8080, "127.0.0.1:8080", "/health")
-    assert _split("http://gpu01") == ("gpu01", 80, "gpu01", "/")
-    assert _split("http://[::1]/h?x=1") == ("::1", 80, "[::1]", "/h?x=1")
-    for other in ("https://gpu01/health", "http://user@gpu01/", "http://gpu01:port/", "http://gpu01?x", "ftp://a/",
-                  "http://gpu01/a b", "http://gpu01/h\r\nX-Injected: 1"):
-        assert _split(other) is None, other  # urllib.request's, as before
+def test_a_redirect_is_its_own_answer_and_no_proxy_is_asked():
+    server = _serve()
+    port = server.server_address[1]
+    try:
+        assert status(f"http://127.0.0.1:{port}/moved") == "302"
+        # a proxy in the environment that nothing answers at: the server is still asked directly
+        proxied = {"PATH": "/usr/bin:/bin", "http_proxy": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"}
+        assert status(f"http://127.0.0.1:{port}/health", env=proxied) == "200"
+    finally:
+        server.shutdown()
