@@ -14,7 +14,7 @@ them and a space):
 - qwen2.5-7b: Qwen2.5 7B, 152,064 tokens and 151,387 merges, 339 tensors;
 - gemma3-27b: Gemma-3 27B, 262,144 tokens with their scores, no merges, 808 tensors.
 
-For each, with this checkout's ``llamarack/remote/gguf_header.py`` and with the one at
+For each, with this checkout's ``roles/model/files/gguf_header.py`` and with the one at
 --before (default: the commit before the vocabulary was read past in chunks):
 
 - read_shape_cpu_s: CPU of ``read_shape`` in this process, median of --reps;
@@ -53,8 +53,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from llamarack.facts import shape_record_name  # noqa: E402
-from llamarack.remote.llamacpp_proof import _gguf_kv, _gguf_string  # noqa: E402
+from llamarack.roles.model.reads import shape_record_name
+from llamarack.roles.llamacpp.files.llamacpp_proof import _gguf_kv, _gguf_string
 
 from converged_bench import _cpu  # noqa: E402  (this folder's)
 
@@ -189,8 +189,8 @@ def main() -> int:
     ap.add_argument("--before", default=BEFORE, help=f"the commit to compare with (default {BEFORE})")
     ap.add_argument("--lab-host", help="also read a header gguf-py wrote, on this lab host")
     args = ap.parse_args()
-    sources = {"now": (ROOT / "llamarack/remote/gguf_header.py").read_text(),
-               "before": subprocess.run(["git", "show", f"{args.before}:llamarack/remote/gguf_header.py"], cwd=ROOT,
+    sources = {"now": (ROOT / "roles/model/files/gguf_header.py").read_text(),
+               "before": subprocess.run(["git", "show", f"{args.before}:roles/model/files/gguf_header.py"], cwd=ROOT,
                                         capture_output=True, text=True, check=True).stdout}  # fmt: skip
     modules = {k: _module(v, f"gguf_header_{k}") for k, v in sources.items()}
     models = {}

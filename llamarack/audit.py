@@ -31,24 +31,12 @@ from typing import Any, Optional
 from pyinfra.facts.files import FileContents, Link, Sha1File, Sha256File
 from pyinfra.facts.server import LinuxDistribution
 
-from .facts import (
-    BenchRecord,
-    BuildRecord,
-    BuildSeals,
-    CharDevices,
-    FactRead,
-    FreeDiskBytes,
-    GgufShape,
-    GpuProcesses,
-    HttpStatus,
-    LlamacppBuilds,
-    LlamaServerFlags,
-    ModelArtifact,
-    PythonEnvPackages,
-    RequirementsFile,
-    UnitState,
-    active_since,
-)
+from llamarack.roles.llamacpp.reads import BenchRecord, BuildRecord, BuildSeals, LlamacppBuilds, LlamaServerFlags
+from llamarack.roles.driver.reads import CharDevices, GpuProcesses
+from .facts import FactRead, FreeDiskBytes
+from llamarack.roles.model.reads import GgufShape, ModelArtifact
+from llamarack.roles.server.reads import HttpStatus, UnitState, active_since
+from llamarack.roles.python_env.reads import PythonEnvPackages, RequirementsFile
 from .facts.reading import FactsTogether
 from .layout import UNIT_NAME, UNIT_PATH
 from .roles.llamacpp.plan import plan_for_host, same_build

@@ -9,7 +9,7 @@
     <root>/models/.staging/<stamp16>/ a model being made (mode 700)
     <root>/models/current -> <stamp16>
     <root>/cache/blobs/<algo>/<hex>   downloaded model files by content hash (sha256, git-sha1;
-                                      mode 700), hardlinked into each fetch (remote/model_fetch.py)
+                                      mode 700), hardlinked into each fetch (roles/model/files/model_fetch.py)
     <root>/state/<name>.json          records later runs read back (gpus.json; rollback.json,
                                       and previous.service: the unit before the last switch)
 

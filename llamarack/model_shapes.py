@@ -1,7 +1,7 @@
 """Where ``llamarack plan`` gets a model's shape: a GGUF header (a local file,
 or read from the hub with HTTP ranges) or a ``config.json`` and a quant.
 
-The shape is the dict ``llamarack/remote/gguf_header.py`` makes from a GGUF
+The shape is the dict ``roles/model/files/gguf_header.py`` makes from a GGUF
 (what the ``GgufShape`` fact returns on a host), so the planner cannot tell
 where it came from.
 
@@ -28,7 +28,7 @@ from urllib.parse import quote
 import requests
 
 from llamarack.errors import ModelSourceError
-from llamarack.remote.gguf_header import GGML_BLOCKS, GgufError, read_shape, shape_of
+from llamarack.roles.model.files.gguf_header import GGML_BLOCKS, GgufError, read_shape, shape_of
 
 # ggml type ids (GGML_BLOCKS' keys) by name.
 GGML = {"F32": 0, "F16": 1, "Q4_0": 2, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14,

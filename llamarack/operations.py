@@ -19,7 +19,7 @@ from pyinfra.operations import apt
 
 from . import remote
 from .facts import read
-from .facts.gpu import NvidiaSmi, gpus_record
+from llamarack.roles.driver.reads import NvidiaSmi, gpus_record
 
 
 @operation()

@@ -3,7 +3,7 @@
 One planner for the server role (``roles/server/plan.py``, from the
 ``GgufShape`` fact) and for ``llamarack plan`` (from a GGUF header, local or
 read from the hub with HTTP ranges, or from a ``config.json`` and a quant).
-Pure functions of a shape dict (``llamarack/remote/gguf_header.py`` makes it)
+Pure functions of a shape dict (``roles/model/files/gguf_header.py`` makes it)
 and ``Knobs``.
 
 The ledger follows llama.cpp's own placement (src/llama-model.cpp,

@@ -17,7 +17,8 @@ from typing import Callable, Optional
 
 from packaging.version import Version
 
-from .facts import CudaToolkit, DriverState, GccInstall, KernelModule
+from llamarack.roles.toolchain.reads import CudaToolkit, GccInstall
+from llamarack.roles.driver.reads import DriverState, KernelModule
 from .settings import Settings
 
 # Minimum driver per CUDA toolkit (major, minor), newest first. CUDA 11.8

@@ -1,10 +1,12 @@
 """llamarack's roles, one folder each (installed as ``llamarack.roles``).
 
-Each ``roles/<role>/`` holds the role's one ``@deploy`` entry point
-(``deploy.py``), its plan (``plan.py``: pure functions of settings and
-facts), its operations (``operations.py``) and its templates
-(``templates/``); its ``__init__.py`` only describes it, so that importing
-a plan (as ``llamarack audit`` does) imports no operation. Another pyinfra
+Each ``roles/<role>/`` holds the role's whole story: the facts it reads
+(``reads.py``), its plan (``plan.py``: pure functions of settings and
+facts), its operations (``operations.py``), its one ``@deploy`` entry point
+(``deploy.py``), the scripts it runs on a host (``files/``, standard library
+only) and its templates (``templates/``); its ``__init__.py`` only describes
+it, so that importing a plan (as ``llamarack audit`` does) imports no
+operation. Another pyinfra
 deploy uses a role the way ``deploy.py`` does:
 
     from pyinfra import host
@@ -17,3 +19,6 @@ deploy uses a role the way ``deploy.py`` does:
     if facts:
         llama_server(settings, facts)
 """
+
+# The roles, in the order deploy.py runs them.
+ROLES = ("preflight", "driver", "toolchain", "python_env", "llamacpp", "model", "server")

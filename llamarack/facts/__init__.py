@@ -1,84 +1,13 @@
-"""Custom pyinfra facts: one small class per probed thing, each with fixture tests.
+"""The read store and the facts several roles share.
 
-OS release comes from pyinfra's own ``server.LinuxDistribution``.
+Each role's own facts are in its folder (``roles/<role>/reads.py``); here are
+the store every role reads through (``read``, ``read_together``: one remote
+command for many facts) and the host facts no one role owns. OS release comes
+from pyinfra's own ``server.LinuxDistribution``.
 """
 
-from .gpu import (
-    CharDevice,
-    CharDevices,
-    DriverState,
-    Gpu,
-    GpuProcess,
-    GpuProcesses,
-    KernelModule,
-    NvidiaKernelModule,
-    NvidiaSmi,
-    RecordedGpus,
-    gpus_record,
-)
-from .llamacpp import (BenchRecord, BuildFlags, BuildRecord, Builds, BuildSeals, GitHead, LlamacppBuilds,
-                       LlamaServerFlags, Seals, ServerFlags, parse_build_help, parse_server_help)
-from .packages import DebianSources, DebPackage, NvidiaDriverPackages
-from .python import PythonEnv, PythonEnvPackages, RequirementsFile
-from .model import ArtifactState, CachedBlobs, GgufShape, ModelArtifact, shape_record_name
+from .packages import DebianSources
 from .reading import FactRead, read, read_together
-from .system import FreeDiskBytes, HttpStatus, PasswdEntry, SystemUser, UnitState, active_since
-from .toolchain import (
-    CmakeVersion,
-    CudaToolkit,
-    CudaToolkits,
-    GccInstall,
-    GccVersions,
-    InstallableGccMajors,
-)
+from .system import FreeDiskBytes
 
-__all__ = [
-    "CharDevice",
-    "CharDevices",
-    "FactRead",
-    "read",
-    "read_together",
-    "PasswdEntry",
-    "SystemUser",
-    "UnitState",
-    "HttpStatus",
-    "BuildRecord",
-    "BenchRecord",
-    "GpuProcess",
-    "GpuProcesses",
-    "ArtifactState",
-    "CachedBlobs",
-    "Builds",
-    "BuildSeals",
-    "Seals",
-    "GitHead",
-    "LlamacppBuilds",
-    "LlamaServerFlags",
-    "BuildFlags",
-    "ServerFlags",
-    "parse_build_help",
-    "parse_server_help",
-    "CmakeVersion",
-    "CudaToolkit",
-    "CudaToolkits",
-    "DebianSources",
-    "DebPackage",
-    "DriverState",
-    "FreeDiskBytes",
-    "GccInstall",
-    "GccVersions",
-    "InstallableGccMajors",
-    "Gpu",
-    "KernelModule",
-    "ModelArtifact",
-    "GgufShape",
-    "NvidiaKernelModule",
-    "NvidiaDriverPackages",
-    "NvidiaSmi",
-    "PythonEnv",
-    "PythonEnvPackages",
-    "RequirementsFile",
-    "RecordedGpus",
-    "gpus_record",
-    "shape_record_name",
-]
+__all__ = ["DebianSources", "FactRead", "FreeDiskBytes", "read", "read_together"]

@@ -1,16 +1,12 @@
-"""Facts about the host itself that the stock pyinfra facts do not cover."""
+"""The free disk space, which preflight, the model role and the audit read."""
 
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
-from typing import Optional
 
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
-from .. import remote
-from .value import FactValue
 
 
 class FreeDiskBytes(FactBase[int]):
@@ -40,106 +36,3 @@ class FreeDiskBytes(FactBase[int]):
             raise FactProcessError(f"unexpected stat -f output: {output!r}") from e
         return available * block
 
-
-@dataclass(frozen=True)
-class PasswdEntry(FactValue):
-    name: str
-    uid: int
-    gid: int
-    home: str
-    shell: str
-
-
-class SystemUser(FactBase[Optional[PasswdEntry]]):
-    """
-    Returns the passwd entry of ``user`` (through NSS, as ``getent`` sees it),
-    or None when there is no such user. One user, not pyinfra's ``server.Users``,
-    which reads every account of the host and each one's groups.
-
-    .. code:: python
-
-        PasswdEntry(name="llamarack", uid=999, gid=999, home="/opt/llamarack",
-                    shell="/usr/sbin/nologin")
-    """
-
-    def command(self, user: str) -> str:
-        # getent exits 2 for "no such user": that is an answer, not a failure.
-        return f"getent passwd {shlex.quote(user)} || true"
-
-    def process(self, output) -> Optional[PasswdEntry]:
-        fields = output[0].split(":") if output else []
-        if len(fields) != 7:
-            raise FactProcessError(f"unexpected getent passwd output: {output!r}")
-        try:
-            return PasswdEntry(fields[0], int(fields[2]), int(fields[3]), fields[5], fields[6])
-        except ValueError as e:
-            raise FactProcessError(f"unexpected getent passwd output: {output!r}") from e
-
-
-UNIT_PROPERTIES = ("ActiveState", "SubState", "MainPID", "ActiveEnterTimestamp", "NRestarts")
-
-
-class UnitState(FactBase[dict]):
-    """
-    Returns what systemd says of ``unit`` now: ``systemctl show``'s ActiveState,
-    SubState, MainPID, ActiveEnterTimestamp (Unix seconds, ``@1764640411``: no
-    time zone to parse) and NRestarts (a unit systemd does not know shows
-    ActiveState ``inactive`` and MainPID 0).
-
-    .. code:: python
-
-        {"ActiveState": "active", "SubState": "running", "MainPID": "3197",
-         "ActiveEnterTimestamp": "@1764640411", "NRestarts": "0"}
-    """
-
-    requires_command = "systemctl"
-
-    def command(self, unit: str) -> str:
-        props = " ".join(f"--property={p}" for p in UNIT_PROPERTIES)
-        return f"systemctl show --timestamp=unix {props} {shlex.quote(unit)}"
-
-    def default(self) -> dict:
-        return {}
-
-    def process(self, output) -> dict:
-        state = dict(line.split("=", 1) for line in output if "=" in line)
-        if "ActiveState" not in state:
-            raise FactProcessError(f"unexpected systemctl show output: {output!r}")
-        return state
-
-
-class HttpStatus(FactBase[Optional[int]]):
-    """
-    Returns the HTTP status a GET of ``url`` gets from the host itself (5 s at most),
-    or None when nothing answers. ``/health`` of a llama-server: 200 when it
-    serves, 503 while it loads.
-
-    .. code:: python
-
-        200
-    """
-
-    def host_run(self, url: str) -> tuple:
-        return ("http_status", url)
-
-    def command(self, url: str) -> str:
-        return remote.command(*self.host_run(url))
-
-    def process(self, output) -> Optional[int]:
-        word = output[-1].strip() if output else ""
-        if word == "none":
-            return None
-        if not word.isdigit():
-            raise FactProcessError(f"unexpected http_status output: {output!r}")
-        return int(word)
-
-
-def active_since(state: dict) -> Optional[float]:
-    """When the unit of a ``UnitState`` last became active (Unix time), None if it is not."""
-    stamp = state.get("ActiveEnterTimestamp", "")
-    if state.get("ActiveState") != "active" or not stamp.startswith("@"):
-        return None
-    try:
-        return float(stamp[1:])
-    except ValueError:
-        return None

@@ -4,7 +4,7 @@ import dataclasses
 
 
 class FactValue:
-    """A fact value (a frozen dataclass): ``pyinfra INVENTORY fact llamarack.facts.X`` and
+    """A fact value (a frozen dataclass): ``pyinfra INVENTORY fact llamarack.roles.<role>.reads.X`` and
     ``--json`` serialize it through ``to_json``, which pyinfra's encoder looks for."""
 
     def to_json(self):

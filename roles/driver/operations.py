@@ -8,7 +8,8 @@ from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
 from llamarack import remote
-from llamarack.facts import NvidiaDriverPackages, read
+from llamarack.roles.driver.reads import NvidiaDriverPackages
+from llamarack.facts import read
 
 
 @operation()

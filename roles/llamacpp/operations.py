@@ -13,7 +13,7 @@ from pyinfra.facts.files import FileContents
 
 from llamarack import remote
 from llamarack.facts import read
-from llamarack.facts.llamacpp import BuildSeals, GitHead, LlamacppBuilds
+from llamarack.roles.llamacpp.reads import BuildSeals, GitHead, LlamacppBuilds
 from llamarack.layout import Layout
 
 from .plan import PORTABLE_CPU_VARIANTS, BuildPlan, cpu_variant_name, with_cpu_features
@@ -101,7 +101,7 @@ def build(plan: BuildPlan, src: str, root: str, ccache_dir=None, jobs=None):
         f"{q_d}/bin/llama-server --help > {q_d}/server-help.txt 2>&1"
         f" && grep -q -e '--load-mode' -e '--no-mmap' {q_d}/server-help.txt"
     )
-    # The build counts only once it computed: the smoke run (llamarack/remote/
+    # The build counts only once it computed: the smoke run (roles/<role>/files/
     # llamacpp_proof.py) writes build-info.json, last, when a rung of its ladder works.
     spec = proof_spec(plan, d, src, env, ccache_dir, jobs)
     yield FileUploadCommand(StringIO(json.dumps(spec, indent=1, sort_keys=True)), f"{d}/proof-spec.json")
@@ -190,7 +190,7 @@ def seal_build(root: str, stamp: str):
     """
     Seal a proven build: ``manifest.json`` records every file it serves with
     (``build/bin``, and the records the deploy reads) with its size, mtime_ns,
-    inode and sha256 (``llamarack/remote/build_seal.py``).
+    inode and sha256 (``roles/llamacpp/files/build_seal.py``).
 
     + root: the llamarack root
     + stamp: the build directory under ``builds/``

@@ -7,7 +7,8 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import File
 
 from llamarack.errors import ModelSourceError
-from llamarack.facts import FactRead, GgufShape, ModelArtifact, read, read_together, shape_record_name
+from llamarack.facts import FactRead, read, read_together
+from llamarack.roles.model.reads import GgufShape, ModelArtifact, shape_record_name
 from llamarack.secrets import read_token
 from llamarack.settings import Settings, draft_settings
 

@@ -11,7 +11,7 @@ huggingface_hub's ``HfApi.model_info(files_metadata=True)`` reads). LFS
 files come with their sha256; small non-LFS files (config.json,
 tokenizer_config.json) only with their git blob id, which is itself a hash
 of the content, so the host checks those by blob id instead of fetching them
-here to hash (see ``llamarack/remote/model_fetch.py``).
+here to hash (see ``roles/model/files/model_fetch.py``).
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ from pyinfra.facts.files import File
 from pyinfra.facts.files import Link
 
 from llamarack import remote
-from llamarack.facts import CachedBlobs, FreeDiskBytes, ModelArtifact, read, shape_record_name
+from llamarack.roles.model.reads import CachedBlobs, ModelArtifact, shape_record_name
+from llamarack.facts import FreeDiskBytes, read
 from llamarack.layout import Layout
 from llamarack.operations import executing, refusal, secret_upload
 from llamarack.secrets import read_token

@@ -13,29 +13,14 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File, FileContents, Link, Sha1File
 from pyinfra.facts.server import Command, LinuxDistribution
 
-from llamarack.facts import (
-    BenchRecord,
-    BuildSeals,
-    CharDevices,
-    CmakeVersion,
-    CudaToolkits,
-    FactRead,
-    GccVersions,
-    GitHead,
-    InstallableGccMajors,
-    LlamacppBuilds,
-    LlamaServerFlags,
-    ModelArtifact,
-    NvidiaDriverPackages,
-    NvidiaKernelModule,
-    NvidiaSmi,
-    PythonEnvPackages,
-    RecordedGpus,
-    RequirementsFile,
-    SystemUser,
-    UnitState,
-    read,
-)
+from llamarack.roles.llamacpp.reads import BenchRecord, BuildSeals, GitHead, LlamacppBuilds, LlamaServerFlags
+from llamarack.roles.driver.reads import (CharDevices, NvidiaDriverPackages, NvidiaKernelModule, NvidiaSmi,
+    RecordedGpus)
+from llamarack.roles.toolchain.reads import CmakeVersion, CudaToolkits, GccVersions, InstallableGccMajors
+from llamarack.facts import FactRead, read
+from llamarack.roles.model.reads import ModelArtifact
+from llamarack.roles.python_env.reads import PythonEnvPackages, RequirementsFile
+from llamarack.roles.server.reads import SystemUser, UnitState
 from llamarack.layout import UNIT_NAME, UNIT_PATH
 from llamarack.rules import HostFacts
 from llamarack.settings import Settings

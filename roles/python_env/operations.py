@@ -12,7 +12,8 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import files
 
 from llamarack import remote
-from llamarack.facts import PythonEnvPackages, RequirementsFile, read
+from llamarack.roles.python_env.reads import PythonEnvPackages, RequirementsFile
+from llamarack.facts import read
 from llamarack.operations import executing
 
 from .plan import EnvPlan, converter_plan, unmet

@@ -3,7 +3,8 @@
 from pyinfra import host
 from pyinfra.api import deploy
 
-from llamarack.facts import LlamacppBuilds, read
+from llamarack.roles.llamacpp.reads import LlamacppBuilds
+from llamarack.facts import read
 from llamarack.layout import UNIT_PATH
 from llamarack.operations import report
 from llamarack.rules import HostFacts

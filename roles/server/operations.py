@@ -27,11 +27,14 @@ from pyinfra.operations.util.files import generate_color_diff
 from pyinfra.facts.server import Command
 
 from llamarack import remote
-from llamarack.facts import (BenchRecord, BuildSeals, CharDevices, GgufShape, LlamaServerFlags, ModelArtifact, RecordedGpus,
-                             SystemUser, UnitState, active_since, read)
+from llamarack.roles.llamacpp.reads import BenchRecord, BuildSeals, LlamaServerFlags
+from llamarack.roles.driver.reads import CharDevices, RecordedGpus
+from llamarack.roles.model.reads import GgufShape, ModelArtifact
+from llamarack.roles.server.reads import SystemUser, UnitState, active_since
+from llamarack.facts import read
 from llamarack.layout import API_KEY_PATH, UNIT_NAME, UNIT_PATH
 from llamarack.operations import executing, refusal, secret_upload
-from llamarack.remote.secret_digest import digest
+from llamarack.roles.server.files.secret_digest import digest
 from llamarack.secrets import read_token
 from llamarack.settings import Settings
 

@@ -22,11 +22,11 @@ from typing import Optional
 import jinja2
 
 from llamarack import remote, unitfile
-from llamarack.facts.llamacpp import ServerFlags
+from llamarack.roles.llamacpp.reads import ServerFlags
 from llamarack.layout import API_KEY_PATH
 from llamarack.planner import (MIB, Knobs, Plan, PlanError, cublas_prefill,  # noqa: F401 (MIB, PlanError: the role's API)
                                plan)  # fmt: skip
-from llamarack.remote.llamacpp_proof import serving_args
+from llamarack.roles.llamacpp.files.llamacpp_proof import serving_args
 from llamarack.gpu_table import board, planning_memory_mib
 from llamarack.rules import Failure
 from llamarack.settings import Settings
@@ -275,7 +275,7 @@ def wanted_unit(settings: Settings, flags: ServerFlags, build_dir: str, model_di
 
 
 # A fresh salt for each pyinfra run: what the host prints about its API key
-# (``remote/secret_digest.py``) is never the same twice, nor a plain hash of the key.
+# (``roles/server/files/secret_digest.py``) is never the same twice, nor a plain hash of the key.
 KEY_DIGEST_SALT = secrets.token_hex(16)
 
 

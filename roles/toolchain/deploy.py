@@ -9,7 +9,8 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.server import LinuxDistribution
 from pyinfra.operations import apt, files
 
-from llamarack.facts import CmakeVersion, DebianSources, read
+from llamarack.roles.toolchain.reads import CmakeVersion
+from llamarack.facts import DebianSources, read
 from llamarack.operations import apt_install_missing, conda_env, miniforge
 from llamarack.rules import HostFacts
 from llamarack.settings import Settings

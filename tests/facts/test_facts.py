@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import FactProcessError
 
-import llamarack.facts as facts
+from tests.support.facts import ALL, FACTS as facts
 
 HERE = Path(__file__).parent
 CASES = sorted(HERE.glob("*/*.json"))
@@ -43,8 +43,7 @@ def test_fact_fixture(path):
 
 
 def test_every_fact_has_fixtures():
-    fact_classes = {n for n in facts.__all__ if n[0].isupper() and hasattr(getattr(facts, n), "command")}
-    assert fact_classes == {p.parent.name for p in CASES}
+    assert set(ALL) == {p.parent.name for p in CASES}
 
 
 @pytest.mark.parametrize(
@@ -110,7 +109,7 @@ def test_commands_run_on_a_real_debian_host(tmp_path):
 
 @pytest.mark.parametrize("path", CASES, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_fact_values_serialize_for_pyinfras_cli(path):
-    """``pyinfra INVENTORY fact llamarack.facts.X`` and ``--json`` print facts with pyinfra's encoder."""
+    """``pyinfra INVENTORY fact llamarack.roles.<role>.reads.X`` and ``--json`` print facts with pyinfra's encoder."""
     from pyinfra_cli.util import json_encode
 
     case = json.loads(path.read_text())
@@ -120,7 +119,8 @@ def test_fact_values_serialize_for_pyinfras_cli(path):
 
 def test_pyinfra_fact_command_prints_llamarack_facts():
     result = subprocess.run(
-        [sys.executable, "-m", "pyinfra", "@local", "fact", "llamarack.facts.NvidiaSmi", "llamarack.facts.GccVersions"],
+        [sys.executable, "-m", "pyinfra", "@local", "fact", "llamarack.roles.driver.reads.NvidiaSmi",
+         "llamarack.roles.toolchain.reads.GccVersions"],
         capture_output=True, text=True, timeout=300, cwd=HERE.parents[1],
     )  # fmt: skip
     printed = result.stdout + result.stderr

@@ -20,7 +20,8 @@ from pyinfra.context import ctx_host
 from pyinfra.facts.files import File, Link, Sha1File
 
 from llamarack import remote
-from llamarack.facts import FactRead, FreeDiskBytes, SystemUser, read, read_together
+from llamarack.facts import FactRead, FreeDiskBytes, read, read_together
+from llamarack.roles.server.reads import SystemUser
 from llamarack.facts.reading import MISSING_COMMAND, Answer, FactsTogether, _command_text
 from tests.support.ophost import FakeHost
 
@@ -183,8 +184,10 @@ def host_runs(tmp_path):
     import http.server
     import threading
 
-    from llamarack.facts import GgufShape, HttpStatus, PythonEnvPackages, RequirementsFile
-    from llamarack.remote import llamacpp_proof
+    from llamarack.roles.model.reads import GgufShape
+    from llamarack.roles.server.reads import HttpStatus
+    from llamarack.roles.python_env.reads import PythonEnvPackages, RequirementsFile
+    from llamarack.roles.llamacpp.files import llamacpp_proof
 
     env = tmp_path / "env"
     (env / "bin").mkdir(parents=True)
@@ -251,9 +254,11 @@ def twins(tmp_path):
     a last line without its newline, a name with a space and a quote."""
     from pyinfra.facts.files import Directory, File, FileContents
 
-    from llamarack.facts import (BenchRecord, BuildRecord, FreeDiskBytes, LlamacppBuilds, LlamaServerFlags,
-                                 ModelArtifact, NvidiaKernelModule)
-    from llamarack.facts.gpu import RecordedGpus
+    from llamarack.roles.llamacpp.reads import BenchRecord, BuildRecord, LlamacppBuilds, LlamaServerFlags
+    from llamarack.facts import FreeDiskBytes
+    from llamarack.roles.model.reads import ModelArtifact
+    from llamarack.roles.driver.reads import NvidiaKernelModule
+    from llamarack.roles.driver.reads import RecordedGpus
 
     root = tmp_path / "root"
     build = root / "builds" / "498d323e499aa37d"

@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from llamarack.facts import parse_server_help
+from llamarack.roles.llamacpp.reads import parse_server_help
 from llamarack.lab import mirror, services
 from llamarack.lab.pytest_plugin import parse_pyinfra_totals
 from tests.lab import deploying

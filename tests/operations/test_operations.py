@@ -4,7 +4,7 @@ and a ``noop`` for the already-done case). One harness runs them all.
 
 - ``<role>`` is a folder under roles/ (its ``operations.py``), or ``llamarack`` for
   the shared ``llamarack/operations.py``.
-- ``facts``: ``{"llamarack.facts.X" | "<pyinfra facts module>.X": value}``, or, for a
+- ``facts``: ``{"llamarack.roles.<role>.reads.X" | "<pyinfra facts module>.X": value}``, or, for a
   fact read with arguments, ``{name: {"path=/x": value}}`` as pyinfra's own fixtures
   do. A value ``{"output": [...]}`` is what the host printed for a llamarack fact,
   parsed by the fact itself; any other value is the fact's value (a llamarack fact
@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-import llamarack.facts
 from tests.support.ophost import run_op
 
 HERE = Path(__file__).parent
@@ -36,9 +35,9 @@ def operation(name: str):
 
 
 def fact_class(name: str):
-    if name.startswith("llamarack.facts."):
-        return getattr(llamarack.facts, name.rsplit(".", 1)[1])
     module, cls = name.rsplit(".", 1)
+    if module.startswith("llamarack."):
+        return getattr(importlib.import_module(module), cls)
     return getattr(importlib.import_module(f"pyinfra.facts.{module}"), cls)
 
 

@@ -4,11 +4,11 @@ import json
 
 from pyinfra.facts.files import Link
 
-from llamarack.facts import BenchRecord, LlamaServerFlags
-from llamarack.facts.llamacpp import BuildFlags
+from llamarack.roles.llamacpp.reads import BenchRecord, LlamaServerFlags
+from llamarack.roles.llamacpp.reads import BuildFlags
 from llamarack.layout import UNIT_NAME
 from llamarack.roles.server.operations import bench, service
-from llamarack.facts import Gpu
+from llamarack.roles.driver.reads import Gpu
 from tests.roles.test_server_ops import ROOT, SHAPE, V100, facts, settings
 
 # As nvidia-smi names it, with its PCI id: the card table knows its bandwidth.

@@ -4,7 +4,7 @@ import json
 
 from llamarack import remote
 from llamarack.roles.llamacpp.plan import plan_build
-from llamarack.facts import Builds, BuildSeals, LlamacppBuilds, Seals
+from llamarack.roles.llamacpp.reads import Builds, BuildSeals, LlamacppBuilds, Seals
 from llamarack.roles.llamacpp.operations import build, proof_spec
 from llamarack.settings import load_settings
 from tests.support.ophost import run_op
@@ -168,7 +168,8 @@ def test_hosts_sharing_a_ccache_compile_one_at_a_time():
 
 
 def test_plan_for_a_cuda_host_uses_the_toolkits_gcc_ceiling():
-    from llamarack.facts import CudaToolkit, DriverState, GccInstall, Gpu
+    from llamarack.roles.toolchain.reads import CudaToolkit, GccInstall
+    from llamarack.roles.driver.reads import DriverState, Gpu
     from llamarack.rules import HostFacts
     from llamarack.roles.llamacpp.plan import plan_for_host
 

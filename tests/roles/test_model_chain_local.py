@@ -27,8 +27,8 @@ from pyinfra.context import ctx_host
 
 from llamarack.roles.model.hub import repo_files
 from llamarack.roles.model.operations import artifact
-from llamarack.facts import CachedBlobs, ModelArtifact, shape_record_name
-from llamarack.remote.gguf_header import read_shape
+from llamarack.roles.model.reads import CachedBlobs, ModelArtifact, shape_record_name
+from llamarack.roles.model.files.gguf_header import read_shape
 from llamarack.roles.model.plan import plan_from_pinned_record, plan_model
 from llamarack.settings import load_settings
 from tests.support.cache import CACHE, converter_python, llama_cpp_source

@@ -13,7 +13,8 @@ from pyinfra.api import FileUploadCommand, StringCommand
 from pyinfra.context import ctx_host
 
 from llamarack.errors import ModelSourceError
-from llamarack.facts import ArtifactState, CachedBlobs, FreeDiskBytes, ModelArtifact, shape_record_name
+from llamarack.roles.model.reads import ArtifactState, CachedBlobs, ModelArtifact, shape_record_name
+from llamarack.facts import FreeDiskBytes
 from llamarack.roles.model.hub import HubFile, HubListing, repo_files
 from llamarack.roles.model.operations import artifact
 from llamarack.roles.model.plan import artifact_stamp, plan_from_pinned_record, plan_from_record, plan_model

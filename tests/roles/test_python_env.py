@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from pyinfra.facts.files import Directory, File, Sha1File
 
-import llamarack.facts as facts
-from llamarack.facts import PythonEnvPackages, RequirementsFile
+from tests.support.facts import FACTS as facts
+from llamarack.roles.python_env.reads import PythonEnvPackages, RequirementsFile
 from llamarack.roles.python_env.operations import converter_pins, pip_pins
 from llamarack.roles.python_env.plan import awq_plan, converter_plan, unmet
 from llamarack import remote
@@ -174,7 +174,7 @@ def test_resolve_check_names_the_autoawq_torch_conflict_of_the_reference_pins():
     # metadata, so nothing big is downloaded.
     s = load_settings("gpu01", {"python_env_backend": "venv", "llamacpp_backend": "cpu",
                                 "python_env_torch_index_url": "https://pypi.org/simple"})  # fmt: skip
-    result = subprocess.run([sys.executable, str(ROOT / "llamarack/remote/pyenv_check.py"), "resolve",
+    result = subprocess.run([sys.executable, str(ROOT / "roles/python_env/files/pyenv_check.py"), "resolve",
                              awq_plan(s, "/nowhere").to_json()], capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "torch 2.1.2" in result.stdout.splitlines()[0]
@@ -188,7 +188,7 @@ def test_a_set_pip_cannot_resolve_fails_before_anything_is_installed(index):
     # pip's resolver refuses, and the check names the packages that conflict.
     plan = {"steps": [{"requirements": ["autoawq==0.2.7", "transformers==4.44.2"], "index_url": index.url,
                        "no_deps": False}], "constraints": ["torch==2.13.0", "transformers==4.40.0"]}  # fmt: skip
-    result = subprocess.run([sys.executable, str(ROOT / "llamarack/remote/pyenv_check.py"), "resolve", json.dumps(plan)],
+    result = subprocess.run([sys.executable, str(ROOT / "roles/python_env/files/pyenv_check.py"), "resolve", json.dumps(plan)],
                             capture_output=True, text=True, timeout=300)  # fmt: skip
     assert result.returncode == 1
     assert "conflict:" in result.stdout and "transformers" in result.stdout, result.stdout

@@ -8,10 +8,12 @@ from pathlib import Path
 from pyinfra.facts.files import File, FileContents, Link, Sha1File
 from pyinfra.facts.server import Command
 
-from llamarack.facts import (ArtifactState, CharDevices, DriverState, GgufShape, Gpu, LlamaServerFlags, ModelArtifact, NvidiaSmi,
-                             RecordedGpus, UnitState)
-from llamarack.facts.llamacpp import ServerFlags
-from llamarack.remote.secret_digest import digest
+from llamarack.roles.model.reads import ArtifactState, GgufShape, ModelArtifact
+from llamarack.roles.driver.reads import CharDevices, DriverState, Gpu, NvidiaSmi, RecordedGpus
+from llamarack.roles.llamacpp.reads import LlamaServerFlags
+from llamarack.roles.server.reads import UnitState
+from llamarack.roles.llamacpp.reads import ServerFlags
+from llamarack.roles.server.files.secret_digest import digest
 from llamarack.roles.server.operations import KEY_DIGEST_SALT, key_digest_command, service
 from llamarack.layout import API_KEY_PATH, UNIT_PATH
 from llamarack.settings import load_settings
@@ -314,7 +316,7 @@ def test_changed_settings_release_the_rollback_pin_and_switch_to_what_they_want(
 
 
 def test_rollback_switches_the_previous_unit_in_and_pins_it():
-    from llamarack.facts import BuildSeals, Seals
+    from llamarack.roles.llamacpp.reads import BuildSeals, Seals
     from llamarack.roles.server.operations import rollback
 
     s = settings()

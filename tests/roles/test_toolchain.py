@@ -10,8 +10,9 @@ from pyinfra.context import ctx_state
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
 
-import llamarack.facts as facts
-from llamarack.facts import DriverState, GccInstall, Gpu
+from tests.support.facts import FACTS as facts
+from llamarack.roles.driver.reads import DriverState, Gpu
+from llamarack.roles.toolchain.reads import GccInstall
 from llamarack.operations import apt_install_missing
 from llamarack.roles.llamacpp.plan import plan_for_host
 from llamarack.roles.toolchain.deploy import BUILD_PACKAGES

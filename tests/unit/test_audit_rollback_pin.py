@@ -8,7 +8,10 @@ import json
 from pyinfra.facts.files import FileContents, Link, Sha1File
 
 from llamarack.audit import _Answers, _unit_item
-from llamarack.facts import CharDevices, FactRead, GgufShape, LlamaServerFlags
+from llamarack.roles.driver.reads import CharDevices
+from llamarack.facts import FactRead
+from llamarack.roles.model.reads import GgufShape
+from llamarack.roles.llamacpp.reads import LlamaServerFlags
 from llamarack.layout import UNIT_PATH
 from tests.roles.test_server_ops import DEVICES_580, FLAGS, ROOT, SHAPE, V100, first_run, settings
 

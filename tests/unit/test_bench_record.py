@@ -1,4 +1,4 @@
-"""The host's llama-bench recorder (llamarack/remote/bench_record.py) on real llama-bench output.
+"""The host's llama-bench recorder (roles/server/files/bench_record.py) on real llama-bench output.
 
 ``tests/fixtures/llama-bench/cpu-lab-tiny.json``: what llama-bench printed
 on a lab host (its ``-o json`` stdout, from the record the lab test left);
@@ -10,7 +10,7 @@ import json
 import shlex
 from pathlib import Path
 
-from llamarack.remote import bench_record
+from llamarack.roles.server.files import bench_record
 
 FIXTURE = json.loads((Path(__file__).resolve().parents[1] / "fixtures/llama-bench/cpu-lab-tiny.json").read_text())
 ENTRIES = FIXTURE["entries"]

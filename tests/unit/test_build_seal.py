@@ -1,4 +1,4 @@
-"""The build seal (llamarack/remote/build_seal.py) on real files, run as the hosts run it
+"""The build seal (roles/llamacpp/files/build_seal.py) on real files, run as the hosts run it
 (``python3 -c SOURCE``), and the build directory the deploy picks from it."""
 
 import json
@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from llamarack import remote
-from llamarack.facts import Builds, BuildSeals
+from llamarack.roles.llamacpp.reads import Builds, BuildSeals
 from llamarack.roles.llamacpp.plan import build_dir_for, same_build
 
 
@@ -135,7 +135,7 @@ def test_the_deploy_keeps_an_intact_build_and_builds_a_tampered_one_again_beside
 
 def test_the_audit_reports_the_current_build_against_its_seal():
     from llamarack.audit import _build_files
-    from llamarack.facts import Seals
+    from llamarack.roles.llamacpp.reads import Seals
 
     stamp = "3f1c0a9e52d7b6e4"
     assert _build_files(Seals({stamp: []}), stamp, None) == ("as sealed", False)

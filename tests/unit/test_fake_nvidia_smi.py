@@ -14,7 +14,7 @@ import pytest
 
 import llamarack.lab.fake_nvidia as fake_nvidia
 from llamarack.lab.fake_nvidia import deb
-from llamarack.facts import NvidiaSmi
+from llamarack.roles.driver.reads import NvidiaSmi
 
 FAKE = Path(fake_nvidia.__file__).parent / "nvidia_smi.py"
 BESIDE = str(deb.JSON_TEXT.parent)  # the package installs the hosts' JSON reader beside the double

@@ -1,4 +1,4 @@
-"""llamarack/remote/http_status.py: the health status the audit reports, run as the
+"""roles/server/files/http_status.py: the health status the audit reports, run as the
 host runs it (``python3 -I -S -c SOURCE URL``)."""
 
 import http.server

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from llamarack.remote import llamacpp_proof as proof
+from llamarack.roles.llamacpp.files import llamacpp_proof as proof
 from llamarack import remote
 
 GGUF_HEADER = remote.path("gguf_header")
@@ -78,7 +78,8 @@ def test_exit_reasons_name_the_signal():
 def test_every_host_module_says_so_imports_no_llamarack_and_fits_one_command():
     import ast
 
-    names = sorted(p.stem for p in remote.HERE.glob("*.py") if p.stem != "__init__")
+    names = remote.names()
+    assert len(names) == len(set(names))  # remote.path finds each by its name alone
     assert {"llamacpp_proof", "model_fetch", "pyenv_check", "gguf_header", "wait_healthy"} <= set(names)
     for name in names:
         text = remote.source(name)
@@ -105,7 +106,7 @@ def test_command_runs_a_host_module_from_its_source(tmp_path):
 
 
 def test_flags_fact_carries_the_args_the_proof_needed():
-    from llamarack.facts import LlamaServerFlags
+    from llamarack.roles.llamacpp.reads import LlamaServerFlags
 
     fixture = json.loads((Path(__file__).parents[1] / "facts/LlamaServerFlags/pinned_0c1e57098.json").read_text())
     record = {"stamp": "x", "proof": {"variant": "native, no repack", "runtime_args": ["--no-repack"]}}
@@ -119,7 +120,7 @@ def test_flags_fact_refuses_a_record_whose_args_are_not_strings():
     import pytest
     from pyinfra.api.exceptions import FactProcessError
 
-    from llamarack.facts import LlamaServerFlags
+    from llamarack.roles.llamacpp.reads import LlamaServerFlags
 
     fact = LlamaServerFlags()
     with pytest.raises(FactProcessError):
@@ -127,7 +128,7 @@ def test_flags_fact_refuses_a_record_whose_args_are_not_strings():
 
 
 def test_secret_digest_on_the_host_is_the_control_machine_s(tmp_path):
-    from llamarack.remote.secret_digest import digest
+    from llamarack.roles.server.files.secret_digest import digest
 
     secret = tmp_path / "key"
     secret.write_bytes(b"sk-test-123\n")

@@ -18,7 +18,7 @@ import pytest
 from llamarack.roles.model.hub import repo_files
 from tests.support.hub_server import HubServer
 
-FETCHER = Path(__file__).resolve().parents[2] / "llamarack" / "remote" / "model_fetch.py"
+FETCHER = Path(__file__).resolve().parents[2] / "roles" / "model" / "files" / "model_fetch.py"
 # Debian's python3 where there is one: it is what the hosts run.
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 TOKEN = "hf_test_0123456789abcdefSECRET"

@@ -39,7 +39,7 @@ def test_the_wheel_carries_the_roles_and_another_deploy_runs_one(tmp_path):
     for role in ("preflight", "driver", "toolchain", "python_env", "llamacpp", "model", "server"):
         assert f"llamarack/roles/{role}/__init__.py" in names
     assert "llamarack/roles/server/templates/llama-server.service.j2" in names
-    assert {"llamarack/remote/llamacpp_proof.py", "llamarack/remote/model_fetch.py"} <= names
+    assert {"llamarack/roles/llamacpp/files/llamacpp_proof.py", "llamarack/roles/model/files/model_fetch.py"} <= names
     assert not any(n.startswith(("roles/", "tests/")) for n in names)  # nothing at the top level but llamarack
 
     site = tmp_path / "site"

@@ -5,8 +5,10 @@ import pytest
 import json
 from pathlib import Path
 
-from llamarack.facts import CudaToolkit, DebPackage, DriverState, GccInstall, Gpu, KernelModule, NvidiaSmi
-from llamarack.facts import NvidiaDriverPackages
+from llamarack.roles.toolchain.reads import CudaToolkit, GccInstall
+from llamarack.roles.driver.reads import DebPackage
+from llamarack.roles.driver.reads import DriverState, Gpu, KernelModule, NvidiaSmi
+from llamarack.roles.driver.reads import NvidiaDriverPackages
 from llamarack.rules import RULES, HostFacts, choose_host_compiler, driver_floor, driver_warnings, evaluate, package_driver_version
 from llamarack.settings import load_settings
 

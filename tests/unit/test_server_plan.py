@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from llamarack.facts import BuildFlags, parse_build_help
-from llamarack.facts.llamacpp import ServerFlags
+from llamarack.roles.llamacpp.reads import BuildFlags, parse_build_help
+from llamarack.roles.llamacpp.reads import ServerFlags
 from llamarack.model_shapes import shape_from_config
 from llamarack.planner import (CUBLAS_OWN_MIB, Knobs, context_cap, cublas_prefill, layers_on_card, ledger,
                                prefill_pool_bytes, sliding_layers)  # fmt: skip
-from llamarack.remote.gguf_header import GgufError, read_shape
+from llamarack.roles.model.files.gguf_header import GgufError, read_shape
 from llamarack.roles.server.plan import (
     MIB,
     PlanError,
@@ -403,7 +403,7 @@ def test_which_cards_take_cublas_for_prompts():
 
 
 def test_a_v100_host_plans_the_prefill_pool_and_a_t4_host_does_not():
-    from llamarack.facts.gpu import Gpu
+    from llamarack.roles.driver.reads import Gpu
     from llamarack.roles.server.plan import card_compute_cap
 
     v100 = Gpu(0, "Tesla V100-SXM2-16GB", "GPU-1", 16160, "7.0", "550.127.05", "0x1DB110DE")
@@ -431,7 +431,7 @@ def test_eager_module_loading_holds_more_of_the_card():
 
 def _gguf_header(meta: list, tensors: list) -> bytes:
     """A GGUF v3 header (no tensor data), written with the smoke model's own writer helpers."""
-    from llamarack.remote.llamacpp_proof import _gguf_kv, _gguf_string
+    from llamarack.roles.llamacpp.files.llamacpp_proof import _gguf_kv, _gguf_string
 
     infos = b"".join(_gguf_string(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims)
                      + struct.pack("<IQ", kind, 0) for name, dims, kind in tensors)  # fmt: skip
@@ -483,7 +483,7 @@ def test_the_vocabulary_is_read_past_across_chunks_and_long_strings(tmp_path):
     """A real vocabulary (10^5 strings) is skipped from chunks of the file, not read string
     by string: strings of every length, some across a chunk's end, one longer than a chunk,
     and the keys after them still read right, as the whole-metadata reader reads them."""
-    from llamarack.remote import gguf_header
+    from llamarack.roles.model.files import gguf_header
 
     tokens = [("t" * (i % 23)) + str(i) for i in range(30000)]
     tokens[7777] = "L" * (3 * gguf_header._SKIP_CHUNK + 5)  # past two chunks at once

@@ -1,4 +1,4 @@
-"""The /health wait of a unit switch (``llamarack/remote/wait_healthy.py``), run as the host runs it."""
+"""The /health wait of a unit switch (``roles/server/files/wait_healthy.py``), run as the host runs it."""
 
 import os
 import socket

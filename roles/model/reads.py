@@ -13,9 +13,9 @@ from typing import Optional
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
-from .. import remote
-from ..remote.model_fetch import BLOB_MTIME_NS
-from .value import FactValue
+from llamarack import remote
+from llamarack.roles.model.files.model_fetch import BLOB_MTIME_NS
+from llamarack.facts.value import FactValue
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class GgufShape(FactBase[Optional[dict]]):
     """
     Returns what the context planner needs from a GGUF file's header, or None
     when the file does not exist. Read by the host's python3 running
-    ``llamarack/remote/gguf_header.py`` (standard library only; the tensors are not read).
+    ``roles/model/files/gguf_header.py`` (standard library only; the tensors are not read).
     With ``recorded`` (the default), from the shape recorded beside the file when its
     artifact was sealed (``shape_record_name``), as long as the file is the one it was
     recorded from (size, mtime, inode); the same answer as the header's, without reading

@@ -11,11 +11,11 @@ from typing import Optional
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
-from ..layout import Layout
-from .value import FactValue
+from llamarack.layout import Layout
+from llamarack.facts.value import FactValue
 
-from .. import remote
-from ..remote.llamacpp_proof import ServerFlags, parse_server_help
+from llamarack import remote
+from llamarack.roles.llamacpp.files.llamacpp_proof import ServerFlags, parse_server_help
 
 __all__ = ["BenchRecord", "BuildFlags", "Builds", "BuildSeals", "GitHead", "LlamacppBuilds", "LlamaServerFlags", "Seals",
            "ServerFlags", "parse_build_help", "parse_server_help"]
@@ -211,7 +211,7 @@ class Seals(FactValue):
 class BuildSeals(FactBase[Seals]):
     """
     Returns how every proven llama.cpp build under ``<root>/builds`` compares with
-    its seal (``manifest.json``, written by ``llamarack/remote/build_seal.py`` once
+    its seal (``manifest.json``, written by ``roles/llamacpp/files/build_seal.py`` once
     the smoke run proved the build): the cheap signature of every sealed file
     (size, mtime_ns, inode). With ``sha256`` (a build directory, or ``current``)
     that build's files are read and hashed as well.

@@ -9,8 +9,8 @@ from typing import Optional
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
-from .. import remote
-from .value import FactValue
+from llamarack import remote
+from llamarack.facts.value import FactValue
 
 
 @dataclass(frozen=True)

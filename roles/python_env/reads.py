@@ -10,8 +10,8 @@ from typing import Optional
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
-from .. import remote
-from .value import FactValue
+from llamarack import remote
+from llamarack.facts.value import FactValue
 
 def canonical(name: str) -> str:
     """PEP 503 name: ``Jinja2``, ``typing_extensions`` -> ``jinja2``, ``typing-extensions``."""

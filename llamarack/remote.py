@@ -1,7 +1,9 @@
-"""Code that runs on the hosts, not on the control machine.
+"""How code that runs on the hosts gets there, and how values get into shell commands.
 
-Every module here uses the standard library only, imports nothing from
-llamarack, and says so in its first line. One mechanism takes it to a host:
+Each role keeps the scripts it runs on a host in its ``files/`` folder
+(``roles/<role>/files/<name>.py``). Every such module uses the standard
+library only, imports nothing from llamarack, and says so in its first
+line. One mechanism takes it to a host:
 ``command(name, *args)`` is the shell command that runs the module's source
 with the host's ``python3 -c`` (facts and operations alike), so nothing is
 installed on the host to drift from the control machine's copy, and a
@@ -16,19 +18,27 @@ import shlex
 from functools import lru_cache
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+# The roles' folders: ``llamarack/roles`` (a link to ``roles/`` in a checkout).
+ROLES = Path(__file__).resolve().parent / "roles"
 
 # A command given to ``sudo sh -c`` is one argv string, which Linux caps at
 # 128 KiB (MAX_ARG_STRLEN): every host script must stay well under it.
 MAX_SCRIPT_BYTES = 96 * 1024
 
 
+def names() -> list[str]:
+    """Every host module of every role, by name."""
+    return sorted(f.stem for f in ROLES.glob("*/files/*.py") if f.stem != "__init__")
+
+
+@lru_cache(maxsize=None)
 def path(name: str) -> Path:
-    """The file of host module ``name`` (e.g. ``"llamacpp_proof"``)."""
-    file = HERE / f"{name}.py"
-    if not file.is_file():
-        raise FileNotFoundError(f"no host module {name!r} under {HERE}")
-    return file
+    """The file of host module ``name`` (e.g. ``"llamacpp_proof"``), in the ``files/`` of
+    the role that runs it; names are unique across the roles."""
+    found = [f for f in sorted(ROLES.glob(f"*/files/{name}.py")) if name.isidentifier()]
+    if len(found) != 1:
+        raise FileNotFoundError(f"no host module {name!r} (or more than one) under {ROLES}/*/files")
+    return found[0]
 
 
 @lru_cache(maxsize=None)
