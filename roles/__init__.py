@@ -2,7 +2,8 @@
 
 Each ``roles/<role>/`` holds the role's one ``@deploy`` entry point
 (``deploy.py``), its plan (``plan.py``: pure functions of settings and
-facts), its operations (``operations.py``) and its templates
+facts), its operations (``operations.py``), its settings section
+(``settings.py``: defaults, shapes, meanings) and its templates
 (``templates/``); its ``__init__.py`` only describes it, so that importing
 a plan (as ``llamarack audit`` does) imports no operation. Another pyinfra
 deploy uses a role the way ``deploy.py`` does:
