@@ -18,8 +18,9 @@ from llamarack.gpu_table import BOARDS, planning_memory_mib
 from llamarack.model_shapes import hub_gguf_shape, local_gguf_shape, shape_from_config
 from llamarack.planner import (AUTO_KV_TYPES, KV_TYPE_BYTES, MIB, Knobs, PlanError, context_cap, cublas_prefill,
                                largest_context, ledger, plan)  # fmt: skip
+from llamarack.roles.model.settings import QUANT_TYPES
+from llamarack.roles.server.settings import DEFAULT_RESERVE_MIB
 from llamarack.secrets import read_token
-from llamarack.settings import DEFAULT_RESERVE_MIB, QUANT_TYPES
 
 GIB = 2**30
 

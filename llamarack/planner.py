@@ -50,8 +50,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from llamarack.roles.server.settings import DEFAULT_RESERVE_MIB
 from llamarack.rules import Failure, parse_compute_cap
-from llamarack.settings import DEFAULT_RESERVE_MIB
 
 MIB = 2**20
 # Bytes per stored value of each KV cache type (GGML block size / values per block).

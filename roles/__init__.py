@@ -1,6 +1,7 @@
 """llamarack's roles, one folder each (installed as ``llamarack.roles``).
 
-Each ``roles/<role>/`` holds the role's whole story: the facts it reads
+Each ``roles/<role>/`` holds the role's whole story: its settings section
+(``settings.py``: defaults, shapes, meanings), the facts it reads
 (``reads.py``), its plan (``plan.py``: pure functions of settings and
 facts), its operations (``operations.py``), its one ``@deploy`` entry point
 (``deploy.py``), the scripts it runs on a host (``files/``, standard library

@@ -19,9 +19,10 @@ from typing import Optional
 
 from llamarack import remote
 from llamarack.rules import HostFacts, build_archs
-from llamarack.settings import X86_FEATURES, Settings
+from llamarack.settings import Settings
 
 from ..toolchain.plan import plan_toolchain
+from .settings import X86_FEATURES
 
 # What we ship. llama-cli is cheap once ggml is built and handy for checks.
 TARGETS = ("llama-server", "llama-quantize", "llama-bench", "llama-cli")

@@ -21,7 +21,7 @@ listing never changes, so the record's files (content ids and sizes) plan
 the new artifact. A revision given shorter is listed again. Hosts need only python3's standard library.
 
 A draft model for speculative decoding (``model_draft_repo``) is made the
-same way, by the same code (``llamarack.settings.draft_settings``: the
+same way, by the same code (``settings.draft_settings`` here: the
 model's settings with the draft's repository, revision, file and quant), into
 its own content-addressed directory with its own stamp, and
 ``<root>/models/draft`` points at it.

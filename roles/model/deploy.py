@@ -10,11 +10,12 @@ from llamarack.errors import ModelSourceError
 from llamarack.facts import FactRead, read, read_together
 from llamarack.roles.model.reads import GgufShape, ModelArtifact, shape_record_name
 from llamarack.secrets import read_token
-from llamarack.settings import Settings, draft_settings
+from llamarack.settings import Settings
 
 from .hub import HubListing, repo_files
 from .operations import artifact
 from .plan import ModelPlan, plan_from_pinned_record, plan_from_record, plan_model
+from .settings import draft_settings
 
 
 def listing_for(settings: Settings) -> Optional[HubListing]:

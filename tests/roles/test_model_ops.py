@@ -321,7 +321,7 @@ DRAFT = {"model_draft_repo": "org/tiny", "model_draft_revision": SHA, "model_dra
 
 
 def test_the_draft_is_planned_from_the_models_settings_with_its_own_repo_and_quant():
-    from llamarack.settings import draft_settings
+    from llamarack.roles.model.settings import draft_settings
 
     s = settings(**DRAFT)
     assert draft_settings(settings()) is None

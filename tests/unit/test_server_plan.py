@@ -22,7 +22,8 @@ from llamarack.roles.server.plan import (
     render_unit,
     server_args,
 )
-from llamarack.settings import DEFAULT_RESERVE_MIB, load_settings
+from llamarack.roles.server.settings import DEFAULT_RESERVE_MIB
+from llamarack.settings import load_settings
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TINY = FIXTURES / "gguf/tiny-llama-Q4_K_M.head.gguf"

@@ -1,0 +1,146 @@
+"""The server role's settings section (host-data keys ``server_*``)."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+from llamarack.settings_fields import Section, control_file, non_negative, positive, setting
+
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+def _address(value: str) -> Optional[str]:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return "an IP address to listen on: 127.0.0.1 (this host only), 0.0.0.0 (every IPv4 interface), :: or one interface's address"
+    return None
+
+
+def _port(value: int) -> Optional[str]:
+    if not 1 <= value <= 65535:
+        return "a TCP port (1-65535)"
+    return None
+
+
+def _scale(value: float) -> Optional[str]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1:
+        return "a number >= 1 such as 2.0"
+    return None
+
+
+# Card memory the ledger's items do not count: the CUDA context and pools (601-611 MiB
+# beyond llama.cpp's own model, KV and compute buffers in all 14 runs on the lent H200,
+# CUDA 13, driver 580: bench/results/gpu-proof.json), and what the compute estimate
+# misses where it is under llama.cpp's figure (layers on the CPU, a sliding window, a
+# 32K context: up to 52 MiB). cuBLAS's own memory is not here: it is counted with a
+# V100's or P100's prefill pool (planner.prefill_pool_bytes). The process less the
+# planned weights, KV and compute reached 654.5 MiB at most in those runs
+# (tests/unit/test_server_plan.py::test_ledger_matches_llama_cpp_on_cuda); +17.5 MiB.
+DEFAULT_RESERVE_MIB = 672
+
+
+@dataclass(frozen=True)
+class ServerSettings(Section):
+    """How llama-server runs."""
+
+    prefix = "server"
+
+    listen: str = setting(
+        "127.0.0.1",
+        "address llama-server listens on; any other than loopback needs server_api_key_file "
+        "or server_allow_unauthenticated",
+        _address,
+    )
+    port: int = setting(8080, "port llama-server listens on", _port)
+    # -- the memory plan (llamarack/planner.py) --
+    ctx_size: Optional[int] = setting(
+        None, "context per slot; None means the largest that fits the card", positive
+    )
+    cache_type_k: str = setting(
+        "auto", "K cache type; auto: the most precise of f16, q8_0, q4_0 that gives the context",
+        choices=("auto",) + KV_CACHE_TYPES,
+    )
+    cache_type_v: str = setting(
+        "auto", "V cache type, as K (quantized V needs flash attention)", choices=("auto",) + KV_CACHE_TYPES
+    )
+    gpu_layers: Optional[int] = setting(
+        None, "--n-gpu-layers (n_layer + 1 = all, 0 = CPU only); None: all that fit", non_negative
+    )
+    min_ctx_size: int = setting(
+        4096, "context per slot below which fewer layers go on the card", positive
+    )
+    rope_scaling: Literal["none", "yarn", "linear"] = setting(
+        "none", "RoPE scaling past the trained context (yarn: up to original x scale)"
+    )
+    rope_scale: float = setting(1.0, "RoPE scale factor (--rope-scale)", _scale)
+    rope_orig_ctx: Optional[int] = setting(
+        None, "YaRN's original context; None: the GGUF's (--yarn-orig-ctx)", positive
+    )
+    # -- end of the memory plan --
+    flash_attn: bool = setting(True, "flash attention")
+    backend_sampling: bool = setting(
+        False,
+        "--backend-sampling: sample on the GPU (llama.cpp marks it experimental; measured on an H200, "
+        "8B Q4_K_M: 0.94 of llama-bench's tg128 with it, 0.88-0.92 without)",
+    )
+    mmap: bool = setting(False, "mmap the model file (off: copy weights to the GPU once)")
+    repack: bool = setting(
+        True,
+        "CPU weight repacking (AMX and repacked kernels); False serves with --no-repack",
+    )
+    parallel: int = setting(1, "parallel slots; --ctx-size is the context per slot x slots", positive)
+    api_key_file: Optional[str] = setting(
+        None,
+        "file on the control machine holding the API key (never printed; mode 600 or 400)",
+        control_file,
+    )
+    allow_unauthenticated: bool = setting(
+        False,
+        "True serves an API without a key on an address other than loopback: anyone who "
+        "reaches server_listen may use it (a closed lab network)",
+    )
+    memory_reserve_mib: int = setting(
+        DEFAULT_RESERVE_MIB, "card memory kept free of weights, KV cache and compute buffers (CUDA context, "
+        "pools, and what the compute estimate misses: up to 654.5 MiB measured on an H200); a V100's or P100's "
+        "cuBLAS prefill pool is planned beside it",
+        positive,
+    )
+    health_timeout: int = setting(
+        600, "seconds a (re)started llama-server has to answer /health before rollback", positive
+    )
+    # -- speculative decoding, with model_draft_repo --
+    draft_max: int = setting(16, "most tokens the draft proposes per step (--spec-draft-n-max)", positive)
+    draft_min: int = setting(0, "fewest draft tokens worth verifying (--spec-draft-n-min)", non_negative)
+    draft_gpu_layers: Optional[int] = setting(
+        None, "the draft's --spec-draft-ngl (-ngld); None: all of its layers", non_negative
+    )
+    # -- the benchmark after a new build or model --
+    bench: Literal["off", "beside", "stopped"] = setting(
+        "stopped",
+        "llama-bench (pp512, tg128, the served flags) after a new build or model, recorded in "
+        "<root>/state/bench.json: stopped (llama-server is stopped for it and started again), "
+        "beside (while it serves: the card is shared, the figures are lower), off",
+    )
+
+    def problems(self) -> list[str]:
+        problems = []
+        if self.cache_type_v not in ("f16", "auto") and not self.flash_attn:
+            problems.append(
+                f"server_flash_attn: given False; allowed: True while server_cache_type_v is "
+                f"{self.cache_type_v!r} (a quantized V cache needs flash attention)"
+            )
+        if self.draft_min > self.draft_max:
+            problems.append(
+                f"server_draft_min: given {self.draft_min}; allowed: at most server_draft_max "
+                f"({self.draft_max})"
+            )
+        if not (self.api_key_file or self.allow_unauthenticated or ipaddress.ip_address(self.listen).is_loopback):
+            problems.append(
+                f"server_listen: given {self.listen!r} with no server_api_key_file; allowed: a loopback "
+                "address (127.0.0.1, ::1), or set server_api_key_file (clients then need the key), or "
+                "server_allow_unauthenticated = True to serve an API anyone on that network may use"
+            )
+        return problems
