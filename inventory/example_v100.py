@@ -5,9 +5,9 @@
 
 Written for Debian 12 hosts with the NVIDIA 550 driver already installed
 (llamarack holds the driver, it never installs one), reached over SSH as an
-operator account with passwordless sudo. The README's "Running a real rack"
-walks through it. Nothing here is secret: the API key stays in a file on
-the control machine (mode 600), read when the run needs it.
+operator account with passwordless sudo. The README's "Your real rack in
+ten minutes" walks through it. Nothing here is secret: the API key stays in
+a file on the control machine (mode 600), read when the run needs it.
 """
 
 # The hosts: their SSH addresses. Per-host settings go in the dict.

@@ -1,7 +1,7 @@
 """Documents generated from the settings sections, so they cannot drift from the code.
 
-``inventory/group_data/all.py`` and the README's settings table are written
-by ``llamarack settings --group-data`` / ``--markdown``; a test compares them.
+``inventory/group_data/all.py`` and the settings reference ``docs/settings.md`` are
+written by ``llamarack settings --group-data`` / ``--markdown``; a test compares them.
 """
 
 from __future__ import annotations
@@ -39,9 +39,31 @@ def group_data_file() -> str:
     return "\n".join(lines)
 
 
+_MARKDOWN_HEADER = """# Settings
+
+Every llamarack setting with its default, what it allows and what it means.
+Set them in an inventory: in a host's dict, in a group's data, in
+`inventory/group_data/<group>.py`, or for every host in
+`inventory/group_data/all.py`. An unknown key, a wrong type or an impossible
+value stops the run before any host is touched, naming the host, the key,
+the value and what is allowed.
+
+This page is generated from the settings classes; after changing a setting,
+write it again with
+
+    llamarack settings --markdown > docs/settings.md
+
+(a test fails while it is out of step with the code).
+"""
+
+
 def markdown_table() -> str:
-    rows = ["| setting | default | allowed | meaning |", "| --- | --- | --- | --- |"]
-    for info in all_settings():
-        value = list(info.default) if isinstance(info.default, tuple) else info.default
-        rows.append(f"| `{info.key}` | `{value!r}` | {describe_type(info)} | {info.doc} |")
-    return "\n".join(rows) + "\n"
+    """The settings reference, ``docs/settings.md``: a table per role."""
+    lines = [_MARKDOWN_HEADER.rstrip("\n")]
+    for role in ROLE_SETTINGS:
+        lines += [f"\n## `{role.prefix}_`: {role.__doc__.strip()}\n",
+                  "| setting | default | allowed | meaning |", "| --- | --- | --- | --- |"]  # fmt: skip
+        for info in (i for i in all_settings() if i.role is role):
+            value = list(info.default) if isinstance(info.default, tuple) else info.default
+            lines.append(f"| `{info.key}` | `{value!r}` | {describe_type(info)} | {info.doc} |")
+    return "\n".join(lines) + "\n"

@@ -121,9 +121,9 @@ def test_group_data_all_is_generated_from_the_settings():
     assert values == {k: list(v) if isinstance(v, tuple) else v for k, v in defaults().items()}
 
 
-def test_readme_settings_table_matches_the_settings():
-    readme = (ROOT / "README.md").read_text()
-    assert markdown_table() in readme, "run: llamarack settings --markdown, paste into README.md"
+def test_settings_reference_matches_the_settings():
+    page = (ROOT / "docs/settings.md").read_text()
+    assert page == markdown_table(), "run: llamarack settings --markdown > docs/settings.md"
 
 
 def test_roles_subset_from_the_command_line():
