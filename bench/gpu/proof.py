@@ -2,8 +2,8 @@
 the bandwidth limit, and the memory plan against what the GPU allocates.
 
 Runs on the borrowed GPU machine (H200, CUDA 13, no systemd, no network) from
-a copy of the repo carrying .whl and .carry (``bench/gpu_proof_prepare.sh``
-makes them), through ``bench/gpu_proof.sh``; writes ``$OUT/gpu-proof.json``
+a copy of the repo carrying .whl and .carry (``bench/gpu/proof_prepare.sh``
+makes them), through ``bench/gpu/proof.sh``; writes ``$OUT/gpu-proof.json``
 (copied to ``bench/results/gpu-proof.json``).
 
 Phases, in order; each records its results and is skipped by a later call on
@@ -11,7 +11,7 @@ the same machine once done (state under ``--work``), so a lease's 600-second
 commands can share the work:
 
     machine    GPU, driver, toolkit, CPU (every figure is recorded against these)
-    build      the llama.cpp role through pyinfra @local (bench/device_deploy.py)
+    build      the llama.cpp role through pyinfra @local (bench/gpu/build_deploy.py)
     model8b    an 8B Llama-3-shaped random checkpoint (generated while the build
                runs), through the model role @local: the lab's hub server on
                localhost serves it, the role fetches, converts, quantizes to Q4_K_M
@@ -64,7 +64,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from llamarack.facts import GgufShape, LlamaServerFlags  # noqa: E402
@@ -393,7 +393,7 @@ class Proof:
         self.hub = None
         if self.r["phases"].get("model8b", {}).get("ok"):
             return
-        cmd = [self.a.gen_python, str(REPO / "bench/gpu_proof_model.py"), "checkpoint", "llama3-8b", str(hub),
+        cmd = [self.a.gen_python, str(REPO / "bench/gpu/random_model.py"), "checkpoint", "llama3-8b", str(hub),
                "--tokenizer", str(REPO / ".carry/tokenizer"), "--scale-down", str(self.a.scale_down)]  # fmt: skip
 
         def run():
@@ -438,7 +438,7 @@ class Proof:
                 src.parent.mkdir(parents=True, exist_ok=True)
                 src.symlink_to(self.a.cpu_src)
             return {"ok": True, "cpu_check": self.a.cpu_check}
-        d = self.pyinfra(str(REPO / "bench/device_deploy.py"), self.data(), "deploy-build.log")
+        d = self.pyinfra(str(REPO / "bench/gpu/build_deploy.py"), self.data(), "deploy-build.log")
         info = Path(self.layout.current_build) / "build-info.json"
         if info.exists():
             rec = json.loads(info.read_text())
@@ -479,7 +479,7 @@ class Proof:
                              model_hf_endpoint=endpoint, bench_convert_python=self.a.convert_python)  # fmt: skip
             if self.cpu:
                 data["bench_quantize"] = f"{self.a.cpu_check}/llama-quantize"
-            d.update(self.pyinfra(str(REPO / "bench/gpu_proof_deploy.py"), data, "deploy-model.log"))
+            d.update(self.pyinfra(str(REPO / "bench/gpu/model_deploy.py"), data, "deploy-model.log"))
         finally:
             self.hub.terminate()
             self.hub.wait()
@@ -506,7 +506,7 @@ class Proof:
         art = Path(self.a.shm) / "direct8b"
         art.mkdir(parents=True, exist_ok=True)
         f16 = art / "model-f16.gguf"
-        rc, text, s = self.sh([self.a.gen_python, str(REPO / "bench/gpu_proof_model.py"), "gguf", "llama3-8b",
+        rc, text, s = self.sh([self.a.gen_python, str(REPO / "bench/gpu/random_model.py"), "gguf", "llama3-8b",
                                str(f16), "--gguf-py", f"{self.layout.src}/gguf-py"], "gguf8b.log")  # fmt: skip
         d = {"f16": {"rc": rc, "seconds": s}}
         if rc:
@@ -984,8 +984,8 @@ class Proof:
         if not (gguf_dir / "model.gguf").exists():
             import math
 
-            sys.path.insert(0, str(REPO / "bench"))
-            from gpu_proof_model import SHAPES, scaled, tensors
+            sys.path.insert(0, str(REPO / "bench/gpu"))
+            from random_model import SHAPES, scaled, tensors
 
             need = 2.05 * sum(math.prod(d) for _, _, d, _ in tensors(scaled(SHAPES[shape_name],
                                                                           self.a.scale_down)))  # fmt: skip
@@ -997,7 +997,7 @@ class Proof:
             if not room:
                 return {**out, "ok": False, "error": "no room for the f16 GGUF (shm or disk)"}
             f16 = room[0] / "v100-f16.gguf"
-            cmd = [self.a.gen_python, str(REPO / "bench/gpu_proof_model.py"), "gguf", shape_name, str(f16),
+            cmd = [self.a.gen_python, str(REPO / "bench/gpu/random_model.py"), "gguf", shape_name, str(f16),
                    "--gguf-py", f"{self.layout.src}/gguf-py", "--scale-down", str(self.a.scale_down)]  # fmt: skip
             rc, text, s = self.sh(cmd, "gguf-v100.log", timeout=max(30, self.left() - 200))
             out["f16_gguf"] = {"rc": rc, "seconds": s, "info": text.strip().splitlines()[-1][:2000]}
