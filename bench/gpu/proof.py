@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import random
@@ -79,6 +80,13 @@ from roles.server.plan import (MIB, PlanError, card_compute_cap, knobs, plan_con
 V100_PCI_ID = "0x1DB410DE"  # Tesla V100 PCIe 16GB: the card table plans it at 16130 MiB
 HUB_REPO = "bench/llama3-8b-random"
 T0 = time.time()
+WHAT = ("on the borrowed H200: the llama.cpp role builds, an 8B Llama-3-shaped random checkpoint goes through "
+        "the model role @local; llama-bench vs the served unit's command line vs the copy-bandwidth roofline; "
+        "the planner's ledger item by item against llama.cpp's load log and nvidia-smi for 3 contexts x 2 KV "
+        "types and each planner knob; a Gemma-3-27B-shaped Q4_K_M planned for a V100 16 GB and served with that "
+        "plan; what an older card's CUDA path holds that this card's hides: CUDA_MODULE_LOADING EAGER against "
+        "LAZY (modload), and the cuBLAS prefill path (a GGML_CUDA_FORCE_CUBLAS build) against MMQ (cublas); the "
+        "audit's nvidia-smi queries on a real driver (smi)")  # fmt: skip
 
 
 # --------------------------------------------------------------------------
@@ -190,6 +198,32 @@ def exec_start(unit: str) -> list:
     return shlex.split(line[len("ExecStart="):])
 
 
+def tokens_sha256(tokens) -> str:
+    """What a decode generated, short: the first 16 hex digits of the sha256 of its token list."""
+    return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]
+
+
+def _plain(value) -> bool:
+    """A value, or a list of values: no object, no list in a list."""
+    return not isinstance(value, dict) and not (isinstance(value, list) and any(isinstance(v, (dict, list))
+                                                                                for v in value))  # fmt: skip
+
+
+def dumps(value, indent: int = 0) -> str:
+    """The results file's JSON: a key a line, sorted, but on one line a list of plain values
+    (a command line, samples), an object of plain values up to 400 characters (a
+    llama-bench row), and anything up to 120."""
+    flat = json.dumps(value, sort_keys=True)
+    if _plain(value) or len(flat) <= 120 or isinstance(value, dict) and len(flat) <= 400 and all(
+            _plain(v) for v in value.values()):  # fmt: skip
+        return flat
+    pad = " " * (indent + 1)
+    if isinstance(value, dict):
+        items = [f"{pad}{json.dumps(k)}: {dumps(v, indent + 1)}" for k, v in sorted(value.items())]
+        return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
+    return "[\n" + ",\n".join(pad + dumps(v, indent + 1) for v in value) + "\n" + " " * indent + "]"
+
+
 # --------------------------------------------------------------------------
 # the run
 # --------------------------------------------------------------------------
@@ -222,7 +256,8 @@ class Proof:
 
     def save(self) -> None:
         self.r["written"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        text = json.dumps(self.r, indent=1, sort_keys=True)
+        self.r["what"] = WHAT
+        text = dumps(self.r) + "\n"
         self.state_file.write_text(text)
         (self.out / "gpu-proof.json").write_text(text)
 
@@ -610,7 +645,7 @@ class Proof:
             rows.append({"predicted_n": t["predicted_n"], "predicted_per_second": t["predicted_per_second"],
                          "prompt_n": t["prompt_n"]})  # fmt: skip
             texts.append(r.get("tokens") or r.get("content", ""))
-        return {"n_predict": 128, "reps": rows, "first_tokens": texts[0],
+        return {"n_predict": 128, "reps": rows, "tokens_sha256": tokens_sha256(texts[0]),
                 "median_tps": statistics.median(r["predicted_per_second"] for r in rows)}  # fmt: skip
 
     def decode_variant(self, args: list, name: str, port: int, reps: int, env: dict = None, **shown) -> dict:
@@ -653,7 +688,7 @@ class Proof:
         # unit's command line, each served and measured the same way.
         help_text = subprocess.run([p["exec_start"][0], "--help"], capture_output=True, text=True).stdout
         # Threads: the CPU side only embeds the token and samples, and llama-bench (16 threads)
-        # sampling nothing says little about it; all threads cost 3% in the last run.
+        # sampling nothing says little about it; all threads cost about 3% of served decode here.
         variants = {"threads_all": ["--threads", str(os.cpu_count())], "threads_1": ["--threads", "1"],
                     "threads_2": ["--threads", "2"], "threads_4": ["--threads", "4"]}  # fmt: skip
         if "--poll" in help_text:
@@ -1097,7 +1132,7 @@ class Proof:
             except Exception as e:  # recorded, and the next phase still runs
                 import traceback
 
-                res = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+                res = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-800:]}
             res["phase_seconds"] = round(time.time() - start, 1)
             if name == "machine":
                 self.r["machine"] = res
@@ -1161,13 +1196,13 @@ def summarize(r: dict) -> dict:
                     "extra_args": var["extra_args"], "tps_default_sampling": vs,
                     "tps_greedy": round(var["greedy"]["median_tps"], 1),
                     "over_llama_bench": round(vs / tg, 3) if tg else None,
-                    "greedy_tokens_same_as_unit": var["greedy"]["first_tokens"] == serve["decode_greedy"].get("first_tokens"),
+                    "greedy_tokens_same_as_unit": var["greedy"]["tokens_sha256"] == serve["decode_greedy"]["tokens_sha256"],
                 }  # fmt: skip
         pin = ph.get("pinning", {})
         if pin.get("ok"):
             ref = pin["bench"]["unpinned"]["tg128_tps"]
             d["pinning"] = {
-                "separate_run": "a later machine and model build than the figures above (same commit and shape)",
+                "measured_on": "another H200 machine and its own random 8B (same commit and shape)",
                 "llama_bench_tg128_tps": {k: round(b["tg128_tps"], 1) for k, b in pin["bench"].items()
                                           if b.get("tg128_tps")},
                 "served_tps_default_sampling": {k: round(x["default_sampling"]["median_tps"], 1)
@@ -1207,18 +1242,18 @@ def summarize(r: dict) -> dict:
                 e = item["error"].get(k)
                 if e is not None and abs(e) >= abs(worst.get(k, 0)):
                     worst[k] = e
-        # The issue's goal is set on its 3 contexts x 2 KV types (the rows without a knob).
-        issue_worst = {}
+        # The goal is set on the 3 contexts x 2 KV types (the rows without a knob).
+        goal_worst = {}
         for item in items:
             if item["knob"] is None and item["model"] == "llama3-8b":
                 for k in ("weights", "kv", "compute"):
                     e = item["error"].get(k)
-                    if e is not None and abs(e) >= abs(issue_worst.get(k, 0)):
-                        issue_worst[k] = e
+                    if e is not None and abs(e) >= abs(goal_worst.get(k, 0)):
+                        goal_worst[k] = e
         needed = [i["reserve_needed_mib"] for i in items if i["reserve_needed_mib"] is not None]
         out["memory_plan"] = {"rows": items, "worst_error_by_item": worst,
-                              "worst_error_3_contexts_x_2_kv_types": issue_worst,
-                              "goal_within_3_percent": {k: abs(e) <= 0.03 for k, e in issue_worst.items()},
+                              "worst_error_3_contexts_x_2_kv_types": goal_worst,
+                              "goal_within_3_percent": {k: abs(e) <= 0.03 for k, e in goal_worst.items()},
                               "within_3_percent_every_row": {k: abs(e) <= 0.03 for k, e in worst.items()}}  # fmt: skip
         if needed:
             out["memory_plan"]["reserve"] = {"today_mib": items[0]["planned"]["reserve"], **reserve_from(needed)}
@@ -1301,7 +1336,7 @@ def main(argv=None) -> None:
     if a.summarize:
         r = json.loads(Path(a.summarize).read_text())
         r["summary"] = summarize(r)
-        Path(a.summarize).write_text(json.dumps(r, indent=1, sort_keys=True) + "\n")
+        Path(a.summarize).write_text(dumps(r) + "\n")
         print(json.dumps(r["summary"], indent=1))
         return
     a.contexts = [int(x) for x in a.contexts.split(",")]
