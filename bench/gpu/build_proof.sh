@@ -31,9 +31,9 @@ case "${1:-right}" in
     deploy deploy2
     ;;
   wrong)
-    before=$(readlink $ROOT/builds/current 2>/dev/null)
+    at_start=$(readlink $ROOT/builds/current 2>/dev/null)
     deploy wrong_arch --data 'llamacpp_cuda_archs=["80-real"]' --data bench_skip_rules=True
-    echo "current before: ${before:-none}; after: $(readlink $ROOT/builds/current 2>/dev/null || echo none)" | tee -a $summary
+    echo "builds/current at start: ${at_start:-none}; at end: $(readlink $ROOT/builds/current 2>/dev/null || echo none)" | tee -a $summary
     grep -E "cannot compute|died with|no kernel image|CUDA error|smoke run" $OUT/wrong_arch.log | head -20 >> $summary
     for log in $ROOT/builds/*/smoke/server-*.log; do echo "== $log"; tail -n 15 "$log"; done > $OUT/smoke-logs.txt 2>&1
     ;;
