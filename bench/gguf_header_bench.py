@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """What reading a real model's GGUF header costs a host: the ``GgufShape`` fact that every
-audit and every deploy reads, with the host module's code now and at an earlier commit.
+audit and every deploy reads, with this checkout's host module and with a reader that
+reads every string of the header one at a time.
 
-    python3 bench/gguf_header_bench.py [--reps 7] [--before REV]
+    python3 bench/gguf_header_bench.py [--reps 7] [--per-string REV]
 
 The lab serves a tiny model (1,000 tokens), whose header reads in a millisecond; a real
 one's tokenizer arrays hold 10^5 strings and more. So the headers here are written with
@@ -14,8 +15,9 @@ them and a space):
 - qwen2.5-7b: Qwen2.5 7B, 152,064 tokens and 151,387 merges, 339 tensors;
 - gemma3-27b: Gemma-3 27B, 262,144 tokens with their scores, no merges, 808 tensors.
 
-For each, with this checkout's ``roles/model/files/gguf_header.py`` and with the one at
---before (default: the commit before the vocabulary was read past in chunks):
+For each, with this checkout's ``roles/model/files/gguf_header.py`` (``checkout``) and with
+the one at --per-string (``per_string``; default: the commit whose reader reads every string
+one at a time, the vocabulary not yet read past in chunks):
 
 - read_shape_cpu_s: CPU of ``read_shape`` in this process, median of --reps;
 - host_command_cpu_s: CPU of the whole command the fact runs (``python3 -I -S -c SOURCE
@@ -58,7 +60,7 @@ from llamarack.roles.llamacpp.files.llamacpp_proof import _gguf_kv, _gguf_string
 
 from converged_bench import _cpu  # noqa: E402  (this folder's)
 
-BEFORE = "1656a69"  # the last commit that read every string of the header one at a time
+PER_STRING = "1656a69"  # the last commit that read every string of the header one at a time
 
 # name: (architecture, layers, embedding, ffn, heads, kv heads, tokens, merges, scores,
 #        tensors per layer, tied embeddings)
@@ -133,17 +135,17 @@ def on_lab_host(host: str, sources: dict) -> dict:
     folder = "/tmp/llamarack-gguf-header-bench"
     gguf, record = f"{folder}/model.gguf", shape_record_name()
     runs = {k: (v, gguf) for k, v in sources.items()}
-    runs["recorded"] = (sources["now"], gguf, "--recorded", record)
+    runs["recorded"] = (sources["checkout"], gguf, "--recorded", record)
     outputs = {k: f"{gguf}.{k}" for k in runs}
     script = (f"set -e; {argv('mkdir', '-p', folder)}; "
               f"{argv('/opt/llamarack/envs/convert/bin/python', '-c', GGUF_PY_WRITER, gguf)}; "
               f"{argv('stat', '-c', 'bytes %s', gguf)}; "
-              f"{argv('python3', '-I', '-S', '-c', sources['now'], '--record', record, gguf)} >/dev/null; "
+              f"{argv('python3', '-I', '-S', '-c', sources['checkout'], '--record', record, gguf)} >/dev/null; "
               "TIMEFORMAT='%3U %3S'; "
               + "".join(f"echo cpu_{k} >&2; time {argv('python3', '-I', '-S', '-c', *v)} > {argv(outputs[k])}; "
                         for k, v in runs.items())
-              + f"{argv('cmp', '-s', outputs['now'], outputs['before'])} && "
-              f"{argv('cmp', '-s', outputs['now'], outputs['recorded'])} && echo same || echo differ; "
+              + f"{argv('cmp', '-s', outputs['checkout'], outputs['per_string'])} && "
+              f"{argv('cmp', '-s', outputs['checkout'], outputs['recorded'])} && echo same || echo differ; "
               f"{argv('rm', '-rf', folder)}")  # fmt: skip
     r = subprocess.run(rack.ssh_command(host, script), capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
@@ -186,12 +188,13 @@ def _command_cpu(source: str, path: Path, reps: int, *extra: str) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--before", default=BEFORE, help=f"the commit to compare with (default {BEFORE})")
+    ap.add_argument("--per-string", default=PER_STRING,
+                    help=f"the commit of the per-string reader to compare with (default {PER_STRING})")
     ap.add_argument("--lab-host", help="also read a header gguf-py wrote, on this lab host")
     args = ap.parse_args()
-    sources = {"now": (ROOT / "roles/model/files/gguf_header.py").read_text(),
-               "before": subprocess.run(["git", "show", f"{args.before}:roles/model/files/gguf_header.py"], cwd=ROOT,
-                                        capture_output=True, text=True, check=True).stdout}  # fmt: skip
+    sources = {"checkout": (ROOT / "roles/model/files/gguf_header.py").read_text(),
+               "per_string": subprocess.run(["git", "show", f"{args.per_string}:llamarack/remote/gguf_header.py"],
+                                            cwd=ROOT, capture_output=True, text=True, check=True).stdout}  # fmt: skip
     modules = {k: _module(v, f"gguf_header_{k}") for k, v in sources.items()}
     models = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -200,21 +203,22 @@ def main() -> int:
             path = Path(tmp) / name / "model.gguf"
             path.write_bytes(header(name))
             shapes = {k: m.read_shape(str(path)) for k, m in modules.items()}
-            if shapes["now"] != shapes["before"]:
+            if shapes["checkout"] != shapes["per_string"]:
                 raise SystemExit(f"{name}: the two readers disagree")
-            row = {"header_bytes": path.stat().st_size, "n_layer": shapes["now"]["n_layer"],
-                   "n_vocab": shapes["now"]["n_vocab"]}  # fmt: skip
+            row = {"header_bytes": path.stat().st_size, "n_layer": shapes["checkout"]["n_layer"],
+                   "n_vocab": shapes["checkout"]["n_vocab"]}  # fmt: skip
             for k, m in modules.items():
                 row[f"read_shape_cpu_s_{k}"] = _median_cpu(lambda: m.read_shape(str(path)), args.reps)
                 row[f"host_command_cpu_s_{k}"] = _command_cpu(sources[k], path, args.reps)
-            row["host_command_before_over_now"] = round(row["host_command_cpu_s_before"]
-                                                        / row["host_command_cpu_s_now"], 1)  # fmt: skip
-            command = [sys.executable, "-I", "-S", "-c", sources["now"]]
+            row["host_command_per_string_over_checkout"] = round(row["host_command_cpu_s_per_string"]
+                                                                 / row["host_command_cpu_s_checkout"], 1)  # fmt: skip
+            command = [sys.executable, "-I", "-S", "-c", sources["checkout"]]
             record = shape_record_name()
             subprocess.run([*command, "--record", record, str(path)], stdout=subprocess.DEVNULL, check=True)
-            row["host_command_cpu_s_recorded"] = _command_cpu(sources["now"], path, args.reps, "--recorded", record)
-            row["host_command_now_over_recorded"] = round(row["host_command_cpu_s_now"]
-                                                          / row["host_command_cpu_s_recorded"], 1)  # fmt: skip
+            row["host_command_cpu_s_recorded"] = _command_cpu(sources["checkout"], path, args.reps, "--recorded",
+                                                              record)  # fmt: skip
+            row["host_command_checkout_over_recorded"] = round(row["host_command_cpu_s_checkout"]
+                                                               / row["host_command_cpu_s_recorded"], 1)  # fmt: skip
             answers = [subprocess.run([*command, str(path), *extra], capture_output=True, check=True).stdout
                        for extra in ((), ("--recorded", record))]  # fmt: skip
             row["recorded_same_output"] = answers[0] == answers[1]
@@ -227,7 +231,7 @@ def main() -> int:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpu": _cpu(), "cores": len(os.sched_getaffinity(0)),
                     "python": platform.python_version()},
-        "reps": args.reps, "before": args.before,
+        "reps": args.reps, "per_string_reader": args.per_string,
         "strings": "random BPE-like words of 2 to 12 letters; a merge: two of them and a space",
         "models": models,
     }  # fmt: skip

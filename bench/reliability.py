@@ -35,6 +35,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -62,6 +63,10 @@ NEW_MODEL = ["model_convert_outtype=f32"]  # a new artifact, the same build
 OUT = ROOT / "bench/results/reliability.json"
 LOGS = Path("/tmp/llamarack-reliability")
 SETTLE_S = 10.0
+# The lines of a deploy's output worth keeping in the results: what failed, and pyinfra's total;
+# not pyinfra's closing words nor make's recipe lines.
+TELLING = re.compile(r"error|fail|killed|refus|rolled back|mismatch|not enough|grand total", re.I)
+CLOSING = re.compile(r"Error: executed \d+ commands|No hosts remaining|Disconnecting from hosts|\*\*\* \[")
 
 
 @dataclass
@@ -269,7 +274,7 @@ def one(ctx: Ctx, f: Fault) -> dict:
     after = faults.snapshot(rack, f.victim)
     changed = faults.changed_outside_staging(before, after)
     res.update(
-        failed_run={"rc": rc, "seconds": seconds, "log": str(log), "tail": out[-1500:].splitlines()[-12:]},
+        failed_run={"rc": rc, "seconds": seconds, "log": str(log), "excerpt": excerpt(out)},
         during=during, serving_after=after_ok,
         changed_outside_staging=[p for p in changed if p not in f.may_change],
         changed_by_the_faults_own_step=[p for p in changed if p in f.may_change],
@@ -279,7 +284,7 @@ def one(ctx: Ctx, f: Fault) -> dict:
         made = rack.ssh(A, "grep -c '\"outtype\": \"f32\"' /opt/llamarack/models/current/stamp.json")
         res["other_host_went_on"] = made.stdout.strip() not in ("", "0")
     rerun = [faults.run(INVENTORY, DEPLOY, list(f.hosts), f.rerun) for _ in range(2)]
-    res["rerun"] = {"rc": rerun[0][0], "seconds": rerun[0][2], "tail": rerun[0][1][-1500:].splitlines()[-8:]}
+    res["rerun"] = {"rc": rerun[0][0], "seconds": rerun[0][2], "excerpt": excerpt(rerun[0][1], 1)}
     res["converged"] = {"rc": rerun[1][0], "changes": faults.changes(rerun[1][1]), "seconds": rerun[1][2]}
     res["notes"] = list(ctx.notes)
     res["nothing_lost"] = bool(
@@ -294,6 +299,15 @@ def one(ctx: Ctx, f: Fault) -> dict:
     if f.rerun or f.data:
         base(ctx, f.hosts)  # back to the lab's settings for the next fault
     return res
+
+
+def excerpt(output: str, lines: int = 4) -> list:
+    """The last ``lines`` telling lines of a deploy's output (else its last two that say more
+    than pyinfra's closing words), spaces squeezed, each cut at 500 characters; the whole
+    output stays in the run's log."""
+    squeezed = [" ".join(x.split())[:500] for x in output.splitlines()[-40:]
+                if x.strip() and not CLOSING.search(x)]  # fmt: skip
+    return [x for x in squeezed if TELLING.search(x)][-lines:] or squeezed[-2:]
 
 
 def machine() -> dict:

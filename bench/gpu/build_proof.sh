@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Runs on the device machine (H200, CUDA 13, no systemd, no network), from a
-# copy of the repo carrying .whl and .carry (bench/gpu_prepare.sh makes them):
+# copy of the repo carrying .whl and .carry (bench/gpu/prepare.sh makes them):
 #
-#   bash bench/gpu_build_proof.sh right   the llama.cpp role through pyinfra @local for the
+#   bash bench/gpu/build_proof.sh right   the llama.cpp role through pyinfra @local for the
 #                                         card's own arch, twice: the smoke run computes on
 #                                         the GPU and is recorded; the second run changes nothing
-#   bash bench/gpu_build_proof.sh wrong   a build for sm_80 only (80-real: no PTX to JIT),
+#   bash bench/gpu/build_proof.sh wrong   a build for sm_80 only (80-real: no PTX to JIT),
 #                                         rules bypassed: the smoke run must refuse it and
 #                                         leave builds/current as it was
 #
@@ -21,7 +21,7 @@ summary=$OUT/summary.txt
 deploy() {  # deploy NAME [extra pyinfra args...]
   local name=$1; shift
   local start=$(date +%s)
-  python3 -m pyinfra -y @local bench/device_deploy.py "${DATA[@]}" "$@" > $OUT/$name.log 2>&1
+  python3 -m pyinfra -y @local bench/gpu/build_deploy.py "${DATA[@]}" "$@" > $OUT/$name.log 2>&1
   echo "$name rc=$? s=$(( $(date +%s) - start ))" | tee -a $summary
 }
 { nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader; nproc; } >> $summary 2>&1
@@ -31,9 +31,9 @@ case "${1:-right}" in
     deploy deploy2
     ;;
   wrong)
-    before=$(readlink $ROOT/builds/current 2>/dev/null)
+    at_start=$(readlink $ROOT/builds/current 2>/dev/null)
     deploy wrong_arch --data 'llamacpp_cuda_archs=["80-real"]' --data bench_skip_rules=True
-    echo "current before: ${before:-none}; after: $(readlink $ROOT/builds/current 2>/dev/null || echo none)" | tee -a $summary
+    echo "builds/current at start: ${at_start:-none}; at end: $(readlink $ROOT/builds/current 2>/dev/null || echo none)" | tee -a $summary
     grep -E "cannot compute|died with|no kernel image|CUDA error|smoke run" $OUT/wrong_arch.log | head -20 >> $summary
     for log in $ROOT/builds/*/smoke/server-*.log; do echo "== $log"; tail -n 15 "$log"; done > $OUT/smoke-logs.txt 2>&1
     ;;

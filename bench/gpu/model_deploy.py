@@ -1,6 +1,6 @@
 """The model role on the borrowed GPU machine (the GPU proof), through pyinfra @local.
 
-    pyinfra -y @local bench/gpu_proof_deploy.py --data llamarack_root=... --data model_repo=... ...
+    pyinfra -y @local bench/gpu/model_deploy.py --data llamarack_root=... --data model_repo=... ...
 
 The role as deploy.py runs it: fetch from the hub (the lab's hub server on
 localhost serves the generated checkpoint), convert with the llama.cpp

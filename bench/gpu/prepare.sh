@@ -5,7 +5,7 @@
 # pinned commit). Both are ignored by git (.git/info/exclude) and named in
 # the device run's carry. Needs the lab's sources: `llamarack lab up` once.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || printf '/.whl/\n/.carry/\n' >> .git/info/exclude
 
 # Versions as on this machine, so the device runs the pyinfra the tests ran.
@@ -14,14 +14,14 @@ pkgs=(pyinfra paramiko gevent greenlet zope.event zope.interface cryptography cf
 rm -rf .whl && mkdir -p .whl
 for p in "${pkgs[@]}"; do
   v=$(python3 -m pip show "$p" 2>/dev/null | sed -n 's/^Version: //p')
-  [ -n "$v" ] || { echo "gpu_prepare: $p is not installed here (bash .ci/setup first)" >&2; exit 1; }
+  [ -n "$v" ] || { echo "prepare: $p is not installed here (bash .ci/setup first)" >&2; exit 1; }
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl "$p==$v"
 done
 
 mirror=/var/cache/llamarack/lab/srv/llama.cpp.git
-[ -d "$mirror" ] || { echo "gpu_prepare: no lab mirror at $mirror (run: llamarack lab up)" >&2; exit 1; }
+[ -d "$mirror" ] || { echo "prepare: no lab mirror at $mirror (run: llamarack lab up)" >&2; exit 1; }
 rm -rf .carry && mkdir -p .carry
 git clone -q --bare --single-branch "$mirror" .carry/llama.cpp.git
 python3 -c 'from llamarack.lab.mirror import LAB_COMMIT; print(LAB_COMMIT)' > .carry/commit

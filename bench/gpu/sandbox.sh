@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine (no systemd): the served unit's sandbox applied by
-# hand (bench/gpu_sandbox.py) to a CUDA llama-server, which must still load onto
-# the card and answer. Carries .carry (bench/gpu_prepare.sh makes it: the lab's
+# hand (bench/gpu/sandbox.py) to a CUDA llama-server, which must still load onto
+# the card and answer. Carries .carry (bench/gpu/prepare.sh makes it: the lab's
 # llama.cpp mirror and its pinned commit):
 #
-#   run(command="bash bench/gpu_sandbox.sh", carry=[".carry"])
+#   run(command="bash bench/gpu/sandbox.sh", carry=[".carry"])
 #
 # The build is the pinned commit for the card's arch with flash attention's
 # kernels left out (-DGGML_CUDA_FA=OFF: a third of the compile time; the server
@@ -13,7 +13,7 @@
 set -u
 W=/opt/gpusandbox
 mkdir -p "$W" /var/cache/llamarack-server
-cp bench/gpu_sandbox.py bench/sandbox-syscalls.json "$W/"
+cp bench/gpu/sandbox.py bench/gpu/sandbox-syscalls.json "$W/"
 python3 -c 'import sys; sys.path.insert(0, "."); from llamarack.roles.llamacpp.files.llamacpp_proof import write_smoke_gguf
 write_smoke_gguf("/opt/gpusandbox/smoke.gguf")' || exit 1
 [ -d "$W/src" ] || { git clone -q .carry/llama.cpp.git "$W/src" && git -C "$W/src" checkout -q "$(cat .carry/commit)"; } || exit 1
@@ -26,4 +26,4 @@ cmake --build "$W/build" --target llama-server -j"$(nproc)" > "$OUT/build.log" 2
 echo "build: $(( $(date +%s) - start )) s"
 chmod -R a+rX "$W"
 { uname -r; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; "$nvcc" --version | tail -1; } > "$OUT/machine.txt"
-python3 "$W/gpu_sandbox.py" serve --bin "$W/build/bin" --model "$W/smoke.gguf" --out "$OUT"
+python3 "$W/sandbox.py" serve --bin "$W/build/bin" --model "$W/smoke.gguf" --out "$OUT"

@@ -5,7 +5,7 @@ neither run: preflight (real nvidia-smi, real toolkit and gcc facts) and the
 llama.cpp build (real CUDA build, cuobjdump check, smoke run on the GPU,
 atomic switch).
 
-    pyinfra -y @local bench/device_deploy.py --data llamarack_root=... --data ...
+    pyinfra -y @local bench/gpu/build_deploy.py --data llamarack_root=... --data ...
 
 ``--data bench_skip_rules=True`` reads the facts without running the rules,
 so a build the rules would refuse (an arch the card cannot run) reaches the

@@ -3,12 +3,12 @@
 Random weights decode at the speed trained ones do: every weight is read once
 per token whatever its value. Two outputs:
 
-    python3 bench/gpu_proof_model.py checkpoint SHAPE DIR --tokenizer TOKDIR
+    python3 bench/gpu/random_model.py checkpoint SHAPE DIR --tokenizer TOKDIR
         a Hugging Face Llama checkpoint (config.json, safetensors shards and
         their index, the SentencePiece tokenizer of TOKDIR), the input of the
         model role's convert + quantize
 
-    python3 bench/gpu_proof_model.py gguf SHAPE FILE --gguf-py DIR
+    python3 bench/gpu/random_model.py gguf SHAPE FILE --gguf-py DIR
         an f16 GGUF written directly with gguf-py (the pinned llama.cpp's
         own), tensor by tensor, for a checkpoint too big to write twice
         (a 24B at f16 is 47 GB: the model role would hold the safetensors and
@@ -178,7 +178,7 @@ def write_gguf(shape: dict, out: Path, gguf_py: Path, name: str) -> dict:
     import gguf
     import numpy as np
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from llamarack.roles.llamacpp.files.llamacpp_proof import smoke_vocab
 
     tokens, scores, types = smoke_vocab()

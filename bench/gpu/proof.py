@@ -2,8 +2,8 @@
 the bandwidth limit, and the memory plan against what the GPU allocates.
 
 Runs on the borrowed GPU machine (H200, CUDA 13, no systemd, no network) from
-a copy of the repo carrying .whl and .carry (``bench/gpu_proof_prepare.sh``
-makes them), through ``bench/gpu_proof.sh``; writes ``$OUT/gpu-proof.json``
+a copy of the repo carrying .whl and .carry (``bench/gpu/proof_prepare.sh``
+makes them), through ``bench/gpu/proof.sh``; writes ``$OUT/gpu-proof.json``
 (copied to ``bench/results/gpu-proof.json``).
 
 Phases, in order; each records its results and is skipped by a later call on
@@ -11,7 +11,7 @@ the same machine once done (state under ``--work``), so a lease's 600-second
 commands can share the work:
 
     machine    GPU, driver, toolkit, CPU (every figure is recorded against these)
-    build      the llama.cpp role through pyinfra @local (bench/device_deploy.py)
+    build      the llama.cpp role through pyinfra @local (bench/gpu/build_deploy.py)
     model8b    an 8B Llama-3-shaped random checkpoint (generated while the build
                runs), through the model role @local: the lab's hub server on
                localhost serves it, the role fetches, converts, quantizes to Q4_K_M
@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import random
@@ -64,7 +65,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from llamarack.roles.model.reads import GgufShape
@@ -80,6 +81,13 @@ from roles.server.plan import (MIB, PlanError, card_compute_cap, knobs, plan_con
 V100_PCI_ID = "0x1DB410DE"  # Tesla V100 PCIe 16GB: the card table plans it at 16130 MiB
 HUB_REPO = "bench/llama3-8b-random"
 T0 = time.time()
+WHAT = ("on the borrowed H200: the llama.cpp role builds, an 8B Llama-3-shaped random checkpoint goes through "
+        "the model role @local; llama-bench vs the served unit's command line vs the copy-bandwidth roofline; "
+        "the planner's ledger item by item against llama.cpp's load log and nvidia-smi for 3 contexts x 2 KV "
+        "types and each planner knob; a Gemma-3-27B-shaped Q4_K_M planned for a V100 16 GB and served with that "
+        "plan; what an older card's CUDA path holds that this card's hides: CUDA_MODULE_LOADING EAGER against "
+        "LAZY (modload), and the cuBLAS prefill path (a GGML_CUDA_FORCE_CUBLAS build) against MMQ (cublas); the "
+        "audit's nvidia-smi queries on a real driver (smi)")  # fmt: skip
 
 
 # --------------------------------------------------------------------------
@@ -191,6 +199,32 @@ def exec_start(unit: str) -> list:
     return shlex.split(line[len("ExecStart="):])
 
 
+def tokens_sha256(tokens) -> str:
+    """What a decode generated, short: the first 16 hex digits of the sha256 of its token list."""
+    return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]
+
+
+def _plain(value) -> bool:
+    """A value, or a list of values: no object, no list in a list."""
+    return not isinstance(value, dict) and not (isinstance(value, list) and any(isinstance(v, (dict, list))
+                                                                                for v in value))  # fmt: skip
+
+
+def dumps(value, indent: int = 0) -> str:
+    """The results file's JSON: a key a line, sorted, but on one line a list of plain values
+    (a command line, samples), an object of plain values up to 400 characters (a
+    llama-bench row), and anything up to 120."""
+    flat = json.dumps(value, sort_keys=True)
+    if _plain(value) or len(flat) <= 120 or isinstance(value, dict) and len(flat) <= 400 and all(
+            _plain(v) for v in value.values()):  # fmt: skip
+        return flat
+    pad = " " * (indent + 1)
+    if isinstance(value, dict):
+        items = [f"{pad}{json.dumps(k)}: {dumps(v, indent + 1)}" for k, v in sorted(value.items())]
+        return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
+    return "[\n" + ",\n".join(pad + dumps(v, indent + 1) for v in value) + "\n" + " " * indent + "]"
+
+
 # --------------------------------------------------------------------------
 # the run
 # --------------------------------------------------------------------------
@@ -223,7 +257,8 @@ class Proof:
 
     def save(self) -> None:
         self.r["written"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        text = json.dumps(self.r, indent=1, sort_keys=True)
+        self.r["what"] = WHAT
+        text = dumps(self.r) + "\n"
         self.state_file.write_text(text)
         (self.out / "gpu-proof.json").write_text(text)
 
@@ -394,7 +429,7 @@ class Proof:
         self.hub = None
         if self.r["phases"].get("model8b", {}).get("ok"):
             return
-        cmd = [self.a.gen_python, str(REPO / "bench/gpu_proof_model.py"), "checkpoint", "llama3-8b", str(hub),
+        cmd = [self.a.gen_python, str(REPO / "bench/gpu/random_model.py"), "checkpoint", "llama3-8b", str(hub),
                "--tokenizer", str(REPO / ".carry/tokenizer"), "--scale-down", str(self.a.scale_down)]  # fmt: skip
 
         def run():
@@ -439,7 +474,7 @@ class Proof:
                 src.parent.mkdir(parents=True, exist_ok=True)
                 src.symlink_to(self.a.cpu_src)
             return {"ok": True, "cpu_check": self.a.cpu_check}
-        d = self.pyinfra(str(REPO / "bench/device_deploy.py"), self.data(), "deploy-build.log")
+        d = self.pyinfra(str(REPO / "bench/gpu/build_deploy.py"), self.data(), "deploy-build.log")
         info = Path(self.layout.current_build) / "build-info.json"
         if info.exists():
             rec = json.loads(info.read_text())
@@ -480,7 +515,7 @@ class Proof:
                              model_hf_endpoint=endpoint, bench_convert_python=self.a.convert_python)  # fmt: skip
             if self.cpu:
                 data["bench_quantize"] = f"{self.a.cpu_check}/llama-quantize"
-            d.update(self.pyinfra(str(REPO / "bench/gpu_proof_deploy.py"), data, "deploy-model.log"))
+            d.update(self.pyinfra(str(REPO / "bench/gpu/model_deploy.py"), data, "deploy-model.log"))
         finally:
             self.hub.terminate()
             self.hub.wait()
@@ -507,7 +542,7 @@ class Proof:
         art = Path(self.a.shm) / "direct8b"
         art.mkdir(parents=True, exist_ok=True)
         f16 = art / "model-f16.gguf"
-        rc, text, s = self.sh([self.a.gen_python, str(REPO / "bench/gpu_proof_model.py"), "gguf", "llama3-8b",
+        rc, text, s = self.sh([self.a.gen_python, str(REPO / "bench/gpu/random_model.py"), "gguf", "llama3-8b",
                                str(f16), "--gguf-py", f"{self.layout.src}/gguf-py"], "gguf8b.log")  # fmt: skip
         d = {"f16": {"rc": rc, "seconds": s}}
         if rc:
@@ -611,7 +646,7 @@ class Proof:
             rows.append({"predicted_n": t["predicted_n"], "predicted_per_second": t["predicted_per_second"],
                          "prompt_n": t["prompt_n"]})  # fmt: skip
             texts.append(r.get("tokens") or r.get("content", ""))
-        return {"n_predict": 128, "reps": rows, "first_tokens": texts[0],
+        return {"n_predict": 128, "reps": rows, "tokens_sha256": tokens_sha256(texts[0]),
                 "median_tps": statistics.median(r["predicted_per_second"] for r in rows)}  # fmt: skip
 
     def decode_variant(self, args: list, name: str, port: int, reps: int, env: dict = None, **shown) -> dict:
@@ -654,7 +689,7 @@ class Proof:
         # unit's command line, each served and measured the same way.
         help_text = subprocess.run([p["exec_start"][0], "--help"], capture_output=True, text=True).stdout
         # Threads: the CPU side only embeds the token and samples, and llama-bench (16 threads)
-        # sampling nothing says little about it; all threads cost 3% in the last run.
+        # sampling nothing says little about it; all threads cost about 3% of served decode here.
         variants = {"threads_all": ["--threads", str(os.cpu_count())], "threads_1": ["--threads", "1"],
                     "threads_2": ["--threads", "2"], "threads_4": ["--threads", "4"]}  # fmt: skip
         if "--poll" in help_text:
@@ -985,8 +1020,8 @@ class Proof:
         if not (gguf_dir / "model.gguf").exists():
             import math
 
-            sys.path.insert(0, str(REPO / "bench"))
-            from gpu_proof_model import SHAPES, scaled, tensors
+            sys.path.insert(0, str(REPO / "bench/gpu"))
+            from random_model import SHAPES, scaled, tensors
 
             need = 2.05 * sum(math.prod(d) for _, _, d, _ in tensors(scaled(SHAPES[shape_name],
                                                                           self.a.scale_down)))  # fmt: skip
@@ -998,7 +1033,7 @@ class Proof:
             if not room:
                 return {**out, "ok": False, "error": "no room for the f16 GGUF (shm or disk)"}
             f16 = room[0] / "v100-f16.gguf"
-            cmd = [self.a.gen_python, str(REPO / "bench/gpu_proof_model.py"), "gguf", shape_name, str(f16),
+            cmd = [self.a.gen_python, str(REPO / "bench/gpu/random_model.py"), "gguf", shape_name, str(f16),
                    "--gguf-py", f"{self.layout.src}/gguf-py", "--scale-down", str(self.a.scale_down)]  # fmt: skip
             rc, text, s = self.sh(cmd, "gguf-v100.log", timeout=max(30, self.left() - 200))
             out["f16_gguf"] = {"rc": rc, "seconds": s, "info": text.strip().splitlines()[-1][:2000]}
@@ -1098,7 +1133,7 @@ class Proof:
             except Exception as e:  # recorded, and the next phase still runs
                 import traceback
 
-                res = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+                res = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-800:]}
             res["phase_seconds"] = round(time.time() - start, 1)
             if name == "machine":
                 self.r["machine"] = res
@@ -1162,13 +1197,13 @@ def summarize(r: dict) -> dict:
                     "extra_args": var["extra_args"], "tps_default_sampling": vs,
                     "tps_greedy": round(var["greedy"]["median_tps"], 1),
                     "over_llama_bench": round(vs / tg, 3) if tg else None,
-                    "greedy_tokens_same_as_unit": var["greedy"]["first_tokens"] == serve["decode_greedy"].get("first_tokens"),
+                    "greedy_tokens_same_as_unit": var["greedy"]["tokens_sha256"] == serve["decode_greedy"]["tokens_sha256"],
                 }  # fmt: skip
         pin = ph.get("pinning", {})
         if pin.get("ok"):
             ref = pin["bench"]["unpinned"]["tg128_tps"]
             d["pinning"] = {
-                "separate_run": "a later machine and model build than the figures above (same commit and shape)",
+                "measured_on": "another H200 machine and its own random 8B (same commit and shape)",
                 "llama_bench_tg128_tps": {k: round(b["tg128_tps"], 1) for k, b in pin["bench"].items()
                                           if b.get("tg128_tps")},
                 "served_tps_default_sampling": {k: round(x["default_sampling"]["median_tps"], 1)
@@ -1208,18 +1243,18 @@ def summarize(r: dict) -> dict:
                 e = item["error"].get(k)
                 if e is not None and abs(e) >= abs(worst.get(k, 0)):
                     worst[k] = e
-        # The issue's goal is set on its 3 contexts x 2 KV types (the rows without a knob).
-        issue_worst = {}
+        # The goal is set on the 3 contexts x 2 KV types (the rows without a knob).
+        goal_worst = {}
         for item in items:
             if item["knob"] is None and item["model"] == "llama3-8b":
                 for k in ("weights", "kv", "compute"):
                     e = item["error"].get(k)
-                    if e is not None and abs(e) >= abs(issue_worst.get(k, 0)):
-                        issue_worst[k] = e
+                    if e is not None and abs(e) >= abs(goal_worst.get(k, 0)):
+                        goal_worst[k] = e
         needed = [i["reserve_needed_mib"] for i in items if i["reserve_needed_mib"] is not None]
         out["memory_plan"] = {"rows": items, "worst_error_by_item": worst,
-                              "worst_error_3_contexts_x_2_kv_types": issue_worst,
-                              "goal_within_3_percent": {k: abs(e) <= 0.03 for k, e in issue_worst.items()},
+                              "worst_error_3_contexts_x_2_kv_types": goal_worst,
+                              "goal_within_3_percent": {k: abs(e) <= 0.03 for k, e in goal_worst.items()},
                               "within_3_percent_every_row": {k: abs(e) <= 0.03 for k, e in worst.items()}}  # fmt: skip
         if needed:
             out["memory_plan"]["reserve"] = {"today_mib": items[0]["planned"]["reserve"], **reserve_from(needed)}
@@ -1302,7 +1337,7 @@ def main(argv=None) -> None:
     if a.summarize:
         r = json.loads(Path(a.summarize).read_text())
         r["summary"] = summarize(r)
-        Path(a.summarize).write_text(json.dumps(r, indent=1, sort_keys=True) + "\n")
+        Path(a.summarize).write_text(dumps(r) + "\n")
         print(json.dumps(r["summary"], indent=1))
         return
     a.contexts = [int(x) for x in a.contexts.split(",")]

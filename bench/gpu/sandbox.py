@@ -31,14 +31,14 @@ reached through /dev/nvidia*, which the policy allows by major number), the
 Protect{Kernel*,ControlGroups,Clock,Hostname,Proc} mounts, RestrictNamespaces,
 LockPersonality, RemoveIPC and UMask.
 
-    python3 bench/gpu_sandbox.py --make-list            (here: writes SYSCALLS)
-    python3 bench/gpu_sandbox.py run [--mdwe] -- CMD...  (as root: CMD sandboxed)
-    python3 bench/gpu_sandbox.py probe                   (what a sandboxed process may do)
-    python3 bench/gpu_sandbox.py serve --bin DIR --model GGUF --out DIR
+    python3 bench/gpu/sandbox.py --make-list            (here: writes SYSCALLS)
+    python3 bench/gpu/sandbox.py run [--mdwe] -- CMD...  (as root: CMD sandboxed)
+    python3 bench/gpu/sandbox.py probe                   (what a sandboxed process may do)
+    python3 bench/gpu/sandbox.py serve --bin DIR --model GGUF --out DIR
                                                          (llama-server on the GPU: plain,
                                                          sandboxed, sandboxed + MDWE)
 
-``bench/gpu_sandbox.sh`` runs the last on the lent GPU machine.
+``bench/gpu/sandbox.sh`` runs the last on the lent GPU machine.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Runs here (the CPU machine): everything bench/gpu_proof.sh carries to the
+# Runs here (the CPU machine): everything bench/gpu/proof.sh carries to the
 # device machine, which has no network, within the 64 MiB carry limit:
-#   .whl               pyinfra and the dependencies its image lacks (bench/gpu_prepare.sh)
+#   .whl               pyinfra and the dependencies its image lacks (bench/gpu/prepare.sh)
 #   .carry/llama.cpp.git, .carry/commit   the lab's llama.cpp mirror and the pinned commit (same)
 #   .carry/tokenizer/  the tiny model's SentencePiece tokenizer (1000 pieces): the random
 #                      checkpoints' vocabulary, padded by the converter to the shape's vocab_size
-# Then: run(command="bash bench/gpu_proof.sh", carry=[".whl", ".carry"]).
+# Then: run(command="bash bench/gpu/proof.sh", carry=[".whl", ".carry"]).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-bash bench/gpu_prepare.sh
+cd "$(dirname "$0")/../.."
+bash bench/gpu/prepare.sh
 tok=$(python3 -c 'from pathlib import Path; from llamarack.lab.tiny_model import tiny_model
 print(tiny_model(Path("/var/cache/llamarack")))')
 mkdir -p .carry/tokenizer
