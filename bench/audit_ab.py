@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import audit_bench  # noqa: E402
 from converged_bench import ssh_fan_out  # noqa: E402
 
-from llamarack.lab import rack as lab_rack  # noqa: E402
+from llamarack_lab import rack as lab_rack  # noqa: E402
 
 # A checkout from before llamarack.entry starts through llamarack.cli.
 OLD_CLI = audit_bench.AUDIT_CLI.replace("from llamarack.entry import entry", "from llamarack.cli import entry")
