@@ -37,8 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from llamarack.lab import rack as rackmod  # noqa: E402
-from llamarack.lab.pytest_plugin import count_remote_work  # noqa: E402
+from llamarack_lab import rack as rackmod  # noqa: E402
+from llamarack_lab.pytest_plugin import count_remote_work  # noqa: E402
 
 from converged_bench import _cpu, _pyinfra_version, deploy, ssh_fan_out  # noqa: E402  (this folder's)
 

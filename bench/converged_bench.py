@@ -40,8 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from llamarack.lab import rack as rackmod  # noqa: E402
-from llamarack.lab.pytest_plugin import count_remote_work, parse_pyinfra_totals, pyinfra_command  # noqa: E402
+from llamarack_lab import rack as rackmod  # noqa: E402
+from llamarack_lab.pytest_plugin import count_remote_work, parse_pyinfra_totals, pyinfra_command  # noqa: E402
 
 INVENTORY = ROOT / "inventory/lab.py"  # the README's; --hosts N uses the rack's own
 DEPLOY = ROOT / "deploy.py"

@@ -126,7 +126,7 @@ w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); 
 
 def on_lab_host(host: str, sources: dict) -> dict:
     """``written_by_gguf_py`` (see the module's docstring), on lab host ``host``."""
-    from llamarack.lab import rack as rackmod
+    from llamarack_lab import rack as rackmod
     from llamarack.remote import argv
 
     rack = rackmod.load()

@@ -35,8 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from llamarack.lab import rack as rackmod, trace  # noqa: E402
-from llamarack.lab.pytest_plugin import parse_pyinfra_totals, pyinfra_command  # noqa: E402
+from llamarack_lab import rack as rackmod, trace  # noqa: E402
+from llamarack_lab.pytest_plugin import parse_pyinfra_totals, pyinfra_command  # noqa: E402
 
 DEPLOY = ROOT / "tests/lab/deploys/trivial.py"
 OUT = ROOT / "bench/results/lab.json"

@@ -7,7 +7,7 @@ Brings the default rack up once (``--reuse``: the rack that is up, left up),
 deploys lab-v100-a and lab-v100-b until they serve the tiny model, then for
 each fault, on a converged host:
 
-1. takes a snapshot of the deployment (``llamarack.lab.faults.snapshot``);
+1. takes a snapshot of the deployment (``llamarack_lab.faults.snapshot``);
 2. starts a poller on the served ``/health`` (4 a second, each bounded to 2 s,
    the lab host's address only), starts a deploy that has new work to do (a
    setting changed: the model converted to f32, a llama.cpp commit, the
@@ -48,12 +48,12 @@ from typing import Callable, Optional
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from llamarack.lab import driver as drivermod  # noqa: E402
-from llamarack.lab import faults, mirror, services  # noqa: E402
-from llamarack.lab import host as hostmod  # noqa: E402
-from llamarack.lab import rack as rackmod  # noqa: E402
-from llamarack.lab.fake_nvidia import deb  # noqa: E402
-from llamarack.lab.hub_server import HubServer  # noqa: E402
+from llamarack_lab import driver as drivermod  # noqa: E402
+from llamarack_lab import faults, mirror, services  # noqa: E402
+from llamarack_lab import host as hostmod  # noqa: E402
+from llamarack_lab import rack as rackmod  # noqa: E402
+from llamarack_lab.fake_nvidia import deb  # noqa: E402
+from llamarack_lab.hub_server import HubServer  # noqa: E402
 from llamarack.layout import UNIT_PATH  # noqa: E402
 
 INVENTORY = ROOT / "inventory/lab.py"

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from llamarack.roles.llamacpp.plan import plan_build
-from llamarack.lab import services
+from llamarack_lab import services
 from llamarack.settings import load_settings
 
 ROOT = Path(__file__).resolve().parent.parent

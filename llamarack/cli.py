@@ -13,7 +13,8 @@ class LazyGroup(click.Group):
     """Subcommands imported only when run: ``llamarack audit`` starts its ssh connections
     before the planners are imported, and ``llamarack settings`` works without the lab's tools."""
 
-    LAZY = {"plan": "llamarack.plan_cli:plan_command", "lab": "llamarack.lab.cli:lab"}
+    LAZY = {"plan": "llamarack.plan_cli:plan_command", "lab": "llamarack_lab.cli:lab"}
+    LAB_MISSING = "the lab is its own package, not installed: python3 -m pip install -e lab (in llamarack's checkout)"
 
     def list_commands(self, ctx):
         return sorted({*super().list_commands(ctx), *self.LAZY})
@@ -23,11 +24,15 @@ class LazyGroup(click.Group):
             module, attribute = self.LAZY[name].split(":")
             try:
                 self.add_command(getattr(importlib.import_module(module), attribute), name)
-            except ImportError:  # pragma: no cover - only while the lab package is absent
-                if name != "lab":
+            except ModuleNotFoundError as e:  # the lab (lab/ in the checkout) is not in the wheel
+                if e.name != "llamarack_lab":
                     raise
-                return None
+                return click.Command(name, help=self.LAB_MISSING, context_settings={"ignore_unknown_options": True},
+                                     params=[click.Argument(["args"], nargs=-1)], callback=self._lab_missing)
         return super().get_command(ctx, name)
+
+    def _lab_missing(self, args):
+        raise click.ClickException(self.LAB_MISSING)
 
 
 @click.group(cls=LazyGroup)

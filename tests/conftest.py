@@ -3,10 +3,12 @@
 import sys
 from pathlib import Path
 
-# deploy.py and roles/ live at the project root, beside the llamarack package.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# deploy.py and roles/ live at the project root, beside the llamarack package; the lab
+# (its own package, llamarack_lab) in lab/: this checkout's own, whichever one pip installed.
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "lab")]
 
-pytest_plugins = ["llamarack.lab.pytest_plugin"]
+pytest_plugins = ["llamarack_lab.pytest_plugin"]
 
 
 def pytest_collection_modifyitems(session, config, items):

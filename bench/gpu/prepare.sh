@@ -24,5 +24,5 @@ mirror=/var/cache/llamarack/lab/srv/llama.cpp.git
 [ -d "$mirror" ] || { echo "prepare: no lab mirror at $mirror (run: llamarack lab up)" >&2; exit 1; }
 rm -rf .carry && mkdir -p .carry
 git clone -q --bare --single-branch "$mirror" .carry/llama.cpp.git
-python3 -c 'from llamarack.lab.mirror import LAB_COMMIT; print(LAB_COMMIT)' > .carry/commit
+python3 -c 'from llamarack_lab.mirror import LAB_COMMIT; print(LAB_COMMIT)' > .carry/commit
 du -sh .whl .carry

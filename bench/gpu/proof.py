@@ -441,7 +441,7 @@ class Proof:
                     return
                 done.write_text(text.strip().splitlines()[-1])
             start = time.time()
-            self.hub = subprocess.Popen([sys.executable, "-m", "llamarack.lab.hub_server", "--port", "0",
+            self.hub = subprocess.Popen([sys.executable, "-m", "llamarack_lab.hub_server", "--port", "0",
                                          f"{HUB_REPO}={hub}"], stdout=subprocess.PIPE, text=True, cwd=REPO)  # fmt: skip
             self.hub_line = self.hub.stdout.readline().strip()  # http://127.0.0.1:PORT/api/models/REPO/revision/SHA
             self.hub_scan_seconds = round(time.time() - start, 1)

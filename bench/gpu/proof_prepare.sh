@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash bench/gpu/prepare.sh
-tok=$(python3 -c 'from pathlib import Path; from llamarack.lab.tiny_model import tiny_model
+tok=$(python3 -c 'from pathlib import Path; from llamarack_lab.tiny_model import tiny_model
 print(tiny_model(Path("/var/cache/llamarack")))')
 mkdir -p .carry/tokenizer
 cp "$tok"/tokenizer.model "$tok"/tokenizer_config.json "$tok"/special_tokens_map.json .carry/tokenizer/

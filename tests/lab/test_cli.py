@@ -2,7 +2,7 @@
 
 from click.testing import CliRunner
 
-from llamarack.lab.cli import lab
+from llamarack_lab.cli import lab
 
 
 def test_status_without_rack(tmp_path, monkeypatch):

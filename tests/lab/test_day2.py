@@ -13,8 +13,8 @@ import urllib.request
 
 import pytest
 
-from llamarack.lab.fake_nvidia import deb
-from llamarack.lab.pytest_plugin import parse_pyinfra_totals
+from llamarack_lab.fake_nvidia import deb
+from llamarack_lab.pytest_plugin import parse_pyinfra_totals
 from tests.lab import deploying
 
 pytestmark = pytest.mark.lab

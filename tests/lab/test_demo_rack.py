@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from llamarack.lab.pytest_plugin import count_remote_work, parse_pyinfra_totals
+from llamarack_lab.pytest_plugin import count_remote_work, parse_pyinfra_totals
 from llamarack.roles.llamacpp.plan import same_build
 from tests.lab import deploying
 

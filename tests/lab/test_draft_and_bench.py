@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from llamarack.lab.pytest_plugin import count_remote_work, parse_pyinfra_totals
+from llamarack_lab.pytest_plugin import count_remote_work, parse_pyinfra_totals
 from tests.lab import deploying
 
 pytestmark = pytest.mark.lab

@@ -4,7 +4,7 @@ The CI guards of ``bench/reliability.py`` (which runs all twelve): pyinfra
 SIGKILLed during the unit switch, the SSH connection cut while the model
 converts, a torn state file. For each: the deployment that served keeps
 serving (a poller asks its /health through the failed run), no file outside
-the staging areas changes (``llamarack.lab.faults``), and a re-run
+the staging areas changes (``llamarack_lab.faults``), and a re-run
 converges. Tests run in order and share the host.
 """
 
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from llamarack.lab import faults
+from llamarack_lab import faults
 from llamarack.layout import UNIT_PATH, Layout
 from tests.lab import deploying
 

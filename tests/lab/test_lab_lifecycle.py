@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from llamarack.lab import rack as rackmod
-from llamarack.lab import trace
+from llamarack_lab import rack as rackmod
+from llamarack_lab import trace
 
 
 @pytest.mark.lab

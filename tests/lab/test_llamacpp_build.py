@@ -15,8 +15,8 @@ import json
 import pytest
 
 from llamarack.roles.llamacpp.reads import parse_server_help
-from llamarack.lab import mirror, services
-from llamarack.lab.pytest_plugin import parse_pyinfra_totals
+from llamarack_lab import mirror, services
+from llamarack_lab.pytest_plugin import parse_pyinfra_totals
 from tests.lab import deploying
 
 pytestmark = pytest.mark.lab

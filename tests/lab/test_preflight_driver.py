@@ -8,8 +8,8 @@ changes only at reboot, as on a real host.
 
 import pytest
 
-from llamarack.lab.fake_nvidia import deb
-from llamarack.lab.pytest_plugin import parse_pyinfra_totals
+from llamarack_lab.fake_nvidia import deb
+from llamarack_lab.pytest_plugin import parse_pyinfra_totals
 from tests.lab import deploying
 
 pytestmark = pytest.mark.lab

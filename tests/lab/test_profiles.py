@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from llamarack.lab import DEFAULT_RACK, LAB_GROUP_DATA, paths, profiles
+from llamarack_lab import DEFAULT_RACK, LAB_GROUP_DATA, paths, profiles
 
 INVENTORY = Path(__file__).resolve().parent.parent.parent / "inventory/lab.py"
 

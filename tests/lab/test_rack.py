@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from llamarack.lab import GATEWAY, GUEST_CCACHE_DIR, paths
-from llamarack.lab.fake_nvidia.deb import DEFAULT_VERSION
-from llamarack.lab.profiles import PROFILES
-from llamarack.lab.pytest_plugin import parse_pyinfra_totals
+from llamarack_lab import GATEWAY, GUEST_CCACHE_DIR, paths
+from llamarack_lab.fake_nvidia.deb import DEFAULT_VERSION
+from llamarack_lab.profiles import PROFILES
+from llamarack_lab.pytest_plugin import parse_pyinfra_totals
 
 pytestmark = pytest.mark.lab
 DEPLOYS = Path(__file__).parent / "deploys"

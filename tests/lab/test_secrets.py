@@ -17,9 +17,9 @@ import urllib.request
 
 import pytest
 
-from llamarack.lab import services
-from llamarack.lab.hub_server import HubServer
-from llamarack.lab.pytest_plugin import parse_pyinfra_totals
+from llamarack_lab import services
+from llamarack_lab.hub_server import HubServer
+from llamarack_lab.pytest_plugin import parse_pyinfra_totals
 from llamarack.layout import API_KEY_PATH, UNIT_PATH
 from tests.lab import deploying
 

@@ -14,7 +14,7 @@ import pytest
 
 from llamarack import remote
 from llamarack.roles.model.reads import GgufShape, shape_record_name
-from llamarack.lab.pytest_plugin import parse_pyinfra_totals
+from llamarack_lab.pytest_plugin import parse_pyinfra_totals
 from tests.lab import deploying
 
 pytestmark = pytest.mark.lab
@@ -236,7 +236,7 @@ def test_a_new_context_restarts_the_service_with_it(lab_rack):
 
 
 def _index_url() -> str:
-    from llamarack.lab import LAB_GROUP_DATA
+    from llamarack_lab import LAB_GROUP_DATA
 
     return LAB_GROUP_DATA["python_env_index_url"]
 
@@ -251,8 +251,8 @@ def _index_requests(lab_rack) -> int:
 def faulty_hub(tmp_path):
     """A second hub on the lab bridge serving the same tiny model, with faults on demand
     and a token required (it must reach the host in a file, never on a command line)."""
-    from llamarack.lab import services
-    from llamarack.lab.hub_server import HubServer
+    from llamarack_lab import services
+    from llamarack_lab.hub_server import HubServer
 
     hub = HubServer({services.HUB_REPO: services.prepare_hub()}, token="hf_lab_secret_7f3a", host="10.77.0.1")
     token_file = tmp_path / "token"

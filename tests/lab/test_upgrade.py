@@ -19,9 +19,9 @@ import urllib.request
 
 import pytest
 
-from llamarack.lab import TINY_MODEL_REVISION, mirror, services
-from llamarack.lab.hub_server import HubServer
-from llamarack.lab.pytest_plugin import parse_pyinfra_totals
+from llamarack_lab import TINY_MODEL_REVISION, mirror, services
+from llamarack_lab.hub_server import HubServer
+from llamarack_lab.pytest_plugin import parse_pyinfra_totals
 from tests.lab import deploying
 
 pytestmark = pytest.mark.lab

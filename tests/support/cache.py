@@ -1,12 +1,12 @@
 """Slow test inputs, built once and cached by their inputs under one directory
-(the helpers are the lab's: llamarack/lab/cache.py).
+(the helpers are the lab's: lab/llamarack_lab/cache.py).
 
 ``LLAMARACK_TEST_CACHE`` (default ``/var/cache/llamarack``) holds:
 
     venvs/<name>-<hash>/          virtual environments for test-only tools
     sources/                      the llama-cpp-python sdist and its llama.cpp tree
-    tiny-model/<hash>/            tiny real checkpoints (llamarack/lab/tiny_model.py)
-    wheels/<hash>/                wheelhouses (llamarack/lab/wheels.py)
+    tiny-model/<hash>/            tiny real checkpoints (lab/llamarack_lab/tiny_model.py)
+    wheels/<hash>/                wheelhouses (lab/llamarack_lab/wheels.py)
 
 A cache entry is complete only once its ``.done`` marker exists; it is built
 under a lock, so two test processes never build the same entry at once.
@@ -23,10 +23,10 @@ import tarfile
 from pathlib import Path
 from typing import Iterable
 
-from llamarack.lab import cache as _cache
-from llamarack.lab import mirror
-from llamarack.lab.cache import digest, locked  # noqa: F401
-from llamarack.lab.tiny_model import MODEL_TOOLS, TORCH  # noqa: F401
+from llamarack_lab import cache as _cache
+from llamarack_lab import mirror
+from llamarack_lab.cache import digest, locked  # noqa: F401
+from llamarack_lab.tiny_model import MODEL_TOOLS, TORCH  # noqa: F401
 
 CACHE = Path(os.environ.get("LLAMARACK_TEST_CACHE", "/var/cache/llamarack"))
 

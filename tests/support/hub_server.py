@@ -1,4 +1,4 @@
-"""The local hub server lives in the product (the lab serves it): llamarack/lab/hub_server.py."""
+"""The local hub server lives in the lab (it serves it to the lab hosts): lab/llamarack_lab/hub_server.py."""
 
-from llamarack.lab.hub_server import *  # noqa: F401,F403
-from llamarack.lab.hub_server import HubServer, Repo, RepoFile, git_blob_sha1  # noqa: F401
+from llamarack_lab.hub_server import *  # noqa: F401,F403
+from llamarack_lab.hub_server import HubServer, Repo, RepoFile, git_blob_sha1  # noqa: F401

@@ -8,7 +8,7 @@
 
 or, for the lab:  python3 tests/support/pypi_index.py --host 10.77.0.1 --port 8765 REQ...
 
-``wheelhouse`` is the lab's (llamarack/lab/wheels.py), in the test cache: ``pip
+``wheelhouse`` is the lab's (lab/llamarack_lab/wheels.py), in the test cache: ``pip
 download`` once per requirement set into ``<cache>/wheels/<hash>/``. Only
 wheels are served: nothing is built on a host. The lab itself serves the same
 pages as static files (``wheels.write_index``); this server is for tests that
@@ -26,7 +26,7 @@ from typing import Iterable, Optional
 from urllib.parse import unquote
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from llamarack.lab import wheels  # noqa: E402
+from llamarack_lab import wheels  # noqa: E402
 from tests.support.cache import CACHE  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""The tiny real Llama checkpoint (llamarack/lab/tiny_model.py), in the test cache.
+"""The tiny real Llama checkpoint (lab/llamarack_lab/tiny_model.py), in the test cache.
 
     from tests.support.tiny_model import tiny_model
     path = tiny_model()     # a directory: config.json, model.safetensors, tokenizer.model, ...
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llamarack.lab import tiny_model as _tiny
-from llamarack.lab.tiny_model import PARAMS, TINY_MODEL_REVISION  # noqa: F401
+from llamarack_lab import tiny_model as _tiny
+from llamarack_lab.tiny_model import PARAMS, TINY_MODEL_REVISION  # noqa: F401
 
 from .cache import CACHE, _log
 

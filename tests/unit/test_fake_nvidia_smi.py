@@ -12,12 +12,10 @@ from pathlib import Path
 
 import pytest
 
-import llamarack.lab.fake_nvidia as fake_nvidia
-from llamarack.lab.fake_nvidia import deb
+import llamarack_lab.fake_nvidia as fake_nvidia
 from llamarack.roles.driver.reads import NvidiaSmi
 
 FAKE = Path(fake_nvidia.__file__).parent / "nvidia_smi.py"
-BESIDE = str(deb.JSON_TEXT.parent)  # the package installs the hosts' JSON reader beside the double
 REAL = Path(__file__).parents[1] / "fixtures/nvidia-smi/h200-driver-580.159.04"
 FACTS = Path(__file__).parents[1] / "facts"
 H200 = {
@@ -46,7 +44,7 @@ def root(tmp_path, gpus, lib="580.159.04", module="580.159.04"):
 
 def smi(root, *args):
     r = subprocess.run([sys.executable, str(FAKE), *args], capture_output=True, text=True,
-                       env={"LLAMARACK_FAKE_NVIDIA_ROOT": str(root), "PATH": "/usr/bin:/bin", "PYTHONPATH": BESIDE})
+                       env={"LLAMARACK_FAKE_NVIDIA_ROOT": str(root), "PATH": "/usr/bin:/bin"})
     return r.returncode, r.stdout
 
 
@@ -56,7 +54,7 @@ def fact_on(root):
     bin_dir.mkdir()
     (bin_dir / "nvidia-smi").write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE} "$@"\n')
     (bin_dir / "nvidia-smi").chmod(0o755)
-    env = {"LLAMARACK_FAKE_NVIDIA_ROOT": str(root), "PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": BESIDE}
+    env = {"LLAMARACK_FAKE_NVIDIA_ROOT": str(root), "PATH": f"{bin_dir}:/usr/bin:/bin"}
     out = subprocess.run(["bash", "-c", NvidiaSmi().command()], env=env, capture_output=True, text=True)
     return NvidiaSmi().process(out.stdout.splitlines())
 

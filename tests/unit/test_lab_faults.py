@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from llamarack.lab import faults
+from llamarack_lab import faults
 from llamarack.layout import UNIT_PATH
 
 R = "/opt/llamarack"

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from llamarack.roles.model.hub import repo_files
-from llamarack.lab import services, tiny_model
-from llamarack.lab.hub_server import HubServer, Repo
-from llamarack.lab.tiny_model import TINY_MODEL_REVISION
+from llamarack_lab import services, tiny_model
+from llamarack_lab.hub_server import HubServer, Repo
+from llamarack_lab.tiny_model import TINY_MODEL_REVISION
 from tests.support.cache import CACHE
 from tests.support.tiny_model import tiny_model as cached_tiny_model
 
@@ -128,7 +128,7 @@ def test_the_hub_process_takes_its_faults_as_options(tmp_path):
     import subprocess
     import sys
 
-    from llamarack.lab import hub_server
+    from llamarack_lab import hub_server
 
     (tmp_path / "a.safetensors").write_bytes(bytes(range(256)) * 40)  # 10240 bytes
     (tmp_path / "b.safetensors").write_bytes(b"b" * 1000)

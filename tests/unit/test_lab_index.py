@@ -1,4 +1,4 @@
-"""The lab's static package index (llamarack/lab/wheels.py): pages, and pip installing from them.
+"""The lab's static package index (lab/llamarack_lab/wheels.py): pages, and pip installing from them.
 
 pip really installs from the written files, served by a plain static file
 server on 127.0.0.1 (as ``lab up`` serves them on 10.77.0.1), without any of
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from llamarack.lab import services, wheels
+from llamarack_lab import services, wheels
 from llamarack.settings import load_settings
 from tests.support.cache import CACHE
 
@@ -133,8 +133,8 @@ def test_lab_serves_the_steps_of_both_env_plans(monkeypatch):
 
 
 def test_lab_settings_point_every_python_and_model_source_at_the_lab():
-    from llamarack.lab import LAB_GROUP_DATA, GATEWAY
-    from llamarack.lab.tiny_model import TINY_MODEL_REVISION
+    from llamarack_lab import LAB_GROUP_DATA, GATEWAY
+    from llamarack_lab.tiny_model import TINY_MODEL_REVISION
 
     s = load_settings("lab", LAB_GROUP_DATA)
     index = f"http://{GATEWAY}:{services.SERVICES_PORT}/{services.PYPI_PATH}"

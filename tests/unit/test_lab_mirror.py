@@ -1,9 +1,9 @@
-"""The lab mirror's extra commits (llamarack/lab/mirror.py): deterministic, and named by their change."""
+"""The lab mirror's extra commits (lab/llamarack_lab/mirror.py): deterministic, and named by their change."""
 
 import subprocess
 from pathlib import Path
 
-from llamarack.lab import mirror
+from llamarack_lab import mirror
 
 
 def small_mirror(where: Path) -> mirror.Mirror:

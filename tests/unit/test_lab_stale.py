@@ -4,7 +4,7 @@ import json
 import os
 import subprocess
 
-from llamarack.lab import rack as rackmod
+from llamarack_lab import rack as rackmod
 
 
 def dead_pid() -> int:

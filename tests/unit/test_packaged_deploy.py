@@ -41,6 +41,9 @@ def test_the_wheel_carries_the_roles_and_another_deploy_runs_one(tmp_path):
     assert "llamarack/roles/server/templates/llama-server.service.j2" in names
     assert {"llamarack/roles/llamacpp/files/llamacpp_proof.py", "llamarack/roles/model/files/model_fetch.py"} <= names
     assert not any(n.startswith(("roles/", "tests/")) for n in names)  # nothing at the top level but llamarack
+    # the lab is its own package (lab/): none of it, its fake driver included, in the product's wheel
+    assert not [n for n in names if n.startswith(("lab/", "llamarack_lab/", "llamarack/lab/")) or "fake_nvidia" in n]
+    assert "llamarack_lab" not in zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("top_level.txt"))).decode()
 
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],

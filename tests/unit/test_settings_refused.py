@@ -202,7 +202,7 @@ def test_defaults_serve_on_loopback_only():
 
 
 def test_lab_settings_stay_accepted():
-    from llamarack.lab import LAB_GROUP_DATA
+    from llamarack_lab import LAB_GROUP_DATA
 
     s = load_settings("lab-v100-a", LAB_GROUP_DATA)
     assert s.server.listen == "0.0.0.0" and s.server.allow_unauthenticated

@@ -16,13 +16,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ... import remote
 from ..util import LabError, run
 
 HERE = Path(__file__).parent
-# The hosts' JSON (json's C scanner, no json or re import), which nvidia_smi.py reads
-# gpus.json with: the package puts it beside that module.
-JSON_TEXT = remote.path("json_text")
 PACKAGE = "nvidia-driver"
 DEFAULT_VERSION = "550.127.05"
 VERSION_RE = re.compile(r"\d{3}\.\d{2,3}(\.\d{2})?")
@@ -64,7 +60,7 @@ def build_deb(version: str, out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / deb_name(version)
     # the package content depends on the scripts: rebuild if they are newer
-    newest = max(p.stat().st_mtime for p in [*HERE.iterdir(), JSON_TEXT] if p.is_file())
+    newest = max(p.stat().st_mtime for p in HERE.iterdir() if p.is_file())
     if out.exists() and out.stat().st_mtime >= newest:
         return out
     with tempfile.TemporaryDirectory(prefix="lab-deb-") as tmp:
@@ -89,8 +85,6 @@ def build_deb(version: str, out_dir: Path) -> Path:
         shutil.copy(HERE / "nvidia_smi.py", root / "usr/lib/llamarack-lab/nvidia_smi.py")
         (root / "usr/bin/nvidia-smi").write_text(NVIDIA_SMI_LAUNCHER)
         _compile(root / "usr/lib/llamarack-lab/nvidia_smi.py", Path("/usr/lib/llamarack-lab/nvidia_smi.py"))
-        shutil.copy(JSON_TEXT, root / "usr/lib/llamarack-lab/json_text.py")
-        _compile(root / "usr/lib/llamarack-lab/json_text.py", Path("/usr/lib/llamarack-lab/json_text.py"))
         shutil.copy(HERE / "nvidia_module.py", root / "usr/lib/llamarack-lab/nvidia-module")
         for exe in ("usr/bin/nvidia-smi", "usr/lib/llamarack-lab/nvidia-module"):
             os.chmod(root / exe, 0o755)

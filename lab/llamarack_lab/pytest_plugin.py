@@ -1,6 +1,6 @@
 """pytest plugin for tests that need the lab rack.
 
-Register with `pytest_plugins = ["llamarack.lab.pytest_plugin"]`.
+Register with `pytest_plugins = ["llamarack_lab.pytest_plugin"]`.
 
 - fixture `lab_rack` (session): brings up the default rack and tears it
   down at the end. With LLAMARACK_LAB_REUSE=1 a rack that is already up

@@ -1,6 +1,6 @@
 """A tiny real Hugging Face Llama checkpoint, made here and cached by its inputs.
 
-    from llamarack.lab.tiny_model import tiny_model
+    from llamarack_lab.tiny_model import tiny_model
     path = tiny_model(Path("/var/cache/llamarack"))   # config.json, model.safetensors, tokenizer.model, ...
 
 Random weights (seeded), a SentencePiece tokenizer of 1000 pieces, hidden

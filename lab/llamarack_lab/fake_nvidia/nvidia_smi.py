@@ -19,20 +19,13 @@ paths (unit tests only). Standard library only: it runs on the guest.
 The package installs this module under /usr/lib/llamarack-lab, compiled at
 install, and /usr/bin/nvidia-smi imports it (``python3 -I -S``): the real
 nvidia-smi is a compiled program, and a double that re-compiles 300 lines
-and imports glob and re each call cost every host's audit 10 ms a call.
-For the same reason gpus.json is parsed by the json module's C scanner
-(``_json``, through llamarack/remote/json_text.py, which the package installs
-beside this module), not through ``import json``: json's decoder imports and
-compiles ``re``, which made each call cost a lab host 41 ms of CPU, against
-18 ms for the real nvidia-smi on an H200 host; the double now costs 20 ms.
+each call cost every host's audit 10 ms a call.
 """
 
 import os
 import sys
 import time
-
-# The hosts' own JSON (llamarack/remote/json_text.py), which the package installs beside this module.
-from json_text import loads
+from json import loads
 
 ROOT = os.environ.get("LLAMARACK_FAKE_NVIDIA_ROOT", "")
 PROC_VERSION = ROOT + "/proc/driver/nvidia/version"

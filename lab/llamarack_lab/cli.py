@@ -91,7 +91,7 @@ def ssh(host, cmd):
     os.execvp(args[0], args)
 
 
-def main() -> None:  # python -m llamarack.lab.cli
+def main() -> None:  # python -m llamarack_lab.cli
     lab()
 
 
