@@ -263,3 +263,14 @@ class BenchRecord(FactBase[Optional[dict]]):
 
     def process(self, output) -> Optional[dict]:
         return _json_object(output, "bench.json")
+
+
+def reads(settings) -> tuple:
+    """What the llamacpp role reads on a converged host: its part of preflight's one read."""
+    from llamarack.facts import FactRead
+
+    if not settings.general.runs("llamacpp"):
+        return ()
+    root = settings.general.root
+    return (FactRead.of(LlamacppBuilds, root=root), FactRead.of(BuildSeals, root=root),
+            FactRead.of(GitHead, path=settings.layout.src))  # fmt: skip

@@ -174,3 +174,16 @@ class CachedBlobs(FactBase[dict]):
             if mtime_ns == BLOB_MTIME_NS:  # else written to since it was cached: a miss
                 blobs[f"{algo}:{hexdigest}"] = int(size)
         return blobs
+
+
+def reads(settings) -> tuple:
+    """What the model role reads on a converged host: its part of preflight's one read."""
+    from pyinfra.facts.files import Link
+
+    from llamarack.facts import FactRead
+
+    if not settings.general.runs("model"):
+        return ()
+    layout = settings.layout
+    paths = (layout.current_model, layout.draft_model) if settings.model.draft_repo else (layout.current_model,)
+    return tuple(read for path in paths for read in (FactRead.of(ModelArtifact, path=path), FactRead.of(Link, path=path)))

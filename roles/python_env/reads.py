@@ -75,3 +75,26 @@ class RequirementsFile(FactBase[Optional[tuple]]):
         if output == ["llamarack: no such file"]:
             return None
         return tuple(line.strip() for line in output if line.strip())
+
+
+def reads(settings) -> tuple:
+    """What the python_env role reads on a converged host (the AWQ env, and the converter's
+    when the model role converts): its part of preflight's one read."""
+    from pyinfra.facts.deb import DebPackages
+    from pyinfra.facts.files import File
+
+    from llamarack.facts import FactRead
+
+    layout = settings.layout
+    found: list = []
+    for role, env in (("python_env", "awq"), ("converter_env", "convert")):
+        if settings.general.runs(role):
+            found.append(FactRead.of(PythonEnvPackages, env=layout.env(env)))
+            if settings.python_env.backend == "venv":
+                found.append(FactRead.of(DebPackages))
+            else:
+                found += [FactRead.of(File, path=f"{layout.conda}/bin/conda"),
+                          FactRead.of(File, path=f"{layout.env(env)}/bin/python")]  # fmt: skip
+    if settings.general.runs("converter_env"):
+        found.append(FactRead.of(RequirementsFile, path=layout.converter_requirements))
+    return tuple(found)

@@ -115,3 +115,34 @@ def active_since(state: dict) -> Optional[float]:
         return float(stamp[1:])
     except ValueError:
         return None
+
+
+def reads(settings) -> tuple:
+    """What the server role reads on a converged host: its part of preflight's one read."""
+    from pyinfra.facts.files import File, FileContents, Link, Sha1File
+    from pyinfra.facts.server import Command
+
+    from llamarack.facts import FactRead
+    from llamarack.layout import UNIT_NAME, UNIT_PATH
+    from llamarack.roles.llamacpp.reads import BenchRecord, BuildSeals, LlamacppBuilds, LlamaServerFlags
+    from llamarack.roles.server.plan import key_digest_command
+
+    if not settings.general.runs("server"):
+        return ()
+    layout, root = settings.layout, settings.general.root
+    return (
+        FactRead.of(LlamacppBuilds, root=root),
+        FactRead.of(BuildSeals, root=root),  # a build differing from its seal is pruned
+        FactRead.of(SystemUser, user=settings.general.service_user),
+        FactRead.of(Link, path=layout.current_build),
+        FactRead.of(Link, path=layout.current_model),
+        *([FactRead.of(Link, path=layout.draft_model)] if settings.model.draft_repo else []),
+        FactRead.of(LlamaServerFlags, root=root),
+        FactRead.of(Sha1File, path=UNIT_PATH),
+        FactRead.of(FileContents, path=UNIT_PATH),  # the build it names is kept by the prune
+        FactRead.of(FileContents, path=layout.rollback_pin),  # `llamarack rollback` pinned the unit
+        FactRead.of(File, path=f"{UNIT_PATH}.prev"),  # there: an earlier switch was cut off
+        FactRead.of(Command, command=key_digest_command()),
+        FactRead.of(UnitState, unit=UNIT_NAME),
+        FactRead.of(BenchRecord, path=layout.bench_record),
+    )

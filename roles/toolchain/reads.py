@@ -171,3 +171,12 @@ class InstallableGccMajors(FactBase[tuple]):
 
     def process(self, output) -> tuple:
         return tuple(sorted((int(line.strip()[4:]) for line in output if line.strip()), reverse=True))
+
+
+def reads(settings) -> tuple:
+    """What the toolchain role reads on a converged host: its part of preflight's one read."""
+    from pyinfra.facts.deb import DebPackages
+
+    from llamarack.facts import FactRead
+
+    return (FactRead.of(CmakeVersion), FactRead.of(DebPackages)) if settings.general.runs("toolchain") else ()
