@@ -7,7 +7,8 @@ import json
 
 from pyinfra.facts.files import FileContents, Link, Sha1File
 
-from llamarack.audit import _Answers, _unit_item
+from llamarack.audit import Answers
+from llamarack.roles.server.audit import unit_item
 from llamarack.roles.driver.reads import CharDevices
 from llamarack.facts import FactRead
 from llamarack.roles.model.reads import GgufShape
@@ -16,8 +17,8 @@ from llamarack.layout import UNIT_PATH
 from tests.roles.test_server_ops import DEVICES_580, FLAGS, ROOT, SHAPE, V100, first_run, settings
 
 
-def answers(pin, unit_sha1) -> _Answers:
-    fact = _Answers((), {})
+def answers(pin, unit_sha1) -> Answers:
+    fact = Answers((), {})
     fact.values = {
         FactRead.of(Link, path=f"{ROOT}/builds/current"): {"link_target": "b1"},
         FactRead.of(Link, path=f"{ROOT}/models/current"): {"link_target": "m1"},
@@ -36,13 +37,13 @@ def test_a_pinned_unit_is_no_drift_while_the_deploy_keeps_it_and_drift_once_it_w
     wanted_sha1 = hashlib.sha1(wanted.encode()).hexdigest()
     old_unit = "ExecStart=/opt/lr/builds/b0/bin/llama-server --model /opt/lr/models/m0/model.gguf\n"
     old_sha1 = hashlib.sha1(old_unit.encode()).hexdigest()
-    held = _unit_item(s, answers({"unit_sha1": old_sha1, "replaced_sha1": wanted_sha1, "at": 1}, old_sha1), (V100,),
+    held = unit_item(s, answers({"unit_sha1": old_sha1, "replaced_sha1": wanted_sha1, "at": 1}, old_sha1), (V100,),
                       old_unit, ())  # fmt: skip
     assert held.drift is False and held.found["rollback_pin"]["held"] is True
     # the settings want another unit now: the deploy would switch and drop the pin
-    released = _unit_item(s, answers({"unit_sha1": old_sha1, "replaced_sha1": "1" * 40, "at": 1}, old_sha1), (V100,),
+    released = unit_item(s, answers({"unit_sha1": old_sha1, "replaced_sha1": "1" * 40, "at": 1}, old_sha1), (V100,),
                           old_unit, ())  # fmt: skip
     assert released.drift is True and released.found["rollback_pin"]["held"] is False
     # no pin: the unit against the wanted one, as before
-    plain = _unit_item(s, answers(None, wanted_sha1), (V100,), wanted, ())
+    plain = unit_item(s, answers(None, wanted_sha1), (V100,), wanted, ())
     assert plain.drift is False and "rollback_pin" not in plain.found

@@ -134,17 +134,17 @@ def test_the_deploy_keeps_an_intact_build_and_builds_a_tampered_one_again_beside
 
 
 def test_the_audit_reports_the_current_build_against_its_seal():
-    from llamarack.audit import _build_files
+    from llamarack.roles.llamacpp.audit import build_files
     from llamarack.roles.llamacpp.reads import Seals
 
     stamp = "3f1c0a9e52d7b6e4"
-    assert _build_files(Seals({stamp: []}), stamp, None) == ("as sealed", False)
-    assert _build_files(Seals({stamp: ["build/bin/llama-quantize: size 1 (sealed: 2)"]}), stamp, None) == \
+    assert build_files(Seals({stamp: []}), stamp, None) == ("as sealed", False)
+    assert build_files(Seals({stamp: ["build/bin/llama-quantize: size 1 (sealed: 2)"]}), stamp, None) == \
         (["build/bin/llama-quantize: size 1 (sealed: 2)"], True)  # fmt: skip
-    assert _build_files(Seals({}, (stamp,)), stamp, None)[1] is True
+    assert build_files(Seals({}, (stamp,)), stamp, None)[1] is True
     edited = ["build/bin/llama-bench: sha256 differs from its seal (size and mtime kept)"]
     deep = Seals({stamp: []}, (), {"name": stamp, "changed": edited})
-    assert _build_files(Seals({stamp: []}), stamp, deep) == (edited, True)
-    assert _build_files(Seals({stamp: []}), stamp, Seals({stamp: []}, (), {"name": stamp, "changed": []})) == \
+    assert build_files(Seals({stamp: []}), stamp, deep) == (edited, True)
+    assert build_files(Seals({stamp: []}), stamp, Seals({stamp: []}, (), {"name": stamp, "changed": []})) == \
         ("as sealed", False)  # fmt: skip
-    assert _build_files(Seals({stamp: []}), stamp, Seals({stamp: []})) == (["sha256 not read"], True)
+    assert build_files(Seals({stamp: []}), stamp, Seals({stamp: []})) == (["sha256 not read"], True)

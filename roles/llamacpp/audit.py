@@ -1,0 +1,53 @@
+"""The llamacpp role's audit item: the current build against the wanted stamp and its seal."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from llamarack.audit import Item, Seen
+from llamarack.facts import FactRead
+from llamarack.settings import Settings
+
+from .plan import plan_for_host, same_build
+from .reads import BuildRecord, BuildSeals, LlamacppBuilds
+
+ITEMS = ("build",)
+
+
+def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
+    """The builds, the current build's record and seals; ``verify``: its files hashed."""
+    root = settings.general.root
+    found = (FactRead.of(LlamacppBuilds, root=root), FactRead.of(BuildSeals, root=root),
+             FactRead.of(BuildRecord, root=root))  # fmt: skip
+    return found + ((FactRead.of(BuildSeals, root=root, sha256="current"),) if verify else ())
+
+
+def items(seen: Seen) -> dict[str, Item]:
+    settings, fact, root = seen.settings, seen.fact, seen.settings.general.root
+    builds, record = fact(LlamacppBuilds, root=root), fact(BuildRecord, root=root)
+    wanted_stamp = plan_for_host(settings, seen.facts).stamp
+    proof = (record or {}).get("proof") or {}
+    current = builds.current if builds else None
+    files, files_drift = build_files(fact(BuildSeals, root=root), current,
+                                     fact(BuildSeals, root=root, sha256="current") if seen.verify else None)
+    found = {"stamp": current, "commit": (record or {}).get("commit"), "cuda_archs": (record or {}).get("cuda_archs"),
+             "smoke": proof.get("variant") if proof else None,
+             "smoke_tokens_per_second": proof.get("tokens_per_second"), "files": files}  # fmt: skip
+    wanted = {"stamp": wanted_stamp, "commit": settings.llamacpp.commit, "files": "as sealed"}
+    return {"build": Item(found, wanted, drift=not same_build(current, wanted_stamp) or files_drift)}
+
+
+def build_files(seals, current: Optional[str], deep) -> tuple[Any, bool]:
+    """The current build's files against its seal: ("as sealed" | "not sealed" | what differs,
+    drift). ``deep`` (``--verify``): the sha256 of each sealed file as well."""
+    if seals is None or current is None:
+        return None, False
+    if current in seals.unsealed:
+        return "not sealed (proven before builds were sealed: the next deploy seals it)", True
+    changed = list(seals.changed.get(current) or [])
+    if deep is not None:
+        if deep.sha256 is None or deep.sha256["name"] != current:
+            changed.append("sha256 not read")
+        else:
+            changed += [c for c in deep.sha256["changed"] if c not in changed]
+    return (changed or "as sealed"), bool(changed)
