@@ -19,6 +19,7 @@ Outside the root: the unit and the API key (``UNIT_PATH``, ``API_KEY_PATH``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 UNIT_NAME = "llamarack-server.service"
 UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
@@ -122,3 +123,14 @@ class Layout:
     def rollback_pin(self) -> str:
         """Written by ``llamarack rollback``: the unit it put back, and the one it replaced."""
         return self.state_file("rollback.json")
+
+
+def unit_build(root: str, unit_lines) -> Optional[str]:
+    """The build stamp a unit's ExecStart runs (``<root>/builds/<stamp>/bin/llama-server``)."""
+    prefix = Layout(root).builds + "/"
+    for line in unit_lines or ():
+        if line.startswith("ExecStart="):
+            command = line.split("=", 1)[1].strip().strip('"')
+            if command.startswith(prefix):
+                return command[len(prefix):].split("/", 1)[0]
+    return None

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shlex
 from io import StringIO
-from typing import Optional
 
 from pyinfra import host
 from pyinfra.api import FileUploadCommand, StringCommand, operation
@@ -14,7 +13,7 @@ from pyinfra.facts.files import FileContents
 from llamarack import remote
 from llamarack.facts import read
 from llamarack.roles.llamacpp.reads import BuildSeals, GitHead, LlamacppBuilds
-from llamarack.layout import Layout
+from llamarack.layout import Layout, unit_build
 
 from .plan import PORTABLE_CPU_VARIANTS, BuildPlan, cpu_variant_name, with_cpu_features
 
@@ -247,7 +246,7 @@ def prune_builds(root: str, keep: int, previous=None, unit_path=None):
     nothing a running server uses is removed before its successor serves.
     """
     builds, seals = read(LlamacppBuilds, root=root), read(BuildSeals, root=root)
-    serving = _unit_build(root, read(FileContents, path=unit_path)) if unit_path else None
+    serving = unit_build(root, read(FileContents, path=unit_path)) if unit_path else None
     must = [s for s in (builds.current, serving) if s]
     # A build whose files differ from its seal is no rollback target: it goes once nothing runs it.
     ordered = [s for s in (previous, *builds.newest_first()) if not seals.tampered(s)]
@@ -258,14 +257,3 @@ def prune_builds(root: str, keep: int, previous=None, unit_path=None):
         host.noop(f"no llama.cpp build to prune (keeping {len(kept)})")
         return
     yield "rm -rf " + " ".join(shlex.quote(Layout(root).build(s)) for s in doomed)
-
-
-def _unit_build(root: str, unit_lines) -> Optional[str]:
-    """The build stamp a unit's ExecStart runs (``<root>/builds/<stamp>/bin/llama-server``)."""
-    prefix = Layout(root).builds + "/"
-    for line in unit_lines or ():
-        if line.startswith("ExecStart="):
-            command = line.split("=", 1)[1].strip().strip('"')
-            if command.startswith(prefix):
-                return command[len(prefix):].split("/", 1)[0]
-    return None

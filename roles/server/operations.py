@@ -32,13 +32,12 @@ from llamarack.roles.driver.reads import CharDevices, RecordedGpus
 from llamarack.roles.model.reads import GgufShape, ModelArtifact
 from llamarack.roles.server.reads import SystemUser, UnitState, active_since
 from llamarack.facts import read
-from llamarack.layout import API_KEY_PATH, UNIT_NAME, UNIT_PATH
+from llamarack.layout import API_KEY_PATH, UNIT_NAME, UNIT_PATH, unit_build
 from llamarack.operations import executing, refusal, secret_upload
 from llamarack.roles.server.files.secret_digest import digest
 from llamarack.secrets import read_token
 from llamarack.settings import Settings
 
-from ..llamacpp.operations import _unit_build
 from .plan import (HEALTH_MARK, KEY_DIGEST_SALT, PlanError, bench_args, card_compute_cap, card_mib, health_url,
                    key_digest_command, parse_pin, plan_context, roofline, wanted_unit)  # fmt: skip
 
@@ -170,7 +169,7 @@ def _served(root: str, unit_lines) -> tuple[Optional[str], Optional[str]]:
     except ValueError:
         words = []
     model = words[words.index("--model") + 1] if "--model" in words[:-1] else None
-    return _unit_build(root, unit_lines), model
+    return unit_build(root, unit_lines), model
 
 
 def _served_by(root: str, unit_lines) -> str:
@@ -198,7 +197,7 @@ def rollback(settings: Settings):
         yield refusal(f"{host.name}: rollback: no previous unit ({layout.previous_unit}): no switch "
                       "recorded one since llamarack kept them")  # fmt: skip
         return
-    build = _unit_build(root, previous)
+    build = unit_build(root, previous)
     if build and read(BuildSeals, root=root).tampered(build):
         yield refusal(f"{host.name}: rollback: build {build} differs from its seal; not putting it back")
         return
