@@ -2,12 +2,15 @@
 
 Each ``roles/<role>/`` holds the role's whole story: its settings section
 (``settings.py``: defaults, shapes, meanings), the facts it reads
-(``reads.py``), its plan (``plan.py``: pure functions of settings and
-facts), its operations (``operations.py``), its one ``@deploy`` entry point
-(``deploy.py``), the scripts it runs on a host (``files/``, standard library
-only) and its templates (``templates/``); its ``__init__.py`` only describes
-it, so that importing a plan (as ``llamarack audit`` does) imports no
-operation. Another pyinfra
+(``reads.py``, and ``reads(settings)`` there: its part of preflight's one
+read), its plan (``plan.py``: pure functions of settings and facts), its
+operations (``operations.py``), its audit items (``audit.py``: ``ITEMS``,
+``reads(settings, verify)``, ``items(seen)``), its one ``@deploy`` entry
+point (``deploy.py``), the scripts it runs on a host (``files/``, standard
+library only, each run by ``llamarack.remote.command(name, *args)``) and its
+templates (``templates/``); its ``__init__.py`` only describes it, so that
+importing a plan (as ``llamarack audit`` does) imports no operation. In a
+checkout ``llamarack/roles`` is a link to this folder. Another pyinfra
 deploy uses a role the way ``deploy.py`` does:
 
     from pyinfra import host
