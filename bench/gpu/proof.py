@@ -1018,36 +1018,9 @@ class Proof:
         if hub.exists():
             shutil.rmtree(hub, ignore_errors=True)  # the 8B checkpoint: shm back for the f16 GGUF
         if not (gguf_dir / "model.gguf").exists():
-            import math
-
-            sys.path.insert(0, str(REPO / "bench/gpu"))
-            from random_model import SHAPES, scaled, tensors
-
-            need = 2.05 * sum(math.prod(d) for _, _, d, _ in tensors(scaled(SHAPES[shape_name],
-                                                                          self.a.scale_down)))  # fmt: skip
-            gguf_dir.mkdir(parents=True, exist_ok=True)
-            places = [Path(self.a.shm), gguf_dir]
-            free = {str(p): shutil.disk_usage(p).free for p in places}
-            room = [p for p in places if free[str(p)] > need * (1 if p != gguf_dir else 1.35)]
-            out["f16_room"] = {"needed": int(need), "free": free}
-            if not room:
-                return {**out, "ok": False, "error": "no room for the f16 GGUF (shm or disk)"}
-            f16 = room[0] / "v100-f16.gguf"
-            cmd = [self.a.gen_python, str(REPO / "bench/gpu/random_model.py"), "gguf", shape_name, str(f16),
-                   "--gguf-py", f"{self.layout.src}/gguf-py", "--scale-down", str(self.a.scale_down)]  # fmt: skip
-            rc, text, s = self.sh(cmd, "gguf-v100.log", timeout=max(30, self.left() - 200))
-            out["f16_gguf"] = {"rc": rc, "seconds": s, "info": text.strip().splitlines()[-1][:2000]}
-            if rc:
-                return {**out, "ok": False}
-            q = f"{os.path.realpath(self.layout.current_build)}/bin/llama-quantize"
-            rc, text, s = self.sh([q, str(f16), str(gguf_dir / "model.gguf.tmp"), "Q4_K_M"], "quantize-v100.log",
-                                  timeout=max(30, self.left() - 60))  # fmt: skip
-            f16.unlink(missing_ok=True)
-            out["quantize"] = {"rc": rc, "seconds": s, "command": f"{q} F16 OUT Q4_K_M",
-                               "tail": text.strip().splitlines()[-2:]}  # fmt: skip
-            if rc:
-                return {**out, "ok": False}
-            (gguf_dir / "model.gguf.tmp").rename(gguf_dir / "model.gguf")
+            failed = self.v100_gguf(shape_name, gguf_dir, out)
+            if failed:
+                return failed
         Path(layout.builds).mkdir(parents=True, exist_ok=True)
         for link, target in ((layout.current_build, os.path.realpath(self.layout.current_build)),
                              (layout.current_model, str(gguf_dir))):  # fmt: skip
@@ -1088,25 +1061,66 @@ class Proof:
         # not a setting to ship: the next start may need a few MiB more.
         needed = out["at_plan"].get("reserve_needed_mib")
         if needed is not None and self.left() > 120:
-            reserve = int(-(-needed // 1))
-            try:
-                q = served(self.plan(root=root, card=card, server_memory_reserve_mib=reserve))
-            except PlanError as e:
-                out["edge"] = {"reserve_mib": reserve, "refused": e.failure.message("v100-16gb")}
-            else:
-                q["knob"] = f"{tag} edge, reserve {reserve}"
-                edge = {"reserve_mib": reserve, "ctx_size": q["ctx_size"], "gpu_layers": q["gpu_layers"],
-                        "note": q["note"], "at_plan": self.measure_memory(q, f"{tag}-edge")}  # fmt: skip
-                if self.left() > 60:
-                    edge["one_ctx_step_past"] = self.measure_past(q, f"{tag} edge, one ctx step past",
-                                                                  f"{tag}-edge-past", q["gpu_layers"],
-                                                                  q["ctx_per_slot"] + CTX_STEP)  # fmt: skip
-                for k in ("at_plan", "one_ctx_step_past"):
-                    used = edge.get(k, {}).get("process_mib")
-                    edge[f"fits_card_{k}"] = None if used is None else used <= lim
-                out["edge"] = edge
+            out["edge"] = self.v100_edge(tag, root, card, served, needed, lim)
         out["ok"] = True
         return out
+
+    def v100_gguf(self, shape_name: str, gguf_dir: Path, out: dict) -> dict:
+        """The random-weights Q4_K_M GGUF of ``shape_name`` made in ``gguf_dir`` (its f16 in shm,
+        or on disk where shm has no room), each step recorded in ``out``; the result to return
+        where a step failed, else None."""
+        import math
+
+        sys.path.insert(0, str(REPO / "bench/gpu"))
+        from random_model import SHAPES, scaled, tensors
+
+        need = 2.05 * sum(math.prod(d) for _, _, d, _ in tensors(scaled(SHAPES[shape_name],
+                                                                      self.a.scale_down)))  # fmt: skip
+        gguf_dir.mkdir(parents=True, exist_ok=True)
+        places = [Path(self.a.shm), gguf_dir]
+        free = {str(p): shutil.disk_usage(p).free for p in places}
+        room = [p for p in places if free[str(p)] > need * (1 if p != gguf_dir else 1.35)]
+        out["f16_room"] = {"needed": int(need), "free": free}
+        if not room:
+            return {**out, "ok": False, "error": "no room for the f16 GGUF (shm or disk)"}
+        f16 = room[0] / "v100-f16.gguf"
+        cmd = [self.a.gen_python, str(REPO / "bench/gpu/random_model.py"), "gguf", shape_name, str(f16),
+               "--gguf-py", f"{self.layout.src}/gguf-py", "--scale-down", str(self.a.scale_down)]  # fmt: skip
+        rc, text, s = self.sh(cmd, "gguf-v100.log", timeout=max(30, self.left() - 200))
+        out["f16_gguf"] = {"rc": rc, "seconds": s, "info": text.strip().splitlines()[-1][:2000]}
+        if rc:
+            return {**out, "ok": False}
+        q = f"{os.path.realpath(self.layout.current_build)}/bin/llama-quantize"
+        rc, text, s = self.sh([q, str(f16), str(gguf_dir / "model.gguf.tmp"), "Q4_K_M"], "quantize-v100.log",
+                              timeout=max(30, self.left() - 60))  # fmt: skip
+        f16.unlink(missing_ok=True)
+        out["quantize"] = {"rc": rc, "seconds": s, "command": f"{q} F16 OUT Q4_K_M",
+                           "tail": text.strip().splitlines()[-2:]}  # fmt: skip
+        if rc:
+            return {**out, "ok": False}
+        (gguf_dir / "model.gguf.tmp").rename(gguf_dir / "model.gguf")
+        return None
+
+    def v100_edge(self, tag: str, root: str, card: tuple, served, needed: float, lim: int) -> dict:
+        """The V100 plan again with the reserve this run measured (``needed``, rounded up to a
+        whole MiB), started at that plan and a context step past it (``served``: the plan as
+        the phase serves it; ``lim``: the card's MiB)."""
+        reserve = int(-(-needed // 1))
+        try:
+            q = served(self.plan(root=root, card=card, server_memory_reserve_mib=reserve))
+        except PlanError as e:
+            return {"reserve_mib": reserve, "refused": e.failure.message("v100-16gb")}
+        q["knob"] = f"{tag} edge, reserve {reserve}"
+        edge = {"reserve_mib": reserve, "ctx_size": q["ctx_size"], "gpu_layers": q["gpu_layers"],
+                "note": q["note"], "at_plan": self.measure_memory(q, f"{tag}-edge")}  # fmt: skip
+        if self.left() > 60:
+            edge["one_ctx_step_past"] = self.measure_past(q, f"{tag} edge, one ctx step past",
+                                                          f"{tag}-edge-past", q["gpu_layers"],
+                                                          q["ctx_per_slot"] + CTX_STEP)  # fmt: skip
+        for k in ("at_plan", "one_ctx_step_past"):
+            used = edge.get(k, {}).get("process_mib")
+            edge[f"fits_card_{k}"] = None if used is None else used <= lim
+        return edge
 
     # ----------------------------------------------------------------------
 
@@ -1152,6 +1166,146 @@ class Proof:
 # --------------------------------------------------------------------------
 
 
+def bench_ts(bench: dict, run: str, **match):
+    """The tokens per second of the first result of ``bench``'s ``run`` matching ``match``."""
+    for x in bench.get("runs", {}).get(run, {}).get("results", []):
+        if all(x.get(k) == v for k, v in match.items()):
+            return round(x["avg_ts"], 1)
+    return None
+
+
+def served_variants(serve: dict, tg) -> dict:
+    """Each server variant's decode, beside llama-bench's tg128 (``tg``)."""
+    out = {}
+    for name, var in serve.get("decode_variants", {}).items():
+        if "default_sampling" in var:
+            vs = round(var["default_sampling"]["median_tps"], 1)
+            out[name] = {
+                "extra_args": var["extra_args"], "tps_default_sampling": vs,
+                "tps_greedy": round(var["greedy"]["median_tps"], 1),
+                "over_llama_bench": round(vs / tg, 3) if tg else None,
+                "greedy_tokens_same_as_unit": var["greedy"]["tokens_sha256"] == serve["decode_greedy"]["tokens_sha256"],
+            }  # fmt: skip
+    return out
+
+
+def pinning_summary(pin: dict) -> dict:
+    """The pinning phase's decode figures, pinned and not."""
+    ref = pin["bench"]["unpinned"]["tg128_tps"]
+    return {
+        "measured_on": "another H200 machine and its own random 8B (same commit and shape)",
+        "llama_bench_tg128_tps": {k: round(b["tg128_tps"], 1) for k, b in pin["bench"].items()
+                                  if b.get("tg128_tps")},
+        "served_tps_default_sampling": {k: round(x["default_sampling"]["median_tps"], 1)
+                                        for k, x in pin["served"].items() if "default_sampling" in x},
+        "served_over_llama_bench_unpinned": {k: round(x["default_sampling"]["median_tps"] / ref, 3)
+                                             for k, x in pin["served"].items() if "default_sampling" in x},
+        "one_cpu": pin.get("one_cpu"), "cpuidle": pin.get("cpuidle"),
+    }  # fmt: skip
+
+
+def decode_summary(ph: dict) -> dict:
+    """The 8B's decode: served against llama-bench's tg128 and the copy-bandwidth roofline."""
+    serve, bench, roof, model = ph["serve8b"], ph["bench8b"], ph.get("roofline", {}), ph.get("model8b", {})
+    tg = bench_ts(bench, "served_flags", n_prompt=0, n_gen=128)
+    served = round(serve["decode_default_sampling"]["median_tps"], 1)
+    d = {"served_exec_start": serve["plan"]["exec_start"], "llama_bench_flags": bench["served_flags"],
+         "served_tps_default_sampling": served,
+         "served_tps_greedy": round(serve["decode_greedy"]["median_tps"], 1),
+         "llama_bench_tg128_tps": tg, "served_over_llama_bench": round(served / tg, 3) if tg else None,
+         "goal_0_97_met": bool(tg and served / tg >= 0.97)}  # fmt: skip
+    if roof.get("bandwidth_GBps") and model.get("gguf_bytes"):
+        limit = roof["bandwidth_GBps"] * 1e9 / model["gguf_bytes"]
+        d.update(copy_bandwidth_GBps=roof["bandwidth_GBps"], weight_bytes=model["gguf_bytes"],
+                 roofline_tps=round(limit, 1), llama_bench_roofline_fraction=round(tg / limit, 3) if tg else None,
+                 served_roofline_fraction=round(served / limit, 3))  # fmt: skip
+    d["llama_bench_tg128_variants"] = {
+        "q4_0_kv_fa_on (served)": tg,
+        "f16_kv_fa_on": bench_ts(bench, "kv_f16_fa_on_off", n_gen=128, flash_attn=1),
+        "f16_kv_fa_off": bench_ts(bench, "kv_f16_fa_on_off", n_gen=128, flash_attn=0),
+        "q8_0_kv_fa_on": bench_ts(bench, "kv_q8_0", n_gen=128),
+        "q4_0_kv_cuda_graphs_off": bench_ts(bench, "cuda_graphs_off", n_gen=128),
+    }  # fmt: skip
+    d["served_variants"] = served_variants(serve, tg)
+    pin = ph.get("pinning", {})
+    if pin.get("ok"):
+        d["pinning"] = pinning_summary(pin)
+    return d
+
+
+def prefill_summary(ph: dict) -> dict:
+    """The 8B's prefill: llama-bench's pp512 (and by ubatch) beside the server's."""
+    serve, bench = ph["serve8b"], ph["bench8b"]
+    return {
+        "llama_bench_pp512_tps": bench_ts(bench, "served_flags", n_prompt=512, n_gen=0),
+        "served_single_pp512_tps": round(serve["prefill_single_pp512"]["median_tps"], 1),
+        "served_aggregate_tps": {n: a["median_aggregate_tps"] for n, a in serve.get("aggregate_prefill", {}).items()},
+        "llama_bench_pp_by_ubatch": {f"pp{x['n_prompt']} ub{x['n_ubatch']}": round(x["avg_ts"], 1)
+                                     for x in bench.get("runs", {}).get("ubatch", {}).get("results", [])},
+    }  # fmt: skip
+
+
+def memory_item(phase, row: dict) -> dict:
+    """One measured start (``row`` of ``memory8b``, or of a V100 ``phase``): planned and logged."""
+    lm = row["log_mib"]
+    return {
+        "model": phase.get("shape_name", "v100") if phase else "llama3-8b", "knob": row.get("knob"),
+        "ctx": row["ctx_size"], "parallel": row.get("parallel"), "kv_type": row["cache_type"],
+        "gpu_layers": row.get("gpu_layers"), "planned": row["ledger_mib"],
+        "log": {"model_gpu": lm["weights_gpu"], "model_host": lm["weights_host"], "kv_gpu": lm["kv"],
+                "kv_host": lm["kv_host"], "compute_gpu": lm["compute_gpu"]},
+        "process_mib": row.get("process_mib"), "error": row["error"],
+        "reserve_needed_mib": row.get("reserve_needed_mib"),
+        "beyond_log_buffers_mib": row.get("beyond_log_buffers_mib"),
+    }  # fmt: skip
+
+
+def worst_errors(items: list) -> dict:
+    """The largest planning error of each item (weights, kv, compute) over ``items``."""
+    worst = {}
+    for item in items:
+        for k in ("weights", "kv", "compute"):
+            e = item["error"].get(k)
+            if e is not None and abs(e) >= abs(worst.get(k, 0)):
+                worst[k] = e
+    return worst
+
+
+def memory_plan_summary(ph: dict):
+    """The planner's ledger against each measured start (None where none was measured)."""
+    rows = [r for r in ph.get("memory8b", {}).get("rows", []) if "error" in r]
+    rows_v = [(ph[phase], ph[phase][k]) for phase in ("v100", "v100_cublas") if phase in ph
+              for k in ("at_plan", "one_layer_past", "one_ctx_step_past") if k in ph[phase]]  # fmt: skip
+    if not (rows or rows_v):
+        return None
+    items = [memory_item(phase, row) for phase, row in [(None, r) for r in rows] + rows_v]
+    worst = worst_errors(items)
+    # The goal is set on the 3 contexts x 2 KV types (the 8B rows without a knob).
+    goal_worst = worst_errors([i for i in items if i["knob"] is None and i["model"] == "llama3-8b"])
+    needed = [i["reserve_needed_mib"] for i in items if i["reserve_needed_mib"] is not None]
+    out = {"rows": items, "worst_error_by_item": worst,
+           "worst_error_3_contexts_x_2_kv_types": goal_worst,
+           "goal_within_3_percent": {k: abs(e) <= 0.03 for k, e in goal_worst.items()},
+           "within_3_percent_every_row": {k: abs(e) <= 0.03 for k, e in worst.items()}}  # fmt: skip
+    if needed:
+        out["reserve"] = {"today_mib": items[0]["planned"]["reserve"], **reserve_from(needed)}
+    return out
+
+
+def cublas_prefill_summary(c: dict) -> dict:
+    """The cuBLAS build's prefill pool, measured and as the planner counts it."""
+    from llamarack.planner import prefill_pool_bytes
+
+    shape = {"head_dim_v": c["shape"]["head_dim_k"], "file_type": 15, **c["shape"]}  # the Q4_K_M 8B
+    return {
+        "cublas_over_mmq_mib": c["cublas_over_mmq_mib"],
+        # the H200's cuBLAS path keeps an f16 product buffer, as a P100's (6.0) does
+        "planned_mib_as_6_0": {str(t): round(prefill_pool_bytes(shape, "6.0", t) / MIB, 1)
+                               for t in (128, 512)},
+        "planned_mib_for_a_v100": round(prefill_pool_bytes(shape, "7.0") / MIB, 1),
+    }  # fmt: skip
+
+
 def summarize(r: dict) -> dict:
     """Derived figures (ratios, errors, the reserve) from the phases' raw results."""
     ph = r["phases"]
@@ -1160,104 +1314,12 @@ def summarize(r: dict) -> dict:
            "llamacpp": {"commit": r.get("machine", {}).get("llamacpp_commit"), "version": build.get("version"),
                         "cmake_args": (build.get("build_info") or {}).get("cmake_args"),
                         "build_seconds": build.get("seconds")}}  # fmt: skip
-    serve, bench, roof = ph.get("serve8b", {}), ph.get("bench8b", {}), ph.get("roofline", {})
-    model = ph.get("model8b", {})
-
-    def bench_ts(run: str, **match):
-        for x in bench.get("runs", {}).get(run, {}).get("results", []):
-            if all(x.get(k) == v for k, v in match.items()):
-                return round(x["avg_ts"], 1)
-        return None
-
-    if serve.get("ok") and bench.get("ok"):
-        tg = bench_ts("served_flags", n_prompt=0, n_gen=128)
-        served = round(serve["decode_default_sampling"]["median_tps"], 1)
-        d = {"served_exec_start": serve["plan"]["exec_start"], "llama_bench_flags": bench["served_flags"],
-             "served_tps_default_sampling": served,
-             "served_tps_greedy": round(serve["decode_greedy"]["median_tps"], 1),
-             "llama_bench_tg128_tps": tg, "served_over_llama_bench": round(served / tg, 3) if tg else None,
-             "goal_0_97_met": bool(tg and served / tg >= 0.97)}  # fmt: skip
-        if roof.get("bandwidth_GBps") and model.get("gguf_bytes"):
-            limit = roof["bandwidth_GBps"] * 1e9 / model["gguf_bytes"]
-            d.update(copy_bandwidth_GBps=roof["bandwidth_GBps"], weight_bytes=model["gguf_bytes"],
-                     roofline_tps=round(limit, 1), llama_bench_roofline_fraction=round(tg / limit, 3) if tg else None,
-                     served_roofline_fraction=round(served / limit, 3))  # fmt: skip
-        d["llama_bench_tg128_variants"] = {
-            "q4_0_kv_fa_on (served)": tg,
-            "f16_kv_fa_on": bench_ts("kv_f16_fa_on_off", n_gen=128, flash_attn=1),
-            "f16_kv_fa_off": bench_ts("kv_f16_fa_on_off", n_gen=128, flash_attn=0),
-            "q8_0_kv_fa_on": bench_ts("kv_q8_0", n_gen=128),
-            "q4_0_kv_cuda_graphs_off": bench_ts("cuda_graphs_off", n_gen=128),
-        }  # fmt: skip
-        d["served_variants"] = {}
-        for name, var in serve.get("decode_variants", {}).items():
-            if "default_sampling" in var:
-                vs = round(var["default_sampling"]["median_tps"], 1)
-                d["served_variants"][name] = {
-                    "extra_args": var["extra_args"], "tps_default_sampling": vs,
-                    "tps_greedy": round(var["greedy"]["median_tps"], 1),
-                    "over_llama_bench": round(vs / tg, 3) if tg else None,
-                    "greedy_tokens_same_as_unit": var["greedy"]["tokens_sha256"] == serve["decode_greedy"]["tokens_sha256"],
-                }  # fmt: skip
-        pin = ph.get("pinning", {})
-        if pin.get("ok"):
-            ref = pin["bench"]["unpinned"]["tg128_tps"]
-            d["pinning"] = {
-                "measured_on": "another H200 machine and its own random 8B (same commit and shape)",
-                "llama_bench_tg128_tps": {k: round(b["tg128_tps"], 1) for k, b in pin["bench"].items()
-                                          if b.get("tg128_tps")},
-                "served_tps_default_sampling": {k: round(x["default_sampling"]["median_tps"], 1)
-                                                for k, x in pin["served"].items() if "default_sampling" in x},
-                "served_over_llama_bench_unpinned": {k: round(x["default_sampling"]["median_tps"] / ref, 3)
-                                                     for k, x in pin["served"].items() if "default_sampling" in x},
-                "one_cpu": pin.get("one_cpu"), "cpuidle": pin.get("cpuidle"),
-            }  # fmt: skip
-        out["decode_8b"] = d
-        out["prefill_8b"] = {
-            "llama_bench_pp512_tps": bench_ts("served_flags", n_prompt=512, n_gen=0),
-            "served_single_pp512_tps": round(serve["prefill_single_pp512"]["median_tps"], 1),
-            "served_aggregate_tps": {n: a["median_aggregate_tps"] for n, a in serve.get("aggregate_prefill", {}).items()},
-            "llama_bench_pp_by_ubatch": {f"pp{x['n_prompt']} ub{x['n_ubatch']}": round(x["avg_ts"], 1)
-                                         for x in bench.get("runs", {}).get("ubatch", {}).get("results", [])},
-        }  # fmt: skip
-    rows = [r for r in ph.get("memory8b", {}).get("rows", []) if "error" in r]
-    rows_v = [(ph[phase], ph[phase][k]) for phase in ("v100", "v100_cublas") if phase in ph
-              for k in ("at_plan", "one_layer_past", "one_ctx_step_past") if k in ph[phase]]  # fmt: skip
-    if rows or rows_v:
-        items = []
-        for phase, row in [(None, r) for r in rows] + rows_v:
-            lm = row["log_mib"]
-            items.append({
-                "model": phase.get("shape_name", "v100") if phase else "llama3-8b", "knob": row.get("knob"),
-                "ctx": row["ctx_size"], "parallel": row.get("parallel"), "kv_type": row["cache_type"],
-                "gpu_layers": row.get("gpu_layers"), "planned": row["ledger_mib"],
-                "log": {"model_gpu": lm["weights_gpu"], "model_host": lm["weights_host"], "kv_gpu": lm["kv"],
-                        "kv_host": lm["kv_host"], "compute_gpu": lm["compute_gpu"]},
-                "process_mib": row.get("process_mib"), "error": row["error"],
-                "reserve_needed_mib": row.get("reserve_needed_mib"),
-                "beyond_log_buffers_mib": row.get("beyond_log_buffers_mib"),
-            })  # fmt: skip
-        worst = {}
-        for item in items:
-            for k in ("weights", "kv", "compute"):
-                e = item["error"].get(k)
-                if e is not None and abs(e) >= abs(worst.get(k, 0)):
-                    worst[k] = e
-        # The goal is set on the 3 contexts x 2 KV types (the rows without a knob).
-        goal_worst = {}
-        for item in items:
-            if item["knob"] is None and item["model"] == "llama3-8b":
-                for k in ("weights", "kv", "compute"):
-                    e = item["error"].get(k)
-                    if e is not None and abs(e) >= abs(goal_worst.get(k, 0)):
-                        goal_worst[k] = e
-        needed = [i["reserve_needed_mib"] for i in items if i["reserve_needed_mib"] is not None]
-        out["memory_plan"] = {"rows": items, "worst_error_by_item": worst,
-                              "worst_error_3_contexts_x_2_kv_types": goal_worst,
-                              "goal_within_3_percent": {k: abs(e) <= 0.03 for k, e in goal_worst.items()},
-                              "within_3_percent_every_row": {k: abs(e) <= 0.03 for k, e in worst.items()}}  # fmt: skip
-        if needed:
-            out["memory_plan"]["reserve"] = {"today_mib": items[0]["planned"]["reserve"], **reserve_from(needed)}
+    if ph.get("serve8b", {}).get("ok") and ph.get("bench8b", {}).get("ok"):
+        out["decode_8b"] = decode_summary(ph)
+        out["prefill_8b"] = prefill_summary(ph)
+    memory_plan = memory_plan_summary(ph)
+    if memory_plan:
+        out["memory_plan"] = memory_plan
     for key, phase in (("v100_question", "v100"), ("v100_question_cublas", "v100_cublas")):
         question = v100_summary(ph.get(phase, {}))
         if question:
@@ -1268,16 +1330,7 @@ def summarize(r: dict) -> dict:
                                  "eager_over_lazy_mib": m["eager_over_lazy_mib"], "prompt_tokens": 512,
                                  "note": "the 8B plan; the unit sets CUDA_MODULE_LOADING=LAZY"}  # fmt: skip
     if c.get("ok") and c.get("cublas_over_mmq_mib"):
-        from llamarack.planner import prefill_pool_bytes
-
-        shape = {"head_dim_v": c["shape"]["head_dim_k"], "file_type": 15, **c["shape"]}  # the Q4_K_M 8B
-        out["cublas_prefill"] = {
-            "cublas_over_mmq_mib": c["cublas_over_mmq_mib"],
-            # the H200's cuBLAS path keeps an f16 product buffer, as a P100's (6.0) does
-            "planned_mib_as_6_0": {str(t): round(prefill_pool_bytes(shape, "6.0", t) / MIB, 1)
-                                   for t in (128, 512)},
-            "planned_mib_for_a_v100": round(prefill_pool_bytes(shape, "7.0") / MIB, 1),
-        }  # fmt: skip
+        out["cublas_prefill"] = cublas_prefill_summary(c)
     if smi.get("ok") and "query_gpu" in smi:
         out["nvidia_smi_cpu_s"] = {k: smi[k]["cpu_s_median"] for k in ("query_gpu", "query_compute_apps")}
         out["nvidia_smi_cpu_s"]["both_in_one_run"] = smi["both_in_one_run"]["output"].strip()

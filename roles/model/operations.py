@@ -79,6 +79,123 @@ def _json(data: dict) -> StringIO:
     return StringIO(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
+def _fetcher(python: str, *args: str) -> str:
+    """A ``model_fetch`` command (fetch, seal, prune-cache) run by the host's ``python``."""
+    return remote.command("model_fetch", *args, python=python)
+
+
+def _token_path(plan: ModelPlan) -> str:
+    """Where the hub token lies on the host while a fetch runs (inside the mode-700 staging)."""
+    return f"{plan.staging}/hub-token"
+
+
+def _unquantized(plan: ModelPlan) -> str:
+    """The converter's output: the artifact's GGUF itself, or the input of quantize."""
+    s = plan.staging
+    return f"{s}/model.gguf" if not plan.quantizes else f"{s}/model-{plan.outtype}.gguf"
+
+
+def _disk_refusal(plan: ModelPlan, free: int, need: int, cached: dict) -> str:
+    """Why the staging does not fit the disk, and what to do."""
+    return (f"{host.name}: model-disk: found {free} bytes free under {plan.models_dir}; "
+            f"needed {need} (checkpoint files not in the blob cache: {plan.to_download(cached)}, "
+            "unquantized GGUF, quantized GGUF and 1 GiB). "
+            "Fix: free space or move llamarack_root to a bigger disk")  # fmt: skip
+
+
+def _staging(plan: ModelPlan):
+    """The mode-700 staging directory, with the fetch's manifest and the plan's stamp record."""
+    q, s = shlex.quote, plan.staging
+    yield (f"install -d -m 755 {q(plan.models_dir)} && "
+           f"install -d -m 700 {q(plan.models_dir + '/.staging')} {q(s)}")  # fmt: skip
+    yield FileUploadCommand(_json(plan.manifest()), f"{s}/manifest.json")
+    yield FileUploadCommand(_json(plan.record()), f"{s}/stamp.plan.json")
+
+
+def _fetch(plan: ModelPlan, python: str, token_file: Optional[str], cached: dict, fetched: bool):
+    """Fetch the source files into the staging through the blob cache, unless a GGUF was
+    made from them already; the hub token goes up only for a fetch that runs."""
+    q, s = shlex.quote, plan.staging
+    fetch_cmd = _fetcher(python, "fetch", "--manifest", f"{s}/manifest.json", "--dest",
+                         f"{s}/hf" if plan.converts else s, "--retries", str(plan.retries),
+                         "--cache", Layout(plan.root).blob_cache)  # fmt: skip
+    token_path = _token_path(plan)
+    # A token of a run killed before its fetch ended goes first, whatever comes next.
+    yield f"rm -f {q(token_path)} {q(token_path + '.new')}"
+    if fetched:
+        return
+    token = read_token(token_file)
+    after = ""
+    if token:
+        # Sent only for a fetch that runs; the fetcher deletes it once read, and
+        # it is removed again here whatever the fetch's result.
+        yield from secret_upload(token, token_path, mode="600")
+        fetch_cmd += " --token-file " + q(token_path)
+        after = f"rm -f {q(token_path)}"
+    if executing():
+        logger.info(f"{host.print_prefix}model {plan.name}: {plan.describe_fetch(cached)}; follow each step "
+                    f"with: tail -f {s}/fetch.log (then convert.log, quantize.log)")  # fmt: skip
+    yield _logged(fetch_cmd, f"{s}/fetch.log", after)
+
+
+def _convert(plan: ModelPlan, t: dict):
+    """Convert the checkpoint to a GGUF, then quantize it, each step skipped when its output exists."""
+    q, s, unquantized = shlex.quote, plan.staging, _unquantized(plan)
+    done = f"[ -f {q(unquantized)} ] || [ -f {q(s + '/model.gguf')} ]"
+    tmp = _own_tmp(unquantized)
+    convert = (f"{q(t['convert_python'])} {q(t['convert_script'])} {q(s + '/hf')} "
+               f"--outtype {q(plan.outtype)} --outfile {tmp}")  # fmt: skip
+    yield f"{done} || {{ {_logged(convert, f'{s}/convert.log')} && {_into_place(tmp, unquantized)}; }}"
+    if plan.quantizes:
+        tmp = _own_tmp(f"{s}/model.gguf")
+        quantize = f"{q(t['quantize'])} {q(unquantized)} {tmp} {q(plan.quant)}"
+        yield (f"[ -f {q(s + '/model.gguf')} ] || {{ {_logged(quantize, f'{s}/quantize.log')} && "
+               f"{_into_place(tmp, s + '/model.gguf')}; }}")  # fmt: skip
+
+
+def _seal(plan: ModelPlan, python: str):
+    """Record the GGUF's shape and seal the staging (``stamp.json``), then clear its scratch."""
+    q, s = shlex.quote, plan.staging
+    yield _record_shape(f"{s}/model.gguf", python)
+    yield _fetcher(python, "seal", "--stamp", f"{s}/stamp.plan.json", "--gguf", f"{s}/model.gguf",
+                   "--out", f"{s}/stamp.json")  # fmt: skip
+    # The token never goes into a served directory, whatever cut the fetch short.
+    token_path = _token_path(plan)
+    scratch = [f"{s}/manifest.json", f"{s}/stamp.plan.json", token_path, token_path + ".new"]
+    if plan.converts and not plan.keep_intermediates:
+        scratch += [f"{s}/hf"] + ([f"{s}/model-{plan.outtype}.gguf"] if plan.quantizes else [])
+    # and what a step cut off (or still going on the host after its run died) wrote
+    yield "rm -rf " + " ".join(q(p) for p in scratch) + f" {q(s)}/*.gguf.tmp.*"
+
+
+def _move_into_place(plan: ModelPlan, state, python: str):
+    """Rename the sealed staging to the artifact's directory, then prune the blob cache."""
+    q, s, d = shlex.quote, plan.staging, plan.dir
+    # rename(2) of the whole directory: the artifact appears complete or not at all.
+    # mv -T refuses to move into an existing non-empty directory: never overwrite.
+    if state is None:
+        yield f"chmod 755 {q(s)} && mv -T {q(s)} {q(d)}"
+    else:
+        # A directory of this name that is not the sealed, untouched artifact (unsealed,
+        # truncated, edited after its seal) may be what the server runs: it goes only
+        # now, once its replacement is whole, and is moved aside, not over.
+        aside = f"{plan.models_dir}/.staging/replaced-{plan.name}"
+        yield (f"chmod 755 {q(s)} && rm -rf {q(aside)} && mv -T {q(d)} {q(aside)} && "
+               f"mv -T {q(s)} {q(d)} && rm -rf {q(aside)}")  # fmt: skip
+    # The new artifact's record names its files: the cache keeps what some record names.
+    yield _fetcher(python, "prune-cache", "--cache", Layout(plan.root).blob_cache, "--models", plan.models_dir)
+
+
+def _point_link(current: str, name: str, linked: Optional[dict]):
+    """``current`` (``models/current`` or ``models/draft``) switched atomically to ``name``."""
+    q = shlex.quote
+    if not linked or linked.get("link_target") != name:
+        yield (f"ln -sfn {q(name)} {q(current + '.new')} && "
+               f"mv -T {q(current + '.new')} {q(current)}")  # fmt: skip
+    else:
+        host.noop(f"{current} already points at {name}")
+
+
 @operation()
 def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Optional[dict] = None,
              link: str = "current"):
@@ -97,8 +214,7 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
     staging directory (it becomes the artifact's), whose path is printed.
     """
     t = {**tools(plan.root), **(tool_paths or {})}
-    q = shlex.quote
-    d, s, name = plan.dir, plan.staging, plan.name
+    d, s = plan.dir, plan.staging
     if link not in ("current", "draft"):
         raise ValueError(f"artifact: link {link!r} is neither 'current' nor 'draft'")
     current = f"{plan.models_dir}/{link}"
@@ -108,89 +224,28 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
     linked = read(Link, path=current)
     if state is not None and state.complete_for(plan.stamp):
         if read(File, path=f"{d}/{shape_record_name()}"):
-            host.noop(f"model {name} is in place ({plan.source}, {plan.quant if plan.converts else 'as fetched'})")
+            host.noop(f"model {plan.name} is in place ({plan.source}, "
+                      f"{plan.quant if plan.converts else 'as fetched'})")  # fmt: skip
         else:
             # sealed before its shape was recorded, or recorded by another reader: once
             yield _record_shape(f"{d}/model.gguf", t["python"])
     else:
         free = read(FreeDiskBytes, path=plan.models_dir)
-        unquantized = f"{s}/model.gguf" if not plan.quantizes else f"{s}/model-{plan.outtype}.gguf"
         # A rerun resumes where one failed: each step skips when its output exists,
         # and the fetch is past once a GGUF is made.
-        fetched = plan.converts and any(read(File, path=p) for p in {unquantized, f"{s}/model.gguf"})
+        fetched = plan.converts and any(read(File, path=p) for p in {_unquantized(plan), f"{s}/model.gguf"})
         # A source file the blob cache holds is hardlinked, not written again: only the
         # others count (as model_fetch.check_disk counts on the host).
         blobs = Layout(plan.root).blob_cache
         cached = (read(CachedBlobs, cache=blobs, ids=plan.blob_ids) if plan.blob_ids else None) or {}
         need = plan.disk_needed(cached)
         if free is not None and free < need:
-            reason = (f"{host.name}: model-disk: found {free} bytes free under {plan.models_dir}; "
-                      f"needed {need} (checkpoint files not in the blob cache: {plan.to_download(cached)}, "
-                      "unquantized GGUF, quantized GGUF and 1 GiB). "
-                      "Fix: free space or move llamarack_root to a bigger disk")  # fmt: skip
-            yield refusal(reason)
+            yield refusal(_disk_refusal(plan, free, need, cached))
             return
-        yield (f"install -d -m 755 {q(plan.models_dir)} && "
-               f"install -d -m 700 {q(plan.models_dir + '/.staging')} {q(s)}")  # fmt: skip
-        yield FileUploadCommand(_json(plan.manifest()), f"{s}/manifest.json")
-        yield FileUploadCommand(_json(plan.record()), f"{s}/stamp.plan.json")
-
-        fetcher = lambda *args: remote.command("model_fetch", *args, python=t["python"])  # noqa: E731
-        fetch_cmd = fetcher("fetch", "--manifest", f"{s}/manifest.json", "--dest", f"{s}/hf" if plan.converts else s,
-                            "--retries", str(plan.retries), "--cache", blobs)  # fmt: skip
-        token_path = f"{s}/hub-token"
-        # A token of a run killed before its fetch ended goes first, whatever comes next.
-        yield f"rm -f {q(token_path)} {q(token_path + '.new')}"
-        if not fetched:
-            token = read_token(token_file)
-            after = ""
-            if token:
-                # Sent only for a fetch that runs; the fetcher deletes it once read, and
-                # it is removed again here whatever the fetch's result.
-                yield from secret_upload(token, token_path, mode="600")
-                fetch_cmd += " --token-file " + q(token_path)
-                after = f"rm -f {q(token_path)}"
-            if executing():
-                logger.info(f"{host.print_prefix}model {name}: {plan.describe_fetch(cached)}; follow each step "
-                            f"with: tail -f {s}/fetch.log (then convert.log, quantize.log)")  # fmt: skip
-            yield _logged(fetch_cmd, f"{s}/fetch.log", after)
-
+        yield from _staging(plan)
+        yield from _fetch(plan, t["python"], token_file, cached, fetched)
         if plan.converts:
-            done = f"[ -f {q(unquantized)} ] || [ -f {q(s + '/model.gguf')} ]"
-            tmp = _own_tmp(unquantized)
-            convert = (f"{q(t['convert_python'])} {q(t['convert_script'])} {q(s + '/hf')} "
-                       f"--outtype {q(plan.outtype)} --outfile {tmp}")  # fmt: skip
-            yield f"{done} || {{ {_logged(convert, f'{s}/convert.log')} && {_into_place(tmp, unquantized)}; }}"
-            if plan.quantizes:
-                tmp = _own_tmp(f"{s}/model.gguf")
-                quantize = f"{q(t['quantize'])} {q(unquantized)} {tmp} {q(plan.quant)}"
-                yield (f"[ -f {q(s + '/model.gguf')} ] || {{ {_logged(quantize, f'{s}/quantize.log')} && "
-                       f"{_into_place(tmp, s + '/model.gguf')}; }}")  # fmt: skip
-        yield _record_shape(f"{s}/model.gguf", t["python"])
-        yield fetcher("seal", "--stamp", f"{s}/stamp.plan.json", "--gguf", f"{s}/model.gguf",
-                      "--out", f"{s}/stamp.json")  # fmt: skip
-        # The token never goes into a served directory, whatever cut the fetch short.
-        scratch = [f"{s}/manifest.json", f"{s}/stamp.plan.json", token_path, token_path + ".new"]
-        if plan.converts and not plan.keep_intermediates:
-            scratch += [f"{s}/hf"] + ([f"{s}/model-{plan.outtype}.gguf"] if plan.quantizes else [])
-        # and what a step cut off (or still going on the host after its run died) wrote
-        yield "rm -rf " + " ".join(q(p) for p in scratch) + f" {q(s)}/*.gguf.tmp.*"
-        # rename(2) of the whole directory: the artifact appears complete or not at all.
-        # mv -T refuses to move into an existing non-empty directory: never overwrite.
-        if state is None:
-            yield f"chmod 755 {q(s)} && mv -T {q(s)} {q(d)}"
-        else:
-            # A directory of this name that is not the sealed, untouched artifact (unsealed,
-            # truncated, edited after its seal) may be what the server runs: it goes only
-            # now, once its replacement is whole, and is moved aside, not over.
-            aside = f"{plan.models_dir}/.staging/replaced-{name}"
-            yield (f"chmod 755 {q(s)} && rm -rf {q(aside)} && mv -T {q(d)} {q(aside)} && "
-                   f"mv -T {q(s)} {q(d)} && rm -rf {q(aside)}")  # fmt: skip
-        # The new artifact's record names its files: the cache keeps what some record names.
-        yield fetcher("prune-cache", "--cache", blobs, "--models", plan.models_dir)
-
-    if not linked or linked.get("link_target") != name:
-        yield (f"ln -sfn {q(name)} {q(current + '.new')} && "
-               f"mv -T {q(current + '.new')} {q(current)}")  # fmt: skip
-    else:
-        host.noop(f"{current} already points at {name}")
+            yield from _convert(plan, t)
+        yield from _seal(plan, t["python"])
+        yield from _move_into_place(plan, state, t["python"])
+    yield from _point_link(current, plan.name, linked)

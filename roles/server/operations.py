@@ -249,6 +249,94 @@ def _devices(settings: Settings) -> tuple:
     return tuple(read(CharDevices)) if settings.llamacpp.backend == "cuda" else ()
 
 
+def _not_made_yet(root: str, build: bool, model: bool):
+    """The command for a host without the current build or model: a refusal when
+    executing; with ``--dry`` on a fresh host, a note that the unit follows them (they
+    come from earlier operations of this run)."""
+    missing = [n for n, v in (("llama.cpp build", build), ("model", model)) if not v]
+    if host.state.is_executing:
+        return refusal(f"{host.name}: server: no current {' and no '.join(missing)} under {root}; "
+                       "the llama.cpp and model roles make them (see their output above)")  # fmt: skip
+    made = f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} made"
+    return StringCommand(f"echo 'write {UNIT_NAME} once the {made}'")
+
+
+def _rollback_pin(settings: Settings, unit: str) -> tuple:
+    """(pin, held, held_by, unit_changed): the pin ``llamarack rollback`` wrote, whether it
+    holds the unit in place against ``unit``, what that unit serves, and whether the unit
+    file is to change (``--diff`` shows how)."""
+    found_sha1, wanted_sha1 = read(Sha1File, path=UNIT_PATH), hashlib.sha1(unit.encode()).hexdigest()
+    # `llamarack rollback` put an earlier unit back: it stays while the settings still
+    # want the very unit it replaced; a change of what they want releases it.
+    pin = parse_pin(read(FileContents, path=settings.layout.rollback_pin))
+    held = bool(pin) and pin.get("unit_sha1") == found_sha1 and pin.get("replaced_sha1") == wanted_sha1
+    held_by = _served_by(settings.general.root, read(FileContents, path=UNIT_PATH)) if held else None
+    unit_changed = found_sha1 != wanted_sha1 and not held
+    if unit_changed:
+        _show_unit_diff(unit)
+    return pin, held, held_by, unit_changed
+
+
+def _running_and_remade(model_dir: str, held: bool) -> tuple[bool, bool]:
+    """Whether llama-server runs, and whether its model was remade in place since it started
+    (its directory's name is its stamp: the unit is the same text, and only a restart
+    serves the new file)."""
+    unit_state = read(UnitState, unit=UNIT_NAME)
+    running = unit_state.get("SubState") == "running"
+    served = read(ModelArtifact, path=model_dir)
+    sealed_at, since = (served.record or {}).get("sealed_at") if served else None, active_since(unit_state)
+    # systemd says whole seconds: the server started in [since, since + 1).
+    remade = bool(running and sealed_at and since and sealed_at >= since + 1) and not held
+    return running, remade
+
+
+def _api_key(settings: Settings):
+    """The API key file as the settings want it (uploaded, or removed when none is set);
+    returns whether it changed."""
+    key = read_token(settings.server.api_key_file, "server_api_key_file")
+    host_key = read(Command, command=key_digest_command())
+    if key is not None and host_key != digest((key + "\n").encode(), KEY_DIGEST_SALT):
+        yield from secret_upload(key + "\n", API_KEY_PATH, mode="640", group=settings.general.service_user)
+        return True
+    if key is None and host_key != "missing":
+        yield f"rm -f {shlex.quote(API_KEY_PATH)}"
+        return True
+    return False
+
+
+def _unproven() -> bool:
+    """Whether the unit in place never answered /health: a switch cut off before its check
+    left the proven unit as .prev, so the unit is checked now (and rolled back if it does
+    not answer)."""
+    unproven = read(File, path=f"{UNIT_PATH}.prev") is not None
+    if unproven:
+        host.log(f"{UNIT_PATH} never passed its /health check (an earlier switch was cut off): "
+                 "switching again", logger.warning)  # fmt: skip
+    return unproven
+
+
+def _keep_rolled_back(settings: Settings, held_by: str, restart: bool):
+    """Keep the unit ``llamarack rollback`` put back; with ``restart``, restart it and
+    check /health."""
+    host.log(f"llama-server runs the unit `llamarack rollback` put back ({held_by}); "
+             "the settings still want the unit it replaced: kept (change the settings, or run "
+             "`llamarack rollback` again to go forward)", logger.warning)  # fmt: skip
+    if not restart:
+        host.noop("llama-server serves the unit `llamarack rollback` put back")
+        return
+    yield StringCommand(health_check_script(settings, "a restart of the rolled-back unit", restart=True))
+
+
+def _switch_to(settings: Settings, unit: str, pin: Optional[dict]):
+    """Stage ``unit`` and switch to it (``switch_script``), releasing a rollback pin."""
+    if pin is not None:
+        host.log("the settings changed since `llamarack rollback`: its pin is released", logger.warning)
+        yield f"rm -f {shlex.quote(settings.layout.rollback_pin)}"
+    yield FileUploadCommand(StringIO(unit), f"{UNIT_PATH}.new")
+    yield f"chmod 644 {shlex.quote(UNIT_PATH)}.new"
+    yield StringCommand(switch_script(settings))
+
+
 @operation()
 def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     """
@@ -267,19 +355,12 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     back and restarted. The API key goes to the host as a file (mode 640,
     group of the service user), never on a command line.
     """
-    s, root, layout = settings.server, settings.general.root, settings.layout
+    root, layout = settings.general.root, settings.layout
     build_dir, model_dir = _linked(layout.current_build), _linked(layout.current_model)
     flags = read(LlamaServerFlags, root=root)
     shape = read(GgufShape, path=f"{model_dir}/model.gguf") if model_dir else None
     if not (build_dir and flags and shape):
-        missing = [n for n, v in (("llama.cpp build", build_dir and flags), ("model", shape)) if not v]
-        if host.state.is_executing:
-            yield refusal(f"{host.name}: server: no current {' and no '.join(missing)} under {root}; "
-                        "the llama.cpp and model roles make them (see their output above)")  # fmt: skip
-        else:
-            # --dry on a fresh host: the build and model come from earlier operations of this run
-            made = f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} made"
-            yield StringCommand(f"echo 'write {UNIT_NAME} once the {made}'")
+        yield _not_made_yet(root, bool(build_dir and flags), bool(shape))
         return
 
     draft = _draft(settings)
@@ -290,50 +371,14 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
         yield refusal(e.failure.message(host.name))
         return
 
-    found_sha1, wanted_sha1 = read(Sha1File, path=UNIT_PATH), hashlib.sha1(unit.encode()).hexdigest()
-    # `llamarack rollback` put an earlier unit back: it stays while the settings still
-    # want the very unit it replaced; a change of what they want releases it.
-    pin = parse_pin(read(FileContents, path=layout.rollback_pin))
-    held = bool(pin) and pin.get("unit_sha1") == found_sha1 and pin.get("replaced_sha1") == wanted_sha1
-    held_by = _served_by(root, read(FileContents, path=UNIT_PATH)) if held else None
-    unit_changed = found_sha1 != wanted_sha1 and not held
-    if unit_changed:
-        _show_unit_diff(unit)
-
-    unit_state = read(UnitState, unit=UNIT_NAME)
-    running = unit_state.get("SubState") == "running"
-    # A model remade in place (its directory's name is its stamp: the unit is the same
-    # text) after the server loaded the old one: only a restart serves the new file.
-    served = read(ModelArtifact, path=model_dir)
-    sealed_at, since = (served.record or {}).get("sealed_at") if served else None, active_since(unit_state)
-    # systemd says whole seconds: the server started in [since, since + 1).
-    remade = bool(running and sealed_at and since and sealed_at >= since + 1) and not held
-    key = read_token(s.api_key_file, "server_api_key_file")
-    host_key = read(Command, command=key_digest_command())
-    key_changed = False
-    if key is not None and host_key != digest((key + "\n").encode(), KEY_DIGEST_SALT):
-        key_changed = True
-        yield from secret_upload(key + "\n", API_KEY_PATH, mode="640", group=settings.general.service_user)
-    elif key is None and host_key != "missing":
-        key_changed = True
-        yield f"rm -f {shlex.quote(API_KEY_PATH)}"
-
+    pin, held, held_by, unit_changed = _rollback_pin(settings, unit)
+    running, remade = _running_and_remade(model_dir, held)
+    key_changed = yield from _api_key(settings)
     if remade:
         host.log(f"{model_dir} was sealed after llama-server started: restarting it", logger.info)
-    # A switch cut off before its /health check left the proven unit as .prev: the unit in
-    # place never answered, so it is checked now (and rolled back if it does not answer).
-    unproven = read(File, path=f"{UNIT_PATH}.prev") is not None
-    if unproven:
-        host.log(f"{UNIT_PATH} never passed its /health check (an earlier switch was cut off): "
-                 "switching again", logger.warning)  # fmt: skip
+    unproven = _unproven()
     if held:
-        host.log(f"llama-server runs the unit `llamarack rollback` put back ({held_by}); "
-                 "the settings still want the unit it replaced: kept (change the settings, or run "
-                 "`llamarack rollback` again to go forward)", logger.warning)  # fmt: skip
-        if not (key_changed or unproven or not running):
-            host.noop("llama-server serves the unit `llamarack rollback` put back")
-            return
-        yield StringCommand(health_check_script(settings, "a restart of the rolled-back unit", restart=True))
+        yield from _keep_rolled_back(settings, held_by, key_changed or unproven or not running)
         return
     if not (unit_changed or key_changed or remade or unproven or not running):
         if pin is not None:
@@ -342,12 +387,7 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
         host.noop(f"llama-server serves {Path(model_dir).name} with build {Path(build_dir).name}, "
                   f"{ctx.note}")  # fmt: skip
         return
-    if pin is not None:
-        host.log("the settings changed since `llamarack rollback`: its pin is released", logger.warning)
-        yield f"rm -f {shlex.quote(layout.rollback_pin)}"
-    yield FileUploadCommand(StringIO(unit), f"{UNIT_PATH}.new")
-    yield f"chmod 644 {shlex.quote(UNIT_PATH)}.new"
-    yield StringCommand(switch_script(settings))
+    yield from _switch_to(settings, unit, pin)
 
 
 @operation()

@@ -25,6 +25,69 @@ CUDA_SOURCES_FILE = "/etc/apt/sources.list.d/llamarack-cuda.sources"
 CONDA_CUDA_PACKAGES = ["cuda-nvcc", "cuda-cudart-dev", "libcublas-dev"]
 
 
+def _check_cmake() -> None:
+    """Refuse a host whose cmake is older than the pinned llama.cpp needs."""
+    cmake = read(CmakeVersion)
+    if cmake and Version(cmake) < Version(CMAKE_MIN):
+        raise DeployError(
+            f"{host.name}: cmake {cmake} is installed; llama.cpp needs cmake >= {CMAKE_MIN}. "
+            "Fix: install a newer cmake (Debian 12 has 3.25, Ubuntu 22.04 has 3.22)"
+        )
+
+
+def _debian_toolkit(settings: Settings) -> None:
+    """Debian's nvidia-cuda-toolkit, with the contrib and non-free sources it comes from."""
+    distro = read(LinuxDistribution)
+    if distro.get("name") != "Debian":
+        raise DeployError(
+            f"{host.name}: toolchain_cuda_source 'debian' needs Debian (found {distro.get('name')}). "
+            "Fix: use 'system' or 'conda' on this host"
+        )
+    stanzas = read(DebianSources)
+    if not stanzas:
+        raise DeployError(
+            f"{host.name}: no deb822 /etc/apt/sources.list.d/debian.sources to take the "
+            "archive and Signed-By from. Fix: add contrib non-free to the host's apt sources "
+            "yourself, or use toolchain_cuda_source 'system'"
+        )
+    text = nonfree_sources(stanzas)
+    if text:
+        sources = files.put(
+            name="apt sources: contrib and non-free for nvidia-cuda-toolkit",
+            src=StringIO(text),
+            dest=CUDA_SOURCES_FILE,
+            mode="644",
+        )
+        apt.update(name="apt update for the new sources", _if=sources.did_change)
+    apt_install_missing(
+        name="CUDA toolkit (Debian non-free)", packages=["nvidia-cuda-toolkit"],
+        cache_time=settings.toolchain.apt_cache_time,
+    )  # fmt: skip
+
+
+def _conda_toolkit(settings: Settings) -> str:
+    """The CUDA toolkit in a conda env of its own (Miniforge first); return the env prefix."""
+    t, p = settings.toolchain, settings.python_env
+    if not p.conda_installer_sha256:
+        raise DeployError(
+            f"{host.name}: toolchain_cuda_source 'conda' needs python_env_conda_installer_sha256 "
+            "(the Miniforge installer is pinned by its sha256)"
+        )
+    conda_root = settings.layout.conda
+    miniforge(name="Miniforge", installer_url=p.conda_installer_url,
+              installer_sha256=p.conda_installer_sha256, prefix=conda_root)  # fmt: skip
+    env = conda_cuda_env(settings)
+    conda_env(
+        name=f"CUDA {t.cuda_version} toolkit (conda)",
+        conda=f"{conda_root}/bin/conda",
+        env=env,
+        specs=CONDA_CUDA_PACKAGES,
+        channels=[t.conda_channel],
+        marker=f"{env}/bin/nvcc",
+    )
+    return env
+
+
 @deploy("llamarack toolchain")
 def toolchain(settings: Settings, facts: HostFacts):
     """
@@ -37,62 +100,14 @@ def toolchain(settings: Settings, facts: HostFacts):
     t = settings.toolchain
     cuda = settings.llamacpp.backend == "cuda"
 
-    cmake = read(CmakeVersion)
-    if cmake and Version(cmake) < Version(CMAKE_MIN):
-        raise DeployError(
-            f"{host.name}: cmake {cmake} is installed; llama.cpp needs cmake >= {CMAKE_MIN}. "
-            "Fix: install a newer cmake (Debian 12 has 3.25, Ubuntu 22.04 has 3.22)"
-        )
+    _check_cmake()
     apt_install_missing(name="Build packages", packages=BUILD_PACKAGES, cache_time=t.apt_cache_time)
 
     extra_homes: tuple = ()
     if cuda and t.cuda_source == "debian":
-        distro = read(LinuxDistribution)
-        if distro.get("name") != "Debian":
-            raise DeployError(
-                f"{host.name}: toolchain_cuda_source 'debian' needs Debian (found {distro.get('name')}). "
-                "Fix: use 'system' or 'conda' on this host"
-            )
-        stanzas = read(DebianSources)
-        if not stanzas:
-            raise DeployError(
-                f"{host.name}: no deb822 /etc/apt/sources.list.d/debian.sources to take the "
-                "archive and Signed-By from. Fix: add contrib non-free to the host's apt sources "
-                "yourself, or use toolchain_cuda_source 'system'"
-            )
-        text = nonfree_sources(stanzas)
-        if text:
-            sources = files.put(
-                name="apt sources: contrib and non-free for nvidia-cuda-toolkit",
-                src=StringIO(text),
-                dest=CUDA_SOURCES_FILE,
-                mode="644",
-            )
-            apt.update(name="apt update for the new sources", _if=sources.did_change)
-        apt_install_missing(
-            name="CUDA toolkit (Debian non-free)", packages=["nvidia-cuda-toolkit"],
-            cache_time=t.apt_cache_time,
-        )  # fmt: skip
+        _debian_toolkit(settings)
     elif cuda and t.cuda_source == "conda":
-        p = settings.python_env
-        if not p.conda_installer_sha256:
-            raise DeployError(
-                f"{host.name}: toolchain_cuda_source 'conda' needs python_env_conda_installer_sha256 "
-                "(the Miniforge installer is pinned by its sha256)"
-            )
-        conda_root = settings.layout.conda
-        miniforge(name="Miniforge", installer_url=p.conda_installer_url,
-                  installer_sha256=p.conda_installer_sha256, prefix=conda_root)  # fmt: skip
-        env = conda_cuda_env(settings)
-        conda_env(
-            name=f"CUDA {t.cuda_version} toolkit (conda)",
-            conda=f"{conda_root}/bin/conda",
-            env=env,
-            specs=CONDA_CUDA_PACKAGES,
-            channels=[t.conda_channel],
-            marker=f"{env}/bin/nvcc",
-        )
-        extra_homes = (env,)
+        extra_homes = (_conda_toolkit(settings),)
 
     plan = plan_toolchain(settings, facts)
     if plan is None:
