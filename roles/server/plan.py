@@ -293,3 +293,38 @@ def parse_pin(lines) -> Optional[dict]:
     except ValueError:
         return {}
     return pin if isinstance(pin, dict) else {}
+
+
+# What llama.cpp logs when it leaves the card out, by cause (its load log, verbosity 4
+# for the layer count; the CUDA lines at any verbosity).
+OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
+NO_DEVICE = re.compile(r"no CUDA-capable device is detected|no usable GPU found|failed to initialize CUDA[^\n]*")
+
+
+def residency(processes: tuple, pid: int, cards: tuple, weights_mib: int, log: str = "",
+              denied: tuple = ()) -> Optional[str]:  # fmt: skip
+    """Why the served process ``pid`` is not where it was planned, or None when it is:
+    nvidia-smi lists it on every planned card (``cards``: their UUIDs), holding at least the
+    planned weights (``weights_mib``, across them), and its load log (``log``, where it
+    says) offloaded every layer. ``processes``: the ``GpuProcesses`` fact; ``denied``: the
+    driver's device names (``/proc/devices``) that the unit's device rule does not allow."""
+    mine = [p for p in processes if p.pid == pid]
+    held = sum(p.used_mib or 0 for p in mine)
+    layers = OFFLOADED.findall(log)
+    done, total = (int(n) for n in layers[-1]) if layers else (None, None)
+    if not mine:
+        if denied:
+            return f"device denied: the unit does not allow {', '.join(denied)}, so llama-server serves from the CPU"
+        if NO_DEVICE.search(log):
+            return f"no CUDA device: llama-server is on no card ({NO_DEVICE.search(log).group(0)}); it serves from the CPU"
+        if done is not None and done < total:
+            return f"fewer layers offloaded than planned: {done}/{total}, and the process is on no card"
+        return f"CPU fallback: nvidia-smi lists llama-server (pid {int(pid)}) on no card"
+    missing = [c for c in cards if c not in {p.gpu_uuid for p in mine}]
+    if missing:
+        return f"llama-server is not on the planned card {', '.join(missing)}"
+    if done is not None and done < total:
+        return f"fewer layers offloaded than planned: {done}/{total}"
+    if held < weights_mib:
+        return f"llama-server holds {held} MiB on the card, less than the planned weights ({weights_mib} MiB)"
+    return None

@@ -57,6 +57,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
+from typing import Optional
 
 # --------------------------------------------------------------------------
 # How the built llama-server spells its options (read from its --help)
@@ -258,13 +259,46 @@ SMOKE_PROMPT = "hello llama rack"
 # A failure of the GPU backend ("no kernel image is available for execution on
 # the device": no code for the card's arch): no CPU rung can cure it.
 GPU_FAILURE = re.compile(r"CUDA error|no kernel image is available|ggml_cuda_")
+# The card had not the memory the smoke run asked (a cudaMalloc at model load, a compute
+# buffer, a stream at the first fit): another process holds it. Not the build's fault, and
+# no CPU rung cures it.
+GPU_OUT_OF_MEMORY = re.compile(r"cudaMalloc failed: out of memory|(failed|unable) to allocate CUDA\d* buffer"
+                               r"|CUDA error: out of memory")
+# Why llama.cpp left the card out (it then computes on the CPU with -ngl ignored).
+NO_GPU = re.compile(r"no usable GPU found[^\n]*|failed to initialize CUDA[^\n]*|no CUDA-capable device[^\n]*")
 SMOKE_TOKENS = 8
 
 
 class SmokeFailure(Exception):
-    def __init__(self, why: str, tail: str = ""):
+    def __init__(self, why: str, tail: str = "", on_gpu: bool = False):
         super().__init__(why)
-        self.why, self.tail = why, tail
+        self.why, self.tail, self.on_gpu = why, tail, on_gpu
+
+
+def named_gpu_failure(e: SmokeFailure) -> SmokeFailure:
+    """``e``, or, where its log shows the card ran out of memory, that cause named."""
+    found = GPU_OUT_OF_MEMORY.search(e.tail)
+    if not found:
+        return e
+    line = next((ln.strip() for ln in e.tail.splitlines() if GPU_OUT_OF_MEMORY.search(ln)), found.group(0))
+    return SmokeFailure(f"the GPU ran out of memory for the smoke run ({line}): another process holds the "
+                        "card's memory (nvidia-smi names it); the build is not at fault, and what serves now "
+                        "keeps serving", e.tail, on_gpu=True)  # fmt: skip
+
+
+def on_the_card(result: dict, log: str) -> None:
+    """A CUDA build counts only when its smoke run computed on the GPU: every layer offloaded
+    (its load log), or, where the build does not log that, the server on the card (nvidia-smi)."""
+    offloaded = result.get("offloaded")
+    done, total = (int(n) for n in offloaded.split("/")) if offloaded else (0, None)
+    if (total is not None and done == total and done > 0) or (offloaded is None and result.get("gpu_mib")):
+        return
+    tail = _tail(log)
+    why = NO_GPU.search(_tail(log, 400))  # llama.cpp says it at the start
+    counted = f"offloaded {offloaded} layers to the GPU" if offloaded else \
+        "named no layer offloaded, and nvidia-smi listed it on no card"  # fmt: skip
+    raise SmokeFailure(f"the CUDA build computed on the CPU: llama-server {counted}"
+                       + (f" ({why.group(0).strip()})" if why else ""), tail, on_gpu=True)  # fmt: skip
 
 
 def say(message: str) -> None:
@@ -333,8 +367,24 @@ def smoke_model(build_dir: str, quant: str, work: str) -> dict:
     return {"path": out, "quant": chosen, "note": note}
 
 
-def serve_once(build_dir: str, model: str, args: list, log: str, timeout: float) -> dict:
-    """Start llama-server on the smoke model, ask for a few tokens, stop it; the measurements."""
+def _gpu_mib(pid: int) -> Optional[int]:
+    """The GPU memory (MiB) ``nvidia-smi --query-compute-apps`` gives process ``pid``; None
+    when it lists it on no card (or cannot be asked)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=60).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    used = [int(f[1]) for f in (line.split(", ") for line in out.splitlines())
+            if len(f) == 2 and f[0].strip() == str(pid) and f[1].strip().isdigit()]  # fmt: skip
+    return sum(used) if used else None
+
+
+def serve_once(build_dir: str, model: str, args: list, log: str, timeout: float, cuda: bool = False) -> dict:
+    """Start llama-server on the smoke model, ask for a few tokens, stop it; the measurements.
+    ``cuda``: also what nvidia-smi says the server holds on the card (``gpu_mib``). Its load
+    lines (the layers offloaded) are printed from verbosity 4, set in its environment so that
+    its command line stays the unit's."""
     port = _free_port()
     argv = [f"{build_dir}/bin/llama-server", "--model", model, "--host", "127.0.0.1",
             "--port", str(port), "--ctx-size", "256", "--parallel", "1", *args]
@@ -343,7 +393,7 @@ def serve_once(build_dir: str, model: str, args: list, log: str, timeout: float)
         out.write("$ " + " ".join(argv) + "\n")
         out.flush()
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, env={**os.environ, "LLAMA_ARG_LOG_VERBOSITY": "4"})
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -374,6 +424,7 @@ def serve_once(build_dir: str, model: str, args: list, log: str, timeout: float)
         if bad:
             raise SmokeFailure(f"llama-server computed non-finite probabilities ({bad[0]})", _tail(log))
         timings = answer.get("timings") or {}
+        gpu_mib = _gpu_mib(proc.pid) if cuda else None
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -390,6 +441,7 @@ def serve_once(build_dir: str, model: str, args: list, log: str, timeout: float)
         "tokens_per_second": round(float(timings.get("predicted_per_second", 0.0)), 1),
         "tokens": predicted,
         "offloaded": f"{offloaded.group(1)}/{offloaded.group(2)}" if offloaded else None,
+        "gpu_mib": gpu_mib,
         "devices_used": sorted(set(re.findall(r"using device (\S+ \([^)]*\))", text))),
     }
 
@@ -459,13 +511,17 @@ def prove(spec: dict) -> dict:
                 model = smoke_model(d, spec["quant"], work)
             args = serving_args(flags, serving)
             say(f"smoke run {i + 1} ({name}): llama-server {' '.join(args)}")
+            cuda = serving.get("gpu_layers") is not None
             result = serve_once(d, model["path"], args, os.path.join(work, f"server-{i + 1}.log"),
-                                spec.get("timeout", 300))
+                                spec.get("timeout", 300), cuda)
+            if cuda:
+                on_the_card(result, os.path.join(work, f"server-{i + 1}.log"))
         except SmokeFailure as e:
+            e = named_gpu_failure(e)
             say(f"smoke run {i + 1} ({name}) failed: {e.why}")
             attempts.append({"variant": name, "ok": False, "why": e.why, "tail": e.tail.splitlines()[-12:]})
             last = e
-            if GPU_FAILURE.search(e.tail):
+            if e.on_gpu or GPU_FAILURE.search(e.tail):
                 say("the GPU failed, not the CPU: the CPU rungs cannot help")
                 break
             continue

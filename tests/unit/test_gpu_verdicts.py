@@ -1,0 +1,64 @@
+"""The build proof's and the residency check's verdicts on llama-server's own logs from a
+real H200 (tests/fixtures/llama-server/gpu-residency/README.md): on the card, kept off it
+by a device rule, and on a card another process fills."""
+
+from pathlib import Path
+
+import pytest
+
+from llamarack.roles.driver.reads import GpuProcesses
+from llamarack.roles.llamacpp.files import llamacpp_proof as proof
+from llamarack.roles.server.plan import residency
+
+LOGS = Path(__file__).parents[1] / "fixtures/llama-server/gpu-residency"
+UUID = "GPU-1c315d8b-7c35-20bc-491b-dbfb0494e2cd"
+# nvidia-smi --query-compute-apps=pid,process_name,used_gpu_memory,gpu_uuid (the machine's line)
+ON_CARD = GpuProcesses().process([f"6434, /opt/residency/build/bin/llama-server, 690, {UUID}"])
+
+
+def offloaded(log: str):
+    found = proof.re.search(r"offloaded (\d+)/(\d+) layers to GPU", (LOGS / log).read_text())
+    return f"{found.group(1)}/{found.group(2)}" if found else None
+
+
+def test_a_smoke_run_on_the_card_counts():
+    assert offloaded("card.log") == "3/3"
+    proof.on_the_card({"offloaded": "3/3", "gpu_mib": 690}, str(LOGS / "card.log"))  # no refusal
+
+
+def test_a_cuda_build_that_computed_on_the_cpu_is_refused_with_llama_cpps_reason():
+    assert offloaded("denied.log") is None  # no GPU: no layer line at all
+    with pytest.raises(proof.SmokeFailure) as e:
+        proof.on_the_card({"offloaded": None, "gpu_mib": None}, str(LOGS / "denied.log"))
+    assert e.value.on_gpu and "computed on the CPU" in e.value.why
+    assert "failed to initialize CUDA: no CUDA-capable device is detected" in e.value.why
+    with pytest.raises(proof.SmokeFailure, match=r"offloaded 0/3 layers"):
+        proof.on_the_card({"offloaded": "0/3", "gpu_mib": None}, str(LOGS / "denied.log"))
+    with pytest.raises(proof.SmokeFailure, match=r"offloaded 2/3 layers"):  # some on the card is not all
+        proof.on_the_card({"offloaded": "2/3", "gpu_mib": 600}, str(LOGS / "card.log"))
+
+
+@pytest.mark.parametrize("log, line", [
+    ("busy-stream-oom.log", "CUDA error: out of memory"),
+    ("busy-load-oom.log", "cudaMalloc failed: out of memory"),
+])
+def test_a_card_another_process_fills_is_named_out_of_memory_not_a_cpu_fault(log, line):
+    tail = proof._tail(str(LOGS / log))
+    named = proof.named_gpu_failure(proof.SmokeFailure("llama-server died before it answered /health", tail))
+    assert named.on_gpu and named.why.startswith("the GPU ran out of memory") and line in named.why
+    plain = proof.SmokeFailure("llama-server predicted 3 of 8 tokens", proof._tail(str(LOGS / "card.log")))
+    assert proof.named_gpu_failure(plain) is plain  # nothing to name
+
+
+def test_residency_on_the_card_and_off_it():
+    text = (LOGS / "card.log").read_text()
+    assert residency(ON_CARD, 6434, (UUID,), 1, text) is None
+    assert "less than the planned weights" in residency(ON_CARD, 6434, (UUID,), 4096, text)
+    assert "not on the planned card GPU-other" in residency(ON_CARD, 6434, (UUID, "GPU-other"), 1, text)
+    denied = (LOGS / "denied.log").read_text()
+    assert residency((), 6467, (UUID,), 1, denied, denied=("nvidia", "nvidiactl")).startswith(
+        "device denied: the unit does not allow nvidia, nvidiactl")
+    assert residency((), 6467, (UUID,), 1, denied).startswith("no CUDA device")
+    assert residency((), 6467, (UUID,), 1, "").startswith("CPU fallback")
+    partial = text.replace("offloaded 3/3 layers", "offloaded 2/3 layers")
+    assert residency(ON_CARD, 6434, (UUID,), 1, partial) == "fewer layers offloaded than planned: 2/3"
