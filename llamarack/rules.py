@@ -11,14 +11,17 @@ read from the host wins over any table here.
 
 from __future__ import annotations
 
+import collections
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from packaging.version import Version
 
+from llamarack import gpu_table
+from llamarack.roles.driver.reads import DriverState, KernelLog, KernelModule
 from llamarack.roles.toolchain.reads import CudaToolkit, GccInstall
-from llamarack.roles.driver.reads import DriverState, KernelModule
+
 from .settings import Settings
 
 # Minimum driver per CUDA toolkit (major, minor), newest first. CUDA 11.8
@@ -63,6 +66,11 @@ class HostFacts:
     driver_packages: tuple = ()
     """The installed NVIDIA driver packages (``NvidiaDriverPackages``): the driver the
     next boot loads, which nvidia-smi cannot say when the module is not bound."""
+    pci_cards: Optional[tuple] = None
+    """The NVIDIA cards on the PCI bus (``NvidiaPciCards``), whatever the driver says;
+    None where they were not read."""
+    kernel_log: Optional[KernelLog] = None
+    """What the kernel said of the driver this boot (``NvidiaKernelLog``)."""
 
     @property
     def gpus(self) -> tuple:
@@ -105,9 +113,19 @@ def package_driver_version(packages) -> Optional[str]:
 
 
 def all_known_gpus(facts: HostFacts) -> tuple:
-    """The cards the driver lists plus the recorded ones it no longer lists (by UUID)."""
+    """The cards the driver lists plus the recorded ones it no longer lists (by UUID), plus
+    the cards on the PCI bus that neither names (a first run, a driver that ignores them)."""
     listed = {g.uuid for g in facts.driver.gpus}
-    return tuple(facts.driver.gpus) + tuple(g for g in facts.recorded_gpus if g.uuid not in listed)
+    known = tuple(facts.driver.gpus) + tuple(g for g in facts.recorded_gpus if g.uuid not in listed)
+    counted = collections.Counter(gpu_table.device_id(g.pci_device_id) for g in known)
+    unnamed = []
+    for card in facts.pci_cards or ():
+        dev = gpu_table.device_id(card.pci_device_id)
+        if counted[dev] > 0:
+            counted[dev] -= 1
+        else:
+            unnamed.append(card)
+    return known + tuple(unnamed)
 
 
 def coming_driver_version(facts: HostFacts) -> Optional[str]:
@@ -261,13 +279,7 @@ def rule_driver_loaded(s: Settings, facts: HostFacts) -> Optional[Failure]:
     if driver.state == "no_module":
         if legacy_gpus_past_ceiling(facts)[1]:
             return None  # not a module problem: the driver ignores the card (driver-ceiling says so)
-        return Failure(
-            "driver-module-loaded",
-            "the NVIDIA kernel module is not loaded (nvidia-smi cannot reach the driver)",
-            "a loaded nvidia module",
-            "rebuild the module for the running kernel (dkms autoinstall) or boot the kernel "
-            "it was built for, then reboot",
-        )
+        return no_module_cause(facts)
     if driver.state == "mismatch":
         if s.driver.reboot_on_mismatch:
             return None
@@ -285,6 +297,50 @@ def rule_driver_loaded(s: Settings, facts: HostFacts) -> Optional[Failure]:
         "driver-answers", f"nvidia-smi failed: {driver.message}", "a working nvidia-smi",
         "look at the driver's state on the host (dmesg, nvidia-smi)",
     )  # fmt: skip
+
+
+# The kernel's words for the causes nvidia-smi cannot name (NVRM lines, this boot).
+FELL_OFF_BUS = re.compile(r"fallen off the bus", re.I)
+LEGACY_BRANCH = re.compile(r"supported through the NVIDIA (\d+)\.xx Legacy drivers")
+
+
+def no_module_cause(facts: HostFacts) -> Failure:
+    """Why the module is not loaded, named from the PCI bus and the kernel's log: no card,
+    nouveau holding it, a card the driver dropped, a card off the bus, no module built."""
+    cards, log = facts.pci_cards, facts.kernel_log or KernelLog((), None)
+    last = next((line for line in reversed(log.lines) if "NVRM" in line), None)
+    if cards == ():
+        recorded = sorted({g.name for g in facts.recorded_gpus})
+        found = f"{', '.join(recorded)} (recorded at the last good run) not" if recorded else "no NVIDIA GPU"
+        return Failure("gpu-on-bus", f"{found} on the PCI bus (/sys/bus/pci/devices)", "an NVIDIA GPU on the bus",
+                       "seat and power the card (or pass it through to this VM), "
+                       "or set llamacpp_backend = 'cpu'")  # fmt: skip
+    held = sorted({f"{c.name or c.pci_device_id} ({c.slot})" for c in cards or () if c.driver == "nouveau"})
+    if held:
+        return Failure("driver-nouveau", f"nouveau holds {', '.join(held)}", "the nvidia module bound to the cards",
+                       "blacklist nouveau ('blacklist nouveau' and 'options nouveau modeset=0' in "
+                       "/etc/modprobe.d/blacklist-nouveau.conf), update-initramfs -u, then reboot")  # fmt: skip
+    fell = next((line for line in log.lines if FELL_OFF_BUS.search(line)), None)
+    if fell:
+        return Failure("gpu-on-bus", f"a GPU fell off the bus ({fell})", "every GPU answering on the bus",
+                       "hardware: reseat or power-cycle the card, check its power and cooling, then reboot")
+    legacy = next((m for line in log.lines if (m := LEGACY_BRANCH.search(line))), None)
+    if legacy:
+        return Failure("driver-ceiling", f"the driver ignores the card: {legacy.group(0)}",
+                       f"a driver of the {legacy.group(1)} branch (the last that supports the card)",
+                       f"install a {legacy.group(1)}.xx driver and apt-mark hold it")  # fmt: skip
+    if facts.kernel_log is not None and log.module_file is None:
+        return Failure("driver-module-loaded", "no nvidia module built for the running kernel",
+                       "a loaded nvidia module", "rebuild the module for the running kernel (dkms autoinstall) "
+                       "or boot the kernel it was built for, then reboot")  # fmt: skip
+    return Failure(
+        "driver-module-loaded",
+        "the NVIDIA kernel module is not loaded (nvidia-smi cannot reach the driver)"
+        + (f"; the kernel said: {last}" if last else ""),
+        "a loaded nvidia module",
+        "rebuild the module for the running kernel (dkms autoinstall) or boot the kernel "
+        "it was built for, then reboot",
+    )
 
 
 def rule_driver_floor(s: Settings, facts: HostFacts) -> Optional[Failure]:

@@ -430,3 +430,88 @@ class NvidiaDriverPackages(FactBase[tuple]):
             if status == "installed" and DRIVER_PACKAGE.fullmatch(base) and not base.endswith("-dev"):
                 packages.append(DebPackage(name, version, want == "hold"))
         return tuple(sorted(packages, key=lambda p: p.name))
+
+
+@dataclass(frozen=True)
+class PciCard(FactValue):
+    slot: str
+    pci_device_id: str
+    """As nvidia-smi writes it: "0x1DB110DE" (device 0x1DB1 of vendor 0x10DE)."""
+    driver: Optional[str]
+    """The kernel driver bound to it (``nvidia``, ``nouveau``), None when none is."""
+    name: Optional[str]
+    compute_cap: Optional[str]
+    """From the card table by device id; None for a card not in it."""
+
+
+class NvidiaPciCards(FactBase[tuple]):
+    """
+    Returns the NVIDIA display and 3D controllers on the PCI bus (``/sys/bus/pci/devices``,
+    vendor 0x10de, class 0x03xxxx), with the driver bound to each and the card table's
+    name and compute capability: what the host has whether or not a driver answers.
+
+    .. code:: python
+
+        (PciCard(slot="0000:00:06.0", pci_device_id="0x233510DE", driver="nvidia",
+                 name="H200", compute_cap="9.0"),)
+    """
+
+    def command(self) -> str:
+        return ('for d in /sys/bus/pci/devices/*; do [ "$(cat "$d/vendor" 2>/dev/null)" = 0x10de ] || continue; '
+                'c=$(cat "$d/class"); case "$c" in 0x03*) ;; *) continue ;; esac; drv=-; '
+                '[ -e "$d/driver" ] && drv=$(basename "$(readlink "$d/driver")"); '
+                'echo "${d##*/} $(cat "$d/device") $c $drv"; done')  # fmt: skip
+
+    def default(self) -> tuple:
+        return ()
+
+    def process(self, output) -> tuple:
+        cards = []
+        for line in output:
+            fields = line.split()
+            if len(fields) != 4 or not re.fullmatch(r"0x[0-9a-fA-F]{4}", fields[1]):
+                raise FactProcessError(f"unexpected PCI line: {line!r}")
+            pci_id = f"0x{fields[1][2:].upper()}10DE"
+            card = gpu_table.board(pci_id)
+            cards.append(PciCard(fields[0], pci_id, None if fields[3] == "-" else fields[3],
+                                 card.name if card else None, card.compute_cap if card else None))  # fmt: skip
+        return tuple(cards)
+
+
+@dataclass(frozen=True)
+class KernelLog(FactValue):
+    lines: tuple
+    """The kernel's last NVRM and nouveau lines of this boot (at most 40)."""
+    module_file: Optional[str]
+    """The nvidia module file for the running kernel, None when there is none."""
+
+
+class NvidiaKernelLog(FactBase[KernelLog]):
+    """
+    Returns what the kernel said of the NVIDIA driver this boot (``dmesg``, else
+    ``journalctl -k``: its NVRM and nouveau lines, the last 40) and whether a
+    module file exists for the running kernel: why a module is not loaded.
+
+    .. code:: python
+
+        KernelLog(lines=("NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.",),
+                  module_file="/lib/modules/6.1.0-28-amd64/updates/dkms/nvidia.ko")
+    """
+
+    MARK = "llamarack-module-file:"
+
+    def command(self) -> str:
+        return ("{ dmesg 2>/dev/null || journalctl -k -b -q --no-pager -o cat 2>/dev/null; } "
+                "| grep -E 'NVRM|nouveau' | tail -n 40; "
+                f"echo \"{self.MARK} $(find /lib/modules/$(uname -r) -name 'nvidia.ko*' 2>/dev/null | head -n 1)\"")
+
+    def default(self) -> KernelLog:
+        return KernelLog((), None)
+
+    def process(self, output) -> KernelLog:
+        lines = [line for line in output if not line.startswith(self.MARK)]
+        marks = [line[len(self.MARK):].strip() for line in output if line.startswith(self.MARK)]
+        if not marks:
+            raise FactProcessError(f"no module line in {output[-3:]!r}")
+        # dmesg's "[   12.345678] " stamp off: the message is what names a cause
+        return KernelLog(tuple(re.sub(r"^\[\s*[\d.]+\]\s*", "", line) for line in lines), marks[-1] or None)

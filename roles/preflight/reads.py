@@ -16,7 +16,8 @@ from pyinfra.facts.server import LinuxDistribution
 
 from llamarack.facts import FactRead, read
 from llamarack.roles import ROLES
-from llamarack.roles.driver.reads import CharDevices, NvidiaDriverPackages, NvidiaKernelModule, NvidiaSmi, RecordedGpus
+from llamarack.roles.driver.reads import (CharDevices, NvidiaDriverPackages, NvidiaKernelLog, NvidiaKernelModule,
+                                          NvidiaPciCards, NvidiaSmi, RecordedGpus)
 from llamarack.roles.toolchain.plan import toolkit_search_homes
 from llamarack.roles.toolchain.reads import CudaToolkits, GccVersions, InstallableGccMajors
 from llamarack.rules import HostFacts
@@ -37,7 +38,8 @@ def preflight_reads(settings: Settings) -> tuple[FactRead, ...]:
     if settings.llamacpp.backend == "cuda":
         reads += [FactRead.of(CudaToolkits, extra_homes=toolkit_search_homes(settings)),
                   FactRead.of(InstallableGccMajors),
-                  FactRead.of(CharDevices)]  # the driver's device names, for the unit  # fmt: skip
+                  FactRead.of(CharDevices),  # the driver's device names, for the unit
+                  FactRead.of(NvidiaPciCards), FactRead.of(NvidiaKernelLog)]  # why a module is not loaded  # fmt: skip
     return tuple(reads)
 
 
@@ -68,4 +70,6 @@ def gather(settings: Settings, read=read) -> HostFacts:
         recorded_gpus=read(RecordedGpus, path=settings.layout.gpus_record),
         # the driver the next boot loads: nvidia-smi cannot say when the module ignores the card
         driver_packages=tuple(read(NvidiaDriverPackages)),
+        pci_cards=tuple(read(NvidiaPciCards)) if cuda else None,
+        kernel_log=read(NvidiaKernelLog) if cuda else None,
     )

@@ -34,6 +34,7 @@ DRIVER_REFUSALS = (
     "@local: driver-installed: found no nvidia-smi (no NVIDIA driver installed); needed an NVIDIA "
     "driver >= 520.61.05. Fix: install the NVIDIA driver",
     "@local: driver-module-loaded: found the NVIDIA kernel module is not loaded",
+    "@local: gpu-on-bus: found no NVIDIA GPU on the PCI bus",  # nvidia-smi without a module, and no card
 )
 
 

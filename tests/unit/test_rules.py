@@ -352,3 +352,70 @@ def test_kepler_cards_are_refused_as_unsupported_with_no_driver_fix():
     assert "llamacpp_backend = 'cpu'" in failures[0].fix and "upgrade" not in failures[0].fix
     # a CPU build does not use the card
     assert "gpu-supported" not in {f.rule for f in evaluate(settings(llamacpp_backend="cpu"), host(state=state))}
+
+
+# Cards nvidia-smi cannot name: the PCI bus and the kernel's log name the cause.
+
+def fixture(fact, case):
+    from llamarack.roles.driver.reads import NvidiaKernelLog, NvidiaPciCards
+
+    cls = {"NvidiaPciCards": NvidiaPciCards, "NvidiaKernelLog": NvidiaKernelLog}[fact]
+    return cls().process(json.loads((FACTS / f"{fact}/{case}.json").read_text())["output"])
+
+
+def no_module(pci="h200", log="no_driver", **kw):
+    return HostFacts(driver=NO_MODULE, module=None, toolkits=(CUDA118,), gcc=GCC11,
+                     pci_cards=fixture("NvidiaPciCards", pci), kernel_log=fixture("NvidiaKernelLog", log), **kw)
+
+
+def test_no_gpu_on_the_bus_is_named_not_a_dkms_cure():
+    (failure,) = evaluate(settings(), no_module(pci="no_gpu"))
+    assert failure.rule == "gpu-on-bus" and failure.found.startswith("no NVIDIA GPU on the PCI bus")
+    assert "dkms" not in failure.fix
+    (gone,) = evaluate(settings(), no_module(pci="no_gpu", recorded_gpus=(V100,)))
+    assert "Tesla V100-SXM2-16GB (recorded at the last good run) not on the PCI bus" in gone.found
+
+
+def test_nouveau_holding_the_cards_is_named_with_the_blacklist():
+    (failure,) = evaluate(settings(), no_module(pci="v100_nouveau"))
+    assert failure.rule == "driver-nouveau" and "nouveau holds Tesla V100 PCIe 16GB (0000:3b:00.0)" in failure.found
+    assert "blacklist nouveau" in failure.fix and "update-initramfs" in failure.fix
+
+
+def test_a_card_off_the_bus_is_hardware():
+    (failure,) = evaluate(settings(), no_module(log="fell_off_bus"))
+    assert failure.rule == "gpu-on-bus" and "fallen off the bus" in failure.found
+    assert failure.fix.startswith("hardware")
+
+
+def test_a_590_driver_on_a_first_run_v100_is_the_ceiling():
+    # no record, a .run driver (no packages): the PCI bus names the card, the kernel the branch
+    failures = evaluate(settings(), no_module(pci="v100_nouveau", log="legacy_590"))
+    assert [f.rule for f in failures] == ["driver-nouveau"]  # nouveau first: the nvidia module never bound
+    from llamarack.roles.driver.reads import PciCard
+
+    v100 = PciCard("0000:3b:00.0", "0x1DB410DE", None, "Tesla V100 PCIe 16GB", "7.0")  # unbound
+    facts = HostFacts(driver=NO_MODULE, module=None, toolkits=(CUDA118,), gcc=GCC11, pci_cards=(v100,),
+                      kernel_log=fixture("NvidiaKernelLog", "legacy_590"))
+    (failure,) = evaluate(settings(), facts)
+    assert failure.rule == "driver-ceiling" and "580.xx Legacy drivers" in failure.found
+    assert "580.xx driver" in failure.fix and "dkms" not in failure.fix
+    # with the packages' version the ceiling rule itself sees the PCI card
+    facts = HostFacts(driver=NO_MODULE, module=None, toolkits=(CUDA118,), gcc=GCC11, pci_cards=(v100,),
+                      driver_packages=DRIVER_590)
+    assert [f.rule for f in evaluate(settings(), facts)] == ["driver-ceiling"]
+
+
+def test_no_module_file_for_the_running_kernel_is_the_dkms_cure():
+    (failure,) = evaluate(settings(), no_module(pci="h200", log="no_driver"))
+    assert failure.rule == "driver-module-loaded" and "no nvidia module built for the running kernel" in failure.found
+    assert "dkms autoinstall" in failure.fix
+
+
+def test_a_kepler_card_on_the_bus_is_refused_on_a_first_run():
+    from llamarack.roles.driver.reads import PciCard
+
+    k80 = PciCard("0000:04:00.0", "0x102D10DE", None, "Tesla K80", "3.7")
+    failures = evaluate(settings(), HostFacts(driver=NO_MODULE, module=None, toolkits=(CUDA118,), gcc=GCC11,
+                                              pci_cards=(k80,)))  # fmt: skip
+    assert [f.rule for f in failures] == ["gpu-supported"]
