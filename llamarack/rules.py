@@ -71,6 +71,8 @@ class HostFacts:
     None where they were not read."""
     kernel_log: Optional[KernelLog] = None
     """What the kernel said of the driver this boot (``NvidiaKernelLog``)."""
+    mig: tuple = ()
+    """Each card's MIG mode and instances (``MigStates``)."""
 
     @property
     def gpus(self) -> tuple:
@@ -409,6 +411,26 @@ def rule_gpus_present(s: Settings, facts: HostFacts) -> Optional[Failure]:
     )  # fmt: skip
 
 
+def rule_gpus_whole(s: Settings, facts: HostFacts) -> Optional[Failure]:
+    """No card in MIG mode: llamarack plans a whole card's memory, and with MIG on CUDA
+    sees its instances (or nothing, when none is made), never the whole card."""
+    if s.llamacpp.backend != "cuda":
+        return None
+    split = [m for m in facts.mig if m.mode == "Enabled"]
+    if not split:
+        return None
+    names = {g.index: g.name for g in facts.driver.gpus}
+    found = "; ".join(f"{names.get(m.index, f'GPU {m.index}')} (GPU {m.index}) in MIG mode, "
+                      + (f"CUDA sees {len(m.instances)} instance(s): {', '.join(m.instances)}" if m.instances
+                         else "no MIG instance made: CUDA sees no device")
+                      for m in split)  # fmt: skip
+    return Failure(
+        "gpus-whole", found, "whole cards (MIG mode off): llamarack plans a card's whole memory",
+        "turn MIG off on those cards (nvidia-smi -i INDEX -mig 0, then reset the card or reboot), "
+        "or leave them out of this host's inventory",
+    )
+
+
 def rule_gpus_missing(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """Every recorded card is still listed: one dropped by the driver or fallen off
     the bus would otherwise vanish from the plan without a word."""
@@ -545,6 +567,7 @@ RULES: tuple[Rule, ...] = (
     rule_driver_ceiling,
     rule_gpus_readable,
     rule_gpus_present,
+    rule_gpus_whole,
     rule_gpus_missing,
     rule_gpus_known,
     rule_build_covers_gpus,

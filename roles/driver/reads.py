@@ -515,3 +515,43 @@ class NvidiaKernelLog(FactBase[KernelLog]):
             raise FactProcessError(f"no module line in {output[-3:]!r}")
         # dmesg's "[   12.345678] " stamp off: the message is what names a cause
         return KernelLog(tuple(re.sub(r"^\[\s*[\d.]+\]\s*", "", line) for line in lines), marks[-1] or None)
+
+
+@dataclass(frozen=True)
+class MigState(FactValue):
+    index: int
+    mode: str
+    """nvidia-smi's ``mig.mode.current``: "Enabled", "Disabled", or "[N/A]" (no MIG)."""
+    instances: tuple
+    """The MIG devices CUDA sees on the card (``nvidia-smi -L``: "3g.20gb", ...)."""
+
+
+class MigStates(FactBase[tuple]):
+    """
+    Returns each card's MIG mode and the MIG devices on it: with MIG on, CUDA sees
+    the instances (20 GB each on an A100 split in two), or nothing when none is made,
+    never the whole card that ``--query-gpu`` lists. ``()`` where the driver cannot say.
+
+    .. code:: python
+
+        (MigState(index=0, mode="Enabled", instances=("3g.20gb", "3g.20gb")),)
+    """
+
+    def command(self) -> str:
+        return ("export LC_ALL=C; command -v nvidia-smi >/dev/null 2>&1 || exit 0; "
+                "nvidia-smi --query-gpu=index,mig.mode.current --format=csv,noheader 2>/dev/null; "
+                "nvidia-smi -L 2>/dev/null; true")  # fmt: skip
+
+    def default(self) -> tuple:
+        return ()
+
+    def process(self, output) -> tuple:
+        modes, instances, card = {}, {}, None
+        for line in output:
+            if m := re.fullmatch(r"(\d+), (Enabled|Disabled|\[N/A\]|N/A)", line.strip()):
+                modes[int(m.group(1))] = m.group(2)
+            elif m := re.match(r"GPU (\d+): ", line):
+                card = int(m.group(1))
+            elif (m := re.match(r"\s+MIG (\S+)\s+Device\s+\d+:", line)) and card is not None:
+                instances.setdefault(card, []).append(m.group(1))
+        return tuple(MigState(i, mode, tuple(instances.get(i, ()))) for i, mode in sorted(modes.items()))

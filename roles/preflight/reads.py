@@ -16,8 +16,8 @@ from pyinfra.facts.server import LinuxDistribution
 
 from llamarack.facts import FactRead, read
 from llamarack.roles import ROLES
-from llamarack.roles.driver.reads import (CharDevices, NvidiaDriverPackages, NvidiaKernelLog, NvidiaKernelModule,
-                                          NvidiaPciCards, NvidiaSmi, RecordedGpus)
+from llamarack.roles.driver.reads import (CharDevices, MigStates, NvidiaDriverPackages, NvidiaKernelLog,
+                                          NvidiaKernelModule, NvidiaPciCards, NvidiaSmi, RecordedGpus)
 from llamarack.roles.toolchain.plan import toolkit_search_homes
 from llamarack.roles.toolchain.reads import CudaToolkits, GccVersions, InstallableGccMajors
 from llamarack.rules import HostFacts
@@ -39,7 +39,8 @@ def preflight_reads(settings: Settings) -> tuple[FactRead, ...]:
         reads += [FactRead.of(CudaToolkits, extra_homes=toolkit_search_homes(settings)),
                   FactRead.of(InstallableGccMajors),
                   FactRead.of(CharDevices),  # the driver's device names, for the unit
-                  FactRead.of(NvidiaPciCards), FactRead.of(NvidiaKernelLog)]  # why a module is not loaded  # fmt: skip
+                  FactRead.of(NvidiaPciCards), FactRead.of(NvidiaKernelLog),  # why a module is not loaded
+                  FactRead.of(MigStates)]  # fmt: skip
     return tuple(reads)
 
 
@@ -72,4 +73,5 @@ def gather(settings: Settings, read=read) -> HostFacts:
         driver_packages=tuple(read(NvidiaDriverPackages)),
         pci_cards=tuple(read(NvidiaPciCards)) if cuda else None,
         kernel_log=read(NvidiaKernelLog) if cuda else None,
+        mig=tuple(read(MigStates)) if cuda else (),
     )

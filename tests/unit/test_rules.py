@@ -45,7 +45,7 @@ def test_reference_v100_host_passes_every_rule():
 
 
 def test_every_rule_is_in_the_table_once():
-    assert len(set(RULES)) == len(RULES) == 12
+    assert len(set(RULES)) == len(RULES) == 13
 
 
 # driver-installed / module / mismatch
@@ -419,3 +419,20 @@ def test_a_kepler_card_on_the_bus_is_refused_on_a_first_run():
     failures = evaluate(settings(), HostFacts(driver=NO_MODULE, module=None, toolkits=(CUDA118,), gcc=GCC11,
                                               pci_cards=(k80,)))  # fmt: skip
     assert [f.rule for f in failures] == ["gpu-supported"]
+
+
+def test_a_card_in_mig_mode_is_refused_with_what_cuda_sees():
+    from llamarack.roles.driver.reads import MigStates
+
+    def mig(case):
+        return MigStates().process(json.loads((FACTS / f"MigStates/{case}.json").read_text())["output"])
+
+    a100 = smi_fixture("a100_mig_enabled")
+    (two,) = evaluate(settings(), host(state=a100, mig=mig("a100_two_instances")))
+    assert two.rule == "gpus-whole" and "CUDA sees 2 instance(s): 3g.20gb, 3g.20gb" in two.found
+    assert "NVIDIA A100-SXM4-40GB (GPU 0) in MIG mode" in two.found and "-mig 0" in two.fix
+    (none,) = evaluate(settings(), host(state=a100, mig=mig("a100_no_instances")))
+    assert "no MIG instance made: CUDA sees no device" in none.found
+    assert evaluate(settings(), host(mig=mig("t4_no_mig"))) == []
+    assert evaluate(settings(), host(mig=mig("h200_disabled"))) == []
+    assert evaluate(settings(llamacpp_backend="cpu"), host(state=a100, mig=mig("a100_two_instances"))) == []
