@@ -16,10 +16,10 @@ from llamarack.roles.llamacpp.reads import BenchRecord, LlamaServerFlags
 from llamarack.roles.model.reads import GgufShape
 from llamarack.settings import Settings
 
-from .plan import PlanError, health_url, parse_pin, wanted_unit
+from .plan import MIB, PlanError, health_url, parse_pin, residency, wanted_unit
 from .reads import HttpStatus, UnitState, active_since
 
-ITEMS = ("unit", "service", "health", "gpu_processes", "bench")
+ITEMS = ("unit", "service", "health", "residency", "gpu_processes", "bench")
 
 
 def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
@@ -57,10 +57,12 @@ def items(seen: Seen) -> dict[str, Item]:
     pid = service.found["pid"]
     processes = fact(GpuProcesses) or ()
     others = [{"pid": p.pid, "name": p.name, "used_mib": p.used_mib} for p in processes if p.pid != pid]
+    unit = unit_item(settings, fact, seen.facts.gpus, unit_text, seen.templates)
     return {
-        "unit": unit_item(settings, fact, seen.facts.gpus, unit_text, seen.templates),
+        "unit": unit,
         "service": service,
         "health": Item(status, 200, drift=status != 200),
+        "residency": residency_item(settings, seen.facts.gpus, processes, pid, (unit.wanted or {}).get("weights_mib")),
         # The write-up measures only with nobody else on the card.
         "gpu_processes": Item({"llama_server": [p.used_mib for p in processes if p.pid == pid], "others": others},
                               {"others": []}, drift=bool(others)),  # fmt: skip
@@ -91,7 +93,8 @@ def unit_item(settings: Settings, fact, gpus: tuple, unit_text: Optional[str], t
                                 shape, gpus, templates, draft=draft, devices=devices)  # fmt: skip
     except PlanError as e:
         return Item(found, {"sha256": None, "why": e.failure.message("")}, drift=True)
-    wanted = {"sha256": hashlib.sha256(unit.encode()).hexdigest(), "ctx_size": ctx.ctx_size}
+    wanted = {"sha256": hashlib.sha256(unit.encode()).hexdigest(), "ctx_size": ctx.ctx_size,
+              "weights_mib": ctx.ledger.weights_on_card // MIB}  # fmt: skip
     # `llamarack rollback` pinned the unit in place: a deploy keeps it while the settings
     # still want the unit it replaced (so it is no drift); a pin it would drop is.
     pin = parse_pin(fact(FileContents, path=layout.rollback_pin))
@@ -100,6 +103,21 @@ def unit_item(settings: Settings, fact, gpus: tuple, unit_text: Optional[str], t
     if pin is not None:
         found["rollback_pin"] = {"held": held, **pin}
     return Item(found, wanted, drift=(found["sha256"] != wanted["sha256"] and not held) or (pin is not None and not held))
+
+
+def residency_item(settings: Settings, gpus: tuple, processes: tuple, pid: int, weights_mib: Optional[int]) -> Item:
+    """Whether the served process is on its cards (nvidia-smi's compute apps) with at least
+    the planned weights: a CUDA unit serving from the CPU answers /health all the same."""
+    if settings.llamacpp.backend != "cuda":
+        return Item({"backend": "cpu"})
+    cards = tuple(g.uuid for g in gpus)
+    mine = [p for p in processes if p.pid == pid]
+    found = {"pid": pid, "cards": [p.gpu_uuid for p in mine], "used_mib": sum(p.used_mib or 0 for p in mine)}
+    wanted = {"cards": list(cards), "weights_mib": weights_mib}
+    if not pid:
+        return Item({**found, "why": "not running"}, wanted)  # the service item says so
+    why = residency(processes, pid, cards, weights_mib or 0)
+    return Item({**found, "why": why} if why else found, wanted, drift=why is not None)
 
 
 def bench_item(settings: Settings, record: Optional[dict], build: Optional[str], model: Optional[str]) -> Item:

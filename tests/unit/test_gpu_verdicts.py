@@ -62,3 +62,21 @@ def test_residency_on_the_card_and_off_it():
     assert residency((), 6467, (UUID,), 1, "").startswith("CPU fallback")
     partial = text.replace("offloaded 3/3 layers", "offloaded 2/3 layers")
     assert residency(ON_CARD, 6434, (UUID,), 1, partial) == "fewer layers offloaded than planned: 2/3"
+
+
+def test_the_audit_residency_item_on_the_card_off_it_and_on_a_cpu_build():
+    from llamarack.roles.driver.reads import Gpu
+    from llamarack.roles.server.audit import residency_item
+    from llamarack.settings import load_settings
+
+    h200 = Gpu(0, "NVIDIA H200", UUID, 143771, "9.0", "580.159.04", "0x233510DE")
+    cuda = load_settings("gpu01", {"python_env_backend": "venv", "llamacpp_backend": "cuda"})
+    on = residency_item(cuda, (h200,), ON_CARD, 6434, 1)
+    assert not on.drift and on.found == {"pid": 6434, "cards": [UUID], "used_mib": 690}
+    off = residency_item(cuda, (h200,), ON_CARD, 6467, 1)  # the unit's PID is not the one on the card
+    assert off.drift and off.found["why"].startswith("CPU fallback")
+    heavy = residency_item(cuda, (h200,), ON_CARD, 6434, 4400)
+    assert heavy.drift and "less than the planned weights (4400 MiB)" in heavy.found["why"]
+    assert not residency_item(cuda, (h200,), (), 0, 1).drift  # not running: the service item says so
+    cpu = load_settings("gpu01", {"python_env_backend": "venv", "llamacpp_backend": "cpu"})
+    assert residency_item(cpu, (h200,), (), 6434, None).found == {"backend": "cpu"}
