@@ -38,7 +38,7 @@ from llamarack.roles.server.files.secret_digest import digest
 from llamarack.secrets import read_token
 from llamarack.settings import Settings
 
-from .plan import (HEALTH_MARK, KEY_DIGEST_SALT, PlanError, bench_args, card_compute_cap, card_mib, health_url,
+from .plan import (HEALTH_MARK, KEY_DIGEST_SALT, RESIDENCY_MARK, PlanError, bench_args, card_compute_cap, card_mib, health_url,
                    key_digest_command, parse_pin, plan_context, roofline, wanted_unit)  # fmt: skip
 
 NOLOGIN = "/usr/sbin/nologin"
@@ -85,7 +85,8 @@ def health_function() -> str:
     return f"""
 health() {{
   url=$(sed -n 's|^{HEALTH_MARK}||p' {shlex.quote(UNIT_PATH)})
-  {remote.command("wait_healthy")} "$url" {UNIT_NAME} "$1"
+  on=$(sed -n 's|^{RESIDENCY_MARK}||p' {shlex.quote(UNIT_PATH)})
+  {remote.command("wait_healthy")} "$url" {UNIT_NAME} "$1" "$on"
 }}"""
 
 

@@ -27,6 +27,7 @@ from llamarack.layout import API_KEY_PATH
 from llamarack.planner import (MIB, Knobs, Plan, PlanError, cublas_prefill,  # noqa: F401 (MIB, PlanError: the role's API)
                                plan)  # fmt: skip
 from llamarack.roles.llamacpp.files.llamacpp_proof import serving_args
+from llamarack.roles.server.files.wait_healthy import residency  # noqa: F401 (the role's API)
 from llamarack.gpu_table import board, planning_memory_mib
 from llamarack.rules import Failure
 from llamarack.settings import Settings
@@ -39,6 +40,8 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 UNIT_TEMPLATE = "llama-server.service.j2"
 # The unit names its own health URL: a rollback checks the previous unit's address.
 HEALTH_MARK = "# llamarack health: "
+# A CUDA unit's cards (UUIDs) and planned weights (MiB): the switch checks it serves from them.
+RESIDENCY_MARK = "# llamarack residency: "
 
 
 def knobs(settings: Settings) -> Knobs:
@@ -234,9 +237,10 @@ def device_names(devices: tuple, cuda: bool) -> tuple[str, ...]:
 
 
 def render_unit(settings: Settings, args: list[str], description: str, overrides: tuple = (),
-                devices: tuple = ()) -> str:
+                devices: tuple = (), residency_on: Optional[tuple] = None) -> str:
     """The unit file; ``overrides``: folders whose templates win over the role's own;
-    ``devices``: the character device names it may open (``device_names``).
+    ``devices``: the character device names it may open (``device_names``);
+    ``residency_on``: (card UUIDs, planned weights MiB) of a CUDA unit.
 
     Every value is escaped for systemd by ``llamarack.unitfile`` (the template
     only places them): ``description`` holds the GGUF's own metadata.
@@ -245,6 +249,8 @@ def render_unit(settings: Settings, args: list[str], description: str, overrides
     return _templates(dirs).get_template(UNIT_TEMPLATE).render(
         description=unitfile.text(description),
         health_line=unitfile.comment(HEALTH_MARK + health_url(settings)),
+        residency_line=unitfile.comment(f"{RESIDENCY_MARK}{','.join(residency_on[0])} {int(residency_on[1])}")
+        if residency_on and residency_on[0] else "",
         user=unitfile.value("User", settings.general.service_user),
         exec_start=unitfile.exec_line(args),
         working_directory=unitfile.value("WorkingDirectory", settings.general.root),
@@ -271,7 +277,8 @@ def wanted_unit(settings: Settings, flags: ServerFlags, build_dir: str, model_di
     with_draft = f", draft {Path(draft_dir).name}" if draft_dir else ""
     description = f"llamarack llama-server: {Path(model_dir).name}{with_draft} ({shape['architecture']}, {ctx.note})"
     cuda = settings.llamacpp.backend == "cuda"
-    return render_unit(settings, args, description, templates, device_names(devices, cuda)), ctx
+    on = (tuple(g.uuid for g in cards), ctx.ledger.weights_on_card // MIB) if cuda else None
+    return render_unit(settings, args, description, templates, device_names(devices, cuda), on), ctx
 
 
 # A fresh salt for each pyinfra run: what the host prints about its API key
@@ -293,38 +300,3 @@ def parse_pin(lines) -> Optional[dict]:
     except ValueError:
         return {}
     return pin if isinstance(pin, dict) else {}
-
-
-# What llama.cpp logs when it leaves the card out, by cause (its load log, verbosity 4
-# for the layer count; the CUDA lines at any verbosity).
-OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
-NO_DEVICE = re.compile(r"no CUDA-capable device is detected|no usable GPU found|failed to initialize CUDA[^\n]*")
-
-
-def residency(processes: tuple, pid: int, cards: tuple, weights_mib: int, log: str = "",
-              denied: tuple = ()) -> Optional[str]:  # fmt: skip
-    """Why the served process ``pid`` is not where it was planned, or None when it is:
-    nvidia-smi lists it on every planned card (``cards``: their UUIDs), holding at least the
-    planned weights (``weights_mib``, across them), and its load log (``log``, where it
-    says) offloaded every layer. ``processes``: the ``GpuProcesses`` fact; ``denied``: the
-    driver's device names (``/proc/devices``) that the unit's device rule does not allow."""
-    mine = [p for p in processes if p.pid == pid]
-    held = sum(p.used_mib or 0 for p in mine)
-    layers = OFFLOADED.findall(log)
-    done, total = (int(n) for n in layers[-1]) if layers else (None, None)
-    if not mine:
-        if denied:
-            return f"device denied: the unit does not allow {', '.join(denied)}, so llama-server serves from the CPU"
-        if NO_DEVICE.search(log):
-            return f"no CUDA device: llama-server is on no card ({NO_DEVICE.search(log).group(0)}); it serves from the CPU"
-        if done is not None and done < total:
-            return f"fewer layers offloaded than planned: {done}/{total}, and the process is on no card"
-        return f"CPU fallback: nvidia-smi lists llama-server (pid {int(pid)}) on no card"
-    missing = [c for c in cards if c not in {p.gpu_uuid for p in mine}]
-    if missing:
-        return f"llama-server is not on the planned card {', '.join(missing)}"
-    if done is not None and done < total:
-        return f"fewer layers offloaded than planned: {done}/{total}"
-    if held < weights_mib:
-        return f"llama-server holds {held} MiB on the card, less than the planned weights ({weights_mib} MiB)"
-    return None

@@ -198,3 +198,14 @@ def test_systemd_reads_one_device_rule_per_registered_driver_name(case):
     assert set(seen["DeviceAllow"]) - {"char-rtc r"} == {f"char-{name} rw" for name in names}
     registered_195 = {d.name for d in devices if d.major == 195}
     assert registered_195 and registered_195 <= set(names), (registered_195, names)
+
+
+def test_a_cuda_unit_names_its_cards_and_weights_for_the_switch_and_a_cpu_unit_does_not():
+    from roles.server.plan import RESIDENCY_MARK
+
+    args = ["/opt/llamarack/builds/b1/bin/llama-server", "--model", "/m/model.gguf"]
+    cuda = render_unit(settings(), args, "m", residency_on=(("GPU-1c315d8b-7c35-20bc-491b-dbfb0494e2cd",), 4460))
+    assert f"{RESIDENCY_MARK}GPU-1c315d8b-7c35-20bc-491b-dbfb0494e2cd 4460\n" in cuda
+    plain = render_unit(settings(), args, "m")
+    assert RESIDENCY_MARK not in plain and cuda.replace(f"{RESIDENCY_MARK}GPU-1c315d8b-7c35-20bc-491b-dbfb0494e2cd 4460\n",
+                                                        "") == plain  # fmt: skip

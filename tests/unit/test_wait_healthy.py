@@ -45,3 +45,41 @@ def test_a_live_unit_that_answers_200_is_healthy(tmp_path):
 def test_a_live_unit_that_never_answers_times_out(tmp_path):
     rc, err, took = wait(tmp_path, "http://192.0.2.1:8080/health", active=True, seconds="2")
     assert rc == 1 and "no 200 from http://192.0.2.1:8080/health within 2 s" in err and took < 4.5
+
+
+def residency_check(tmp_path, apps: str, spec: str):
+    """The switch's check after /health, with doubles of systemctl (MainPID 6434) and of
+    nvidia-smi printing ``apps`` in the real driver's --query-compute-apps format."""
+    (tmp_path / "health").write_text("ok")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "systemctl").write_text('#!/bin/sh\n[ "$1" = show ] && echo 6434\nexit 0\n')
+    (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '%s' '{apps}'\n")
+    for tool in ("systemctl", "nvidia-smi"):
+        (bin_dir / tool).chmod(0o755)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory",
+                               str(tmp_path), str(port)], stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        r = subprocess.run([sys.executable, str(remote.path("wait_healthy")), f"http://127.0.0.1:{port}/health",
+                            "x.service", "20", spec], env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+                           capture_output=True, text=True)  # fmt: skip
+    finally:
+        server.kill()
+        server.wait()
+    return r.returncode, r.stderr
+
+
+UUID = "GPU-1c315d8b-7c35-20bc-491b-dbfb0494e2cd"
+H200_APP = f"6434, /opt/llamarack/builds/b1/bin/llama-server, 690, {UUID}\n"  # the H200's line
+
+
+def test_a_healthy_cuda_unit_must_also_serve_from_its_cards(tmp_path):
+    assert residency_check(tmp_path, H200_APP, f"{UUID} 600") == (0, "")
+    rc, err = residency_check(tmp_path, "", f"{UUID} 600")  # answers /health, on no card
+    assert rc == 1 and "x.service answers /health but does not serve from its cards: CPU fallback" in err
+    rc, err = residency_check(tmp_path, H200_APP, f"{UUID} 4460")
+    assert rc == 1 and "less than the planned weights (4460 MiB)" in err
+    assert residency_check(tmp_path, "", "")[0] == 0  # a CPU unit has no residency line
