@@ -283,8 +283,8 @@ def rule_driver_loaded(s: Settings, facts: HostFacts) -> Optional[Failure]:
             return None  # not a module problem: the driver ignores the card (driver-ceiling says so)
         return no_module_cause(facts)
     if driver.state == "mismatch":
-        if s.driver.reboot_on_mismatch:
-            return None
+        if s.driver.reboot_on_mismatch or legacy_gpus_past_ceiling(facts)[1]:
+            return None  # llamarack reboots; or the reboot would boot a driver past the card (driver-ceiling)
         loaded = facts.module.version if facts.module else "unknown"
         library = driver.library_version or package_driver_version(facts.driver_packages)
         library = f"NVML library {library}" if library else "an NVML library of another version"

@@ -96,13 +96,14 @@ def unit_item(settings: Settings, fact, gpus: tuple, unit_text: Optional[str], t
     wanted = {"sha256": hashlib.sha256(unit.encode()).hexdigest(), "ctx_size": ctx.ctx_size,
               "weights_mib": ctx.ledger.weights_on_card // MIB}  # fmt: skip
     # `llamarack rollback` pinned the unit in place: a deploy keeps it while the settings
-    # still want the unit it replaced (so it is no drift); a pin it would drop is.
+    # still want the unit it replaced (so it is no drift).
     pin = parse_pin(fact(FileContents, path=layout.rollback_pin))
     held = bool(pin) and pin.get("unit_sha1") == fact(Sha1File, path=UNIT_PATH) and \
         pin.get("replaced_sha1") == hashlib.sha1(unit.encode()).hexdigest()  # fmt: skip
     if pin is not None:
         found["rollback_pin"] = {"held": held, **pin}
-    return Item(found, wanted, drift=(found["sha256"] != wanted["sha256"] and not held) or (pin is not None and not held))
+    # A pin that holds nothing while the unit is the wanted one changes nothing either: no drift.
+    return Item(found, wanted, drift=found["sha256"] != wanted["sha256"] and not held)
 
 
 def residency_item(settings: Settings, gpus: tuple, processes: tuple, pid: int, weights_mib: Optional[int]) -> Item:

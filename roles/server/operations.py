@@ -382,9 +382,8 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
         yield from _keep_rolled_back(settings, held_by, key_changed or unproven or not running)
         return
     if not (unit_changed or key_changed or remade or unproven or not running):
-        if pin is not None:
-            yield f"rm -f {shlex.quote(layout.rollback_pin)}"  # the host serves what the settings want again
-            return
+        # A pin that holds nothing (the unit in place is the one the settings want) is left
+        # as it is: nothing to change, and the next switch releases it.
         host.noop(f"llama-server serves {Path(model_dir).name} with build {Path(build_dir).name}, "
                   f"{ctx.note}")  # fmt: skip
         return
