@@ -137,6 +137,9 @@ def test_drift_is_still_repaired_by_the_next_run(lab_rack):
     assert completion(lab_rack.rack.host(host)["ip"], 4)["tokens_predicted"] == 4
     rc, out = deploying.deploy(lab_rack, host)
     assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
+    # what the audit called drift is what the deploy repaired: the audit is clean now
+    rc, report, err = audit("--limit", host)
+    assert rc == 0 and report["hosts"][host]["drift"] == [], (report, err[-3000:])
 
 
 def test_a_model_edited_in_place_is_remade_and_served_never_the_edit(lab_rack):
