@@ -339,6 +339,10 @@ class GpuProcess(FactValue):
     gpu_uuid: str
 
 
+# The start of a query that answers nothing (the fact's default) on a host without nvidia-smi.
+SMI_PRESENT = "export LC_ALL=C; command -v nvidia-smi >/dev/null 2>&1 || exit 0; "
+
+
 class GpuProcesses(FactBase[tuple]):
     """
     Returns the processes that hold GPU memory, as ``nvidia-smi --query-compute-apps``
@@ -351,8 +355,7 @@ class GpuProcesses(FactBase[tuple]):
     """
 
     def command(self) -> str:
-        return ("export LC_ALL=C; command -v nvidia-smi >/dev/null 2>&1 || exit 0; "
-                "nvidia-smi --query-compute-apps=pid,process_name,used_gpu_memory,gpu_uuid "
+        return (SMI_PRESENT + "nvidia-smi --query-compute-apps=pid,process_name,used_gpu_memory,gpu_uuid "
                 "--format=csv,noheader,nounits 2>/dev/null; true")  # fmt: skip
 
     def default(self) -> tuple:
@@ -538,8 +541,7 @@ class MigStates(FactBase[tuple]):
     """
 
     def command(self) -> str:
-        return ("export LC_ALL=C; command -v nvidia-smi >/dev/null 2>&1 || exit 0; "
-                "nvidia-smi --query-gpu=index,mig.mode.current --format=csv,noheader 2>/dev/null; "
+        return (SMI_PRESENT + "nvidia-smi --query-gpu=index,mig.mode.current --format=csv,noheader 2>/dev/null; "
                 "nvidia-smi -L 2>/dev/null; true")  # fmt: skip
 
     def default(self) -> tuple:

@@ -27,13 +27,19 @@ def test_a_dead_unit_is_known_at_once_even_at_an_address_nobody_answers(tmp_path
     assert took < 1.5, took
 
 
-def test_a_live_unit_that_answers_200_is_healthy(tmp_path):
+def serve_health(tmp_path) -> tuple:
+    """(a local HTTP server whose /health answers 200, its port)."""
     (tmp_path / "health").write_text("ok")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory",
                                str(tmp_path), str(port)], stderr=subprocess.DEVNULL)  # fmt: skip
+    return server, port
+
+
+def test_a_live_unit_that_answers_200_is_healthy(tmp_path):
+    server, port = serve_health(tmp_path)
     try:
         rc, err, _ = wait(tmp_path, f"http://127.0.0.1:{port}/health", active=True)
     finally:
@@ -50,18 +56,13 @@ def test_a_live_unit_that_never_answers_times_out(tmp_path):
 def residency_check(tmp_path, apps: str, spec: str):
     """The switch's check after /health, with doubles of systemctl (MainPID 6434) and of
     nvidia-smi printing ``apps`` in the real driver's --query-compute-apps format."""
-    (tmp_path / "health").write_text("ok")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "systemctl").write_text('#!/bin/sh\n[ "$1" = show ] && echo 6434\nexit 0\n')
     (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '%s' '{apps}'\n")
     for tool in ("systemctl", "nvidia-smi"):
         (bin_dir / tool).chmod(0o755)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory",
-                               str(tmp_path), str(port)], stderr=subprocess.DEVNULL)  # fmt: skip
+    server, port = serve_health(tmp_path)
     try:
         r = subprocess.run([sys.executable, str(remote.path("wait_healthy")), f"http://127.0.0.1:{port}/health",
                             "x.service", "20", spec], env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
