@@ -122,6 +122,11 @@ def test_q_has_the_real_layout_and_values(tmp_path):
         if key not in ("Timestamp", "GPU/FB Memory Usage/Free"):
             assert value == real_values[key], key
     assert out.split("\n")[:3] == real.split("\n")[:3] and out.endswith("\n\n")
+    # the timestamp in asctime's shape, as the real one: "Sun Nov 29 18:02:37 2026", "Fri Dec  4 ..."
+    shape = r"[A-Z][a-z]{2} [A-Z][a-z]{2} [ 123]\d \d\d:\d\d:\d\d \d{4}"
+    assert re.fullmatch(shape, real_values["Timestamp"]) and re.fullmatch(shape, fake_values["Timestamp"])
+    day = int(fake_values["Timestamp"][8:10])
+    assert fake_values["Timestamp"][8:10] == f"{day:2d}"  # a day below 10 padded with a space, never "04"
 
 
 def test_compute_apps_query_prints_what_the_real_one_prints_with_no_process(tmp_path):

@@ -53,6 +53,12 @@ EXIT_MISMATCH = 18
 EXIT_BAD_ARG = 2
 
 
+
+def _now() -> str:
+    """The time as the real nvidia-smi prints it: C's asctime, the day padded with a space
+    ("Fri Dec  4 14:04:05 2026")."""
+    return time.asctime()
+
 def cuda_version(driver):
     branch = int(driver.split(".")[0])
     known = [b for b in CUDA_BY_BRANCH if b <= branch]
@@ -181,7 +187,7 @@ WIDE = "+-----------------------------------------------------------------------
 
 def print_table(driver):
     gpus = load_gpus()
-    lines = [time.strftime("%a %b %d %H:%M:%S %Y") + "       ", WIDE,
+    lines = [_now() + "       ", WIDE,
              "| NVIDIA-SMI %-23sDriver Version: %-15sCUDA Version: %-9s|"
              % (driver, driver, cuda_version(driver)),
              SEP,
@@ -221,7 +227,7 @@ def q_line(depth, key, value=None):
 def print_q(driver):
     gpus = load_gpus()
     lines = ["", "==============NVSMI LOG==============", "",
-             q_line(0, "Timestamp", time.strftime("%a %b %d %H:%M:%S %Y")),
+             q_line(0, "Timestamp", _now()),
              q_line(0, "Driver Version", driver), q_line(0, "CUDA Version", cuda_version(driver)),
              "", q_line(0, "Attached GPUs", str(len(gpus)))]
     for i, g in enumerate(gpus):
