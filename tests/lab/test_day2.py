@@ -91,26 +91,47 @@ def test_rollback_puts_the_previous_build_back_and_a_deploy_keeps_it_until_the_s
     answers(lab_rack)
     pin = json.loads(sh(lab_rack, f"cat {ROOT}/state/rollback.json"))
     assert pin["unit_sha1"] == sh(lab_rack, f"sha1sum < {UNIT}").split()[0]
-    # the audit (the inventory's own settings, which want the first build: the unit in place)
-    # shows the pin, holding nothing, and no drift: a deploy would change nothing
+    # the audit (the inventory's own settings, which want the first build) shows the pin,
+    # holding nothing; builds/current still names the second build, which the unit no
+    # longer serves: the unit planned from it differs
     rc, seen = audit()
     assert seen["items"]["unit"]["found"]["rollback_pin"]["held"] is False, seen
-    assert rc == 0 and seen["drift"] == [], seen
+    assert seen["drift"] == ["build", "unit"], seen
     # The settings that made the second build still hold: the deploy keeps the rollback, says so, changes nothing.
     rc, out = deploy(lab_rack, "server_repack=False")
     assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
     assert "the unit `llamarack rollback` put back" in out and served_build(lab_rack) == first
     # Changed settings (here: back to the defaults, which want the first build, the unit in
-    # place): nothing to change, nothing restarted, as the audit said.
-    pid = sh(lab_rack, "systemctl show -p MainPID --value llamarack-server.service")
+    # place): the unit is kept as it is, the build link follows, and the audit is clean.
+    unit_before = sh(lab_rack, f"sha256sum < {UNIT}")
     rc, out = deploy(lab_rack)
-    assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
+    assert rc == 0, out[-6000:]
     assert current_build(lab_rack) == first and served_build(lab_rack) == first
-    assert sh(lab_rack, "systemctl show -p MainPID --value llamarack-server.service") == pid
+    assert sh(lab_rack, f"sha256sum < {UNIT}") == unit_before
     answers(lab_rack)
     converged(lab_rack)
     rc, seen = audit()
     assert rc == 0 and seen["drift"] == [], seen
+
+
+def test_after_a_rollback_of_the_unit_alone_the_audit_and_the_deploy_agree_nothing_changes(lab_rack):
+    """A unit-only change (the context), rolled back: the unit in place is byte for byte
+    what the inventory's settings want, so the audit finds no drift and a deploy changes
+    and restarts nothing, with the rollback pin (holding nothing) still there."""
+    rc, out = deploy(lab_rack, "server_ctx_size=1024")
+    assert rc == 0, out[-6000:]
+    r = subprocess.run([sys.executable, "-m", "llamarack", "rollback", str(deploying.ROOT / "inventory/lab.py"),
+                        "--limit", HOST], cwd=deploying.ROOT, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
+    rc, seen = audit()
+    assert rc == 0 and seen["drift"] == [], seen
+    assert seen["items"]["unit"]["found"]["rollback_pin"]["held"] is False, seen
+    pid, unit = (sh(lab_rack, "systemctl show -p MainPID --value llamarack-server.service"),
+                 sh(lab_rack, f"sha256sum < {UNIT}"))  # fmt: skip
+    converged(lab_rack)
+    assert sh(lab_rack, "systemctl show -p MainPID --value llamarack-server.service") == pid
+    assert sh(lab_rack, f"sha256sum < {UNIT}") == unit
+    answers(lab_rack)
 
 
 def test_a_build_binary_replaced_by_another_program_is_rebuilt_beside_and_switched_in(lab_rack):

@@ -47,3 +47,14 @@ def test_a_pinned_unit_is_no_drift_while_the_deploy_keeps_it_and_drift_once_it_w
     # no pin: the unit against the wanted one, as before
     plain = unit_item(s, answers(None, wanted_sha1), (V100,), wanted, ())
     assert plain.drift is False and "rollback_pin" not in plain.found
+
+
+def test_a_pin_that_holds_nothing_while_the_unit_is_the_wanted_one_is_no_drift():
+    # `llamarack rollback` put back the unit the settings want again (a unit-only change undone)
+    s = settings()
+    wanted = first_run(s)[0][0][2]
+    wanted_sha1 = hashlib.sha1(wanted.encode()).hexdigest()
+    pin = {"unit_sha1": wanted_sha1, "replaced_sha1": "2" * 40, "at": 1}
+    item = unit_item(s, answers(pin, wanted_sha1), (V100,), wanted, ())
+    assert item.drift is False and item.found["rollback_pin"]["held"] is False
+    assert item.found["sha256"] == item.wanted["sha256"]
