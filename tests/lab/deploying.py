@@ -22,3 +22,19 @@ def sh(lab_rack, host: str, command: str, timeout: float = 300) -> str:
     result = lab_rack.ssh(host, command, timeout=timeout)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout.strip()
+
+
+# A host's real state, as a converged run must leave it: every file under the root, the
+# config and the unit by path, size, mtime, mode and owner (the small ones by content
+# too), the package selections and holds, and the server's process and restarts.
+STATE = ("find /opt/llamarack /etc/llamarack /etc/systemd/system/llamarack-server.service -xdev "
+         "-printf '%p %s %T@ %m %u %g\\n' 2>/dev/null | sort | sha256sum; "
+         "sha256sum /etc/systemd/system/llamarack-server.service /etc/llamarack/* 2>/dev/null; "
+         "dpkg --get-selections | sha256sum; apt-mark showhold; "
+         "systemctl show -p MainPID -p NRestarts llamarack-server.service")
+
+
+def state(lab_rack, host: str) -> str:
+    """``host``'s state (``STATE``): what "nothing changed" is checked against, beside
+    pyinfra's own count of changed operations."""
+    return sh(lab_rack, host, STATE)

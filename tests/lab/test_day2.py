@@ -33,8 +33,11 @@ def deploy(lab_rack, *data: str):
 
 
 def converged(lab_rack, *data: str) -> None:
+    """A run that changes nothing: by pyinfra's count, and by the host's real state."""
+    before = deploying.state(lab_rack, HOST)
     rc, out = deploy(lab_rack, *data)
     assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
+    assert deploying.state(lab_rack, HOST) == before
 
 
 def answers(lab_rack) -> None:

@@ -49,10 +49,13 @@ def test_demo_deploy_serves_on_every_host(lab_rack):
 
 
 def test_demo_second_run_changes_nothing(lab_rack):
+    before = {h.name: deploying.state(lab_rack, h.name) for h in lab_rack.hosts}
     rc, out = demo(lab_rack)
     assert rc == 0, out[-6000:]
     totals = parse_pyinfra_totals(out)
     assert totals["success"] == 0 and totals["error"] == 0, out[-6000:]
+    # the hosts' real state, not only pyinfra's count: files, config, unit, packages, server process
+    assert {h.name: deploying.state(lab_rack, h.name) for h in lab_rack.hosts} == before
 
 
 # The budget: what a converged host may cost.
@@ -79,15 +82,8 @@ def audit(*args: str) -> tuple[int, dict, str]:
     return r.returncode, json.loads(r.stdout) if r.stdout.strip().startswith("{") else {}, r.stderr
 
 
-def host_state(lab_rack, host: str) -> str:
-    """What an audit must not change: llamarack's files, the unit, the server process."""
-    return deploying.sh(lab_rack, host, "find /opt/llamarack /etc/systemd/system/llamarack-server.service "
-                                        "-xdev -printf '%p %s %T@ %m\\n' | sort | sha256sum; "
-                                        "systemctl show -p MainPID -p NRestarts llamarack-server.service")  # fmt: skip
-
-
 def test_audit_of_the_converged_rack_finds_no_drift_in_one_command_per_host(lab_rack):
-    before = {h.name: host_state(lab_rack, h.name) for h in lab_rack.hosts}
+    before = {h.name: deploying.state(lab_rack, h.name) for h in lab_rack.hosts}
     rc, report, err = audit("--debug")
     assert rc == 0, (report, err[-3000:])
     assert report["schema"] == "llamarack-audit/1"
@@ -99,7 +95,7 @@ def test_audit_of_the_converged_rack_finds_no_drift_in_one_command_per_host(lab_
         assert same_build(seen["items"]["build"]["found"]["stamp"], seen["items"]["build"]["wanted"]["stamp"])
     work = count_remote_work(err, [h.name for h in lab_rack.hosts])
     assert all(w["remote_commands"] == 1 for w in work.values()), work
-    assert {h.name: host_state(lab_rack, h.name) for h in lab_rack.hosts} == before
+    assert {h.name: deploying.state(lab_rack, h.name) for h in lab_rack.hosts} == before
 
 
 def test_audit_names_an_unreachable_host_and_reports_the_others(lab_rack, tmp_path):
