@@ -130,12 +130,14 @@ def test_neither_secret_is_in_output_argv_environment_files_journal_or_unit(lab_
     # The key works (the server read its file); a second run with both changes nothing.
     url = f"http://{lab_rack.rack.host(HOST)['ip']}:8080/v1/models"
     assert status(url) == 401 and status(url, {"Authorization": f"Bearer {KEY}"}) == 200
+    before = deploying.state(lab_rack, HOST)
     rc, out = lab_rack.run_pyinfra(
         deploying.ROOT / "deploy.py", "-vvv", "--limit", HOST, "--data", f"model_hf_endpoint={hub.url}",
         "--data", f"model_hf_token_file={files['token']}", "--data", f"server_api_key_file={files['api-key']}",
         "--data", "model_convert_outtype=f32", inventory=deploying.ROOT / "inventory/lab.py",
     )  # fmt: skip
     assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-4000:]
+    assert deploying.state(lab_rack, HOST) == before  # the key's file and mode, the unit, the server: untouched
     assert TOKEN not in out and KEY not in out
     # Back to the lab's settings for the tests that follow: the key's file goes.
     rc, out = deploying.deploy(lab_rack, HOST)
