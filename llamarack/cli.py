@@ -10,8 +10,8 @@ from . import __version__
 
 
 class LazyGroup(click.Group):
-    """Subcommands imported only when run: ``llamarack audit`` starts its ssh connections
-    before the planners are imported, and ``llamarack settings`` works without the lab's tools."""
+    """Subcommands imported only when run: ``llamarack settings`` imports no planner or
+    pyinfra connector, and every command works without the lab, its own package."""
 
     LAZY = {"plan": "llamarack.plan_cli:plan_command", "lab": "llamarack_lab.cli:lab"}
     LAB_MISSING = "the lab is its own package, not installed: python3 -m pip install -e lab (in llamarack's checkout)"
