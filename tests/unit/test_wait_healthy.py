@@ -5,6 +5,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from llamarack import remote
 
@@ -58,9 +59,12 @@ def residency_check(tmp_path, apps: str, spec: str):
     nvidia-smi printing ``apps`` in the real driver's --query-compute-apps format."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "systemctl").write_text('#!/bin/sh\n[ "$1" = show ] && echo 6434\nexit 0\n')
+    (bin_dir / "systemctl").write_text('#!/bin/sh\n[ "$1" = show ] && printf "MainPID=6434\\nInvocationID=f00d\\n"'
+                                       '\nexit 0\n')  # fmt: skip
     (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '%s' '{apps}'\n")
-    for tool in ("systemctl", "nvidia-smi"):
+    # this start's journal: llama-server's own log on the H200 with its device nodes unopenable
+    (bin_dir / "journalctl").write_text(f"#!/bin/sh\ncat {DENIED_LOG}\n")
+    for tool in ("systemctl", "nvidia-smi", "journalctl"):
         (bin_dir / tool).chmod(0o755)
     server, port = serve_health(tmp_path)
     try:
@@ -74,13 +78,32 @@ def residency_check(tmp_path, apps: str, spec: str):
 
 
 UUID = "GPU-1c315d8b-7c35-20bc-491b-dbfb0494e2cd"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+DENIED_LOG = FIXTURES / "llama-server/gpu-residency/denied.log"
 H200_APP = f"6434, /opt/llamarack/builds/b1/bin/llama-server, 690, {UUID}\n"  # the H200's line
 
 
 def test_a_healthy_cuda_unit_must_also_serve_from_its_cards(tmp_path):
     assert residency_check(tmp_path, H200_APP, f"{UUID} 600") == (0, "")
     rc, err = residency_check(tmp_path, "", f"{UUID} 600")  # answers /health, on no card
-    assert rc == 1 and "x.service answers /health but does not serve from its cards: CPU fallback" in err
+    assert rc == 1 and "x.service answers /health but does not serve from its cards: no CUDA device" in err
+    assert "failed to initialize CUDA: no CUDA-capable device is detected" in err  # this start's journal says why
     rc, err = residency_check(tmp_path, H200_APP, f"{UUID} 4460")
     assert rc == 1 and "less than the planned weights (4460 MiB)" in err
     assert residency_check(tmp_path, "", "")[0] == 0  # a CPU unit has no residency line
+
+
+def test_the_device_rule_names_what_it_keeps_from_the_server():
+    """The H200's real /proc/devices (driver 580): a unit written for a driver before 550.40
+    allows nvidia-frontend, which 580 no longer registers, so major 195 is denied."""
+    import json
+
+    from llamarack.roles.server.files.wait_healthy import denied_names
+
+    devices = "\n".join(json.loads((FIXTURES.parent / "facts/CharDevices/driver_580_h200.json").read_text())["output"])
+    old = "DeviceAllow=char-nvidia-frontend rw\nDeviceAllow=char-nvidia-uvm rw\n"
+    new = "DeviceAllow=char-nvidia rw\nDeviceAllow=char-nvidiactl rw\nDeviceAllow=char-nvidia-uvm rw\n"
+    majors = (195, 195, 238, 238)  # /dev/nvidia0, nvidiactl, nvidia-uvm, nvidia-uvm-tools there
+    assert denied_names(old, devices, majors) == ("nvidia", "nvidiactl")
+    assert denied_names(new, devices, majors) == ()
+    assert denied_names("ExecStart=/x\n", devices, majors) == ()  # no device rule: nothing denied by it

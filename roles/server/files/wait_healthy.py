@@ -14,7 +14,10 @@ Exit 0: healthy (and on its cards).
 """
 
 import collections
+import glob
+import os
 import re
+import stat
 import subprocess
 import sys
 import time
@@ -89,12 +92,48 @@ def compute_apps() -> tuple:
     return tuple(apps)
 
 
+def denied_names(unit_text: str, devices_text: str, majors: tuple) -> tuple:
+    """The names (``/proc/devices``) of the driver's device majors (``majors``: those of the
+    ``/dev/nvidia*`` nodes) that the unit's ``DeviceAllow=char-NAME`` lines allow under none
+    of their names: what its device rule keeps llama-server from. () without such lines."""
+    allowed = {line.split("=", 1)[1].split()[0][len("char-"):] for line in unit_text.splitlines()
+               if line.startswith("DeviceAllow=char-")}  # fmt: skip
+    names: dict = {}
+    characters = False
+    for line in devices_text.splitlines():
+        fields = line.split()
+        if line.strip().endswith("devices:"):
+            characters = line.strip() == "Character devices:"
+        elif characters and len(fields) == 2 and fields[0].isdigit():
+            names.setdefault(int(fields[0]), []).append(fields[1])
+    if not allowed:
+        return ()
+    kept = [names.get(m, []) for m in dict.fromkeys(majors)]
+    return tuple(dict.fromkeys(n for group in kept if not allowed & set(group) for n in group))
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
 def on_its_cards(unit: str, spec: str):
-    """None when the unit's process is on its cards (``spec``: its residency line), else why."""
+    """None when the unit's process is on its cards (``spec``: its residency line), else why:
+    from nvidia-smi's compute apps, this start's journal and the unit's device rule."""
     cards, weights = spec.split()
-    pid = subprocess.run(["systemctl", "show", "-p", "MainPID", "--value", unit], capture_output=True,
-                         text=True).stdout.strip()  # fmt: skip
-    why = residency(compute_apps(), int(pid or 0), tuple(cards.split(",")), int(weights))
+    shown = subprocess.run(["systemctl", "show", "-p", "MainPID", "-p", "InvocationID", "-p", "FragmentPath", unit],
+                           capture_output=True, text=True).stdout  # fmt: skip
+    props = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+    invocation = props.get("InvocationID", "")
+    log = subprocess.run(["journalctl", f"_SYSTEMD_INVOCATION_ID={invocation}", "-o", "cat", "-q", "--no-pager"],
+                         capture_output=True, text=True).stdout if invocation else ""  # fmt: skip
+    majors = tuple(os.major(os.stat(n).st_rdev) for n in sorted(glob.glob("/dev/nvidia*"))
+                   if stat.S_ISCHR(os.stat(n).st_mode))  # fmt: skip
+    denied = denied_names(_read(props.get("FragmentPath", "")), _read("/proc/devices"), majors)
+    why = residency(compute_apps(), int(props.get("MainPID") or 0), tuple(cards.split(",")), int(weights), log, denied)
     return f"{unit} answers /health but does not serve from its cards: {why}" if why else None
 
 
