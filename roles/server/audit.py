@@ -16,7 +16,8 @@ from llamarack.roles.llamacpp.reads import BenchRecord, LlamaServerFlags
 from llamarack.roles.model.reads import GgufShape
 from llamarack.settings import Settings
 
-from .plan import MIB, PlanError, health_url, parse_pin, residency, wanted_unit
+from .files.wait_healthy import residency
+from .plan import MIB, PlanError, health_url, parse_pin, wanted_unit
 from .reads import HttpStatus, UnitState, active_since
 
 ITEMS = ("unit", "service", "health", "residency", "gpu_processes", "bench")

@@ -27,7 +27,6 @@ from llamarack.layout import API_KEY_PATH
 from llamarack.planner import (MIB, Knobs, Plan, PlanError, cublas_prefill,  # noqa: F401 (MIB, PlanError: the role's API)
                                plan)  # fmt: skip
 from llamarack.roles.llamacpp.files.llamacpp_proof import serving_args
-from llamarack.roles.server.files.wait_healthy import residency  # noqa: F401 (the role's API)
 from llamarack.gpu_table import board, planning_memory_mib
 from llamarack.rules import Failure
 from llamarack.settings import Settings

@@ -8,7 +8,7 @@ import pytest
 
 from llamarack.roles.driver.reads import GpuProcesses
 from llamarack.roles.llamacpp.files import llamacpp_proof as proof
-from llamarack.roles.server.plan import residency
+from llamarack.roles.server.files.wait_healthy import residency
 
 LOGS = Path(__file__).parents[1] / "fixtures/llama-server/gpu-residency"
 UUID = "GPU-1c315d8b-7c35-20bc-491b-dbfb0494e2cd"

@@ -6,7 +6,6 @@ lab hosts with real builds: tests/lab/test_llamacpp_build.py.
 
 import hashlib
 import json
-import platform
 import subprocess
 import sys
 from pathlib import Path

@@ -9,7 +9,6 @@ systemd; they need root (to run the dump as ``nobody``) and systemd installed.
 
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import tempfile
