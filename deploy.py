@@ -15,7 +15,7 @@ from pyinfra import host
 from llamarack.roles.driver.deploy import driver
 from llamarack.roles.llamacpp.deploy import llamacpp
 from llamarack.roles.model.deploy import model
-from llamarack.roles.preflight.deploy import preflight
+from llamarack.roles.preflight.deploy import deployed, preflight
 from llamarack.roles.python_env.deploy import converter_env, python_env
 from llamarack.roles.server.deploy import llama_server
 from llamarack.roles.toolchain.deploy import toolchain
@@ -46,3 +46,4 @@ if facts:
         model(settings)
     if runs("server"):
         llama_server(settings, facts, templates=TEMPLATE_OVERRIDES, rebooted=rebooted)
+    deployed(settings)

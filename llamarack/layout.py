@@ -120,6 +120,11 @@ class Layout:
         return self.state_file("previous.service")
 
     @property
+    def deployed_by(self) -> str:
+        """The version of llamarack that last deployed the host (``{"llamarack": "0.1.0"}``)."""
+        return self.state_file("deployed-by.json")
+
+    @property
     def rollback_pin(self) -> str:
         """Written by ``llamarack rollback``: the unit it put back, and the one it replaced."""
         return self.state_file("rollback.json")

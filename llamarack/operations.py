@@ -5,6 +5,7 @@ Each role's own operations live in its folder (``roles/<role>/operations.py``).
 
 from __future__ import annotations
 
+import json
 import shlex
 import uuid
 from io import StringIO
@@ -86,10 +87,31 @@ def record_gpus(path: str, gpus=None, recorded=None):
     if recorded is not None and recorded and gpus_record(recorded) == text:
         host.noop(f"GPU record already lists {len(gpus)} card(s)")
         return
-    q = shlex.quote(path)
+    yield from put_record(path, text)
+
+
+def put_record(path: str, text: str):
+    """The commands that write a record (mode 644) beside itself, sync it and rename it
+    over the old one: an interrupted run or a crash never leaves half a record."""
     yield f"install -d -m 755 {shlex.quote(str(Path(path).parent))}"
     yield FileUploadCommand(StringIO(text), f"{path}.new")
-    yield f"chmod 644 {q}.new && {durable_rename(f'{path}.new', path)}"
+    yield f"chmod 644 {shlex.quote(path)}.new && {durable_rename(f'{path}.new', path)}"
+
+
+@operation()
+def record_deployment(path: str, version: str, recorded=None):
+    """
+    Record the version of llamarack that deployed the host, once every role of the run
+    went through (``llamarack audit`` and ``llamarack plan-upgrade`` show it).
+
+    + path: the record (``Layout.deployed_by``)
+    + version: this llamarack's version
+    + recorded: the version the record names (preflight read it): no write when equal
+    """
+    if recorded == version:
+        host.noop(f"deployed by llamarack {version}")
+        return
+    yield from put_record(path, json.dumps({"llamarack": version}, sort_keys=True) + "\n")
 
 
 def secret_upload(secret: str, dest: str, mode: str = "600", group=None):

@@ -24,17 +24,19 @@ def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
 
 def items(seen: Seen) -> dict[str, Item]:
     settings, fact, root = seen.settings, seen.fact, seen.settings.general.root
-    builds, record = fact(LlamacppBuilds, root=root), fact(BuildRecord, root=root)
-    wanted_stamp = plan_for_host(settings, seen.facts).stamp
+    builds, record, seals = fact(LlamacppBuilds, root=root), fact(BuildRecord, root=root), fact(BuildSeals, root=root)
+    plan = plan_for_host(settings, seen.facts)
     proof = (record or {}).get("proof") or {}
     current = builds.current if builds else None
-    files, files_drift = build_files(fact(BuildSeals, root=root), current,
-                                     fact(BuildSeals, root=root, sha256="current") if seen.verify else None)
+    files, files_drift = build_files(seals, current, fact(BuildSeals, root=root, sha256="current") if seen.verify else None)
     found = {"stamp": current, "commit": (record or {}).get("commit"), "cuda_archs": (record or {}).get("cuda_archs"),
-             "smoke": proof.get("variant") if proof else None,
+             "proof": (record or {}).get("proof_id"), "smoke": proof.get("variant") if proof else None,
              "smoke_tokens_per_second": proof.get("tokens_per_second"), "files": files}  # fmt: skip
-    wanted = {"stamp": wanted_stamp, "commit": settings.llamacpp.commit, "files": "as sealed"}
-    return {"build": Item(found, wanted, drift=not same_build(current, wanted_stamp) or files_drift)}
+    wanted = {"stamp": plan.stamp, "commit": settings.llamacpp.commit, "proof": plan.proof_id, "files": "as sealed"}
+    same = same_build(current, plan.stamp, seals)
+    # A build of the wanted inputs proven by another proof is re-proved in place by the next deploy.
+    reprove = same and found["proof"] != plan.proof_id
+    return {"build": Item(found, wanted, drift=not same or files_drift or reprove)}
 
 
 def build_files(seals, current: Optional[str], deep) -> tuple[Any, bool]:

@@ -10,7 +10,7 @@ from llamarack.facts import read
 from llamarack.rules import HostFacts
 from llamarack.settings import Settings
 
-from .operations import build, checkout, seal_build, switch_current
+from .operations import build, checkout, reprove, seal_build, switch_current
 from .plan import BuildPlan, build_dir_for, plan_for_host
 
 
@@ -29,11 +29,14 @@ def llamacpp(settings: Settings, facts: HostFacts) -> BuildPlan:
     # A build whose files no longer match their seal (a binary replaced or edited) is
     # not this build any more: it is made again beside, proven, and only then switched in.
     builds, seals = read(LlamacppBuilds, root=root), read(BuildSeals, root=root)
-    where = build_dir_for(plan.stamp, builds, seals)
+    where = build_dir_for(plan.stamp, builds, seals, proof_id=plan.proof_id)
     if where != plan.stamp:
         if seals.tampered(plan.stamp):
             logger.warning(f"{host.print_prefix}llama.cpp build {plan.stamp} differs from its seal "
                            f"({'; '.join(seals.changed[plan.stamp][:3])}): building it again as {where}")
+        elif seals.failed.get(plan.stamp) == plan.proof_id:
+            logger.warning(f"{host.print_prefix}llama.cpp build {plan.stamp} failed proof {plan.proof_id}: "
+                           f"building it again as {where}")
         plan = dataclasses.replace(plan, stamp=where)
 
     checkout(
@@ -58,6 +61,9 @@ def llamacpp(settings: Settings, facts: HostFacts) -> BuildPlan:
             "(CPU about 11 min, CUDA for one arch about 50 min on 2 cores); "
             f"follow it with: tail -f {layout.build(plan.stamp)}/build.log"
         )
+    if not built.will_change:
+        reprove(name=f"Prove llama.cpp build {plan.stamp} again (proof {plan.proof_id}; nothing is rebuilt)",
+                plan=plan, src=layout.src, root=root)
     seal_build(name=f"Seal llama.cpp build {plan.stamp} (its files' size, mtime, inode, sha256)",
                root=root, stamp=plan.stamp)
     switch_current(name=f"Make llama.cpp build {plan.stamp} current", root=root, stamp=plan.stamp)

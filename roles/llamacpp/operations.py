@@ -128,13 +128,14 @@ def build_command(d: str, env: str, targets: tuple, ccache_dir=None, jobs=None, 
     )
 
 
-def proof_spec(plan: BuildPlan, d: str, src: str, env: str, ccache_dir=None, jobs=None) -> dict:
+def proof_spec(plan: BuildPlan, d: str, src: str, env: str, ccache_dir=None, jobs=None, reprove=False) -> dict:
     """What ``llamacpp_proof.py`` proves the build with: the serving flags and the ladder.
 
     Rung 1 is the build as asked. With ``llamacpp_cpu_fallback``: the same
     binary without weight repacking (no AMX or repacked CPU kernels; no
     rebuild), then rebuilds with fewer x86 extensions. Each rebuild reuses the
-    build directory, so only ggml's CPU code compiles again.
+    build directory, so only ggml's CPU code compiles again. ``reprove``: the
+    build exists (maybe in service) and is never rebuilt in place: no rebuild rungs.
     """
     serving = plan.proof["serving"]
     features = plan.proof["cpu_features"]
@@ -143,7 +144,7 @@ def proof_spec(plan: BuildPlan, d: str, src: str, env: str, ccache_dir=None, job
         if serving["repack"]:
             rungs.append({"name": f"{rungs[0]['name']}, no repack", "serving": {"repack": False},
                           "why": "the build as asked failed; AMX and repacked CPU kernels off (--no-repack)"})
-        for name, portable in PORTABLE_CPU_VARIANTS:
+        for name, portable in () if reprove else PORTABLE_CPU_VARIANTS:
             args = with_cpu_features(plan.cmake_args, portable)
             if args == plan.cmake_args:
                 continue
@@ -160,6 +161,7 @@ def proof_spec(plan: BuildPlan, d: str, src: str, env: str, ccache_dir=None, job
         "serving": serving,
         "rungs": rungs,
         "timeout": PROOF_TIMEOUT,
+        "reprove": reprove,
     }
 
 
@@ -182,6 +184,33 @@ def _build_env(plan: BuildPlan, root: str, ccache_dir) -> str:
         # /usr/local/bin) cannot build for sm_70.
         env.append(f"PATH={shlex.quote(plan.cuda_home)}/bin:$PATH")
     return "env " + " ".join(env)
+
+
+@operation()
+def reprove(plan: BuildPlan, src: str, root: str):
+    """
+    Prove an existing build again, in place, when the proof changed (a new llamarack's
+    smoke script, or new serving flags) but what went into the build did not.
+
+    + plan: the BuildPlan; ``plan.stamp`` the build directory, ``plan.proof_id`` the proof
+    + src: the checked-out source tree
+    + root: the llamarack root
+
+    No-op when the build's record names this proof. A build that passes gets the new
+    proof's result in its record and is sealed again; nothing is rebuilt, and the unit
+    changes only if the new proof needs other runtime flags. A build that fails it stays
+    as it was, ``builds/current`` and the unit are not touched, the run stops for this
+    host, and the next deploy builds it again beside it (``build_dir_for``).
+    """
+    seals = read(BuildSeals, root=root)
+    if seals.proofs.get(plan.stamp) == plan.proof_id:
+        host.noop(f"llama.cpp build {plan.stamp} is proven by proof {plan.proof_id}")
+        return
+    d = Layout(root).build(plan.stamp)
+    spec = proof_spec(plan, d, src, _build_env(plan, root, None), reprove=True)
+    yield FileUploadCommand(StringIO(json.dumps(spec, indent=1, sort_keys=True)), f"{d}/proof-spec.json")
+    yield StringCommand(remote.command("llamacpp_proof", f"{d}/proof-spec.json"), "&&",
+                        remote.command("build_seal", "seal", d))
 
 
 @operation()

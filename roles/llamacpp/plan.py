@@ -6,6 +6,12 @@ stamp: nothing to build. Any input changed: a new build directory. The
 driver version is deliberately not an input: a driver upgrade alone needs a
 restart of the server, not a rebuild (unless it came with a new toolkit,
 which is an input).
+
+How a build is proven (the smoke script, the served quant and runtime flags,
+the CPU fallback ladder) is not an input either: it has its own id
+(``BuildPlan.proof_id``), recorded in ``build-info.json``. A new proof (a
+new llamarack, or new serving flags) re-proves the existing build in place
+(``operations.reprove``); only a build that fails it is built again.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Optional
 
 from llamarack import remote
 from llamarack.rules import HostFacts, build_archs
+from llamarack.roles.llamacpp.files.build_seal import inputs_stamp
 from llamarack.settings import Settings
 
 from ..toolchain.plan import plan_toolchain
@@ -30,8 +37,8 @@ TARGETS = ("llama-server", "llama-quantize", "llama-bench", "llama-cli")
 # Bump when the build steps change in a way that makes old builds unlike new ones.
 BUILD_RECIPE = 2
 
-# The smoke run is part of the recipe: a change to its script (model or command)
-# makes a new stamp, so every build is proven again by the new proof.
+# The smoke run's script: part of the proof's id, not of the build's stamp, so a
+# new script re-proves every build in place and rebuilds none.
 PROOF_SCRIPT_SHA256 = hashlib.sha256(remote.source("llamacpp_proof").encode()).hexdigest()
 
 # Rebuilds the smoke run falls back to when the build as asked cannot compute
@@ -55,11 +62,18 @@ class BuildPlan:
     cmake_args: tuple
     targets: tuple
     proof: dict = field(default_factory=dict)
-    """What the smoke run proves the build with (see ``proof_inputs``)."""
+    """What the smoke run proves the build with (see ``proof_inputs``); not part of the stamp."""
+
+    @property
+    def proof_id(self) -> str:
+        """The proof's own version: a hash of ``proof`` (script, quant, serving flags, ladder)."""
+        return hashlib.sha256(json.dumps(self.proof, sort_keys=True).encode()).hexdigest()[:16]
 
     def record(self) -> str:
-        """The build-info.json written next to a verified build."""
-        return json.dumps({"recipe": BUILD_RECIPE, **asdict(self)}, indent=1, sort_keys=True)
+        """The build-info.json written next to a verified build (the proof adds its result as ``proof``)."""
+        inputs = {k: v for k, v in asdict(self).items() if k != "proof"}
+        return json.dumps({"recipe": BUILD_RECIPE, **inputs, "proof_inputs": self.proof, "proof_id": self.proof_id},
+                          indent=1, sort_keys=True)
 
 
 def cpu_feature_args(features: Optional[tuple]) -> tuple:
@@ -179,31 +193,34 @@ def plan_build(
         host_compiler=host_compiler if cuda else None,
         cmake_args=cmake_args(s, archs, cuda_home, host_compiler),
         targets=TARGETS,
-        proof=proof_inputs(s),
     )
-    digest = hashlib.sha256(
-        json.dumps({"recipe": BUILD_RECIPE, **inputs}, sort_keys=True).encode()
-    ).hexdigest()
-    return BuildPlan(stamp=digest[:16], **inputs)
+    return BuildPlan(stamp=inputs_stamp({"recipe": BUILD_RECIPE, **inputs}), **inputs, proof=proof_inputs(s))
 
 
-def same_build(name: Optional[str], stamp: str) -> bool:
-    """``builds/<name>`` holds a build of the inputs ``stamp`` names: the stamp itself, or a
+def same_build(name: Optional[str], stamp: str, seals=None) -> bool:
+    """``builds/<name>`` holds a build of the inputs ``stamp`` names: the stamp itself, a
     rebuild of the same inputs beside it (``<stamp>-r<time>``: forced, or made because the
-    first one's files no longer matched their seal)."""
-    return bool(name) and (name == stamp or name.startswith(f"{stamp}-r"))
+    first one's files no longer matched their seal or failed a new proof), or, with the
+    ``BuildSeals`` fact, any build whose record has those inputs (one named when stamps
+    also covered the proof)."""
+    if not name:
+        return False
+    return name == stamp or name.startswith(f"{stamp}-r") or (seals is not None and seals.stamps.get(name) == stamp)
 
 
-def build_dir_for(stamp: str, builds, seals, now: Optional[float] = None) -> str:
+def build_dir_for(stamp: str, builds, seals, now: Optional[float] = None, proof_id: Optional[str] = None) -> str:
     """The directory under ``builds/`` that serves the build ``stamp``: a proven one whose
-    files match their seal (``current`` first, else the newest); when there is none and
-    ``builds/<stamp>`` is a proven build whose files changed since its seal, a new
-    directory beside it, so the tampered one (maybe in service) is never rebuilt in
-    place and the unit keeps running it until its successor is proven.
+    files match their seal and that did not fail the proof ``proof_id`` (``current``
+    first, else the newest); when there is none and ``builds/<stamp>`` is a proven build
+    (tampered, or failed the proof), a new directory beside it, so the one maybe in
+    service is never rebuilt in place and the unit keeps running it until its
+    successor is proven.
 
     + builds: the ``LlamacppBuilds`` fact; seals: the ``BuildSeals`` fact
     """
-    good = [name for name in builds.newest_first() if same_build(name, stamp) and not seals.tampered(name)]
+    good = [name for name in builds.newest_first()
+            if same_build(name, stamp, seals) and not seals.tampered(name)
+            and not (proof_id and seals.failed.get(name) == proof_id)]
     if good:
         return builds.current if builds.current in good else good[0]
     if stamp in builds.verified:

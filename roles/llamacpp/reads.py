@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 from pyinfra.api import FactBase
@@ -15,6 +15,7 @@ from llamarack.layout import Layout
 from llamarack.facts.value import FactValue
 
 from llamarack import remote
+from llamarack.roles.llamacpp.files.build_seal import inputs_stamp
 from llamarack.roles.llamacpp.files.llamacpp_proof import ServerFlags, parse_server_help
 
 __all__ = ["BenchRecord", "BuildFlags", "Builds", "BuildSeals", "GitHead", "LlamacppBuilds", "LlamaServerFlags", "Seals",
@@ -202,6 +203,13 @@ class Seals(FactValue):
     sha256: Optional[dict] = None
     """With a deep read: ``{"name": stamp, "changed": [...]}``, the sha256 of every sealed
     file of that build compared with its seal."""
+    stamps: dict = field(default_factory=dict)
+    """``{name: stamp of its inputs}`` for every proven build (from its record: a build
+    keeps its identity whatever its directory is called)."""
+    proofs: dict = field(default_factory=dict)
+    """``{name: proof id}``: the proof each build passed (None: before proofs had ids)."""
+    failed: dict = field(default_factory=dict)
+    """``{name: proof id}`` of a build that failed that proof when re-proved."""
 
     def tampered(self, stamp: str) -> bool:
         """A file of the build differs from its seal (size, mtime, inode; gone or added)."""
@@ -241,9 +249,18 @@ class BuildSeals(FactBase[Seals]):
             changed = {k: list(v["changed"]) for k, v in builds.items() if v["sealed"]}
             unsealed = tuple(k for k, v in builds.items() if not v["sealed"])
             deep = report.get("sha256")
-            return Seals(changed, unsealed, {"name": deep["name"], "changed": list(deep["changed"])} if deep else None)
+            return Seals(changed, unsealed, {"name": deep["name"], "changed": list(deep["changed"])} if deep else None,
+                         stamps={k: inputs_stamp(v["inputs"]) for k, v in builds.items() if v.get("inputs")},
+                         proofs={k: _proof_id(v.get("proof_id")) for k, v in builds.items()},
+                         failed={k: _proof_id(v["proof_failed"]) for k, v in builds.items() if v.get("proof_failed")})
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise FactProcessError(f"unreadable build seal report: {e}") from e
+
+
+def _proof_id(value) -> Optional[str]:
+    if value is not None and not (isinstance(value, str) and re.fullmatch(r"[0-9a-f]{16}", value)):
+        raise ValueError(f"a proof id is 16 hex digits, not {str(value)[:40]!r}")
+    return value
 
 
 class BenchRecord(FactBase[Optional[dict]]):

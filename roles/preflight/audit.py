@@ -9,9 +9,11 @@ from llamarack.facts import FactRead, FreeDiskBytes
 from llamarack.rules import evaluate
 from llamarack.settings import Settings
 
-from .reads import preflight_reads
+from llamarack import __version__
 
-ITEMS = ("gpus", "rules", "disk")
+from .reads import DeployedBy, preflight_reads
+
+ITEMS = ("gpus", "rules", "disk", "llamarack")
 
 
 def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
@@ -24,8 +26,11 @@ def items(seen: Seen) -> dict[str, Item]:
     gpus = [{"name": g.name, "memory_mib": g.memory_mib, "compute_cap": g.compute_cap, "uuid": g.uuid}
             for g in seen.facts.gpus]  # fmt: skip
     failures = evaluate(seen.settings, seen.facts)
+    deployer = seen.fact(DeployedBy, path=seen.settings.layout.deployed_by)
     return {
         "gpus": Item(gpus),
         "rules": Item([f.message(seen.name) for f in failures], [], drift=bool(failures)),
         "disk": Item({"free_bytes": seen.fact(FreeDiskBytes, path=seen.settings.general.root)}),
+        # the version that last deployed the host, against this one: the next deploy records this one
+        "llamarack": Item(deployer, __version__, drift=deployer != __version__),
     }

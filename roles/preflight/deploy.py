@@ -7,11 +7,12 @@ from pyinfra.api import deploy
 from pyinfra.facts.server import LinuxDistribution
 
 from llamarack.facts import read, read_together
-from llamarack.operations import record_gpus, refuse
+from llamarack import __version__
+from llamarack.operations import record_deployment, record_gpus, refuse
 from llamarack.rules import HostFacts, driver_warnings, evaluate
 from llamarack.settings import Settings
 
-from .reads import gather, preflight_reads, role_reads
+from .reads import DeployedBy, gather, preflight_reads, role_reads
 
 
 @deploy("llamarack preflight")
@@ -48,3 +49,16 @@ def preflight(settings: Settings) -> Optional[HostFacts]:
         record_gpus(name="Record the GPUs the driver lists", path=settings.layout.gpus_record,
                     gpus=facts.driver.gpus, recorded=facts.recorded_gpus)  # fmt: skip
     return facts
+
+
+@deploy("llamarack deployed")
+def deployed(settings: Settings):
+    """
+    Last of a run, once every role went through on this host: record the version of
+    llamarack that deployed it (``Layout.deployed_by``; the audit shows it).
+
+    + settings: the host's settings
+    """
+    path = settings.layout.deployed_by
+    record_deployment(name=f"Record llamarack {__version__} as this host's deployer", path=path,
+                      version=__version__, recorded=read(DeployedBy, path=path))

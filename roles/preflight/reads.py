@@ -11,7 +11,13 @@ role asks for it, one more command (the converged benchmark counts them).
 from __future__ import annotations
 
 import importlib
+import json
+import re
+import shlex
+from typing import Optional
 
+from pyinfra.api import FactBase
+from pyinfra.api.exceptions import FactProcessError
 from pyinfra.facts.server import LinuxDistribution
 
 from llamarack.facts import FactRead, read
@@ -24,6 +30,32 @@ from llamarack.rules import HostFacts
 from llamarack.settings import Settings
 
 
+class DeployedBy(FactBase[Optional[str]]):
+    """
+    Returns the version of llamarack that last deployed the host
+    (``<root>/state/deployed-by.json``, written at the end of every deploy), or None.
+
+    .. code:: python
+
+        "0.1.0"
+    """
+
+    def command(self, path: str) -> str:
+        return f"cat {shlex.quote(path)} 2>/dev/null; true"
+
+    def process(self, output) -> Optional[str]:
+        text = "\n".join(output).strip()
+        if not text:
+            return None
+        try:
+            version = json.loads(text).get("llamarack")
+        except (ValueError, AttributeError) as e:
+            raise FactProcessError(f"unreadable deployed-by.json: {e}") from e
+        if not (isinstance(version, str) and re.fullmatch(r"[0-9A-Za-z.+!_-]{1,64}", version)):
+            raise FactProcessError(f"deployed-by.json names no version: {text[:80]!r}")
+        return version
+
+
 def preflight_reads(settings: Settings) -> tuple[FactRead, ...]:
     """What the rules look at (``gather``); the CUDA-only facts only on CUDA builds."""
     layout = settings.layout
@@ -34,6 +66,7 @@ def preflight_reads(settings: Settings) -> tuple[FactRead, ...]:
         FactRead.of(GccVersions),
         FactRead.of(RecordedGpus, path=layout.gpus_record),
         FactRead.of(NvidiaDriverPackages),
+        FactRead.of(DeployedBy, path=layout.deployed_by),
     ]
     if settings.llamacpp.backend == "cuda":
         reads += [FactRead.of(CudaToolkits, extra_homes=toolkit_search_homes(settings)),

@@ -58,6 +58,8 @@ def test_every_fact_has_fixtures():
         (facts.FreeDiskBytes, ["/dev/vda 263174212 22473960 83840596 22% /"]),  # df's line: not this command's
         (facts.CachedBlobs, ["stat: cannot statx 'sha256/x': No such file or directory"]),
         (facts.CachedBlobs, ["sha256/" + "0" * 64 + " 12 yesterday"]),
+        (facts.DeployedBy, ['{"llamarack": "$(id)"}']),
+        (facts.DeployedBy, ["not json"]),
         (facts.CachedBlobs, ["../../etc/" + "0" * 64 + " 12 1000000000.000000000"]),
         (facts.SystemUser, ["getent: unknown database"]),
         (facts.RecordedGpus, ['[{"name": "x"}]']),  # whole JSON of another shape (a torn one is none)

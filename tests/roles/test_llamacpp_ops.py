@@ -1,11 +1,13 @@
 """The llama.cpp build operation and its plan; the simpler operations are JSON fixtures (tests/operations/)."""
 
+import dataclasses
 import json
 
 from llamarack import remote
-from llamarack.roles.llamacpp.plan import plan_build
+from llamarack.roles.llamacpp.files.build_seal import BUILD_INPUTS
+from llamarack.roles.llamacpp.plan import build_dir_for, plan_build
 from llamarack.roles.llamacpp.reads import Builds, BuildSeals, LlamacppBuilds, Seals
-from llamarack.roles.llamacpp.operations import build, proof_spec
+from llamarack.roles.llamacpp.operations import build, proof_spec, reprove
 from llamarack.settings import load_settings
 from tests.support.ophost import run_op
 
@@ -139,24 +141,69 @@ def test_failed_partial_build_is_built_again():
     assert commands[0].startswith("rm -rf")
 
 
-def test_stamp_follows_every_input_but_not_the_driver():
-    base = plan_build(settings(), archs=("70",), cuda_home="/usr", cuda_version="11.8")
-    assert plan_build(settings(), archs=("70",), cuda_home="/usr", cuda_version="11.8").stamp == base.stamp
+def test_stamp_follows_every_build_input_but_not_the_driver_nor_the_proof():
+    cuda = dict(archs=("70",), cuda_home="/usr", cuda_version="11.8")
+    base = plan_build(settings(), **cuda)
+    assert plan_build(settings(), **cuda) == base
     for other in (
-        plan_build(settings(llamacpp_commit="a" * 40), archs=("70",), cuda_home="/usr", cuda_version="11.8"),
+        plan_build(settings(llamacpp_commit="a" * 40), **cuda),
         plan_build(settings(), archs=("75",), cuda_home="/usr", cuda_version="11.8"),
         plan_build(settings(), archs=("70",), cuda_home="/usr/local/cuda-12.4", cuda_version="12.4"),
-        plan_build(settings(), archs=("70",), cuda_home="/usr", cuda_version="11.8", host_compiler="/usr/bin/g++-11"),
-        plan_build(settings(server_cache_type_v="q8_0"), archs=("70",), cuda_home="/usr", cuda_version="11.8"),
+        plan_build(settings(), **cuda, host_compiler="/usr/bin/g++-11"),
+        plan_build(settings(server_cache_type_v="q8_0"), **cuda),  # mixed K/V: -DGGML_CUDA_FA_ALL_QUANTS
         plan_build(settings(llamacpp_backend="cpu")),
-        # the smoke run's flags and model are part of the recipe: changing them proves again
-        plan_build(settings(server_flash_attn=False, server_cache_type_v="f16", server_cache_type_k="f16"),
-                   archs=("70",), cuda_home="/usr", cuda_version="11.8"),
-        plan_build(settings(model_quant="Q8_0"), archs=("70",), cuda_home="/usr", cuda_version="11.8"),
-        plan_build(settings(server_repack=False), archs=("70",), cuda_home="/usr", cuda_version="11.8"),
-        plan_build(settings(llamacpp_cpu_features=["avx2"]), archs=("70",), cuda_home="/usr", cuda_version="11.8"),
+        plan_build(settings(llamacpp_cpu_features=["avx2"]), **cuda),
     ):
         assert other.stamp != base.stamp
+    # How the build is proven has its own id: a new proof re-proves the build, it builds nothing.
+    for proven_otherwise in (
+        plan_build(settings(server_flash_attn=False, server_cache_type_v="f16", server_cache_type_k="f16"), **cuda),
+        plan_build(settings(model_quant="Q8_0"), **cuda),
+        plan_build(settings(server_repack=False), **cuda),
+        plan_build(settings(llamacpp_cpu_fallback=False), **cuda),
+    ):
+        assert (proven_otherwise.stamp, proven_otherwise.cmake_args) == (base.stamp, base.cmake_args)
+        assert proven_otherwise.proof_id != base.proof_id
+
+
+def test_a_new_proof_script_changes_the_proof_id_only(monkeypatch):
+    from llamarack.roles.llamacpp import plan as build_plan
+
+    cuda = dict(archs=("70",), cuda_home="/usr", cuda_version="11.8")
+    base = plan_build(settings(), **cuda)
+    monkeypatch.setattr(build_plan, "PROOF_SCRIPT_SHA256", "0" * 64)
+    again = plan_build(settings(), **cuda)
+    assert again.stamp == base.stamp and again.proof_id != base.proof_id
+
+
+def test_a_build_stamped_when_stamps_covered_its_proof_is_found_by_its_inputs():
+    """The stamp of a build's inputs is computed from its record, so a build made under the
+    old scheme (its directory named by a stamp that hashed the proof too) is the build."""
+    plan = plan_build(settings(llamacpp_backend="cpu"))
+    record = json.loads(plan.record())
+    seals = BuildSeals().process([json.dumps({"builds": {"0123456789abcdef": {
+        "sealed": True, "changed": [], "inputs": {k: record[k] for k in BUILD_INPUTS},
+        "proof_id": None, "proof_failed": None}}})])
+    builds = Builds("0123456789abcdef", {"0123456789abcdef": 1764441600})
+    assert seals.stamps == {"0123456789abcdef": plan.stamp}
+    assert build_dir_for(plan.stamp, builds, seals, proof_id=plan.proof_id) == "0123456789abcdef"
+    # a build that failed this proof when re-proved is built again beside it
+    failed = dataclasses.replace(seals, failed={"0123456789abcdef": plan.proof_id})
+    assert build_dir_for(plan.stamp, builds, failed, proof_id=plan.proof_id) == plan.stamp
+
+
+def test_a_new_proof_reproves_the_build_in_place():
+    plan = plan_build(settings(llamacpp_backend="cpu"))
+    stale = Seals({plan.stamp: []}, proofs={plan.stamp: "0" * 16})
+    commands, noops = run_op(reprove, {BuildSeals: stale}, plan=plan, src="/s", root=ROOT)
+    assert commands[0][:2] == ("upload", f"{ROOT}/builds/{plan.stamp}/proof-spec.json")
+    spec = json.loads(commands[0][2])
+    assert spec["reprove"] is True and spec["record"]["proof_id"] == plan.proof_id
+    assert not any(rung.get("configure") for rung in spec["rungs"]), "a build in service is never rebuilt in place"
+    assert "llamacpp_proof" in str(commands[1]) and "build_seal" in str(commands[1])
+    current = Seals({plan.stamp: []}, proofs={plan.stamp: plan.proof_id})
+    commands, noops = run_op(reprove, {BuildSeals: current}, plan=plan, src="/s", root=ROOT)
+    assert commands == [] and noops == [f"llama.cpp build {plan.stamp} is proven by proof {plan.proof_id}"]
 
 
 def test_hosts_sharing_a_ccache_compile_one_at_a_time():

@@ -148,3 +148,20 @@ def test_the_audit_reports_the_current_build_against_its_seal():
     assert build_files(Seals({stamp: []}), stamp, Seals({stamp: []}, (), {"name": stamp, "changed": []})) == \
         ("as sealed", False)  # fmt: skip
     assert build_files(Seals({stamp: []}), stamp, Seals({stamp: []})) == (["sha256 not read"], True)
+
+
+def test_the_check_reports_what_went_into_each_build_and_the_proofs_it_passed_and_failed(tmp_path):
+    from llamarack.roles.llamacpp.plan import plan_build
+    from llamarack.settings import load_settings
+
+    plan = plan_build(load_settings("gpu01", {"python_env_backend": "venv", "llamacpp_backend": "cpu"}))
+    b = tmp_path / "builds"
+    d = make_build(b, "0123456789abcdef")  # named by another stamp scheme
+    record = dict(json.loads(plan.record()), proof={"variant": "native"})
+    (b / "0123456789abcdef/build-info.json").write_text(json.dumps(record))
+    (b / "0123456789abcdef/proof-failed.json").write_text(json.dumps({"proof_id": "5" * 16, "why": "x"}))
+    host_run("seal", d)
+    seals = check(b)
+    assert seals.stamps == {"0123456789abcdef": plan.stamp}
+    assert seals.proofs == {"0123456789abcdef": plan.proof_id} and seals.failed == {"0123456789abcdef": "5" * 16}
+    assert same_build("0123456789abcdef", plan.stamp, seals) and not same_build("0123456789abcdef", plan.stamp)

@@ -15,9 +15,17 @@ hash stamps every build) is unchanged.
 ``check`` prints one JSON object about every proven build (one with a
 ``build-info.json``) under BUILDS_DIR:
 
-    {"builds": {"3f1c0a9e52d7b6e4": {"sealed": true, "changed": []},
-                "9d0e4b1c2a3f5e6d": {"sealed": false, "changed": []}},
+    {"builds": {"3f1c0a9e52d7b6e4": {"sealed": true, "changed": [], "inputs": {"commit": ...},
+                                     "proof_id": "5a0c9e1f2b3d4c6e", "proof_failed": null},
+                "9d0e4b1c2a3f5e6d": {"sealed": false, "changed": [], ...}},
      "sha256": {"name": "3f1c0a9e52d7b6e4", "changed": ["build/bin/llama-quantize: sha256 ..."]}}
+
+``inputs`` are what went into the build (``BUILD_INPUTS`` of its record):
+the control side stamps them (``inputs_stamp``), so the same inputs give the
+same stamp whatever the directory is called, and a build made when stamps
+also covered its proof is still found. ``proof_id`` names the proof that proved it (None: a build proven
+before proofs were versioned); ``proof_failed`` the proof it last failed
+when re-proved (``proof-failed.json``).
 
 ``changed`` compares the cheap signature (size, mtime_ns, inode; a
 symlink's target) and names files gone or added. ``--sha256 NAME`` (NAME a
@@ -35,6 +43,36 @@ from json import dumps, loads
 # What a build's seal covers, relative to the build directory.
 SEALED = ("build/bin", "version.txt", "server-help.txt", "build-info.json")
 MANIFEST = "manifest.json"
+# The record's keys that shape the binaries (roles/llamacpp/plan.py: what a stamp is made of).
+BUILD_INPUTS = ("recipe", "commit", "backend", "cuda_archs", "cuda_home", "cuda_version", "host_compiler",
+                "cmake_args", "targets")
+PROOF_FAILED = "proof-failed.json"
+
+
+def inputs_stamp(inputs: dict) -> str:
+    """The stamp of a build's inputs: sha256 over their ``BUILD_INPUTS`` (16 hex digits).
+    Computed where the build is planned, and from ``check``'s report of a built one."""
+    import hashlib  # on the control side only: the host's check reports the inputs themselves
+
+    text = dumps({k: inputs.get(k) for k in BUILD_INPUTS}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _json_file(path: str):
+    try:
+        with open(path) as f:
+            value = loads(f.read())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def identity(build_dir: str) -> dict:
+    """What the build is and how it was proven: its inputs, proof id, last failed proof."""
+    record = _json_file(os.path.join(build_dir, "build-info.json")) or {}
+    failed = _json_file(os.path.join(build_dir, PROOF_FAILED)) or {}
+    return {"inputs": {k: record.get(k) for k in BUILD_INPUTS} if record else None,
+            "proof_id": record.get("proof_id"), "proof_failed": failed.get("proof_id")}
 
 
 def sealed_files(build_dir: str) -> dict:
@@ -125,12 +163,12 @@ def check(builds_dir: str, deep_name=None) -> dict:
             with open(os.path.join(d, MANIFEST)) as f:
                 manifest = loads(f.read())
         except FileNotFoundError:
-            report["builds"][name] = {"sealed": False, "changed": []}
+            report["builds"][name] = {"sealed": False, "changed": [], **identity(d)}
             continue
         except ValueError:
-            report["builds"][name] = {"sealed": True, "changed": [f"{MANIFEST}: unreadable"]}
+            report["builds"][name] = {"sealed": True, "changed": [f"{MANIFEST}: unreadable"], **identity(d)}
             continue
-        report["builds"][name] = {"sealed": True, "changed": changes(d, manifest)}
+        report["builds"][name] = {"sealed": True, "changed": changes(d, manifest), **identity(d)}
         if deep_name is not None:
             target = os.path.basename(os.path.realpath(os.path.join(builds_dir, deep_name)))
             if target == name:

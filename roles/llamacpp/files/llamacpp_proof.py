@@ -38,6 +38,9 @@ The spec (JSON, written by llamarack.operations.build):
                      serving overrides the serving flags (repack: false);
                      configure/build: shell commands of a rebuild, or absent
     timeout          seconds a server may take to load and answer
+    reprove          true: the build exists and a newer proof checks it again in
+                     place (its ladder holds no rebuild); on failure the proof's
+                     id goes into ``proof-failed.json`` and build-info.json is kept
 """
 
 from __future__ import annotations
@@ -554,20 +557,37 @@ def main(argv: list) -> int:
     with open(argv[1]) as f:
         spec = json.load(f)
     d = spec["build_dir"]
+    reprove = spec.get("reprove", False)
     try:
         proof = prove(spec)
     except SmokeFailure as e:
-        print(f"llama.cpp build {os.path.basename(d)} cannot compute, refusing it "
-              f"(builds/current and the served unit are unchanged): {e.why}", file=sys.stderr)
+        if reprove:
+            _write_json(os.path.join(d, "proof-failed.json"), {"proof_id": spec["record"]["proof_id"], "why": e.why})
+            print(f"llama.cpp build {os.path.basename(d)} fails the new proof (builds/current and the served "
+                  f"unit are unchanged; the next deploy builds it again beside it): {e.why}", file=sys.stderr)
+        else:
+            print(f"llama.cpp build {os.path.basename(d)} cannot compute, refusing it "
+                  f"(builds/current and the served unit are unchanged): {e.why}", file=sys.stderr)
         if e.tail:
             print("last output of llama.cpp:\n" + e.tail.rstrip(), file=sys.stderr)
         return 1
-    record = dict(spec["record"], proof=proof)
-    with open(os.path.join(d, "build-info.json.new"), "w") as f:
-        json.dump(record, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(os.path.join(d, "build-info.json.new"), os.path.join(d, "build-info.json"))
+    if reprove:
+        with open(os.path.join(d, "build-info.json")) as f:
+            before = json.load(f).get("proof") or {}
+        # The binaries are the ones the build's own proof made (maybe a portable rebuild).
+        proof["cmake_args"] = proof.get("cmake_args") or before.get("cmake_args")
+        if os.path.exists(os.path.join(d, "proof-failed.json")):
+            os.remove(os.path.join(d, "proof-failed.json"))
+    _write_json(os.path.join(d, "build-info.json"), dict(spec["record"], proof=proof))
     return 0
+
+
+def _write_json(path: str, value: dict) -> None:
+    """Write ``path`` atomically (a reader sees the old file or the new one, never half)."""
+    with open(path + ".new", "w") as f:
+        json.dump(value, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(path + ".new", path)
 
 
 if __name__ == "__main__":
