@@ -71,32 +71,68 @@ def audit(inventory, limit, as_json, templates, verify, debug):
     (size, mtime, inode); with it, by their sha256.
     Exit status: 0 no drift, 1 drift, 2 a host unreachable or unreadable.
     """
-    from . import hosts  # first: pyinfra's gevent patching, before anything imports ssl
-
     import json
     import logging
     import os
     import sys
-    from pathlib import Path
 
     if debug:
         logging.basicConfig(level=logging.DEBUG, format="%(message)s")
     else:
         logging.getLogger("pyinfra").setLevel(logging.CRITICAL)  # connection chatter; failures are in the report
-    if templates is None and Path("templates").is_dir():
-        templates = "templates"
+    audits = _audits(inventory, limit, templates, verify)
     from . import audit as auditmod
 
-    try:
-        chosen = hosts.load(inventory, tuple(limit))
-    except ValueError as e:
-        raise click.UsageError(str(e))
-    audits = auditmod.run(chosen, (Path(templates).resolve(),) if templates else (), verify)
     if as_json:
         click.echo(json.dumps(auditmod.as_json(audits), indent=1, default=str))
     else:
         click.echo(auditmod.as_table(audits, colour=sys.stdout.isatty() and not os.environ.get("NO_COLOR")), nl=False)
     sys.exit(auditmod.exit_status(audits))
+
+
+def _audits(inventory, limit, templates, verify=False) -> list:
+    """The audit of each host of ``inventory`` (``--limit``: those only)."""
+    from . import hosts  # first: pyinfra's gevent patching, before anything imports ssl
+
+    from pathlib import Path
+
+    from . import audit as auditmod
+
+    if templates is None and Path("templates").is_dir():
+        templates = "templates"
+    try:
+        chosen = hosts.load(inventory, tuple(limit))
+    except ValueError as e:
+        raise click.UsageError(str(e))
+    return auditmod.run(chosen, (Path(templates).resolve(),) if templates else (), verify)
+
+
+@main.command("plan-upgrade")
+@click.argument("inventory")
+@click.option("--limit", multiple=True, metavar="HOST", help="only this host (repeatable)")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object (schema llamarack-plan-upgrade/1)")
+@click.option("--templates", type=click.Path(file_okay=False), default=None,
+              help="operator templates the deploy uses (default: ./templates when it exists)")
+def plan_upgrade(inventory, limit, as_json, templates):
+    """What a deploy with this llamarack would do to each host, and why.
+
+    Run it after upgrading llamarack, before deploying: per host, what would be
+    rebuilt, re-proved, remade, installed or restarted. Reads like `llamarack
+    audit` (one remote command per host); nothing is changed. Exit status: 0 nothing
+    would change, 1 something would, 2 a host could not be read.
+    """
+    import json
+    import logging
+    import sys
+
+    logging.getLogger("pyinfra").setLevel(logging.CRITICAL)
+    audits = _audits(inventory, limit, templates)
+    from . import audit as auditmod
+    from . import upgrade
+
+    click.echo(json.dumps(upgrade.as_json(audits), indent=1) if as_json else upgrade.as_text(audits), nl=not as_json)
+    failed = auditmod.exit_status(audits) == 2
+    sys.exit(2 if failed else 1 if any(upgrade.host_steps(a) for a in audits) else 0)
 
 
 @main.command()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Optional
 
 from llamarack.audit import Item, Seen
 from llamarack.facts import FactRead
 from llamarack.settings import Settings
 
+from .files.build_seal import BUILD_INPUTS
 from .plan import plan_for_host, same_build
 from .reads import BuildRecord, BuildSeals, LlamacppBuilds
 
@@ -34,9 +36,19 @@ def items(seen: Seen) -> dict[str, Item]:
              "smoke_tokens_per_second": proof.get("tokens_per_second"), "files": files}  # fmt: skip
     wanted = {"stamp": plan.stamp, "commit": settings.llamacpp.commit, "proof": plan.proof_id, "files": "as sealed"}
     same = same_build(current, plan.stamp, seals)
+    if seals and current and seals.failed.get(current) == plan.proof_id:
+        found["proof_failed"] = plan.proof_id  # the next deploy builds it again beside it
+        same = False
+    wanted["inputs_changed"] = [] if same else (changed_inputs(record or {}, plan) or ["the build in place"])
     # A build of the wanted inputs proven by another proof is re-proved in place by the next deploy.
     reprove = same and found["proof"] != plan.proof_id
     return {"build": Item(found, wanted, drift=not same or files_drift or reprove)}
+
+
+def changed_inputs(record: dict, plan) -> list[str]:
+    """The build inputs (``BUILD_INPUTS``) the current build's record and the plan differ in."""
+    planned = json.loads(plan.record())
+    return [k for k in BUILD_INPUTS if json.dumps(record.get(k)) != json.dumps(planned.get(k))]
 
 
 def build_files(seals, current: Optional[str], deep) -> tuple[Any, bool]:

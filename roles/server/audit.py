@@ -77,8 +77,7 @@ def unit_item(settings: Settings, fact, gpus: tuple, unit_text: Optional[str], t
     """The unit in place against the one the deploy would write from what is current."""
     layout, root = settings.layout, settings.general.root
     found = {"sha256": hashlib.sha256(unit_text.encode()).hexdigest() if unit_text else None,
-             "exec_start": next((line.split("=", 1)[1] for line in (unit_text or "").splitlines()
-                                 if line.startswith("ExecStart=")), None)}  # fmt: skip
+             "exec_start": exec_start(unit_text or "")}
     build_dir = link_name(fact(Link, path=layout.current_build))
     model_dir = link_name(fact(Link, path=layout.current_model))
     flags = fact(LlamaServerFlags, root=root)
@@ -95,7 +94,8 @@ def unit_item(settings: Settings, fact, gpus: tuple, unit_text: Optional[str], t
     except PlanError as e:
         return Item(found, {"sha256": None, "why": e.failure.message("")}, drift=True)
     wanted = {"sha256": hashlib.sha256(unit.encode()).hexdigest(), "ctx_size": ctx.ctx_size,
-              "weights_mib": ctx.ledger.weights_on_card // MIB}  # fmt: skip
+              "weights_mib": ctx.ledger.weights_on_card // MIB,
+              "exec_start": exec_start(unit)}
     # `llamarack rollback` pinned the unit in place: a deploy keeps it while the settings
     # still want the unit it replaced (so it is no drift).
     pin = parse_pin(fact(FileContents, path=layout.rollback_pin))
@@ -105,6 +105,11 @@ def unit_item(settings: Settings, fact, gpus: tuple, unit_text: Optional[str], t
         found["rollback_pin"] = {"held": held, **pin}
     # A pin that holds nothing while the unit is the wanted one changes nothing either: no drift.
     return Item(found, wanted, drift=found["sha256"] != wanted["sha256"] and not held)
+
+
+def exec_start(unit_text: str) -> Optional[str]:
+    """A unit's ExecStart value (the unit's lines end at \\n only, as systemd reads them)."""
+    return next((line.split("=", 1)[1] for line in unit_text.split("\n") if line.startswith("ExecStart=")), None)
 
 
 def residency_item(settings: Settings, gpus: tuple, processes: tuple, pid: int, weights_mib: Optional[int]) -> Item:

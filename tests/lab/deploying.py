@@ -5,16 +5,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def deploy(lab_rack, hosts: str, *data: str, timeout: float = 3600):
+def deploy(lab_rack, hosts: str, *data: str, timeout: float = 3600, checkout: Path = ROOT):
     """``pyinfra -y inventory/lab.py deploy.py --limit H ... --data K=V ...``: (returncode, output).
 
     + hosts: one host name, or several separated by commas
     + data: ``key=value`` overrides, as on pyinfra's command line
+    + checkout: the llamarack tree whose deploy.py and inventory run (another version of
+      it: the caller puts it first on PYTHONPATH too)
     """
     args = [word for host in hosts.split(",") for word in ("--limit", host)]
     for item in data:
         args += ["--data", item]
-    return lab_rack.run_pyinfra(ROOT / "deploy.py", *args, inventory=ROOT / "inventory/lab.py", timeout=timeout)
+    return lab_rack.run_pyinfra(checkout / "deploy.py", *args, inventory=checkout / "inventory/lab.py",
+                                timeout=timeout)
 
 
 def sh(lab_rack, host: str, command: str, timeout: float = 300) -> str:

@@ -1,0 +1,124 @@
+"""``llamarack plan-upgrade``: what a deploy with this llamarack would do to each host, and why.
+
+Run it after installing a new llamarack and before deploying with it. It reads
+each host exactly as ``llamarack audit`` does (one remote command, nothing
+changed) and turns every drifted item into what the deploy will do about it:
+
+    rebuild     llama.cpp is built again (a build input changed: commit, archs,
+                toolkit, compiler, flags, targets), then the server restarts
+    re-prove    the build is proven again in place by a new proof (a new smoke
+                script, new serving flags): nothing is built; no restart unless
+                the proof needs other runtime flags
+    remake      the model artifact is made again (fetch, convert, quantize)
+    install     a toolkit, a compiler or a Python env is installed or repaired
+    restart     the unit is rewritten and llama-server restarts (its text
+                changed: a new build, model, template or flag)
+    record      a record is written (the llamarack version that deployed the
+                host, a bench), nothing that serves changes
+
+A host with no line is converged: the deploy changes nothing there. The plan
+is as good as the audit's agreement with the deploy: both plan from the
+same settings and planners.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from .audit import HostAudit, Item
+
+
+@dataclass(frozen=True)
+class Step:
+    action: str
+    what: str
+    why: str
+
+    def to_json(self) -> dict:
+        return {"action": self.action, "what": self.what, "why": self.why}
+
+
+def _words_changed(found, wanted) -> str:
+    """What differs between two ExecStart lines, as the words only one of them has."""
+    old, new = shlex.split(found or ""), shlex.split(wanted or "")
+    gone, added = [w for w in old if w not in new], [w for w in new if w not in old]
+    parts = ([f"drops {' '.join(gone)[:120]}"] if gone else []) + ([f"adds {' '.join(added)[:120]}"] if added else [])
+    return "; ".join(parts) or "lines outside ExecStart"
+
+
+def build_steps(item: Item) -> list[Step]:
+    found, wanted = item.found or {}, item.wanted or {}
+    if found.get("stamp") is None:
+        return [Step("rebuild", "llama.cpp", "no current build")]
+    if found.get("proof_failed"):
+        return [Step("rebuild", f"llama.cpp {found['stamp']} beside itself",
+                     f"it failed proof {found['proof_failed']} when re-proved")]
+    if wanted.get("inputs_changed"):
+        return [Step("rebuild", f"llama.cpp {wanted.get('stamp')}",
+                     f"{', '.join(wanted['inputs_changed'])} changed (current build {found['stamp']})")]
+    if found.get("files") != "as sealed":
+        return [Step("rebuild", f"llama.cpp {found['stamp']} beside itself", f"its files differ: {found.get('files')}")]
+    return [Step("re-prove", f"llama.cpp build {found['stamp']}",
+                 f"proof {found.get('proof') or 'without an id'} -> {wanted.get('proof')}; nothing is built")]
+
+
+def unit_steps(item: Item, rebuilt: bool) -> list[Step]:
+    found, wanted = item.found or {}, item.wanted or {}
+    if wanted.get("sha256") is None:
+        why = wanted.get("why") or "no unit planned"
+        return [] if rebuilt else [Step("restart", "llama-server", why)]
+    return [Step("restart", "llama-server", "its unit changes: " + _words_changed(found.get("exec_start"),
+                                                                                 wanted.get("exec_start")))]
+
+
+def host_steps(audit: HostAudit) -> list[Step]:
+    """What the deploy would do on a host the audit read (its drifted items, in deploy order)."""
+    steps: list[Step] = []
+    items = audit.items
+    for name in ("driver", "toolchain", "awq_env", "converter_env"):
+        if name in items and items[name].drift:
+            steps.append(Step("install", name.replace("_", " "), f"found {items[name].found}"[:160]))
+    if "build" in items and items["build"].drift:
+        steps += build_steps(items["build"])
+    if "model" in items and items["model"].drift:
+        found = items["model"].found or {}
+        why = "the served artifact was changed" if found.get("stamp") and found.get("untouched") is False \
+            else f"{found.get('repo')}@{found.get('revision')} {found.get('quant')} -> the settings' model"
+        steps.append(Step("remake", "model artifact", why))
+    remade = any(s.action in ("rebuild", "remake") for s in steps)
+    if "unit" in items and items["unit"].drift:
+        steps += unit_steps(items["unit"], remade)
+    elif remade:
+        steps.append(Step("restart", "llama-server", "its unit names the new build or model"))
+    elif any(items[n].drift for n in ("service", "health") if n in items):
+        steps.append(Step("restart", "llama-server", "not serving now"))
+    if "bench" in items and items["bench"].drift and not remade:
+        steps.append(Step("record", "bench", "no record for the build and model served"))
+    if "llamarack" in items and items["llamarack"].drift:
+        last = items["llamarack"].found
+        steps.append(Step("record", "deployed-by", (f"last deployed by llamarack {last}" if last else
+                                                    "no version recorded (deployed before llamarack recorded it)")
+                          + f"; this is {items['llamarack'].wanted}"))
+    return steps
+
+
+def as_text(audits: list[HostAudit]) -> str:
+    out = []
+    for a in audits:
+        if not a.reachable or a.error:
+            out.append(f"{a.name}: cannot tell: {a.error}")
+            continue
+        steps = host_steps(a)
+        if "rules" in a.items and a.items["rules"].drift:
+            out.append(f"{a.name}: refused by preflight: {'; '.join(a.items['rules'].found)}")
+            continue
+        out.append(f"{a.name}: " + ("nothing changes" if not steps else f"{len(steps)} change(s)"))
+        out += [f"  {s.action:<9} {s.what}: {s.why}" for s in steps]
+    return "\n".join(out) + "\n"
+
+
+def as_json(audits: list[HostAudit]) -> dict:
+    return {"schema": "llamarack-plan-upgrade/1",
+            "hosts": {a.name: {"error": a.error if (a.error or not a.reachable) else None,
+                               "steps": [s.to_json() for s in host_steps(a)]} for a in audits}}

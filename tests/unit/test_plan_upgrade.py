@@ -1,0 +1,68 @@
+"""``llamarack plan-upgrade``: each drifted audit item becomes the step a deploy takes, with its why."""
+
+from llamarack.audit import HostAudit, Item
+from llamarack.upgrade import as_json, as_text, host_steps
+
+BUILD = {"stamp": "a62b921473251a4e", "commit": "0c1e57098bba", "proof": "e487072496dec515", "files": "as sealed"}
+UNIT = {"sha256": "1" * 64, "exec_start": "/opt/llamarack/builds/a62b921473251a4e/bin/llama-server --port 8080"}
+
+
+def host(**changed) -> HostAudit:
+    items = {
+        "rules": Item([], [], drift=False),
+        "llamarack": Item("0.1.0", "0.1.0"),
+        "build": Item(dict(BUILD), {**BUILD, "inputs_changed": []}),
+        "model": Item({"stamp": "9f", "untouched": True}, {"untouched": True}),
+        "unit": Item(dict(UNIT), dict(UNIT)),
+        "service": Item({"active": "active"}, {"active": "active"}),
+        "health": Item(200, 200),
+        "bench": Item({"key": 1}, {"key": 1}),
+    }
+    for name, item in changed.items():
+        items[name] = item
+    return HostAudit("lab-v100-32", items=items)
+
+
+def steps(audit):
+    return [(s.action, s.what) for s in host_steps(audit)]
+
+
+def test_a_converged_host_changes_nothing():
+    assert steps(host()) == []
+    assert as_text([host()]) == "lab-v100-32: nothing changes\n"
+
+
+def test_a_new_proof_reproves_in_place_and_restarts_nothing():
+    audit = host(build=Item({**BUILD, "proof": None}, {**BUILD, "inputs_changed": []}, drift=True),
+                 llamarack=Item("0.0.9", "0.1.0", drift=True))
+    assert steps(audit) == [("re-prove", "llama.cpp build a62b921473251a4e"), ("record", "deployed-by")]
+    text = as_text([audit])
+    assert "proof without an id -> e487072496dec515; nothing is built" in text
+    assert "last deployed by llamarack 0.0.9; this is 0.1.0" in text and "restart" not in text
+
+
+def test_a_new_commit_rebuilds_and_restarts_naming_what_changed():
+    wanted = {**BUILD, "stamp": "77aa", "inputs_changed": ["commit", "cmake_args"]}
+    audit = host(build=Item(dict(BUILD), wanted, drift=True))
+    assert steps(audit) == [("rebuild", "llama.cpp 77aa"), ("restart", "llama-server")]
+    assert "commit, cmake_args changed (current build a62b921473251a4e)" in as_text([audit])
+
+
+def test_a_unit_change_names_the_words_it_adds_and_drops():
+    wanted = {**UNIT, "sha256": "2" * 64, "exec_start": UNIT["exec_start"] + " --metrics"}
+    audit = host(unit=Item(dict(UNIT), wanted, drift=True))
+    assert [(s.action, s.why) for s in host_steps(audit)] == [("restart", "its unit changes: adds --metrics")]
+
+
+def test_a_build_that_failed_the_new_proof_is_rebuilt_beside_itself():
+    audit = host(build=Item({**BUILD, "proof_failed": "5" * 16}, {**BUILD, "inputs_changed": ["the build in place"]},
+                            drift=True))
+    assert steps(audit)[0] == ("rebuild", "llama.cpp a62b921473251a4e beside itself")
+
+
+def test_hosts_that_cannot_be_read_or_are_refused_say_so():
+    down = HostAudit("lab-t4", reachable=False, error="timed out")
+    refused = host(rules=Item(["lab-p40: gpu-on-bus: found no card"], [], drift=True))
+    text = as_text([down, refused])
+    assert "lab-t4: cannot tell: timed out" in text and "refused by preflight: lab-p40: gpu-on-bus" in text
+    assert as_json([down])["hosts"]["lab-t4"] == {"error": "timed out", "steps": []}
