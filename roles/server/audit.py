@@ -45,6 +45,8 @@ def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
 
 def items(seen: Seen) -> dict[str, Item]:
     settings, fact, layout = seen.settings, seen.fact, seen.settings.layout
+    # The unit's lines as systemd reads them: split on \n only (the connector's lines), never
+    # on what str.splitlines also splits (\x85, \u2028...), which would show a line systemd does not see.
     unit_lines = fact(FileContents, path=UNIT_PATH)
     unit_text = "\n".join(unit_lines) + "\n" if unit_lines else None
     state = fact(UnitState, unit=UNIT_NAME) or {}
@@ -77,7 +79,7 @@ def unit_item(settings: Settings, fact, gpus: tuple, unit_text: Optional[str], t
     """The unit in place against the one the deploy would write from what is current."""
     layout, root = settings.layout, settings.general.root
     found = {"sha256": hashlib.sha256(unit_text.encode()).hexdigest() if unit_text else None,
-             "exec_start": next((line.split("=", 1)[1] for line in (unit_text or "").splitlines()
+             "exec_start": next((line.split("=", 1)[1] for line in (unit_text or "").split("\n")
                                  if line.startswith("ExecStart=")), None)}  # fmt: skip
     build_dir = link_name(fact(Link, path=layout.current_build))
     model_dir = link_name(fact(Link, path=layout.current_model))
