@@ -197,6 +197,20 @@ def as_json(audits: list[HostAudit]) -> dict:
     return {"schema": SCHEMA, "hosts": {a.name: a.to_json() for a in audits}}
 
 
+def printable(text: str) -> str:
+    """``text`` as a terminal may show it: every character that is not printable (ESC and the
+    other controls, line and paragraph separators, bidi overrides, lone surrogates) spelled
+    ``\\xNN``, ``\\uNNNN`` or ``\\UNNNNNNNN``. Hosts' text (a GPU process's name, an error) goes
+    through here, so it cannot move the cursor, recolour or clear the operator's screen."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else _escaped(ord(c)) for c in text)
+
+
+def _escaped(code: int) -> str:
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
 def _brief(value: Any) -> str:
     if isinstance(value, dict):
         return ", ".join(f"{k}={_brief(v)}" for k, v in value.items() if v not in (None, [], {}))
@@ -216,20 +230,21 @@ def as_table(audits: list[HostAudit], colour: bool = False) -> str:
 
     out = []
     for a in audits:
+        host, error = printable(a.name), printable(str(a.error))
         if not a.reachable or (a.error and not a.items):
-            out.append(paint(f"{a.name}: FAILED: {a.error}", fg="red", bold=True))
+            out.append(paint(f"{host}: FAILED: {error}", fg="red", bold=True))
             continue
         drift = a.drift
-        summary = f"{a.name}: {'drift in ' + ', '.join(drift) if drift else 'no drift'}"
+        summary = f"{host}: {'drift in ' + ', '.join(drift) if drift else 'no drift'}"
         out.append(paint(summary, fg="yellow" if drift else "green", bold=True))
         if a.error:
-            out.append(paint(f"  {a.error}", fg="red"))
+            out.append(paint(f"  {error}", fg="red"))
         width = max(len(k) for k in a.items)
         for name, item in a.items.items():
             mark = "!" if item.drift else " "
-            found = _brief(item.found)[:90]
+            found = printable(_brief(item.found))[:90]
             row = f" {mark} {name:<{width}}  {found}"
             if item.wanted not in (None, [], {}) and item.drift:
-                row += f"   wanted: {_brief(item.wanted)[:90]}"
+                row += f"   wanted: {printable(_brief(item.wanted))[:90]}"
             out.append(paint(row, fg="yellow") if item.drift else row)
     return "\n".join(out) + "\n"

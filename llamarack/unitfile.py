@@ -29,16 +29,46 @@ class UnitValueError(ValueError):
     """A value that cannot be written into a unit file as it is."""
 
 
+# What ends a line for someone: the C0 controls (newline, and the \v \f \x1c-\x1e Python's
+# str.splitlines splits on), DEL, the C1 controls (\x85, NEL) and the line and paragraph
+# separators. systemd splits a unit only on \n, but a reader that splits on more would see
+# another line (a second ExecStart=) where systemd sees one.
+_LINE_BREAKING = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# The longest free text written (``Description=``): a GGUF's metadata is the model file's own
+# text, and systemd refuses a line of a megabyte ("No buffer space available").
+TEXT_MAX = 512
+
+
 def _control(value: str) -> bool:
-    return any(ord(c) < 0x20 or ord(c) == 0x7F for c in value)
+    return _LINE_BREAKING.search(value) is not None
 
 
-def text(value: str) -> str:
-    """Free text that systemd only shows (``Description=``): every control
-    character and backslash spelled visibly as ``\\xNN``, ``%`` doubled,
-    outer spaces dropped (systemd would drop them too)."""
-    shown = "".join(f"\\x{ord(c):02x}" if _control(c) or c == "\\" else c for c in value)
-    return shown.strip().replace("%", "%%")
+def _spelled(c: str) -> str:
+    if not (_control(c) or c == "\\"):
+        return c
+    return f"\\x{ord(c):02x}" if ord(c) <= 0xFF else f"\\u{ord(c):04x}"
+
+
+def text(value: str, limit: int = TEXT_MAX) -> str:
+    """Free text that systemd only shows (``Description=``): every control character
+    (``_LINE_BREAKING``) and backslash spelled visibly as ``\\xNN`` (``\\uNNNN`` past
+    \\xff), ``%`` doubled, outer spaces dropped (systemd would drop them too), and
+    at most ``limit`` characters before doubling: a longer text is cut, ending in ``...``."""
+    pieces = [_spelled(c) for c in value[: limit + 1]]  # each character is spelled in one or more
+    if sum(len(p) for p in pieces) > limit:
+        size = 0
+        for n, piece in enumerate(pieces):
+            size += len(piece)
+            if size > limit - 3:
+                pieces = pieces[:n] + ["..."]
+                break
+    return "".join(pieces).strip().replace("%", "%%")
+
+
+def clipped(value: str, limit: int) -> str:
+    """``value``, cut to ``limit`` characters with ``...`` when longer (a model file's
+    name for something, where a unit line shows it)."""
+    return value if len(value) <= limit else value[: limit - 3] + "..."
 
 
 def value(setting: str, value: str) -> str:

@@ -362,16 +362,34 @@ class GpuProcesses(FactBase[tuple]):
         return ()
 
     def process(self, output) -> tuple:
-        processes = []
+        processes, pending = [], None
         for line in output:
-            if not line.strip() or line.startswith("No running processes"):
+            if pending is None and (not line.strip() or line.startswith("No running processes")):
                 continue
-            fields = [f.strip() for f in line.split(",")]
-            if len(fields) != 4 or not fields[0].isdigit():
-                raise FactProcessError(f"unexpected compute-apps line: {line!r}")
-            used = int(fields[2]) if fields[2].isdigit() else None  # [N/A] without permission
-            processes.append(GpuProcess(int(fields[0]), fields[1], used, fields[3]))
+            # A line that does not read is a name broken by a newline: read with the next.
+            text = line if pending is None else f"{pending}\n{line}"
+            process = compute_app(text)
+            if process:
+                processes.append(process)
+            pending = None if process else text
+        if pending is not None:
+            raise FactProcessError(f"unexpected compute-apps line: {pending!r}")
         return tuple(processes)
+
+
+def compute_app(line: str) -> Optional[GpuProcess]:
+    """One line of ``--query-compute-apps=pid,process_name,used_gpu_memory,gpu_uuid``, or None.
+
+    nvidia-smi's CSV quotes nothing, so a process name may hold ", ": the pid is the
+    first field, the memory and the card's UUID the last two, the name all between."""
+    fields = line.split(",")
+    if len(fields) < 4:
+        return None
+    pid, used, uuid = (f.strip() for f in (fields[0], *fields[-2:]))
+    if not pid.isdigit() or not re.fullmatch(r"[A-Z]+-[0-9A-Za-z-]+", uuid):
+        return None
+    used_mib = int(used) if used.isdigit() else None  # [N/A] without permission
+    return GpuProcess(int(pid), ",".join(fields[1:-2]).strip(), used_mib, uuid)
 
 
 # Packages that make up an NVIDIA driver on Debian (nvidia-driver, libnvidia-*,

@@ -17,8 +17,9 @@ here to hash (see ``roles/model/files/model_fetch.py``).
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 from urllib.parse import quote
 
 from llamarack.errors import ModelSourceError
@@ -68,17 +69,79 @@ def repo_files(endpoint: str, repo: str, revision: str, token: Optional[str] = N
         raise ModelSourceError(f"{repo}@{revision}: HTTP {r.status_code} from {endpoint}")
     try:
         info = r.json()
-        sha = info["sha"]
-        siblings = info["siblings"]
-    except (ValueError, KeyError, TypeError):
-        raise ModelSourceError(f"{repo}@{revision}: {endpoint} answered without sha/siblings") from None
-    if not sha.startswith(revision):
+    except (ValueError, RecursionError):
+        raise ModelSourceError(f"{repo}@{revision}: {endpoint} answered something that is not JSON") from None
+    return listing_of(info, repo, revision, endpoint)
+
+
+FULL_SHA = re.compile(r"[0-9a-f]{40}")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+NAME_MAX = 255  # bytes of one path part, as Linux filesystems allow
+
+
+def _shown(value: Any) -> str:
+    """A value from the hub as a message shows it: its repr (control characters
+    escaped), cut to 80 characters."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def repo_path_problem(path: Any) -> Optional[str]:
+    """Why ``path`` cannot be a repository file put under a fetch directory, or None: a
+    relative path of non-empty parts other than . and .., without control characters."""
+    if not isinstance(path, str) or not path:
+        return f"{_shown(path)} is not a file path"
+    parts = path.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return f"{_shown(path)} is not a relative path of named parts (no leading /, no //, no . or ..)"
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F or c in "\u2028\u2029" for c in path):
+        return f"{_shown(path)} holds a control character"
+    if any(len(part.encode("utf-8", "replace")) > NAME_MAX for part in parts):
+        return f"{_shown(path)} has a part longer than {NAME_MAX} bytes"
+    return None
+
+
+def listing_of(info: Any, repo: str, revision: str, endpoint: str) -> HubListing:
+    """The listing from the hub's parsed answer; ModelSourceError, naming what is wrong,
+    for an answer of another shape (a hostile or broken hub is refused, not a traceback)."""
+    where = f"{repo}@{revision}: {endpoint}"
+    if not isinstance(info, dict) or "sha" not in info or "siblings" not in info:
+        raise ModelSourceError(f"{where} answered without sha/siblings")
+    sha, siblings = info["sha"], info["siblings"]
+    if not isinstance(sha, str) or not FULL_SHA.fullmatch(sha):
+        raise ModelSourceError(f"{where} answered the commit sha {_shown(sha)}: not 40 lowercase hex digits")
+    # A revision is 7 to 40 hex digits (model_revision): the full sha must begin with exactly it.
+    if not FULL_SHA.fullmatch(revision.ljust(40, "0")) or sha[: len(revision)] != revision:
         raise ModelSourceError(f"{repo}: asked for revision {revision}, the hub resolved it to {sha}")
-    files = []
-    for s in siblings:
-        if s.get("size") is None or not s.get("blobId"):
-            raise ModelSourceError(f"{repo}@{revision}: {endpoint} gave no size/blobId for "
-                                   f"{s.get('rfilename')} (blobs=true not supported?)")  # fmt: skip
-        lfs = s.get("lfs") or {}
-        files.append(HubFile(s["rfilename"], int(s["size"]), lfs.get("sha256"), s["blobId"]))
-    return HubListing(repo, sha, tuple(files))
+    if not isinstance(siblings, list):
+        raise ModelSourceError(f"{where} answered siblings {_shown(siblings)}: not a list of files")
+    files = tuple(_hub_file(s, where) for s in siblings)
+    paths = [f.path for f in files]
+    if len(set(paths)) != len(paths):
+        twice = sorted({p for p in paths if paths.count(p) > 1})
+        raise ModelSourceError(f"{where} lists {_shown(twice[0])} more than once")
+    return HubListing(repo, sha, files)
+
+
+def _hub_file(sibling: Any, where: str) -> HubFile:
+    """One sibling of the hub's answer, checked: a relative path, a byte count, the git
+    blob id (40 hex digits) and, for an LFS file, a sha256 (64 hex digits)."""
+    if not isinstance(sibling, dict):
+        raise ModelSourceError(f"{where} listed a file that is not an object: {_shown(sibling)}")
+    path = sibling.get("rfilename")
+    problem = repo_path_problem(path)
+    if problem:
+        raise ModelSourceError(f"{where} listed a file path the hosts cannot take: {problem}")
+    size, blob, lfs = sibling.get("size"), sibling.get("blobId"), sibling.get("lfs")
+    if size is None or not blob:
+        raise ModelSourceError(f"{where} gave no size/blobId for {path} (blobs=true not supported?)")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise ModelSourceError(f"{where} gave {path} the size {_shown(size)}: not a whole number of bytes")
+    if not isinstance(blob, str) or not FULL_SHA.fullmatch(blob):
+        raise ModelSourceError(f"{where} gave {path} the blobId {_shown(blob)}: not 40 lowercase hex digits")
+    if lfs is not None and not isinstance(lfs, dict):
+        raise ModelSourceError(f"{where} gave {path} the lfs entry {_shown(lfs)}: not an object")
+    sha256 = (lfs or {}).get("sha256")
+    if sha256 is not None and not (isinstance(sha256, str) and SHA256.fullmatch(sha256)):
+        raise ModelSourceError(f"{where} gave {path} the sha256 {_shown(sha256)}: not 64 lowercase hex digits")
+    return HubFile(path, size, sha256, blob)

@@ -26,13 +26,13 @@ import re
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping, Optional
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from llamarack.errors import ModelSourceError
 from llamarack.layout import Layout
 from llamarack.settings import Settings
 
-from .hub import HubFile, HubListing
+from .hub import HubFile, HubListing, repo_path_problem
 
 
 @dataclass(frozen=True)
@@ -169,13 +169,21 @@ class ModelPlan:
         if self.repo:
             record.update(repo=self.repo, revision=self.revision)
         if self.source == "url":
-            record["url"] = self.files[0].url
+            record["url"] = recorded_url(self.files[0].url)
         if self.converts:
             record.update(quant=self.quant, outtype=self.outtype, llamacpp_commit=self.llamacpp_commit)
         # What the settings said, so a later run can tell without the hub that this
         # artifact is the one they still ask for (plan_from_record).
         record["asked"] = dict(self.asked)
         return record
+
+
+def recorded_url(url: str) -> str:
+    """``url`` as an artifact's record keeps it (``stamp.json`` is readable by all): without
+    the user and password before the host, the query and the fragment (a signed URL's
+    signature), which only the fetch's manifest carries."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
 
 
 def artifact_stamp(source: str, files, quant: str, outtype: str, llamacpp_commit: str) -> str:
@@ -207,7 +215,7 @@ def asked_inputs(settings: Settings) -> tuple:
     m = settings.model
     asked = {"source": m.source, "quant": m.quant}
     if m.source == "url":
-        asked.update(url=m.url, sha256=m.sha256)
+        asked.update(url=recorded_url(m.url), sha256=m.sha256)
     else:
         asked.update(repo=m.repo, revision=m.revision)
     if m.source == "gguf":
@@ -220,9 +228,11 @@ def asked_inputs(settings: Settings) -> tuple:
 def _record_files(record: dict) -> tuple[SourceFile, ...]:
     """The source files a record names, with the sizes it gives (records made before
     they carried sizes give none)."""
-    sizes = record.get("sizes") or {}
+    sizes, named = record.get("sizes") or {}, record.get("files")
+    if not isinstance(sizes, dict) or not isinstance(named, dict):
+        return ()
     files = []
-    for path, cid in sorted(record.get("files", {}).items()):
+    for path, cid in sorted(named.items()):
         algo, _, hexdigest = str(cid).partition(":")
         size = sizes.get(path)
         files.append(SourceFile(path, int(size) if isinstance(size, int) else None,
@@ -245,7 +255,10 @@ def plan_from_record(settings: Settings, state) -> Optional[ModelPlan]:
         return None
     record = state.record
     asked = asked_inputs(settings)
-    if tuple(sorted((record.get("asked") or {}).items())) != asked:
+    made_from = dict(record.get("asked") or {})
+    if isinstance(made_from.get("url"), str):  # recorded before records left a URL's secrets out
+        made_from["url"] = recorded_url(made_from["url"])
+    if tuple(sorted(made_from.items())) != asked:
         return None
     m = settings.model
     return ModelPlan(
@@ -301,7 +314,8 @@ def plan_from_pinned_record(settings: Settings, state) -> Optional[ModelPlan]:
     if any(made_from.get(k) != wanted.get(k) for k in set(made_from) | set(wanted) if k not in _BUMPED):
         return None
     files = _record_files(record)
-    if not files or any(f.size is None for f in files) or not any(f.path.endswith(".safetensors") for f in files):
+    if not files or any(f.size is None or repo_path_problem(f.path) for f in files) \
+            or not any(f.path.endswith(".safetensors") for f in files):  # fmt: skip
         return None
     # The record's files are the listing's selection: planned as that listing would be.
     listing = HubListing(m.repo, m.revision, tuple(HubFile(f.path, f.size, f.sha256, f.git_sha1 or "")

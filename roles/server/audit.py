@@ -45,6 +45,8 @@ def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
 
 def items(seen: Seen) -> dict[str, Item]:
     settings, fact, layout = seen.settings, seen.fact, seen.settings.layout
+    # The unit's lines as systemd reads them: split on \n only (the connector's lines), never
+    # on what str.splitlines also splits (\x85, \u2028...), which would show a line systemd does not see.
     unit_lines = fact(FileContents, path=UNIT_PATH)
     unit_text = "\n".join(unit_lines) + "\n" if unit_lines else None
     state = fact(UnitState, unit=UNIT_NAME) or {}

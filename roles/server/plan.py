@@ -235,6 +235,9 @@ def device_names(devices: tuple, cuda: bool) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+ARCH_SHOWN = 64  # characters of general.architecture in Description= (llama.cpp's names have at most 20)
+
+
 def render_unit(settings: Settings, args: list[str], description: str, overrides: tuple = (),
                 devices: tuple = (), residency_on: Optional[tuple] = None) -> str:
     """The unit file; ``overrides``: folders whose templates win over the role's own;
@@ -274,7 +277,9 @@ def wanted_unit(settings: Settings, flags: ServerFlags, build_dir: str, model_di
     args = server_args(settings, flags, build_dir, model_dir, ctx, cuda=settings.llamacpp.backend == "cuda",
                        draft_dir=draft_dir)  # fmt: skip
     with_draft = f", draft {Path(draft_dir).name}" if draft_dir else ""
-    description = f"llamarack llama-server: {Path(model_dir).name}{with_draft} ({shape['architecture']}, {ctx.note})"
+    # The architecture is the GGUF's own text: cut to a name's length, the plan's note is kept.
+    arch = unitfile.clipped(str(shape["architecture"]), ARCH_SHOWN)
+    description = f"llamarack llama-server: {Path(model_dir).name}{with_draft} ({arch}, {ctx.note})"
     cuda = settings.llamacpp.backend == "cuda"
     on = (tuple(g.uuid for g in cards), ctx.ledger.weights_on_card // MIB) if cuda else None
     return render_unit(settings, args, description, templates, device_names(devices, cuda), on), ctx

@@ -117,6 +117,17 @@ def test_a_description_ending_in_a_backslash_does_not_swallow_the_next_line():
     assert seen["Description"] == ["ends in \\x5c"] and len(seen["ExecStart"]) == 1
 
 
+@needs_systemd
+def test_a_huge_description_with_line_separators_is_one_bounded_line_to_systemd():
+    """\\x85 and U+2028 end a line for str.splitlines, not for systemd: both are spelled,
+    and a 2 MiB text (systemd refuses such a line) is cut."""
+    seen = systemd_reads(render("m (\x85ExecStart=/bin/spoofed\u2028[Service]\u2029" + "x" * (2 << 20) + ")"))
+    (description,) = seen["Description"]
+    assert description.startswith("m (\\x85ExecStart=/bin/spoofed\\u2028[Service]\\u2029xxx")
+    assert len(description) <= unitfile.TEXT_MAX and description.endswith("...")
+    assert len(seen["ExecStart"]) == 1 and "ExecStartPre" not in seen
+
+
 def test_values_that_cannot_be_written_are_refused():
     for bad in (["/b/llama-server", "two\nlines"], ["relative/llama-server"], ["/b/odd dir/llama-server"],
                 ["+/bin/sh"], ["/b/../llama-server"], []):  # fmt: skip

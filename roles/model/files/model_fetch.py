@@ -294,9 +294,10 @@ def free_bytes(path: str) -> int:
 
 
 def safe_join(dest: str, rel: str) -> str:
-    """``dest/rel``, refusing paths that would leave ``dest`` (a hostile listing)."""
-    if rel.startswith("/") or ".." in rel.split("/"):
-        raise FetchError(f"refusing file path {rel!r}: it leaves the destination")
+    """``dest/rel``, refusing a path that is not a file under ``dest`` (a hostile listing):
+    absolute, empty, with an empty, ``.`` or ``..`` part, or a NUL."""
+    if not isinstance(rel, str) or "\0" in rel or any(part in ("", ".", "..") for part in rel.split("/")):
+        raise FetchError(f"refusing file path {rel!r}: not a relative path of named parts under the destination")
     return os.path.join(dest, *rel.split("/"))
 
 
@@ -469,6 +470,8 @@ def cmd_fetch(args) -> None:
     os.makedirs(args.dest, exist_ok=True)
     token = read_token(args.token_file) if args.token_file else None
     cache = BlobCache(args.cache) if args.cache else None
+    for entry in manifest["files"]:
+        safe_join(args.dest, entry["path"])  # every path checked before the first byte
     check_disk(manifest, args.dest, args.reserve_bytes, cache)
     for entry in manifest["files"]:
         fetch_one(manifest, entry, args.dest, token, args, cache)

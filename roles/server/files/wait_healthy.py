@@ -85,10 +85,11 @@ def compute_apps() -> tuple:
     out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_gpu_memory,gpu_uuid",
                           "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=60).stdout
     apps = []
-    for line in out.splitlines():
-        f = [x.strip() for x in line.split(",")]
-        if len(f) == 4 and f[0].isdigit():
-            apps.append(App(int(f[0]), f[1], int(f[2]) if f[2].isdigit() else None, f[3]))
+    for line in out.split("\n"):
+        raw = line.split(",")  # the name, between the pid and the memory, may hold commas
+        f = [x.strip() for x in raw]
+        if len(f) >= 4 and f[0].isdigit():
+            apps.append(App(int(f[0]), ",".join(raw[1:-2]).strip(), int(f[-2]) if f[-2].isdigit() else None, f[-1]))
     return tuple(apps)
 
 
@@ -96,7 +97,7 @@ def denied_names(unit_text: str, devices_text: str, majors: tuple) -> tuple:
     """The names (``/proc/devices``) of the driver's device majors (``majors``: those of the
     ``/dev/nvidia*`` nodes) that the unit's ``DeviceAllow=char-NAME`` lines allow under none
     of their names: what its device rule keeps llama-server from. () without such lines."""
-    allowed = {line.split("=", 1)[1].split()[0][len("char-"):] for line in unit_text.splitlines()
+    allowed = {line.split("=", 1)[1].split()[0][len("char-"):] for line in unit_text.split("\n")
                if line.startswith("DeviceAllow=char-")}  # fmt: skip
     names: dict = {}
     characters = False
