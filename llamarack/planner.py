@@ -50,6 +50,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from llamarack.roles.model.files.gguf_header import GgufError, check_shape
 from llamarack.roles.server.settings import DEFAULT_RESERVE_MIB
 from llamarack.rules import Failure, parse_compute_cap
 
@@ -421,7 +422,9 @@ def plan(shape: dict, knobs: Knobs, card_mib: Optional[int], draft: Optional[dic
     """The context, KV types and layers on the card for ``shape``; ``card_mib``
     is the smallest GPU's memory, None for CPU serving (only the trained
     context limits it); ``draft`` the draft model's shape, whose weights, KV
-    and compute share the card. Raises PlanError naming what was found and what would fit."""
+    and compute share the card. Raises PlanError naming what was found and what would fit,
+    or what in a shape is not what the arithmetic needs (``check_shapes``)."""
+    check_shapes(shape, draft)
     cap, rope = context_cap(shape, knobs)
     wanted = knobs.ctx_size
     if wanted is not None and wanted > cap:
@@ -480,6 +483,24 @@ def plan(shape: dict, knobs: Knobs, card_mib: Optional[int], draft: Optional[dic
             + ("the largest that fits" if wanted is None else f"fits; largest {fits}") + f" {card_mib} MiB")  # fmt: skip
     return Plan(ctx, knobs.parallel, k, v, layers, rope, ledger(shape, knobs, card_mib, layers, k, v, ctx, draft),
                 note + why, largest)  # fmt: skip
+
+
+def check_shapes(shape: dict, draft: Optional[dict] = None) -> None:
+    """Where a model's shape comes into the planner, from a host's ``GgufShape``, a header
+    read here, or a config.json's estimate: every value of the model's and the draft's is
+    of the type and within the range the arithmetic needs (``gguf_header.check_shape``).
+    PlanError ("model-shape") naming the first that is not: a bad file is that host's
+    refusal, never a TypeError that stops the run for every host."""
+    for what, s in [("model", shape)] + ([("draft model", draft)] if draft is not None else []):
+        try:
+            check_shape(s)
+        except GgufError as e:
+            where = s.get("path") if isinstance(s, dict) else None
+            raise PlanError(Failure(
+                "model-shape", f"{what} {where!r}: {e}" if isinstance(where, str) else f"{what}: {e}",
+                "a GGUF whose metadata llama.cpp can load: counts as integers in range, a byte count per layer",
+                "replace the model file (model_repo, model_file, model_quant), or the draft's",
+            )) from None
 
 
 def _memory(found: str, needed: str, fix: str) -> PlanError:
