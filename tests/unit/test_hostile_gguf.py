@@ -155,7 +155,7 @@ def _tiny(**changes) -> dict:
 
 
 # (id, the shape that reaches the planner, what the refusal says): what an older reader,
-# an altered record or a bad estimate could send; each once raised a TypeError in planning.
+# an altered record or a bad estimate could send, each a TypeError in the arithmetic unchecked.
 SHAPES = [
     ("string n_layer", _tiny(n_layer="2"), r"n_layer \(block_count\) '2' is not an integer"),
     ("float n_layer", _tiny(n_layer=2.0), r"n_layer \(block_count\) 2.0 is not an integer"),
