@@ -28,7 +28,8 @@ from urllib.parse import quote
 import requests
 
 from llamarack.errors import ModelSourceError
-from llamarack.roles.model.files.gguf_header import GGML_BLOCKS, GgufError, read_shape, shape_of
+from llamarack.roles.model.files.gguf_header import (GGML_BLOCKS, GgufError, check_shape, check_values, read_shape,
+                                                     shape_of)  # fmt: skip
 
 # ggml type ids (GGML_BLOCKS' keys) by name.
 GGML = {"F32": 0, "F16": 1, "Q4_0": 2, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14,
@@ -54,6 +55,10 @@ CONFIG_DEFAULTS = {
     "gemma2": {"tie_word_embeddings": True},
 }  # fmt: skip
 HEADER_CHUNK = 4 * 2**20  # bytes per HTTP range request
+# The config.json key each count of a shape is read from (the same checks as a GGUF's).
+CONFIG_KEYS = {"n_embd": "hidden_size", "n_ff": "intermediate_size", "n_layer": "num_hidden_layers",
+               "n_head": "num_attention_heads", "n_vocab": "vocab_size", "n_ctx_train": "max_position_embeddings",
+               "n_head_kv": "num_key_value_heads", "head_dim_k": "head_dim"}  # fmt: skip
 
 
 def _use_more_bits(i: int, n: int) -> bool:
@@ -84,6 +89,8 @@ def shape_from_config(config: dict, quant: str, name: str = "config.json") -> di
     """The planner's shape for a Hugging Face ``config.json`` quantized to ``quant``."""
     if quant not in QUANTS:
         raise ModelSourceError(f"{name}: quant {quant!r} is not estimated here; known: {', '.join(QUANTS)}")
+    if not isinstance(config, dict) or not isinstance(config.get("text_config") or {}, dict):
+        raise ModelSourceError(f"{name}: not a model's config (a JSON object, its text_config one too)")
     c = dict(config.get("text_config") or config)
     model_type = c.get("model_type") or config.get("model_type")
     if model_type == "gemma3":
@@ -98,8 +105,16 @@ def shape_from_config(config: dict, quant: str, name: str = "config.json") -> di
         n_head, vocab, trained = c["num_attention_heads"], c["vocab_size"], c["max_position_embeddings"]
     except KeyError as e:
         raise ModelSourceError(f"{name}: no {e.args[0]} (a {model_type} config.json names it)") from None
-    n_kv = c.get("num_key_value_heads") or n_head
-    hd = c.get("head_dim") or n_embd // n_head
+    try:  # before anything is counted with them
+        check_values({"n_embd": n_embd, "n_ff": n_ff, "n_layer": n, "n_head": n_head, "n_vocab": vocab,
+                      "n_ctx_train": trained}, CONFIG_KEYS)  # fmt: skip
+        n_kv = c.get("num_key_value_heads") or n_head
+        hd = c.get("head_dim") or n_embd // n_head
+        check_values({"n_head_kv": n_kv, "head_dim_k": hd}, CONFIG_KEYS)
+    except GgufError as e:
+        raise ModelSourceError(f"{name}: {e}") from None
+    if not isinstance(c.get("rope_scaling") or {}, dict) or not isinstance(c.get("layer_types") or [], list):
+        raise ModelSourceError(f"{name}: rope_scaling is not an object, or layer_types not a list")
     tied = bool(c.get("tie_word_embeddings", False))
     layers = []
     for i in range(n):
@@ -118,7 +133,7 @@ def shape_from_config(config: dict, quant: str, name: str = "config.json") -> di
     rope = c.get("rope_scaling") or {}
     rope_type = rope.get("rope_type") or rope.get("type")
     ledger = {"layer_bytes": layers, "token_embd_bytes": embd, "output_bytes": output, "tied_embeddings": tied}
-    return {
+    shape = {
         "path": name, "size": sum(layers) + embd + output, "architecture": arch, "file_type": QUANTS[quant][2],
         "n_layer": n, "n_ctx_train": trained, "n_head": n_head, "n_head_kv": n_kv,
         "head_dim_k": hd, "head_dim_v": hd, "n_embd": n_embd, "n_ff": n_ff, "n_vocab": vocab,
@@ -130,6 +145,11 @@ def shape_from_config(config: dict, quant: str, name: str = "config.json") -> di
         "rope_orig_ctx": rope.get("original_max_position_embeddings") if rope_type == "yarn" else None, **ledger,
         "estimated_from": f"{name} at {quant} (llama-quantize's type rules, ggml block sizes)",
     }  # fmt: skip
+    try:
+        check_shape(shape)
+    except GgufError as e:
+        raise ModelSourceError(f"{name}: {e}") from None
+    return shape
 
 
 class RangeFile(io.RawIOBase):

@@ -16,8 +16,8 @@ import click
 from llamarack.errors import ModelSourceError
 from llamarack.gpu_table import BOARDS, planning_memory_mib
 from llamarack.model_shapes import hub_gguf_shape, local_gguf_shape, shape_from_config
-from llamarack.planner import (AUTO_KV_TYPES, KV_TYPE_BYTES, MIB, Knobs, PlanError, context_cap, cublas_prefill,
-                               largest_context, ledger, plan)  # fmt: skip
+from llamarack.planner import (AUTO_KV_TYPES, KV_TYPE_BYTES, MIB, Knobs, PlanError, check_shapes, context_cap,
+                               cublas_prefill, largest_context, ledger, most_layers, plan)  # fmt: skip
 from llamarack.roles.model.settings import QUANT_TYPES
 from llamarack.roles.server.settings import DEFAULT_RESERVE_MIB
 from llamarack.secrets import read_token
@@ -55,8 +55,7 @@ def kv_table(shape: dict, knobs: Knobs, card_mib: int, pairs: list, draft: Optio
         row = {"kv": f"{k}/{v}", "all_layers": largest_context(shape, knobs, card_mib, n_all, k, v, cap, draft),
                "gpu_layers": n_all}  # fmt: skip
         if row["all_layers"] < floor:
-            fit = next((n for n in range(n_all - 1, 0, -1)
-                        if ledger(shape, knobs, card_mib, n, k, v, floor, draft).fits()), 0)  # fmt: skip
+            fit = most_layers(shape, knobs, card_mib, k, v, floor, draft)
             row.update(gpu_layers=fit,
                        with_fewer=largest_context(shape, knobs, card_mib, fit, k, v, cap, draft) if fit else 0)
         rows.append(row)
@@ -129,8 +128,11 @@ def plan_command(gguf, hub_repo, revision, hub_file, hub_endpoint, hub_token_fil
         if draft_config:
             with open(draft_config) as f:
                 draft = shape_from_config(json.load(f), draft_quant, draft_config)
+        check_shapes(shape, draft)
     except (ModelSourceError, ValueError) as e:
         raise click.ClickException(str(e)) from None
+    except PlanError as e:
+        raise click.ClickException(e.failure.message("plan")) from None
     name, card_mib, compute_cap = card_memory(gpu)
     card_mib *= gpus
     chosen = kv_types[-1] if kv_types else "auto"

@@ -50,6 +50,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from llamarack.roles.model.files.gguf_header import GgufError, check_shape
 from llamarack.roles.server.settings import DEFAULT_RESERVE_MIB
 from llamarack.rules import Failure, parse_compute_cap
 
@@ -177,19 +178,38 @@ def _pad(n: int) -> int:
     return -(-n // CTX_STEP) * CTX_STEP
 
 
+def _swa_layout(shape: dict) -> tuple:
+    """(the list of which layers slide, or None; else every Nth layer dense, or 0: none slides)."""
+    if not shape.get("n_swa"):
+        return None, 0
+    pattern = shape.get("swa_pattern")
+    if isinstance(pattern, list):
+        return pattern[:shape["n_layer"]], 0
+    return None, pattern or SWA_PATTERNS.get(shape["architecture"]) or 0
+
+
 def sliding_layers(shape: dict) -> frozenset:
     """The layers with a sliding window, as llama.cpp lays them out; none when
     the window is unknown (then every layer counts at full context: safe)."""
-    n = shape["n_layer"]
-    if not shape.get("n_swa"):
-        return frozenset()
-    pattern = shape.get("swa_pattern")
-    if isinstance(pattern, list):
-        return frozenset(i for i, slides in enumerate(pattern[:n]) if slides)
-    every = pattern or SWA_PATTERNS.get(shape["architecture"])
-    if not every:
-        return frozenset()
-    return frozenset(i for i in range(n) if i % every < every - 1)
+    pattern, every = _swa_layout(shape)
+    if pattern is not None:
+        return frozenset(i for i, slides in enumerate(pattern) if slides)
+    return frozenset(i for i in range(shape["n_layer"]) if every and i % every < every - 1)
+
+
+def sliding_count(shape: dict, start: int, stop: int) -> int:
+    """How many of the layers ``start`` to ``stop - 1`` slide (``sliding_layers``), counted
+    without listing them: the planner asks it of every layer count it tries."""
+    pattern, every = _swa_layout(shape)
+    if pattern is not None:
+        return sum(map(bool, pattern[start:stop]))
+    if not every or start >= stop:
+        return 0
+
+    def before(n: int) -> int:  # sliding layers among 0 .. n - 1: each run of `every` has every - 1
+        return n // every * (every - 1) + min(n % every, every - 1)
+
+    return before(stop) - before(start)
 
 
 def layers_on_card(n_layer: int, gpu_layers: int) -> range:
@@ -295,30 +315,29 @@ def prefill_pool_bytes(shape: dict, compute_cap: Optional[str], n_tokens: int = 
 
 def model_bytes(shape: dict, knobs: Knobs, on_gpu: bool, gpu_layers: int, k: str, v: str,
                 ctx_per_slot: int) -> dict:  # fmt: skip
-    """One model's weights, KV cache and compute buffer, on the card and on the host."""
+    """One model's weights, KV cache and compute buffer, on the card and on the host. Every
+    sliding layer's KV is the same size, and so is every other's: they are counted, not
+    added up one by one, so a ledger costs no more than two sums of its layers' bytes."""
     n = shape["n_layer"]
-    on_card = set(layers_on_card(n, gpu_layers)) if on_gpu else set()
+    on_card = layers_on_card(n, gpu_layers) if on_gpu else range(0)
     output_on_card = on_gpu and gpu_layers >= 1
     output = shape["output_bytes"] + (shape["token_embd_bytes"] if shape["tied_embeddings"] else 0)
     weights = sum(shape["layer_bytes"]) + shape["token_embd_bytes"] + output
-    card_weights = sum(shape["layer_bytes"][i] for i in on_card) + (output if output_on_card else 0)
+    card_weights = (sum(shape["layer_bytes"][on_card.start:]) if on_card else 0) + (output if output_on_card else 0)
     per_cell = kv_layer_bytes(shape, k, v)
-    sliding = sliding_layers(shape)
+    sliding = sliding_count(shape, 0, n)
+    sliding_on_card = sliding_count(shape, on_card.start, n) if on_card else 0
     swa_cells = _pad(min(ctx_per_slot, shape.get("n_swa", 0) + N_UBATCH)) * knobs.parallel
-    full_cells = ctx_per_slot * knobs.parallel
-    kv_card = kv_host = 0
-    for i in range(n):
-        size = int(per_cell * (swa_cells if i in sliding else full_cells))
-        if i in on_card:
-            kv_card += size
-        else:
-            kv_host += size
+    swa_size, full_size = int(per_cell * swa_cells), int(per_cell * ctx_per_slot * knobs.parallel)
+    full_on_card = len(on_card) - sliding_on_card
+    kv_card = sliding_on_card * swa_size + full_on_card * full_size
+    kv_host = (sliding - sliding_on_card) * swa_size + (n - sliding - full_on_card) * full_size
     compute = compute_bytes(shape, knobs, on_gpu, ctx_per_slot, swa_cells // knobs.parallel if sliding else 0, k, v)
     # Anything on the card, and a prompt's products run there: llama.cpp also takes the
     # weights of layers left on the host to the card for a batch of 32 tokens or more.
     pool = prefill_pool_bytes(shape, knobs.compute_cap) * knobs.cards if on_gpu and gpu_layers >= 1 else 0
     return {"weights_on_card": card_weights, "weights_on_host": weights - card_weights,
-            "kv_bytes_per_token": len(on_card - sliding) * per_cell, "kv_on_card": kv_card, "kv_on_host": kv_host,
+            "kv_bytes_per_token": full_on_card * per_cell, "kv_on_card": kv_card, "kv_on_host": kv_host,
             "compute": compute, "compute_on_card": compute if on_card or output_on_card else 0,
             "prefill_pool": pool}  # fmt: skip
 
@@ -357,18 +376,34 @@ def context_cap(shape: dict, knobs: Knobs) -> tuple:
     return int(orig * knobs.rope_scale), ("yarn", knobs.rope_scale, orig)
 
 
+def _largest(lo: int, hi: int, fits) -> int:
+    """The largest n in ``lo`` + 1 .. ``hi`` for which ``fits(n)``, else ``lo``; ``fits``
+    holds up to some n and from there on no more (more cells, more layers: more bytes)."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def largest_context(shape: dict, knobs: Knobs, card_mib: int, gpu_layers: int, k: str, v: str,
                     cap: int, draft: Optional[dict] = None) -> int:  # fmt: skip
     """The largest per-slot context (a multiple of 256, at most ``cap``) that
     fits the card; 0 when not even 256 tokens do."""
-    lo, hi = 0, cap // CTX_STEP
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if ledger(shape, knobs, card_mib, gpu_layers, k, v, mid * CTX_STEP, draft).fits():
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo * CTX_STEP
+    return CTX_STEP * _largest(0, cap // CTX_STEP, lambda steps: ledger(
+        shape, knobs, card_mib, gpu_layers, k, v, steps * CTX_STEP, draft).fits())
+
+
+def most_layers(shape: dict, knobs: Knobs, card_mib: int, k: str, v: str, ctx_per_slot: int,
+                draft: Optional[dict] = None) -> int:  # fmt: skip
+    """Partial offload: the most layers short of all n_layer + 1 (``--n-gpu-layers``) that
+    leave room for ``ctx_per_slot``; 0 when not even the output layer alone does. A layer
+    fewer on the card takes its weights and KV off it and puts nothing there (from one
+    layer down to the output layer alone the compute buffer and the prefill pool stay),
+    so the count is a binary search's: log2(n_layer) ledgers, not n_layer."""
+    return _largest(0, shape["n_layer"], lambda n: ledger(shape, knobs, card_mib, n, k, v, ctx_per_slot, draft).fits())
 
 
 def kv_candidates(knobs: Knobs) -> list:
@@ -387,7 +422,9 @@ def plan(shape: dict, knobs: Knobs, card_mib: Optional[int], draft: Optional[dic
     """The context, KV types and layers on the card for ``shape``; ``card_mib``
     is the smallest GPU's memory, None for CPU serving (only the trained
     context limits it); ``draft`` the draft model's shape, whose weights, KV
-    and compute share the card. Raises PlanError naming what was found and what would fit."""
+    and compute share the card. Raises PlanError naming what was found and what would fit,
+    or what in a shape is not what the arithmetic needs (``check_shapes``)."""
+    check_shapes(shape, draft)
     cap, rope = context_cap(shape, knobs)
     wanted = knobs.ctx_size
     if wanted is not None and wanted > cap:
@@ -417,8 +454,7 @@ def plan(shape: dict, knobs: Knobs, card_mib: Optional[int], draft: Optional[dic
     why = ""
     if knobs.gpu_layers is None and fits < floor:
         # Partial offload: the most layers that still leave room for the floor context.
-        layers = next((n for n in range(n_all - 1, 0, -1)
-                       if ledger(shape, knobs, card_mib, n, k, v, floor, draft).fits()), 0)  # fmt: skip
+        layers = most_layers(shape, knobs, card_mib, k, v, floor, draft)
         if layers:
             fits = largest_context(shape, knobs, card_mib, layers, k, v, cap, draft)
             why = f" (all {n_all} leave no room for {floor} tokens per slot)"
@@ -447,6 +483,24 @@ def plan(shape: dict, knobs: Knobs, card_mib: Optional[int], draft: Optional[dic
             + ("the largest that fits" if wanted is None else f"fits; largest {fits}") + f" {card_mib} MiB")  # fmt: skip
     return Plan(ctx, knobs.parallel, k, v, layers, rope, ledger(shape, knobs, card_mib, layers, k, v, ctx, draft),
                 note + why, largest)  # fmt: skip
+
+
+def check_shapes(shape: dict, draft: Optional[dict] = None) -> None:
+    """Where a model's shape comes into the planner, from a host's ``GgufShape``, a header
+    read here, or a config.json's estimate: every value of the model's and the draft's is
+    of the type and within the range the arithmetic needs (``gguf_header.check_shape``).
+    PlanError ("model-shape") naming the first that is not: a bad file is that host's
+    refusal, never a TypeError that stops the run for every host."""
+    for what, s in [("model", shape)] + ([("draft model", draft)] if draft is not None else []):
+        try:
+            check_shape(s)
+        except GgufError as e:
+            where = s.get("path") if isinstance(s, dict) else None
+            raise PlanError(Failure(
+                "model-shape", f"{what} {where!r}: {e}" if isinstance(where, str) else f"{what}: {e}",
+                "a GGUF whose metadata llama.cpp can load: counts as integers in range, a byte count per layer",
+                "replace the model file (model_repo, model_file, model_quant), or the draft's",
+            )) from None
 
 
 def _memory(found: str, needed: str, fix: str) -> PlanError:

@@ -74,28 +74,29 @@ def _forge(gguf: Path, **changes) -> None:
 
 def test_the_record_answers_only_for_the_file_it_was_made_from(gguf):
     assert record(gguf).returncode == 0
-    _forge(gguf, n_layer=99)
-    assert json.loads(shape(gguf))["n_layer"] == 99  # the record answered, not the header
-    assert json.loads(shape(gguf, recorded=False))["n_layer"] == 2
+    _forge(gguf, n_ctx_train=99)
+    assert json.loads(shape(gguf))["n_ctx_train"] == 99  # the record answered, not the header
+    assert json.loads(shape(gguf, recorded=False))["n_ctx_train"] == 2048
 
     # written in place, same size: its mtime moved
     st = gguf.stat()
     with open(gguf, "r+b") as f:
         f.seek(st.st_size - 1)
         f.write(b"\0")
-    assert json.loads(shape(gguf))["n_layer"] == 2
+    assert json.loads(shape(gguf))["n_ctx_train"] == 2048
     # the mtime put back: the record answers again (only --verify's sha256 sees such an edit)
     os.utime(gguf, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert json.loads(shape(gguf))["n_layer"] == 99
+    assert json.loads(shape(gguf))["n_ctx_train"] == 99
     # replaced by a copy with the same size and mtime: another inode
     copy = gguf.with_name("copy")
     shutil.copy2(gguf, copy)
     os.replace(copy, gguf)
     assert gguf.stat().st_mtime_ns == st.st_mtime_ns
-    assert json.loads(shape(gguf))["n_layer"] == 2
+    assert json.loads(shape(gguf))["n_ctx_train"] == 2048
 
 
-@pytest.mark.parametrize("damage", ["not json", "[]", '{"shape": {}}', "missing key", "extra key", "size"])
+@pytest.mark.parametrize("damage", ["not json", "[]", '{"shape": {}}', "missing key", "extra key", "size",
+                                    "layers", "string"])
 def test_a_damaged_record_is_passed_over_for_the_header(gguf, damage):
     assert record(gguf).returncode == 0
     written = gguf.parent / shape_record_name()
@@ -106,6 +107,10 @@ def test_a_damaged_record_is_passed_over_for_the_header(gguf, damage):
         data["shape"]["n_head_kv2"] = 1
     elif damage == "size":
         data["shape"]["size"] += 1
+    elif damage == "layers":  # more layers than sizes per layer
+        data["shape"]["n_layer"] = 99
+    elif damage == "string":
+        data["shape"]["n_head_kv"] = "2"
     text = damage if damage in ("not json", "[]", '{"shape": {}}') else json.dumps(data)
     written.write_text(text)
     assert shape(gguf) == shape(gguf, recorded=False)

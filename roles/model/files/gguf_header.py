@@ -30,8 +30,14 @@ real model's header (``bench/gguf_header_bench.py``). A tensor's bytes follow
 from its dimensions and type (ggml's block sizes below), which is how the
 weights are counted per layer.
 
+Every value is untrusted: a count that is not an integer or not in range, an
+array of arrays, a block count past what the tensors make are each an error
+naming the key (``check_shape``, which the planner also runs on every shape
+it is given), and no claim in a header makes the answer longer than a size
+per layer for at most ``MAX_LAYERS`` layers.
+
 The control machine imports this file for its reader
-(``llamarack/model_shapes.py``).
+(``llamarack/model_shapes.py``) and its checks (``llamarack/planner.py``).
 """
 
 import os
@@ -45,12 +51,23 @@ from json import dumps, loads
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
             10: "<Q", 11: "<q", 12: "<d"}  # fmt: skip
 _STRING, _ARRAY = 8, 9
-# Keys under "<architecture>." that the planner reads.
-_ARCH_KEYS = ("block_count", "context_length", "embedding_length", "attention.head_count",
-              "attention.head_count_kv", "attention.key_length", "attention.value_length",
-              "feed_forward_length", "vocab_size", "attention.sliding_window",
-              "attention.sliding_window_pattern", "rope.scaling.type", "rope.scaling.factor",
-              "rope.scaling.original_context_length")  # fmt: skip
+# The shape's values read from keys under "<architecture>.": the key each comes from.
+GGUF_KEYS = {"n_layer": "block_count", "n_ctx_train": "context_length", "n_embd": "embedding_length",
+             "n_head": "attention.head_count", "n_head_kv": "attention.head_count_kv",
+             "head_dim_k": "attention.key_length", "head_dim_v": "attention.value_length",
+             "n_ff": "feed_forward_length", "n_vocab": "vocab_size", "n_swa": "attention.sliding_window",
+             "swa_pattern": "attention.sliding_window_pattern", "rope_scaling": "rope.scaling.type",
+             "rope_scale": "rope.scaling.factor", "rope_orig_ctx": "rope.scaling.original_context_length"}  # fmt: skip
+_ARCH_KEYS = tuple(GGUF_KEYS.values())
+# The most layers a shape may have. llama.cpp's largest models have a few hundred; a block
+# count past this is no model's, and the answer (a size per layer) would grow with it.
+MAX_LAYERS = 2**16
+# The most metadata keys and tensors a header may claim: a real model has tens of keys and
+# thousands of tensors; a claim past these would only keep the reader busy.
+MAX_KEYS, MAX_TENSORS = 2**16, 2**20
+# llama.cpp keeps at most 4 dimensions per tensor (GGML_MAX_DIMS), fewer than 2^63 values in all.
+MAX_DIMS = 4
+UINT32, INT64 = 2**32 - 1, 2**63 - 1
 # ggml type id: (values per block, bytes per block), as gguf-py's GGML_QUANT_SIZES.
 GGML_BLOCKS = {
     0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
@@ -101,24 +118,39 @@ def _string(f) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def _value(f, vtype: int, keep: bool):
+def _value(f, key: str, vtype: int, keep: bool, most: int):
+    """The value of ``vtype`` at ``f`` (None when not ``keep``). An array holds scalars or
+    strings, never arrays (llama.cpp's reader refuses those, so nothing is nested here);
+    a kept one at most ``most`` items."""
     if vtype in _SCALARS:
         return _read(f, _SCALARS[vtype])
     if vtype == _STRING:
         return _string(f)
-    if vtype == _ARRAY:
-        itype, count = _read(f, "<I"), _read(f, "<Q")
-        if count > _left(f):  # every item takes at least one byte
-            raise GgufError(f"corrupt GGUF header: an array of {count} items, past the end of the file")
-        if itype in _SCALARS and not keep:
-            f.seek(count * struct.calcsize(_SCALARS[itype]), os.SEEK_CUR)  # vocab scores etc.
-            return None
-        if itype == _STRING and not keep:
+    if vtype != _ARRAY:
+        raise GgufError(f"unknown GGUF value type {vtype} (key {_shown(key)})")
+    itype, count = _read(f, "<I"), _read(f, "<Q")
+    if itype != _STRING and itype not in _SCALARS:
+        what = "an array of arrays, which llama.cpp does not read" if itype == _ARRAY else f"items of type {itype}"
+        raise GgufError(f"corrupt GGUF header: key {_shown(key)} holds {what}")
+    if count > _left(f):  # every item takes at least one byte
+        raise GgufError(f"corrupt GGUF header: an array of {count} items, past the end of the file")
+    if not keep:
+        if itype == _STRING:
             _skip_strings(f, count)  # the vocabulary's tokens, its merges
-            return None
-        items = [_value(f, itype, keep) for _ in range(count)]
-        return items if keep else None
-    raise GgufError(f"unknown GGUF value type {vtype}")
+        else:
+            f.seek(count * struct.calcsize(_SCALARS[itype]), os.SEEK_CUR)  # vocab scores etc.
+        return None
+    if count > most:
+        raise GgufError(f"key {_shown(key)} holds {count} items, more than the {most} it can hold")
+    if itype == _STRING:
+        return [_string(f) for _ in range(count)]
+    return [_read(f, _SCALARS[itype]) for _ in range(count)]
+
+
+def _shown(value) -> str:
+    """``value`` as a message shows it: its repr, cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _skip_strings(f, count: int) -> None:
@@ -148,34 +180,43 @@ def _skip_strings(f, count: int) -> None:
     f.seek(pos - len(buf), os.SEEK_CUR)
 
 
-def read_header(f, name: str, wanted=None) -> tuple:
+def read_header(f, name: str, wanted=None, most: int = sys.maxsize) -> tuple:
     """(metadata, tensors) of the GGUF open as ``f``: all keys, or only those in
-    ``wanted`` (a predicate on the key; other values are skipped, not kept), and
-    each tensor's (name, bytes, dimensions)."""
+    ``wanted`` (a predicate on the key; other values are skipped, not kept; a kept
+    array at most ``most`` items), and each tensor's (name, bytes, dimensions)."""
     if f.read(4) != b"GGUF":
         raise GgufError(f"{name} is not a GGUF file")
     version = _read(f, "<I")
     if version < 2:
         raise GgufError(f"GGUF version {version} is not supported (needs 2 or later)")
-    n_tensors = _read(f, "<Q")
+    n_tensors, n_keys = _read(f, "<Q"), _read(f, "<Q")
+    if n_tensors > MAX_TENSORS or n_keys > MAX_KEYS:
+        raise GgufError(f"{name}: a header of {n_tensors} tensors and {n_keys} metadata keys is no model's "
+                        f"(at most {MAX_TENSORS} and {MAX_KEYS})")  # fmt: skip
     meta = {"gguf.version": version}
-    for _ in range(_read(f, "<Q")):
+    for _ in range(n_keys):
         key = _string(f)
         keep = wanted is None or wanted(key)
-        value = _value(f, _read(f, "<I"), keep)
+        value = _value(f, key, _read(f, "<I"), keep, most)
         if keep:
             meta[key] = value
     tensors = []
     for _ in range(n_tensors):
         tname = _string(f)
-        dims = [_read(f, "<Q") for _ in range(_read(f, "<I"))]
+        n_dims = _read(f, "<I")
+        if n_dims > MAX_DIMS:
+            raise GgufError(f"{name}: tensor {_shown(tname)} has {n_dims} dimensions; llama.cpp reads "
+                            f"at most {MAX_DIMS}")  # fmt: skip
+        dims = [_read(f, "<Q") for _ in range(n_dims)]
         count = 1
         for d in dims:
             count *= d
+        if count > INT64:
+            raise GgufError(f"{name}: tensor {_shown(tname)} of {count} values, more than llama.cpp can hold")
         ggml_type = _read(f, "<I")
         _read(f, "<Q")  # offset in the data section
         if ggml_type not in GGML_BLOCKS:
-            raise GgufError(f"{name}: tensor {tname} has ggml type {ggml_type}, unknown here")
+            raise GgufError(f"{name}: tensor {_shown(tname)} has ggml type {ggml_type}, unknown here")
         per_block, block_bytes = GGML_BLOCKS[ggml_type]
         tensors.append((tname, count // per_block * block_bytes, dims))
     return meta, tensors
@@ -185,6 +226,14 @@ def read_metadata(path: str, wanted=None) -> dict:
     """The metadata of the GGUF at ``path`` (see ``read_header``)."""
     with open(path, "rb") as f:
         return read_header(f, path, wanted)[0]
+
+
+def _layer_index(tname: str):
+    """N of a repeating layer's tensor (``blk.N.*``), else None."""
+    parts = tname.split(".", 2)
+    if len(parts) > 1 and parts[0] == "blk" and parts[1].isascii() and parts[1].isdigit():
+        return int(parts[1])
+    return None
 
 
 def tensor_ledger(tensors: list, n_layer: int) -> dict:
@@ -197,12 +246,10 @@ def tensor_ledger(tensors: list, n_layer: int) -> dict:
     names = set()
     for tname, size, _ in tensors:
         names.add(tname)
-        if tname.startswith("blk."):
-            index = int(tname.split(".")[1])
-            if index < n_layer:
-                layers[index] += size
-                continue
-        if tname == "token_embd.weight":
+        index = _layer_index(tname)
+        if index is not None and index < n_layer:
+            layers[index] += size
+        elif tname == "token_embd.weight":
             embd += size
         else:
             output += size
@@ -214,6 +261,62 @@ def tensor_ledger(tensors: list, n_layer: int) -> dict:
 SHAPE_KEYS = ("size", "architecture", "file_type", "n_layer", "n_ctx_train", "n_head", "n_head_kv", "head_dim_k",
               "head_dim_v", "n_embd", "n_ff", "n_vocab", "n_swa", "swa_pattern", "rope_scaling", "rope_scale",
               "rope_orig_ctx", "layer_bytes", "token_embd_bytes", "output_bytes", "tied_embeddings")  # fmt: skip
+# The integers of a shape: (lowest, highest, None allowed). llama.cpp keeps the model's
+# hyperparameters as 32-bit unsigned integers, byte counts as 64-bit signed ones.
+INTEGERS = {
+    "size": (0, INT64, False), "file_type": (0, UINT32, True), "n_layer": (1, MAX_LAYERS, False),
+    "n_ctx_train": (1, UINT32, False), "n_head": (1, UINT32, False), "n_head_kv": (1, UINT32, False),
+    "head_dim_k": (1, UINT32, False), "head_dim_v": (1, UINT32, False), "n_embd": (0, UINT32, True),
+    "n_ff": (0, UINT32, True), "n_vocab": (0, UINT32, True), "n_swa": (0, UINT32, False),
+    "rope_orig_ctx": (0, UINT32, True), "token_embd_bytes": (0, INT64, False), "output_bytes": (0, INT64, False),
+}  # fmt: skip
+
+
+def _integer(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_values(values: dict, names: dict = GGUF_KEYS) -> None:
+    """Each integer of a shape in ``values`` (``INTEGERS``) is one, within its range;
+    GgufError naming the first that is not, and where it comes from (``names``)."""
+    for key, value in values.items():
+        if key not in INTEGERS or (value is None and INTEGERS[key][2]):
+            continue
+        low, high, _ = INTEGERS[key]
+        source = f" ({names[key]})" if key in names else ""
+        if not _integer(value):
+            raise GgufError(f"{key}{source} {_shown(value)} is not an integer")
+        if not low <= value <= high:
+            raise GgufError(f"{key}{source} {value} is out of range ({low} to {high})")
+
+
+def check_shape(shape) -> None:
+    """A shape (``shape_of``'s, a recorded one, a config.json's estimate) has every key,
+    each value of the type and within the range the planner's arithmetic needs: integers
+    where counts belong (``INTEGERS``), a size per layer, a finite positive rope scale.
+    GgufError naming the first value that is not."""
+    if not isinstance(shape, dict):
+        raise GgufError(f"a shape is a mapping, not {type(shape).__name__}")
+    missing = [k for k in SHAPE_KEYS if k not in shape]
+    if missing:
+        raise GgufError(f"the shape lacks {', '.join(missing)}")
+    check_values(shape)
+    arch, pattern, scale, layers = (shape[k] for k in ("architecture", "swa_pattern", "rope_scale", "layer_bytes"))
+    if not isinstance(arch, str) or not arch:
+        raise GgufError(f"architecture {_shown(arch)} is not a name")
+    if not (pattern is None or _integer(pattern) and 0 <= pattern <= UINT32 or isinstance(pattern, list)
+            and len(pattern) <= MAX_LAYERS and all(_integer(v) or isinstance(v, bool) for v in pattern)):
+        raise GgufError(f"swa_pattern ({GGUF_KEYS['swa_pattern']}) {_shown(pattern)} is neither a count "
+                        "nor a list of flags, one per layer")  # fmt: skip
+    if not (shape["rope_scaling"] is None or isinstance(shape["rope_scaling"], str)):
+        raise GgufError(f"rope_scaling ({GGUF_KEYS['rope_scaling']}) {_shown(shape['rope_scaling'])} is not a name")
+    if not (scale is None or isinstance(scale, (int, float)) and not isinstance(scale, bool) and 0 < scale < 2**32):
+        raise GgufError(f"rope_scale ({GGUF_KEYS['rope_scale']}) {_shown(scale)} is not a positive finite number")
+    if not (isinstance(layers, list) and len(layers) == shape["n_layer"]
+            and all(_integer(b) and 0 <= b <= INT64 for b in layers)):
+        raise GgufError(f"layer_bytes {_shown(layers)} is not a byte count for each of the {shape['n_layer']} layers")
+    if not isinstance(shape["tied_embeddings"], bool):
+        raise GgufError(f"tied_embeddings {_shown(shape['tied_embeddings'])} is not true or false")
 
 
 def read_shape(path: str) -> dict:
@@ -226,50 +329,75 @@ def shape_of(f, path: str, size: int) -> dict:
     """File size, architecture, layers, trained context, KV heads and head sizes
     (a per-layer KV head list is reduced to its largest), the sliding-window
     layout, the rope scaling the model was trained with, and the weights' bytes
-    per layer (``tensor_ledger``)."""
+    per layer (``tensor_ledger``). GgufError when a value is not what it must be
+    (``check_shape``), or the file's tensors make fewer layers than it claims."""
     meta, tensors = read_header(f, path, lambda k: k == "general.architecture" or k.endswith(_ARCH_KEYS)
-                                or k == "general.file_type")  # fmt: skip
+                                or k == "general.file_type", most=MAX_LAYERS)  # fmt: skip
+    try:
+        shape = _counts(meta, path, size)
+        shape.update(_layout(meta, shape["architecture"], tensors, shape["n_layer"]))
+        check_shape(shape)
+    except GgufError as e:
+        raise GgufError(f"{path}: {e}") from None
+    return shape
+
+
+def _get(meta: dict, arch: str, key: str):
+    """``<arch>.<key>``; of a list per layer, its largest (a list of anything but
+    integers is left as it is, for ``check_shape`` to name)."""
+    value = meta.get(f"{arch}.{key}")
+    return max(value) if isinstance(value, list) and value and all(map(_integer, value)) else value
+
+
+def _counts(meta: dict, path: str, size: int) -> dict:
+    """``shape_of``'s architecture, layers, trained context, heads and head sizes."""
     arch = meta.get("general.architecture")
     if not arch:
-        raise GgufError(f"{path}: no general.architecture in its metadata")
-
-    def get(key):
-        value = meta.get(f"{arch}.{key}")
-        return max(value) if isinstance(value, list) else value
-
-    heads = get("attention.head_count")
-    head_dim = get("embedding_length") // heads if heads and get("embedding_length") else None
+        raise GgufError("no general.architecture in its metadata")
+    if not isinstance(arch, str):
+        raise GgufError(f"general.architecture {_shown(arch)} is not a name")
+    heads, width = _get(meta, arch, "attention.head_count"), _get(meta, arch, "embedding_length")
+    # before one is divided by the other
+    check_values({k: v for k, v in (("n_head", heads), ("n_embd", width)) if v is not None})
+    head_dim = width // heads if heads and width else None
     shape = {
         "path": path,
         "size": size,
         "architecture": arch,
         "file_type": meta.get("general.file_type"),
-        "n_layer": get("block_count"),
-        "n_ctx_train": get("context_length"),
+        "n_layer": _get(meta, arch, "block_count"),
+        "n_ctx_train": _get(meta, arch, "context_length"),
         "n_head": heads,
-        "n_head_kv": get("attention.head_count_kv") or heads,
-        "head_dim_k": get("attention.key_length") or head_dim,
-        "head_dim_v": get("attention.value_length") or head_dim,
+        "n_head_kv": _get(meta, arch, "attention.head_count_kv") or heads,
+        "head_dim_k": _get(meta, arch, "attention.key_length") or head_dim,
+        "head_dim_v": _get(meta, arch, "attention.value_length") or head_dim,
     }
     missing = [k for k, v in shape.items() if v is None and k != "file_type"]
     if missing:
-        raise GgufError(f"{path}: {arch} metadata lacks {', '.join(missing)}")
+        raise GgufError(f"{arch} metadata lacks {', '.join(missing)}")
+    return shape
+
+
+def _layout(meta: dict, arch: str, tensors: list, n_layer) -> dict:
+    """The rest of ``shape_of``'s shape: widths, the sliding window, rope, the bytes per layer."""
+    check_values({"n_layer": n_layer})  # before a size per layer is counted for it
+    blocks = sum(1 for tname, _, _ in tensors if _layer_index(tname) is not None)
+    if n_layer > blocks:
+        raise GgufError(f"block_count {n_layer} is more layers than the file's {blocks} layer tensors (blk.N.*) make")
     pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
     embd_dims = next((dims for name, _, dims in tensors if name == "token_embd.weight"), None)
-    vocab = meta.get(f"{arch}.vocab_size") or (embd_dims[-1] if embd_dims else None)
-    shape.update({
-        "n_embd": get("embedding_length"),
-        "n_ff": get("feed_forward_length"),
-        "n_vocab": vocab,
-        "n_swa": get("attention.sliding_window") or 0,
+    return {
+        "n_embd": _get(meta, arch, "embedding_length"),
+        "n_ff": _get(meta, arch, "feed_forward_length"),
+        "n_vocab": meta.get(f"{arch}.vocab_size") or (embd_dims[-1] if embd_dims else None),
+        "n_swa": _get(meta, arch, "attention.sliding_window") or 0,
         # a list: which layers slide (llama.cpp reads it so); an int: every Nth layer is dense
         "swa_pattern": [bool(v) for v in pattern] if isinstance(pattern, list) else pattern,
         "rope_scaling": meta.get(f"{arch}.rope.scaling.type"),
         "rope_scale": meta.get(f"{arch}.rope.scaling.factor"),
         "rope_orig_ctx": meta.get(f"{arch}.rope.scaling.original_context_length"),
-        **tensor_ledger(tensors, shape["n_layer"]),
-    })  # fmt: skip
-    return shape
+        **tensor_ledger(tensors, n_layer),
+    }
 
 
 def is_record_name(name: str) -> bool:
@@ -297,6 +425,10 @@ def recorded_shape(path: str, name: str, st: os.stat_result):
         return None
     if sig != signature(st) or not isinstance(shape, dict) or sorted(shape) != sorted(SHAPE_KEYS) \
             or shape["size"] != st.st_size:  # fmt: skip
+        return None
+    try:
+        check_shape(shape)  # a record altered since: the header answers, and says what is wrong
+    except GgufError:
         return None
     return dict(shape, path=path)
 
