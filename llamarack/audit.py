@@ -6,10 +6,8 @@ for each host, every role's facts in one remote command (``FactsTogether``, run
 through the host's own pyinfra connector: ``llamarack/hosts.py``), hosts in
 parallel, nothing changed. The wanted side is computed by the same
 settings loader and planners the deploy uses (the build stamp, the env
-pins, the model record, the unit text), called by the roles' items, so "no drift" means "a deploy now
-would change nothing" (but for writing a missing GGUF shape record, the
-header's reading kept beside the file: it changes nothing that serves, and
-``GgufShape`` reads the header without it).
+pins, the model record and its shape record, the unit text, the proof), called by the
+roles' items, so "no drift" means "a deploy now would change nothing".
 
 The JSON (``--json``) is one object, schema ``llamarack-audit/1``:
 

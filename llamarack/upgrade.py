@@ -63,6 +63,18 @@ def build_steps(item: Item) -> list[Step]:
                  f"proof {found.get('proof') or 'without an id'} -> {wanted.get('proof')}; nothing is built")]
 
 
+def model_step(item: Item) -> Step:
+    found, wanted = item.found or {}, item.wanted or {}
+    same = all(found.get(k) == wanted.get(k) for k in ("repo", "revision", "quant", "untouched"))
+    if found.get("stamp") and same and not found.get("shape_recorded"):
+        return Step("record", "GGUF shape", "this llamarack's header reader reads the served GGUF again; "
+                                            "nothing that serves changes")
+    if found.get("stamp") and found.get("untouched") is False:
+        return Step("remake", "model artifact", "the served artifact was changed after its seal")
+    return Step("remake", "model artifact", f"{found.get('repo')}@{found.get('revision')} {found.get('quant')} "
+                                            "-> the settings' model")
+
+
 def unit_steps(item: Item, rebuilt: bool) -> list[Step]:
     found, wanted = item.found or {}, item.wanted or {}
     if wanted.get("sha256") is None:
@@ -82,11 +94,8 @@ def host_steps(audit: HostAudit) -> list[Step]:
     if "build" in items and items["build"].drift:
         steps += build_steps(items["build"])
     if "model" in items and items["model"].drift:
-        found = items["model"].found or {}
-        why = "the served artifact was changed" if found.get("stamp") and found.get("untouched") is False \
-            else f"{found.get('repo')}@{found.get('revision')} {found.get('quant')} -> the settings' model"
-        steps.append(Step("remake", "model artifact", why))
-    remade = any(s.action in ("rebuild", "remake") for s in steps)
+        steps.append(model_step(items["model"]))
+    remade = any(s.action in ("rebuild", "remake") for s in steps)  # a new build or model: a new unit
     if "unit" in items and items["unit"].drift:
         steps += unit_steps(items["unit"], remade)
     elif remade:

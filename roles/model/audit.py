@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from pyinfra.facts.files import Sha256File
+from pyinfra.facts.files import File, Sha256File
 
 from llamarack.audit import Item, Seen
 from llamarack.facts import FactRead
 from llamarack.settings import Settings
 
 from .plan import plan_from_record
-from .reads import ModelArtifact
+from .reads import ModelArtifact, shape_record_name
 
 ITEMS = ("model",)
 
@@ -17,7 +17,7 @@ ITEMS = ("model",)
 def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
     """The served artifact; ``verify``: its GGUF hashed."""
     current = settings.layout.current_model
-    return (FactRead.of(ModelArtifact, path=current),) + \
+    return (FactRead.of(ModelArtifact, path=current), FactRead.of(File, path=f"{current}/{shape_record_name()}")) + \
         ((FactRead.of(Sha256File, path=f"{current}/model.gguf"),) if verify else ())  # fmt: skip
 
 
@@ -27,13 +27,16 @@ def items(seen: Seen) -> dict[str, Item]:
     asked = (served.record or {}).get("asked", {}) if served else {}
     matches = served is not None and plan_from_record(settings, served) is not None
     found = {"stamp": served.stamp if served else None, "repo": asked.get("repo"), "revision": asked.get("revision"),
-             "quant": asked.get("quant"), "untouched": bool(served and served.untouched)}
+             "quant": asked.get("quant"), "untouched": bool(served and served.untouched),
+             # the GGUF's shape as this llamarack's header reader records it (a new reader reads it again)
+             "shape_recorded": bool(served and fact(File, path=f"{current}/{shape_record_name()}"))}
     wanted = {"repo": settings.model.repo, "revision": settings.model.revision, "quant": settings.model.quant,
-              "untouched": True}
+              "untouched": True, "shape_recorded": True}
     sha_ok = True
     if seen.verify:
         sealed = (((served.record or {}) if served else {}).get("gguf") or {}).get("sha256")
         found["sha256"] = fact(Sha256File, path=f"{current}/model.gguf")
         wanted["sha256"] = sealed
         sha_ok = bool(sealed) and found["sha256"] == sealed
-    return {"model": Item(found, wanted, drift=not matches or not served.untouched or not sha_ok)}
+    drift = not matches or not served.untouched or not sha_ok or not found["shape_recorded"]
+    return {"model": Item(found, wanted, drift=drift)}

@@ -66,3 +66,12 @@ def test_hosts_that_cannot_be_read_or_are_refused_say_so():
     text = as_text([down, refused])
     assert "lab-t4: cannot tell: timed out" in text and "refused by preflight: lab-p40: gpu-on-bus" in text
     assert as_json([down])["hosts"]["lab-t4"] == {"error": "timed out", "steps": []}
+
+
+def test_a_new_header_reader_records_the_shape_again_and_remakes_nothing():
+    model = {"stamp": "9f", "repo": "r", "revision": "v", "quant": "Q4_K_M", "untouched": True}
+    audit = host(model=Item({**model, "shape_recorded": False}, {**model, "shape_recorded": True}, drift=True))
+    assert steps(audit) == [("record", "GGUF shape")]
+    changed = host(model=Item({**model, "shape_recorded": False}, {**model, "quant": "Q8_0", "shape_recorded": True},
+                              drift=True))
+    assert steps(changed) == [("remake", "model artifact"), ("restart", "llama-server")]
