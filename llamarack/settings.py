@@ -242,6 +242,13 @@ def _text_problem(value: str) -> Optional[str]:
     return None
 
 
+def shown(value: Any) -> str:
+    """A value as an error shows it: its repr, cut after 200 characters (a hostile value
+    of 100,000 characters is named, not printed)."""
+    text = repr(value)
+    return text if len(text) <= 200 else f"{text[:200]}... ({len(text)} characters in all)"
+
+
 def _coerce(info: SettingInfo, value: Any) -> tuple[Any, Optional[str]]:
     """Check one value against its setting; return (value, problem or None)."""
     tp, optional = _unwrap_optional(info.type)
@@ -325,7 +332,7 @@ def _plain_http_problems(sections: Mapping[str, Any]) -> list[str]:
                 token = (", and the hub token (model_hf_token_file) would travel in clear"
                          if info.key == "model_hf_endpoint" and sections["model"].hf_token_file else "")
                 problems.append(
-                    f"{info.key}: given {url!r}; allowed: an https:// URL: plain http:// can be read and changed "
+                    f"{info.key}: given {shown(url)}; allowed: an https:// URL: plain http:// can be read and changed "
                     f"by anyone on the way{token} (llamarack_trusted_network = True allows it where the hosts "
                     "reach their sources over a closed network, as in the lab; http:// to a loopback address "
                     "is allowed)")  # fmt: skip
@@ -342,7 +349,7 @@ def _shared_dir_problems(sections: Mapping[str, Any]) -> list[str]:
         if shared:
             whose = "users' homes" if shared in ("/home", "/run/user") else "a directory every user can write to"
             problems.append(
-                f"{key}: given {path!r}; allowed: a directory other users cannot write to ({shared} is {whose}: "
+                f"{key}: given {shown(path)}; allowed: a directory other users cannot write to ({shared} is {whose}: "
                 "a local user could put files there, or the directory itself, before root runs what is "
                 "in it), e.g. under /opt or /srv (llamarack_allow_shared_dirs = True only on a throwaway "
                 "test host)")  # fmt: skip
@@ -405,7 +412,7 @@ def load_settings(host_name: str, data: Mapping[str, Any]) -> Settings:
             continue
         value, problem = _coerce(info, data[info.key])
         if problem:
-            problems.append(f"{info.key}: given {data[info.key]!r}; allowed: {problem}")
+            problems.append(f"{info.key}: given {shown(data[info.key])}; allowed: {problem}")
         else:
             values[info.role][info.name] = value
 

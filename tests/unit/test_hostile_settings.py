@@ -77,7 +77,7 @@ HOSTILE = [
     ({"llamacpp_git_url": "git://-oProxyCommand/x"}, f"llamacpp_git_url: given 'git://-oProxyCommand/x'; allowed: {GIT}"),
     ({"model_hf_endpoint": "https://a.-b.example/"}, f"model_hf_endpoint: given 'https://a.-b.example/'; allowed: {URL}"),
     ({"model_hf_endpoint": "https://[fe80::1%25eth0]/"}, f"model_hf_endpoint: given 'https://[fe80::1%25eth0]/'; allowed: {URL}"),
-    ({"model_hf_endpoint": "https://" + "a" * 2100 + ".example"}, "model_hf_endpoint: given 'https://" + "a" * 2100 + ".example'; allowed: an http:// or https:// URL of at most 2048 characters"),
+    ({"model_hf_endpoint": "https://" + "a" * 2100 + ".example"}, "model_hf_endpoint: given 'https://" + "a" * 191 + "... (2118 characters in all); allowed: an http:// or https:// URL of at most 2048 characters"),
     # plain http where a token, or code run as root, travels
     ({"model_hf_endpoint": "http://hub.example", "model_hf_token_file": "secrets/hub"}, f"model_hf_endpoint: given 'http://hub.example'; allowed: {HTTP}, and the hub token (model_hf_token_file) would travel in clear"),
     ({"model_hf_endpoint": "http://hub.example"}, f"model_hf_endpoint: given 'http://hub.example'; allowed: {HTTP} (llamarack_trusted_network = True"),
@@ -92,11 +92,11 @@ HOSTILE = [
     ({"server_listen": "fe80::1%eth0"}, f"server_listen: given 'fe80::1%eth0'; allowed: {ADDRESS}"),
     ({"server_listen": "-oProxyCommand"}, f"server_listen: given '-oProxyCommand'; allowed: {ADDRESS}"),
     # lengths
-    ({"llamarack_root": "/" + "a" * 100_000}, "llamarack_root: given '/" + "a" * 100_000 + "'; allowed: a text of at most 4096 characters (given 100001)"),
-    ({"llamarack_root": "/opt/" + "a" * 300}, "llamarack_root: given '/opt/" + "a" * 300 + "'; allowed: an absolute path of at most 1024 characters, each name at most 255"),
-    ({"llamarack_root": "/opt" + "/abc" * 300}, "llamarack_root: given '/opt" + "/abc" * 300 + "'; allowed: an absolute path of at most 1024 characters"),
-    ({"model_hf_token_file": "t" * 5000}, "model_hf_token_file: given '" + "t" * 5000 + "'; allowed: a text of at most 4096 characters"),
-    ({"model_hf_include": ["*.json"] * 300}, f"model_hf_include: given {['*.json'] * 300!r}; allowed: a list of at most 256 items (given 300)"),
+    ({"llamarack_root": "/" + "a" * 100_000}, "llamarack_root: given '/" + "a" * 198 + "... (100003 characters in all); allowed: a text of at most 4096 characters (given 100001)"),
+    ({"llamarack_root": "/opt/" + "a" * 300}, "llamarack_root: given '/opt/" + "a" * 194 + "... (307 characters in all); allowed: an absolute path of at most 1024 characters, each name at most 255"),
+    ({"llamarack_root": "/opt" + "/abc" * 300}, "llamarack_root: given '/opt" + ("/abc" * 300)[:195] + "... (1206 characters in all); allowed: an absolute path of at most 1024 characters"),
+    ({"model_hf_token_file": "t" * 5000}, "model_hf_token_file: given '" + "t" * 199 + "... (5002 characters in all); allowed: a text of at most 4096 characters"),
+    ({"model_hf_include": ["*.json"] * 300}, f"model_hf_include: given {repr(['*.json'] * 300)[:200]}... (3000 characters in all); allowed: a list of at most 256 items (given 300)"),
     # the system's own directories
     ({"llamarack_root": "/etc/cron.d"}, f"llamarack_root: given '/etc/cron.d'; allowed: {OWN}, e.g. /opt/llamarack (not /etc/cron.d: the system runs or reads what is under /etc)"),
     ({"llamarack_root": "/usr/local"}, f"llamarack_root: given '/usr/local'; allowed: {OWN}, e.g. /opt/llamarack (not /usr/local: the system runs or reads what is under /usr)"),
