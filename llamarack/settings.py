@@ -302,15 +302,19 @@ def _scalar_problem(info: SettingInfo, tp: type, value: Any) -> Optional[str]:
     return problem or (info.check(value) if info.check else None)
 
 
+def _setting_values(sections: Mapping[str, Any]):
+    """(info, value) of every setting of ``sections`` ({section name: section})."""
+    names = {role: name for name, role in SECTIONS.items()}
+    for info in all_settings():
+        yield info, getattr(sections[names[info.role]], info.name)
+
+
 def _private_dir_settings(sections: Mapping[str, Any]):
     """(key, path) of each host path root runs or builds from (a setting checked as a
     host path: the root, toolchain_cuda_home, llamacpp_ccache_dir), where one is set."""
-    names = {role: name for name, role in SECTIONS.items()}
-    for info in all_settings():
-        if info.check in (host_path, _root):
-            value = getattr(sections[names[info.role]], info.name)
-            if value:
-                yield info.key, value
+    for info, value in _setting_values(sections):
+        if info.check in (host_path, _root) and value:
+            yield info.key, value
 
 
 def private_dirs(s: Settings) -> tuple[tuple[str, str], ...]:
@@ -323,10 +327,8 @@ def _plain_http_problems(sections: Mapping[str, Any]) -> list[str]:
     """Plain http:// sources, unless llamarack_trusted_network says no one else is on the way."""
     if sections["general"].trusted_network:
         return []
-    names = {role: name for name, role in SECTIONS.items()}
     problems = []
-    for info in all_settings():
-        value = getattr(sections[names[info.role]], info.name)
+    for info, value in _setting_values(sections):
         for url in value if isinstance(value, tuple) else (value,):
             if isinstance(url, str) and url.startswith("http://") and not loopback_url(url):
                 token = (", and the hub token (model_hf_token_file) would travel in clear"
