@@ -38,6 +38,8 @@ lab = (
         "llamacpp_backend": "cpu",
         "python_env_backend": "venv",
         "llamacpp_ccache_dir": "/var/cache/llamarack-ccache",
+        # The sources are plain http on the lab's closed bridge; a real rack uses https.
+        "llamarack_trusted_network": True,
         "llamacpp_git_url": "http://10.77.0.1:8470/llama.cpp.git",
         "llamacpp_commit": "dccad28c67854048fcdf644803b3f54e152d99a8",
         "python_env_python_version": "3.11",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.parse
 from typing import Optional
 
 import click
@@ -21,6 +22,7 @@ from llamarack.planner import (AUTO_KV_TYPES, KV_TYPE_BYTES, MIB, Knobs, PlanErr
 from llamarack.roles.model.settings import QUANT_TYPES
 from llamarack.roles.server.settings import DEFAULT_RESERVE_MIB
 from llamarack.secrets import read_token
+from llamarack.settings_fields import loopback_url, remote_url
 
 GIB = 2**30
 
@@ -42,6 +44,21 @@ def card_memory(gpu: str) -> tuple:
         raise click.BadParameter(f"{gpu!r} {which}; give MiB, or one of: {', '.join(known)}", param_hint="--gpu")
     mib, (name, cap) = next(iter(found.items()))
     return name, mib, cap
+
+
+def token_host(endpoint: str, token_file: Optional[str], trusted_network: bool) -> Optional[str]:
+    """The server (host[:port]) a hub token read from ``token_file`` is sent to, or None
+    without a token; the endpoint is held to model_hf_endpoint's shape, and plain http://
+    with a token off this host to ``trusted_network``, as the settings are."""
+    problem = remote_url(endpoint)
+    if problem:
+        raise click.BadParameter(f"{endpoint!r}: allowed: {problem}", param_hint="--hub-endpoint")
+    if not token_file:
+        return None
+    if endpoint.startswith("http://") and not (trusted_network or loopback_url(endpoint)):
+        raise click.BadParameter(f"{endpoint!r} with --hub-token-file: the token would travel in clear; use "
+                                 "https://, or --trusted-network on a closed network", param_hint="--hub-endpoint")
+    return urllib.parse.urlsplit(endpoint).netloc
 
 
 def kv_table(shape: dict, knobs: Knobs, card_mib: int, pairs: list, draft: Optional[dict] = None) -> list:
@@ -73,7 +90,10 @@ def _gib(n: float) -> str:
 @click.option("--file", "hub_file", help="the GGUF's path in the repository (with --hub-repo)")
 @click.option("--hub-endpoint", default="https://huggingface.co", show_default=True,
               help="Hugging Face endpoint or mirror (as model_hf_endpoint)")
-@click.option("--hub-token-file", type=click.Path(exists=True, dir_okay=False), help="file holding a hub token")
+@click.option("--hub-token-file", type=click.Path(exists=True, dir_okay=False),
+              help="file holding a hub token (sent to --hub-endpoint's server alone, named in the output)")
+@click.option("--trusted-network", is_flag=True,
+              help="allow a plain http:// --hub-endpoint with a token (a closed network, as llamarack_trusted_network)")
 @click.option("--config", "config_json", type=click.Path(exists=True, dir_okay=False),
               help="a model's config.json: the weights estimated for --quant")
 @click.option("--quant", type=click.Choice(QUANT_TYPES), default="Q4_K_M", show_default=True,
@@ -102,7 +122,8 @@ def _gib(n: float) -> str:
 @click.option("--draft-quant", type=click.Choice(QUANT_TYPES), default="Q8_0", show_default=True)
 @click.option("--draft-gpu-layers", type=click.IntRange(0), help="the draft's layers on the card (default: all)")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
-def plan_command(gguf, hub_repo, revision, hub_file, hub_endpoint, hub_token_file, config_json, quant, gpu, gpus,
+def plan_command(gguf, hub_repo, revision, hub_file, hub_endpoint, hub_token_file, trusted_network, config_json,
+                 quant, gpu, gpus,
                  kv_types, ctx_size, parallel, gpu_layers, min_ctx, rope_scaling, rope_scale, yarn_orig_ctx,
                  reserve_mib, no_flash_attn, draft_gguf, draft_config, draft_quant, draft_gpu_layers,
                  as_json):  # fmt: skip
@@ -113,12 +134,14 @@ def plan_command(gguf, hub_repo, revision, hub_file, hub_endpoint, hub_token_fil
     sources = [bool(gguf), bool(hub_repo), bool(config_json)]
     if sum(sources) != 1:
         raise click.UsageError("give one of: a GGUF path, --hub-repo (with --revision and --file), --config")
+    sent_to = None
     try:
         if gguf:
             shape = local_gguf_shape(gguf)
         elif hub_repo:
             if not (revision and hub_file):
                 raise click.UsageError("--hub-repo needs --revision and --file")
+            sent_to = token_host(hub_endpoint, hub_token_file, trusted_network)
             token = read_token(hub_token_file, "--hub-token-file") if hub_token_file else None
             shape = hub_gguf_shape(hub_endpoint, hub_repo, revision, hub_file, token)
         else:
@@ -166,11 +189,13 @@ def plan_command(gguf, hub_repo, revision, hub_file, hub_endpoint, hub_token_fil
         "ctx_cap_per_slot": cap, "rope": list(rope),
         "ledger": book.as_dict(), "kv": table,
         "plan": result.as_dict() if result else None, "refused": refusal,
+        "hub_token_sent_to": sent_to,
     }  # fmt: skip
     if as_json:
         click.echo(json.dumps(report, indent=1, sort_keys=True))
     else:
-        click.echo(_text(shape, name, gpus, card_mib, compute_cap, cap, rope, book, table, result, refusal))
+        click.echo((f"hub:   the token of {hub_token_file} was sent to {sent_to} only\n" if sent_to else "")
+                   + _text(shape, name, gpus, card_mib, compute_cap, cap, rope, book, table, result, refusal))
     if refusal:
         raise SystemExit(1)
 

@@ -19,10 +19,11 @@ from typing import Callable, Optional
 from packaging.version import Version
 
 from llamarack import gpu_table
+from llamarack.facts.ownership import PathOwnership
 from llamarack.roles.driver.reads import DriverState, KernelLog, KernelModule
 from llamarack.roles.toolchain.reads import CudaToolkit, GccInstall
 
-from .settings import Settings
+from .settings import Settings, private_dirs
 
 # Minimum driver per CUDA toolkit (major, minor), newest first. CUDA 11.8
 # ships with 520.61.05; older 11.x drivers (>= 450.80.02) only run 11.8 code
@@ -73,6 +74,9 @@ class HostFacts:
     """What the kernel said of the driver this boot (``NvidiaKernelLog``)."""
     mig: tuple = ()
     """Each card's MIG mode and instances (``MigStates``)."""
+    path_owners: Optional[PathOwnership] = None
+    """Owner and mode of each directory root runs or builds from and of those above it
+    (``PathOwners``); None where they were not read."""
 
     @property
     def gpus(self) -> tuple:
@@ -558,6 +562,41 @@ def rule_gcc_for_toolkit(s: Settings, facts: HostFacts) -> Optional[Failure]:
     return None
 
 
+def rule_dirs_private(s: Settings, facts: HostFacts) -> Optional[Failure]:
+    """The directories root runs or builds from (``settings.private_dirs``: the root,
+    toolchain_cuda_home, llamacpp_ccache_dir), links resolved, and every existing
+    directory above them are root's (or the deploying user's) and no group or other
+    user can write to them: else a local user could put in what root later runs.
+    A sticky directory such as /tmp counts as writable: anyone may make a name in it."""
+    owners = facts.path_owners
+    if owners is None or s.general.allow_shared_dirs:
+        return None
+    keys = {path: key for key, path in private_dirs(s)}
+    allowed = {0, owners.deployer_uid}
+    found, fixes = [], []
+    for chain in owners.paths:
+        bad = [d for d in chain.dirs if d.uid not in allowed or d.writable_by_others()]
+        if not bad:
+            continue
+        key = keys.get(chain.path, "a directory")
+        link = f" (a link to {chain.resolved})" if chain.resolved != chain.path else ""
+        found.append(f"{key} {chain.path}{link}: " + ", ".join(
+            f"{d.path} owned by {d.owner} (uid {d.uid}), mode {d.mode}" for d in bad))
+        mine = [d.path for d in bad if d.path == chain.resolved or d.path.startswith(chain.resolved + "/")]
+        fixes.append(f"set {key} to a directory only root can write to (under /opt or /srv)"
+                     + (f", or chown root:root {' '.join(mine)} and chmod go-w {' '.join(mine)}"
+                        if len(mine) == len(bad) else ""))  # fmt: skip
+    if not found:
+        return None
+    user = "" if owners.deployer_uid == 0 else f" (or the deploying user, uid {owners.deployer_uid})"
+    return Failure(
+        "dirs-private", "; ".join(found),
+        f"each of them and every directory above it owned by root{user} and writable by no group or "
+        "other user (a sticky /tmp counts: anyone can make a name in it), since root runs what is there",
+        "; ".join(fixes),
+    )  # fmt: skip
+
+
 Rule = Callable[[Settings, HostFacts], Optional[Failure]]
 
 RULES: tuple[Rule, ...] = (
@@ -574,6 +613,7 @@ RULES: tuple[Rule, ...] = (
     rule_toolkit_targets_archs,
     rule_toolkit_present,
     rule_gcc_for_toolkit,
+    rule_dirs_private,
 )
 
 

@@ -38,7 +38,7 @@ from .roles.model.settings import ModelSettings
 from .roles.python_env.settings import PythonEnvSettings
 from .roles.server.settings import ServerSettings
 from .roles.toolchain.settings import ToolchainSettings
-from .settings_fields import Section, host_path, setting
+from .settings_fields import Section, host_path, loopback_url, number_range, out_of_range, setting, shared_dir
 
 # The roles deploy.py runs after preflight, in order (llamarack_roles picks some).
 ROLE_NAMES = ("driver", "toolchain", "python_env", "llamacpp", "converter_env", "model", "server")
@@ -50,13 +50,23 @@ def _role_name(value: str) -> Optional[str]:
     return None
 
 
+# The system's own trees: what it runs, or reads its configuration from (/etc/cron.d,
+# /usr/local/bin...). llamarack_root is never in one.
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run",
+                "/sbin", "/sys", "/usr", "/var/spool", "/var/lib/dpkg", "/var/lib/apt", "/var/lib/systemd")
+# Directories that hold others' files: llamarack_root may be under one, never one itself.
+SHARED_PARENTS = ("/home", "/mnt", "/media", "/opt", "/root", "/snap", "/srv", "/tmp", "/var", "/var/cache",
+                  "/var/lib", "/var/local", "/var/log", "/var/opt", "/var/tmp")
+
+
 def _root(value: str) -> Optional[str]:
     problem = host_path(value)
     if problem:
         return problem
-    if value in ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/opt", "/proc",
-                 "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/var/lib"):
-        return f"a directory llamarack owns alone, e.g. /opt/llamarack (not the system's {value})"
+    tree = next((t for t in SYSTEM_TREES if value == t or value.startswith(t + "/")), None)
+    if tree or value in SHARED_PARENTS:
+        return (f"a directory llamarack owns alone, e.g. /opt/llamarack (not {value}: "
+                + (f"the system runs or reads what is under {tree})" if tree else "the system's)"))
     return None
 
 
@@ -81,6 +91,19 @@ class GeneralSettings(Section):
         "run only these roles, e.g. server,model (preflight always runs): "
         + ", ".join(ROLE_NAMES) + "; None runs them all",
         _role_name,
+    )
+    trusted_network: bool = setting(
+        False,
+        "True allows plain http:// sources (git, pip indexes, conda, the hub and its token, model_url): "
+        "the hosts reach them over a closed network no one else can read or change, as the lab's bridge; "
+        "False needs https:// (http:// to a loopback address is allowed either way)",
+    )
+    allow_shared_dirs: bool = setting(
+        False,
+        "True accepts host paths root runs or builds from (llamarack_root, toolchain_cuda_home, "
+        "llamacpp_ccache_dir) under directories other users can write to (/tmp, /var/tmp, /dev/shm, "
+        "/home...) and skips preflight's check of their owners and modes: only on a throwaway host "
+        "no other user logs in to (tests)",
     )
 
     def runs(self, role: str) -> bool:
@@ -142,28 +165,33 @@ class SettingInfo:
     doc: str
     check: Optional[Callable[[Any], Optional[str]]]
     choices: Optional[tuple]
+    between: Optional[tuple] = None
+    """A number's (lowest, highest) value; every int and float setting has one."""
 
 
 @functools.cache
 def all_settings() -> tuple[SettingInfo, ...]:
     """Every setting of every role, in declaration order. Made once per process: the roles'
-    type hints cannot change, and each host's settings are loaded from it (3 ms a host)."""
+    type hints cannot change, and each host's settings are loaded from it (3 ms a host).
+    A number without a range is a mistake in its section, refused here."""
     infos = []
     for role in ROLE_SETTINGS:
         hints = typing.get_type_hints(role)
         for f in dataclasses.fields(role):
-            infos.append(
-                SettingInfo(
-                    key=f"{role.prefix}_{f.name}",
-                    role=role,
-                    name=f.name,
-                    type=hints[f.name],
-                    default=f.default,
-                    doc=f.metadata["doc"],
-                    check=f.metadata["check"],
-                    choices=f.metadata["choices"] or _literal_choices(hints[f.name]),
-                )
+            info = SettingInfo(
+                key=f"{role.prefix}_{f.name}",
+                role=role,
+                name=f.name,
+                type=hints[f.name],
+                default=f.default,
+                doc=f.metadata["doc"],
+                check=f.metadata["check"],
+                choices=f.metadata["choices"] or _literal_choices(hints[f.name]),
+                between=f.metadata["between"],
             )
+            if (_unwrap_optional(info.type)[0] in (int, float)) != (info.between is not None):
+                raise TypeError(f"{info.key}: every int or float setting, and only those, has between=(low, high)")
+            infos.append(info)
     return tuple(infos)
 
 
@@ -184,6 +212,8 @@ def describe_type(info: SettingInfo) -> str:
     tp, optional = _unwrap_optional(info.type)
     if typing.get_origin(tp) is tuple:
         text = f"a list of {typing.get_args(tp)[0].__name__}"
+    elif info.between:
+        text = number_range(info.between, tp is int)
     else:
         text = {str: "a string", int: "an integer", bool: "true or false", float: "a number"}[tp]
     return text + (" or None" if optional else "")
@@ -196,12 +226,27 @@ def _unwrap_optional(tp):
     return tp, False
 
 
-def _control_characters(value: str) -> Optional[str]:
+# The longest text and the longest list any setting takes (a path, a URL or a pattern list
+# is far shorter; each has its own bound too).
+MAX_TEXT_CHARS = 4096
+MAX_LIST_ITEMS = 256
+
+
+def _text_problem(value: str) -> Optional[str]:
     # No setting is a multi-line text: a newline or other control character in one is an
     # injection (a unit's next line, a shell's next command), never a value.
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
         return "a single line of text (no newline, tab or other control character)"
+    if len(value) > MAX_TEXT_CHARS:
+        return f"a text of at most {MAX_TEXT_CHARS} characters (given {len(value)})"
     return None
+
+
+def shown(value: Any) -> str:
+    """A value as an error shows it: its repr, cut after 200 characters (a hostile value
+    of 100,000 characters is named, not printed)."""
+    text = repr(value)
+    return text if len(text) <= 200 else f"{text[:200]}... ({len(text)} characters in all)"
 
 
 def _coerce(info: SettingInfo, value: Any) -> tuple[Any, Optional[str]]:
@@ -209,8 +254,10 @@ def _coerce(info: SettingInfo, value: Any) -> tuple[Any, Optional[str]]:
     tp, optional = _unwrap_optional(info.type)
     if value is None:
         return value, None if optional else describe_type(info)
+    if isinstance(value, (list, tuple)) and len(value) > MAX_LIST_ITEMS:
+        return value, f"a list of at most {MAX_LIST_ITEMS} items (given {len(value)})"
     for text in value if isinstance(value, (list, tuple)) else (value,):
-        problem = _control_characters(text) if isinstance(text, str) else None
+        problem = _text_problem(text) if isinstance(text, str) else None
         if problem:
             return value, problem
 
@@ -231,25 +278,84 @@ def _coerce(info: SettingInfo, value: Any) -> tuple[Any, Optional[str]]:
             if problem:
                 return value, problem
         return items, None
+    return value, _scalar_problem(info, tp, value)
 
+
+def _scalar_problem(info: SettingInfo, tp: type, value: Any) -> Optional[str]:
+    """What is wrong with one bool, int, float or str value, or None."""
     # bool is an int in Python: never let True stand for 1 or 1 for True.
     if tp is bool and not isinstance(value, bool):
-        return value, describe_type(info)
+        return describe_type(info)
     if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
-        return value, describe_type(info)
+        return describe_type(info)
+    if tp is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        return describe_type(info)
     if tp is str and not isinstance(value, str):
         if isinstance(value, (int, float)):
             # pyinfra's --data turns 13.0 into a number, and 11.10 would become 11.1.
-            return value, (
+            return (
                 f"a string; quote it: {info.key} = '{value}' in Python, "
                 f"--data '{info.key}=\"{value}\"' on the command line"
             )
-        return value, describe_type(info)
-    if info.check:
-        problem = info.check(value)
-        if problem:
-            return value, problem
-    return value, None
+        return describe_type(info)
+    problem = out_of_range(value, info.between, tp is int) if info.between else None
+    return problem or (info.check(value) if info.check else None)
+
+
+def _setting_values(sections: Mapping[str, Any]):
+    """(info, value) of every setting of ``sections`` ({section name: section})."""
+    names = {role: name for name, role in SECTIONS.items()}
+    for info in all_settings():
+        yield info, getattr(sections[names[info.role]], info.name)
+
+
+def _private_dir_settings(sections: Mapping[str, Any]):
+    """(key, path) of each host path root runs or builds from (a setting checked as a
+    host path: the root, toolchain_cuda_home, llamacpp_ccache_dir), where one is set."""
+    for info, value in _setting_values(sections):
+        if info.check in (host_path, _root) and value:
+            yield info.key, value
+
+
+def private_dirs(s: Settings) -> tuple[tuple[str, str], ...]:
+    """(key, path) of each directory root runs or builds from: preflight checks on the host
+    that it and every directory above it are root's alone (``rules.rule_dirs_private``)."""
+    return tuple(_private_dir_settings(vars(s)))
+
+
+def _plain_http_problems(sections: Mapping[str, Any]) -> list[str]:
+    """Plain http:// sources, unless llamarack_trusted_network says no one else is on the way."""
+    if sections["general"].trusted_network:
+        return []
+    problems = []
+    for info, value in _setting_values(sections):
+        for url in value if isinstance(value, tuple) else (value,):
+            if isinstance(url, str) and url.startswith("http://") and not loopback_url(url):
+                token = (", and the hub token (model_hf_token_file) would travel in clear"
+                         if info.key == "model_hf_endpoint" and sections["model"].hf_token_file else "")
+                problems.append(
+                    f"{info.key}: given {shown(url)}; allowed: an https:// URL: plain http:// can be read and changed "
+                    f"by anyone on the way{token} (llamarack_trusted_network = True allows it where the hosts "
+                    "reach their sources over a closed network, as in the lab; http:// to a loopback address "
+                    "is allowed)")  # fmt: skip
+    return problems
+
+
+def _shared_dir_problems(sections: Mapping[str, Any]) -> list[str]:
+    """Host paths root runs or builds from under a directory other users can write to."""
+    if sections["general"].allow_shared_dirs:
+        return []
+    problems = []
+    for key, path in _private_dir_settings(sections):
+        shared = shared_dir(path)
+        if shared:
+            whose = "users' homes" if shared in ("/home", "/run/user") else "a directory every user can write to"
+            problems.append(
+                f"{key}: given {shown(path)}; allowed: a directory other users cannot write to ({shared} is {whose}: "
+                "a local user could put files there, or the directory itself, before root runs what is "
+                "in it), e.g. under /opt or /srv (llamarack_allow_shared_dirs = True only on a throwaway "
+                "test host)")  # fmt: skip
+    return problems
 
 
 _WARNED: set = set()
@@ -308,13 +414,14 @@ def load_settings(host_name: str, data: Mapping[str, Any]) -> Settings:
             continue
         value, problem = _coerce(info, data[info.key])
         if problem:
-            problems.append(f"{info.key}: given {data[info.key]!r}; allowed: {problem}")
+            problems.append(f"{info.key}: given {shown(data[info.key])}; allowed: {problem}")
         else:
             values[info.role][info.name] = value
 
     sections = {name: role(**values[role]) for name, role in SECTIONS.items()}
     for section in sections.values():
         problems.extend(section.problems())
+    problems += _plain_http_problems(sections) + _shared_dir_problems(sections)
     if problems:
         raise SettingsError(host_name, problems)
     return Settings(host=host_name, **sections)

@@ -6,11 +6,14 @@ imports from here and from nothing else of llamarack, so the loader can import
 every section without a cycle.
 
 A check returns None when the value is fine, else a phrase saying what is
-allowed ("a positive integer"); the loader puts it in the error.
+allowed ("a dotted numeric version"); the loader puts it in the error. Every
+number declares the range a real rack could need (``between``), which the
+loader holds it to.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import urllib.parse
 from dataclasses import field
@@ -18,14 +21,32 @@ from typing import Any, Callable, ClassVar, Optional
 
 
 def setting(default: Any, doc: str, check: Optional[Callable[[Any], Optional[str]]] = None,
-            choices: Optional[tuple] = None):  # fmt: skip
+            choices: Optional[tuple] = None, between: Optional[tuple] = None):  # fmt: skip
     """A settings field: its default, a one-line meaning and an optional value check.
 
     ``check`` returns None when the value is fine, else a phrase saying what is
-    allowed ("a positive integer"). It is applied to every element of a tuple.
+    allowed ("a dotted numeric version"). It is applied to every element of a tuple.
     ``choices`` restricts a value to a fixed set beyond what a Literal type says.
+    ``between`` is the (lowest, highest) value of a number, both included: every int
+    and float setting has one (``llamarack.settings.all_settings`` refuses a section
+    where one is missing), so no absurd count, size or time reaches a host.
     """
-    return field(default=default, metadata={"doc": doc, "check": check, "choices": choices})
+    return field(default=default, metadata={"doc": doc, "check": check, "choices": choices, "between": between})
+
+
+def number_range(between: tuple, integer: bool) -> str:
+    """What a number setting allows: "an integer from 1 to 65535"."""
+    low, high = (f"{n:g}" if isinstance(n, float) else str(n) for n in between)
+    return f"{'an integer' if integer else 'a number'} from {low} to {high}"
+
+
+def out_of_range(value: Any, between: tuple, integer: bool) -> Optional[str]:
+    """None when ``value`` lies in ``between``; else what is allowed. NaN compares false
+    with everything, so it is refused as the infinities are."""
+    low, high = between
+    if not low <= value <= high:
+        return number_range(between, integer)
+    return None
 
 
 class Section:
@@ -66,16 +87,38 @@ def sha256_hex(value: str) -> Optional[str]:
 PATH_PART = r"[A-Za-z0-9_+.][A-Za-z0-9._+-]*"
 
 
+# Longest host path, and longest name in one, a setting may give (Linux's NAME_MAX is 255;
+# a root leaves room for what llamarack builds under it, well within PATH_MAX).
+PATH_MAX_CHARS = 1024
+NAME_MAX_CHARS = 255
+
+
 def host_path(value: str) -> Optional[str]:
     """An absolute, normalized path on a host, spelled in characters that need
-    no quoting in a shell, a unit file or a systemd specifier."""
+    no quoting in a shell, a unit file or a systemd specifier. Where it is a
+    directory root runs or builds from, the loader also refuses one under a
+    directory other users can write to (``shared_dir``)."""
     parts = value.split("/")
+    if len(value) > PATH_MAX_CHARS or any(len(part) > NAME_MAX_CHARS for part in parts):
+        return (f"an absolute path of at most {PATH_MAX_CHARS} characters, each name at most "
+                f"{NAME_MAX_CHARS} (given {len(value)} characters)")
     if (not value.startswith("/") or value == "/" or value.endswith("/")
             or not all(re.fullmatch(PATH_PART, part) for part in parts[1:])
             or any(part in (".", "..") for part in parts)):  # fmt: skip
         return ("an absolute path other than /, of names made of letters, digits, . _ + - "
                 "(no spaces, no .., no trailing /), e.g. /opt/llamarack")
     return None
+
+
+# Directories every local user may write to (sticky or not), and the trees of users' own
+# files: a user can make or replace a path under one before root runs what is there.
+SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/shm", "/run/lock", "/var/lock", "/dev/mqueue",
+               "/var/crash", "/var/mail", "/var/spool/mail", "/home", "/run/user")  # fmt: skip
+
+
+def shared_dir(path: str) -> Optional[str]:
+    """The directory of ``SHARED_DIRS`` that ``path`` is (or is under), else None."""
+    return next((d for d in SHARED_DIRS if path == d or path.startswith(d + "/")), None)
 
 
 def control_file(value: str) -> Optional[str]:
@@ -90,9 +133,30 @@ def control_file(value: str) -> Optional[str]:
 URL_FORBIDDEN = frozenset(" \t'\"`$;|&<>(){}\\!*^")
 
 
+# A server's name where a URL or a git address names it: DNS labels of letters, digits,
+# - and _ (none begins or ends with - or .), never an option (-oProxyCommand), nor user@.
+HOST_NAME = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*"
+URL_MAX_CHARS = 2048
+
+
+def server_name(value: str) -> bool:
+    """Whether ``value`` is a host name (``HOST_NAME``, at most 253 characters) or an IP
+    address without a %scope."""
+    if len(value) <= 253 and re.fullmatch(HOST_NAME, value):
+        return True
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return "%" not in value
+
+
 def remote_url(value: str) -> Optional[str]:
-    """An http(s) URL of a server the hosts download from."""
+    """An http(s) URL of a server the hosts download from, with no credentials in it.
+    Plain http:// is refused later, unless the network is trusted (``llamarack.settings``)."""
     allowed = "an http:// or https:// URL of a server, without spaces or shell characters (' \" ` $ ; | & < > ( ) { } \\ ! * ^)"
+    if len(value) > URL_MAX_CHARS:
+        return f"an http:// or https:// URL of at most {URL_MAX_CHARS} characters"
     if not re.fullmatch(r"https?://[^/?#]+(?:[/?#]\S*)?", value) or set(value) & URL_FORBIDDEN:
         return allowed
     try:
@@ -100,29 +164,30 @@ def remote_url(value: str) -> Optional[str]:
         parts.port  # noqa: B018 - raises on a port that is no number
     except ValueError:
         return allowed
-    if not parts.hostname or not re.fullmatch(r"[A-Za-z0-9.-]+|[0-9a-fA-F:.]+", parts.hostname) \
-            or parts.hostname.startswith(("-", ".")):  # fmt: skip
-        return allowed
+    if "@" in parts.netloc:
+        return ("an http:// or https:// URL with nothing before its host: user@ or user:pass@ there is "
+                "refused (https://huggingface.co@evil.example is a URL of evil.example, and the token "
+                "would go there); a hub token belongs in model_hf_token_file")
+    if not parts.hostname or not server_name(parts.hostname):
+        return allowed + "; the server a host name or an IP address (no option such as -oProxyCommand)"
     if "%" in value and not re.fullmatch(r"(%[0-9A-Fa-f]{2}|[^%])*", value):
         return allowed + "; % only as an escape such as %20"
     return None
 
 
+def loopback_url(url: str) -> bool:
+    """Whether ``url``'s server is this host's loopback (localhost, 127.0.0.0/8, ::1):
+    what is sent there never crosses a network."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def conda_channel_name(value: str) -> Optional[str]:
     if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*", value) and ".." not in value:
         return None
-    if value.startswith(("http://", "https://")) and not remote_url(value):
-        return None
+    if value.startswith(("http://", "https://")):
+        return remote_url(value)
     return "a conda channel name (conda-forge, nvidia/label/cuda-11.8.0) or an http(s) URL of one"
-
-
-def positive(value: int) -> Optional[str]:
-    if value <= 0:
-        return "a positive integer"
-    return None
-
-
-def non_negative(value: int) -> Optional[str]:
-    if value < 0:
-        return "0 or a positive integer"
-    return None

@@ -288,6 +288,7 @@ class Proof:
     def data(self, **extra) -> dict:
         d = {
             "llamarack_root": self.root, "python_env_backend": "venv",
+            "llamarack_allow_shared_dirs": True,  # a throwaway machine: the root may be under /tmp
             "llamacpp_git_url": f"file://{REPO}/.carry/llama.cpp.git", "llamacpp_commit": self.commit,
             "llamacpp_build_jobs": os.cpu_count(),
         }  # fmt: skip

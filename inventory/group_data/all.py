@@ -20,6 +20,12 @@ llamarack_service_user = 'llamarack'
 # run only these roles, e.g. server,model (preflight always runs): driver, toolchain, python_env, llamacpp, converter_env, model, server; None runs them all
 llamarack_roles = None
 
+# True allows plain http:// sources (git, pip indexes, conda, the hub and its token, model_url): the hosts reach them over a closed network no one else can read or change, as the lab's bridge; False needs https:// (http:// to a loopback address is allowed either way)
+llamarack_trusted_network = False
+
+# True accepts host paths root runs or builds from (llamarack_root, toolchain_cuda_home, llamacpp_ccache_dir) under directories other users can write to (/tmp, /var/tmp, /dev/shm, /home...) and skips preflight's check of their owners and modes: only on a throwaway host no other user logs in to (tests)
+llamarack_allow_shared_dirs = False
+
 # --- driver: Checks on the NVIDIA driver; llamarack never installs one unless asked.
 
 # lowest driver accepted (the toolkit's own floor applies as well)
@@ -191,7 +197,7 @@ model_draft_quant = 'Q8_0'
 # address llama-server listens on; any other than loopback needs server_api_key_file or server_allow_unauthenticated
 server_listen = '127.0.0.1'
 
-# port llama-server listens on
+# TCP port llama-server listens on
 server_port = 8080
 
 # context per slot; None means the largest that fits the card

@@ -27,6 +27,8 @@ LAB_GROUP_DATA = {
     "llamacpp_backend": "cpu",
     "python_env_backend": "venv",
     "llamacpp_ccache_dir": GUEST_CCACHE_DIR,
+    # Every source below is plain http on the lab's closed bridge (no TLS there).
+    "llamarack_trusted_network": True,
     # llama.cpp from the lab's mirror of the PyPI sdist (no GitHub here).
     "llamacpp_git_url": f"http://{GATEWAY}:{SERVICES_PORT}/llama.cpp.git",
     "llamacpp_commit": LAB_COMMIT,

@@ -6,8 +6,9 @@ command for many facts) and the host facts no one role owns. OS release comes
 from pyinfra's own ``server.LinuxDistribution``.
 """
 
+from .ownership import PathOwners
 from .packages import DebianSources
 from .reading import FactRead, read, read_together
 from .system import FreeDiskBytes
 
-__all__ = ["DebianSources", "FactRead", "FreeDiskBytes", "read", "read_together"]
+__all__ = ["DebianSources", "FactRead", "FreeDiskBytes", "PathOwners", "read", "read_together"]

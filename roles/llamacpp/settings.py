@@ -6,7 +6,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from llamarack.settings_fields import URL_FORBIDDEN, Section, git_revision, host_path, positive, remote_url, setting
+from llamarack.settings_fields import (HOST_NAME, URL_FORBIDDEN, Section, git_revision, host_path, remote_url,
+                                       setting)  # fmt: skip
 
 # ggml's x86 CPU extensions (its GGML_<NAME> cmake options), for llamacpp_cpu_features.
 X86_FEATURES = (
@@ -36,17 +37,19 @@ def _x86_feature(value: str) -> Optional[str]:
 
 def _git_url(value: str) -> Optional[str]:
     """What ``git clone`` may fetch from: a URL, user@host:path, or an absolute path
-    or file:// URL (a local mirror, as bench/ uses); never an option (-...) or a
-    transport helper (ext::, fd::)."""
+    or file:// URL (a local mirror, as bench/ uses); never an option (-... where the
+    host belongs: ssh would take it as one) or a transport helper (ext::, fd::); an ssh
+    login name but no password."""
     allowed = ("a git repository URL (https://, http://, ssh://, git://, file:///path), user@host:path, "
                "or an absolute path; not an option (-...) nor a remote helper (ext::, fd::...)")
     if value.startswith("-") or "::" in value or set(value) & URL_FORBIDDEN:
         return allowed
     if re.fullmatch(r"https?://\S+", value):
         return remote_url(value) and allowed
-    if re.fullmatch(r"(ssh|git)://[A-Za-z0-9._@-]+(:\d+)?/\S+", value):
+    user = r"[A-Za-z0-9_][A-Za-z0-9._-]*"
+    if re.fullmatch(rf"(ssh://({user}@)?|git://)({HOST_NAME})(:\d+)?/\S+", value):
         return None
-    if re.fullmatch(r"[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[A-Za-z0-9._/~+-]+", value):
+    if re.fullmatch(rf"{user}@({HOST_NAME}):[A-Za-z0-9._/~+-]+", value):
         return None
     local = value[len("file://"):] if value.startswith("file://") else value
     if local.startswith("/") and not host_path(local.rstrip("/")):
@@ -75,9 +78,9 @@ class LlamacppSettings(Section):
     ccache_dir: Optional[str] = setting(
         None, "ccache directory, e.g. one shared by the rack over NFS", host_path
     )
-    build_jobs: Optional[int] = setting(None, "parallel compile jobs; None means nproc", positive)
+    build_jobs: Optional[int] = setting(None, "parallel compile jobs; None means nproc", between=(1, 1024))
     force_rebuild: bool = setting(False, "rebuild even when the build inputs are unchanged")
-    keep_builds: int = setting(2, "builds kept for rollback, the current one included", positive)
+    keep_builds: int = setting(2, "builds kept for rollback, the current one included", between=(1, 100))
     cpu_features: Optional[tuple[str, ...]] = setting(
         None,
         "x86 extensions ggml's CPU code is built with, each named (they build on each other: "

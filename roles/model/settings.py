@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Optional
 
-from llamarack.settings_fields import (PATH_PART, Section, control_file, git_revision, positive, remote_url, setting,
+from llamarack.settings_fields import (PATH_PART, Section, control_file, git_revision, remote_url, setting,
                                        sha256_hex)  # fmt: skip
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class ModelSettings(Section):
         False, "keep the downloaded checkpoint and the unquantized GGUF after quantizing"
     )
     fetch_retries: int = setting(
-        5, "times a dropped download is resumed (HTTP Range) before the run fails", positive
+        5, "times a dropped download is resumed (HTTP Range) before the run fails", between=(1, 100)
     )
     # -- the draft model (speculative decoding): fetched, converted and quantized as the model is --
     draft_repo: Optional[str] = setting(

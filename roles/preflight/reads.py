@@ -21,13 +21,19 @@ from pyinfra.api.exceptions import FactProcessError
 from pyinfra.facts.server import LinuxDistribution
 
 from llamarack.facts import FactRead, read
+from llamarack.facts.ownership import PathOwners
 from llamarack.roles import ROLES
 from llamarack.roles.driver.reads import (CharDevices, MigStates, NvidiaDriverPackages, NvidiaKernelLog,
                                           NvidiaKernelModule, NvidiaPciCards, NvidiaSmi, RecordedGpus)
 from llamarack.roles.toolchain.plan import toolkit_search_homes
 from llamarack.roles.toolchain.reads import CudaToolkits, GccVersions, InstallableGccMajors
 from llamarack.rules import HostFacts
-from llamarack.settings import Settings
+from llamarack.settings import Settings, private_dirs
+
+
+def _private_paths(settings: Settings) -> tuple[str, ...]:
+    """The directories the dirs-private rule looks at; none when the settings allow shared ones."""
+    return () if settings.general.allow_shared_dirs else tuple(path for _, path in private_dirs(settings))
 
 
 class DeployedBy(FactBase[Optional[str]]):
@@ -68,6 +74,8 @@ def preflight_reads(settings: Settings) -> tuple[FactRead, ...]:
         FactRead.of(NvidiaDriverPackages),
         FactRead.of(DeployedBy, path=layout.deployed_by),
     ]
+    if _private_paths(settings):
+        reads.append(FactRead.of(PathOwners, paths=_private_paths(settings)))
     if settings.llamacpp.backend == "cuda":
         reads += [FactRead.of(CudaToolkits, extra_homes=toolkit_search_homes(settings)),
                   FactRead.of(InstallableGccMajors),
@@ -107,4 +115,6 @@ def gather(settings: Settings, read=read) -> HostFacts:
         pci_cards=tuple(read(NvidiaPciCards)) if cuda else None,
         kernel_log=read(NvidiaKernelLog) if cuda else None,
         mig=tuple(read(MigStates)) if cuda else (),
+        # who may write where root runs and builds: the dirs-private rule
+        path_owners=read(PathOwners, paths=paths) if (paths := _private_paths(settings)) else None,
     )

@@ -6,29 +6,27 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from llamarack.settings_fields import Section, control_file, non_negative, positive, setting
+from llamarack.settings_fields import Section, control_file, setting
 
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
 def _address(value: str) -> Optional[str]:
+    # An IPv6 %scope is no part of it: "::1%$(id)" parses as an address of scope "$(id)".
     try:
         ipaddress.ip_address(value)
     except ValueError:
-        return "an IP address to listen on: 127.0.0.1 (this host only), 0.0.0.0 (every IPv4 interface), :: or one interface's address"
-    return None
+        pass
+    else:
+        if "%" not in value:
+            return None
+    return ("an IP address to listen on: 127.0.0.1 (this host only), 0.0.0.0 (every IPv4 interface), :: "
+            "or one interface's address (no %scope)")
 
 
-def _port(value: int) -> Optional[str]:
-    if not 1 <= value <= 65535:
-        return "a TCP port (1-65535)"
-    return None
-
-
-def _scale(value: float) -> Optional[str]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1:
-        return "a number >= 1 such as 2.0"
-    return None
+# The most a setting counts of a model's layers, its context, or the seconds of a wait.
+MAX_LAYERS = 4096
+MAX_CONTEXT = 1 << 24
 
 
 # Card memory the ledger's items do not count: the CUDA context and pools (601-611 MiB
@@ -54,10 +52,10 @@ class ServerSettings(Section):
         "or server_allow_unauthenticated",
         _address,
     )
-    port: int = setting(8080, "port llama-server listens on", _port)
+    port: int = setting(8080, "TCP port llama-server listens on", between=(1, 65535))
     # -- the memory plan (llamarack/planner.py) --
     ctx_size: Optional[int] = setting(
-        None, "context per slot; None means the largest that fits the card", positive
+        None, "context per slot; None means the largest that fits the card", between=(1, MAX_CONTEXT)
     )
     cache_type_k: str = setting(
         "auto", "K cache type; auto: the most precise of f16, q8_0, q4_0 that gives the context",
@@ -67,17 +65,17 @@ class ServerSettings(Section):
         "auto", "V cache type, as K (quantized V needs flash attention)", choices=("auto",) + KV_CACHE_TYPES
     )
     gpu_layers: Optional[int] = setting(
-        None, "--n-gpu-layers (n_layer + 1 = all, 0 = CPU only); None: all that fit", non_negative
+        None, "--n-gpu-layers (n_layer + 1 = all, 0 = CPU only); None: all that fit", between=(0, MAX_LAYERS)
     )
     min_ctx_size: int = setting(
-        4096, "context per slot below which fewer layers go on the card", positive
+        4096, "context per slot below which fewer layers go on the card", between=(1, MAX_CONTEXT)
     )
     rope_scaling: Literal["none", "yarn", "linear"] = setting(
         "none", "RoPE scaling past the trained context (yarn: up to original x scale)"
     )
-    rope_scale: float = setting(1.0, "RoPE scale factor (--rope-scale)", _scale)
+    rope_scale: float = setting(1.0, "RoPE scale factor (--rope-scale)", between=(1.0, 128.0))
     rope_orig_ctx: Optional[int] = setting(
-        None, "YaRN's original context; None: the GGUF's (--yarn-orig-ctx)", positive
+        None, "YaRN's original context; None: the GGUF's (--yarn-orig-ctx)", between=(1, MAX_CONTEXT)
     )
     # -- end of the memory plan --
     flash_attn: bool = setting(True, "flash attention")
@@ -91,7 +89,7 @@ class ServerSettings(Section):
         True,
         "CPU weight repacking (AMX and repacked kernels); False serves with --no-repack",
     )
-    parallel: int = setting(1, "parallel slots; --ctx-size is the context per slot x slots", positive)
+    parallel: int = setting(1, "parallel slots; --ctx-size is the context per slot x slots", between=(1, 1024))
     api_key_file: Optional[str] = setting(
         None,
         "file on the control machine holding the API key (never printed; mode 600 or 400)",
@@ -106,16 +104,16 @@ class ServerSettings(Section):
         DEFAULT_RESERVE_MIB, "card memory kept free of weights, KV cache and compute buffers (CUDA context, "
         "pools, and what the compute estimate misses: up to 654.5 MiB measured on an H200); a V100's or P100's "
         "cuBLAS prefill pool is planned beside it",
-        positive,
+        between=(1, 1 << 18),
     )
     health_timeout: int = setting(
-        600, "seconds a (re)started llama-server has to answer /health before rollback", positive
+        600, "seconds a (re)started llama-server has to answer /health before rollback", between=(1, 86400)
     )
     # -- speculative decoding, with model_draft_repo --
-    draft_max: int = setting(16, "most tokens the draft proposes per step (--spec-draft-n-max)", positive)
-    draft_min: int = setting(0, "fewest draft tokens worth verifying (--spec-draft-n-min)", non_negative)
+    draft_max: int = setting(16, "most tokens the draft proposes per step (--spec-draft-n-max)", between=(1, 1024))
+    draft_min: int = setting(0, "fewest draft tokens worth verifying (--spec-draft-n-min)", between=(0, 1024))
     draft_gpu_layers: Optional[int] = setting(
-        None, "the draft's --spec-draft-ngl (-ngld); None: all of its layers", non_negative
+        None, "the draft's --spec-draft-ngl (-ngld); None: all of its layers", between=(0, MAX_LAYERS)
     )
     # -- the benchmark after a new build or model --
     bench: Literal["off", "beside", "stopped"] = setting(

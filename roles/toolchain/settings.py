@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from llamarack.settings_fields import Section, conda_channel_name, dotted_version, host_path, positive, setting
+from llamarack.settings_fields import Section, conda_channel_name, dotted_version, host_path, setting
 
 
 @dataclass(frozen=True)
@@ -37,5 +37,5 @@ class ToolchainSettings(Section):
         86400,
         "seconds apt's package lists count as fresh; apt-get update runs only when a package "
         "is missing and the lists are older",
-        positive,
+        between=(1, 31 * 86400),
     )

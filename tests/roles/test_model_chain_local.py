@@ -101,6 +101,7 @@ def tools():
 def settings_data(root, hub, sha, token_file, quant) -> dict:
     return {
         "python_env_backend": "venv", "llamacpp_backend": "cpu", "llamarack_root": str(root),
+        "llamarack_allow_shared_dirs": True,  # the root is under pytest's /tmp
         "model_repo": "tiny/llama", "model_revision": sha, "model_hf_endpoint": hub.url,
         "model_hf_token_file": str(token_file), "model_quant": quant,
     }  # fmt: skip

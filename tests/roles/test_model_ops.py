@@ -96,9 +96,9 @@ def test_prequantized_sources_do_not_depend_on_llamacpp_or_quant():
                             model_quant="Q8_0"), listing)  # fmt: skip
     assert a.stamp == b.stamp and not a.converts
     assert a.files[0].url == f"https://huggingface.co/org/tiny/resolve/{SHA}/m-Q4_K_M.gguf"
-    u = plan_model(settings(model_source="url", model_url="http://m/x.gguf", model_sha256="3" * 64))
+    u = plan_model(settings(model_source="url", model_url="https://m/x.gguf", model_sha256="3" * 64))
     assert u.manifest()["files"] == [{"path": "model.gguf", "size": None, "sha256": "3" * 64,
-                                      "url": "http://m/x.gguf"}]  # fmt: skip
+                                      "url": "https://m/x.gguf"}]  # fmt: skip
     assert artifact_stamp("url", u.files, "Q4_K_M", "f16", "x") == u.stamp
 
 
@@ -312,7 +312,7 @@ def test_no_record_or_a_truncated_gguf_needs_the_hub():
     assert plan_from_record(settings(), ArtifactState(plan.stamp, 100, 100, sealed,
                                                       {"size": 100, "mtime_ns": 1, "inode": 7})) is not None  # fmt: skip
     # a mirror of the same hub is no reason to fetch again
-    assert plan_from_record(settings(model_hf_endpoint="http://mirror.example:8080"), served(plan)) is not None
+    assert plan_from_record(settings(model_hf_endpoint="https://mirror.example:8080"), served(plan)) is not None
 
 
 # -- the draft model: the same plan and operation, its own stamp and link --
@@ -405,7 +405,7 @@ def FactKey(fact, **kwargs):
 def test_a_bump_of_a_full_sha_pin_is_planned_from_the_record_without_the_hub():
     plan = plan_model(settings(), LISTING)
     assert plan.record()["sizes"] == {"config.json": 600, "model.safetensors": 3_000_000, "tokenizer.model": 250_000}
-    for change in ({"llamacpp_commit": "b" * 40}, {"llamacpp_commit": "b" * 40, "model_hf_endpoint": "http://mirror:8080"},
+    for change in ({"llamacpp_commit": "b" * 40}, {"llamacpp_commit": "b" * 40, "model_hf_endpoint": "https://mirror:8080"},
                    {"llamacpp_commit": "b" * 40, "model_fetch_retries": 2}):
         bumped = settings(**change)
         assert plan_from_record(bumped, served(plan)) is None  # not the served artifact (the audit's drift)

@@ -124,7 +124,7 @@ def index():
 
 
 def deploy(root, index, *extra):
-    data = {**LIGHT, "llamarack_root": str(root), "python_env_index_url": index.url,
+    data = {**LIGHT, "llamarack_root": str(root), "llamarack_allow_shared_dirs": True, "python_env_index_url": index.url,
             "python_env_torch_index_url": index.url, "python_env_converter_torch_index_url": index.url,
             "python_env_converter_overrides": ["torch==2.13.0"],
             "test_converter_requirements": str(llama_cpp_source() / "requirements/requirements-convert_hf_to_gguf.txt")}  # fmt: skip

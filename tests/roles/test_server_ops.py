@@ -264,7 +264,7 @@ def test_two_switches_at_once_run_one_after_the_other(tmp_path, monkeypatch):
                        ("journalctl", "true")):  # fmt: skip
         (bin_dir / tool).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / tool).chmod(0o755)
-    script = operations.switch_script(settings(llamarack_root=str(tmp_path / "root")))
+    script = operations.switch_script(settings(llamarack_root=str(tmp_path / "root"), llamarack_allow_shared_dirs=True))
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
     runs = []
     for text in ("new-1\n", "new-2\n"):

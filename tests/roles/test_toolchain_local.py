@@ -20,7 +20,7 @@ def test_gcc_guard_chooses_gcc_11_for_cuda_11_8_beside_default_gcc_12(tmp_path):
     assert default_gcc.startswith("12."), "this test expects Debian 12's gcc 12 as the default"
     result = subprocess.run(
         [sys.executable, "-m", "pyinfra", "-y", "@local", "tests/roles/deploys/toolchain_only.py",
-         "--data", f"llamarack_root={tmp_path}", "--data", "llamacpp_backend=cuda",
+         "--data", f"llamarack_root={tmp_path}", "--data", "llamarack_allow_shared_dirs=True", "--data", "llamacpp_backend=cuda",
          "--data", "toolchain_cuda_source=system", "--data", "toolchain_cuda_home=/usr",
          "--data", "python_env_backend=venv"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,

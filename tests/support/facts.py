@@ -11,7 +11,7 @@ from llamarack.roles import ROLES
 
 
 def _modules():
-    yield from (importlib.import_module(f"llamarack.facts.{m}") for m in ("packages", "system"))
+    yield from (importlib.import_module(f"llamarack.facts.{m}") for m in ("ownership", "packages", "system"))
     for role in ROLES:
         try:
             yield importlib.import_module(f"llamarack.roles.{role}.reads")

@@ -6,6 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from llamarack.errors import SettingsError
 from llamarack.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -15,7 +18,7 @@ def inventory_data(path: str) -> dict:
     """{host: data} as ``pyinfra INVENTORY debug-inventory`` prints it (group_data/all.py included)."""
     out = subprocess.run([sys.executable, "-m", "pyinfra", path, "debug-inventory"], cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=True, timeout=120).stdout  # fmt: skip
-    blocks = re.findall(r"^\[(\S+)\] \n--> Groups: [^\n]*\n--> Data:\n(\{.*?\n\})", out, re.M | re.S)
+    blocks = re.findall(r"^\[(\S+)\] *\n--> Groups: [^\n]*\n--> Data:\n(\{.*?\n\})", out, re.M | re.S)
     return {name: json.loads(data) for name, data in blocks}
 
 
@@ -30,3 +33,18 @@ def test_example_v100_inventory_is_valid_for_every_host():
         assert s.model.repo == "Qwen/Qwen2.5-7B-Instruct"
         assert s.model.revision == "a09a35458c702b33eeacc393d103063234e8bc28"
         assert s.server.api_key_file == "secrets/llamarack-api-key"
+
+
+def test_lab_inventory_is_valid_for_every_host():
+    """The lab's inventory, as pyinfra reads it: its plain http sources are allowed by
+    llamarack_trusted_network alone (the lab's closed bridge)."""
+    hosts = inventory_data("inventory/lab.py")
+    assert sorted(hosts) == ["lab-t4", "lab-v100-32", "lab-v100-a", "lab-v100-b"]
+    for name, data in hosts.items():
+        s = load_settings(name, data)
+        assert s.general.trusted_network and s.model.hf_endpoint.startswith("http://")
+        assert s.llamacpp.ccache_dir == "/var/cache/llamarack-ccache" and s.general.root == "/opt/llamarack"
+        untrusted = {**data, "llamarack_trusted_network": False}
+        with pytest.raises(SettingsError, match="llamacpp_git_url: given 'http://10.77.0.1:8470/llama.cpp.git'; "
+                                                "allowed: an https:// URL"):
+            load_settings(name, untrusted)

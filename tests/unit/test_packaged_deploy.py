@@ -54,7 +54,7 @@ def test_the_wheel_carries_the_roles_and_another_deploy_runs_one(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "pyinfra", "@local", "serve.py", "--dry",
          "--data", "llamacpp_backend=cpu", "--data", "python_env_backend=venv",
-         "--data", f"llamarack_root={tmp_path / 'root'}"],
+         "--data", f"llamarack_root={tmp_path / 'root'}", "--data", "llamarack_allow_shared_dirs=True"],
         cwd=other, env={**os.environ, "PYTHONPATH": str(site)},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
     )  # fmt: skip
