@@ -16,12 +16,11 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from io import StringIO
 from pathlib import Path
 from typing import Optional
 
 from pyinfra import host, logger
-from pyinfra.api import FileUploadCommand, StringCommand, operation
+from pyinfra.api import StringCommand, operation
 from pyinfra.facts.files import File, FileContents, Link, Sha1File
 from pyinfra.operations.util.files import generate_color_diff
 from pyinfra.facts.server import Command
@@ -33,7 +32,7 @@ from llamarack.roles.model.reads import GgufShape, ModelArtifact
 from llamarack.roles.server.reads import SystemUser, UnitState, active_since
 from llamarack.facts import read
 from llamarack.layout import API_KEY_PATH, UNIT_NAME, UNIT_PATH, unit_build
-from llamarack.operations import executing, refusal, secret_upload
+from llamarack.operations import executing, private_upload, refusal, secret_upload
 from llamarack.roles.server.files.secret_digest import digest
 from llamarack.secrets import read_token
 from llamarack.settings import Settings
@@ -333,7 +332,7 @@ def _switch_to(settings: Settings, unit: str, pin: Optional[dict]):
     if pin is not None:
         host.log("the settings changed since `llamarack rollback`: its pin is released", logger.warning)
         yield f"rm -f {shlex.quote(settings.layout.rollback_pin)}"
-    yield FileUploadCommand(StringIO(unit), f"{UNIT_PATH}.new")
+    yield from private_upload(unit, f"{UNIT_PATH}.new")
     yield f"chmod 644 {shlex.quote(UNIT_PATH)}.new"
     yield StringCommand(switch_script(settings))
 
