@@ -18,6 +18,7 @@ from llamarack.facts import FactRead, read
 from llamarack.roles import ROLES
 from llamarack.roles.driver.reads import (CharDevices, MigStates, NvidiaDriverPackages, NvidiaKernelLog,
                                           NvidiaKernelModule, NvidiaPciCards, NvidiaSmi, RecordedGpus)
+from llamarack.roles.server.reads import SystemGroup, SystemUser
 from llamarack.roles.toolchain.plan import toolkit_search_homes
 from llamarack.roles.toolchain.reads import CudaToolkits, GccVersions, InstallableGccMajors
 from llamarack.rules import HostFacts
@@ -35,6 +36,9 @@ def preflight_reads(settings: Settings) -> tuple[FactRead, ...]:
         FactRead.of(RecordedGpus, path=layout.gpus_record),
         FactRead.of(NvidiaDriverPackages),
     ]
+    if settings.general.runs("server"):  # the service user the server role makes or takes on
+        user = settings.general.service_user
+        reads += [FactRead.of(SystemUser, user=user), FactRead.of(SystemGroup, group=user)]
     if settings.llamacpp.backend == "cuda":
         reads += [FactRead.of(CudaToolkits, extra_homes=toolkit_search_homes(settings)),
                   FactRead.of(InstallableGccMajors),
@@ -62,6 +66,7 @@ def gather(settings: Settings, read=read) -> HostFacts:
       the answers its one command got)
     """
     cuda = settings.llamacpp.backend == "cuda"
+    server, user = settings.general.runs("server"), settings.general.service_user
     return HostFacts(
         driver=read(NvidiaSmi),
         module=read(NvidiaKernelModule),
@@ -74,4 +79,6 @@ def gather(settings: Settings, read=read) -> HostFacts:
         pci_cards=tuple(read(NvidiaPciCards)) if cuda else None,
         kernel_log=read(NvidiaKernelLog) if cuda else None,
         mig=tuple(read(MigStates)) if cuda else (),
+        service_user=read(SystemUser, user=user) if server else None,
+        service_group=read(SystemGroup, group=user) if server else None,
     )

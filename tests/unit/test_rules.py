@@ -45,7 +45,7 @@ def test_reference_v100_host_passes_every_rule():
 
 
 def test_every_rule_is_in_the_table_once():
-    assert len(set(RULES)) == len(RULES) == 13
+    assert len(set(RULES)) == len(RULES) == 14
 
 
 # driver-installed / module / mismatch
