@@ -1,6 +1,5 @@
 """The role's one ``@deploy`` entry point (the role is described in ``__init__.py``)."""
 
-from pathlib import Path
 from typing import Optional
 
 from pyinfra import host
@@ -12,7 +11,7 @@ from llamarack.rules import HostFacts, build_archs
 from llamarack.settings import Settings
 
 from .operations import converter_pins, pip_pins, venv
-from .plan import LockError, awq_plan, locked_requirements
+from .plan import LockError, awq_lock, awq_plan
 
 
 def _make_env(settings: Settings, name: str) -> str:
@@ -64,16 +63,9 @@ def python_env(settings: Settings, facts: Optional[HostFacts] = None):
 
 
 def _awq_lock(settings: Settings) -> Optional[tuple]:
-    """The AWQ env's lock (``python_env_awq_lock_file``, read on the control machine), or None."""
-    path = settings.python_env.awq_lock_file
-    if not path:
-        return None
+    """The AWQ env's lock (``python_env_awq_lock_file``), or None; a bad one stops the host."""
     try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise DeployError(f"{host.name}: python_env_awq_lock_file: cannot read {path}: {e.strerror}") from None
-    try:
-        return locked_requirements(settings, text, path)
+        return awq_lock(settings)
     except LockError as e:
         raise DeployError(f"{host.name}: {e}") from None
 

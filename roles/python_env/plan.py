@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Optional
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -197,6 +198,19 @@ def locked_requirements(settings: Settings, text: str, source: str) -> tuple:
                         + ". Fix: write the lock with pip-compile --generate-hashes from the settings' pins "
                         "(every package name==version with its --hash), or unset python_env_awq_lock_file")
     return tuple(entries)
+
+
+def awq_lock(settings: Settings) -> Optional[tuple]:
+    """The AWQ env's lock (``python_env_awq_lock_file``, read on the control machine) as
+    ``locked_requirements`` gives it, or None when none is set; raises ``LockError``."""
+    path = settings.python_env.awq_lock_file
+    if not path:
+        return None
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise LockError(f"python_env_awq_lock_file: cannot read {path}: {e.strerror}") from None
+    return locked_requirements(settings, text, path)
 
 
 def converter_plan(settings: Settings, env: str, lines: tuple, python_version: str) -> EnvPlan:

@@ -20,7 +20,7 @@ from llamarack.operations import UPLOAD_DIR_PREFIX, private_upload, put_file, re
 from llamarack.roles.driver.reads import DriverState, KernelModule, NvidiaSmi
 from llamarack.roles.preflight.reads import gather, preflight_reads
 from llamarack.roles.python_env.operations import converter_pins, pip_pins
-from llamarack.roles.python_env.plan import LockError, PipStep, awq_plan, locked_requirements
+from llamarack.roles.python_env.plan import LockError, PipStep, awq_lock, awq_plan, locked_requirements
 from llamarack.roles.python_env.reads import PythonEnvPackages, RequirementsFile
 from llamarack.roles.server.operations import service, service_user
 from llamarack.roles.server.reads import SERVICE_USER_MARK, PasswdEntry, SystemGroup, SystemUser
@@ -361,6 +361,17 @@ def test_a_lock_that_is_not_the_settings_set_with_hashes_is_refused(case):
         locked_requirements(load_settings("h", {"python_env_backend": "venv"}), text, "awq.lock")
     assert str(err.value).startswith("python_env_awq_lock_file: awq.lock: ") and why in str(err.value)
     assert "Fix: write the lock with pip-compile --generate-hashes" in str(err.value)
+
+
+def test_the_lock_is_read_on_the_control_machine_when_set(tmp_path):
+    assert awq_lock(load_settings("h", {"python_env_backend": "venv"})) is None
+    path = tmp_path / "awq.lock"
+    path.write_text(lock())
+    s = load_settings("h", {"python_env_backend": "venv", "python_env_awq_lock_file": str(path)})
+    assert [r for r, _ in awq_lock(s)] == list(LOCK_PINS)
+    path.unlink()
+    with pytest.raises(LockError, match=f"python_env_awq_lock_file: cannot read {path}: No such file"):
+        awq_lock(s)
 
 
 def test_a_plain_step_has_no_hashes_and_names_its_index_by_place():
