@@ -8,7 +8,14 @@ Written for Debian 12 hosts with the NVIDIA 550 driver already installed
 operator account with passwordless sudo. The README's "Your real rack in
 ten minutes" walks through it. Nothing here is secret: the API key stays in
 a file on the control machine (mode 600), read when the run needs it.
+
+Host keys are pinned: pyinfra connects only to a host whose key is in
+``known_hosts`` beside this file, which you fill before the first run
+(see that file). A host that is not listed, or whose key changed, is
+refused; nothing is accepted on first use.
 """
+
+from pathlib import Path
 
 # The hosts: their SSH addresses. Per-host settings go in the dict.
 v100_16gb = [
@@ -20,10 +27,13 @@ v100_16gb = [
 rack = (
     v100_16gb,
     {
-        # How pyinfra reaches the hosts: a non-root account, root through sudo.
+        # How pyinfra reaches the hosts: a non-root account, root through sudo,
+        # and only hosts whose keys known_hosts lists ("yes": never accept a new key).
         "ssh_user": "ops",
         "ssh_key": "~/.ssh/llamarack_ed25519",
         "_sudo": True,
+        "ssh_known_hosts_file": str(Path(__file__).resolve().with_name("known_hosts")),
+        "ssh_strict_host_key_checking": "yes",
         # CUDA 11.8 (the last toolkit line that builds for Volta's sm_70 with
         # gcc <= 11) from Debian 12's non-free nvidia-cuda-toolkit; llamarack adds
         # the contrib/non-free components and installs g++-11 beside gcc 12.

@@ -1,12 +1,16 @@
-"""The local lab rack, written as you would write your own inventory.
+"""The local lab rack: for the lab only. Never copy this file for a real rack.
 
 `llamarack lab up` boots these four hosts on this machine (real Debian
 bookworm with systemd, each with a fake NVIDIA driver reporting the GPU in
 its name); then `pyinfra inventory/lab.py deploy.py` provisions them.
 
-For a real rack, copy this file: list your hosts with their addresses, put
-settings shared by a group in the group's data (as below) or in
-group_data/<group>.py, and per-host settings in the host's dict.
+It takes shortcuts that are safe only on the lab's closed bridge on this
+machine, and wrong anywhere else: it does not check host keys
+(`ssh_strict_host_key_checking = "off"`, `known_hosts` of /dev/null),
+logs in as root, fetches llama.cpp, wheels and the model over plain
+http, and serves without an API key. For a real rack, start from
+`inventory/example_v100.py`: it pins host keys, logs in as an operator
+with sudo and uses https sources.
 """
 
 # Two V100 16 GB hosts, one V100 32 GB, one T4: a typical mixed rack.
@@ -31,6 +35,7 @@ t4 = [
 lab = (
     v100 + t4,
     {
+        # Lab only: the hosts get new keys at each `lab up`, on a bridge nothing else reaches.
         "ssh_user": "root",
         "ssh_key": "/run/llamarack-lab/id_ed25519",
         "ssh_known_hosts_file": "/dev/null",

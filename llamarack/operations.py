@@ -5,6 +5,7 @@ Each role's own operations live in its folder (``roles/<role>/operations.py``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 import uuid
@@ -15,7 +16,7 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.context import ctx_state
 from pyinfra.facts.deb import DebPackages
-from pyinfra.facts.files import File
+from pyinfra.facts.files import File, Sha1File
 from pyinfra.operations import apt
 
 from . import remote
@@ -94,7 +95,7 @@ def put_record(path: str, text: str):
     """The commands that write a record (mode 644) beside itself, sync it and rename it
     over the old one: an interrupted run or a crash never leaves half a record."""
     yield f"install -d -m 755 {shlex.quote(str(Path(path).parent))}"
-    yield FileUploadCommand(StringIO(text), f"{path}.new")
+    yield from private_upload(text, f"{path}.new")
     yield f"chmod 644 {shlex.quote(path)}.new && {durable_rename(f'{path}.new', path)}"
 
 
@@ -114,6 +115,35 @@ def record_deployment(path: str, version: str, recorded=None):
     yield from put_record(path, json.dumps({"llamarack": version}, sort_keys=True) + "\n")
 
 
+# Where an upload lies before root copies it into place: a directory of its own under /tmp.
+UPLOAD_DIR_PREFIX = "/tmp/llamarack-upload-"
+
+
+def private_upload(src, dest: str):
+    """
+    The commands that upload ``src`` to ``dest`` on the host, for an operation to yield:
+    every file llamarack puts on a host goes through here.
+
+    + src: the text, or a file-like object (``StringIO``)
+    + dest: the file on the host (written as it is: callers upload ``X.new`` and rename)
+
+    Under sudo, pyinfra uploads to a temporary file as the SSH user and copies that
+    as root. Its default name, ``/tmp/pyinfra-<sha1 of dest>``, can be foreseen: a
+    local user who makes that file first owns what root copies (or makes every
+    upload fail). Here the temporary file is ``file`` in a directory of a random
+    name that the SSH user makes with mode 700 (``mkdir`` fails on a name that is
+    taken) and removes after the copy; the file is made mode 600 before SFTP
+    fills it (sftp-server would make it 644).
+    """
+    private = f"{UPLOAD_DIR_PREFIX}{uuid.uuid4().hex}"
+    temp = f"{private}/file"
+    # As the SSH user (no sudo): the SSH user's upload lands there, root's cp reads it.
+    yield StringCommand(f"umask 077 && mkdir -m 700 {shlex.quote(private)} && "
+                        f"install -m 600 /dev/null {shlex.quote(temp)}", _sudo=False)  # fmt: skip
+    yield FileUploadCommand(StringIO(src) if isinstance(src, str) else src, dest, remote_temp_filename=temp)
+    yield StringCommand(f"rm -rf {shlex.quote(private)}", _sudo=False)
+
+
 def secret_upload(secret: str, dest: str, mode: str = "600", group=None):
     """
     The commands that put a secret into ``dest`` on the host, for an operation to yield.
@@ -123,23 +153,37 @@ def secret_upload(secret: str, dest: str, mode: str = "600", group=None):
     + mode: its mode, set before a byte is written
     + group: its group, or None
 
-    ``dest.new`` is made empty with its final mode first, and the upload only
-    fills it. Under sudo, pyinfra uploads to a temporary file as the SSH user
-    and copies that as root; its default temporary file is world-readable, so
-    here it lies in a directory the SSH user makes with mode 700 and removes.
+    ``dest.new`` is made empty with its final mode first, and the upload
+    (``private_upload``) only fills it.
     """
     q_new = shlex.quote(f"{dest}.new")
     group_args = f" -g {shlex.quote(group)}" if group else ""
     yield (f"install -d -m 755 {shlex.quote(str(Path(dest).parent))} && "
            f"install -m {mode}{group_args} /dev/null {q_new}")  # fmt: skip
-    private = f"/tmp/llamarack-upload-{uuid.uuid4().hex}"
-    # As the SSH user (no sudo): the only place its upload may land, and the
-    # file made private before SFTP fills it (sftp-server would make it 644).
-    yield StringCommand(f"umask 077 && mkdir -m 700 {shlex.quote(private)} && "
-                        f"install -m 600 /dev/null {shlex.quote(private + '/secret')}", _sudo=False)
-    yield FileUploadCommand(StringIO(secret), f"{dest}.new", remote_temp_filename=f"{private}/secret")
-    yield StringCommand(f"rm -rf {shlex.quote(private)}", _sudo=False)
+    yield from private_upload(secret, f"{dest}.new")
     yield f"chmod {mode} {q_new}{f' && chgrp {shlex.quote(group)} {q_new}' if group else ''} && mv -f {q_new} {shlex.quote(dest)}"
+
+
+@operation()
+def put_file(text: str, dest: str, mode: str = "644"):
+    """
+    Put ``text`` into ``dest`` with ``mode`` (owned by root), through ``private_upload``.
+
+    + text: the file's content
+    + dest: the file on the host; written as ``dest.new``, then renamed over ``dest``
+    + mode: its mode (octal digits, e.g. ``644``)
+
+    A file with this content and mode already is left as it is; pyinfra's
+    ``files.put`` would upload through a temporary name anyone can foresee.
+    """
+    digest = hashlib.sha1(text.encode()).hexdigest()
+    found = read(File, path=dest)
+    if found and read(Sha1File, path=dest) == digest and f"{found.get('mode')}" == mode.lstrip("0"):
+        host.noop(f"{dest} is up to date")
+        return
+    yield remote.argv("install", "-d", "-m", "755", "--", str(Path(dest).parent))
+    yield from private_upload(text, f"{dest}.new")
+    yield f"{remote.argv('chmod', mode, '--', f'{dest}.new')} && {durable_rename(f'{dest}.new', dest)}"
 
 
 def executing() -> bool:

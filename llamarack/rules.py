@@ -21,6 +21,7 @@ from packaging.version import Version
 from llamarack import gpu_table
 from llamarack.facts.ownership import PathOwnership
 from llamarack.roles.driver.reads import DriverState, KernelLog, KernelModule
+from llamarack.roles.server.reads import SERVICE_USER_MARK, PasswdEntry
 from llamarack.roles.toolchain.reads import CudaToolkit, GccInstall
 
 from .settings import Settings, private_dirs
@@ -77,6 +78,11 @@ class HostFacts:
     path_owners: Optional[PathOwnership] = None
     """Owner and mode of each directory root runs or builds from and of those above it
     (``PathOwners``); None where they were not read."""
+    service_user: Optional[PasswdEntry] = None
+    """The account named ``llamarack_service_user`` (``SystemUser``), None where there is none
+    or the server role does not run."""
+    service_group: Optional[int] = None
+    """The gid of the group of that name (``SystemGroup``), None where there is none."""
 
     @property
     def gpus(self) -> tuple:
@@ -595,6 +601,37 @@ def rule_dirs_private(s: Settings, facts: HostFacts) -> Optional[Failure]:
         "other user (a sticky /tmp counts: anyone can make a name in it), since root runs what is there",
         "; ".join(fixes),
     )  # fmt: skip
+def service_user_failure(s: Settings, entry: Optional[PasswdEntry], group: Optional[int]) -> Optional[Failure]:
+    """Whether ``llamarack_service_user`` may be made (no account, no group of that name)
+    or taken on (an account llamarack made, its own group its primary one): the service
+    user's home and shell are changed and the API key is given to its group, so an
+    account of the system's or a person's is refused."""
+    user, root = s.general.service_user, s.general.root
+    fix = (f"set llamarack_service_user to a name no account or group of this host has (llamarack makes "
+           f"it), or remove the host's {user!r} if nothing else uses it")  # fmt: skip
+    if entry is None:
+        if group is None:
+            return None
+        return Failure("service-user", f"no user {user!r} but a group {user!r} (gid {group})",
+                       f"no group {user!r}: useradd makes the service user's own group", fix)  # fmt: skip
+    low, high = entry.system_uids
+    needed = (f"an account llamarack made: a system uid ({low}-{high}), GECOS {SERVICE_USER_MARK!r} (or, "
+              f"as llamarack made it before it marked it, an empty GECOS with home {root} and shell "
+              "/usr/sbin/nologin), and a group of the same name as its primary group")  # fmt: skip
+    if not entry.made_by_llamarack(root):
+        return Failure("service-user", f"account {user!r}, which llamarack did not make ({entry.describe()})",
+                       needed, fix)  # fmt: skip
+    if group != entry.gid:
+        found = f"group {user!r} has gid {group}" if group is not None else f"no group {user!r}"
+        return Failure("service-user", f"account {user!r} of primary gid {entry.gid}, but {found}", needed, fix)
+    return None
+
+
+def rule_service_user(s: Settings, facts: HostFacts) -> Optional[Failure]:
+    """The service user is one llamarack may make or take on (``service_user_failure``)."""
+    if not s.general.runs("server"):
+        return None
+    return service_user_failure(s, facts.service_user, facts.service_group)
 
 
 Rule = Callable[[Settings, HostFacts], Optional[Failure]]
@@ -614,6 +651,7 @@ RULES: tuple[Rule, ...] = (
     rule_toolkit_present,
     rule_gcc_for_toolkit,
     rule_dirs_private,
+    rule_service_user,
 )
 
 

@@ -98,6 +98,9 @@ python_env_numpy_requirement = 'numpy<2'
 # what autoawq really imports, installed beside it (autoawq itself goes in with --no-deps; pyarrow 18+ needs numpy 2)
 python_env_autoawq_requirements = ['datasets==3.0.1', 'pyarrow==17.0.0', 'zstandard==0.23.0']
 
+# file on the control machine: a pip requirements file with a --hash for every package of the AWQ env (pip-compile --generate-hashes); set, the env is installed from it alone with --require-hashes --no-deps, and it must meet the pins above
+python_env_awq_lock_file = None
+
 # pip index torch comes from in the llama.cpp converter's env (conversion runs on the CPU)
 python_env_converter_torch_index_url = 'https://download.pytorch.org/whl/cpu'
 

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import json
 import shlex
-from io import StringIO
 
 from pyinfra import host
-from pyinfra.api import FileUploadCommand, StringCommand, operation
+from pyinfra.api import StringCommand, operation
 from pyinfra.facts.files import FileContents
 
 from llamarack import remote
 from llamarack.facts import read
 from llamarack.roles.llamacpp.reads import BuildSeals, GitHead, LlamacppBuilds
 from llamarack.layout import Layout, unit_build
+from llamarack.operations import private_upload
 
 from .plan import PORTABLE_CPU_VARIANTS, BuildPlan, cpu_variant_name, with_cpu_features
 
@@ -102,8 +102,8 @@ def build(plan: BuildPlan, src: str, root: str, ccache_dir=None, jobs=None):
     )
     # The build counts only once it computed: the smoke run (roles/<role>/files/
     # llamacpp_proof.py) writes build-info.json, last, when a rung of its ladder works.
-    spec = proof_spec(plan, d, src, env, ccache_dir, jobs)
-    yield FileUploadCommand(StringIO(json.dumps(spec, indent=1, sort_keys=True)), f"{d}/proof-spec.json")
+    yield from private_upload(json.dumps(proof_spec(plan, d, src, env, ccache_dir, jobs), indent=1, sort_keys=True),
+                              f"{d}/proof-spec.json")
     yield StringCommand(remote.command("llamacpp_proof", f"{d}/proof-spec.json"))
 
 
@@ -208,7 +208,7 @@ def reprove(plan: BuildPlan, src: str, root: str):
         return
     d = Layout(root).build(plan.stamp)
     spec = proof_spec(plan, d, src, _build_env(plan, root, None), reprove=True)
-    yield FileUploadCommand(StringIO(json.dumps(spec, indent=1, sort_keys=True)), f"{d}/proof-spec.json")
+    yield from private_upload(json.dumps(spec, indent=1, sort_keys=True), f"{d}/proof-spec.json")
     yield StringCommand(remote.command("llamacpp_proof", f"{d}/proof-spec.json"), "&&",
                         remote.command("build_seal", "seal", d))
 

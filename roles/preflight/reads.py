@@ -25,6 +25,7 @@ from llamarack.facts.ownership import PathOwners
 from llamarack.roles import ROLES
 from llamarack.roles.driver.reads import (CharDevices, MigStates, NvidiaDriverPackages, NvidiaKernelLog,
                                           NvidiaKernelModule, NvidiaPciCards, NvidiaSmi, RecordedGpus)
+from llamarack.roles.server.reads import SystemGroup, SystemUser
 from llamarack.roles.toolchain.plan import toolkit_search_homes
 from llamarack.roles.toolchain.reads import CudaToolkits, GccVersions, InstallableGccMajors
 from llamarack.rules import HostFacts
@@ -76,6 +77,9 @@ def preflight_reads(settings: Settings) -> tuple[FactRead, ...]:
     ]
     if _private_paths(settings):
         reads.append(FactRead.of(PathOwners, paths=_private_paths(settings)))
+    if settings.general.runs("server"):  # the service user the server role makes or takes on
+        user = settings.general.service_user
+        reads += [FactRead.of(SystemUser, user=user), FactRead.of(SystemGroup, group=user)]
     if settings.llamacpp.backend == "cuda":
         reads += [FactRead.of(CudaToolkits, extra_homes=toolkit_search_homes(settings)),
                   FactRead.of(InstallableGccMajors),
@@ -103,6 +107,7 @@ def gather(settings: Settings, read=read) -> HostFacts:
       the answers its one command got)
     """
     cuda = settings.llamacpp.backend == "cuda"
+    server, user = settings.general.runs("server"), settings.general.service_user
     return HostFacts(
         driver=read(NvidiaSmi),
         module=read(NvidiaKernelModule),
@@ -117,4 +122,6 @@ def gather(settings: Settings, read=read) -> HostFacts:
         mig=tuple(read(MigStates)) if cuda else (),
         # who may write where root runs and builds: the dirs-private rule
         path_owners=read(PathOwners, paths=paths) if (paths := _private_paths(settings)) else None,
+        service_user=read(SystemUser, user=user) if server else None,
+        service_group=read(SystemGroup, group=user) if server else None,
     )

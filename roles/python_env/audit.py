@@ -7,7 +7,7 @@ from llamarack.facts import FactRead
 from llamarack.rules import build_archs
 from llamarack.settings import Settings
 
-from .plan import awq_plan, converter_plan, unmet
+from .plan import awq_lock, awq_plan, converter_plan, unmet
 from .reads import PythonEnvPackages, RequirementsFile
 
 ITEMS = ("awq_env", "converter_env")
@@ -29,7 +29,8 @@ def items(seen: Seen) -> dict[str, Item]:
     lines = fact(RequirementsFile, path=layout.converter_requirements)
     python = convert_env.python_version if convert_env else settings.python_env.python_version
     convert = converter_plan(settings, layout.env("convert"), lines, python) if lines is not None else None
-    return {"awq_env": env_item(awq_env, awq_plan(settings, layout.env("awq"), archs)),
+    awq = awq_plan(settings, layout.env("awq"), archs, locked=awq_lock(settings))
+    return {"awq_env": env_item(awq_env, awq),
             "converter_env": env_item(convert_env, convert)}  # fmt: skip
 
 

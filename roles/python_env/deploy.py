@@ -11,7 +11,7 @@ from llamarack.rules import HostFacts, build_archs
 from llamarack.settings import Settings
 
 from .operations import converter_pins, pip_pins, venv
-from .plan import awq_plan
+from .plan import LockError, awq_lock, awq_plan
 
 
 def _make_env(settings: Settings, name: str) -> str:
@@ -53,12 +53,21 @@ def python_env(settings: Settings, facts: Optional[HostFacts] = None):
       version and the GPUs' archs are verified against torch)
     + facts: what preflight read (the GPUs); needed on CUDA builds only
     """
+    locked = _awq_lock(settings)
     env = _make_env(settings, "awq")
     archs = build_archs(settings, facts) if settings.llamacpp.backend == "cuda" else ()
     pip_pins(
-        name="AWQ env pins (resolve, install, verify)",
-        plan=awq_plan(settings, env, archs),
+        name="AWQ env pins (resolve, install, verify)" + (" from the hash-checked lock" if locked else ""),
+        plan=awq_plan(settings, env, archs, locked=locked),
     )
+
+
+def _awq_lock(settings: Settings) -> Optional[tuple]:
+    """The AWQ env's lock (``python_env_awq_lock_file``), or None; a bad one stops the host."""
+    try:
+        return awq_lock(settings)
+    except LockError as e:
+        raise DeployError(f"{host.name}: {e}") from None
 
 
 @deploy("llamarack converter env")

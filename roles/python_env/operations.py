@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import shlex
-from io import StringIO
-from urllib.parse import urlsplit
-
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 from pyinfra.api.exceptions import OperationError
-from pyinfra.operations import files
 
 from llamarack import remote
 from llamarack.roles.python_env.reads import PythonEnvPackages, RequirementsFile
 from llamarack.facts import read
-from llamarack.operations import executing
+from llamarack.operations import executing, secret_upload
 
 from .plan import EnvPlan, converter_plan, unmet
-
-# pip without any of the host's pip configuration: the settings name every index.
-PIP = "PIP_CONFIG_FILE=/dev/null {python} -m pip --isolated"
 
 
 @operation()
@@ -52,8 +44,9 @@ def pip_pins(plan: EnvPlan):
     A converged env (every pin and constraint met, read with the env's own
     interpreter) costs no pip call. Otherwise: the whole set is resolved
     (dry run) before anything is installed, each conflict named; then each
-    step is installed with the constraints file; then imports and versions
-    are verified.
+    step is installed with the constraints; then imports and versions are
+    verified. No index URL is on a command line: they reach pip from a file
+    of mode 600 (a password or a token in one stays out of ``ps`` and ``-vvv``).
     """
     yield from _pins(plan)
 
@@ -88,22 +81,13 @@ def _pins(plan: EnvPlan):
         if not problems:
             host.noop(f"{plan.env} already has {', '.join(plan.require)}")
             return
-    python = shlex.quote(plan.python)
-    pip = PIP.format(python=python)
-    constraints = f"{plan.env}/llamarack-constraints.txt"
-    yield from files.put._inner(
-        src=StringIO("".join(c + "\n" for c in plan.constraints)), dest=constraints, mode="644"
-    )
-    yield StringCommand(remote.command("pyenv_check", "resolve", plan.to_json(), python=plan.python))
-    for step in plan.steps:
-        args = [pip, "install --no-input --index-url", shlex.quote(step.index_url)]
-        # pip ignores a plain-HTTP index unless trusted; one in the settings is the
-        # operator's own choice (a LAN mirror, the lab's index).
-        if step.index_url.startswith("http://"):
-            args.append(f"--trusted-host {shlex.quote(urlsplit(step.index_url).hostname)}")
-        args.append("--no-deps" if step.no_deps else f"-c {shlex.quote(constraints)}")
-        args += [shlex.quote(r) for r in step.requirements]
-        yield StringCommand(" ".join(args))
-    yield StringCommand(remote.command("pyenv_check", "verify", plan.to_json(), python=plan.python))
-
-
+    # The index URLs (a password or a token in one stays off every command line) go in
+    # a file only root reads; pyenv_check hands them to pip in its environment.
+    indexes = f"{plan.env}/llamarack-indexes.json"
+    yield from secret_upload(plan.indexes_json(), indexes, mode="600")
+    shown = plan.to_json()
+    yield StringCommand(remote.command("pyenv_check", "resolve", shown, indexes, python=plan.python))
+    for number in range(len(plan.steps)):
+        yield StringCommand(remote.command("pyenv_check", "install", shown, indexes, str(number), python=plan.python))
+    yield StringCommand(remote.argv("rm", "-f", "--", indexes))
+    yield StringCommand(remote.command("pyenv_check", "verify", shown, python=plan.python))

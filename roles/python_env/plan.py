@@ -15,10 +15,12 @@ requirements it really imports (``python_env_autoawq_requirements``).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Optional
 
-from packaging.requirements import Requirement
+from packaging.requirements import InvalidRequirement, Requirement
 
 from llamarack.roles.python_env.reads import canonical
 from llamarack.settings import Settings
@@ -40,6 +42,14 @@ class PipStep:
     requirements: tuple
     index_url: str
     no_deps: bool = False
+    extra_index_urls: tuple = ()
+    hashes: tuple = ()
+    """Per requirement, the hashes (``sha256:...``) pip must find (``--require-hashes``);
+    () installs without hash checking."""
+
+    @property
+    def index_urls(self) -> tuple:
+        return (self.index_url, *self.extra_index_urls)
 
 
 @dataclass(frozen=True)
@@ -66,33 +76,141 @@ class EnvPlan:
         """Every requirement the env must satisfy once installed."""
         return tuple(r for step in self.steps for r in step.requirements)
 
+    @property
+    def indexes(self) -> tuple:
+        """Every index URL the steps name, once each, in order."""
+        return tuple(dict.fromkeys(url for step in self.steps for url in step.index_urls))
+
     def to_json(self) -> str:
+        """The plan as ``pyenv_check`` takes it on its command line: each step names its
+        indexes by their place in ``indexes`` (a URL may carry a password or a token, and
+        a command line is seen by every user of the host, and at ``-vvv``)."""
         data = asdict(self)
+        for step, shown in zip(self.steps, data["steps"]):
+            del shown["index_url"], shown["extra_index_urls"]
+            shown["index"] = [self.indexes.index(url) for url in step.index_urls]
         data["require"] = list(self.require)
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
+    def indexes_json(self) -> str:
+        """The index URLs, for the file ``pyenv_check`` reads them from (uploaded, mode 600)."""
+        return json.dumps(list(self.indexes))
 
-def awq_plan(settings: Settings, env: str, gpu_archs: tuple = ()) -> EnvPlan:
-    """The AWQ quantization env: the reference pins, installed the deliberate way."""
+
+def awq_plan(settings: Settings, env: str, gpu_archs: tuple = (), locked: Optional[tuple] = None) -> EnvPlan:
+    """The AWQ quantization env: the reference pins, installed the deliberate way; with
+    ``locked`` (``locked_requirements``: ``python_env_awq_lock_file``), exactly the lock's
+    packages, hash-checked, in one step without dependencies (the lock is the resolution)."""
     s = settings.python_env
     torch = f"torch=={s.torch_version}"
     cuda = settings.llamacpp.backend == "cuda"
+    extra = tuple(u for u in (s.torch_index_url,) if u != s.index_url)
+    steps = (
+        PipStep((torch,), s.torch_index_url),
+        PipStep(
+            (f"transformers=={s.transformers_version}", f"accelerate=={s.accelerate_version}",
+             *s.autoawq_requirements),
+            s.index_url,
+        ),  # fmt: skip
+        PipStep((f"autoawq=={s.autoawq_version}",), s.index_url, no_deps=True),
+    ) if locked is None else (
+        PipStep(tuple(r for r, _ in locked), s.index_url, no_deps=True, extra_index_urls=extra,
+                hashes=tuple(h for _, h in locked)),
+    )  # fmt: skip
     return EnvPlan(
         env=env,
-        steps=(
-            PipStep((torch,), s.torch_index_url),
-            PipStep(
-                (f"transformers=={s.transformers_version}", f"accelerate=={s.accelerate_version}",
-                 *s.autoawq_requirements),
-                s.index_url,
-            ),  # fmt: skip
-            PipStep((f"autoawq=={s.autoawq_version}",), s.index_url, no_deps=True),
-        ),
+        steps=steps,
         constraints=(torch, s.numpy_requirement),
         imports=AWQ_IMPORTS,
         torch_cuda=settings.toolchain.cuda_version if cuda else None,
         gpu_archs=tuple(f"sm_{a}" for a in gpu_archs) if cuda else (),
     )
+
+
+# A hash of a lock line (pip's --hash option, either spelling) and the values pip accepts.
+LOCK_HASH = re.compile(r"--hash[= ](\S+)")
+LOCK_HASH_VALUE = re.compile(r"(sha256|sha384|sha512):[0-9a-f]+")
+
+
+class LockError(ValueError):
+    """A lock file (``python_env_awq_lock_file``) llamarack cannot install from."""
+
+
+def _lock_lines(text: str) -> list[str]:
+    """The logical lines of a requirements file: continuations joined, comments dropped."""
+    joined = re.sub(r"\\\r?\n", " ", text)
+    lines = (re.sub(r"(^|\s)#.*", "", line).strip() for line in joined.splitlines())
+    return [line for line in lines if line]
+
+
+def _lock_line_problem(requirement: str, hashes: tuple) -> Optional[str]:
+    """What keeps one lock line (its ``--hash`` options taken out) from being installed
+    hash-checked, or None."""
+    if requirement.startswith("-") or re.search(r"\s-", requirement):
+        return ("an option line: every index is a setting (python_env_index_url, "
+                "python_env_torch_index_url), never a line of the lock")  # fmt: skip
+    try:
+        req = Requirement(requirement)
+    except InvalidRequirement:
+        return "not a pip requirement"
+    specs = list(req.specifier)
+    if req.url or len(specs) != 1 or specs[0].operator not in ("==", "===") or "*" in specs[0].version:
+        return "not pinned to one version from the index (name==version)"
+    if not hashes:
+        return "no --hash (pip-compile --generate-hashes writes them)"
+    bad = [h for h in hashes if not LOCK_HASH_VALUE.fullmatch(h)]
+    return f"hash {bad[0]!r} is not sha256:, sha384: or sha512: and hex digits" if bad else None
+
+
+def locked_requirements(settings: Settings, text: str, source: str) -> tuple:
+    """Each package of the AWQ env's lock file (``python_env_awq_lock_file``: what
+    ``pip-compile --generate-hashes`` writes) as ``(requirement, hashes)``, lines whose
+    marker is false for the env's Python left out. Raises ``LockError`` naming every line
+    that is not ``name==version`` with hashes, and every pin of the settings (torch,
+    transformers, accelerate, autoawq and what it imports, numpy's constraint) the
+    lock does not meet: the env must still be the reference set."""
+    s = settings.python_env
+    entries, problems = [], []
+    for line in _lock_lines(text):
+        hashes = tuple(LOCK_HASH.findall(line))
+        requirement = LOCK_HASH.sub("", line).strip()
+        problem = _lock_line_problem(requirement, hashes)
+        if problem:
+            problems.append(f"{requirement or line!r}: {problem}")
+            continue
+        req = Requirement(requirement)
+        if not req.marker or req.marker.evaluate(_marker_env(s.python_version)):
+            entries.append((requirement, hashes))
+    if not entries:
+        problems.append("no requirement that applies to the env's Python")
+    locked = {canonical(Requirement(r).name): next(iter(Requirement(r).specifier)).version for r, _ in entries}
+    pins = (f"torch=={s.torch_version}", f"transformers=={s.transformers_version}",
+            f"accelerate=={s.accelerate_version}", f"autoawq=={s.autoawq_version}", *s.autoawq_requirements)
+    for text_pin in (*pins, s.numpy_requirement) if entries else ():
+        pin = Requirement(text_pin)
+        have = locked.get(canonical(pin.name))
+        if have is None and text_pin in pins:
+            problems.append(f"no {pin.name}: the settings pin {text_pin}")
+        elif have is not None and not pin.specifier.contains(have, prereleases=True):
+            problems.append(f"{pin.name}=={have}: the settings want {text_pin}")
+    if problems:
+        raise LockError(f"python_env_awq_lock_file: {source}: " + "; ".join(problems)
+                        + ". Fix: write the lock with pip-compile --generate-hashes from the settings' pins "
+                        "(every package name==version with its --hash), or unset python_env_awq_lock_file")
+    return tuple(entries)
+
+
+def awq_lock(settings: Settings) -> Optional[tuple]:
+    """The AWQ env's lock (``python_env_awq_lock_file``, read on the control machine) as
+    ``locked_requirements`` gives it, or None when none is set; raises ``LockError``."""
+    path = settings.python_env.awq_lock_file
+    if not path:
+        return None
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise LockError(f"python_env_awq_lock_file: cannot read {path}: {e.strerror}") from None
+    return locked_requirements(settings, text, path)
 
 
 def converter_plan(settings: Settings, env: str, lines: tuple, python_version: str) -> EnvPlan:

@@ -9,8 +9,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion
 from packaging.version import Version as PkgVersion
 
-from llamarack.settings_fields import (Section, conda_channel_name, dotted_version, remote_url, setting,
-                                       sha256_hex)  # fmt: skip
+from llamarack.settings_fields import (Section, conda_channel_name, control_file, dotted_version, remote_url,
+                                       setting, sha256_hex)  # fmt: skip
 
 
 def _pep440_version(value: str) -> Optional[str]:
@@ -68,6 +68,13 @@ class PythonEnvSettings(Section):
         "what autoawq really imports, installed beside it (autoawq itself goes in with --no-deps; "
         "pyarrow 18+ needs numpy 2)",
         _requirement,
+    )
+    awq_lock_file: Optional[str] = setting(
+        None,
+        "file on the control machine: a pip requirements file with a --hash for every package of the "
+        "AWQ env (pip-compile --generate-hashes); set, the env is installed from it alone with "
+        "--require-hashes --no-deps, and it must meet the pins above",
+        control_file,
     )
     converter_torch_index_url: str = setting(
         "https://download.pytorch.org/whl/cpu",

@@ -16,12 +16,11 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from io import StringIO
 from pathlib import Path
 from typing import Optional
 
 from pyinfra import host, logger
-from pyinfra.api import FileUploadCommand, StringCommand, operation
+from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.files import File, FileContents, Link, Sha1File
 from pyinfra.operations.util.files import generate_color_diff
 from pyinfra.facts.server import Command
@@ -30,37 +29,43 @@ from llamarack import remote
 from llamarack.roles.llamacpp.reads import BenchRecord, BuildSeals, LlamaServerFlags
 from llamarack.roles.driver.reads import CharDevices, RecordedGpus
 from llamarack.roles.model.reads import GgufShape, ModelArtifact
-from llamarack.roles.server.reads import SystemUser, UnitState, active_since
+from llamarack.roles.server.reads import NOLOGIN, SERVICE_USER_MARK, SystemGroup, SystemUser, UnitState, active_since
 from llamarack.facts import read
 from llamarack.layout import API_KEY_PATH, UNIT_NAME, UNIT_PATH, unit_build
-from llamarack.operations import executing, refusal, secret_upload
+from llamarack.operations import executing, private_upload, refusal, secret_upload
 from llamarack.roles.server.files.secret_digest import digest
+from llamarack.rules import service_user_failure
 from llamarack.secrets import read_token
 from llamarack.settings import Settings
 
 from .plan import (HEALTH_MARK, KEY_DIGEST_SALT, RESIDENCY_MARK, PlanError, bench_args, card_compute_cap, card_mib, health_url,
                    key_digest_command, parse_pin, plan_context, roofline, wanted_unit)  # fmt: skip
 
-NOLOGIN = "/usr/sbin/nologin"
-
-
 @operation()
-def service_user(user: str, home: str):
+def service_user(settings: Settings):
     """
-    A system user (and its group) for llama-server, with no shell and no home of its own.
+    The system user (and its group) for llama-server, with no shell and no home of its own.
 
-    + user: the account name (``llamarack_service_user``)
-    + home: its home directory, not created (the llamarack root)
+    + settings: the host's settings (``llamarack_service_user``; its home, not created,
+      is the llamarack root)
 
-    Reads the one account (``SystemUser``), not every account of the host.
+    Made with the mark ``SERVICE_USER_MARK`` in its GECOS field; an account llamarack
+    did not make is refused, unchanged (``llamarack.rules.service_user_failure``, which
+    preflight checks before anything is touched). Reads the one account (``SystemUser``)
+    and group (``SystemGroup``), not every account of the host.
     """
+    user, home = settings.general.service_user, settings.general.root
     entry = read(SystemUser, user=user)
-    if entry is None:
-        # --system: a uid below UID_MIN; a group of the same name (Debian's USERGROUPS_ENAB).
-        yield StringCommand("useradd", "--system", "--no-create-home", "--home-dir", home,
-                            "--shell", NOLOGIN, user)  # fmt: skip
-    elif (entry.home, entry.shell) != (home, NOLOGIN):
-        yield StringCommand("usermod", "--home", home, "--shell", NOLOGIN, user)
+    failure = service_user_failure(settings, entry, read(SystemGroup, group=user))
+    if failure:
+        yield refusal(failure.message(host.name))
+    elif entry is None:
+        # --system: a uid in the system range; --user-group: a group of the same name.
+        yield StringCommand("useradd", "--system", "--user-group", "--no-create-home", "--home-dir", home,
+                            "--shell", NOLOGIN, "--comment", QuoteString(SERVICE_USER_MARK), user)  # fmt: skip
+    elif (entry.home, entry.shell, entry.gecos) != (home, NOLOGIN, SERVICE_USER_MARK):
+        yield StringCommand("usermod", "--home", home, "--shell", NOLOGIN, "--comment",
+                            QuoteString(SERVICE_USER_MARK), user)  # fmt: skip
     else:
         host.noop(f"user {user} exists")
 
@@ -333,7 +338,7 @@ def _switch_to(settings: Settings, unit: str, pin: Optional[dict]):
     if pin is not None:
         host.log("the settings changed since `llamarack rollback`: its pin is released", logger.warning)
         yield f"rm -f {shlex.quote(settings.layout.rollback_pin)}"
-    yield FileUploadCommand(StringIO(unit), f"{UNIT_PATH}.new")
+    yield from private_upload(unit, f"{UNIT_PATH}.new")
     yield f"chmod 644 {shlex.quote(UNIT_PATH)}.new"
     yield StringCommand(switch_script(settings))
 

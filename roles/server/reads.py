@@ -13,6 +13,14 @@ from llamarack import remote
 from llamarack.facts.value import FactValue
 
 
+NOLOGIN = "/usr/sbin/nologin"
+# The GECOS field of the service user llamarack makes: how a later run knows the account
+# is its own to change (home, shell), and to give the API key's group to.
+SERVICE_USER_MARK = "llamarack service user"
+# useradd's system uid range when /etc/login.defs does not set it (shadow's defaults).
+SYSTEM_UIDS = (101, 999)
+
+
 @dataclass(frozen=True)
 class PasswdEntry(FactValue):
     name: str
@@ -20,32 +28,83 @@ class PasswdEntry(FactValue):
     gid: int
     home: str
     shell: str
+    gecos: str = ""
+    system_uids: tuple = SYSTEM_UIDS
+    """The host's system uid range (``SYS_UID_MIN``, ``SYS_UID_MAX`` of /etc/login.defs):
+    where ``useradd --system`` puts an account."""
+
+    def made_by_llamarack(self, root: str) -> bool:
+        """Whether llamarack made this account: a system uid and the mark in GECOS; or, as
+        llamarack made it before it marked it, an empty GECOS, home ``root`` and no shell."""
+        low, high = self.system_uids
+        unmarked = self.gecos == "" and self.home == root and self.shell == NOLOGIN
+        return low <= self.uid <= high and (self.gecos == SERVICE_USER_MARK or unmarked)
+
+    def describe(self) -> str:
+        return f"uid {self.uid}, GECOS {self.gecos!r}, home {self.home}, shell {self.shell}"
+
+
+def _system_uids(defs: dict) -> tuple:
+    """(SYS_UID_MIN, SYS_UID_MAX) as useradd reads them from /etc/login.defs."""
+    try:
+        low = int(defs.get("SYS_UID_MIN", SYSTEM_UIDS[0]))
+        high = int(defs.get("SYS_UID_MAX", int(defs.get("UID_MIN", SYSTEM_UIDS[1] + 1)) - 1))
+    except ValueError:
+        return SYSTEM_UIDS
+    return low, high
 
 
 class SystemUser(FactBase[Optional[PasswdEntry]]):
     """
-    Returns the passwd entry of ``user`` (through NSS, as ``getent`` sees it),
-    or None when there is no such user. One user, not pyinfra's ``server.Users``,
-    which reads every account of the host and each one's groups.
+    Returns the passwd entry of ``user`` (through NSS, as ``getent`` sees it) with the
+    host's system uid range, or None when there is no such user. One user, not
+    pyinfra's ``server.Users``, which reads every account of the host and each one's groups.
 
     .. code:: python
 
         PasswdEntry(name="llamarack", uid=999, gid=999, home="/opt/llamarack",
-                    shell="/usr/sbin/nologin")
+                    shell="/usr/sbin/nologin", gecos="llamarack service user",
+                    system_uids=(101, 999))
     """
 
     def command(self, user: str) -> str:
         # getent exits 2 for "no such user": that is an answer, not a failure.
-        return f"getent passwd {shlex.quote(user)} || true"
+        return (f"getent passwd {shlex.quote(user)} || true; "
+                "awk '$1 == \"SYS_UID_MIN\" || $1 == \"SYS_UID_MAX\" || $1 == \"UID_MIN\" "
+                "{print \"login.defs\", $1, $2}' /etc/login.defs 2>/dev/null || true")  # fmt: skip
 
     def process(self, output) -> Optional[PasswdEntry]:
-        fields = output[0].split(":") if output else []
+        defs = {w[1]: w[2] for line in output if len(w := line.split()) == 3 and w[0] == "login.defs"}
+        entries = [line for line in output if not line.startswith("login.defs ")]
+        if not entries:
+            return None
+        fields = entries[0].split(":")
         if len(fields) != 7:
             raise FactProcessError(f"unexpected getent passwd output: {output!r}")
         try:
-            return PasswdEntry(fields[0], int(fields[2]), int(fields[3]), fields[5], fields[6])
+            return PasswdEntry(fields[0], int(fields[2]), int(fields[3]), fields[5], fields[6], fields[4],
+                               _system_uids(defs))  # fmt: skip
         except ValueError as e:
             raise FactProcessError(f"unexpected getent passwd output: {output!r}") from e
+
+
+class SystemGroup(FactBase[Optional[int]]):
+    """
+    Returns the gid of the group ``group`` (through NSS), or None when there is no such group.
+
+    .. code:: python
+
+        997
+    """
+
+    def command(self, group: str) -> str:
+        return f"getent group {shlex.quote(group)} || true"
+
+    def process(self, output) -> Optional[int]:
+        fields = output[0].split(":") if output else []
+        if len(fields) != 4 or not fields[2].isdigit():
+            raise FactProcessError(f"unexpected getent group output: {output!r}")
+        return int(fields[2])
 
 
 UNIT_PROPERTIES = ("ActiveState", "SubState", "MainPID", "ActiveEnterTimestamp", "NRestarts")

@@ -1,17 +1,15 @@
 """The role's one ``@deploy`` entry point (the role is described in ``__init__.py``)."""
 
-from io import StringIO
-
 from packaging.version import Version
 from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.server import LinuxDistribution
-from pyinfra.operations import apt, files
+from pyinfra.operations import apt
 
 from llamarack.roles.toolchain.reads import CmakeVersion
 from llamarack.facts import DebianSources, read
-from llamarack.operations import apt_install_missing, conda_env, miniforge
+from llamarack.operations import apt_install_missing, conda_env, miniforge, put_file
 from llamarack.rules import HostFacts
 from llamarack.settings import Settings
 
@@ -52,9 +50,9 @@ def _debian_toolkit(settings: Settings) -> None:
         )
     text = nonfree_sources(stanzas)
     if text:
-        sources = files.put(
+        sources = put_file(
             name="apt sources: contrib and non-free for nvidia-cuda-toolkit",
-            src=StringIO(text),
+            text=text,
             dest=CUDA_SOURCES_FILE,
             mode="644",
         )

@@ -9,7 +9,7 @@ from llamarack.roles.llamacpp.reads import BuildFlags
 from llamarack.layout import UNIT_NAME
 from llamarack.roles.server.operations import bench, service
 from llamarack.roles.driver.reads import Gpu
-from tests.roles.test_server_ops import ROOT, SHAPE, V100, facts, settings
+from tests.roles.test_server_ops import ROOT, SHAPE, V100, facts, settings, unit_of
 
 # As nvidia-smi names it, with its PCI id: the card table knows its bandwidth.
 V100_PCI = Gpu(0, "Tesla V100-SXM2-16GB", "GPU-1", 16160, "7.0", "550.127.05", "0x1DB110DE")
@@ -30,7 +30,7 @@ def draft_facts(flags=SPEC, draft="d1", **kw):
 def test_the_unit_runs_the_draft_with_the_plans_kv_and_layers():
     s = settings(**DRAFT, server_draft_max=8, server_draft_min=2)
     commands, _ = run_op(service, draft_facts(), settings=s, gpus=(V100,))
-    unit = commands[0][2]
+    unit = unit_of(commands)
     assert ("--spec-type draft-simple --spec-draft-model /opt/lr/models/d1/model.gguf --spec-draft-n-max 8 "
             "--spec-draft-n-min 2 --spec-draft-type-k f16 --spec-draft-type-v f16 --spec-draft-ngl 3") in unit
     assert "Description=llamarack llama-server: m1, draft d1 (llama" in unit
@@ -38,9 +38,9 @@ def test_the_unit_runs_the_draft_with_the_plans_kv_and_layers():
 
 def test_draft_gpu_layers_reach_the_unit_and_a_cpu_build_gets_none():
     commands, _ = run_op(service, draft_facts(), settings=settings(**DRAFT, server_draft_gpu_layers=1), gpus=(V100,))
-    assert "--spec-draft-ngl 1" in commands[0][2]
+    assert "--spec-draft-ngl 1" in unit_of(commands)
     commands, _ = run_op(service, draft_facts(), settings=settings(**DRAFT, llamacpp_backend="cpu"), gpus=(V100,))
-    assert "--spec-draft-model" in commands[0][2] and "--spec-draft-ngl" not in commands[0][2]
+    assert "--spec-draft-model" in unit_of(commands) and "--spec-draft-ngl" not in unit_of(commands)
 
 
 def test_a_build_without_the_spec_flags_is_refused_before_the_unit_is_touched():
@@ -55,7 +55,7 @@ def test_a_missing_draft_artifact_is_refused():
 
 def test_no_draft_asked_no_spec_flags():
     commands, _ = run_op(service, draft_facts(), settings=settings(), gpus=(V100,))
-    assert "--spec" not in commands[0][2]
+    assert "--spec" not in unit_of(commands)
 
 
 # -- the bench --

@@ -30,11 +30,15 @@ def test_cpu_build_configures_builds_verifies_then_proves():
     assert "llama-server --version" in commands[4] and "grep -q 0c1e57098" in commands[4]
     assert "server-help.txt" in commands[5]
     assert not any("cuobjdump" in c for c in commands if isinstance(c, str))
-    # The smoke run is last, and it is what writes build-info.json.
-    spec_upload = commands[6]
+    # The smoke run is last, and it is what writes build-info.json; its spec is uploaded
+    # through a private directory just before it.
+    private = "/tmp/llamarack-upload-RANDOM"
+    assert commands[6] == f"umask 077 && mkdir -m 700 {private} && install -m 600 /dev/null {private}/file"
+    spec_upload = commands[7]
     assert spec_upload[:2] == ("upload", f"{d}/proof-spec.json")
-    assert commands[7] == remote.command("llamacpp_proof", f"{d}/proof-spec.json")
-    assert len(commands) == 8 and not any("build-info.json" in c for c in commands[:-1] if isinstance(c, str))
+    assert commands[8] == f"rm -rf {private}"
+    assert commands[9] == remote.command("llamacpp_proof", f"{d}/proof-spec.json")
+    assert len(commands) == 10 and not any("build-info.json" in c for c in commands[:-1] if isinstance(c, str))
     spec = json.loads(spec_upload[2])
     assert spec["build_dir"] == d and spec["record"]["stamp"] == plan.stamp
     assert spec["serving"] == {"cache_type_k": "q4_0", "cache_type_v": "q4_0", "flash_attn": True,
@@ -84,7 +88,7 @@ def test_cuda_build_refuses_a_binary_without_every_arch():
     # the smoke run (which writes the record) comes after the arch checks
     assert commands.index(checks[-1]) < len(commands) - 1
     assert commands[-1].startswith("python3 ") and commands[-1].endswith("proof-spec.json")
-    spec = json.loads(commands[-2][2])
+    spec = json.loads(commands[-3][2])
     assert spec["serving"]["gpu_layers"] == 999
 
 
@@ -196,11 +200,11 @@ def test_a_new_proof_reproves_the_build_in_place():
     plan = plan_build(settings(llamacpp_backend="cpu"))
     stale = Seals({plan.stamp: []}, proofs={plan.stamp: "0" * 16})
     commands, noops = run_op(reprove, {BuildSeals: stale}, plan=plan, src="/s", root=ROOT)
-    assert commands[0][:2] == ("upload", f"{ROOT}/builds/{plan.stamp}/proof-spec.json")
-    spec = json.loads(commands[0][2])
+    assert commands[1][:2] == ("upload", f"{ROOT}/builds/{plan.stamp}/proof-spec.json")
+    spec = json.loads(commands[1][2])
     assert spec["reprove"] is True and spec["record"]["proof_id"] == plan.proof_id
     assert not any(rung.get("configure") for rung in spec["rungs"]), "a build in service is never rebuilt in place"
-    assert "llamacpp_proof" in str(commands[1]) and "build_seal" in str(commands[1])
+    assert "llamacpp_proof" in str(commands[3]) and "build_seal" in str(commands[3]) and len(commands) == 4
     current = Seals({plan.stamp: []}, proofs={plan.stamp: plan.proof_id})
     commands, noops = run_op(reprove, {BuildSeals: current}, plan=plan, src="/s", root=ROOT)
     assert commands == [] and noops == [f"llama.cpp build {plan.stamp} is proven by proof {plan.proof_id}"]

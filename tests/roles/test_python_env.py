@@ -10,6 +10,7 @@ import json
 import shlex
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -72,21 +73,24 @@ def test_drift_is_named_and_put_back_in_order():
     ]
     env = facts.PythonEnv(env.python_version, drifted)
     commands, _ = run_op(pip_pins, env_facts(env), plan=plan)
-    pip = f"PIP_CONFIG_FILE=/dev/null {ENV}/bin/python -m pip --isolated install --no-input --index-url"
     check = f"{ENV}/bin/python -c {shlex.quote(remote.source('pyenv_check'))}"
-    runs = [c for c in commands if c.startswith(check) or c.startswith(pip)]
-    assert runs[0].startswith(f"{check} resolve ")
-    assert runs[1] == f"{pip} https://download.pytorch.org/whl/cu118 -c {ENV}/llamarack-constraints.txt torch==2.13.0"
-    assert runs[2] == (f"{pip} https://pypi.org/simple -c {ENV}/llamarack-constraints.txt transformers==4.44.2 "
-                       "accelerate==0.33.0 datasets==3.0.1 pyarrow==17.0.0 zstandard==0.23.0")  # fmt: skip
-    assert runs[3] == f"{pip} https://pypi.org/simple --no-deps autoawq==0.2.7"
-    assert runs[4].startswith(f"{check} verify ")
+    indexes = f"{ENV}/llamarack-indexes.json"
+    shown = shlex.quote(plan.to_json())
+    runs = [c for c in commands if c.startswith(check)]
+    assert runs[0] == f"{check} resolve {shown} {indexes}"
+    assert runs[1:4] == [f"{check} install {shown} {indexes} {n}" for n in range(3)]
+    assert runs[4] == f"{check} verify {shown}"
+    assert commands.index(f"rm -f -- {indexes}") == commands.index(runs[4]) - 1
+    # the steps name their indexes by place: torch's, then the main one
+    assert [s["index"] for s in json.loads(plan.to_json())["steps"]] == [[0], [1], [1]]
+    assert json.loads(plan.indexes_json()) == ["https://download.pytorch.org/whl/cu118", "https://pypi.org/simple"]
 
 
 def test_fresh_env_installs_everything():
     plan = awq_plan(load_settings("lab", LIGHT), ENV)
     commands, _ = run_op(pip_pins, env_facts(None), plan=plan)
-    assert sum("pip --isolated install" in c for c in commands) == 3
+    check = f"{ENV}/bin/python -c {shlex.quote(remote.source('pyenv_check'))}"
+    assert sum(c.startswith(f"{check} install ") for c in commands) == 3
 
 
 def test_converter_plan_takes_the_file_with_overrides_and_no_index_lines():
@@ -168,14 +172,74 @@ def test_venv_converges_then_changes_nothing_then_repairs_drift(tmp_path, index)
     assert pip_list(awq)["numpy"] == "1.26.4"
 
 
-def test_resolve_check_names_the_autoawq_torch_conflict_of_the_reference_pins():
+def pyenv_check(command: str, plan: str, indexes: str, tmp_path, *args, python=sys.executable) -> subprocess.CompletedProcess:
+    """The host script run here as the role runs it: the index URLs in a file."""
+    path = tmp_path / "indexes.json"
+    path.write_text(indexes)
+    return subprocess.run([str(python), str(ROOT / "roles/python_env/files/pyenv_check.py"), command, plan,
+                           str(path), *args], capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+class CommandLines:
+    """Every process's command line on this machine, sampled every 10 ms while it runs:
+    those that hold ``secret``."""
+
+    def __init__(self, secret: str):
+        self.secret, self.found, self._stop = secret.encode(), [], threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self):
+        while not self._stop.wait(0.01):
+            for path in Path("/proc").glob("[0-9]*/cmdline"):
+                try:
+                    line = path.read_bytes()
+                except OSError:
+                    continue
+                if self.secret in line:
+                    self.found.append(line.replace(b"\0", b" ").decode(errors="replace"))
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def test_a_locked_step_installs_hash_checked_and_its_index_password_is_on_no_command_line(index, tmp_path):
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "env")], check=True, timeout=120)
+    python = tmp_path / "env/bin/python"
+    wheel = next(n for n in index.files if n.startswith("zstandard-0.23.0-"))
+    secret = "s3cr3t-index-pw"
+    indexes = json.dumps([index.url.replace("http://", f"http://deploy:{secret}@")])
+
+    def plan(digest: str) -> str:
+        step = {"requirements": ["zstandard==0.23.0"], "index": [0], "no_deps": True, "hashes": [[digest]]}
+        return json.dumps({"steps": [step], "constraints": []})
+
+    with CommandLines(secret) as control:  # the watch sees a command line that holds it
+        subprocess.run(["sh", "-c", "sleep 0.2", secret], check=True)
+    assert control.found
+    with CommandLines(secret) as seen:
+        wrong = pyenv_check("install", plan("sha256:" + "0" * 64), indexes, tmp_path, "0", python=python)
+        assert wrong.returncode != 0 and "DO NOT MATCH THE HASHES" in wrong.stdout + wrong.stderr
+        assert "zstandard" not in pip_list(python)
+        right = pyenv_check("install", plan(f"sha256:{index.sha256(wheel)}"), indexes, tmp_path, "0", python=python)
+        assert right.returncode == 0, right.stdout + right.stderr
+    assert pip_list(python)["zstandard"] == "0.23.0"
+    assert seen.found == [] and secret not in wrong.stdout + wrong.stderr + right.stdout + right.stderr
+    assert any("zstandard" in r for r in index.requests)
+
+
+def test_resolve_check_names_the_autoawq_torch_conflict_of_the_reference_pins(tmp_path):
     # The reference pins as the role would resolve them; PyPI stands in for the cu118 index
     # (same torch 2.1.2 metadata but the CUDA libraries). pip >= 23.1 reads PEP 658
     # metadata, so nothing big is downloaded.
     s = load_settings("gpu01", {"python_env_backend": "venv", "llamacpp_backend": "cpu",
                                 "python_env_torch_index_url": "https://pypi.org/simple"})  # fmt: skip
-    result = subprocess.run([sys.executable, str(ROOT / "roles/python_env/files/pyenv_check.py"), "resolve",
-                             awq_plan(s, "/nowhere").to_json()], capture_output=True, text=True, timeout=300)  # fmt: skip
+    plan = awq_plan(s, "/nowhere")
+    result = pyenv_check("resolve", plan.to_json(), plan.indexes_json(), tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "torch 2.1.2" in result.stdout.splitlines()[0]
     assert ("conflict: autoawq 0.2.7 requires torch>=2.5.1; the set has torch 2.1.2 "
@@ -183,12 +247,11 @@ def test_resolve_check_names_the_autoawq_torch_conflict_of_the_reference_pins():
     assert "conflict: autoawq 0.2.7 requires intel-extension-for-pytorch>=2.4.0, which is not in the set" in result.stdout
 
 
-def test_a_set_pip_cannot_resolve_fails_before_anything_is_installed(index):
+def test_a_set_pip_cannot_resolve_fails_before_anything_is_installed(index, tmp_path):
     # autoawq with its dependencies followed, torch held at 2.13.0 by the constraint:
     # pip's resolver refuses, and the check names the packages that conflict.
-    plan = {"steps": [{"requirements": ["autoawq==0.2.7", "transformers==4.44.2"], "index_url": index.url,
+    plan = {"steps": [{"requirements": ["autoawq==0.2.7", "transformers==4.44.2"], "index": [0],
                        "no_deps": False}], "constraints": ["torch==2.13.0", "transformers==4.40.0"]}  # fmt: skip
-    result = subprocess.run([sys.executable, str(ROOT / "roles/python_env/files/pyenv_check.py"), "resolve", json.dumps(plan)],
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    result = pyenv_check("resolve", json.dumps(plan), json.dumps([index.url]), tmp_path)
     assert result.returncode == 1
     assert "conflict:" in result.stdout and "transformers" in result.stdout, result.stdout

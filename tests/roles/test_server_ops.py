@@ -66,11 +66,17 @@ def first_run(s, **kw):
     return run_op(service, facts(**kw), settings=s, gpus=(V100,))
 
 
+def unit_of(commands) -> str:
+    """The unit file's text among an operation's commands (its upload)."""
+    return next(c[2] for c in commands if isinstance(c, tuple) and c[1] == f"{UNIT_PATH}.new")
+
+
 def test_first_run_writes_the_unit_then_switches_with_health_and_rollback():
     commands, noops = first_run(settings())
     assert noops == []
-    upload, chmod, switch = commands
+    made, upload, removed, chmod, switch = commands
     assert upload[0] == "upload" and upload[1] == f"{UNIT_PATH}.new"
+    assert made.startswith("umask 077 && mkdir -m 700 /tmp/llamarack-upload-") and removed.startswith("rm -rf /tmp/llamarack-upload-")
     unit = upload[2]
     assert f"ExecStart={ROOT}/builds/b1/bin/llama-server --model {ROOT}/models/m1/model.gguf" in unit
     # the default backend is cuda: every layer and the output layer (n_layer + 1 = 3) on the card
@@ -83,21 +89,21 @@ def test_first_run_writes_the_unit_then_switches_with_health_and_rollback():
 
 
 def test_the_unit_allows_the_device_names_the_driver_registered():
-    unit = first_run(settings())[0][0][2]
+    unit = unit_of(first_run(settings())[0])
     allowed = [line for line in unit.splitlines() if line.startswith("DeviceAllow=")]
     assert allowed[:2] == ["DeviceAllow=char-nvidia rw", "DeviceAllow=char-nvidiactl rw"]
     assert "DeviceAllow=char-nvidia-uvm rw" in allowed and "DeviceAllow=char-nvidia-frontend rw" not in allowed
     # the same host on a driver before 550.40: major 195 is nvidia-frontend, and the unit changes
-    old = first_run(settings(), devices=char_devices("driver_535"))[0][0][2]
+    old = unit_of(first_run(settings(), devices=char_devices("driver_535"))[0])
     assert "DeviceAllow=char-nvidia-frontend rw" in old.splitlines() and "DeviceAllow=char-nvidia rw" not in old
     # a CPU build opens no driver device
-    cpu = first_run(settings(llamacpp_backend="cpu"))[0][0][2]
+    cpu = unit_of(first_run(settings(llamacpp_backend="cpu"))[0])
     assert "DeviceAllow=" not in cpu and "DevicePolicy=closed" in cpu
 
 
 def test_converged_host_is_a_noop():
     s = settings()
-    unit = first_run(s)[0][0][2]
+    unit = unit_of(first_run(s)[0])
     converged = facts(unit_sha1=hashlib.sha1(unit.encode()).hexdigest(), running=True)
     # preflight's GPUs are used: nvidia-smi is not asked again (a missing fact raises KeyError)
     del converged[NvidiaSmi], converged[RecordedGpus]
@@ -109,7 +115,7 @@ def test_converged_host_is_a_noop():
 def test_a_model_sealed_after_the_server_started_is_served_by_a_restart():
     """Remade in place (edited after its seal, say): same directory, same unit text, new file."""
     s = settings()
-    unit = first_run(s)[0][0][2]
+    unit = unit_of(first_run(s)[0])
     commands, noops = first_run(s, unit_sha1=hashlib.sha1(unit.encode()).hexdigest(), running=True,
                                 sealed_at=STARTED + 30)  # fmt: skip
     assert noops == [] and "systemctl restart llamarack-server.service" in commands[-1]
@@ -119,7 +125,7 @@ def test_a_switch_cut_off_before_its_health_check_is_checked_again_keeping_the_p
     """The unit in place is the wanted one and runs, but .prev is there: it never passed
     /health. The next run switches again; the switch keeps .prev, the proven unit."""
     s = settings()
-    unit = first_run(s)[0][0][2]
+    unit = unit_of(first_run(s)[0])
     commands, noops = first_run(s, unit_sha1=hashlib.sha1(unit.encode()).hexdigest(), running=True, prev=True)
     assert noops == [] and "systemctl restart llamarack-server.service" in commands[-1]
     switch = commands[-1]
@@ -129,7 +135,7 @@ def test_a_switch_cut_off_before_its_health_check_is_checked_again_keeping_the_p
 
 def test_same_unit_but_stopped_is_started_again():
     s = settings()
-    unit = first_run(s)[0][0][2]
+    unit = unit_of(first_run(s)[0])
     commands, _ = first_run(s, unit_sha1=hashlib.sha1(unit.encode()).hexdigest(), running=False)
     assert "systemctl restart llamarack-server.service" in commands[-1]
 
@@ -169,11 +175,11 @@ def test_key_on_host_without_a_setting_is_removed():
 
 
 def test_cuda_hosts_offload_and_cpu_hosts_do_not():
-    unit = first_run(settings(llamacpp_backend="cuda"))[0][0][2]
+    unit = unit_of(first_run(settings(llamacpp_backend="cuda"))[0])
     assert "--n-gpu-layers 3" in unit
-    unit = first_run(settings(llamacpp_backend="cuda", server_gpu_layers=0))[0][0][2]
+    unit = unit_of(first_run(settings(llamacpp_backend="cuda", server_gpu_layers=0))[0])
     assert "--n-gpu-layers 0" in unit  # CPU only on a CUDA build: valid, and said
-    unit = first_run(settings(llamacpp_backend="cpu"))[0][0][2]
+    unit = unit_of(first_run(settings(llamacpp_backend="cpu"))[0])
     assert "--n-gpu-layers" not in unit
 
 
@@ -183,10 +189,10 @@ def test_cards_preflight_missed_come_from_the_record_never_from_nvidia_smi_again
     no_smi = facts(recorded=(V100,))
     del no_smi[NvidiaSmi]  # asking nvidia-smi again would raise KeyError here
     commands, _ = run_op(service, no_smi, settings=settings())
-    assert "largest that fits 16384 MiB" in commands[0][2]
+    assert "largest that fits 16384 MiB" in unit_of(commands)
     no_smi[RecordedGpus] = ()
     commands, _ = run_op(service, no_smi, settings=settings())
-    assert "(CPU; trained 2048)" in commands[0][2]
+    assert "(CPU; trained 2048)" in unit_of(commands)
 
 
 def test_api_key_on_a_build_without_api_key_file_is_refused(tmp_path):
@@ -223,7 +229,7 @@ def test_the_same_board_gets_the_same_context_whatever_its_driver_reports():
         card = replace(V100, memory_mib=reported, pci_device_id="0x1DB110DE")
         commands, _ = run_op(service, facts(), settings=settings(server_cache_type_k="f16", server_cache_type_v="f16",
                                                                  server_memory_reserve_mib=16000), gpus=(card,))  # fmt: skip
-        notes.add(next(line for line in commands[0][2].splitlines() if line.startswith("Description=")))
+        notes.add(next(line for line in unit_of(commands).splitlines() if line.startswith("Description=")))
     assert len(notes) == 1 and "16130 MiB" in notes.pop()
 
 
@@ -233,7 +239,7 @@ def test_the_host_says_nothing_about_the_api_key_a_guess_could_be_checked_agains
     key_file.write_text(key + "\n")
     key_file.chmod(0o600)
     on_host = digest((key + "\n").encode(), KEY_DIGEST_SALT)
-    unit = first_run(settings(server_api_key_file=str(key_file)))[0][-3][2]
+    unit = unit_of(first_run(settings(server_api_key_file=str(key_file)))[0])
     converged = facts(unit_sha1=hashlib.sha1(unit.encode()).hexdigest(), running=True, key_digest=on_host)
     commands, noops = run_op(service, converged, settings=settings(server_api_key_file=str(key_file)), gpus=(V100,))
     assert commands == [] and len(noops) == 1  # the same key: nothing uploaded, nothing restarted
@@ -290,7 +296,7 @@ OLD_UNIT = [
 
 def test_a_unit_put_back_by_rollback_is_kept_while_the_settings_want_what_it_replaced():
     s = settings()
-    unit = first_run(s)[0][0][2]
+    unit = unit_of(first_run(s)[0])
     wanted = hashlib.sha1(unit.encode()).hexdigest()
     pin = {"unit_sha1": "0" * 40, "replaced_sha1": wanted, "at": STARTED}
     held = facts(unit_sha1="0" * 40, running=True, pin=pin)
@@ -305,11 +311,11 @@ def test_a_unit_put_back_by_rollback_is_kept_while_the_settings_want_what_it_rep
 
 def test_changed_settings_release_the_rollback_pin_and_switch_to_what_they_want():
     s = settings()
-    unit = first_run(s)[0][0][2]
+    unit = unit_of(first_run(s)[0])
     pin = {"unit_sha1": "0" * 40, "replaced_sha1": "1" * 40, "at": STARTED}  # settings wanted another unit then
     commands, _ = first_run(s, unit_sha1="0" * 40, running=True, pin=pin)
     assert commands[0] == f"rm -f {ROOT}/state/rollback.json"
-    assert commands[1][0] == "upload" and commands[1][2] == unit
+    assert commands[2][0] == "upload" and commands[2][2] == unit
     # a pin that holds nothing once the host serves the wanted unit again changes nothing (the
     # audit agrees: no drift); the next switch releases it
     commands, noops = first_run(s, unit_sha1=hashlib.sha1(unit.encode()).hexdigest(), running=True, pin=pin)

@@ -7,6 +7,7 @@ the operation yields (or its no-op message) out.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -52,11 +53,18 @@ class FakeHost:
 def run_op(op, facts: dict, executing: bool = True, diff: bool = False, **kwargs) -> tuple[list, list[str]]:
     """(commands yielded, no-op messages) of ``op`` given ``facts``; executing=False
     is pyinfra's change detection (``--dry``), diff=True its ``--diff``. Uploads
-    come out as ``("upload", dest, text)``."""
+    come out as ``("upload", dest, text)``; the private upload directory's random
+    name as ``PRIVATE_DIR_SHOWN``."""
     fake = FakeHost(facts, state=FakeState(executing, diff))
     with ctx_host.use(fake):
         commands = [_plain(c) for c in op._inner(**kwargs)]
     return commands, fake.noops
+
+
+# The private upload directory's random name (llamarack.operations.private_upload), the same
+# in every run's commands so that fixtures can name them.
+PRIVATE_DIR = re.compile(r"/tmp/llamarack-upload-[0-9a-f]{32}")
+PRIVATE_DIR_SHOWN = "/tmp/llamarack-upload-RANDOM"
 
 
 def _plain(command):
@@ -64,5 +72,5 @@ def _plain(command):
         src = command.src.getvalue() if isinstance(command.src, StringIO) else f"<{command.src}>"
         return ("upload", command.dest, src)
     if isinstance(command, StringCommand):
-        return command.get_raw_value()
+        return PRIVATE_DIR.sub(PRIVATE_DIR_SHOWN, command.get_raw_value())
     return str(command)

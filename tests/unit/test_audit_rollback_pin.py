@@ -14,7 +14,7 @@ from llamarack.facts import FactRead
 from llamarack.roles.model.reads import GgufShape
 from llamarack.roles.llamacpp.reads import LlamaServerFlags
 from llamarack.layout import UNIT_PATH
-from tests.roles.test_server_ops import DEVICES_580, FLAGS, ROOT, SHAPE, V100, first_run, settings
+from tests.roles.test_server_ops import DEVICES_580, FLAGS, ROOT, SHAPE, V100, first_run, settings, unit_of
 
 
 def answers(pin, unit_sha1) -> Answers:
@@ -33,7 +33,7 @@ def answers(pin, unit_sha1) -> Answers:
 
 def test_a_pinned_unit_is_no_drift_while_the_deploy_keeps_it_and_drift_once_it_would_go():
     s = settings()
-    wanted = first_run(s)[0][0][2]
+    wanted = unit_of(first_run(s)[0])
     wanted_sha1 = hashlib.sha1(wanted.encode()).hexdigest()
     old_unit = "ExecStart=/opt/lr/builds/b0/bin/llama-server --model /opt/lr/models/m0/model.gguf\n"
     old_sha1 = hashlib.sha1(old_unit.encode()).hexdigest()
@@ -52,7 +52,7 @@ def test_a_pinned_unit_is_no_drift_while_the_deploy_keeps_it_and_drift_once_it_w
 def test_a_pin_that_holds_nothing_while_the_unit_is_the_wanted_one_is_no_drift():
     # `llamarack rollback` put back the unit the settings want again (a unit-only change undone)
     s = settings()
-    wanted = first_run(s)[0][0][2]
+    wanted = unit_of(first_run(s)[0])
     wanted_sha1 = hashlib.sha1(wanted.encode()).hexdigest()
     pin = {"unit_sha1": wanted_sha1, "replaced_sha1": "2" * 40, "at": 1}
     item = unit_item(s, answers(pin, wanted_sha1), (V100,), wanted, ())
