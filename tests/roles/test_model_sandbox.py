@@ -7,7 +7,9 @@ pipeline's user with the served unit's kind of restrictions; convert and
 quantize without the network and with the hub libraries offline, writing
 only the work directory. Odd values reach the step word for word (run here,
 through a stand-in ``systemd-run``), values systemd-run would read otherwise
-are refused, and ``systemd-analyze`` rates the steps' properties. Root's
+are refused, this machine's ``systemd-run`` parses every option (asking a
+private session bus, where no manager answers) and ``systemd-analyze`` reads
+and rates the steps' properties. Root's
 take-over of what the steps made runs here for real: it refuses links, and
 leaves root the only writer of what is served.
 """
@@ -124,6 +126,22 @@ def test_an_odd_tool_path_reaches_the_step_word_for_word(tmp_path, monkeypatch):
     assert Path(work, "model-f16.gguf").read_text() == "GGUF"
 
 
+@as_root
+def test_a_failed_step_fails_the_operation_with_its_logs_tail(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", fake_systemd_run.path_with(fake_systemd_run.install(tmp_path / "bin")))
+    tool = tmp_path / "convert"
+    tool.write_text("#!/bin/sh\necho 'the checkpoint says no' >&2\nexit 3\n")
+    tool.chmod(0o755)
+    plan = plan_model(settings(llamarack_root=str(tmp_path / "lr")), LISTING)
+    os.makedirs(f"{plan.staging}/work/hf")
+    cmds, _ = commands(plan, NEW, tool_paths={"convert_python": str(tool)}, user="nobody")
+    convert = next(c for c in cmds if isinstance(c, str) and "model convert" in c)
+    r = subprocess.run(["bash", "-c", convert], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 3 and "the checkpoint says no" in r.stderr, (r.returncode, r.stderr)
+    assert "the checkpoint says no" in Path(plan.staging, "convert.log").read_text()
+    assert not Path(plan.staging, "work", "model-f16.gguf").exists()
+
+
 def test_values_systemd_run_would_read_otherwise_are_refused():
     ok = dict(user="llamarack-model", workdir="/opt/lr/w", props=sandbox.properties(["/opt/lr/w"]), env=())
     assert sandbox.command("convert", ["/bin/true"], **ok).startswith("systemd-run --quiet --wait --pipe --collect ")
@@ -158,6 +176,23 @@ def test_systemd_reads_every_property_and_rates_the_steps_ok(name, props, env, m
     assert verify.returncode == 0 and not re.search(r"Unknown|Failed to parse|Invalid", verify.stderr), verify.stderr
     score = float(re.search(r"Overall exposure level for \S+: (\d+\.\d+)", rating.stdout).group(1))
     assert score <= most, rating.stdout
+
+
+@pytest.mark.skipif(not (shutil.which("systemd-run") and shutil.which("dbus-run-session")),
+                    reason="needs systemd-run and dbus-run-session")
+@pytest.mark.parametrize("name", ["fetch", "convert", "quantize"])
+def test_this_machines_systemd_run_reads_every_option_of_the_step(name, tmp_path):
+    """systemd-run parses each option and property itself before it asks the manager; here
+    it asks a private session bus, where no manager answers: the ask, not a parse error."""
+    st = steps()[name]
+    argv = ["systemd-run", "--user", *st.flags, f"--uid={st.uid}", f"--description={st.description}",
+            f"--working-directory={st.workdir}", *(w for k, v in st.properties for w in ("-p", f"{k}={v}")),
+            *(f"--setenv={k}={v}" for k, v in st.env.items()), "--", "/bin/true"]  # fmt: skip
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}  # no user manager's socket there
+    r = subprocess.run(["dbus-run-session", "--", *argv], capture_output=True, text=True, env=env, timeout=60)
+    said = [line for line in r.stderr.splitlines() if not line.startswith("dbus-daemon")]
+    assert not any(re.search(r"Unknown|Failed to parse|Invalid|unrecognized|not supported", x) for x in said), said
+    assert r.returncode == 0 or any("Failed to start transient service unit" in x for x in said), said
 
 
 def take_over(plan) -> str:
