@@ -26,7 +26,7 @@ from pyinfra.context import ctx_host
 
 
 from llamarack.roles.model.hub import repo_files
-from llamarack.roles.model.operations import artifact
+from llamarack.roles.model.operations import TOKEN_DIR, artifact
 from llamarack.roles.model.reads import CachedBlobs, ModelArtifact, shape_record_name
 from llamarack.roles.model.files.gguf_header import read_shape
 from llamarack.roles.model.plan import plan_from_pinned_record, plan_model
@@ -90,8 +90,13 @@ def run_operation(plan, **kwargs):
 
 @pytest.fixture(autouse=True)
 def systemd_run(tmp_path, monkeypatch):
-    """``systemd-run`` as the steps call it, on this machine without a running systemd."""
+    """``systemd-run`` as the steps call it, on this machine without a running systemd; the
+    hub token's directory (``/run/llamarack``) goes again if the run made it."""
     monkeypatch.setenv("PATH", fake_systemd_run.path_with(fake_systemd_run.install(tmp_path / "bin")))
+    made = not os.path.exists(TOKEN_DIR)
+    yield
+    if made and os.path.isdir(TOKEN_DIR) and not os.listdir(TOKEN_DIR):
+        os.rmdir(TOKEN_DIR)
 
 
 @pytest.fixture(scope="module")
