@@ -4,9 +4,9 @@ transient systemd unit with the served unit's kind of restrictions.
 Why: ``convert_hf_to_gguf.py`` calls ``AutoTokenizer.from_pretrained(...,
 trust_remote_code=True)`` for the architectures and tokenizer classes a
 checkpoint's own ``config.json`` and ``tokenizer_config.json`` name: the
-repository's Python then runs, and before this it ran as root with the
-network up. Now each step runs as ``PIPELINE_USER`` (a system account that
-owns nothing but the staging's work directory and the blob cache) through
+repository's Python then runs with whatever rights the converter has. So
+each step runs as ``PIPELINE_USER`` (a system account that owns nothing but
+the staging's work directory and the blob cache) through
 
     systemd-run --quiet --wait --pipe --collect --uid=USER -p PROPERTY=VALUE ... -- COMMAND
 
