@@ -6,10 +6,12 @@
     <root>/envs/<name>/               python envs (awq, convert) and a conda CUDA toolkit
     <root>/conda/                     Miniforge (python_env_backend or toolchain_cuda_source conda)
     <root>/models/<stamp16>/          one sealed model artifact
-    <root>/models/.staging/<stamp16>/ a model being made (mode 700)
+    <root>/models/.staging/<stamp16>/ a model being made (root's, mode 710; its work/ is the
+                                      model pipeline user's: roles/model/sandbox.py)
     <root>/models/current -> <stamp16>
     <root>/cache/blobs/<algo>/<hex>   downloaded model files by content hash (sha256, git-sha1;
-                                      mode 700), hardlinked into each fetch (roles/model/files/model_fetch.py)
+                                      mode 700, the model pipeline user's), hardlinked into each
+                                      fetch (roles/model/files/model_fetch.py)
     <root>/state/<name>.json          records later runs read back (gpus.json; rollback.json,
                                       and previous.service: the unit before the last switch)
 

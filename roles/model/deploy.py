@@ -8,13 +8,17 @@ from pyinfra.facts.files import File
 
 from llamarack.errors import ModelSourceError
 from llamarack.facts import FactRead, read, read_together
+from llamarack.operations import refuse
 from llamarack.roles.model.reads import GgufShape, ModelArtifact, shape_record_name
+from llamarack.roles.server.operations import service_user
+from llamarack.roles.server.reads import SystemUser
 from llamarack.secrets import read_token
 from llamarack.settings import Settings
 
 from .hub import HubListing, repo_files
 from .operations import artifact
 from .plan import ModelPlan, plan_from_pinned_record, plan_from_record, plan_model
+from .sandbox import PIPELINE_HOME, PIPELINE_USER
 from .settings import draft_settings
 
 
@@ -40,6 +44,24 @@ def plan_for(settings: Settings, link: Optional[str] = None) -> ModelPlan:
             or plan_model(settings, listing_for(settings)))  # fmt: skip
 
 
+def pipeline_user(settings: Settings) -> bool:
+    """The account fetch, convert and quantize run as (``sandbox.py``), made as the server's
+    user is; False (the host refused) when the settings give llama-server that same name.
+
+    Its own account, not llama-server's: that one reads the API key (its group) and owns
+    the CUDA kernel cache the server loads; a checkpoint's code, were it to leave its
+    sandbox, would find neither. This one owns only the staging's work directory and the
+    blob cache, and can write no served file. It is made before the server role runs,
+    which a run of the model role alone (``llamarack_roles=model``) needs."""
+    if settings.general.service_user == PIPELINE_USER:
+        refuse(name="Model pipeline user", reason=(
+            f"{settings.host}: llamarack_service_user: given {PIPELINE_USER!r}, the model pipeline's own "
+            "account (it runs a checkpoint's code). Fix: give llama-server another user, e.g. llamarack"))
+        return False
+    service_user(name=f"Model pipeline user {PIPELINE_USER}", user=PIPELINE_USER, home=PIPELINE_HOME)
+    return True
+
+
 @deploy("llamarack model")
 def model(settings: Settings, tool_paths: Optional[dict] = None) -> ModelPlan:
     """
@@ -53,12 +75,16 @@ def model(settings: Settings, tool_paths: Optional[dict] = None) -> ModelPlan:
     draft = draft_settings(settings)
     draft_plan = plan_for(draft, settings.layout.draft_model) if draft else None
     # The artifacts' directories are known now: their state, their shape records and the
-    # served files' shapes (the server role plans from them) in one command.
-    read_together(*(read for p in (plan, draft_plan) if p
+    # served files' shapes (the server role plans from them) in one command, with the
+    # pipeline's account.
+    read_together(FactRead.of(SystemUser, user=PIPELINE_USER),
+                  *(read for p in (plan, draft_plan) if p
                     for read in (FactRead.of(ModelArtifact, path=p.dir),
                                  FactRead.of(File, path=f"{p.dir}/{shape_record_name()}"),
                                  FactRead.of(GgufShape, path=f"{p.dir}/model.gguf"))))  # fmt: skip
     token_file = settings.model.hf_token_file if settings.model.source != "url" else None
+    if not pipeline_user(settings):
+        return plan
     artifact(
         # A URL may carry a signed query: name only its host.
         name=f"Model {plan.name} ({settings.model.source}: "
@@ -66,6 +92,7 @@ def model(settings: Settings, tool_paths: Optional[dict] = None) -> ModelPlan:
         plan=plan,
         token_file=token_file,
         tool_paths=tool_paths,
+        user=PIPELINE_USER,
     )
     if draft_plan:
         artifact(
@@ -74,5 +101,6 @@ def model(settings: Settings, tool_paths: Optional[dict] = None) -> ModelPlan:
             token_file=token_file,
             tool_paths=tool_paths,
             link="draft",
+            user=PIPELINE_USER,
         )
     return plan

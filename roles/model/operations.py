@@ -1,10 +1,26 @@
 """The model pipeline as one pyinfra operation: fetch, convert, quantize, seal, move into place.
 
-Everything happens in ``<root>/models/.staging/<stamp16>/`` (mode 700) and
-only a sealed artifact is renamed to ``<root>/models/<stamp16>``: a failed or
-interrupted run leaves the staging to resume from (partial downloads resume
-with HTTP Range; each step skips when its output exists) and never touches a
-finished artifact. ``models/current`` then switches atomically.
+Everything happens in ``<root>/models/.staging/<stamp16>/`` and only a sealed
+artifact is renamed to ``<root>/models/<stamp16>``: a failed or interrupted
+run leaves the staging to resume from (partial downloads resume with HTTP
+Range; each step skips when its output exists) and never touches a finished
+artifact. ``models/current`` then switches atomically.
+
+Fetch, convert and quantize run as the pipeline's own unprivileged user, each
+in a transient systemd sandbox (``sandbox.py``: the converter may run a
+checkpoint's own Python). They write only the staging's ``work/`` directory
+(the user's, mode 700) and the blob cache (the user's); the staging itself
+stays root's (mode 710, the user's group may enter it) and holds what root
+writes: the fetch's manifest and every step's log, opened by root's shell
+and handed to the step. Root never opens a path in ``work/`` for writing:
+once the steps are done it takes ``work/`` over (refused when it holds
+anything but files and directories; then owned by root, nothing writable by
+others, no set-id bit), moves the GGUF into the staging and removes the rest,
+and only then records its shape, seals it and moves it into place. The hub
+token never lies where the pipeline user can write: it goes to
+``/run/llamarack/`` (mode 600, root's), and the fetch reads it on its
+standard input from a file root opened, whose name is removed before the
+fetch starts.
 
 Downloads go through the host's blob cache (``<root>/cache/blobs``, keyed by
 the hub's content hashes): a file the cache holds is hardlinked, not fetched
@@ -32,7 +48,11 @@ from llamarack.layout import Layout
 from llamarack.operations import executing, refusal, secret_upload
 from llamarack.secrets import read_token
 
+from . import sandbox
 from .plan import ModelPlan
+
+# The hub token's directory on a host: a tmpfs, root's.
+TOKEN_DIR = "/run/llamarack"
 
 
 def tools(root: str) -> dict:
@@ -80,19 +100,35 @@ def _json(data: dict) -> StringIO:
 
 
 def _fetcher(python: str, *args: str) -> str:
-    """A ``model_fetch`` command (fetch, seal, prune-cache) run by the host's ``python``."""
+    """A ``model_fetch`` command (seal, prune-cache) run by the host's ``python``, as root."""
     return remote.command("model_fetch", *args, python=python)
 
 
+def _work(plan: ModelPlan) -> str:
+    """The pipeline user's directory in the staging: the one place its steps write."""
+    return f"{plan.staging}/work"
+
+
 def _token_path(plan: ModelPlan) -> str:
-    """Where the hub token lies on the host while a fetch runs (inside the mode-700 staging)."""
-    return f"{plan.staging}/hub-token"
+    """Where the hub token lies on the host while a fetch starts: root's, on a tmpfs, never
+    in a directory the pipeline user can write."""
+    return f"{TOKEN_DIR}/hub-token-{plan.name}"
 
 
 def _unquantized(plan: ModelPlan) -> str:
     """The converter's output: the artifact's GGUF itself, or the input of quantize."""
-    s = plan.staging
-    return f"{s}/model.gguf" if not plan.quantizes else f"{s}/model-{plan.outtype}.gguf"
+    return f"{_work(plan)}/{_unquantized_name(plan)}"
+
+
+def _unquantized_name(plan: ModelPlan) -> str:
+    return "model.gguf" if not plan.quantizes else f"model-{plan.outtype}.gguf"
+
+
+def _made(plan: ModelPlan) -> set:
+    """The GGUFs whose presence says the fetch is past: the staging's own (taken over), and
+    for a conversion the work directory's unquantized or quantized one."""
+    work = _work(plan)
+    return {f"{plan.staging}/model.gguf"} | ({_unquantized(plan), f"{work}/model.gguf"} if plan.converts else set())
 
 
 def _disk_refusal(plan: ModelPlan, free: int, need: int, cached: dict) -> str:
@@ -103,66 +139,123 @@ def _disk_refusal(plan: ModelPlan, free: int, need: int, cached: dict) -> str:
             "Fix: free space or move llamarack_root to a bigger disk")  # fmt: skip
 
 
-def _staging(plan: ModelPlan):
-    """The mode-700 staging directory, with the fetch's manifest and the plan's stamp record."""
+def _staging(plan: ModelPlan, user: str):
+    """The staging (root's; the pipeline user's group may enter it), its work directory and the
+    blob cache (the pipeline user's), and the fetch's manifest."""
     q, s = shlex.quote, plan.staging
-    yield (f"install -d -m 755 {q(plan.models_dir)} && "
-           f"install -d -m 700 {q(plan.models_dir + '/.staging')} {q(s)}")  # fmt: skip
+    group = f'"$(id -g -- {q(user)})"'
+    blobs = Layout(plan.root).blob_cache
+    # .staging is only passed through by the pipeline user; it cannot list it.
+    yield (f"install -d -m 755 {q(plan.models_dir)} && install -d -m 711 {q(plan.models_dir + '/.staging')} && "
+           f"install -d -m 710 -g {group} {q(s)} && install -d -m 700 -o {q(user)} -g {group} {q(_work(plan))}")
+    # The cache's directories become the user's (a cache root made them before); its
+    # blobs stay whose they are: one root owns is copied into a fetch, not linked.
+    yield (f"install -d -m 755 {q(Layout(plan.root).cache)} && install -d -m 700 -o {q(user)} -g {group} {q(blobs)} "
+           f"&& find {q(blobs)} -mindepth 1 -maxdepth 1 -type d ! -user {q(user)} "
+           f"-exec chown -h -- {q(user + ':')} {{}} +")  # fmt: skip
     yield FileUploadCommand(_json(plan.manifest()), f"{s}/manifest.json")
-    yield FileUploadCommand(_json(plan.record()), f"{s}/stamp.plan.json")
+    yield f"chmod 644 {q(s + '/manifest.json')}"
 
 
-def _fetch(plan: ModelPlan, python: str, token_file: Optional[str], cached: dict, fetched: bool):
-    """Fetch the source files into the staging through the blob cache, unless a GGUF was
-    made from them already; the hub token goes up only for a fetch that runs."""
-    q, s = shlex.quote, plan.staging
-    fetch_cmd = _fetcher(python, "fetch", "--manifest", f"{s}/manifest.json", "--dest",
-                         f"{s}/hf" if plan.converts else s, "--retries", str(plan.retries),
-                         "--cache", Layout(plan.root).blob_cache)  # fmt: skip
+def _fetch(plan: ModelPlan, python: str, token_file: Optional[str], cached: dict, fetched: bool, user: str):
+    """Fetch the source files into the work directory through the blob cache, as the pipeline
+    user in its sandbox, unless a GGUF was made from them already; the hub token goes up
+    only for a fetch that runs."""
+    q, s, work = shlex.quote, plan.staging, _work(plan)
+    words = [python, "-c", remote.source("model_fetch"), "fetch", "--manifest", f"{s}/manifest.json", "--dest",
+             f"{work}/hf" if plan.converts else work, "--retries", str(plan.retries),
+             "--cache", Layout(plan.root).blob_cache]  # fmt: skip
     token_path = _token_path(plan)
-    # A token of a run killed before its fetch ended goes first, whatever comes next.
+    # A token of a run killed before its fetch started goes first, whatever comes next.
     yield f"rm -f {q(token_path)} {q(token_path + '.new')}"
     if fetched:
         return
     token = read_token(token_file)
     after = ""
     if token:
-        # Sent only for a fetch that runs; the fetcher deletes it once read, and
-        # it is removed again here whatever the fetch's result.
+        # Sent only for a fetch that runs. Root's shell opens it as the fetch's standard
+        # input and removes its name before the fetch starts; removed again after it.
         yield from secret_upload(token, token_path, mode="600")
-        fetch_cmd += " --token-file " + q(token_path)
+        step = sandbox.fetch(words + ["--token-file", "-"], user, plan.root, work)
+        run = f"{{ rm -f -- {q(token_path)} && {step}; }} < {q(token_path)}"
         after = f"rm -f {q(token_path)}"
+    else:
+        run = f"{sandbox.fetch(words, user, plan.root, work)} < /dev/null"
     if executing():
         logger.info(f"{host.print_prefix}model {plan.name}: {plan.describe_fetch(cached)}; follow each step "
                     f"with: tail -f {s}/fetch.log (then convert.log, quantize.log)")  # fmt: skip
-    yield _logged(fetch_cmd, f"{s}/fetch.log", after)
+    yield _logged(run, f"{s}/fetch.log", after)
 
 
-def _convert(plan: ModelPlan, t: dict):
-    """Convert the checkpoint to a GGUF, then quantize it, each step skipped when its output exists."""
-    q, s, unquantized = shlex.quote, plan.staging, _unquantized(plan)
-    done = f"[ -f {q(unquantized)} ] || [ -f {q(s + '/model.gguf')} ]"
+def _convert(plan: ModelPlan, t: dict, user: str):
+    """Convert the checkpoint to a GGUF, then quantize it, each step skipped when its output
+    exists, each as the pipeline user in its offline sandbox; the checkpoint is read-only there."""
+    q, s, work, unquantized = shlex.quote, plan.staging, _work(plan), _unquantized(plan)
+    done = " || ".join(f"[ -f {q(p)} ]" for p in sorted(_made(plan)))
+    # The step's temporary name has the sandbox's shell's pid ($$ there).
     tmp = _own_tmp(unquantized)
-    convert = (f"{q(t['convert_python'])} {q(t['convert_script'])} {q(s + '/hf')} "
-               f"--outtype {q(plan.outtype)} --outfile {tmp}")  # fmt: skip
-    yield f"{done} || {{ {_logged(convert, f'{s}/convert.log')} && {_into_place(tmp, unquantized)}; }}"
+    convert = (f"{q(t['convert_python'])} {q(t['convert_script'])} {q(work + '/hf')} "
+               f"--outtype {q(plan.outtype)} --outfile {tmp} && {_into_place(tmp, unquantized)}")  # fmt: skip
+    step = sandbox.offline("convert", ["/bin/sh", "-c", convert], user, work, readonly=[f"{work}/hf"])
+    yield f"{done} || {_logged(step + ' < /dev/null', f'{s}/convert.log')}"
     if plan.quantizes:
-        tmp = _own_tmp(f"{s}/model.gguf")
-        quantize = f"{q(t['quantize'])} {q(unquantized)} {tmp} {q(plan.quant)}"
-        yield (f"[ -f {q(s + '/model.gguf')} ] || {{ {_logged(quantize, f'{s}/quantize.log')} && "
-               f"{_into_place(tmp, s + '/model.gguf')}; }}")  # fmt: skip
+        gguf, tmp = f"{work}/model.gguf", _own_tmp(f"{work}/model.gguf")
+        quantize = f"{q(t['quantize'])} {q(unquantized)} {tmp} {q(plan.quant)} && {_into_place(tmp, gguf)}"
+        step = sandbox.offline("quantize", ["/bin/sh", "-c", quantize], user, work, readonly=[f"{work}/hf"])
+        yield (f"[ -f {q(gguf)} ] || [ -f {q(s + '/model.gguf')} ] || "
+               f"{_logged(step + ' < /dev/null', f'{s}/quantize.log')}")  # fmt: skip
+
+
+def _take_over(plan: ModelPlan):
+    """Once the pipeline user's steps are done, what they made becomes root's: refused (and
+    removed) when the work directory holds anything but files and directories; else the GGUF
+    (and what keep_intermediates keeps) is renamed into the staging, checked again there, owned
+    by root, writable by no one else, no set-id bit; the rest goes. The staging is root's alone
+    from here on.
+
+    Checked again once renamed: the pipeline user may not write the staging (nor, in its
+    sandbox, see it writable), so what is checked there is what is kept, whatever a step
+    still going from a killed run does in the work directory. Only what is kept changes
+    owner: a checkpoint file that goes was a hardlink of a blob of the cache, which stays
+    the pipeline user's (a later fetch links it again)."""
+    q, s, work = shlex.quote, plan.staging, _work(plan)
+    keep = ["model.gguf"]
+    if plan.converts and plan.keep_intermediates:
+        keep += ["hf"] + ([_unquantized_name(plan)] if plan.quantizes else [])
+    names = " ".join(q(n) for n in keep)
+    refused = refusal(f"{host.name}: model {plan.name}: its pipeline left links or special files in {work}: "
+                      "refusing what it made (removed). A checkpoint's own code may do that; "
+                      "check the repository").get_raw_value()  # fmt: skip
+    odd = '"$(find {} ! -type f ! -type d -print -quit)"'
+    yield f"""if [ -d {q(work)} ]; then
+  if [ -n {odd.format(q(work) + ' -mindepth 1')} ]; then rm -rf -- {q(work)}; {refused}; fi
+  for n in {names}; do
+    if [ -e {q(work)}/"$n" ] || [ -L {q(work)}/"$n" ]; then
+      rm -rf -- {q(s)}/"$n" && mv -T -- {q(work)}/"$n" {q(s)}/"$n" || exit 1
+    fi
+  done
+  rm -rf -- {q(work)}
+fi
+for n in {names}; do
+  [ -e {q(s)}/"$n" ] || [ -L {q(s)}/"$n" ] || continue
+  if [ -L {q(s)}/"$n" ] || [ -n {odd.format(q(s) + '/"$n"')} ]; then rm -rf -- {q(s)}/"$n"; {refused}; fi
+  chown -R root:root -- {q(s)}/"$n" && chmod -R a+rX,go-w,ug-s -- {q(s)}/"$n" || exit 1
+done
+chown root:root {q(s)} && chmod 700 {q(s)}"""
 
 
 def _seal(plan: ModelPlan, python: str):
     """Record the GGUF's shape and seal the staging (``stamp.json``), then clear its scratch."""
     q, s = shlex.quote, plan.staging
+    yield FileUploadCommand(_json(plan.record()), f"{s}/stamp.plan.json")
     yield _record_shape(f"{s}/model.gguf", python)
     yield _fetcher(python, "seal", "--stamp", f"{s}/stamp.plan.json", "--gguf", f"{s}/model.gguf",
                    "--out", f"{s}/stamp.json")  # fmt: skip
-    # The token never goes into a served directory, whatever cut the fetch short.
+    # The token never outlives the run, whatever cut the fetch short.
     token_path = _token_path(plan)
     scratch = [f"{s}/manifest.json", f"{s}/stamp.plan.json", token_path, token_path + ".new"]
     if plan.converts and not plan.keep_intermediates:
+        # (a staging made before the work directory held them)
         scratch += [f"{s}/hf"] + ([f"{s}/model-{plan.outtype}.gguf"] if plan.quantizes else [])
     # and what a step cut off (or still going on the host after its run died) wrote
     yield "rm -rf " + " ".join(q(p) for p in scratch) + f" {q(s)}/*.gguf.tmp.*"
@@ -198,7 +291,7 @@ def _point_link(current: str, name: str, linked: Optional[dict]):
 
 @operation()
 def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Optional[dict] = None,
-             link: str = "current"):
+             link: str = "current", user: str = sandbox.PIPELINE_USER):
     """
     Make the plan's GGUF artifact on the host unless it is already there, sealed and whole.
 
@@ -207,14 +300,18 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
     + tool_paths: override ``tools(plan.root)`` (python, convert_python, convert_script, quantize)
     + link: the link under ``models/`` that ends up pointing at it: ``current`` (the served
       model) or ``draft`` (the draft model of speculative decoding)
+    + user: the unprivileged system user fetch, convert and quantize run as (it must exist)
 
-    The token goes to the host as a mode-600 file inside the mode-700 staging
-    directory, only when a fetch runs, and is removed as soon as it ends,
-    whatever its result. Fetch, convert and quantize each write a log in the
-    staging directory (it becomes the artifact's), whose path is printed.
+    Fetch, convert and quantize run as ``user``, each in a transient systemd
+    sandbox (``sandbox.py``); convert and quantize without the network. The
+    token goes to the host only when a fetch runs, as a mode-600 file of root's
+    under ``/run/llamarack``, and the fetch reads it on its standard input; its
+    name is removed before the fetch starts. Fetch, convert and quantize each
+    write a log in the staging directory (it becomes the artifact's), whose
+    path is printed.
     """
     t = {**tools(plan.root), **(tool_paths or {})}
-    d, s = plan.dir, plan.staging
+    d = plan.dir
     if link not in ("current", "draft"):
         raise ValueError(f"artifact: link {link!r} is neither 'current' nor 'draft'")
     current = f"{plan.models_dir}/{link}"
@@ -233,7 +330,7 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
         free = read(FreeDiskBytes, path=plan.models_dir)
         # A rerun resumes where one failed: each step skips when its output exists,
         # and the fetch is past once a GGUF is made.
-        fetched = plan.converts and any(read(File, path=p) for p in {_unquantized(plan), f"{s}/model.gguf"})
+        fetched = any(read(File, path=p) for p in sorted(_made(plan)))
         # A source file the blob cache holds is hardlinked, not written again: only the
         # others count (as model_fetch.check_disk counts on the host).
         blobs = Layout(plan.root).blob_cache
@@ -242,10 +339,11 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
         if free is not None and free < need:
             yield refusal(_disk_refusal(plan, free, need, cached))
             return
-        yield from _staging(plan)
-        yield from _fetch(plan, t["python"], token_file, cached, fetched)
+        yield from _staging(plan, user)
+        yield from _fetch(plan, t["python"], token_file, cached, fetched, user)
         if plan.converts:
-            yield from _convert(plan, t)
+            yield from _convert(plan, t, user)
+        yield from _take_over(plan)
         yield from _seal(plan, t["python"])
         yield from _move_into_place(plan, state, t["python"])
     yield from _point_link(current, plan.name, linked)

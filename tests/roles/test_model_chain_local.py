@@ -26,11 +26,12 @@ from pyinfra.context import ctx_host
 
 
 from llamarack.roles.model.hub import repo_files
-from llamarack.roles.model.operations import artifact
+from llamarack.roles.model.operations import TOKEN_DIR, artifact
 from llamarack.roles.model.reads import CachedBlobs, ModelArtifact, shape_record_name
 from llamarack.roles.model.files.gguf_header import read_shape
 from llamarack.roles.model.plan import plan_from_pinned_record, plan_model
 from llamarack.settings import load_settings
+from tests.support import fake_systemd_run
 from tests.support.cache import CACHE, converter_python, llama_cpp_source
 from tests.support.hub_server import HubServer
 from tests.support.tiny_model import tiny_model
@@ -67,10 +68,12 @@ class LocalHost:
 
 
 def run_operation(plan, **kwargs):
-    """Plan the operation against this machine, then run its commands in order; time each."""
+    """Plan the operation against this machine, then run its commands in order; time each.
+    The pipeline's steps run as root here (``fake_systemd_run``: no systemd); their user is
+    ``nobody``, which the commands that own directories for it need to exist."""
     host = LocalHost()
     with ctx_host.use(host):
-        cmds = list(artifact._inner(plan=plan, **kwargs))
+        cmds = list(artifact._inner(plan=plan, user="nobody", **kwargs))
     timings = []
     for c in cmds:
         if isinstance(c, FileUploadCommand):
@@ -83,6 +86,17 @@ def run_operation(plan, **kwargs):
         timings.append((text, time.monotonic() - started, result.stdout + result.stderr))
         assert result.returncode == 0, f"{text}\n{result.stdout}\n{result.stderr}"
     return cmds, host.noops, timings
+
+
+@pytest.fixture(autouse=True)
+def systemd_run(tmp_path, monkeypatch):
+    """``systemd-run`` as the steps call it, on this machine without a running systemd; the
+    hub token's directory (``/run/llamarack``) goes again if the run made it."""
+    monkeypatch.setenv("PATH", fake_systemd_run.path_with(fake_systemd_run.install(tmp_path / "bin")))
+    made = not os.path.exists(TOKEN_DIR)
+    yield
+    if made and os.path.isdir(TOKEN_DIR) and not os.listdir(TOKEN_DIR):
+        os.rmdir(TOKEN_DIR)
 
 
 @pytest.fixture(scope="module")

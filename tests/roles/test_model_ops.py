@@ -21,7 +21,7 @@ from llamarack.roles.model.plan import artifact_stamp, plan_from_pinned_record, 
 from llamarack import remote
 from llamarack.settings import load_settings
 from pyinfra.facts.files import File, Link
-from tests.support import ophost
+from tests.support import fake_systemd_run, ophost
 from tests.support.hub_server import HubServer
 
 SHA = "a" * 40
@@ -129,65 +129,86 @@ def test_in_place_but_current_points_elsewhere_only_switches_the_link():
 
 def test_missing_artifact_is_fetched_converted_quantized_sealed_and_moved():
     cmds, _ = commands(PLAN, {ModelArtifact: None, FreeDiskBytes: 100 << 30, Link: None, File: None})
-    s, d = PLAN.staging, PLAN.dir
-    uploads = {c[1]: c[2] for c in cmds if isinstance(c, tuple)}
-    assert json.loads(uploads[f"{s}/manifest.json"]) == PLAN.manifest()
-    assert json.loads(uploads[f"{s}/stamp.plan.json"])["stamp"] == PLAN.stamp
+    s, d, w = PLAN.staging, PLAN.dir, f"{PLAN.staging}/work"
+    uploads = [c for c in cmds if isinstance(c, tuple)]
+    assert [u[1] for u in uploads] == [f"{s}/manifest.json", f"{s}/stamp.plan.json"]
+    assert json.loads(uploads[0][2]) == PLAN.manifest() and json.loads(uploads[1][2])["stamp"] == PLAN.stamp
+    # the plan's record goes up only once the pipeline user's steps are over (they cannot touch it)
+    assert cmds.index(uploads[1]) > next(i for i, c in enumerate(cmds) if isinstance(c, str) and "chown -R root" in c)
     shell = [c for c in cmds if isinstance(c, str)]
-    assert shell[0] == f"install -d -m 755 /opt/lr/models && install -d -m 700 /opt/lr/models/.staging {s}"
-    fetch = remote.command("model_fetch", "fetch", "--manifest", f"{s}/manifest.json", "--dest", f"{s}/hf",
-                           "--retries", "5", "--cache", "/opt/lr/cache/blobs")  # fmt: skip
-    assert shell[1] == f"rm -f {s}/hub-token {s}/hub-token.new"  # a killed run's token, first
-    shell = shell[1:]
-    assert shell[1].startswith(f"{{ {fetch} >> {s}/fetch.log 2>&1; rc=$?; [ $rc = 0 ] || {{ tail -n 40 {s}/fetch.log >&2;")
-    assert "hub-token" not in " ".join(shell[1:5])  # no token without one: only the scratch removal names it
-    assert (f"/opt/lr/envs/convert/bin/python /opt/lr/src/llama.cpp/convert_hf_to_gguf.py {s}/hf "
-            f"--outtype f16 --outfile {s}/model-f16.gguf.tmp.$$ >> {s}/convert.log 2>&1") in shell[2]  # fmt: skip
-    assert (f"/opt/lr/builds/current/bin/llama-quantize {s}/model-f16.gguf {s}/model.gguf.tmp.$$ Q4_K_M "
-            f">> {s}/quantize.log 2>&1") in shell[3]  # fmt: skip
-    # Each made file is on disk (fsync) before its final name says it is complete.
-    # Each step writes a file of its own shell ($$): a step still going on the host after its
-    # run's connection dropped never shares it with a re-run's.
-    assert shell[2].endswith(f"sync -- {s}/model-f16.gguf.tmp.$$ && mv -f -- {s}/model-f16.gguf.tmp.$$ {s}/model-f16.gguf; }}")
-    assert shell[3].endswith(f"sync -- {s}/model.gguf.tmp.$$ && mv -f -- {s}/model.gguf.tmp.$$ {s}/model.gguf; }}")
+    # the staging is root's, entered by the pipeline user's group; its work directory the user's
+    assert shell[0] == ("install -d -m 755 /opt/lr/models && install -d -m 711 /opt/lr/models/.staging && "
+                        f"install -d -m 710 -g \"$(id -g -- llamarack-model)\" {s} && "
+                        f"install -d -m 700 -o llamarack-model -g \"$(id -g -- llamarack-model)\" {w}")  # fmt: skip
+    assert "install -d -m 700 -o llamarack-model" in shell[1] and "/opt/lr/cache/blobs" in shell[1]
+    assert shell[2] == f"chmod 644 {s}/manifest.json"
+    assert shell[3] == f"rm -f /run/llamarack/hub-token-{PLAN.name} /run/llamarack/hub-token-{PLAN.name}.new"
+    (fetch,) = fake_systemd_run.steps(shell[4])
+    assert fetch.argv == ["python3", "-c", remote.source("model_fetch"), "fetch", "--manifest", f"{s}/manifest.json",
+                          "--dest", f"{w}/hf", "--retries", "5", "--cache", "/opt/lr/cache/blobs"]  # fmt: skip
+    # its log is root's file in root's staging, opened by root's shell and handed to the step
+    assert shell[4].endswith(f"< /dev/null >> {s}/fetch.log 2>&1; rc=$?; [ $rc = 0 ] || "
+                             f"{{ tail -n 40 {s}/fetch.log >&2; exit $rc; }}; }}")  # fmt: skip
+    assert "hub-token" not in " ".join(shell[4:7])  # no token without one
+    (convert,) = fake_systemd_run.steps(shell[5])
+    assert convert.argv[:2] == ["/bin/sh", "-c"]
+    # Each made file is on disk (fsync) before its final name says it is complete, and each
+    # step writes a file of its own shell's ($$ in the sandbox): a step still going on the
+    # host after its run's connection dropped never shares it with a re-run's.
+    assert convert.argv[2] == (f"/opt/lr/envs/convert/bin/python /opt/lr/src/llama.cpp/convert_hf_to_gguf.py {w}/hf "
+                               f"--outtype f16 --outfile {w}/model-f16.gguf.tmp.$$ && sync -- {w}/model-f16.gguf.tmp.$$ "
+                               f"&& mv -f -- {w}/model-f16.gguf.tmp.$$ {w}/model-f16.gguf")  # fmt: skip
+    assert shell[5].startswith(f"[ -f {s}/model.gguf ] || [ -f {w}/model-f16.gguf ] || [ -f {w}/model.gguf ] || ")
+    assert f"< /dev/null >> {s}/convert.log 2>&1" in shell[5]
+    (quantize,) = fake_systemd_run.steps(shell[6])
+    assert quantize.argv[2] == (f"/opt/lr/builds/current/bin/llama-quantize {w}/model-f16.gguf {w}/model.gguf.tmp.$$ "
+                                f"Q4_K_M && sync -- {w}/model.gguf.tmp.$$ && mv -f -- {w}/model.gguf.tmp.$$ {w}/model.gguf")
+    assert f">> {s}/quantize.log 2>&1" in shell[6]
+    # then root takes the work over, and only then reads what it made
+    assert shell[7].startswith(f"if [ -d {w} ]; then") and shell[7].endswith(f"chown root:root {s} && chmod 700 {s}")
     # its shape recorded beside it, then sealed: the artifact appears with both
-    assert shell[4] == remote.command("gguf_header", "--record", shape_record_name(), f"{s}/model.gguf")
-    assert shell[5].startswith(remote.command("model_fetch", "seal"))
-    # the token too: whatever cut its fetch short, it never reaches the served directory
-    assert shell[6] == (f"rm -rf {s}/manifest.json {s}/stamp.plan.json {s}/hub-token {s}/hub-token.new "
-                        f"{s}/hf {s}/model-f16.gguf {s}/*.gguf.tmp.*")  # fmt: skip
-    assert shell[7] == f"chmod 755 {s} && mv -T {s} {d}"
+    assert shell[8] == remote.command("gguf_header", "--record", shape_record_name(), f"{s}/model.gguf")
+    assert shell[9].startswith(remote.command("model_fetch", "seal"))
+    # the token too: whatever cut its fetch short, it never outlives the run
+    assert shell[10] == (f"rm -rf {s}/manifest.json {s}/stamp.plan.json /run/llamarack/hub-token-{PLAN.name} "
+                         f"/run/llamarack/hub-token-{PLAN.name}.new {s}/hf {s}/model-f16.gguf {s}/*.gguf.tmp.*")  # fmt: skip
+    assert shell[11] == f"chmod 755 {s} && mv -T {s} {d}"
     # Once the new artifact's record is in place, the cache keeps only what records name.
-    assert shell[8] == remote.command("model_fetch", "prune-cache", "--cache", "/opt/lr/cache/blobs",
-                                      "--models", "/opt/lr/models")  # fmt: skip
-    assert shell[9].startswith(f"ln -sfn {PLAN.name} ")
+    assert shell[12] == remote.command("model_fetch", "prune-cache", "--cache", "/opt/lr/cache/blobs",
+                                       "--models", "/opt/lr/models")  # fmt: skip
+    assert shell[13].startswith(f"ln -sfn {PLAN.name} ")
 
 
-def test_token_goes_up_as_a_private_file_and_is_removed_after_the_fetch(tmp_path):
+def test_token_goes_up_as_a_private_file_root_keeps_and_the_fetch_reads_on_its_stdin(tmp_path):
     token = tmp_path / "token"
     token.write_text("hf_secret_value\n")
     token.chmod(0o600)  # read_token refuses a secret others may read
     cmds, _ = commands(PLAN, {ModelArtifact: None, FreeDiskBytes: 100 << 30, File: None}, token_file=str(token))
-    s = PLAN.staging
-    assert ("upload", f"{s}/hub-token.new", "hf_secret_value") in cmds
+    t, s = f"/run/llamarack/hub-token-{PLAN.name}", PLAN.staging
+    assert ("upload", f"{t}.new", "hf_secret_value") in cmds
     shell = " ".join(c for c in cmds if isinstance(c, str))
     assert "hf_secret_value" not in shell  # only the upload holds it, never a command line
-    assert f"install -m 600 /dev/null {s}/hub-token.new" in shell  # private before a byte is written
-    assert f"--token-file {s}/hub-token >> {s}/fetch.log 2>&1; rc=$?; rm -f {s}/hub-token; [ $rc = 0 ]" in shell
+    assert f"install -m 600 /dev/null {t}.new" in shell  # private before a byte is written
+    # root's shell opens it for the fetch, removes its name, then starts the fetch; and again after
+    fetch = next(c for c in cmds if isinstance(c, str) and "--token-file" in c)
+    assert fetch.startswith(f"{{ {{ rm -f -- {t} && systemd-run ")
+    assert f" --token-file -; }} < {t} >> {s}/fetch.log 2>&1; rc=$?; rm -f {t}; [ $rc = 0 ]" in fetch
+    assert fake_systemd_run.steps(fetch)[0].argv[-2:] == ["--token-file", "-"]
 
 
 def test_a_resumed_run_past_its_fetch_sends_no_token(tmp_path):
     token = tmp_path / "token"
     token.write_text("hf_secret_value\n")
     token.chmod(0o600)  # read_token refuses a secret others may read
-    s = PLAN.staging
+    s, t = PLAN.staging, f"/run/llamarack/hub-token-{PLAN.name}"
     facts = {ModelArtifact: None, FreeDiskBytes: 100 << 30, File: None,
-             (File, frozenset({"path": f"{s}/model-f16.gguf"}.items())): {"size": 9}}  # fmt: skip
+             (File, frozenset({"path": f"{s}/work/model-f16.gguf"}.items())): {"size": 9}}  # fmt: skip
     cmds, _ = commands(PLAN, facts, token_file=str(token))
     assert not any(isinstance(c, tuple) and "hub-token" in c[1] for c in cmds)
     shell = " ".join(c for c in cmds if isinstance(c, str))
-    assert f"rm -f {s}/hub-token {s}/hub-token.new" in shell and f"fetch --manifest {s}/manifest.json" not in shell
-    assert f"--token-file {s}/hub-token" not in shell and "convert_hf_to_gguf.py" in shell
+    assert f"rm -f {t} {t}.new" in shell and f"fetch --manifest {s}/manifest.json" not in shell
+    steps = [st.description for c in cmds if isinstance(c, str) for st in fake_systemd_run.steps(c)]
+    assert steps == ["llamarack model convert", "llamarack model quantize"]
 
 
 def replaced_only_at_the_end(cmds) -> None:
@@ -238,7 +259,7 @@ def test_f16_is_converted_straight_to_the_artifact_without_quantize():
     plan = plan_model(settings(model_quant="F16"), LISTING)
     cmds, _ = commands(plan, {ModelArtifact: None, FreeDiskBytes: 100 << 30, File: None})
     shell = " ".join(c for c in cmds if isinstance(c, str))
-    assert f"--outfile {plan.staging}/model.gguf.tmp.$$" in shell and "llama-quantize" not in shell
+    assert f"--outfile {plan.staging}/work/model.gguf.tmp.$$$$" in shell and "llama-quantize" not in shell
 
 
 def test_gguf_source_is_fetched_into_place_without_convert():
@@ -246,7 +267,9 @@ def test_gguf_source_is_fetched_into_place_without_convert():
     plan = plan_model(settings(model_source="gguf", model_file="m.gguf"), listing)
     cmds, _ = commands(plan, {ModelArtifact: None, FreeDiskBytes: 100 << 30, File: None})
     shell = [c for c in cmds if isinstance(c, str)]
-    assert f"--dest {plan.staging} " in shell[2] and "convert" not in " ".join(shell)
+    assert f"--dest {plan.staging}/work " in shell[4] and "convert" not in " ".join(shell)
+    # its GGUF moves into the staging with the take-over, as a converted one does
+    assert any(c.startswith(f"if [ -d {plan.staging}/work ]; then") for c in shell)
 
 
 def test_hub_listing_from_the_local_hub(tmp_path):

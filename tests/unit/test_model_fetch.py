@@ -189,6 +189,25 @@ def test_token_file_readable_by_others_is_refused(private_hub, tmp_path):
     assert rc == 4 and "must be 600" in out
 
 
+@pytest.mark.parametrize("mode, rc", [(0o600, 0), (0o640, 4)])
+def test_token_on_standard_input_is_read_from_the_file_the_caller_opened(private_hub, repo_dir, tmp_path, mode, rc):
+    """``--token-file -``: the sandboxed fetch reads the file root's shell opened for it (it
+    may not open root's file itself); the same mode check, nothing of it on a command line."""
+    manifest = manifest_for(private_hub, tmp_path, token=TOKEN)
+    path = token_file(tmp_path, mode)
+    argv = [PYTHON, str(FETCHER), "fetch", "--manifest", str(manifest), "--dest", str(tmp_path / "dest"),
+            "--retry-wait", "0", "--reserve-bytes", "0", "--token-file", "-"]  # fmt: skip
+    with open(path) as stdin:
+        r = subprocess.run(argv, stdin=stdin, capture_output=True, text=True, timeout=60)
+    assert r.returncode == rc, r.stdout + r.stderr
+    assert TOKEN not in r.stdout + r.stderr and path.exists()  # the caller's file: the caller removes it
+    if rc == 0:
+        assert {q.auth for q in private_hub.requests if "/resolve/" in q.path} == {"ok"}
+        same_files(repo_dir, tmp_path / "dest", ["model.safetensors"])
+    else:
+        assert "must be 600" in r.stdout + r.stderr
+
+
 def test_token_is_sent_but_never_in_argv_environment_or_output(private_hub, repo_dir, tmp_path):
     manifest = manifest_for(private_hub, tmp_path, token=TOKEN)
     gate = threading.Event()

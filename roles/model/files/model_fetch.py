@@ -4,9 +4,10 @@
 Runs ON the target host with the system python3 (standard library only: a
 fresh Debian has no ``requests``). The model role copies it to the host with
 a JSON manifest and, for private repos, a token file of mode 600 that it
-removes afterwards.
+removes afterwards; it runs the fetch as an unprivileged user in a sandbox,
+which reads that file on its standard input (``--token-file -``).
 
-    python3 model_fetch.py fetch --manifest M.json --dest DIR [--token-file F] [--cache BLOBS]
+    python3 model_fetch.py fetch --manifest M.json --dest DIR [--token-file F|-] [--cache BLOBS]
     python3 model_fetch.py seal --stamp S.json --gguf DIR/model.gguf --out DIR/stamp.json
     python3 model_fetch.py prune-cache --cache BLOBS --models MODELS
 
@@ -90,15 +91,20 @@ def log(message: str) -> None:
 
 
 def read_token(path: str) -> str:
-    """The token from a private file; refuses one that others could read."""
-    st = os.stat(path)
+    """The token from a private file, or for ``-`` from standard input: a file the caller
+    opened (the model role's sandboxed fetch may not open root's file itself); refuses
+    one that others could read."""
+    st = os.fstat(0) if path == "-" else os.stat(path)
     if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise FetchError(f"token file {path} is readable by group or others (mode "
                          f"{stat.S_IMODE(st.st_mode):o}); it must be 600", EXIT_AUTH)  # fmt: skip
-    with open(path) as f:
-        token = f.read().strip()
-    # Held in memory from here on: a fetch killed mid-file leaves no token on disk.
-    os.unlink(path)
+    if path == "-":
+        token = sys.stdin.read().strip()
+    else:
+        with open(path) as f:
+            token = f.read().strip()
+        # Held in memory from here on: a fetch killed mid-file leaves no token on disk.
+        os.unlink(path)
     if not token:
         raise FetchError(f"token file {path} is empty", EXIT_AUTH)
     return token
@@ -564,7 +570,7 @@ def main(argv=None) -> int:
     fetch = sub.add_parser("fetch", help="download the manifest's files into --dest")
     fetch.add_argument("--manifest", required=True)
     fetch.add_argument("--dest", required=True)
-    fetch.add_argument("--token-file", help="file holding the hub token (mode 600)")
+    fetch.add_argument("--token-file", help="file holding the hub token (mode 600); - for standard input")
     fetch.add_argument("--retries", type=int, default=5)
     fetch.add_argument("--retry-wait", type=float, default=2.0)
     fetch.add_argument("--timeout", type=float, default=60.0)

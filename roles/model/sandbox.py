@@ -1,0 +1,127 @@
+"""The model pipeline's steps (fetch, convert, quantize) as an unprivileged user, each in a
+transient systemd unit with the served unit's kind of restrictions.
+
+Why: ``convert_hf_to_gguf.py`` calls ``AutoTokenizer.from_pretrained(...,
+trust_remote_code=True)`` for the architectures and tokenizer classes a
+checkpoint's own ``config.json`` and ``tokenizer_config.json`` name: the
+repository's Python then runs with whatever rights the converter has. So
+each step runs as ``PIPELINE_USER`` (a system account that owns nothing but
+the staging's work directory and the blob cache) through
+
+    systemd-run --quiet --wait --pipe --collect --uid=USER -p PROPERTY=VALUE ... -- COMMAND
+
+``--wait`` returns the step's own exit status, ``--pipe`` hands it the
+shell's standard input, output and error (the step's log file, opened by
+root in the root-owned staging), ``--collect`` unloads the unit even when it
+failed, ``--quiet`` keeps systemd-run's own lines out of the log; all four
+are in bookworm's systemd 252. When the command ends, systemd stops every
+process it left behind (the unit's cgroup).
+
+Every step: no privilege (``NoNewPrivileges``, an empty bounding set,
+``RestrictSUIDSGID``), a read-only system (``ProtectSystem=strict``) where only
+the paths the step names are writable, no ``/home``/``/root``, a private
+``/tmp``, ``/var/tmp``, ``/dev`` and ``/dev/shm`` (all gone with the unit), its
+own IPC namespace, the kernel's tunables, modules, logs and clock out of
+reach, ``@system-service`` minus ``@privileged``. Convert and quantize also
+run with no network (``PrivateNetwork``, ``IPAddressDeny=any``, and
+``RestrictAddressFamilies=AF_UNIX``, which holds where a container's systemd
+cannot make a network namespace) and with the hub libraries offline
+(``HF_HUB_OFFLINE=1``); they write only the work directory, and read the
+checkpoint read-only. The fetch (the standard-library fetcher, no hub code)
+has the network, and writes the llamarack root (permissions then allow the
+work directory and the blob cache only): one mount, so that a cached blob
+can be hardlinked into the fetch (``link(2)`` fails across two mounts).
+
+systemd expands ``${NAME}``, ``$NAME`` and ``$$`` in a transient unit's command
+line (systemd-run of 252 cannot turn that off): every ``$`` of a word is
+written ``$$`` here, so the step runs exactly the words given. Property and
+environment values are fixed words or paths of ``host_path``'s shape
+(checked: systemd-run splits a property's value on spaces).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, Sequence
+
+from llamarack import remote
+from llamarack.settings_fields import host_path
+
+# The pipeline's account: made by the model role, owns only what its steps write.
+PIPELINE_USER = "llamarack-model"
+PIPELINE_HOME = "/nonexistent"
+
+SYSTEMD_RUN = ("systemd-run", "--quiet", "--wait", "--pipe", "--collect")
+
+# Every step, as the served unit (roles/server/templates/llama-server.service.j2).
+CONFINED = (
+    ("NoNewPrivileges", "yes"), ("CapabilityBoundingSet", ""), ("RestrictSUIDSGID", "yes"),
+    ("ProtectSystem", "strict"), ("ProtectHome", "yes"), ("PrivateTmp", "yes"), ("PrivateDevices", "yes"),
+    # PrivateDevices binds the host's /dev/shm into the private /dev: a private one over it.
+    ("TemporaryFileSystem", "/dev/shm:mode=1777"), ("PrivateIPC", "yes"), ("ProtectProc", "invisible"),
+    ("UMask", "0022"),
+    ("ProtectKernelTunables", "yes"), ("ProtectKernelModules", "yes"), ("ProtectKernelLogs", "yes"),
+    ("ProtectControlGroups", "yes"), ("ProtectClock", "yes"), ("ProtectHostname", "yes"),
+    ("LockPersonality", "yes"), ("RestrictRealtime", "yes"), ("RestrictNamespaces", "yes"), ("RemoveIPC", "yes"),
+    ("SystemCallArchitectures", "native"), ("SystemCallFilter", "@system-service"),
+    ("SystemCallFilter", "~@privileged"), ("SystemCallErrorNumber", "EPERM"),
+)  # fmt: skip
+ONLINE = (("RestrictAddressFamilies", "AF_INET AF_INET6 AF_UNIX"),)
+OFFLINE = (("PrivateNetwork", "yes"), ("IPAddressDeny", "any"), ("RestrictAddressFamilies", "AF_UNIX"))
+
+# The user has no home: caches (the hub's dynamic modules among them) go to the private /tmp.
+HOME_ENV = (("HOME", "/tmp"), ("PYTHONDONTWRITEBYTECODE", "1"))
+OFFLINE_ENV = HOME_ENV + (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"),
+                          ("HF_HUB_DISABLE_TELEMETRY", "1"), ("HF_HOME", "/tmp/hf-home"))  # fmt: skip
+
+_WORD = re.compile(r"[A-Za-z0-9@~_.:/=+ -]*")
+_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+
+
+class SandboxValueError(ValueError):
+    """A value that cannot go into systemd-run's command line as it is."""
+
+
+def _checked(key: str, value: str, path: bool) -> str:
+    bare = value[1:] if path and value.startswith("-") else value
+    if (host_path(bare) if path else not _WORD.fullmatch(value)):
+        raise SandboxValueError(f"systemd-run {key}={value!r}: not a value systemd-run reads back as given")
+    return f"{key}={value}"
+
+
+def unexpanded(word: str) -> str:
+    """``word`` as a transient unit's command line must hold it: systemd makes ``$$`` of it
+    ``$`` again and expands nothing."""
+    return word.replace("$", "$$")
+
+
+def properties(writable: Sequence[str], readonly: Sequence[str] = (), network: bool = False) -> tuple:
+    """The unit properties of a step that may write ``writable`` and reads ``readonly`` (read-only
+    even under a writable path; either may be missing), with or without the network."""
+    paths = tuple(("ReadWritePaths", p) for p in writable) + tuple(("ReadOnlyPaths", f"-{p}") for p in readonly)
+    return CONFINED + paths + (ONLINE if network else OFFLINE)
+
+
+def command(step: str, words: Iterable[str], user: str, workdir: str, props: Sequence[tuple],
+            env: Sequence[tuple]) -> str:
+    """The shell command that runs ``words`` as ``user`` in ``workdir``, in a transient unit of
+    ``props`` with the environment ``env``; it exits with the command's status."""
+    if not _USER.fullmatch(user) or user == "root":
+        raise SandboxValueError(f"systemd-run --uid={user!r}: an unprivileged system user's name")
+    options = [*SYSTEMD_RUN, f"--uid={user}", f"--description=llamarack model {step}",
+               _checked("--working-directory", workdir, path=True)]  # fmt: skip
+    for key, value in props:
+        path = key.endswith("Paths")
+        options += ["-p", _checked(key, value, path)]
+    options += [_checked("--setenv=" + key, value, path=False) for key, value in env]
+    return remote.argv(*options, "--", *(unexpanded(w) for w in words))
+
+
+def fetch(words: Iterable[str], user: str, root: str, workdir: str) -> str:
+    """The fetch: the network, and the llamarack root writable (as far as permissions go)."""
+    return command("fetch", words, user, workdir, properties([root], network=True), HOME_ENV)
+
+
+def offline(step: str, words: Iterable[str], user: str, workdir: str, readonly: Sequence[str] = ()) -> str:
+    """Convert or quantize: no network, hub libraries offline, only ``workdir`` writable."""
+    return command(step, words, user, workdir, properties([workdir], readonly), OFFLINE_ENV)
