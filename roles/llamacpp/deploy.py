@@ -11,7 +11,7 @@ from llamarack.rules import HostFacts
 from llamarack.settings import Settings
 
 from .operations import build, checkout, reprove, seal_build, switch_current
-from .plan import BuildPlan, build_dir_for, plan_for_host
+from .plan import BuildPlan, build_dir_for, plan_for_host, same_build
 
 
 @deploy("llama.cpp build")
@@ -30,14 +30,13 @@ def llamacpp(settings: Settings, facts: HostFacts) -> BuildPlan:
     # not this build any more: it is made again beside, proven, and only then switched in.
     builds, seals = read(LlamacppBuilds, root=root), read(BuildSeals, root=root)
     where = build_dir_for(plan.stamp, builds, seals, proof_id=plan.proof_id)
-    if where != plan.stamp:
-        if seals.tampered(plan.stamp):
-            logger.warning(f"{host.print_prefix}llama.cpp build {plan.stamp} differs from its seal "
-                           f"({'; '.join(seals.changed[plan.stamp][:3])}): building it again as {where}")
-        elif seals.failed.get(plan.stamp) == plan.proof_id:
-            logger.warning(f"{host.print_prefix}llama.cpp build {plan.stamp} failed proof {plan.proof_id}: "
-                           f"building it again as {where}")
-        plan = dataclasses.replace(plan, stamp=where)
+    current = builds.current if same_build(builds.current, plan.stamp, seals) else None
+    if current and where != current:
+        why = (f"differs from its seal ({'; '.join(seals.changed[current][:3])})" if seals.tampered(current)
+               else f"failed proof {plan.proof_id}" if seals.failed.get(current) == plan.proof_id else None)
+        if why:
+            logger.warning(f"{host.print_prefix}llama.cpp build {current} {why}: building it again as {where}")
+    plan = dataclasses.replace(plan, stamp=where)
 
     checkout(
         name=f"llama.cpp source at {s.commit[:12]}",

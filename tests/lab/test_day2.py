@@ -13,6 +13,7 @@ import urllib.request
 
 import pytest
 
+from llamarack_lab import mirror, services
 from llamarack_lab.fake_nvidia import deb
 from llamarack_lab.pytest_plugin import parse_pyinfra_totals
 from tests.lab import deploying
@@ -69,7 +70,13 @@ def driver_restored_afterwards(lab_rack):
     lab_rack.driver(HOST, version=deb.DEFAULT_VERSION, state="ok")
 
 
-def test_rollback_puts_the_previous_build_back_and_a_deploy_keeps_it_until_the_settings_change(lab_rack):
+@pytest.fixture(scope="module")
+def bump():
+    """A later llama.cpp commit of the lab's mirror (a harmless change): a new build input."""
+    return mirror.add_named_commit(services.prepare(), "lab-test-bump", "lab test: a later llama.cpp", mirror.GOOD_BUMP)
+
+
+def test_rollback_puts_the_previous_build_back_and_a_deploy_keeps_it_until_the_settings_change(lab_rack, bump):
     rc, out = deploy(lab_rack)
     assert rc == 0, out[-6000:]
     first = current_build(lab_rack)
@@ -77,9 +84,9 @@ def test_rollback_puts_the_previous_build_back_and_a_deploy_keeps_it_until_the_s
     manifest = json.loads(sh(lab_rack, f"cat {ROOT}/builds/current/manifest.json"))
     paths = {e["path"] for e in manifest["files"]}
     assert {"build/bin/llama-server", "build/bin/llama-quantize", "server-help.txt", "build-info.json"} <= paths
-    # A change of the serving flags is a new build (the smoke run proves it with them) and a new unit.
+    # A new commit is a new build (and a new artifact, converted by its converter) and a new unit.
     first_unit = sh(lab_rack, f"sha256sum < {UNIT}")
-    rc, out = deploy(lab_rack, "server_repack=False")
+    rc, out = deploy(lab_rack, f"llamacpp_commit={bump}")
     assert rc == 0, out[-6000:]
     second = current_build(lab_rack)
     assert second != first and served_build(lab_rack) == second
@@ -94,14 +101,15 @@ def test_rollback_puts_the_previous_build_back_and_a_deploy_keeps_it_until_the_s
     answers(lab_rack)
     pin = json.loads(sh(lab_rack, f"cat {ROOT}/state/rollback.json"))
     assert pin["unit_sha1"] == sh(lab_rack, f"sha1sum < {UNIT}").split()[0]
-    # the audit (the inventory's own settings, which want the first build) shows the pin,
-    # holding nothing; builds/current still names the second build, which the unit no
-    # longer serves: the unit planned from it differs
+    # the audit (the inventory's own settings, which want the first build and model) shows
+    # the pin holding the unit put back against the one the links would give (builds/current
+    # and models/current still name the second build and model, which the unit no longer
+    # serves): the links are the drift, which a deploy with these settings switches back
     rc, seen = audit()
-    assert seen["items"]["unit"]["found"]["rollback_pin"]["held"] is False, seen
-    assert seen["drift"] == ["build", "unit"], seen
+    assert seen["items"]["unit"]["found"]["rollback_pin"]["held"] is True, seen
+    assert seen["drift"] == ["build", "model"], seen
     # The settings that made the second build still hold: the deploy keeps the rollback, says so, changes nothing.
-    rc, out = deploy(lab_rack, "server_repack=False")
+    rc, out = deploy(lab_rack, f"llamacpp_commit={bump}")
     assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
     assert "the unit `llamarack rollback` put back" in out and served_build(lab_rack) == first
     # Changed settings (here: back to the defaults, which want the first build, the unit in
@@ -147,7 +155,8 @@ def test_a_build_binary_replaced_by_another_program_is_rebuilt_beside_and_switch
     assert rc == 0, out[-6000:]
     assert f"llama.cpp build {before} differs from its seal" in out, out[-6000:]
     after = current_build(lab_rack)
-    assert after.startswith(f"{before}-r") and served_build(lab_rack) == after
+    # a new directory of the same inputs (<stamp>-r<time>, or <stamp> when the tampered one was a rebuild)
+    assert after != before and after.split("-r")[0] == before.split("-r")[0] and served_build(lab_rack) == after
     # the tampered build served until its successor was proven; now nothing runs it and it is gone
     assert sh(lab_rack, f"test -e {ROOT}/builds/{before} || echo gone") == "gone"
     assert sh(lab_rack, f"cmp -s {ROOT}/builds/current/bin/llama-quantize /bin/true || echo rebuilt") == "rebuilt"
