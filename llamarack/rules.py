@@ -602,23 +602,28 @@ def rule_dirs_private(s: Settings, facts: HostFacts) -> Optional[Failure]:
         "; ".join(fixes),
     )  # fmt: skip
 def service_user_failure(s: Settings, entry: Optional[PasswdEntry], group: Optional[int]) -> Optional[Failure]:
-    """Whether ``llamarack_service_user`` may be made (no account, no group of that name)
-    or taken on (an account llamarack made, its own group its primary one): the service
-    user's home and shell are changed and the API key is given to its group, so an
-    account of the system's or a person's is refused."""
-    user, root = s.general.service_user, s.general.root
-    fix = (f"set llamarack_service_user to a name no account or group of this host has (llamarack makes "
-           f"it), or remove the host's {user!r} if nothing else uses it")  # fmt: skip
+    """Whether ``llamarack_service_user`` may be made or taken on (``account_failure``)."""
+    return account_failure(s.general.service_user, s.general.root, "llamarack_service_user", entry, group)
+
+
+def account_failure(user: str, home: str, setting: Optional[str], entry: Optional[PasswdEntry],
+                    group: Optional[int]) -> Optional[Failure]:
+    """Whether the system account ``user`` (home ``home``) may be made (no account, no group
+    of that name) or taken on (an account llamarack made, its own group its primary one):
+    its home and shell are changed and files are given to its group, so an account of the
+    system's or a person's is refused. ``setting``: the setting that names it, if any."""
+    fix = (f"set {setting} to a name no account or group of this host has (llamarack makes it), or "
+           if setting else "") + f"remove the host's {user!r} if nothing else uses it"  # fmt: skip
     if entry is None:
         if group is None:
             return None
         return Failure("service-user", f"no user {user!r} but a group {user!r} (gid {group})",
-                       f"no group {user!r}: useradd makes the service user's own group", fix)  # fmt: skip
+                       f"no group {user!r}: useradd makes the account's own group", fix)  # fmt: skip
     low, high = entry.system_uids
     needed = (f"an account llamarack made: a system uid ({low}-{high}), GECOS {SERVICE_USER_MARK!r} (or, "
-              f"as llamarack made it before it marked it, an empty GECOS with home {root} and shell "
+              f"as llamarack made it before it marked it, an empty GECOS with home {home} and shell "
               "/usr/sbin/nologin), and a group of the same name as its primary group")  # fmt: skip
-    if not entry.made_by_llamarack(root):
+    if not entry.made_by_llamarack(home):
         return Failure("service-user", f"account {user!r}, which llamarack did not make ({entry.describe()})",
                        needed, fix)  # fmt: skip
     if group != entry.gid:

@@ -10,7 +10,7 @@ from llamarack.errors import ModelSourceError
 from llamarack.facts import FactRead, read, read_together
 from llamarack.operations import refuse
 from llamarack.roles.model.reads import GgufShape, ModelArtifact, shape_record_name
-from llamarack.roles.server.operations import service_user
+from llamarack.roles.server.operations import system_account
 from llamarack.roles.server.reads import SystemUser
 from llamarack.secrets import read_token
 from llamarack.settings import Settings
@@ -58,7 +58,7 @@ def pipeline_user(settings: Settings) -> bool:
             f"{settings.host}: llamarack_service_user: given {PIPELINE_USER!r}, the model pipeline's own "
             "account (it runs a checkpoint's code). Fix: give llama-server another user, e.g. llamarack"))
         return False
-    service_user(name=f"Model pipeline user {PIPELINE_USER}", user=PIPELINE_USER, home=PIPELINE_HOME)
+    system_account(name=f"Model pipeline user {PIPELINE_USER}", user=PIPELINE_USER, home=PIPELINE_HOME)
     return True
 
 

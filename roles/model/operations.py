@@ -37,7 +37,7 @@ from io import StringIO
 from typing import Optional
 
 from pyinfra import host, logger
-from pyinfra.api import FileUploadCommand, operation
+from pyinfra.api import operation
 from pyinfra.facts.files import File
 from pyinfra.facts.files import Link
 
@@ -45,7 +45,7 @@ from llamarack import remote
 from llamarack.roles.model.reads import CachedBlobs, ModelArtifact, shape_record_name
 from llamarack.facts import FreeDiskBytes, read
 from llamarack.layout import Layout
-from llamarack.operations import executing, refusal, secret_upload
+from llamarack.operations import executing, private_upload, refusal, secret_upload
 from llamarack.secrets import read_token
 
 from . import sandbox
@@ -153,7 +153,7 @@ def _staging(plan: ModelPlan, user: str):
     yield (f"install -d -m 755 {q(Layout(plan.root).cache)} && install -d -m 700 -o {q(user)} -g {group} {q(blobs)} "
            f"&& find {q(blobs)} -mindepth 1 -maxdepth 1 -type d ! -user {q(user)} "
            f"-exec chown -h -- {q(user + ':')} {{}} +")  # fmt: skip
-    yield FileUploadCommand(_json(plan.manifest()), f"{s}/manifest.json")
+    yield from private_upload(_json(plan.manifest()), f"{s}/manifest.json")
     yield f"chmod 644 {q(s + '/manifest.json')}"
 
 
@@ -247,7 +247,7 @@ chown root:root {q(s)} && chmod 700 {q(s)}"""
 def _seal(plan: ModelPlan, python: str):
     """Record the GGUF's shape and seal the staging (``stamp.json``), then clear its scratch."""
     q, s = shlex.quote, plan.staging
-    yield FileUploadCommand(_json(plan.record()), f"{s}/stamp.plan.json")
+    yield from private_upload(_json(plan.record()), f"{s}/stamp.plan.json")
     yield _record_shape(f"{s}/model.gguf", python)
     yield _fetcher(python, "seal", "--stamp", f"{s}/stamp.plan.json", "--gguf", f"{s}/model.gguf",
                    "--out", f"{s}/stamp.json")  # fmt: skip

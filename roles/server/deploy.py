@@ -35,7 +35,7 @@ def llama_server(settings: Settings, facts: HostFacts, templates: tuple = (), re
       when it rebooted the host and the unit did not change (so was not switched and
       checked), ``/health`` is checked anyway: the same unit now runs on a new driver
     """
-    service_user(name=f"Service user {settings.general.service_user}", settings=settings)
+    service_user(settings)
     # The build current before this run: kept for rollback whatever else was built since.
     previous = read(LlamacppBuilds, root=settings.general.root).current
     url = public_url(settings)

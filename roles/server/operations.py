@@ -34,29 +34,40 @@ from llamarack.facts import read
 from llamarack.layout import API_KEY_PATH, UNIT_NAME, UNIT_PATH, unit_build
 from llamarack.operations import executing, private_upload, refusal, secret_upload
 from llamarack.roles.server.files.secret_digest import digest
-from llamarack.rules import service_user_failure
+from llamarack.rules import account_failure
 from llamarack.secrets import read_token
 from llamarack.settings import Settings
 
 from .plan import (HEALTH_MARK, KEY_DIGEST_SALT, RESIDENCY_MARK, PlanError, bench_args, card_compute_cap, card_mib, health_url,
                    key_digest_command, parse_pin, plan_context, roofline, wanted_unit)  # fmt: skip
 
-@operation()
 def service_user(settings: Settings):
     """
-    The system user (and its group) for llama-server, with no shell and no home of its own.
+    The system user (and its group) for llama-server, with no shell and no home of its own
+    (``llamarack_service_user``; its home, not created, is the llamarack root): a
+    ``system_account`` operation.
+    """
+    user = settings.general.service_user
+    return system_account(name=f"Service user {user}", user=user, home=settings.general.root,
+                          setting="llamarack_service_user")
 
-    + settings: the host's settings (``llamarack_service_user``; its home, not created,
-      is the llamarack root)
+
+@operation()
+def system_account(user: str, home: str, setting: Optional[str] = None):
+    """
+    A system user (and its group of the same name), with no shell and no home of its own.
+
+    + user: the account
+    + home: its home (not created)
+    + setting: the setting that names it, for the refusal's fix
 
     Made with the mark ``SERVICE_USER_MARK`` in its GECOS field; an account llamarack
-    did not make is refused, unchanged (``llamarack.rules.service_user_failure``, which
-    preflight checks before anything is touched). Reads the one account (``SystemUser``)
-    and group (``SystemGroup``), not every account of the host.
+    did not make is refused, unchanged (``llamarack.rules.account_failure``; preflight
+    checks the service user's before anything is touched). Reads the one account
+    (``SystemUser``) and group (``SystemGroup``), not every account of the host.
     """
-    user, home = settings.general.service_user, settings.general.root
     entry = read(SystemUser, user=user)
-    failure = service_user_failure(settings, entry, read(SystemGroup, group=user))
+    failure = account_failure(user, home, setting, entry, read(SystemGroup, group=user))
     if failure:
         yield refusal(failure.message(host.name))
     elif entry is None:

@@ -33,11 +33,11 @@ class PasswdEntry(FactValue):
     """The host's system uid range (``SYS_UID_MIN``, ``SYS_UID_MAX`` of /etc/login.defs):
     where ``useradd --system`` puts an account."""
 
-    def made_by_llamarack(self, root: str) -> bool:
+    def made_by_llamarack(self, home: str) -> bool:
         """Whether llamarack made this account: a system uid and the mark in GECOS; or, as
-        llamarack made it before it marked it, an empty GECOS, home ``root`` and no shell."""
+        llamarack made it before it marked it, an empty GECOS, home ``home`` and no shell."""
         low, high = self.system_uids
-        unmarked = self.gecos == "" and self.home == root and self.shell == NOLOGIN
+        unmarked = self.gecos == "" and self.home == home and self.shell == NOLOGIN
         return low <= self.uid <= high and (self.gecos == SERVICE_USER_MARK or unmarked)
 
     def describe(self) -> str:

@@ -273,7 +273,7 @@ def test_the_pipeline_user_is_its_own_account_and_not_llama_servers(monkeypatch)
     import llamarack.roles.model.deploy as role
 
     made, refused = [], []
-    monkeypatch.setattr(role, "service_user", lambda **kw: made.append(kw))
+    monkeypatch.setattr(role, "system_account", lambda **kw: made.append(kw))
     monkeypatch.setattr(role, "refuse", lambda **kw: refused.append(kw["reason"]))
     assert role.pipeline_user(settings()) is True
     assert made == [{"name": "Model pipeline user llamarack-model", "user": "llamarack-model", "home": "/nonexistent"}]

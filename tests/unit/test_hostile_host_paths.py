@@ -22,7 +22,7 @@ from llamarack.roles.preflight.reads import gather, preflight_reads
 from llamarack.roles.python_env.operations import converter_pins, pip_pins
 from llamarack.roles.python_env.plan import LockError, PipStep, awq_lock, awq_plan, locked_requirements
 from llamarack.roles.python_env.reads import PythonEnvPackages, RequirementsFile
-from llamarack.roles.server.operations import service, service_user
+from llamarack.roles.server.operations import service, system_account
 from llamarack.roles.server.reads import SERVICE_USER_MARK, PasswdEntry, SystemGroup, SystemUser
 from llamarack.rules import HostFacts, evaluate
 from llamarack.settings import load_settings
@@ -104,7 +104,7 @@ def test_private_upload_takes_text_or_a_file_object():
 UPLOAD_MAKERS = re.compile(r"FileUploadCommand\(|files\.put\(|files\.put\._inner\(")
 # the uploads of these files are changed where they are owned; each one still names
 # the temporary pyinfra would foresee, and must go through private_upload
-ELSEWHERE = {"roles/model/operations.py"}
+ELSEWHERE: set = set()
 
 
 def test_no_upload_bypasses_the_private_helper():
@@ -163,7 +163,7 @@ def test_an_account_llamarack_did_not_make_is_refused_before_anything_is_touched
     assert (f"gid {group}" if taken_on else entry.describe()) in message
     assert "Fix: set llamarack_service_user to a name no account or group of this host has" in message
     # the operation refuses as well, and neither useradd nor usermod runs
-    commands = raw(service_user, {SystemUser: entry, SystemGroup: group}, settings=account_settings(user))
+    commands = raw(system_account, {SystemUser: entry, SystemGroup: group}, **account_args(account_settings(user)))
     assert len(commands) == 1 and "exit 1" in str(commands[0]) and "service-user" in str(commands[0])
 
 
@@ -187,12 +187,17 @@ CASES = {
 }
 
 
+def account_args(s) -> dict:
+    """The service user's ``system_account`` arguments (``service_user(settings)``)."""
+    return {"user": s.general.service_user, "home": s.general.root, "setting": "llamarack_service_user"}
+
+
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
 def test_the_lab_and_a_fresh_host_keep_their_service_user(case):
     (entry, group), wanted = CASES[case]
     s = account_settings("llamarack")
     assert evaluate(s, service_facts(entry, group)) == []
-    commands = raw(service_user, {SystemUser: entry, SystemGroup: group}, settings=s)
+    commands = raw(system_account, {SystemUser: entry, SystemGroup: group}, **account_args(s))
     assert [c.get_raw_value() for c in commands] == wanted
 
 
@@ -200,7 +205,7 @@ def test_a_marked_account_moved_with_the_root_is_taken_on():
     entry, group = fixture("SystemUser", "service-user-marked"), fixture("SystemGroup", "service-group")
     s = account_settings("llamarack", llamarack_root="/srv/llamarack")
     assert evaluate(s, service_facts(entry, group)) == []
-    commands = raw(service_user, {SystemUser: entry, SystemGroup: group}, settings=s)
+    commands = raw(system_account, {SystemUser: entry, SystemGroup: group}, **account_args(s))
     assert [c.get_raw_value() for c in commands] == [
         f"usermod --home /srv/llamarack --shell /usr/sbin/nologin --comment '{SERVICE_USER_MARK}' llamarack"]
 

@@ -45,7 +45,7 @@ def test_reference_v100_host_passes_every_rule():
 
 
 def test_every_rule_is_in_the_table_once():
-    assert len(set(RULES)) == len(RULES) == 14
+    assert len(set(RULES)) == len(RULES) == 15
 
 
 # driver-installed / module / mismatch
