@@ -111,7 +111,7 @@ def test_an_odd_tool_path_reaches_the_step_word_for_word(tmp_path, monkeypatch):
     odd.parent.mkdir()
     odd.write_text(TOOL)
     odd.chmod(0o755)
-    plan = plan_model(settings(llamarack_root=str(tmp_path / "lr")), LISTING)
+    plan = plan_model(settings(llamarack_root=str(tmp_path / "lr"), llamarack_allow_shared_dirs=True), LISTING)
     work = f"{plan.staging}/work"
     os.makedirs(f"{work}/hf")
     cmds, _ = commands(plan, NEW, tool_paths={"convert_python": str(odd)}, user="nobody")
@@ -132,7 +132,7 @@ def test_a_failed_step_fails_the_operation_with_its_logs_tail(tmp_path, monkeypa
     tool = tmp_path / "convert"
     tool.write_text("#!/bin/sh\necho 'the checkpoint says no' >&2\nexit 3\n")
     tool.chmod(0o755)
-    plan = plan_model(settings(llamarack_root=str(tmp_path / "lr")), LISTING)
+    plan = plan_model(settings(llamarack_root=str(tmp_path / "lr"), llamarack_allow_shared_dirs=True), LISTING)
     os.makedirs(f"{plan.staging}/work/hf")
     cmds, _ = commands(plan, NEW, tool_paths={"convert_python": str(tool)}, user="nobody")
     convert = next(c for c in cmds if isinstance(c, str) and "model convert" in c)
@@ -202,7 +202,7 @@ def take_over(plan) -> str:
 
 def made(tmp_path, **data):
     """A staging as the steps leave it: the work directory the pipeline user's (nobody)."""
-    plan = plan_model(settings(llamarack_root=str(tmp_path / "lr"), **data), LISTING)
+    plan = plan_model(settings(llamarack_root=str(tmp_path / "lr"), llamarack_allow_shared_dirs=True, **data), LISTING)
     s, w = Path(plan.staging), Path(plan.staging, "work")
     (w / "hf").mkdir(parents=True)
     blob = tmp_path / "lr" / "cache" / "blobs" / "sha256" / ("5" * 64)
