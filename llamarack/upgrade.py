@@ -93,6 +93,11 @@ def host_steps(audit: HostAudit) -> list[Step]:
             steps.append(Step("install", name.replace("_", " "), f"found {items[name].found}"[:160]))
     if "build" in items and items["build"].drift:
         steps += build_steps(items["build"])
+    for name in ("pipeline_user", "service_user"):
+        if name in items and items[name].drift:
+            found = items[name].found
+            steps.append(Step("install", name.replace("_", " "), "no such account yet" if found is None else
+                              f"an account llamarack made, to be marked as its own (found {found})"))
     if "model" in items and items["model"].drift:
         steps.append(model_step(items["model"]))
     remade = any(s.action in ("rebuild", "remake") for s in steps)  # a new build or model: a new unit

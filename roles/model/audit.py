@@ -9,15 +9,20 @@ from llamarack.facts import FactRead
 from llamarack.settings import Settings
 
 from .plan import plan_from_record
-from .reads import ModelArtifact, shape_record_name
+from llamarack.roles.server.audit import account_item
+from llamarack.roles.server.reads import SystemGroup, SystemUser
 
-ITEMS = ("model",)
+from .reads import ModelArtifact, shape_record_name
+from .sandbox import PIPELINE_HOME, PIPELINE_USER
+
+ITEMS = ("pipeline_user", "model")
 
 
 def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
     """The served artifact; ``verify``: its GGUF hashed."""
     current = settings.layout.current_model
-    return (FactRead.of(ModelArtifact, path=current), FactRead.of(File, path=f"{current}/{shape_record_name()}")) + \
+    return (FactRead.of(ModelArtifact, path=current), FactRead.of(File, path=f"{current}/{shape_record_name()}"),
+            FactRead.of(SystemUser, user=PIPELINE_USER), FactRead.of(SystemGroup, group=PIPELINE_USER)) + \
         ((FactRead.of(Sha256File, path=f"{current}/model.gguf"),) if verify else ())  # fmt: skip
 
 
@@ -39,4 +44,5 @@ def items(seen: Seen) -> dict[str, Item]:
         wanted["sha256"] = sealed
         sha_ok = bool(sealed) and found["sha256"] == sealed
     drift = not matches or not served.untouched or not sha_ok or not found["shape_recorded"]
-    return {"model": Item(found, wanted, drift=drift)}
+    pipeline = account_item(fact(SystemUser, user=PIPELINE_USER), fact(SystemGroup, group=PIPELINE_USER), PIPELINE_HOME)
+    return {"pipeline_user": pipeline, "model": Item(found, wanted, drift=drift)}

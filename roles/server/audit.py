@@ -18,9 +18,9 @@ from llamarack.settings import Settings
 
 from .files.wait_healthy import residency
 from .plan import MIB, PlanError, health_url, parse_pin, wanted_unit
-from .reads import HttpStatus, UnitState, active_since
+from .reads import NOLOGIN, SERVICE_USER_MARK, HttpStatus, SystemGroup, SystemUser, UnitState, active_since
 
-ITEMS = ("unit", "service", "health", "residency", "gpu_processes", "bench")
+ITEMS = ("service_user", "unit", "service", "health", "residency", "gpu_processes", "bench")
 
 
 def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
@@ -40,6 +40,8 @@ def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
         FactRead.of(HttpStatus, url=health_url(settings)),
         FactRead.of(GpuProcesses),
         FactRead.of(BenchRecord, path=layout.bench_record),
+        FactRead.of(SystemUser, user=settings.general.service_user),
+        FactRead.of(SystemGroup, group=settings.general.service_user),
     ) + (draft if settings.model.draft_repo else ())  # the draft the unit names
 
 
@@ -61,7 +63,9 @@ def items(seen: Seen) -> dict[str, Item]:
     processes = fact(GpuProcesses) or ()
     others = [{"pid": p.pid, "name": p.name, "used_mib": p.used_mib} for p in processes if p.pid != pid]
     unit = unit_item(settings, fact, seen.facts.gpus, unit_text, seen.templates)
+    user = settings.general.service_user
     return {
+        "service_user": account_item(fact(SystemUser, user=user), fact(SystemGroup, group=user), settings.general.root),
         "unit": unit,
         "service": service,
         "health": Item(status, 200, drift=status != 200),
@@ -107,6 +111,16 @@ def unit_item(settings: Settings, fact, gpus: tuple, unit_text: Optional[str], t
         found["rollback_pin"] = {"held": held, **pin}
     # A pin that holds nothing while the unit is the wanted one changes nothing either: no drift.
     return Item(found, wanted, drift=found["sha256"] != wanted["sha256"] and not held)
+
+
+def account_item(entry, group: Optional[int], home: str) -> Item:
+    """A system account llamarack makes (``system_account``): found as it is, wanted made by
+    llamarack with its mark, home ``home``, no shell and its own group (the deploy makes it, or
+    marks one it made before it marked accounts; one it did not make is the rules' refusal)."""
+    found = None if entry is None else {"uid": entry.uid, "gecos": entry.gecos, "home": entry.home,
+                                        "shell": entry.shell, "own_group": group == entry.gid}  # fmt: skip
+    wanted = {"gecos": SERVICE_USER_MARK, "home": home, "shell": NOLOGIN, "own_group": True}
+    return Item(found, wanted, drift=found is None or any(found[k] != v for k, v in wanted.items()))
 
 
 def exec_start(unit_text: str) -> Optional[str]:

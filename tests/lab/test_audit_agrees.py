@@ -33,7 +33,9 @@ REPAIRED_BY = {
     "awq_env": "llamarack python env | ",
     "converter_env": "llamarack converter env | ",
     "build": "llama.cpp build | ",
-    "model": "llamarack model | ",
+    "pipeline_user": "llamarack model | Model pipeline user",
+    "model": "llamarack model | Model ",  # (a changed pipeline user's row is named by its item too)
+    "service_user": "llama-server | Service user",
     "unit": "llama-server | llama-server at",
     "service": "llama-server | llama-server at",
     "health": "llama-server | llama-server at",
@@ -49,6 +51,7 @@ DRIFTS = {
     "version record removed": (f"rm {OPT}/state/deployed-by.json", {"llamarack"}),
     "shape record removed": (f"rm {OPT}/models/current/shape-*.json", {"model"}),
     "bench record removed": (f"rm {OPT}/state/bench.json", {"bench"}),
+    "pipeline user unmarked": ("usermod --comment '' llamarack-model", {"pipeline_user"}),
 }
 
 
