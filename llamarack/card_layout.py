@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from llamarack.gpu_table import planning_memory_mib
-from llamarack.planner import MIB, Knobs, PlanError, checked_context_cap, kv_candidates, most_layers
+from llamarack.planner import (MIB, Knobs, PlanError, check_shapes, checked_context_cap, kv_candidates,
+                               most_layers)  # fmt: skip
 from llamarack.rules import Failure
 from llamarack.split_plan import Card, Over, SplitPlan, card_knobs, check_split_mode, plan_split, unquantized_knobs
 
@@ -71,6 +72,7 @@ def choose_layout(shape: dict, knobs: Knobs, cards, layout: str = "auto", draft:
     of ``per_card`` that serves nothing, a unit over all the cards that serves nothing, a
     split mode that cannot serve the KV cache)."""
     cards = tuple(cards)
+    check_shapes(shape, draft)
     if layout not in LAYOUTS:
         raise PlanError(Failure("layout", repr(layout), "one of " + ", ".join(LAYOUTS), "set the layout to auto"))
     if not cards or knobs.gpu_layers == 0:
@@ -99,7 +101,7 @@ def choose_layout(shape: dict, knobs: Knobs, cards, layout: str = "auto", draft:
         group = tuple(order)
         units = [Unit(group, plan_split(shape, knobs, [cards[i] for i in group], draft, split_mode))]
         left = []
-    return _explained(shape, knobs, cards, layout, tuple(units), tuple(sorted(left)), need)
+    return _explained(shape, knobs, cards, layout, tuple(units), tuple(sorted(left)), need, draft)
 
 
 def _alone(shape: dict, knobs: Knobs, cards: tuple, i: int, draft: Optional[dict]) -> SplitPlan:
@@ -139,7 +141,7 @@ def _fewest(shape: dict, knobs: Knobs, cards: list, draft: Optional[dict], split
 
 
 def _explained(shape: dict, knobs: Knobs, cards: tuple, layout: str, units: tuple, free: tuple,
-               need: int) -> Layout:  # fmt: skip
+               need: int, draft: Optional[dict]) -> Layout:  # fmt: skip
     """The layout, with the reason in words: what one card holds, what the units hold."""
     n_all, sizes = shape["n_layer"] + 1, {len(u.cards) for u in units}
     chosen = "per_card" if sizes == {1} else "split" if 1 not in sizes else "mixed"
@@ -157,8 +159,8 @@ def _explained(shape: dict, knobs: Knobs, cards: tuple, layout: str, units: tupl
                 f"{c.card_mib:,} MiB at {first.ctx_per_slot:,} tokens, {first.cache_type_k}/{first.cache_type_v} KV)")
     else:
         k, v = kv_candidates(knobs)[-1]
-        alone = n_all if reach(shape, knobs, [big], None) >= need else most_layers(
-            shape, card_knobs(knobs, big), big.mib, k, v, need)  # fmt: skip
+        alone = n_all if reach(shape, knobs, [big], draft) >= need else most_layers(
+            shape, card_knobs(knobs, big), big.mib, k, v, need, draft)  # fmt: skip
         fullest = max(first.ledger.cards, key=lambda c: c.total / c.card_mib)
         head = (f"{_over(units[0])}: "
                 + (f"all {n_all} layers fit one {big.name} at {at}, and the layout asks for a split"

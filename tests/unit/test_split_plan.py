@@ -319,3 +319,12 @@ def test_cards_from_a_hosts_gpu_facts_by_uuid():
     layout = choose_layout(GEMMA27B, Knobs(), cards)
     assert layout.as_dict()["units"][0]["card_ids"] == ["GPU-b"]
     assert reach(GEMMA27B, Knobs(), [cards[1]], None) == 131072
+
+
+def test_a_bad_shape_is_a_refusal_before_any_layout_is_tried():
+    bad = dict(GEMMA27B, layer_bytes="many")
+    with pytest.raises(PlanError) as e:
+        choose_layout(bad, Knobs(), [V100] * 4)
+    assert e.value.failure.rule == "model-shape"
+    with pytest.raises(PlanError):
+        plan_split(bad, Knobs(), [V100, V100])
