@@ -1,6 +1,8 @@
-"""``llamarack plan``: what can this card serve? Before anything is deployed.
+"""``llamarack plan``: what can this card, or this host's cards, serve? Before
+anything is deployed.
 
-The same planner as the server role (``llamarack/planner.py``), on a shape
+The same planner as the server role (``llamarack/planner.py``; over several
+cards ``llamarack/split_plan.py`` and ``llamarack/card_layout.py``), on a shape
 from a GGUF header (a local file, or the hub with HTTP ranges: only the
 header is read) or from a ``config.json`` and a quant.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import urllib.parse
+from dataclasses import dataclass
 from typing import Optional
 
 import click
@@ -17,12 +20,14 @@ import click
 from llamarack.errors import ModelSourceError
 from llamarack.gpu_table import BOARDS, planning_memory_mib
 from llamarack.model_shapes import hub_gguf_shape, local_gguf_shape, shape_from_config
-from llamarack.planner import (AUTO_KV_TYPES, KV_TYPE_BYTES, MIB, Knobs, PlanError, check_shapes, context_cap,
-                               cublas_prefill, largest_context, ledger, most_layers, plan)  # fmt: skip
+from llamarack.card_layout import LAYOUTS, choose_layout
+from llamarack.planner import (AUTO_KV_TYPES, KV_TYPE_BYTES, MIB, Knobs, Ledger, PlanError, check_shapes,
+                               context_cap, cublas_prefill, largest_context, ledger, most_layers, plan)  # fmt: skip
 from llamarack.roles.model.settings import QUANT_TYPES
 from llamarack.roles.server.settings import DEFAULT_RESERVE_MIB
 from llamarack.secrets import read_token
 from llamarack.settings_fields import loopback_url, remote_url
+from llamarack.split_plan import SPLIT_MODES, Card, Over, SplitLedger, card_knobs
 
 GIB = 2**30
 
@@ -65,16 +70,31 @@ def kv_table(shape: dict, knobs: Knobs, card_mib: int, pairs: list, draft: Optio
     """Per KV type: the largest per-slot context with every layer on the card and,
     when that is below the minimum, the most layers that fit the minimum and what they allow."""
     cap, _ = context_cap(shape, knobs)
+    return _kv_rows(shape, knobs, pairs, lambda n, k, v: largest_context(shape, knobs, card_mib, n, k, v, cap, draft),
+                    lambda k, v, floor: most_layers(shape, knobs, card_mib, k, v, floor, draft))  # fmt: skip
+
+
+def cards_kv_table(shape: dict, knobs: Knobs, cards: tuple, pairs: list, draft: Optional[dict] = None,
+                   split_mode: str = "layer") -> list:  # fmt: skip
+    """``kv_table`` for a unit's cards: every layer over all of them (one card: ``kv_table``)."""
+    if len(cards) == 1:
+        return kv_table(shape, card_knobs(knobs, cards[0]), cards[0].mib, pairs, draft)
+    cap, _ = context_cap(shape, knobs)
+    over = Over(shape, knobs, tuple(cards), draft, split_mode)
+    return _kv_rows(shape, knobs, pairs, lambda n, k, v: over.largest_context(n, k, v, cap), over.most_layers)
+
+
+def _kv_rows(shape: dict, knobs: Knobs, pairs: list, largest, most) -> list:
+    """The table's rows from ``largest(layers, k, v)`` and ``most(k, v, ctx)``."""
+    cap, _ = context_cap(shape, knobs)
     n_all = shape["n_layer"] + 1
     floor = min(knobs.min_ctx_size, cap)
     rows = []
     for k, v in pairs:
-        row = {"kv": f"{k}/{v}", "all_layers": largest_context(shape, knobs, card_mib, n_all, k, v, cap, draft),
-               "gpu_layers": n_all}  # fmt: skip
+        row = {"kv": f"{k}/{v}", "all_layers": largest(n_all, k, v), "gpu_layers": n_all}
         if row["all_layers"] < floor:
-            fit = most_layers(shape, knobs, card_mib, k, v, floor, draft)
-            row.update(gpu_layers=fit,
-                       with_fewer=largest_context(shape, knobs, card_mib, fit, k, v, cap, draft) if fit else 0)
+            fit = most(k, v, floor)
+            row.update(gpu_layers=fit, with_fewer=largest(fit, k, v) if fit else 0)
         rows.append(row)
     return rows
 
@@ -98,10 +118,16 @@ def _gib(n: float) -> str:
               help="a model's config.json: the weights estimated for --quant")
 @click.option("--quant", type=click.Choice(QUANT_TYPES), default="Q4_K_M", show_default=True,
               help="with --config: the llama-quantize type")
-@click.option("--gpu", required=True, help="a card from the table (e.g. 'V100 SXM2 16GB') or its memory in MiB")
+@click.option("--gpu", required=True, multiple=True,
+              help="a card from the table (e.g. 'V100 SXM2 16GB') or its memory in MiB; for a host of mixed cards "
+                   "repeat it, or give a comma-separated list, one name per card")
 @click.option("--gpus", default=1, show_default=True, type=click.IntRange(1),
-              help="cards per host (layers split among them; planned as one card of their sum, "
-                   "with a reserve and a prefill pool each)")
+              help="cards per host: this many of the one --gpu, each planned as itself (see --layout)")
+@click.option("--layout", type=click.Choice(LAYOUTS), default="auto", show_default=True,
+              help="with several cards: a server per card, one over the fewest cards that hold every layer, "
+                   "or auto (per card when one card holds every layer at the wanted or minimum context)")
+@click.option("--split-mode", type=click.Choice(SPLIT_MODES), default="layer", show_default=True,
+              help="llama.cpp's split over a unit's cards (tensor: an unquantized KV cache only)")
 @click.option("--kv", "kv_types", multiple=True, type=click.Choice(("auto",) + tuple(KV_TYPE_BYTES)),
               help="KV cache type for K and V (repeat for a table; default: the table of f16, q8_0, q4_0, plan with auto)")
 @click.option("--ctx", "ctx_size", type=click.IntRange(1), help="wanted context per slot (default: the largest)")
@@ -123,14 +149,15 @@ def _gib(n: float) -> str:
 @click.option("--draft-gpu-layers", type=click.IntRange(0), help="the draft's layers on the card (default: all)")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def plan_command(gguf, hub_repo, revision, hub_file, hub_endpoint, hub_token_file, trusted_network, config_json,
-                 quant, gpu, gpus,
+                 quant, gpu, gpus, layout, split_mode,
                  kv_types, ctx_size, parallel, gpu_layers, min_ctx, rope_scaling, rope_scale, yarn_orig_ctx,
                  reserve_mib, no_flash_attn, draft_gguf, draft_config, draft_quant, draft_gpu_layers,
                  as_json):  # fmt: skip
     """What a model needs on a card and what the card allows: the ledger
     (weights, KV, compute, reserve), the largest context for each KV type, and
-    whether every layer fits or only some. Give GGUF (a local file), or
-    --hub-repo/--revision/--file, or --config with --quant."""
+    whether every layer fits or only some. With several cards (--gpus, or --gpu
+    repeated), how they serve it (--layout) and each card's ledger. Give GGUF (a
+    local file), or --hub-repo/--revision/--file, or --config with --quant."""
     sources = [bool(gguf), bool(hub_repo), bool(config_json)]
     if sum(sources) != 1:
         raise click.UsageError("give one of: a GGUF path, --hub-repo (with --revision and --file), --config")
@@ -156,61 +183,167 @@ def plan_command(gguf, hub_repo, revision, hub_file, hub_endpoint, hub_token_fil
         raise click.ClickException(str(e)) from None
     except PlanError as e:
         raise click.ClickException(e.failure.message("plan")) from None
-    name, card_mib, compute_cap = card_memory(gpu)
-    card_mib *= gpus
+    cards = host_cards(gpu, gpus)
     chosen = kv_types[-1] if kv_types else "auto"
     knobs = Knobs(ctx_size=ctx_size, parallel=parallel, cache_type_k=chosen, cache_type_v=chosen,
                   flash_attn=not no_flash_attn, gpu_layers=gpu_layers, min_ctx_size=min_ctx,
                   rope_scaling=rope_scaling, rope_scale=rope_scale, rope_orig_ctx=yarn_orig_ctx,
-                  reserve_mib=reserve_mib, draft_gpu_layers=draft_gpu_layers,
-                  compute_cap=compute_cap, cards=gpus)  # fmt: skip
+                  reserve_mib=reserve_mib, draft_gpu_layers=draft_gpu_layers)  # fmt: skip
     pairs = [(t, t) for t in kv_types if t != "auto"] or [(t, t) for t in AUTO_KV_TYPES]
-    if no_flash_attn:
-        pairs = [(k, "f16") for k, _ in pairs]
-    table = kv_table(shape, knobs, card_mib, list(dict.fromkeys(pairs)), draft)
+    pairs = list(dict.fromkeys([(k, "f16") for k, _ in pairs] if no_flash_attn else pairs))
+    asked = _Asked(shape, knobs, pairs, draft, layout, split_mode)
+    report, text, refusal = (_one_card(asked, cards[0]) if len(cards) == 1 else _several(asked, cards))
     cap, rope = context_cap(shape, knobs)
-    try:
-        result, refusal = plan(shape, knobs, card_mib, draft), None
-        book = result.ledger
-    except PlanError as e:
-        result, refusal = None, e.failure.message(name)
-        k = chosen if chosen != "auto" else pairs[-1][0]
-        v = "f16" if no_flash_attn else k
-        book = ledger(shape, knobs, card_mib, gpu_layers if gpu_layers is not None else shape["n_layer"] + 1,
-                      k, v, ctx_size or cap, draft)  # fmt: skip
-    report = {
+    report.update({
         "model": {k: shape.get(k) for k in ("path", "architecture", "n_layer", "n_ctx_train", "n_head_kv",
                                             "head_dim_k", "head_dim_v", "n_swa", "size", "tied_embeddings",
                                             "estimated_from", "header_requests") if shape.get(k) is not None},
         "draft": {k: draft.get(k) for k in ("path", "architecture", "n_layer", "n_head_kv", "size",
                                             "estimated_from") if draft.get(k) is not None} if draft else None,
-        "card": {"name": name, "count": gpus, "planned_mib": card_mib, "compute_cap": compute_cap,
-                 "cublas_prefill": cublas_prefill(compute_cap) if compute_cap else None},
-        "ctx_cap_per_slot": cap, "rope": list(rope),
-        "ledger": book.as_dict(), "kv": table,
-        "plan": result.as_dict() if result else None, "refused": refusal,
-        "hub_token_sent_to": sent_to,
-    }  # fmt: skip
+        "ctx_cap_per_slot": cap, "rope": list(rope), "refused": refusal, "hub_token_sent_to": sent_to,
+    })  # fmt: skip
     if as_json:
         click.echo(json.dumps(report, indent=1, sort_keys=True))
     else:
         click.echo((f"hub:   the token of {hub_token_file} was sent to {sent_to} only\n" if sent_to else "")
-                   + _text(shape, name, gpus, card_mib, compute_cap, cap, rope, book, table, result, refusal))
+                   + "\n".join([_model_line(shape, knobs)] + text))
     if refusal:
         raise SystemExit(1)
 
 
-def _text(shape, name, gpus, card_mib, compute_cap, cap, rope, book, table, result, refusal) -> str:
-    n_all = shape["n_layer"] + 1
+def host_cards(gpu: tuple, gpus: int) -> tuple:
+    """The host's cards from --gpu (repeated, or comma-separated: one name per card) and
+    --gpus (that many of the one --gpu)."""
+    names = [n.strip() for g in gpu for n in g.split(",") if n.strip()]
+    if not names:
+        raise click.BadParameter("name a card", param_hint="--gpu")
+    if gpus > 1 and len(names) > 1:
+        raise click.UsageError("--gpus N repeats one --gpu; for mixed cards name each card with --gpu")
+    cards = [card_memory(n) for n in names] * gpus
+    return tuple(Card(name, mib, cap, str(i)) for i, (name, mib, cap) in enumerate(cards))
+
+
+@dataclass(frozen=True)
+class _Asked:
+    shape: dict
+    knobs: Knobs
+    pairs: list
+    draft: Optional[dict]
+    layout: str
+    split_mode: str
+
+    def fallback_kv(self) -> tuple:
+        """The KV types a refusal's ledger is shown at: the chosen, else the most compact."""
+        chosen = self.knobs.cache_type_k
+        k = chosen if chosen != "auto" else self.pairs[-1][0]
+        return k, "f16" if not self.knobs.flash_attn else k
+
+
+def _one_card(asked: _Asked, card: Card) -> tuple:
+    """One card: the one-card planner's ledger, table and plan."""
+    shape, knobs, draft = asked.shape, card_knobs(asked.knobs, card), asked.draft
+    table = kv_table(shape, knobs, card.mib, asked.pairs, draft)
+    cap, _ = context_cap(shape, knobs)
+    try:
+        result, refusal = plan(shape, knobs, card.mib, draft), None
+        book = result.ledger
+        layout = choose_layout(shape, asked.knobs, (card,), asked.layout, draft, asked.split_mode).as_dict()
+    except PlanError as e:
+        result, refusal, layout = None, e.failure.message(card.name), None
+        k, v = asked.fallback_kv()
+        book = ledger(shape, knobs, card.mib, knobs.gpu_layers if knobs.gpu_layers is not None else shape["n_layer"] + 1,
+                      k, v, knobs.ctx_size or cap, draft)  # fmt: skip
+    report = {"card": {**_card_dict(card), "count": 1}, "cards": [_card_dict(card)], "layout": layout,
+              "ledger": book.as_dict(), "kv": table, "plan": result.as_dict() if result else None}  # fmt: skip
+    text = [_card_line(card), *_ledger_lines(book, card.mib, shape["n_layer"] + 1), *_table_lines(table, shape),
+            _plan_line(result, refusal)]  # fmt: skip
+    return report, text, refusal
+
+
+def _several(asked: _Asked, cards: tuple) -> tuple:
+    """Several cards: the layout, each unit's ledger per card, the first unit's table."""
+    shape, knobs, draft = asked.shape, asked.knobs, asked.draft
+    try:
+        lay, refusal = choose_layout(shape, knobs, cards, asked.layout, draft, asked.split_mode), None
+        units = lay.units
+    except PlanError as e:
+        lay, refusal, units = None, e.failure.message(f"{len(cards)} cards"), ()
+    first = tuple(cards[i] for i in units[0].cards) if units else cards
+    table = cards_kv_table(shape, knobs, first, asked.pairs, draft, asked.split_mode)
+    report = {"card": {**_card_dict(cards[0]), "count": len(cards)}, "cards": [_card_dict(c) for c in cards],
+              "layout": lay.as_dict() if lay else None, "kv": table}  # fmt: skip
+    text = [f"cards: {_cards_words(cards)}"] + ([f"layout: {lay.asked}: {lay.reason}"] if lay else [])
+    if units:
+        plan0 = units[0].plan.single or units[0].plan
+        report.update(ledger=plan0.ledger.as_dict(), plan=plan0.as_dict())
+        text += _units_lines(asked, cards, units, table)
+    else:
+        k, v = asked.fallback_kv()
+        cap, _ = context_cap(shape, knobs)
+        layers = knobs.gpu_layers if knobs.gpu_layers is not None else shape["n_layer"] + 1
+        book = Over(shape, knobs, cards, draft, asked.split_mode).ledger(layers, k, v, knobs.ctx_size or cap)
+        report.update(ledger=book.as_dict(), plan=None)
+        text += [f"all {len(cards)} cards:", *_split_lines(book, shape, range(len(cards))), *_table_lines(table, shape),
+                 _plan_line(None, refusal)]  # fmt: skip
+    return report, text, refusal
+
+
+def _units_lines(asked: _Asked, cards: tuple, units: tuple, table: list) -> list:
+    """Each unit's ledger and plan; a unit of the same cards and plan as one before says so."""
+    lines, seen = [], {}
+    for n, unit in enumerate(units, 1):
+        p, names = unit.plan, tuple((cards[i].name, cards[i].mib) for i in unit.cards)
+        which = f"card{'s' if len(unit.cards) > 1 else ''} {', '.join(map(str, unit.cards))}"
+        if (names, p.note) in seen:
+            lines.append(f"unit {n}: {which}: as unit {seen[names, p.note]}")
+            continue
+        seen[names, p.note] = n
+        lines.append(f"unit {n}: {which} ({', '.join(dict.fromkeys(name for name, _ in names))}):")
+        if p.single is not None:
+            lines += _ledger_lines(p.single.ledger, cards[unit.cards[0]].mib, asked.shape["n_layer"] + 1)
+        else:
+            lines += _split_lines(p.ledger, asked.shape, unit.cards)
+        if n == 1:
+            lines += _table_lines(table, asked.shape)
+        lines.append(_plan_line(p.single or p, None) + "".join(f" {a}" for a in p.split_args()))
+    return lines
+
+
+def _card_dict(card: Card) -> dict:
+    return {"name": card.name, "planned_mib": card.mib, "compute_cap": card.compute_cap,
+            "cublas_prefill": cublas_prefill(card.compute_cap) if card.compute_cap else None}  # fmt: skip
+
+
+def _cards_words(cards: tuple) -> str:
+    """'2 x Tesla V100 SXM2 16GB (16130 MiB, 7.0: prompts through cuBLAS)', per kind of card, in order."""
+    counts: dict = {}
+    for c in cards:
+        key = (c.name, c.mib, c.compute_cap)
+        counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{n} x {name} ({mib} MiB, " + (f"{cap}" + (": prompts through cuBLAS" if cublas_prefill(cap) else "")
+                                                     if cap else "compute capability unknown") + ")"
+                     for (name, mib, cap), n in counts.items())  # fmt: skip
+
+
+def _model_line(shape: dict, knobs: Knobs) -> str:
+    cap, rope = context_cap(shape, knobs)
     rope_text = f", {rope[0]} x{rope[1]:g} from {rope[2]}" if rope else ""
     where = shape.get("estimated_from") or shape["path"]
-    lines = [
-        f"model: {where}: {shape['architecture']}, {shape['n_layer']} layers, {shape['n_head_kv']} KV heads, "
-        f"trained {shape['n_ctx_train']}{rope_text}: at most {cap} per slot",
-        f"card:  {name}{f' x{gpus}' if gpus > 1 else ''}: planned at {card_mib} MiB, "
-        + (f"compute capability {compute_cap}" + (": prompts through cuBLAS" if cublas_prefill(compute_cap) else "")
-           if compute_cap else "compute capability unknown (a V100's or P100's prefill pool is counted only "
-           "for a card named from the table)"),
+    return (f"model: {where}: {shape['architecture']}, {shape['n_layer']} layers, {shape['n_head_kv']} KV heads, "
+            f"trained {shape['n_ctx_train']}{rope_text}: at most {cap} per slot")
+
+
+def _card_line(card: Card) -> str:
+    cc = card.compute_cap
+    return (f"card:  {card.name}: planned at {card.mib} MiB, "
+            + (f"compute capability {cc}" + (": prompts through cuBLAS" if cublas_prefill(cc) else "")
+               if cc else "compute capability unknown (a V100's or P100's prefill pool is counted only "
+               "for a card named from the table)"))  # fmt: skip
+
+
+def _ledger_lines(book: Ledger, card_mib: int, n_all: int) -> list:
+    """The one-card ledger."""
+    return [
         f"ledger: ctx {book.ctx_per_slot} per slot x {book.parallel}, {book.cache_type_k}/{book.cache_type_v} KV, "
         f"--n-gpu-layers {book.gpu_layers} of {n_all}:",
         f"  weights on the card {_gib(book.weights_on_card)}",
@@ -230,13 +363,58 @@ def _text(shape, name, gpus, card_mib, compute_cap, cap, rope, book, table, resu
         f"  CUDA reserve        {_gib(book.reserve)}",
         f"  total on the card   {_gib(book.total_on_card)}   of {card_mib * MIB / GIB:.2f} GiB: "
         + ("fits" if book.fits() else "does NOT fit"),
-        "largest context per slot:",
-        f"  {'KV':<12}{'all ' + str(n_all) + ' layers':>16}   with fewer layers",
+    ]  # fmt: skip
+
+
+def _split_lines(book: SplitLedger, shape: dict, which) -> list:
+    """A unit's ledger, a column per card (GiB), headed by the host's numbers for them."""
+    n = shape["n_layer"]
+
+    def row(label: str, values, fmt=lambda b: f"{b / GIB:.2f}") -> str:
+        return f"  {label:<20}" + "".join(f"{fmt(x):>12}" for x in values)
+
+    def span(c) -> str:
+        last = c.first_layer + c.layers - 1
+        if not c.layers:
+            return "-"
+        return (f"{c.first_layer}-{min(last, n - 1)}" if c.first_layer < n else "") + ("+out" if c.output_layer else "")
+
+    cs = book.cards
+    lines = [
+        f"ledger: ctx {book.ctx_per_slot} per slot x {book.parallel}, {book.cache_type_k}/{book.cache_type_v} KV, "
+        f"--n-gpu-layers {book.gpu_layers} of {n + 1} over {len(cs)} cards, --tensor-split "
+        f"{','.join(map(str, book.tensor_split))} (GiB per card):",
+        row("", which, lambda i: f"card {i}"),
+        row("layers", cs, span),
+        row("weights", (c.weights for c in cs)),
+        row("KV", (c.kv for c in cs)),
+        row("compute (estimate)", (c.compute for c in cs)),
     ]
+    if book.pipelined:
+        lines.append(row("  of which pipeline", (c.pipeline_copies for c in cs)))
+    if any(c.prefill_pool for c in cs):
+        lines.append(row("prefill pool", (c.prefill_pool for c in cs)))
+    if book.draft_gpu_layers is not None:
+        lines.append(row(f"draft (ngl {book.draft_gpu_layers})", (c.draft for c in cs)))
+    lines += [row("CUDA reserve", (c.reserve for c in cs)), row("total", (c.total for c in cs)),
+              row("of the card", (c.card_mib * MIB for c in cs)),
+              row("", cs, lambda c: "fits" if c.fits() else "does NOT fit"),
+              f"  on the host: weights {_gib(book.weights_on_host).strip()} (the token embedding always stays there), "
+              f"KV {_gib(book.kv_on_host).strip()}; KV per token {book.kv_bytes_per_token / 1024:.1f} KiB "
+              "(full-context layers on the cards)"]  # fmt: skip
+    return lines
+
+
+def _table_lines(table: list, shape: dict) -> list:
+    n_all = shape["n_layer"] + 1
+    lines = ["largest context per slot:", f"  {'KV':<12}{'all ' + str(n_all) + ' layers':>16}   with fewer layers"]
     for row in table:
         fewer = "" if "with_fewer" not in row else (
             f"{row['with_fewer']} with --n-gpu-layers {row['gpu_layers']}" if row["gpu_layers"] else "nothing fits")
         lines.append(f"  {row['kv']:<12}{row['all_layers']:>16}   {fewer}")
-    lines.append(f"plan: {result.note}; --ctx-size {result.ctx_size} --parallel {result.parallel} "
-                 f"--n-gpu-layers {result.gpu_layers}" if result else f"plan refused: {refusal}")  # fmt: skip
-    return "\n".join(lines)
+    return lines
+
+
+def _plan_line(result, refusal: Optional[str]) -> str:
+    return (f"plan: {result.note}; --ctx-size {result.ctx_size} --parallel {result.parallel} "
+            f"--n-gpu-layers {result.gpu_layers}" if result else f"plan refused: {refusal}")  # fmt: skip

@@ -100,7 +100,9 @@ class Knobs:
     reserve_mib: int = DEFAULT_RESERVE_MIB  # per card
     draft_gpu_layers: Optional[int] = None  # the draft's layers on the card; None: all of them
     compute_cap: Optional[str] = None  # the card's, "7.0": where prompts are multiplied; None: not known
-    cards: int = 1  # cards planned as one (llamarack plan --gpus): each keeps a reserve and a prefill pool
+    # Cards planned as one card of their sum, each keeping a reserve and a prefill pool. The
+    # planner per card (``llamarack/split_plan.py``) plans each card as itself and leaves this 1.
+    cards: int = 1
 
 
 @dataclass(frozen=True)
@@ -376,7 +378,23 @@ def context_cap(shape: dict, knobs: Knobs) -> tuple:
     return int(orig * knobs.rope_scale), ("yarn", knobs.rope_scale, orig)
 
 
-def _largest(lo: int, hi: int, fits) -> int:
+def checked_context_cap(shape: dict, knobs: Knobs) -> tuple:
+    """``context_cap``, and a wanted context past it refused ("context-trained")."""
+    cap, rope = context_cap(shape, knobs)
+    wanted = knobs.ctx_size
+    if wanted is not None and wanted > cap:
+        how = f"{shape['n_ctx_train']} trained" + (f", x{knobs.rope_scale} with YaRN" if rope and rope[0] == "yarn" else "")
+        raise PlanError(Failure(
+            "context-trained",
+            f"server_ctx_size {wanted}",
+            f"at most {cap} per slot ({shape['architecture']}: {how})",
+            f"set server_ctx_size <= {cap}, or None for the largest that fits"
+            + ("" if rope and rope[0] == "yarn" else ", or server_rope_scaling = 'yarn' with a server_rope_scale"),
+        ))  # fmt: skip
+    return cap, rope
+
+
+def largest_where(lo: int, hi: int, fits) -> int:
     """The largest n in ``lo`` + 1 .. ``hi`` for which ``fits(n)``, else ``lo``; ``fits``
     holds up to some n and from there on no more (more cells, more layers: more bytes)."""
     while lo < hi:
@@ -392,7 +410,7 @@ def largest_context(shape: dict, knobs: Knobs, card_mib: int, gpu_layers: int, k
                     cap: int, draft: Optional[dict] = None) -> int:  # fmt: skip
     """The largest per-slot context (a multiple of 256, at most ``cap``) that
     fits the card; 0 when not even 256 tokens do."""
-    return CTX_STEP * _largest(0, cap // CTX_STEP, lambda steps: ledger(
+    return CTX_STEP * largest_where(0, cap // CTX_STEP, lambda steps: ledger(
         shape, knobs, card_mib, gpu_layers, k, v, steps * CTX_STEP, draft).fits())
 
 
@@ -403,7 +421,7 @@ def most_layers(shape: dict, knobs: Knobs, card_mib: int, k: str, v: str, ctx_pe
     fewer on the card takes its weights and KV off it and puts nothing there (from one
     layer down to the output layer alone the compute buffer and the prefill pool stay),
     so the count is a binary search's: log2(n_layer) ledgers, not n_layer."""
-    return _largest(0, shape["n_layer"], lambda n: ledger(shape, knobs, card_mib, n, k, v, ctx_per_slot, draft).fits())
+    return largest_where(0, shape["n_layer"], lambda n: ledger(shape, knobs, card_mib, n, k, v, ctx_per_slot, draft).fits())
 
 
 def kv_candidates(knobs: Knobs) -> list:
@@ -425,17 +443,8 @@ def plan(shape: dict, knobs: Knobs, card_mib: Optional[int], draft: Optional[dic
     and compute share the card. Raises PlanError naming what was found and what would fit,
     or what in a shape is not what the arithmetic needs (``check_shapes``)."""
     check_shapes(shape, draft)
-    cap, rope = context_cap(shape, knobs)
+    cap, rope = checked_context_cap(shape, knobs)
     wanted = knobs.ctx_size
-    if wanted is not None and wanted > cap:
-        how = f"{shape['n_ctx_train']} trained" + (f", x{knobs.rope_scale} with YaRN" if rope and rope[0] == "yarn" else "")
-        raise PlanError(Failure(
-            "context-trained",
-            f"server_ctx_size {wanted}",
-            f"at most {cap} per slot ({shape['architecture']}: {how})",
-            f"set server_ctx_size <= {cap}, or None for the largest that fits"
-            + ("" if rope and rope[0] == "yarn" else ", or server_rope_scaling = 'yarn' with a server_rope_scale"),
-        ))  # fmt: skip
     candidates = kv_candidates(knobs)
     n_all = shape["n_layer"] + 1
     target = wanted or cap

@@ -125,10 +125,54 @@ def test_other_quants_estimate_with_ggml_block_sizes(quant):
     assert params * bits / 8 <= sum(shape["layer_bytes"]) <= params * bits / 8 * 1.06
 
 
-def test_each_card_of_several_keeps_its_own_prefill_pool():
+def test_each_card_of_several_keeps_its_own_reserve_and_prefill_pool():
     config = str(CONFIGS / "llama-3.1-8b-instruct.config.json")
-    one = json.loads(plan("--config", config, "--gpu", "V100 SXM2 16GB", "--json"))["ledger"]
-    two = json.loads(plan("--config", config, "--gpu", "V100 SXM2 16GB", "--gpus", "2", "--json"))["ledger"]
-    assert one["prefill_pool"] == 214 * 2**20 and two["prefill_pool"] == 2 * one["prefill_pool"]
-    assert two["reserve"] == 2 * one["reserve"] == 2 * 672 * 2**20  # and a reserve each
-    assert json.loads(plan("--config", config, "--gpu", "T4", "--gpus", "2", "--json"))["ledger"]["prefill_pool"] == 0
+    one = json.loads(plan("--config", config, "--gpu", "V100 SXM2 16GB", "--json"))
+    two = json.loads(plan("--config", config, "--gpu", "V100 SXM2 16GB", "--gpus", "2", "--json"))
+    # one V100 holds the 8B: a server per card, each planned as the one card is
+    assert two["layout"]["chosen"] == "per_card" and two["ledger"] == one["ledger"] and two["plan"] == one["plan"]
+    assert one["ledger"]["prefill_pool"] == 214 * 2**20 and one["ledger"]["reserve"] == 672 * 2**20
+    split = json.loads(plan("--config", config, "--gpu", "V100 SXM2 16GB", "--gpus", "2", "--layout", "split",
+                            "--json"))["layout"]["units"][0]["plan"]["ledger"]  # fmt: skip
+    assert [c["prefill_pool"] for c in split["cards"]] == [214 * 2**20] * 2
+    assert [c["reserve"] for c in split["cards"]] == [672 * 2**20] * 2
+    t4 = json.loads(plan("--config", config, "--gpu", "T4", "--gpus", "2", "--layout", "split", "--json"))
+    assert [c["prefill_pool"] for c in t4["layout"]["units"][0]["plan"]["ledger"]["cards"]] == [0, 0]
+
+
+def test_the_write_ups_case_on_two_v100s_from_its_config():
+    args = ("--config", str(CONFIGS / "gemma-3-27b-it.config.json"), "--gpu", "V100 SXM2 16GB", "--gpus", "2")
+    out = plan(*args, "--kv", "q8_0")
+    assert "cards: 2 x Tesla V100 SXM2 16GB (16130 MiB, 7.0: prompts through cuBLAS)" in out
+    assert ("layout: auto: split over 2 cards (0, 1): 57 of 63 layers fit one Tesla V100 SXM2 16GB at 4,096 tokens "
+            "(the minimum); 2 cards hold all 63 at 131,072 tokens (q8_0/q8_0 KV") in out  # fmt: skip
+    assert "--n-gpu-layers 63 of 63 over 2 cards, --tensor-split 33,30 (GiB per card):" in out
+    assert re.search(r"layers +0-32 +33-61\+out\n", out) and re.search(r"CUDA reserve +0\.66 +0\.66\n", out)
+    assert re.search(r"prefill pool +0\.32 +0\.32\n", out) and re.search(r" +fits +fits\n", out)
+    assert out.rstrip().endswith("--ctx-size 131072 --parallel 1 --n-gpu-layers 63 --split-mode layer "
+                                 "--tensor-split 33,30 --main-gpu 1")  # fmt: skip
+    data = json.loads(plan(*args, "--kv", "q4_0", "--rope-scaling", "yarn", "--rope-scale", "2", "--json"))
+    unit = data["layout"]["units"][0]
+    assert unit["cards"] == [0, 1] and unit["plan"]["ctx_per_slot"] == 262144  # the write-up's 256K
+    assert unit["plan"]["ledger"]["tensor_split"] == [33, 30] and data["plan"] == unit["plan"]
+    assert [c["layers"] for c in data["ledger"]["cards"]] == [33, 30] and data["card"]["count"] == 2
+    assert data["kv"] == [{"kv": "q4_0/q4_0", "all_layers": 262144, "gpu_layers": 63}]
+
+
+def test_mixed_cards_by_name_and_eight_cards_per_card():
+    out = plan("--config", str(CONFIGS / "gemma-3-27b-it.config.json"), "--gpu", "T4,Tesla P40", "--gpu",
+               "V100 SXM2 16GB")  # fmt: skip
+    assert "cards: 1 x Tesla T4 (15360 MiB, 7.5), 1 x Tesla P40 (23040 MiB, 6.1), 1 x Tesla V100 SXM2 16GB" in out
+    assert "layout: auto: mixed: card 1 alone: " in out and "unit 2: cards 2, 0 (Tesla V100 SXM2 16GB, Tesla T4):" in out
+    eight = plan("--config", str(CONFIGS / "llama-3.1-8b-instruct.config.json"), "--gpu", "V100 SXM2 16GB",
+                 "--gpus", "8", "--layout", "per_card")  # fmt: skip
+    assert "unit 1: card 0 (Tesla V100 SXM2 16GB):" in eight and "unit 8: card 7: as unit 1" in eight
+    assert "ledger: ctx 131072 per slot x 1, q8_0/q8_0 KV, --n-gpu-layers 33 of 33:" in eight
+    assert "name each card with --gpu" in plan(str(TINY), "--gpu", "T4", "--gpu", "T4", "--gpus", "2", code=2)
+
+
+def test_several_cards_that_serve_nothing_are_refused_with_their_ledger():
+    out = plan("--config", str(CONFIGS / "gemma-3-27b-it.config.json"), "--gpu", "4000", "--gpus", "2",
+               "--gpu-layers", "63", code=1)  # fmt: skip
+    assert "plan refused: 2 cards: memory: found 2 cards of 4000+4000 MiB" in out
+    assert "all 2 cards:" in out and "does NOT fit" in out

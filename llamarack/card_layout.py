@@ -1,0 +1,183 @@
+"""How a host's cards serve a model: one llama-server per card, or one over several.
+
+- ``per_card``: one unit per card, each planned for its card alone (``planner.plan``).
+- ``split``: units over the fewest cards (two at least) that hold every layer at the
+  wanted context, or without one at the minimum (``server_min_ctx_size``), with
+  llama.cpp's layer split (``split_plan.plan_split``).
+- ``auto``: ``per_card`` when every card holds every layer at that context alone;
+  otherwise units over the fewest cards that hold every layer.
+
+Cards are taken largest first (the host's order among equal ones); each unit takes the
+fewest of the cards left that hold every layer, and again while the cards left hold it:
+8 cards and a model that needs 3 make 2 units of 3, and 2 cards stay free (fewer than 3
+do not hold it). With mixed cards a unit may need more cards than the one before. When
+no group of the cards holds every layer, one unit over all of them serves the most
+layers that leave the minimum context, the rest on the host. ``choose_layout`` says
+which, and why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from llamarack.gpu_table import planning_memory_mib
+from llamarack.planner import (MIB, Knobs, PlanError, check_shapes, checked_context_cap, kv_candidates,
+                               most_layers)  # fmt: skip
+from llamarack.rules import Failure
+from llamarack.split_plan import Card, Over, SplitPlan, card_knobs, check_split_mode, plan_split, unquantized_knobs
+
+LAYOUTS = ("auto", "per_card", "split")
+
+
+def cards_of(gpus) -> tuple:
+    """The planner's cards from a host's ``Gpu`` facts, in their order: each planned at its
+    board's smallest known memory (``planning_memory_mib``), named by its UUID."""
+    return tuple(Card(g.name, planning_memory_mib(g.pci_device_id, g.memory_mib), g.compute_cap, g.uuid)
+                 for g in gpus)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One llama-server: the host's cards it serves from (indexes into the host's list, in
+    the unit's device order) and its plan."""
+
+    cards: tuple
+    plan: SplitPlan
+
+    def as_dict(self, host_cards: tuple) -> dict:
+        return {"cards": list(self.cards), "card_ids": [host_cards[i].id for i in self.cards],
+                "plan": self.plan.as_dict()}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Layout:
+    asked: str  # auto, per_card, split
+    chosen: str  # per_card, split, mixed (units of one card and of several), cpu
+    units: tuple
+    free: tuple  # the cards no unit serves from
+    reason: str
+    cards: tuple  # the host's cards (Card)
+
+    def as_dict(self) -> dict:
+        return {"asked": self.asked, "chosen": self.chosen, "reason": self.reason, "free": list(self.free),
+                "cards": [{"name": c.name, "mib": c.mib, "compute_cap": c.compute_cap, "id": c.id} for c in self.cards],
+                "units": [u.as_dict(self.cards) for u in self.units]}  # fmt: skip
+
+
+def choose_layout(shape: dict, knobs: Knobs, cards, layout: str = "auto", draft: Optional[dict] = None,
+                  split_mode: str = "layer") -> Layout:  # fmt: skip
+    """The units ``layout`` makes of a host's ``cards`` (its order: CUDA's), each with its
+    plan, and the reason. No card: one unit served from the CPU. Raises PlanError (a card
+    of ``per_card`` that serves nothing, a unit over all the cards that serves nothing, a
+    split mode that cannot serve the KV cache)."""
+    cards = tuple(cards)
+    check_shapes(shape, draft)
+    if layout not in LAYOUTS:
+        raise PlanError(Failure("layout", repr(layout), "one of " + ", ".join(LAYOUTS), "set the layout to auto"))
+    if not cards or knobs.gpu_layers == 0:
+        unit = Unit(tuple(range(min(len(cards), 1))), plan_split(shape, knobs, cards[:1], draft))
+        why = "no card: served from the CPU" if not cards else "server_gpu_layers 0: one unit, served from the CPU"
+        return Layout(layout, "cpu", (unit,), tuple(range(1, len(cards))), why, cards)
+    if layout != "per_card":
+        check_split_mode(split_mode, knobs.cache_type_k, knobs.cache_type_v)
+    if layout == "per_card":
+        units = tuple(Unit((i,), _alone(shape, knobs, cards, i, draft)) for i in range(len(cards)))
+        why = "; ".join(f"card {u.cards[0]}: {u.plan.note}" for u in units if u.plan.note != units[0].plan.note
+                        or u is units[0])  # fmt: skip
+        return Layout(layout, "per_card", units, (), f"per_card (asked): each card planned alone; {why}"
+                      + (f"; {len(units)} units" if len(units) > 1 else ""), cards)  # fmt: skip
+    need = _need(shape, knobs)
+    order = sorted(range(len(cards)), key=lambda i: -cards[i].mib)
+    units, left = [], order
+    while left:
+        take = _fewest(shape, knobs, [cards[i] for i in left], draft, split_mode, need, 2 if layout == "split" else 1)
+        if take is None:
+            break
+        group = tuple(left[:take])
+        units.append(Unit(group, plan_split(shape, knobs, [cards[i] for i in group], draft, split_mode)))
+        left = left[take:]
+    if not units:  # nothing holds every layer: one unit over every card, the most layers it can
+        group = tuple(order)
+        units = [Unit(group, plan_split(shape, knobs, [cards[i] for i in group], draft, split_mode))]
+        left = []
+    return _explained(shape, knobs, cards, layout, tuple(units), tuple(sorted(left)), need, draft)
+
+
+def _alone(shape: dict, knobs: Knobs, cards: tuple, i: int, draft: Optional[dict]) -> SplitPlan:
+    """Card ``i``'s plan alone; a refusal names the card."""
+    try:
+        return plan_split(shape, knobs, [cards[i]], draft)
+    except PlanError as e:
+        f = e.failure
+        raise PlanError(Failure(f.rule, f"card {i} ({cards[i].name}): {f.found}", f.needed, f.fix)) from None
+
+
+def _need(shape: dict, knobs: Knobs) -> int:
+    """The context per slot a unit must give with every layer: the wanted one, else the
+    minimum (at most the trained one)."""
+    cap, _ = checked_context_cap(shape, knobs)
+    return knobs.ctx_size or min(knobs.min_ctx_size, cap)
+
+
+def reach(shape: dict, knobs: Knobs, cards: list, draft: Optional[dict], split_mode: str = "layer") -> int:
+    """The largest context per slot these cards give with every layer (or the fixed
+    ``gpu_layers``) on them, with the most compact KV type ``knobs`` allows."""
+    cap, _ = checked_context_cap(shape, knobs)
+    layers = shape["n_layer"] + 1 if knobs.gpu_layers is None else min(knobs.gpu_layers, shape["n_layer"] + 1)
+    if len(cards) == 1:
+        knobs = card_knobs(knobs, cards[0])
+    elif split_mode == "tensor":
+        knobs = unquantized_knobs(knobs)
+    k, v = kv_candidates(knobs)[-1]
+    return Over(shape, knobs, tuple(cards), draft, split_mode).largest_context(layers, k, v, cap)
+
+
+def _fewest(shape: dict, knobs: Knobs, cards: list, draft: Optional[dict], split_mode: str, need: int,
+            at_least: int) -> Optional[int]:  # fmt: skip
+    """How many of ``cards`` (from the first) hold every layer at ``need`` tokens, fewest first."""
+    return next((n for n in range(at_least, len(cards) + 1)
+                 if reach(shape, knobs, cards[:n], draft, split_mode) >= need), None)  # fmt: skip
+
+
+def _explained(shape: dict, knobs: Knobs, cards: tuple, layout: str, units: tuple, free: tuple,
+               need: int, draft: Optional[dict]) -> Layout:  # fmt: skip
+    """The layout, with the reason in words: what one card holds, what the units hold."""
+    n_all, sizes = shape["n_layer"] + 1, {len(u.cards) for u in units}
+    chosen = "per_card" if sizes == {1} else "split" if 1 not in sizes else "mixed"
+    first, at = units[0].plan, f"{need:,} tokens" + ("" if knobs.ctx_size else " (the minimum)")
+    big = max(cards, key=lambda c: c.mib)
+    if first.gpu_layers < n_all:
+        head = (f"{_over(units[0])}: {'no group of the cards holds' if len(cards) > 1 else 'the card does not hold'} "
+                f"all {n_all} layers at {at}; {first.gpu_layers} of {n_all} on the "
+                f"card{'s' if len(units[0].cards) > 1 else ''}, the rest on the host")  # fmt: skip
+    elif chosen == "mixed":
+        head = "mixed: " + "; ".join(f"{_over(u)}: {u.plan.note}" for u in units)
+    elif chosen == "per_card":
+        c = first.ledger.cards[0]
+        head = (f"per_card: all {n_all} layers at {at} fit one {c.name} alone (planned {c.total / MIB:,.0f} of "
+                f"{c.card_mib:,} MiB at {first.ctx_per_slot:,} tokens, {first.cache_type_k}/{first.cache_type_v} KV)")
+    else:
+        k, v = kv_candidates(knobs)[-1]
+        alone = n_all if reach(shape, knobs, [big], draft) >= need else most_layers(
+            shape, card_knobs(knobs, big), big.mib, k, v, need, draft)  # fmt: skip
+        fullest = max(first.ledger.cards, key=lambda c: c.total / c.card_mib)
+        head = (f"{_over(units[0])}: "
+                + (f"all {n_all} layers fit one {big.name} at {at}, and the layout asks for a split"
+                   if alone == n_all else f"{alone} of {n_all} layers fit one {big.name} at {at}")
+                + f"; {len(units[0].cards)} cards hold all {n_all} at {first.ctx_per_slot:,} tokens "
+                f"({first.cache_type_k}/{first.cache_type_v} KV, the fullest card {fullest.total / MIB:,.0f} of "
+                f"{fullest.card_mib:,} MiB)")  # fmt: skip
+    tail = f"; {len(units)} units" if len(units) > 1 else ""
+    if free:
+        tail += (f"; card{'s' if len(free) > 1 else ''} {', '.join(map(str, free))} left free: too few left for "
+                 f"another unit that holds every layer at {at}" + (" (a split takes two cards at least)"
+                                                                   if layout == "split" else ""))  # fmt: skip
+    return Layout(layout, chosen, units, free, ("" if layout == "auto" else f"({layout} asked) ") + head + tail,
+                  cards)  # fmt: skip
+
+
+def _over(unit: Unit) -> str:
+    if len(unit.cards) == 1:
+        return f"card {unit.cards[0]} alone"
+    return f"split over {len(unit.cards)} cards ({', '.join(map(str, unit.cards))})"
