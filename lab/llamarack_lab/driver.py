@@ -1,7 +1,11 @@
 """Change the fake NVIDIA driver of a running lab host, through dpkg over
-SSH like an admin (or unattended-upgrades) would."""
+SSH like an admin (or unattended-upgrades) would; and say which processes
+its cards run."""
 
 from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
 
 from . import paths
 from .fake_nvidia import deb
@@ -9,6 +13,7 @@ from .rack import Rack
 from .util import LabError
 
 NO_MODULE_FLAG = "/etc/llamarack-lab/nvidia-no-module"
+PROCESSES_JSON = "/etc/llamarack-lab/gpu-processes.json"
 MODULE_TOOL = "/usr/lib/llamarack-lab/nvidia-module"
 UNLOAD = "rm -f /proc/driver/nvidia/version; rmdir /proc/driver/nvidia 2>/dev/null; true"
 
@@ -57,3 +62,32 @@ def set_driver(rack: Rack, host: str, version: str | None = None,
     mod = rack.ssh(host, "cat /proc/driver/nvidia/version 2>/dev/null").stdout.split("  ")
     loaded = mod[1].strip() if len(mod) > 1 else None
     return f"{host}: package {pkg or 'not installed'}, loaded module {loaded or 'none'}"
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A compute process the fake nvidia-smi lists on a card (the guest's pid)."""
+
+    pid: int
+    name: str
+    used_mib: int
+    gpu_uuid: str
+
+    def __post_init__(self):
+        if not (isinstance(self.pid, int) and self.pid > 0 and isinstance(self.used_mib, int) and self.used_mib >= 0
+                and isinstance(self.name, str) and self.name and str(self.gpu_uuid).startswith("GPU-")):  # fmt: skip
+            raise LabError(f"not a GPU process: {self!r} (a pid, a name, MiB used and a GPU-... UUID)")
+
+
+def set_gpu_processes(rack: Rack, host: str, processes: tuple = ()) -> str:
+    """What ``host``'s nvidia-smi lists as its compute processes from now on (its
+    ``--query-compute-apps``, its table, ``-q``, and each card's memory.used): ``processes``
+    (``GpuProcess``), in that order; none when empty. A process on a card its running
+    driver does not list is not shown. The file stands until it is set again: a process
+    that ends or restarts (another pid) is set again by the test."""
+    rack.host(host)  # unknown host -> clear error
+    text = json.dumps([asdict(p) for p in processes], indent=2) + "\n"
+    r = rack.ssh(host, f"cat > {PROCESSES_JSON}.new && mv -f {PROCESSES_JSON}.new {PROCESSES_JSON}",
+                 input=text.encode())  # fmt: skip
+    _ok(r, f"writing {PROCESSES_JSON} on {host}")
+    return f"{host}: {len(processes)} GPU process(es) listed"

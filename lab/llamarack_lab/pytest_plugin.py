@@ -109,6 +109,11 @@ class LabRack:
     def driver(self, host: str, version: str | None = None, state: str | None = None) -> str:
         return drivermod.set_driver(self.rack, host, version=version, state=state)
 
+    def gpu_processes(self, host: str, *processes: drivermod.GpuProcess) -> str:
+        """What the host's nvidia-smi lists as compute processes from now on (none: clears);
+        ``lab_rack.gpu_processes("lab-t4", GpuProcess(pid, "llama-server", 690, uuid))``."""
+        return drivermod.set_gpu_processes(self.rack, host, processes)
+
 
 @pytest.fixture(scope="session")
 def lab_rack():

@@ -22,7 +22,7 @@ from llamarack import remote
 from llamarack.facts import FactRead, FreeDiskBytes, read, read_together
 from llamarack.roles.server.reads import SystemUser
 from llamarack.facts.reading import MISSING_COMMAND, Answer, FactsTogether, _command_text
-from tests.support.ophost import FakeHost
+from tests.support.ophost import FakeHost, fact_key
 
 
 class NeedsAbsentTool(FactBase):
@@ -117,8 +117,9 @@ class CountingHost(FakeHost):
     def get_fact(self, fact_cls, *args, **kwargs):
         self.commands.append(fact_cls.__name__)
         if fact_cls is FactsTogether:
-            return {i: Answer(0, self.facts[r.fact]) for i, r in enumerate(kwargs["reads"])}
-        return self.facts[fact_cls]
+            return {i: Answer(0, super(CountingHost, self).get_fact(r.fact, **dict(r.kwargs)))
+                    for i, r in enumerate(kwargs["reads"])}  # fmt: skip
+        return super().get_fact(fact_cls, *args, **kwargs)
 
 
 def complete(host: CountingHost, op_hash: str, commands: list) -> None:
@@ -130,7 +131,8 @@ def complete(host: CountingHost, op_hash: str, commands: list) -> None:
 
 
 def test_the_store_answers_until_an_operation_of_the_host_runs_a_command():
-    host = CountingHost({FreeDiskBytes: 100, SystemUser: None, Sha1File: "ab"})
+    host = CountingHost({fact_key(FreeDiskBytes, path="/opt"): 100, fact_key(SystemUser, user="llamarack"): None,
+                         fact_key(Sha1File, path="/etc/x"): "ab", fact_key(FreeDiskBytes, path="/srv"): 300})  # fmt: skip
     with ctx_host.use(host):
         read_together(FactRead.of(FreeDiskBytes, path="/opt"), FactRead.of(SystemUser, user="llamarack"))
         assert host.commands == ["FactsTogether"]
@@ -142,22 +144,23 @@ def test_the_store_answers_until_an_operation_of_the_host_runs_a_command():
         read(FreeDiskBytes, path="/opt")
         assert host.commands == ["FactsTogether", "Sha1File"]
         complete(host, "changed", ["rm -rf /opt/x"])
-        host.facts[FreeDiskBytes] = 200
+        host.facts[fact_key(FreeDiskBytes, path="/opt")] = 200
         assert read(FreeDiskBytes, path="/opt") == 200
         assert host.commands == ["FactsTogether", "Sha1File", "FreeDiskBytes"]
         # other arguments are another fact
-        read(FreeDiskBytes, path="/srv")
+        assert read(FreeDiskBytes, path="/srv") == 300
         assert host.commands[-1] == "FreeDiskBytes" and len(host.commands) == 4
 
 
 def test_each_host_and_each_run_has_its_own_store():
-    first, second = CountingHost({FreeDiskBytes: 1}), CountingHost({FreeDiskBytes: 2})
+    root = fact_key(FreeDiskBytes, path="/")
+    first, second = CountingHost({root: 1}), CountingHost({root: 2})
     second.name = "gpu02"
     second.state = first.state
     for host, value in ((first, 1), (second, 2)):
         with ctx_host.use(host):
             assert read(FreeDiskBytes, path="/") == value
-    rerun = CountingHost({FreeDiskBytes: 3})  # a new State: a new run
+    rerun = CountingHost({root: 3})  # a new State: a new run
     with ctx_host.use(rerun):
         assert read(FreeDiskBytes, path="/") == 3
 

@@ -4,9 +4,10 @@ and a ``noop`` for the already-done case). One harness runs them all.
 
 - ``<role>`` is a folder under roles/ (its ``operations.py``), or ``llamarack`` for
   the shared ``llamarack/operations.py``.
-- ``facts``: ``{"llamarack.roles.<role>.reads.X" | "<pyinfra facts module>.X": value}``, or, for a
-  fact read with arguments, ``{name: {"path=/x": value}}`` as pyinfra's own fixtures
-  do. A value ``{"output": [...]}`` is what the host printed for a llamarack fact,
+- ``facts``: ``{"llamarack.roles.<role>.reads.X" | "<pyinfra facts module>.X": value}`` for a
+  fact read without arguments, ``{name: {"path=/x": value}}`` for one read with them, as
+  pyinfra's own fixtures do. A read the case does not give (another fact, or the fact
+  with other arguments) fails it. A value ``{"output": [...]}`` is what the host printed for a llamarack fact,
   parsed by the fact itself; any other value is the fact's value (a llamarack fact
   value as its dataclass's fields).
 - ``commands``: shell commands as strings; uploads as ``["upload", dest, text]``.
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.ophost import run_op
+from tests.support.ophost import any_args, fact_key, run_op
 
 HERE = Path(__file__).parent
 CASES = sorted(HERE.glob("*/*.json"))
@@ -59,7 +60,7 @@ def facts_of(case: dict) -> dict:
         if isinstance(value, dict) and value and all("=" in k for k in value):
             for args, v in value.items():
                 kwargs = dict(a.split("=", 1) for a in args.split(","))
-                facts[(cls, frozenset(kwargs.items()))] = fact_value(cls, v)
+                facts[fact_key(cls, **kwargs)] = fact_value(cls, v)
         else:
             facts[cls] = fact_value(cls, value)
     return facts
@@ -83,3 +84,25 @@ def test_operation_fixture(path):
 
 def test_there_are_fixtures_for_every_role_with_simple_operations():
     assert {p.parent.name.split(".")[0] for p in CASES} >= {"llamacpp", "driver", "llamarack"}
+
+
+def test_a_fact_read_with_other_arguments_than_the_case_gives_fails_naming_them():
+    case = json.loads((HERE / "llamacpp.checkout/at_the_pin_even_short.json").read_text())
+    facts = facts_of(case)
+    run_op(operation("llamacpp.checkout"), facts, **case["args"])  # as given: it runs
+    with pytest.raises(pytest.fail.Exception) as failed:
+        run_op(operation("llamacpp.checkout"), facts, **{**case["args"], "dest": "/elsewhere"})
+    assert str(failed.value) == ("gpu01: the operation read GitHead(path='/elsewhere'), which the test does not "
+                                 "give (it gives: GitHead(path='/s'))")  # fmt: skip
+    with pytest.raises(pytest.fail.Exception, match=r"read GitHead\(path='/s'\), .*\(it gives: no GitHead\)"):
+        run_op(operation("llamacpp.checkout"), {}, **case["args"])
+
+
+def test_any_arguments_is_said_out_loud():
+    from llamarack.roles.llamacpp.reads import GitHead
+
+    case = json.loads((HERE / "llamacpp.checkout/at_the_pin_even_short.json").read_text())
+    value = facts_of(case)[fact_key(GitHead, path="/s")]
+    commands, noops = run_op(operation("llamacpp.checkout"), {any_args(GitHead): value},
+                             **{**case["args"], "dest": "/elsewhere"})  # fmt: skip
+    assert commands == [] and noops

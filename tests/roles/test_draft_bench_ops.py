@@ -9,11 +9,12 @@ from llamarack.roles.llamacpp.reads import BuildFlags
 from llamarack.layout import UNIT_NAME
 from llamarack.roles.server.operations import bench, service
 from llamarack.roles.driver.reads import Gpu
+from llamarack.roles.model.reads import GgufShape
 from tests.roles.test_server_ops import ROOT, SHAPE, V100, facts, settings, unit_of
+from tests.support.ophost import fact_key, run_op
 
 # As nvidia-smi names it, with its PCI id: the card table knows its bandwidth.
 V100_PCI = Gpu(0, "Tesla V100-SXM2-16GB", "GPU-1", 16160, "7.0", "550.127.05", "0x1DB110DE")
-from tests.support.ophost import run_op
 
 DRAFT = {"model_draft_repo": "org/tiny-draft", "model_draft_revision": "a" * 40}
 SPEC = BuildFlags(("--load-mode", "none"), True, True, True, has_rope_scaling=True, has_spec_draft=True)
@@ -22,8 +23,10 @@ NO_SPEC = BuildFlags(("--load-mode", "none"), True, True, True, has_rope_scaling
 
 def draft_facts(flags=SPEC, draft="d1", **kw):
     f = facts(**kw)
-    f[(Link, frozenset({"path": f"{ROOT}/models/draft"}.items()))] = {"link_target": draft} if draft else None
-    f[LlamaServerFlags] = flags
+    f[fact_key(Link, path=f"{ROOT}/models/draft")] = {"link_target": draft} if draft else None
+    f[fact_key(LlamaServerFlags, root=ROOT)] = flags
+    if draft:
+        f[fact_key(GgufShape, path=f"{ROOT}/models/{draft}/model.gguf")] = SHAPE
     return f
 
 
@@ -62,7 +65,7 @@ def test_no_draft_asked_no_spec_flags():
 
 def bench_facts(record=None, **kw):
     f = draft_facts(**kw)
-    f[BenchRecord] = record
+    f[fact_key(BenchRecord, path=f"{ROOT}/state/bench.json")] = record
     return f
 
 

@@ -9,7 +9,7 @@ from llamarack.roles.llamacpp.plan import build_dir_for, plan_build
 from llamarack.roles.llamacpp.reads import Builds, BuildSeals, LlamacppBuilds, Seals
 from llamarack.roles.llamacpp.operations import build, proof_spec, reprove
 from llamarack.settings import load_settings
-from tests.support.ophost import run_op
+from tests.support.ophost import fact_key, run_op
 
 SHA = "dccad28c67854048fcdf644803b3f54e152d99a8"
 ROOT = "/opt/llamarack"
@@ -19,9 +19,15 @@ def settings(**data):
     return load_settings("gpu01", {"python_env_backend": "venv", **data})
 
 
+def on_host(builds: Builds = None, seals: Seals = None) -> dict:
+    """The facts of ROOT's builds the operations read: its listing, its seals."""
+    facts = {fact_key(LlamacppBuilds, root=ROOT): builds} if builds is not None else {}
+    return {**facts, fact_key(BuildSeals, root=ROOT): seals} if seals is not None else facts
+
+
 def test_cpu_build_configures_builds_verifies_then_proves():
     plan = plan_build(settings(llamacpp_backend="cpu"))
-    commands, _ = run_op(build, {LlamacppBuilds: Builds(None, {})}, plan=plan, src="/s", root=ROOT)
+    commands, _ = run_op(build, on_host(Builds(None, {})), plan=plan, src="/s", root=ROOT)
     d = f"{ROOT}/builds/{plan.stamp}"
     assert commands[0] == f"rm -rf {d} && mkdir -p {d}"
     assert "cmake -S /s -B build" in commands[1] and "-DGGML_CUDA=OFF" in commands[1]
@@ -76,7 +82,7 @@ def test_cuda_smoke_puts_every_layer_on_the_gpu():
 def test_cuda_build_refuses_a_binary_without_every_arch():
     plan = plan_build(settings(), archs=("70", "75"), cuda_home="/usr/local/cuda-11.8",
                       cuda_version="11.8", host_compiler="/usr/bin/g++-11")  # fmt: skip
-    commands, _ = run_op(build, {LlamacppBuilds: Builds(None, {})}, plan=plan, src="/s", root=ROOT)
+    commands, _ = run_op(build, on_host(Builds(None, {})), plan=plan, src="/s", root=ROOT)
     configure = commands[1]
     assert "-DGGML_CUDA=ON" in configure and "'-DCMAKE_CUDA_ARCHITECTURES=70;75'" in configure
     assert "-DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++-11" in configure
@@ -115,7 +121,7 @@ def test_auto_kv_builds_as_q4_0_did_and_needs_no_mixed_kernels():
 
 def test_build_is_a_noop_when_verified():
     plan = plan_build(settings(llamacpp_backend="cpu"))
-    commands, noops = run_op(build, {LlamacppBuilds: Builds(None, {plan.stamp: 1}), BuildSeals: Seals({plan.stamp: []})},
+    commands, noops = run_op(build, on_host(Builds(None, {plan.stamp: 1}), Seals({plan.stamp: []})),
                              plan=plan, src="/s", root=ROOT)  # fmt: skip
     assert commands == [] and "exists and was verified" in noops[0]
 
@@ -123,26 +129,33 @@ def test_build_is_a_noop_when_verified():
 def test_a_verified_build_whose_files_differ_from_its_seal_is_not_taken_for_built():
     plan = plan_build(settings(llamacpp_backend="cpu"))
     tampered = Seals({plan.stamp: ["build/bin/llama-quantize: size 14328 (sealed: 2514432)"]})
-    commands, _ = run_op(build, {LlamacppBuilds: Builds(None, {plan.stamp: 1}), BuildSeals: tampered},
+    commands, _ = run_op(build, on_host(Builds(None, {plan.stamp: 1}), tampered),
                          plan=plan, src="/s", root=ROOT)  # fmt: skip
-    assert commands[0].startswith("rm -rf")
+    assert_built_anew(commands, plan)
+
+
+def assert_built_anew(commands, plan) -> None:
+    """What is in the build's directory is removed, then the build made as on a host without it."""
+    d = f"/opt/llamarack/builds/{plan.stamp}"
+    assert commands[0] == f"rm -rf {d} && mkdir -p {d}"
+    assert commands == run_op(build, on_host(Builds(None, {})), plan=plan, src="/s", root=ROOT)[0]
 
 
 def test_a_proven_build_is_sealed_once():
     from llamarack import remote
     from llamarack.roles.llamacpp.operations import seal_build
 
-    commands, _ = run_op(seal_build, {BuildSeals: Seals({}, ("3f1c0a9e52d7b6e4",))}, root=ROOT, stamp="3f1c0a9e52d7b6e4")
+    commands, _ = run_op(seal_build, on_host(seals=Seals({}, ("3f1c0a9e52d7b6e4",))), root=ROOT, stamp="3f1c0a9e52d7b6e4")
     assert [str(c) for c in commands] == [remote.command("build_seal", "seal", f"{ROOT}/builds/3f1c0a9e52d7b6e4")]
-    commands, noops = run_op(seal_build, {BuildSeals: Seals({"3f1c0a9e52d7b6e4": []})}, root=ROOT,
+    commands, noops = run_op(seal_build, on_host(seals=Seals({"3f1c0a9e52d7b6e4": []})), root=ROOT,
                              stamp="3f1c0a9e52d7b6e4")  # fmt: skip
     assert commands == [] and noops == ["llama.cpp build 3f1c0a9e52d7b6e4 is sealed"]
 
 
 def test_failed_partial_build_is_built_again():
     plan = plan_build(settings(llamacpp_backend="cpu"))
-    commands, _ = run_op(build, {LlamacppBuilds: Builds(None, {}, (plan.stamp,))}, plan=plan, src="/s", root=ROOT)
-    assert commands[0].startswith("rm -rf")
+    commands, _ = run_op(build, on_host(Builds(None, {}, (plan.stamp,))), plan=plan, src="/s", root=ROOT)
+    assert_built_anew(commands, plan)
 
 
 def test_stamp_follows_every_build_input_but_not_the_driver_nor_the_proof():
@@ -199,20 +212,20 @@ def test_a_build_stamped_when_stamps_covered_its_proof_is_found_by_its_inputs():
 def test_a_new_proof_reproves_the_build_in_place():
     plan = plan_build(settings(llamacpp_backend="cpu"))
     stale = Seals({plan.stamp: []}, proofs={plan.stamp: "0" * 16})
-    commands, noops = run_op(reprove, {BuildSeals: stale}, plan=plan, src="/s", root=ROOT)
+    commands, noops = run_op(reprove, on_host(seals=stale), plan=plan, src="/s", root=ROOT)
     assert commands[1][:2] == ("upload", f"{ROOT}/builds/{plan.stamp}/proof-spec.json")
     spec = json.loads(commands[1][2])
     assert spec["reprove"] is True and spec["record"]["proof_id"] == plan.proof_id
     assert not any(rung.get("configure") for rung in spec["rungs"]), "a build in service is never rebuilt in place"
     assert "llamacpp_proof" in str(commands[3]) and "build_seal" in str(commands[3]) and len(commands) == 4
     current = Seals({plan.stamp: []}, proofs={plan.stamp: plan.proof_id})
-    commands, noops = run_op(reprove, {BuildSeals: current}, plan=plan, src="/s", root=ROOT)
+    commands, noops = run_op(reprove, on_host(seals=current), plan=plan, src="/s", root=ROOT)
     assert commands == [] and noops == [f"llama.cpp build {plan.stamp} is proven by proof {plan.proof_id}"]
 
 
 def test_hosts_sharing_a_ccache_compile_one_at_a_time():
     plan = plan_build(settings(llamacpp_backend="cpu"))
-    commands, _ = run_op(build, {LlamacppBuilds: Builds(None, {})}, plan=plan, src="/s", root=ROOT,
+    commands, _ = run_op(build, on_host(Builds(None, {})), plan=plan, src="/s", root=ROOT,
                          ccache_dir="/nfs/ccache")  # fmt: skip
     assert "{ flock /nfs/ccache/llamarack-build.lock env CCACHE_BASEDIR=" in commands[2]
     assert "CCACHE_DIR=/nfs/ccache" in commands[1]

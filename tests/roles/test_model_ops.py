@@ -5,16 +5,14 @@ against the local hub server.
 """
 
 import json
-import re
 from dataclasses import replace
-from io import StringIO
 
 import pytest
-from pyinfra.api import FileUploadCommand, StringCommand
 from pyinfra.context import ctx_host
 
 from llamarack.errors import ModelSourceError
 from llamarack.roles.model.reads import ArtifactState, CachedBlobs, ModelArtifact, shape_record_name
+from llamarack.layout import Layout
 from llamarack.facts import FreeDiskBytes
 from llamarack.roles.model.hub import HubFile, HubListing, repo_files
 from llamarack.roles.model.operations import artifact
@@ -41,50 +39,49 @@ def settings(**data):
     return load_settings("gpu01", {**base, **data})
 
 
-class FakeHost(ophost.FakeHost):
-    """ophost's host, where a fact the test does not give reads as None (no such file)."""
-
-    def get_fact(self, fact, **kwargs):
-        key = (fact, frozenset(kwargs.items()))
-        return self.facts[key] if key in self.facts else self.facts.get(fact)
-
-
-PRIVATE_UPLOAD_DIR = re.compile(r"^(umask 077 && mkdir -m 700|rm -rf) /tmp/llamarack-upload-[0-9a-f]{32}")
-
-
 def commands(plan, facts, **kwargs):
-    fake = FakeHost(facts)
-    with ctx_host.use(fake):
-        out = []
-        for c in artifact._inner(plan=plan, **kwargs):
-            if isinstance(c, FileUploadCommand):
-                src = c.src.getvalue() if isinstance(c.src, StringIO) else f"<{c.src}>"
-                out.append(("upload", c.dest, src))
-            else:
-                text = str(c) if not isinstance(c, StringCommand) else c.get_raw_value()
-                # an upload's private directory, made and removed around it (test_hostile_host_paths)
-                if not PRIVATE_UPLOAD_DIR.search(text):
-                    out.append(text)
-    return out, fake.noops
+    """The operation's commands, but its uploads' private directories (made and removed
+    around each upload: tests/unit/test_hostile_host_paths.py); and its no-ops."""
+    cmds, noops = ophost.run_op(artifact, facts, plan=plan, **kwargs)
+    private = (f"umask 077 && mkdir -m 700 {ophost.PRIVATE_DIR_SHOWN} ", f"rm -rf {ophost.PRIVATE_DIR_SHOWN}")
+    return [c for c in cmds if not (isinstance(c, str) and c.startswith(private))], noops
 
 
 PLAN = plan_model(settings(), LISTING)
+# sha256 of the inputs as JSON (sorted keys, no spaces), made by hand:
+# {"files":[["config.json","git-sha1:c…"],["model.safetensors","sha256:5…"],["tokenizer.model","sha256:7…"]],
+#  "llamacpp_commit":"0c1e57098bba43ac29e6e3b677cdceebdd22334f","outtype":"f16","quant":"Q4_K_M","source":"hf"}
+STAMP = "651b7877394b3c9cc473a4248580a3fbcf812190a6f7c0b19dc583c6673632ce"
+MANIFEST = {"endpoint": "https://huggingface.co", "repo": "org/tiny", "revision": SHA, "files": [
+    {"path": "config.json", "size": 600, "git_sha1": "c" * 40},
+    {"path": "model.safetensors", "size": 3_000_000, "sha256": "5" * 64},
+    {"path": "tokenizer.model", "size": 250_000, "sha256": "7" * 64}]}  # fmt: skip
 DONE = ArtifactState(PLAN.stamp, 1_100_000, 1_100_000)
-CURRENT = {"link_target": PLAN.name}
+BLOBS = "/opt/lr/cache/blobs"
 
 
-def recorded(plan) -> dict:
-    """The File fact of the shape record beside ``plan``'s GGUF: there."""
-    return {(File, frozenset({("path", f"{plan.dir}/{shape_record_name()}")})): {"size": 600, "mode": 644}}
+def on_host(plan, state, link=None, record=False, free=None, made=(), cached=None, link_name="current") -> dict:
+    """What the artifact operation reads: the artifact's directory (``state``: its
+    ``ModelArtifact``), the link ``models/<link_name>`` (to ``link``), the shape record
+    beside the GGUF (there or not); and, to make the artifact (``free`` given): the free
+    disk, the staged GGUFs a failed run left (``made``: their names), the blob cache."""
+    d, s, models = plan.dir, plan.staging, plan.models_dir
+    facts = {ophost.fact_key(ModelArtifact, path=d): state,
+             ophost.fact_key(Link, path=f"{models}/{link_name}"): {"link_target": link} if link else None,
+             ophost.fact_key(File, path=f"{d}/{shape_record_name()}"): {"size": 600, "mode": 644} if record else None}
+    if free is not None:
+        facts[ophost.fact_key(FreeDiskBytes, path=models)] = free
+        # (the converter's and quantize's outputs are in the pipeline's work directory)
+        for name in ("model.gguf", "work/model-f16.gguf", "work/model.gguf"):
+            facts[ophost.fact_key(File, path=f"{s}/{name}")] = {"size": 9} if name in made else None
+        facts[ophost.fact_key(CachedBlobs, cache=Layout(plan.root).blob_cache, ids=plan.blob_ids)] = cached
+    return facts
 
 
 def test_plan_takes_the_included_files_and_pins_the_full_commit():
     assert [f.path for f in PLAN.files] == ["config.json", "model.safetensors", "tokenizer.model"]
-    m = PLAN.manifest()
-    assert m["revision"] == SHA and m["endpoint"] == "https://huggingface.co"
-    assert m["files"][0] == {"path": "config.json", "size": 600, "git_sha1": "c" * 40}
-    assert m["files"][1] == {"path": "model.safetensors", "size": 3_000_000, "sha256": "5" * 64}
-    assert PLAN.dir == f"/opt/lr/models/{PLAN.stamp[:16]}"
+    assert PLAN.manifest() == MANIFEST
+    assert PLAN.stamp == STAMP and PLAN.dir == "/opt/lr/models/651b7877394b3c9c"
 
 
 def test_stamp_changes_with_quant_commit_and_content_but_not_with_file_order():
@@ -106,7 +103,9 @@ def test_prequantized_sources_do_not_depend_on_llamacpp_or_quant():
     u = plan_model(settings(model_source="url", model_url="https://m/x.gguf", model_sha256="3" * 64))
     assert u.manifest()["files"] == [{"path": "model.gguf", "size": None, "sha256": "3" * 64,
                                       "url": "https://m/x.gguf"}]  # fmt: skip
-    assert artifact_stamp("url", u.files, "Q4_K_M", "f16", "x") == u.stamp
+    # sha256 of {"files":[["model.gguf","sha256:33…33"]],"source":"url"}: no quant, outtype or commit
+    assert u.stamp == "139ede9554dc8c7632a9bd0bad036b49e8862fe7e156cb7f047dc102988f83d2"
+    assert artifact_stamp("url", u.files, "Q8_0", "bf16", "b" * 40) == u.stamp
 
 
 def test_a_repo_without_safetensors_is_refused_with_what_it_has():
@@ -116,30 +115,30 @@ def test_a_repo_without_safetensors_is_refused_with_what_it_has():
 
 
 def test_already_in_place_is_a_noop():
-    cmds, noops = commands(PLAN, {ModelArtifact: DONE, Link: CURRENT, **recorded(PLAN)})
+    cmds, noops = commands(PLAN, on_host(PLAN, DONE, link=PLAN.name, record=True))
     assert cmds == []
     assert noops[0].startswith(f"model {PLAN.name} is in place")
 
 
 def test_in_place_without_its_shape_record_only_records_it():
     # sealed before shapes were recorded, or recorded by another reader (another name)
-    cmds, noops = commands(PLAN, {ModelArtifact: DONE, Link: CURRENT})
+    cmds, noops = commands(PLAN, on_host(PLAN, DONE, link=PLAN.name))
     assert cmds == [remote.command("gguf_header", "--record", shape_record_name(), f"{PLAN.dir}/model.gguf")]
     assert not any(n.startswith(f"model {PLAN.name} is in place") for n in noops)
 
 
 def test_in_place_but_current_points_elsewhere_only_switches_the_link():
-    cmds, _ = commands(PLAN, {ModelArtifact: DONE, Link: {"link_target": "0123456789abcdef"}, **recorded(PLAN)})
+    cmds, _ = commands(PLAN, on_host(PLAN, DONE, link="0123456789abcdef", record=True))
     assert cmds == [f"ln -sfn {PLAN.name} /opt/lr/models/current.new && "
                     "mv -T /opt/lr/models/current.new /opt/lr/models/current"]  # fmt: skip
 
 
 def test_missing_artifact_is_fetched_converted_quantized_sealed_and_moved():
-    cmds, _ = commands(PLAN, {ModelArtifact: None, FreeDiskBytes: 100 << 30, Link: None, File: None})
+    cmds, _ = commands(PLAN, on_host(PLAN, None, free=100 << 30))
     s, d, w = PLAN.staging, PLAN.dir, f"{PLAN.staging}/work"
     uploads = [c for c in cmds if isinstance(c, tuple)]
     assert [u[1] for u in uploads] == [f"{s}/manifest.json", f"{s}/stamp.plan.json"]
-    assert json.loads(uploads[0][2]) == PLAN.manifest() and json.loads(uploads[1][2])["stamp"] == PLAN.stamp
+    assert json.loads(uploads[0][2]) == MANIFEST and json.loads(uploads[1][2])["stamp"] == STAMP
     # the plan's record goes up only once the pipeline user's steps are over (they cannot touch it)
     assert cmds.index(uploads[1]) > next(i for i, c in enumerate(cmds) if isinstance(c, str) and "chown -R root" in c)
     shell = [c for c in cmds if isinstance(c, str)]
@@ -190,7 +189,7 @@ def test_token_goes_up_as_a_private_file_root_keeps_and_the_fetch_reads_on_its_s
     token = tmp_path / "token"
     token.write_text("hf_secret_value\n")
     token.chmod(0o600)  # read_token refuses a secret others may read
-    cmds, _ = commands(PLAN, {ModelArtifact: None, FreeDiskBytes: 100 << 30, File: None}, token_file=str(token))
+    cmds, _ = commands(PLAN, on_host(PLAN, None, free=100 << 30), token_file=str(token))
     t, s = f"/run/llamarack/hub-token-{PLAN.name}", PLAN.staging
     assert ("upload", f"{t}.new", "hf_secret_value") in cmds
     shell = " ".join(c for c in cmds if isinstance(c, str))
@@ -208,9 +207,7 @@ def test_a_resumed_run_past_its_fetch_sends_no_token(tmp_path):
     token.write_text("hf_secret_value\n")
     token.chmod(0o600)  # read_token refuses a secret others may read
     s, t = PLAN.staging, f"/run/llamarack/hub-token-{PLAN.name}"
-    facts = {ModelArtifact: None, FreeDiskBytes: 100 << 30, File: None,
-             (File, frozenset({"path": f"{s}/work/model-f16.gguf"}.items())): {"size": 9}}  # fmt: skip
-    cmds, _ = commands(PLAN, facts, token_file=str(token))
+    cmds, _ = commands(PLAN, on_host(PLAN, None, free=100 << 30, made=("work/model-f16.gguf",)), token_file=str(token))
     assert not any(isinstance(c, tuple) and "hub-token" in c[1] for c in cmds)
     shell = " ".join(c for c in cmds if isinstance(c, str))
     assert f"rm -f {t} {t}.new" in shell and f"fetch --manifest {s}/manifest.json" not in shell
@@ -233,13 +230,12 @@ def replaced_only_at_the_end(cmds) -> None:
 
 
 def test_an_unsealed_leftover_is_replaced_once_its_successor_is_sealed():
-    cmds, _ = commands(PLAN, {ModelArtifact: ArtifactState(None, None, None), FreeDiskBytes: 100 << 30, File: None})
+    cmds, _ = commands(PLAN, on_host(PLAN, ArtifactState(None, None, None), free=100 << 30))
     replaced_only_at_the_end(cmds)
 
 
 def test_a_truncated_artifact_is_not_taken_for_done():
-    cmds, _ = commands(PLAN, {ModelArtifact: ArtifactState(PLAN.stamp, 10, 1_100_000), FreeDiskBytes: 100 << 30,
-                              File: None})  # fmt: skip
+    cmds, _ = commands(PLAN, on_host(PLAN, ArtifactState(PLAN.stamp, 10, 1_100_000), free=100 << 30))
     replaced_only_at_the_end(cmds)
 
 
@@ -250,21 +246,21 @@ def test_a_gguf_edited_after_its_seal_is_not_taken_for_done():
     edited = ArtifactState(PLAN.stamp, 1_100_000, 1_100_000, sealed,
                            {"size": 1_100_000, "mtime_ns": 1764649999_123456789, "inode": 42})  # fmt: skip
     assert not edited.complete_for(PLAN.stamp)
-    cmds, _ = commands(PLAN, {ModelArtifact: edited, FreeDiskBytes: 100 << 30, File: None})
+    cmds, _ = commands(PLAN, on_host(PLAN, edited, free=100 << 30))
     replaced_only_at_the_end(cmds)
     untouched = ArtifactState(PLAN.stamp, 1_100_000, 1_100_000, sealed, sealed["gguf"]["signature"])
     assert untouched.complete_for(PLAN.stamp)
 
 
 def test_too_little_disk_fails_before_any_change():
-    cmds, _ = commands(PLAN, {ModelArtifact: None, FreeDiskBytes: 1 << 20})
+    cmds, _ = commands(PLAN, on_host(PLAN, None, free=1 << 20))
     assert len(cmds) == 1 and "gpu01: model-disk: found 1048576 bytes free" in cmds[0]
     assert cmds[0].endswith("exit 1")
 
 
 def test_f16_is_converted_straight_to_the_artifact_without_quantize():
     plan = plan_model(settings(model_quant="F16"), LISTING)
-    cmds, _ = commands(plan, {ModelArtifact: None, FreeDiskBytes: 100 << 30, File: None})
+    cmds, _ = commands(plan, on_host(plan, None, free=100 << 30))
     shell = " ".join(c for c in cmds if isinstance(c, str))
     assert f"--outfile {plan.staging}/work/model.gguf.tmp.$$$$" in shell and "llama-quantize" not in shell
 
@@ -272,7 +268,7 @@ def test_f16_is_converted_straight_to_the_artifact_without_quantize():
 def test_gguf_source_is_fetched_into_place_without_convert():
     listing = replace(LISTING, files=LISTING.files + (HubFile("m.gguf", 9, "1" * 64, "2" * 40),))
     plan = plan_model(settings(model_source="gguf", model_file="m.gguf"), listing)
-    cmds, _ = commands(plan, {ModelArtifact: None, FreeDiskBytes: 100 << 30, File: None})
+    cmds, _ = commands(plan, on_host(plan, None, free=100 << 30))
     shell = [c for c in cmds if isinstance(c, str)]
     assert f"--dest {plan.staging}/work " in shell[4] and "convert" not in " ".join(shell)
     # its GGUF moves into the staging with the take-over, as a converted one does
@@ -318,7 +314,7 @@ def test_the_served_artifacts_own_record_plans_it_without_the_hub():
     assert (again.stamp, again.dir, again.revision) == (plan.stamp, plan.dir, plan.revision)
     assert again.record()["asked"] == plan.record()["asked"]
     # The artifact operation then does nothing: the listing was never needed.
-    cmds, noops = commands(again, {ModelArtifact: served(plan), Link: {"link_target": plan.name}, **recorded(plan)})
+    cmds, noops = commands(again, on_host(plan, served(plan), link=plan.name, record=True))
     assert cmds == [] and noops[0].startswith(f"model {plan.name} is in place")
 
 
@@ -367,10 +363,10 @@ def test_the_draft_is_planned_from_the_models_settings_with_its_own_repo_and_qua
 
 def test_the_draft_artifact_switches_models_draft_not_current():
     d = plan_model(settings(**{**DRAFT, "model_quant": "Q8_0"}), LISTING)
-    cmds, _ = commands(d, {ModelArtifact: ArtifactState(d.stamp, 1, 1), Link: None, **recorded(d)}, link="draft")
+    cmds, _ = commands(d, on_host(d, ArtifactState(d.stamp, 1, 1), record=True, link_name="draft"), link="draft")
     assert cmds == [f"ln -sfn {d.name} /opt/lr/models/draft.new && mv -T /opt/lr/models/draft.new /opt/lr/models/draft"]
     with pytest.raises(ValueError):
-        commands(d, {ModelArtifact: None, Link: None}, link="../etc")
+        commands(d, {}, link="../etc")
 
 
 @pytest.mark.parametrize("data, problem", [
@@ -412,22 +408,16 @@ def test_disk_needed_counts_the_checkpoint_only_where_the_blob_cache_lacks_it():
 
 
 def test_the_disk_check_reads_the_blob_cache_and_refuses_only_on_what_must_be_written():
-    blobs = FactKey(CachedBlobs, cache="/opt/lr/cache/blobs", ids=PLAN.blob_ids)
     assert PLAN.blob_ids == tuple(sorted(CACHED_ALL))
     free = PLAN.disk_needed(CACHED_ALL)  # room for the GGUFs, not for a second checkpoint
-    facts = {ModelArtifact: None, FreeDiskBytes: free, Link: None, File: None}
-    cmds, _ = commands(PLAN, {**facts, blobs: CACHED_ALL})
+    cmds, _ = commands(PLAN, on_host(PLAN, None, free=free, cached=CACHED_ALL))
     assert not any("model-disk" in c for c in cmds if isinstance(c, str)) and len(cmds) > 5
     # the same host without the blobs is refused, and the message says what counts
-    cmds, _ = commands(PLAN, {**facts, blobs: {}})
+    cmds, _ = commands(PLAN, on_host(PLAN, None, free=free, cached={}))
     assert len(cmds) == 1 and cmds[0].endswith("exit 1")
     assert (f"gpu01: model-disk: found {free} bytes free under /opt/lr/models; needed {PLAN.disk_needed()} "
             f"(checkpoint files not in the blob cache: {PLAN.source_bytes}, unquantized GGUF") in cmds[0]
     assert "Fix: free space or move llamarack_root to a bigger disk" in cmds[0]
-
-
-def FactKey(fact, **kwargs):
-    return (fact, frozenset(kwargs.items()))
 
 
 # Day 2: a llama.cpp bump with the revision pinned by its full sha is planned from
@@ -483,10 +473,10 @@ def test_plan_for_asks_the_hub_only_when_the_record_cannot_say(monkeypatch):
     asked = []
     monkeypatch.setattr(role, "listing_for", lambda s: asked.append(s.model.revision) or LISTING)
     plan = plan_model(settings(), LISTING)
-    current = FactKey(ModelArtifact, path="/opt/lr/models/current")
+    current = ophost.fact_key(ModelArtifact, path="/opt/lr/models/current")
     for data, listed in (({"llamacpp_commit": "b" * 40}, []), ({"llamacpp_commit": "b" * 40, "model_revision": SHA[:12]},
                                                                [SHA[:12]])):  # fmt: skip
         asked.clear()
-        with ctx_host.use(FakeHost({current: served(plan)})):
+        with ctx_host.use(ophost.FakeHost({current: served(plan)})):
             got = role.plan_for(settings(**data))
         assert asked == listed and got.stamp == plan_model(settings(**data), LISTING).stamp

@@ -26,25 +26,24 @@ from pathlib import Path
 
 import pytest
 
-from pyinfra.facts.files import File, Link
 
-from llamarack.facts import FreeDiskBytes
 from llamarack.roles.model import sandbox
 from llamarack.roles.model.plan import plan_model
-from llamarack.roles.model.reads import ModelArtifact
-from tests.roles.test_model_ops import LISTING, commands, settings
+from tests.roles.test_model_ops import LISTING, commands, on_host, settings
 from tests.support import fake_systemd_run
 
 PLAN = plan_model(settings(), LISTING)
 W = f"{PLAN.staging}/work"
-NEW = {ModelArtifact: None, FreeDiskBytes: 100 << 30, Link: None, File: None}
+def new(plan) -> dict:
+    """A host without the artifact, with the disk to make it (what the operation reads)."""
+    return on_host(plan, None, free=100 << 30)
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="owners are changed: needs root")
 needs_analyze = pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="no systemd-analyze")
 
 
 def steps(plan=PLAN, **kwargs) -> dict:
     """The plan's sandboxed steps by name (fetch, convert, quantize)."""
-    cmds, _ = commands(plan, NEW, **kwargs)
+    cmds, _ = commands(plan, new(plan), **kwargs)
     return {st.description.rsplit(" ", 1)[1]: st for c in cmds if isinstance(c, str)
             for st in fake_systemd_run.steps(c)}  # fmt: skip
 
@@ -114,7 +113,7 @@ def test_an_odd_tool_path_reaches_the_step_word_for_word(tmp_path, monkeypatch):
     plan = plan_model(settings(llamarack_root=str(tmp_path / "lr"), llamarack_allow_shared_dirs=True), LISTING)
     work = f"{plan.staging}/work"
     os.makedirs(f"{work}/hf")
-    cmds, _ = commands(plan, NEW, tool_paths={"convert_python": str(odd)}, user="nobody")
+    cmds, _ = commands(plan, new(plan), tool_paths={"convert_python": str(odd)}, user="nobody")
     convert = next(c for c in cmds if isinstance(c, str) and "model convert" in c)
     r = subprocess.run(["bash", "-c", convert], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr + Path(plan.staging, "convert.log").read_text()
@@ -134,7 +133,7 @@ def test_a_failed_step_fails_the_operation_with_its_logs_tail(tmp_path, monkeypa
     tool.chmod(0o755)
     plan = plan_model(settings(llamarack_root=str(tmp_path / "lr"), llamarack_allow_shared_dirs=True), LISTING)
     os.makedirs(f"{plan.staging}/work/hf")
-    cmds, _ = commands(plan, NEW, tool_paths={"convert_python": str(tool)}, user="nobody")
+    cmds, _ = commands(plan, new(plan), tool_paths={"convert_python": str(tool)}, user="nobody")
     convert = next(c for c in cmds if isinstance(c, str) and "model convert" in c)
     r = subprocess.run(["bash", "-c", convert], capture_output=True, text=True, timeout=60)
     assert r.returncode == 3 and "the checkpoint says no" in r.stderr, (r.returncode, r.stderr)
@@ -196,7 +195,7 @@ def test_this_machines_systemd_run_reads_every_option_of_the_step(name, tmp_path
 
 
 def take_over(plan) -> str:
-    cmds, _ = commands(plan, NEW, user="nobody")
+    cmds, _ = commands(plan, new(plan), user="nobody")
     return next(c for c in cmds if isinstance(c, str) and c.startswith(f"if [ -d {plan.staging}/work ]"))
 
 
@@ -264,7 +263,7 @@ def test_the_token_never_lies_where_the_pipeline_user_writes(tmp_path):
     token = tmp_path / "token"
     token.write_text("hf_secret\n")
     token.chmod(0o600)
-    cmds, _ = commands(PLAN, NEW, token_file=str(token))
+    cmds, _ = commands(PLAN, new(PLAN), token_file=str(token))
     (upload,) = [c for c in cmds if isinstance(c, tuple) and "hf_secret" in c[2]]
     assert upload[1].startswith("/run/llamarack/") and not upload[1].startswith(PLAN.staging)
 
@@ -283,6 +282,6 @@ def test_the_pipeline_user_is_its_own_account_and_not_llama_servers(monkeypatch)
 
 
 def test_the_operation_takes_the_user_it_is_given():
-    cmds, _ = commands(PLAN, NEW, user="llamarack-pipe")
+    cmds, _ = commands(PLAN, new(PLAN), user="llamarack-pipe")
     assert {st.uid for c in cmds if isinstance(c, str) for st in fake_systemd_run.steps(c)} == {"llamarack-pipe"}
     assert 'install -d -m 700 -o llamarack-pipe -g "$(id -g -- llamarack-pipe)"' in cmds[0]

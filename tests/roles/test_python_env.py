@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from pyinfra.facts.files import Directory, File, Sha1File
+from pyinfra.facts.files import Directory, File
 
 from tests.support.facts import FACTS as facts
 from llamarack.roles.python_env.reads import PythonEnvPackages, RequirementsFile
@@ -24,6 +24,7 @@ from llamarack import remote
 from llamarack.settings import load_settings
 from tests.roles.stackhost import run_op
 from tests.support.cache import llama_cpp_source
+from tests.support.ophost import fact_key
 from tests.support.pypi_index import PypiIndex, wheelhouse
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,10 +35,10 @@ LIGHT = {"python_env_backend": "venv", "python_env_python_version": "3.11", "lla
 
 
 def env_facts(env):
-    """The env fact, and what pyinfra's files.put reads for the check script and constraints file."""
-    return {PythonEnvPackages: env, File: None, Sha1File: None, Directory: None,
-            (Directory, frozenset({("path", "/x")})): {"mode": 755},
-            (Directory, frozenset({("path", ENV)})): {"mode": 755}}  # fmt: skip
+    """The env fact, and what pyinfra's files.put reads for the constraints file (not there yet)."""
+    constraints = f"{ENV}/llamarack-constraints.txt"
+    return {fact_key(PythonEnvPackages, env=ENV): env, fact_key(File, path=constraints): None,
+            fact_key(Directory, path=constraints): None, fact_key(Directory, path=ENV): {"mode": 755}}  # fmt: skip
 
 
 def fixture(fact, case):
@@ -106,9 +107,9 @@ def test_converter_plan_takes_the_file_with_overrides_and_no_index_lines():
 
 def test_converter_waits_for_the_source_while_planning():
     s = load_settings("lab", LIGHT)
-    commands, _ = run_op(converter_pins, {RequirementsFile: None, PythonEnvPackages: None}, settings=s,
+    commands, _ = run_op(converter_pins, {fact_key(RequirementsFile, path="/src/req.txt"): None}, settings=s,
                          requirements_path="/src/req.txt", env="/e")  # fmt: skip
-    assert len(commands) == 1 and commands[0].startswith("true")
+    assert commands == ["true 'converter env planned once' /src/req.txt exists"]
 
 
 # --- end to end on this machine --------------------------------------------

@@ -17,7 +17,7 @@ from llamarack.roles.server.files.secret_digest import digest
 from llamarack.roles.server.operations import KEY_DIGEST_SALT, key_digest_command, service
 from llamarack.layout import API_KEY_PATH, UNIT_PATH
 from llamarack.settings import load_settings
-from tests.support.ophost import run_op
+from tests.support.ophost import fact_key, run_op
 
 ROOT = "/opt/lr"
 SHAPE = json.loads((Path(__file__).resolve().parents[1] / "facts/GgufShape/tiny_q4_k_m.json").read_text())["fact"]
@@ -39,6 +39,8 @@ def settings(**data):
 
 
 STARTED = 1764640411  # when the running server became active (Unix seconds, as systemd says)
+UNIT_RUNNING = {"ActiveState": "active", "SubState": "running", "ActiveEnterTimestamp": f"@{STARTED}"}
+UNIT_DEAD = {"ActiveState": "inactive", "SubState": "dead", "ActiveEnterTimestamp": ""}
 
 
 def facts(unit_sha1=None, running=False, key_digest="missing", build="b1", model="m1", shape=SHAPE,
@@ -46,20 +48,34 @@ def facts(unit_sha1=None, running=False, key_digest="missing", build="b1", model
           devices=DEVICES_580):
     return {
         CharDevices: devices,
-        (FileContents, frozenset({"path": f"{ROOT}/state/rollback.json"}.items())): [json.dumps(pin)] if pin else None,
+        fact_key(FileContents, path=f"{ROOT}/state/rollback.json"): [json.dumps(pin)] if pin else None,
         NvidiaSmi: smi,
-        RecordedGpus: recorded,
-        (Link, frozenset({"path": f"{ROOT}/builds/current"}.items())): {"link_target": build} if build else None,
-        (Link, frozenset({"path": f"{ROOT}/models/current"}.items())): {"link_target": model} if model else None,
-        LlamaServerFlags: FLAGS if build else None,
-        GgufShape: shape,
-        (Sha1File, frozenset({"path": UNIT_PATH}.items())): unit_sha1,
-        (Command, frozenset({"command": key_digest_command()}.items())): key_digest,
-        UnitState: {"ActiveState": "active", "SubState": "running", "ActiveEnterTimestamp": f"@{STARTED}"}
-        if running else {"ActiveState": "inactive", "SubState": "dead", "ActiveEnterTimestamp": ""},
-        ModelArtifact: ArtifactState("m1", 10, 10, {"stamp": "m1", "sealed_at": sealed_at}),
-        (File, frozenset({"path": f"{UNIT_PATH}.prev"}.items())): {"size": 900} if prev else None,
+        fact_key(RecordedGpus, path=f"{ROOT}/state/gpus.json"): recorded,
+        fact_key(Link, path=f"{ROOT}/builds/current"): {"link_target": build} if build else None,
+        fact_key(Link, path=f"{ROOT}/models/current"): {"link_target": model} if model else None,
+        fact_key(LlamaServerFlags, root=ROOT): FLAGS if build else None,
+        fact_key(Sha1File, path=UNIT_PATH): unit_sha1,
+        fact_key(Command, command=key_digest_command()): key_digest,
+        fact_key(UnitState, unit="llamarack-server.service"): UNIT_RUNNING if running else UNIT_DEAD,
+        fact_key(File, path=f"{UNIT_PATH}.prev"): {"size": 900} if prev else None,
+        **(served(model, shape, sealed_at) if model else {}),
     }
+
+
+def served(model: str, shape, sealed_at: int) -> dict:
+    """The facts of the model directory models/current names."""
+    return {fact_key(GgufShape, path=f"{ROOT}/models/{model}/model.gguf"): shape,
+            fact_key(ModelArtifact, path=f"{ROOT}/models/{model}"): ArtifactState(model, 10, 10, {
+                "stamp": model, "sealed_at": sealed_at})}  # fmt: skip
+
+
+# The unit the default settings want on one V100 16 GB (build b1, model m1: the tiny Llama's
+# shape, tests/facts/GgufShape/tiny_q4_k_m.json), checked by hand line by line: every layer
+# and the output layer (n_layer + 1 = 3) on the card, the trained context (2048) with f16 KV,
+# the devices driver 580 registered. A change of the template or the planner shows here as a
+# diff to read before the file is replaced.
+UNIT = (Path(__file__).resolve().parent / "expected/llamarack-server.service").read_text()
+UNIT_SHA1 = hashlib.sha1(UNIT.encode()).hexdigest()
 
 
 def first_run(s, **kw):
@@ -83,6 +99,7 @@ def test_first_run_writes_the_unit_then_switches_with_health_and_rollback():
     assert "--ctx-size 2048" in unit and "--n-gpu-layers 3" in unit
     assert "--cache-type-k f16 --cache-type-v f16" in unit  # auto: f16 gives the trained context
     assert "# llamarack health: http://127.0.0.1:8080/health" in unit
+    assert unit == UNIT
     assert chmod == f"chmod 644 {UNIT_PATH}.new"
     assert "systemctl restart llamarack-server.service" in switch
     assert "rollback" in switch and f"mv -f {UNIT_PATH}.prev {UNIT_PATH}" in switch
@@ -103,10 +120,9 @@ def test_the_unit_allows_the_device_names_the_driver_registered():
 
 def test_converged_host_is_a_noop():
     s = settings()
-    unit = unit_of(first_run(s)[0])
-    converged = facts(unit_sha1=hashlib.sha1(unit.encode()).hexdigest(), running=True)
-    # preflight's GPUs are used: nvidia-smi is not asked again (a missing fact raises KeyError)
-    del converged[NvidiaSmi], converged[RecordedGpus]
+    converged = facts(unit_sha1=UNIT_SHA1, running=True)
+    # preflight's GPUs are used: nvidia-smi is not asked again (a read the test does not give fails it)
+    del converged[NvidiaSmi], converged[fact_key(RecordedGpus, path=f"{ROOT}/state/gpus.json")]
     commands, noops = run_op(service, converged, settings=s, gpus=(V100,))
     assert commands == []
     assert noops == ["llama-server serves m1 with build b1, ctx 2048, f16/f16 KV (auto): the largest that fits 16384 MiB"]
@@ -115,8 +131,7 @@ def test_converged_host_is_a_noop():
 def test_a_model_sealed_after_the_server_started_is_served_by_a_restart():
     """Remade in place (edited after its seal, say): same directory, same unit text, new file."""
     s = settings()
-    unit = unit_of(first_run(s)[0])
-    commands, noops = first_run(s, unit_sha1=hashlib.sha1(unit.encode()).hexdigest(), running=True,
+    commands, noops = first_run(s, unit_sha1=UNIT_SHA1, running=True,
                                 sealed_at=STARTED + 30)  # fmt: skip
     assert noops == [] and "systemctl restart llamarack-server.service" in commands[-1]
 
@@ -125,8 +140,7 @@ def test_a_switch_cut_off_before_its_health_check_is_checked_again_keeping_the_p
     """The unit in place is the wanted one and runs, but .prev is there: it never passed
     /health. The next run switches again; the switch keeps .prev, the proven unit."""
     s = settings()
-    unit = unit_of(first_run(s)[0])
-    commands, noops = first_run(s, unit_sha1=hashlib.sha1(unit.encode()).hexdigest(), running=True, prev=True)
+    commands, noops = first_run(s, unit_sha1=UNIT_SHA1, running=True, prev=True)
     assert noops == [] and "systemctl restart llamarack-server.service" in commands[-1]
     switch = commands[-1]
     assert f"if [ ! -f {UNIT_PATH}.prev ] && [ -f {UNIT_PATH} ]; then cp -p {UNIT_PATH} {UNIT_PATH}.prev; fi" in switch
@@ -135,8 +149,7 @@ def test_a_switch_cut_off_before_its_health_check_is_checked_again_keeping_the_p
 
 def test_same_unit_but_stopped_is_started_again():
     s = settings()
-    unit = unit_of(first_run(s)[0])
-    commands, _ = first_run(s, unit_sha1=hashlib.sha1(unit.encode()).hexdigest(), running=False)
+    commands, _ = first_run(s, unit_sha1=UNIT_SHA1, running=False)
     assert "systemctl restart llamarack-server.service" in commands[-1]
 
 
@@ -187,10 +200,10 @@ def test_cards_preflight_missed_come_from_the_record_never_from_nvidia_smi_again
     # preflight knew no GPU (a driver waiting for the reboot the driver role then did,
     # on a host with no record yet): the record the driver role wrote after it counts
     no_smi = facts(recorded=(V100,))
-    del no_smi[NvidiaSmi]  # asking nvidia-smi again would raise KeyError here
+    del no_smi[NvidiaSmi]  # asking nvidia-smi again would fail the test
     commands, _ = run_op(service, no_smi, settings=settings())
     assert "largest that fits 16384 MiB" in unit_of(commands)
-    no_smi[RecordedGpus] = ()
+    no_smi[fact_key(RecordedGpus, path=f"{ROOT}/state/gpus.json")] = ()
     commands, _ = run_op(service, no_smi, settings=settings())
     assert "(CPU; trained 2048)" in unit_of(commands)
 
@@ -199,7 +212,7 @@ def test_api_key_on_a_build_without_api_key_file_is_refused(tmp_path):
     key_file = tmp_path / "key"
     key_file.write_text("sk-test-123\n")
     key_file.chmod(0o600)  # read_token refuses a secret others may read
-    old = {**facts(), LlamaServerFlags: ServerFlags(("--no-mmap",), False, False, False)}
+    old = {**facts(), fact_key(LlamaServerFlags, root=ROOT): ServerFlags(("--no-mmap",), False, False, False)}
     commands, _ = run_op(service, old, settings=settings(server_api_key_file=str(key_file)), gpus=(V100,))
     assert len(commands) == 1 and "gpu01: api-key-file: found server_api_key_file set" in commands[0]
     assert commands[0].endswith("exit 1") and "sk-test-123" not in commands[0]
@@ -208,7 +221,7 @@ def test_api_key_on_a_build_without_api_key_file_is_refused(tmp_path):
 def test_diff_shows_how_the_unit_changes(caplog):
     old_unit = ["[Service]", "ExecStart=/opt/lr/builds/b0/bin/llama-server --ctx-size 512"]
     with_old = {**facts(unit_sha1="0" * 40, running=True),
-                (FileContents, frozenset({"path": UNIT_PATH}.items())): old_unit}
+                fact_key(FileContents, path=UNIT_PATH): old_unit}
     with caplog.at_level(logging.INFO, logger="pyinfra"):
         commands, _ = run_op(service, with_old, diff=True, settings=settings(), gpus=(V100,))
     text = "\n".join(r.getMessage() for r in caplog.records)
@@ -239,7 +252,8 @@ def test_the_host_says_nothing_about_the_api_key_a_guess_could_be_checked_agains
     key_file.write_text(key + "\n")
     key_file.chmod(0o600)
     on_host = digest((key + "\n").encode(), KEY_DIGEST_SALT)
-    unit = unit_of(first_run(settings(server_api_key_file=str(key_file)))[0])
+    unit = UNIT.replace(" --metrics\n", f" --api-key-file {API_KEY_PATH} --metrics\n")
+    assert unit_of(first_run(settings(server_api_key_file=str(key_file)))[0]) == unit
     converged = facts(unit_sha1=hashlib.sha1(unit.encode()).hexdigest(), running=True, key_digest=on_host)
     commands, noops = run_op(service, converged, settings=settings(server_api_key_file=str(key_file)), gpus=(V100,))
     assert commands == [] and len(noops) == 1  # the same key: nothing uploaded, nothing restarted
@@ -296,29 +310,27 @@ OLD_UNIT = [
 
 def test_a_unit_put_back_by_rollback_is_kept_while_the_settings_want_what_it_replaced():
     s = settings()
-    unit = unit_of(first_run(s)[0])
-    wanted = hashlib.sha1(unit.encode()).hexdigest()
-    pin = {"unit_sha1": "0" * 40, "replaced_sha1": wanted, "at": STARTED}
+    pin = {"unit_sha1": "0" * 40, "replaced_sha1": UNIT_SHA1, "at": STARTED}
     held = facts(unit_sha1="0" * 40, running=True, pin=pin)
-    held[(FileContents, frozenset({"path": UNIT_PATH}.items()))] = OLD_UNIT
+    held[fact_key(FileContents, path=UNIT_PATH)] = OLD_UNIT
     commands, noops = run_op(service, held, settings=s, gpus=(V100,))
     assert commands == [] and noops == ["llama-server serves the unit `llamarack rollback` put back"]
     # stopped: started again as it is, and checked, never replaced by the wanted unit
-    commands, _ = run_op(service, {**held, UnitState: {"SubState": "dead"}}, settings=s, gpus=(V100,))
+    stopped = {**held, fact_key(UnitState, unit="llamarack-server.service"): {"SubState": "dead"}}
+    commands, _ = run_op(service, stopped, settings=s, gpus=(V100,))
     assert len(commands) == 1 and "systemctl restart llamarack-server.service && health 600" in commands[0]
     assert "upload" not in str(commands)
 
 
 def test_changed_settings_release_the_rollback_pin_and_switch_to_what_they_want():
     s = settings()
-    unit = unit_of(first_run(s)[0])
     pin = {"unit_sha1": "0" * 40, "replaced_sha1": "1" * 40, "at": STARTED}  # settings wanted another unit then
     commands, _ = first_run(s, unit_sha1="0" * 40, running=True, pin=pin)
     assert commands[0] == f"rm -f {ROOT}/state/rollback.json"
-    assert commands[2][0] == "upload" and commands[2][2] == unit
+    assert commands[2][0] == "upload" and commands[2][2] == UNIT
     # a pin that holds nothing once the host serves the wanted unit again changes nothing (the
     # audit agrees: no drift); the next switch releases it
-    commands, noops = first_run(s, unit_sha1=hashlib.sha1(unit.encode()).hexdigest(), running=True, pin=pin)
+    commands, noops = first_run(s, unit_sha1=UNIT_SHA1, running=True, pin=pin)
     assert commands == [] and len(noops) == 1 and "llama-server serves" in noops[0]
 
 
@@ -328,8 +340,8 @@ def test_rollback_switches_the_previous_unit_in_and_pins_it():
 
     s = settings()
     current = [f"ExecStart={ROOT}/builds/b1/bin/llama-server --model {ROOT}/models/m1/model.gguf"]
-    state = {(FileContents, frozenset({"path": f"{ROOT}/state/previous.service"}.items())): OLD_UNIT,
-             (FileContents, frozenset({"path": UNIT_PATH}.items())): current, BuildSeals: Seals({"b0": []})}
+    state = {fact_key(FileContents, path=f"{ROOT}/state/previous.service"): OLD_UNIT,
+             fact_key(FileContents, path=UNIT_PATH): current, fact_key(BuildSeals, root=ROOT): Seals({"b0": []})}
     commands, _ = run_op(rollback, state, settings=s)
     check, copy, switch, pin = commands
     assert check.startswith(f"test -e {ROOT}/builds/b0/bin/llama-server && test -e {ROOT}/models/m0/model.gguf || ")
@@ -337,9 +349,9 @@ def test_rollback_switches_the_previous_unit_in_and_pins_it():
     assert "health 600 || rollback" in switch and f"mv -f {UNIT_PATH}.prev {ROOT}/state/previous.service" in switch
     assert f"> {ROOT}/state/rollback.json.new" in pin
     # nothing recorded, or a previous build whose files changed since its seal: refused, nothing touched
-    none = {**state, (FileContents, frozenset({"path": f"{ROOT}/state/previous.service"}.items())): None}
+    none = {**state, fact_key(FileContents, path=f"{ROOT}/state/previous.service"): None}
     (refused,), _ = run_op(rollback, none, settings=s)
     assert "rollback: no previous unit" in str(refused)
-    tampered = {**state, BuildSeals: Seals({"b0": ["build/bin/llama-server: size 1 (sealed: 2)"]})}
+    tampered = {**state, fact_key(BuildSeals, root=ROOT): Seals({"b0": ["build/bin/llama-server: size 1 (sealed: 2)"]})}
     (refused,), _ = run_op(rollback, tampered, settings=s)
     assert "build b0 differs from its seal" in str(refused)

@@ -21,6 +21,7 @@ from llamarack.roles.toolchain.plan import nonfree_sources, plan_toolchain
 from llamarack.rules import HostFacts
 from llamarack.settings import load_settings
 from tests.roles.stackhost import run_op
+from tests.support.ophost import fact_key
 
 FACTS = Path(__file__).resolve().parents[1] / "facts"
 
@@ -76,13 +77,14 @@ def test_the_build_uses_the_toolchain_plan():
 
 def test_installed_toolkit_check_waits_while_planning_and_fails_when_it_is_missing():
     plan = plan_toolchain(settings(toolchain_cuda_source="debian"), host_facts(fixture("GccVersions", "debian12"), ()))
-    f = {facts.CudaToolkits: [], facts.GccVersions: fixture("GccVersions", "debian12")}
+    toolkits = fact_key(facts.CudaToolkits, extra_homes=())  # no conda toolkit: no home beyond the usual
+    f = {toolkits: [], facts.GccVersions: fixture("GccVersions", "debian12")}
     commands, _ = run_op(toolkit_takes_host_compiler, f, plan=plan)
-    assert len(commands) == 1 and commands[0].startswith("true")
+    assert commands == ["true 'checked once CUDA' 11.8 'is installed'"]
     with ctx_state.use(SimpleNamespace(is_executing=True)):
         with pytest.raises(OperationError, match="no CUDA 11.8 toolkit in /usr"):
             run_op(toolkit_takes_host_compiler, f, plan=plan)
-        f[facts.CudaToolkits] = fixture("CudaToolkits", "debian_11_8_and_cuda13")
+        f[toolkits] = fixture("CudaToolkits", "debian_11_8_and_cuda13")
         commands, noops = run_op(toolkit_takes_host_compiler, f, plan=plan)
         assert commands == [] and noops == ["CUDA 11.8 in /usr takes /usr/bin/g++-11"]
 
@@ -95,7 +97,7 @@ def test_build_packages_make_no_apt_call_when_installed():
 
 def test_a_missing_build_package_refreshes_stale_lists_then_installs_only_it():
     installed = {p: ["1"] for p in BUILD_PACKAGES if p != "ccache"}
-    f = {DebPackages: installed, File: None}
+    f = {DebPackages: installed, fact_key(File, path="/var/lib/apt/periodic/update-success-stamp"): None}
     commands, _ = run_op(apt_install_missing, f, packages=BUILD_PACKAGES)
     assert commands[0].endswith("apt-get update")
     assert commands[-1].endswith("install --no-install-recommends ccache")

@@ -1,7 +1,10 @@
 """Run a pyinfra operation's generator against given facts, without a host.
 
 The same idea as pyinfra's own operation fixtures: facts in, the commands
-the operation yields (or its no-op message) out.
+the operation yields (or its no-op message) out. Each fact is given with the
+arguments the operation must read it with (``fact_key``): a read of another
+fact, or of the same fact with other arguments (a wrong path), fails the test
+and names what was read.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from types import SimpleNamespace
 
 from io import StringIO
 
+import pytest
 from pyinfra.api import FileUploadCommand, StringCommand
 from pyinfra.context import ctx_host
 
@@ -27,10 +31,32 @@ class FakeState:
         self.ops: dict = {}
 
 
+ANY_ARGUMENTS = object()
+"""In a fact key ``(FactClass, ANY_ARGUMENTS)``: that fact whatever its arguments (see ``any_args``)."""
+
+
+def fact_key(fact_cls, **kwargs) -> tuple:
+    """The key of ``fact_cls`` read with exactly ``kwargs``."""
+    return (fact_cls, frozenset(kwargs.items()))
+
+
+def any_args(fact_cls) -> tuple:
+    """The key of ``fact_cls`` whatever its arguments. Only for a test that needs it, and
+    then says why: every other read is matched by its arguments too."""
+    return (fact_cls, ANY_ARGUMENTS)
+
+
+def _call(fact_cls, args: tuple, kwargs: dict) -> str:
+    words = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in sorted(kwargs.items())]
+    return f"{fact_cls.__name__}({', '.join(words)})"
+
+
 @dataclass(eq=False)  # hashed by identity, as pyinfra's hosts are
 class FakeHost:
     facts: dict
-    """``{FactClass: value}`` or ``{(FactClass, frozenset(kwargs.items())): value}``."""
+    """``{fact_key(FactClass, **kwargs): value}``; a bare ``FactClass`` is that fact read
+    without arguments, ``any_args(FactClass)`` that fact whatever its arguments. A read
+    the test did not give fails the test, naming the fact and its arguments."""
     name: str = "gpu01"
     noops: list = field(default_factory=list)
     print_prefix: str = "[gpu01] "
@@ -38,16 +64,27 @@ class FakeHost:
     op_hash_order: list = field(default_factory=list)
 
     def get_fact(self, fact_cls, *args, **kwargs):
-        key = (fact_cls, frozenset(kwargs.items()))
-        if key in self.facts:
-            return self.facts[key]
-        return self.facts[fact_cls]
+        if not args:
+            for key in (fact_key(fact_cls, **kwargs), fact_cls if not kwargs else None, any_args(fact_cls)):
+                if key is not None and key in self.facts:
+                    return self.facts[key]
+        given = [_given(k) for k in self.facts if k is fact_cls or (isinstance(k, tuple) and k[0] is fact_cls)]
+        pytest.fail(f"{self.name}: the operation read {_call(fact_cls, args, kwargs)}, which the test does not "
+                    f"give (it gives: {', '.join(given) or 'no ' + fact_cls.__name__})")  # fmt: skip
 
     def noop(self, message):
         self.noops.append(message)
 
     def log(self, message, log_func=None):
         (log_func or logging.getLogger("pyinfra").info)(f"{self.print_prefix}{message}")
+
+
+def _given(key) -> str:
+    if not isinstance(key, tuple):
+        return _call(key, (), {})
+    if key[1] is ANY_ARGUMENTS:
+        return f"{key[0].__name__}(any arguments)"
+    return _call(key[0], (), dict(key[1]))
 
 
 def run_op(op, facts: dict, executing: bool = True, diff: bool = False, **kwargs) -> tuple[list, list[str]]:

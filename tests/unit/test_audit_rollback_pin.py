@@ -14,7 +14,7 @@ from llamarack.facts import FactRead
 from llamarack.roles.model.reads import GgufShape
 from llamarack.roles.llamacpp.reads import LlamaServerFlags
 from llamarack.layout import UNIT_PATH
-from tests.roles.test_server_ops import DEVICES_580, FLAGS, ROOT, SHAPE, V100, first_run, settings, unit_of
+from tests.roles.test_server_ops import DEVICES_580, FLAGS, ROOT, SHAPE, UNIT, UNIT_SHA1, V100, settings
 
 
 def answers(pin, unit_sha1) -> Answers:
@@ -33,8 +33,7 @@ def answers(pin, unit_sha1) -> Answers:
 
 def test_a_pinned_unit_is_no_drift_while_the_deploy_keeps_it_and_drift_once_it_would_go():
     s = settings()
-    wanted = unit_of(first_run(s)[0])
-    wanted_sha1 = hashlib.sha1(wanted.encode()).hexdigest()
+    wanted, wanted_sha1 = UNIT, UNIT_SHA1  # what the deploy writes (tests/roles/test_server_ops.py)
     old_unit = "ExecStart=/opt/lr/builds/b0/bin/llama-server --model /opt/lr/models/m0/model.gguf\n"
     old_sha1 = hashlib.sha1(old_unit.encode()).hexdigest()
     held = unit_item(s, answers({"unit_sha1": old_sha1, "replaced_sha1": wanted_sha1, "at": 1}, old_sha1), (V100,),
@@ -52,9 +51,8 @@ def test_a_pinned_unit_is_no_drift_while_the_deploy_keeps_it_and_drift_once_it_w
 def test_a_pin_that_holds_nothing_while_the_unit_is_the_wanted_one_is_no_drift():
     # `llamarack rollback` put back the unit the settings want again (a unit-only change undone)
     s = settings()
-    wanted = unit_of(first_run(s)[0])
-    wanted_sha1 = hashlib.sha1(wanted.encode()).hexdigest()
+    wanted, wanted_sha1 = UNIT, UNIT_SHA1
     pin = {"unit_sha1": wanted_sha1, "replaced_sha1": "2" * 40, "at": 1}
     item = unit_item(s, answers(pin, wanted_sha1), (V100,), wanted, ())
     assert item.drift is False and item.found["rollback_pin"]["held"] is False
-    assert item.found["sha256"] == item.wanted["sha256"]
+    assert item.found["sha256"] == item.wanted["sha256"] == hashlib.sha256(UNIT.encode()).hexdigest()

@@ -15,7 +15,6 @@ from pyinfra.api import FileUploadCommand, StringCommand
 from pyinfra.context import ctx_host
 from pyinfra.facts.files import File, Sha1File
 
-from llamarack.layout import API_KEY_PATH, UNIT_PATH
 from llamarack.operations import UPLOAD_DIR_PREFIX, private_upload, put_file, record_gpus, secret_upload
 from llamarack.roles.driver.reads import DriverState, KernelModule, NvidiaSmi
 from llamarack.roles.preflight.reads import gather, preflight_reads

@@ -175,7 +175,10 @@ ACCEPTED = [
 
 @pytest.mark.parametrize("data", ACCEPTED, ids=lambda d: repr(d)[:80])
 def test_what_a_rack_needs_is_accepted(data):
-    load_settings("gpu07", {**VENV, **data})
+    s = load_settings("gpu07", {**VENV, **data})
+    sections = {type(getattr(s, f.name)): getattr(s, f.name) for f in dataclasses.fields(s) if f.name != "host"}
+    held = {i.key: getattr(sections[i.role], i.name) for i in all_settings() if i.key in data}
+    assert held == {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}  # each as given
 
 
 # --- misspelled keys: warned about, with the setting they look like --------------

@@ -60,7 +60,8 @@ def test_values_are_typed_and_lists_become_tuples():
 
 def test_foreign_keys_are_left_to_pyinfra_and_the_user():
     s = load_settings("gpu01", {**VENV, "ssh_hostname": "10.0.0.1", "my_rack_label": "b3", "_sudo": True})
-    assert s.general.root == "/opt/llamarack" and s.python_env.backend == "venv"  # loaded, the foreign keys ignored
+    assert s == load_settings("gpu01", VENV)  # loaded, every setting as without the foreign keys
+    assert s.general.root == "/opt/llamarack" and s.python_env.backend == "venv"
 
 
 @pytest.mark.parametrize(

@@ -34,8 +34,9 @@ def serve_health(tmp_path) -> tuple:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory",
-                               str(tmp_path), str(port)], stderr=subprocess.DEVNULL)  # fmt: skip
+    with open(tmp_path / "server.log", "w") as log:  # its access log: what it was asked
+        server = subprocess.Popen([sys.executable, "-u", "-m", "http.server", "--bind", "127.0.0.1", "--directory",
+                                   str(tmp_path), str(port)], stderr=log)  # fmt: skip
     return server, port
 
 
@@ -46,7 +47,8 @@ def test_a_live_unit_that_answers_200_is_healthy(tmp_path):
     finally:
         server.kill()
         server.wait()
-    assert rc == 0, err
+    assert (rc, err) == (0, "")
+    assert '"GET /health HTTP/1.1" 200' in (tmp_path / "server.log").read_text()
 
 
 def test_a_live_unit_that_never_answers_times_out(tmp_path):

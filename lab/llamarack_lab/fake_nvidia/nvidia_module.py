@@ -6,13 +6,18 @@ installed driver package becomes the loaded one, visible in
 /proc/driver/nvidia/version (a tmpfs this script mounts over the guest's
 /proc/driver, private to the guest). Refuses when the lab marked the
 module as unloadable (/etc/llamarack-lab/nvidia-no-module), like a kernel
-upgrade without a DKMS build. `unload`: rmmod. Run by nvidia-module.service
-at boot and by `llamarack lab driver`.
+upgrade without a DKMS build, and when the module's branch drives none of
+the host's cards (a 590 module on a V100 alone: the real probe logs "The
+... driver will ignore this GPU", then "No NVIDIA GPU found", and modprobe
+fails). `unload`: rmmod. Run by nvidia-module.service at boot and by
+`llamarack lab driver`.
 """
 
 import os
 import subprocess
 import sys
+
+from nvidia_smi import load_gpus, supported  # beside this file, here and on the guest
 
 ROOT = os.environ.get("LLAMARACK_FAKE_NVIDIA_ROOT", "")
 PROC_DRIVER = ROOT + "/proc/driver"
@@ -46,6 +51,10 @@ def load():
         version = open(INSTALLED).read().strip()
     except OSError:
         sys.stderr.write("modprobe: FATAL: Module nvidia not found\n")
+        return 1
+    gpus = load_gpus()
+    if gpus and not any(supported(g, version) for g in gpus):
+        sys.stderr.write("modprobe: ERROR: could not insert 'nvidia': No such device\n")
         return 1
     ensure_proc_driver()
     os.makedirs(PROC_DRIVER + "/nvidia", exist_ok=True)

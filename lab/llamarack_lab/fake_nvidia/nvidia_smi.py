@@ -5,7 +5,16 @@ Installed as /usr/bin/nvidia-smi by the lab's `nvidia-driver` package. It
 prints what a real driver prints, in the real formats (captured from a
 real H200 host with driver 580.159.04; see tests/fixtures/nvidia-smi/):
 
-- GPUs come from /etc/llamarack-lab/gpus.json (what hardware the host has);
+- GPUs come from /etc/llamarack-lab/gpus.json (what hardware the host has),
+  listed when the running module's branch supports them: past the 580
+  branch, cards below compute capability 7.5 are ignored, and a host with
+  only such cards has no module at all (the loader refuses, as the real
+  module's probe finds "No NVIDIA GPU");
+- compute processes come from /etc/llamarack-lab/gpu-processes.json, which
+  lab tests write (``llamarack_lab.driver.set_gpu_processes``): pid, name,
+  MiB and card of each, listed by ``--query-compute-apps``, the table and
+  ``-q``, and counted in the card's memory.used (real formats:
+  tests/fixtures/nvidia-smi/h200-driver-580.159.04-processes/);
 - the "kernel module" version is read from /proc/driver/nvidia/version,
   written at boot by the package's nvidia-module.service;
 - the user-space library version is the suffix of the installed
@@ -14,7 +23,8 @@ real H200 host with driver 580.159.04; see tests/fixtures/nvidia-smi/):
 So an upgraded package without a reboot gives the NVML version mismatch,
 and no loaded module gives the "couldn't communicate" failure, with the
 real messages and exit codes. LLAMARACK_FAKE_NVIDIA_ROOT prefixes all
-paths (unit tests only). Standard library only: it runs on the guest.
+paths and LLAMARACK_FAKE_NVIDIA_NOW (Unix seconds) sets the clock of the
+date lines (unit tests only). Standard library only: it runs on the guest.
 
 The package installs this module under /usr/lib/llamarack-lab, compiled at
 install, and /usr/bin/nvidia-smi imports it (``python3 -I -S``): the real
@@ -32,6 +42,12 @@ PROC_VERSION = ROOT + "/proc/driver/nvidia/version"
 LIB_DIR = ROOT + "/usr/lib/x86_64-linux-gnu"
 LIB_PREFIX = "libnvidia-ml.so."  # then the version: libnvidia-ml.so.550.127.05
 GPUS_JSON = ROOT + "/etc/llamarack-lab/gpus.json"
+PROCESSES_JSON = ROOT + "/etc/llamarack-lab/gpu-processes.json"
+
+# The 580 branch is the last that supports Maxwell, Pascal and Volta: a later module
+# ignores cards below compute capability 7.5 (llamarack.rules, driver-ceiling).
+LEGACY_LAST_BRANCH = 580
+LEGACY_BELOW_CAP = (7, 5)
 
 # driver branch -> highest CUDA version it supports (what nvidia-smi shows)
 CUDA_BY_BRANCH = {
@@ -53,11 +69,12 @@ EXIT_MISMATCH = 18
 EXIT_BAD_ARG = 2
 
 
-
 def _now() -> str:
     """The time as the real nvidia-smi prints it: C's asctime, the day padded with a space
     ("Fri Dec  4 14:04:05 2026")."""
-    return time.asctime()
+    fixed = os.environ.get("LLAMARACK_FAKE_NVIDIA_NOW")
+    return time.asctime(time.localtime(float(fixed) if fixed else None))
+
 
 def cuda_version(driver):
     branch = int(driver.split(".")[0])
@@ -108,26 +125,53 @@ def pci_device_id(gpu):
     return gpu.get("pci_device_id") or PCI_DEVICE_ID_BY_NAME.get(gpu["name"], "0x000010DE")
 
 
-def load_gpus():
+def _load(path):
     try:
-        with open(GPUS_JSON) as f:
+        with open(path) as f:
             return loads(f.read())
     except OSError:
         return []
+
+
+def load_gpus():
+    """The host's cards (gpus.json), whatever the driver."""
+    return _load(GPUS_JSON)
+
+
+def supported(gpu, driver):
+    """Whether a module of ``driver`` drives the card."""
+    if driver_major(driver) <= LEGACY_LAST_BRANCH:
+        return True
+    return tuple(int(x) for x in gpu["compute_cap"].split(".")) >= LEGACY_BELOW_CAP
+
+
+def listed_gpus(driver):
+    """The cards the running module of ``driver`` drives, as it numbers them."""
+    return [g for g in load_gpus() if supported(g, driver)]
+
+
+def processes_on(gpus):
+    """The registered compute processes on ``gpus``, in the file's order."""
+    uuids = {g["uuid"] for g in gpus}
+    return [p for p in _load(PROCESSES_JSON) if p["gpu_uuid"] in uuids]
+
+
+def used_mib(gpu):
+    """The card's memory in use: what the driver keeps, and its processes'."""
+    return gpu.get("memory_used_mib", 0) + sum(p["used_mib"] for p in processes_on([gpu]))
 
 
 # --- query fields --------------------------------------------------------
 # canonical name -> (header, unit or None, getter(gpu, index, driver))
 FIELDS = {
     "index": ("index", None, lambda g, i, d: str(i)),
-    "count": ("count", None, lambda g, i, d: str(len(load_gpus()))),
+    "count": ("count", None, lambda g, i, d: str(len(listed_gpus(d)))),
     "name": ("name", None, lambda g, i, d: g["name"]),
     "uuid": ("uuid", None, lambda g, i, d: g["uuid"]),
     "driver_version": ("driver_version", None, lambda g, i, d: d),
     "memory.total": ("memory.total", "MiB", lambda g, i, d: str(g["memory_mib"])),
-    "memory.used": ("memory.used", "MiB", lambda g, i, d: str(g.get("memory_used_mib", 0))),
-    "memory.free": ("memory.free", "MiB",
-                    lambda g, i, d: str(g["memory_mib"] - g.get("memory_used_mib", 0))),
+    "memory.used": ("memory.used", "MiB", lambda g, i, d: str(used_mib(g))),
+    "memory.free": ("memory.free", "MiB", lambda g, i, d: str(g["memory_mib"] - used_mib(g))),
     "compute_cap": ("compute_cap", None, lambda g, i, d: g["compute_cap"]),
     "pci.bus_id": ("pci.bus_id", None, lambda g, i, d: g["bus_id"]),
     "pci.device_id": ("pci.device_id", None, lambda g, i, d: pci_device_id(g)),
@@ -139,22 +183,33 @@ ALIASES = {
     "gpu_name": "name", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id",
     "compute_capability": "compute_cap", "enforced.power.limit": "power.limit",
 }
+# --query-compute-apps: canonical name -> (header, unit or None, getter(process, gpu))
+APP_FIELDS = {
+    "pid": ("pid", None, lambda p, g: str(p["pid"])),
+    "process_name": ("process_name", None, lambda p, g: p["name"]),
+    "used_gpu_memory": ("used_gpu_memory", "MiB", lambda p, g: str(p["used_mib"])),
+    "gpu_uuid": ("gpu_uuid", None, lambda p, g: p["gpu_uuid"]),
+    "gpu_name": ("gpu_name", None, lambda p, g: g["name"]),
+    "gpu_bus_id": ("gpu_bus_id", None, lambda p, g: g["bus_id"]),
+}
+APP_ALIASES = {"name": "process_name", "used_memory": "used_gpu_memory"}
 
 
-def query(fields_arg, fmt_arg, driver):
+def query(fields_arg, fmt_arg, driver, fields=FIELDS, aliases=ALIASES):
+    """(fields, noheader, nounits) of a query, or the exit status of a bad one."""
     opts = [o.strip() for o in fmt_arg.split(",")]
     if not opts or opts[0] != "csv":
         sys.stdout.write('"%s" is not a valid format.\n\n' % fmt_arg)
         return EXIT_BAD_ARG
-    fields = []
+    chosen = []
     for raw in fields_arg.split(","):
         name = raw.strip()
-        canon = ALIASES.get(name, name)
-        if canon not in FIELDS or (canon == "compute_cap" and driver_major(driver) < 510):
+        canon = aliases.get(name, name)
+        if canon not in fields or (canon == "compute_cap" and driver_major(driver) < 510):
             sys.stdout.write('Field "%s" is not a valid field to query.\n\n' % name)
             return EXIT_BAD_ARG
-        fields.append(canon)
-    return fields, "noheader" in opts, "nounits" in opts
+        chosen.append(canon)
+    return chosen, "noheader" in opts, "nounits" in opts
 
 
 def driver_major(driver):
@@ -169,11 +224,28 @@ def print_query(fields, noheader, nounits, driver):
             head, unit, _ = FIELDS[f]
             heads.append(head if unit is None or nounits else "%s [%s]" % (head, unit))
         out.append(", ".join(heads))
-    for i, gpu in enumerate(load_gpus()):
+    for i, gpu in enumerate(listed_gpus(driver)):
         vals = []
         for f in fields:
             _, unit, get = FIELDS[f]
             v = get(gpu, i, driver)
+            vals.append(v if unit is None or nounits else "%s %s" % (v, unit))
+        out.append(", ".join(vals))
+    sys.stdout.write("".join(line + "\n" for line in out))
+    return 0
+
+
+def print_apps(fields, noheader, nounits, driver):
+    """--query-compute-apps: a line per registered process; the header alone when there is
+    none. The header names a column's unit with nounits too (real, driver 580)."""
+    heads = ["%s [%s]" % (head, unit) if unit else head for head, unit, _ in (APP_FIELDS[f] for f in fields)]
+    out = [] if noheader else [", ".join(heads)]
+    gpus = {g["uuid"]: g for g in listed_gpus(driver)}
+    for p in processes_on(list(gpus.values())):
+        vals = []
+        for f in fields:
+            _, unit, get = APP_FIELDS[f]
+            v = get(p, gpus[p["gpu_uuid"]])
             vals.append(v if unit is None or nounits else "%s %s" % (v, unit))
         out.append(", ".join(vals))
     sys.stdout.write("".join(line + "\n" for line in out))
@@ -185,8 +257,20 @@ SEP = "+-----------------------------------------+------------------------+-----
 WIDE = "+-----------------------------------------------------------------------------------------+"
 
 
+def _process_rows(gpus):
+    """The table's rows of the registered processes (real layout, driver 580): a name
+    longer than 32 is cut to its last 29 characters after "...". """
+    index = {g["uuid"]: i for i, g in enumerate(gpus)}
+    rows = []
+    for p in processes_on(gpus):
+        name = p["name"] if len(p["name"]) <= 32 else "..." + p["name"][-29:]
+        rows.append("|%5d%6s%5s%16d%7s   %-32s%14s |" % (
+            index[p["gpu_uuid"]], "N/A", "N/A", p["pid"], "C", name, "%dMiB" % p["used_mib"]))
+    return rows or ["|  No running processes found                                                             |"]
+
+
 def print_table(driver):
-    gpus = load_gpus()
+    gpus = listed_gpus(driver)
     lines = [_now() + "       ", WIDE,
              "| NVIDIA-SMI %-23sDriver Version: %-15sCUDA Version: %-9s|"
              % (driver, driver, cuda_version(driver)),
@@ -196,7 +280,7 @@ def print_table(driver):
              "|                                         |                        |               MIG M. |",
              "|=========================================+========================+======================|"]
     for i, g in enumerate(gpus):
-        mem = "%dMiB / %dMiB" % (g.get("memory_used_mib", 0), g["memory_mib"])
+        mem = "%dMiB / %dMiB" % (used_mib(g), g["memory_mib"])
         lines += [
             "|%4d  %-30s%3s  |%19s %3s |%21s |" % (
                 i, g["name"][:30], "On", g["bus_id"], "Off", g.get("ecc", "0")),
@@ -212,8 +296,7 @@ def print_table(driver):
               "|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |",
               "|        ID   ID                                                               Usage      |",
               "|=========================================================================================|",
-              "|  No running processes found                                                             |",
-              WIDE]
+              *_process_rows(gpus), WIDE]
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 
@@ -224,14 +307,25 @@ def q_line(depth, key, value=None):
     return pad if value is None else "%-55s: %s" % (pad, value)
 
 
+def _q_processes(gpu):
+    """-q's processes of a card: each block's values at column 42 (real, driver 580)."""
+    lines = []
+    for p in processes_on([gpu]):
+        lines += ["%-42s: %s" % (key, value) for key, value in (
+            ("        GPU instance ID", "N/A"), ("        Compute instance ID", "N/A"),
+            ("        Process ID", p["pid"]), ("            Type", "C"), ("            Name", p["name"]),
+            ("            Used GPU Memory", "%d MiB" % p["used_mib"]))]  # fmt: skip
+    return [q_line(1, "Processes")] + lines if lines else [q_line(1, "Processes", "None")]
+
+
 def print_q(driver):
-    gpus = load_gpus()
+    gpus = listed_gpus(driver)
     lines = ["", "==============NVSMI LOG==============", "",
              q_line(0, "Timestamp", _now()),
              q_line(0, "Driver Version", driver), q_line(0, "CUDA Version", cuda_version(driver)),
              "", q_line(0, "Attached GPUs", str(len(gpus)))]
     for i, g in enumerate(gpus):
-        used = g.get("memory_used_mib", 0)
+        used = used_mib(g)
         reserved = g.get("memory_reserved_mib", 0)
         bus = g["bus_id"]
         lines += [
@@ -261,13 +355,13 @@ def print_q(driver):
             q_line(2, "GPU Current Temp", "%d C" % g.get("temperature_c", 37)),
             q_line(1, "GPU Power Readings"),
             q_line(2, "Current Power Limit", "%.2f W" % g.get("power_cap_w", 300)),
-            q_line(1, "Processes", "None"),
-        ]
+        ] + _q_processes(g)
     sys.stdout.write("\n".join(lines) + "\n\n")
     return 0
 
 
-def main(argv):
+def arguments(argv):
+    """(mode, query fields, format) of the command line, or the exit status of a bad one."""
     qfields = fmt = None
     mode = "table"
     it = iter(argv)
@@ -292,7 +386,14 @@ def main(argv):
             sys.stdout.write('Invalid combination of input arguments. Please run '
                              '"nvidia-smi -h" for help.\n\n')
             return EXIT_BAD_ARG
+    return mode, qfields, fmt
 
+
+def main(argv):
+    args = arguments(argv)
+    if isinstance(args, int):
+        return args
+    mode, qfields, fmt = args
     lib = library_version()
     mod = module_version()
     parsed = None
@@ -301,8 +402,10 @@ def main(argv):
             sys.stdout.write("The --format option is required when --query-gpu is used.\n\n")
             return EXIT_BAD_ARG
         parsed = query(qfields, fmt, lib or mod or "")
-        if isinstance(parsed, int):
-            return parsed
+    elif mode == "apps":
+        parsed = query(qfields, fmt or "csv", lib or mod or "", APP_FIELDS, APP_ALIASES)
+    if isinstance(parsed, int):
+        return parsed
     if mod is None:
         sys.stdout.write(MSG_NO_DRIVER)
         return EXIT_NO_DRIVER
@@ -316,31 +419,29 @@ def main(argv):
                          "DRIVER version      : %s\nCUDA Version        : %s\n"
                          % (mod, ".".join(mod.split(".")[:2]), mod, cuda_version(mod)))
         return 0
-    if not load_gpus():
-        # the real one, in every mode that lists GPUs (query, table, -L, -q)
-        sys.stdout.write(MSG_NO_DEVICES)
-        return EXIT_NO_DEVICES
+    if not listed_gpus(mod):
+        # a module past the cards' branch would not have loaded ("No NVIDIA GPU found")
+        sys.stdout.write(MSG_NO_DRIVER if load_gpus() else MSG_NO_DEVICES)
+        return EXIT_NO_DRIVER if load_gpus() else EXIT_NO_DEVICES
+    return answer(mode, parsed, mod)
+
+
+def answer(mode, parsed, driver):
+    """What each mode prints once the driver answers and lists a card."""
     if mode == "query":
-        return print_query(*parsed, mod)
+        return print_query(*parsed, driver)
     if mode == "apps":
-        # The lab's hosts compute on their CPUs: no process holds GPU memory. The real
-        # one prints only the CSV header then (none with noheader).
-        if "noheader" not in (fmt or ""):
-            # the real header names the memory unit even with nounits (driver 580, seen on an H200)
-            names = [f.strip() + (" [MiB]" if f.strip() in ("used_gpu_memory", "used_memory") else "")
-                     for f in qfields.split(",")]
-            sys.stdout.write(", ".join(names) + "\n")
-        return 0
+        return print_apps(*parsed, driver)
     if mode == "q":
-        return print_q(mod)
+        return print_q(driver)
     if mode == "list":
-        for i, g in enumerate(load_gpus()):
+        for i, g in enumerate(listed_gpus(driver)):
             sys.stdout.write("GPU %d: %s (UUID: %s)\n" % (i, g["name"], g["uuid"]))
             # MIG devices under their GPU, as the real -L lists them
             for j, mig in enumerate(g.get("mig_devices", [])):
                 sys.stdout.write("  MIG %-13s Device %2d: (UUID: %s)\n" % (mig["profile"], j, mig["uuid"]))
         return 0
-    return print_table(mod)
+    return print_table(driver)
 
 
 if __name__ == "__main__":
