@@ -157,7 +157,7 @@ def test_an_account_llamarack_did_not_make_is_refused_before_anything_is_touched
     assert [f.rule for f in failures] == ["service-user"]
     message = failures[0].message("gpu01")
     # the host, the account, what was found, and the fix
-    assert message.startswith(f"gpu01: service-user: found ") and repr(user) in message
+    assert message.startswith("gpu01: service-user: found ") and repr(user) in message
     taken_on = entry is None or entry.made_by_llamarack(ROOT_DIR)
     assert (f"gid {group}" if taken_on else entry.describe()) in message
     assert "Fix: set llamarack_service_user to a name no account or group of this host has" in message
