@@ -27,7 +27,7 @@ from llamarack.rules import HostFacts, evaluate
 from llamarack.settings import load_settings
 from tests.roles.test_server_ops import V100, facts as server_facts, settings as server_settings
 from tests.support.facts import FACTS
-from tests.support.ophost import FakeHost, FakeState
+from tests.support.ophost import FakeHost, FakeState, fact_key
 from tests.unit.test_example_inventory import inventory_data
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,12 +55,14 @@ def _unit_and_key(tmp_path):
 
 
 def _apt_sources():
-    return raw(put_file, {File: None, Sha1File: None}, text="Types: deb\n", dest="/etc/apt/sources.list.d/x.sources")
+    dest = "/etc/apt/sources.list.d/x.sources"
+    return raw(put_file, {fact_key(File, path=dest): None, fact_key(Sha1File, path=dest): None}, text="Types: deb\n",
+               dest=dest)
 
 
 def _pip_indexes():
     plan = awq_plan(load_settings("h", {"python_env_backend": "venv"}), "/opt/llamarack/envs/awq")
-    return raw(pip_pins, {PythonEnvPackages: None}, plan=plan)
+    return raw(pip_pins, {fact_key(PythonEnvPackages, env=plan.env): None}, plan=plan)
 
 
 UPLOADERS = {
@@ -162,7 +164,7 @@ def test_an_account_llamarack_did_not_make_is_refused_before_anything_is_touched
     assert (f"gid {group}" if taken_on else entry.describe()) in message
     assert "Fix: set llamarack_service_user to a name no account or group of this host has" in message
     # the operation refuses as well, and neither useradd nor usermod runs
-    commands = raw(system_account, {SystemUser: entry, SystemGroup: group}, **account_args(account_settings(user)))
+    commands = raw(system_account, account_facts(user, entry, group), **account_args(account_settings(user)))
     assert len(commands) == 1 and "exit 1" in str(commands[0]) and "service-user" in str(commands[0])
 
 
@@ -186,6 +188,11 @@ CASES = {
 }
 
 
+def account_facts(user: str, entry, group) -> dict:
+    """What ``system_account`` reads: the one account and the one group of that name."""
+    return {fact_key(SystemUser, user=user): entry, fact_key(SystemGroup, group=user): group}
+
+
 def account_args(s) -> dict:
     """The service user's ``system_account`` arguments (``service_user(settings)``)."""
     return {"user": s.general.service_user, "home": s.general.root, "setting": "llamarack_service_user"}
@@ -196,7 +203,7 @@ def test_the_lab_and_a_fresh_host_keep_their_service_user(case):
     (entry, group), wanted = CASES[case]
     s = account_settings("llamarack")
     assert evaluate(s, service_facts(entry, group)) == []
-    commands = raw(system_account, {SystemUser: entry, SystemGroup: group}, **account_args(s))
+    commands = raw(system_account, account_facts(s.general.service_user, entry, group), **account_args(s))
     assert [c.get_raw_value() for c in commands] == wanted
 
 
@@ -204,7 +211,7 @@ def test_a_marked_account_moved_with_the_root_is_taken_on():
     entry, group = fixture("SystemUser", "service-user-marked"), fixture("SystemGroup", "service-group")
     s = account_settings("llamarack", llamarack_root="/srv/llamarack")
     assert evaluate(s, service_facts(entry, group)) == []
-    commands = raw(system_account, {SystemUser: entry, SystemGroup: group}, **account_args(s))
+    commands = raw(system_account, account_facts(s.general.service_user, entry, group), **account_args(s))
     assert [c.get_raw_value() for c in commands] == [
         f"usermod --home /srv/llamarack --shell /usr/sbin/nologin --comment '{SERVICE_USER_MARK}' llamarack"]
 
@@ -245,12 +252,14 @@ def secret_plan():
 
 
 def _awq_commands():
-    return raw(pip_pins, {PythonEnvPackages: None}, plan=secret_plan())
+    plan = secret_plan()
+    return raw(pip_pins, {fact_key(PythonEnvPackages, env=plan.env): None}, plan=plan)
 
 
 def _converter_commands():
     s = load_settings("h", {"python_env_backend": "venv", "python_env_index_url": "https://pypi.example.org/simple"})
-    facts = {RequirementsFile: ("numpy~=1.26", "torch==2.13.0"), PythonEnvPackages: None}
+    facts = {fact_key(RequirementsFile, path="/src/req.txt"): ("numpy~=1.26", "torch==2.13.0"),
+             fact_key(PythonEnvPackages, env="/e"): None}
     commands = raw(converter_pins, facts, settings=s, requirements_path="/src/req.txt", env="/e")
     # the settings' URL stands for one with a credential: it must reach the host in the same way
     return [c for c in commands if not isinstance(c, FileUploadCommand)], "https://pypi.example.org/simple"
