@@ -26,12 +26,13 @@ import re
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping, Optional
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote
 
 from llamarack.errors import ModelSourceError
 from llamarack.layout import Layout
 from llamarack.settings import Settings
 
+from .files.model_fetch import url_shown
 from .hub import HubFile, HubListing, repo_path_problem
 
 
@@ -182,8 +183,7 @@ def recorded_url(url: str) -> str:
     """``url`` as an artifact's record keeps it (``stamp.json`` is readable by all): without
     the user and password before the host, the query and the fragment (a signed URL's
     signature), which only the fetch's manifest carries."""
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+    return url_shown(url)
 
 
 def artifact_stamp(source: str, files, quant: str, outtype: str, llamacpp_commit: str) -> str:

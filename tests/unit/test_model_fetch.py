@@ -450,3 +450,13 @@ def test_a_cache_that_cannot_take_a_file_does_not_stop_the_fetch(hub, repo_dir, 
     assert rc == 0, out
     assert out.count("not cached (FileExistsError") == 3
     same_files(repo_dir, tmp_path / "dest", NAMES)
+
+
+def test_an_http_error_names_the_url_without_its_credentials_or_signature():
+    import urllib.error
+
+    from llamarack.roles.model.files.model_fetch import _http_error
+
+    url = "https://user:s3cret@cdn.example.org/files/model.gguf?X-Amz-Signature=abc123&Expires=9"
+    error = _http_error("model.gguf", urllib.error.HTTPError(url, 404, "Not Found", {}, None))
+    assert str(error) == "model.gguf: HTTP 404 Not Found for https://cdn.example.org/files/model.gguf"

@@ -393,11 +393,18 @@ def _size(path: str) -> int:
         return 0
 
 
+def url_shown(url: str) -> str:
+    """``url`` as it may be shown or kept where others read (output, a record): without the
+    user and password before the host, the query and the fragment (a signed URL's signature)."""
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+
+
 def _http_error(path: str, e: "urllib.error.HTTPError") -> FetchError:
     if e.code in (401, 403):
         return FetchError(f"{path}: HTTP {e.code} from the hub: the repository needs a valid "
                           "token (model_hf_token_file) or the token has no access", EXIT_AUTH)  # fmt: skip
-    return FetchError(f"{path}: HTTP {e.code} {e.reason} for {e.url}")
+    return FetchError(f"{path}: HTTP {e.code} {e.reason} for {url_shown(e.url or '')}")
 
 
 def _download(url: str, entry: dict, partial: str, token, args) -> None:
