@@ -98,7 +98,7 @@ def test_bad_data_stops_the_run_before_any_host_is_touched(lab_rack):
     rc, out = deploy(lab_rack, "lab-v100-a,lab-t4", "server_port=0", "llamacpp_comit=abc1234")
     assert rc != 0
     assert "bad settings for host lab-" in out
-    assert "server_port: given 0; allowed: a TCP port (1-65535)" in out
+    assert "server_port: given 0; allowed: an integer from 1 to 65535" in out
     assert "unknown setting 'llamacpp_comit'; did you mean 'llamacpp_commit'?" in out
     assert "Beginning operation run" not in out
     assert {h: state(lab_rack, h) for h in before} == before
