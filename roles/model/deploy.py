@@ -11,7 +11,7 @@ from llamarack.facts import FactRead, read, read_together
 from llamarack.operations import refuse
 from llamarack.roles.model.reads import GgufShape, ModelArtifact, shape_record_name
 from llamarack.roles.server.operations import system_account
-from llamarack.roles.server.reads import SystemUser
+from llamarack.roles.server.reads import SystemGroup, SystemUser
 from llamarack.secrets import read_token
 from llamarack.settings import Settings
 
@@ -77,7 +77,7 @@ def model(settings: Settings, tool_paths: Optional[dict] = None) -> ModelPlan:
     # The artifacts' directories are known now: their state, their shape records and the
     # served files' shapes (the server role plans from them) in one command, with the
     # pipeline's account.
-    read_together(FactRead.of(SystemUser, user=PIPELINE_USER),
+    read_together(FactRead.of(SystemUser, user=PIPELINE_USER), FactRead.of(SystemGroup, group=PIPELINE_USER),
                   *(read for p in (plan, draft_plan) if p
                     for read in (FactRead.of(ModelArtifact, path=p.dir),
                                  FactRead.of(File, path=f"{p.dir}/{shape_record_name()}"),
