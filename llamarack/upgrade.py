@@ -123,16 +123,23 @@ def as_text(audits: list[HostAudit]) -> str:
         if not a.reachable or a.error:
             out.append(f"{a.name}: cannot tell: {a.error}")
             continue
-        steps = host_steps(a)
-        if "rules" in a.items and a.items["rules"].drift:
-            out.append(f"{a.name}: refused by preflight: {'; '.join(a.items['rules'].found)}")
+        if refused(a):
+            out.append(f"{a.name}: refused by preflight: {'; '.join(refused(a))}")
             continue
+        steps = host_steps(a)
         out.append(f"{a.name}: " + ("nothing changes" if not steps else f"{len(steps)} change(s)"))
         out += [f"  {s.action:<9} {s.what}: {s.why}" for s in steps]
     return "\n".join(out) + "\n"
 
 
+def refused(audit: HostAudit) -> list:
+    """The preflight rules that would refuse the host (the deploy then changes nothing there)."""
+    rules = audit.items.get("rules")
+    return list(rules.found) if rules is not None and rules.drift else []
+
+
 def as_json(audits: list[HostAudit]) -> dict:
     return {"schema": "llamarack-plan-upgrade/1",
-            "hosts": {a.name: {"error": a.error if (a.error or not a.reachable) else None,
-                               "steps": [s.to_json() for s in host_steps(a)]} for a in audits}}
+            "hosts": {a.name: {"error": a.error if (a.error or not a.reachable) else None, "refused": refused(a),
+                               "steps": [] if refused(a) else [s.to_json() for s in host_steps(a)]}
+                      for a in audits}}

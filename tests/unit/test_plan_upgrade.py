@@ -65,7 +65,12 @@ def test_hosts_that_cannot_be_read_or_are_refused_say_so():
     refused = host(rules=Item(["lab-p40: gpu-on-bus: found no card"], [], drift=True))
     text = as_text([down, refused])
     assert "lab-t4: cannot tell: timed out" in text and "refused by preflight: lab-p40: gpu-on-bus" in text
-    assert as_json([down])["hosts"]["lab-t4"] == {"error": "timed out", "steps": []}
+    assert as_json([down])["hosts"]["lab-t4"] == {"error": "timed out", "refused": [], "steps": []}
+    # a refused host gets nothing from the deploy, whatever else drifted there
+    refused_too = host(rules=Item(["lab-p40: gpu-on-bus: found no card"], [], drift=True),
+                       llamarack=Item("0.0.9", "0.1.0", drift=True))
+    assert as_json([refused_too])["hosts"]["lab-v100-32"] == {
+        "error": None, "refused": ["lab-p40: gpu-on-bus: found no card"], "steps": []}
 
 
 def test_a_new_header_reader_records_the_shape_again_and_remakes_nothing():
