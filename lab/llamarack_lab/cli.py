@@ -66,14 +66,21 @@ def status():
 @click.option("--state", "state", type=click.Choice(["ok", "missing", "no-module"]),
               help="ok: module of the installed version loaded now; missing: package "
                    "removed; no-module: module will not load (now and at boot)")
-def driver(host, version, state):
-    """Simulate a driver package upgrade or a broken driver on HOST."""
+@click.option("--card-off", "card_off", type=int, metavar="N",
+              help="card N (0-based, of the host's cards) falls off the bus: the driver no longer lists it")
+@click.option("--card-on", "card_on", type=int, metavar="N", help="card N is back on the bus")
+def driver(host, version, state, card_off, card_on):
+    """Simulate a driver package upgrade, a broken driver, or a card lost or back, on HOST."""
     from . import driver as drivermod
-    if not version and not state:
-        raise click.UsageError("give --version and/or --state")
+    if not (version or state or card_off is not None or card_on is not None):
+        raise click.UsageError("give --version, --state, --card-off or --card-on")
     try:
         rack = rackmod.require_running()
-        click.echo(drivermod.set_driver(rack, host, version=version, state=state))
+        if version or state:
+            click.echo(drivermod.set_driver(rack, host, version=version, state=state))
+        for card, on in ((card_off, False), (card_on, True)):
+            if card is not None:
+                click.echo(drivermod.set_card(rack, host, card, on))
     except LabError as e:
         _fail(e)
 

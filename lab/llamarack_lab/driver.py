@@ -7,13 +7,15 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from . import paths
+from . import paths, profiles
 from .fake_nvidia import deb
 from .rack import Rack
 from .util import LabError
 
 NO_MODULE_FLAG = "/etc/llamarack-lab/nvidia-no-module"
 PROCESSES_JSON = "/etc/llamarack-lab/gpu-processes.json"
+HIDDEN_JSON = "/etc/llamarack-lab/gpu-processes-hidden.json"
+CARDS_OFF_JSON = "/etc/llamarack-lab/cards-off.json"
 MODULE_TOOL = "/usr/lib/llamarack-lab/nvidia-module"
 UNLOAD = "rm -f /proc/driver/nvidia/version; rmdir /proc/driver/nvidia 2>/dev/null; true"
 
@@ -79,15 +81,56 @@ class GpuProcess:
             raise LabError(f"not a GPU process: {self!r} (a pid, a name, MiB used and a GPU-... UUID)")
 
 
+def _write(rack: Rack, host: str, path: str, value) -> None:
+    """``value`` as JSON in ``path`` on ``host``, replaced whole (None: the file removed)."""
+    if value is None:
+        _ok(rack.ssh(host, f"rm -f {path}"), f"removing {path} on {host}")
+        return
+    r = rack.ssh(host, f"cat > {path}.new && mv -f {path}.new {path}", input=(json.dumps(value, indent=2) + "\n").encode())
+    _ok(r, f"writing {path} on {host}")
+
+
 def set_gpu_processes(rack: Rack, host: str, processes: tuple = ()) -> str:
     """What ``host``'s nvidia-smi lists as its compute processes from now on (its
     ``--query-compute-apps``, its table, ``-q``, and each card's memory.used): ``processes``
-    (``GpuProcess``), in that order; none when empty. A process on a card its running
-    driver does not list is not shown. The file stands until it is set again: a process
-    that ends or restarts (another pid) is set again by the test."""
+    (``GpuProcess``), in that order, in place of the running ones it finds. None given: it
+    lists the running ones again (each llama-server on the cards its CUDA_VISIBLE_DEVICES
+    names). A process on a card its running driver does not list is not shown. The file
+    stands until it is set again: a process that ends or restarts (another pid) is set
+    again by the test."""
     rack.host(host)  # unknown host -> clear error
-    text = json.dumps([asdict(p) for p in processes], indent=2) + "\n"
-    r = rack.ssh(host, f"cat > {PROCESSES_JSON}.new && mv -f {PROCESSES_JSON}.new {PROCESSES_JSON}",
-                 input=text.encode())  # fmt: skip
-    _ok(r, f"writing {PROCESSES_JSON} on {host}")
-    return f"{host}: {len(processes)} GPU process(es) listed"
+    _write(rack, host, PROCESSES_JSON, [asdict(p) for p in processes] if processes else None)
+    return f"{host}: {len(processes)} GPU process(es) listed" if processes else f"{host}: the running GPU processes listed"
+
+
+def hide_gpu_processes(rack: Rack, host: str, hide: bool = True, pids: tuple = (), units: tuple = ()) -> str:
+    """Make ``host``'s driver drop running processes from its lists, as a driver that does
+    not see the served PID: every one (no ``pids``/``units``), or those pids and those of the
+    systemd units named (``llamarack-server@1.service``). ``hide=False``: show them all again."""
+    rack.host(host)
+    if not all(isinstance(p, int) and p > 0 for p in pids) or not all(isinstance(u, str) and u for u in units):
+        raise LabError(f"not pids and unit names: {pids!r}, {units!r}")
+    value = {"all": not (pids or units), "pids": list(pids), "units": list(units)} if hide else None
+    _write(rack, host, HIDDEN_JSON, value)
+    what = ", ".join([*map(str, pids), *units]) or "every running process"
+    return f"{host}: {what} hidden from the driver's lists" if hide else f"{host}: no process hidden"
+
+
+def host_cards(rack: Rack, host: str) -> list[dict]:
+    """The cards ``host`` has (its gpus.json), in its order."""
+    found = rack.host(host)
+    return profiles.gpus_json(found["name"], found["profile"])
+
+
+def set_card(rack: Rack, host: str, card: int, on: bool) -> str:
+    """Take card ``card`` (its place among the host's cards, 0-based) off the bus, or put it
+    back: the driver stops listing it (and numbers the others without it), or lists it again."""
+    cards = host_cards(rack, host)
+    if not 0 <= card < len(cards):
+        raise LabError(f"{host} has {len(cards)} card(s): no card {card}")
+    r = rack.ssh(host, f"cat {CARDS_OFF_JSON} 2>/dev/null || echo '[]'")
+    _ok(r, f"reading {CARDS_OFF_JSON} on {host}")
+    off = [u for u in json.loads(r.stdout or "[]") if u != cards[card]["uuid"]] + ([] if on else [cards[card]["uuid"]])
+    _write(rack, host, CARDS_OFF_JSON, off)
+    listed = [i for i, c in enumerate(cards) if c["uuid"] not in off]
+    return f"{host}: card {card} ({cards[card]['bus_id']}) {'back on' if on else 'off'} the bus; cards listed: {listed}"

@@ -33,16 +33,52 @@ class Profile:
     name: str
     host_base: str  # host names derive from it: lab-v100, lab-v100-a, ...
     gpus: tuple[Gpu, ...]
+    bus: tuple[int, ...] = ()
+    """Each card's PCI bus number (its bus id 00000000:BB:00.0); 0x1E, 0x1F, ... when empty."""
+    links: tuple[str, ...] = ()
+    """``nvidia-smi topo -m``'s matrix, a row per card ("X NV1 SYS"); PHB between all when empty."""
+    numa: tuple[int, ...] = ()
+    """Each card's NUMA node (its CPU affinity is the node's CPUs); node 0 when empty."""
+
+
+# The NUMA nodes' CPUs of the multi-card profiles (two 20-core sockets with threads, as a DGX-1).
+NODE_CPUS = ("0-19,40-59", "20-39,60-79")
+
+# A DGX-1 with V100s: the hybrid cube-mesh of NVLinks, NV1 or NV2 between linked cards and SYS
+# across the sockets otherwise, as its real `nvidia-smi topo -m` prints it
+# (tests/facts/GpuTopology/dgx1_v100_driver_440.json); its cards' bus numbers as on a DGX-1.
+DGX1_LINKS = (
+    "X NV1 NV1 NV2 NV2 SYS SYS SYS",
+    "NV1 X NV2 NV1 SYS NV2 SYS SYS",
+    "NV1 NV2 X NV2 SYS SYS NV1 SYS",
+    "NV2 NV1 NV2 X SYS SYS SYS NV1",
+    "NV2 SYS SYS SYS X NV1 NV1 NV2",
+    "SYS NV2 SYS SYS NV1 X NV2 NV1",
+    "SYS SYS NV1 SYS NV1 NV2 X NV2",
+    "SYS SYS SYS NV1 NV2 NV1 NV2 X",
+)
+DGX1_BUS = (0x06, 0x07, 0x0A, 0x0B, 0x85, 0x86, 0x89, 0x8A)
+
+V100_SXM2_16GB = Gpu("Tesla V100-SXM2-16GB", 16384, "7.0", 300)
+V100_PCIE_16GB = Gpu("Tesla V100-PCIE-16GB", 16384, "7.0", 250)
+P40 = Gpu("Tesla P40", 24576, "6.1", 250)
+RTX_3090 = Gpu("NVIDIA GeForce RTX 3090", 24576, "8.6", 350, pstate="P8")
 
 
 PROFILES: dict[str, Profile] = {p.name: p for p in [
-    Profile("v100-16gb", "lab-v100", (Gpu("Tesla V100-SXM2-16GB", 16384, "7.0", 300),)),
+    Profile("v100-16gb", "lab-v100", (V100_SXM2_16GB,)),
     Profile("v100-32gb", "lab-v100-32", (Gpu("Tesla V100-SXM2-32GB", 32768, "7.0", 300),)),
     Profile("t4", "lab-t4", (Gpu("Tesla T4", 15360, "7.5", 70, pstate="P8"),)),
     Profile("p100", "lab-p100", (Gpu("Tesla P100-PCIE-16GB", 16384, "6.0", 250),)),
-    Profile("p40", "lab-p40", (Gpu("Tesla P40", 24576, "6.1", 250),)),
+    Profile("p40", "lab-p40", (P40,)),
     Profile("h200", "lab-h200", (Gpu("NVIDIA H200", 143771, "9.0", 700, mig="Disabled"),)),
     Profile("none", "lab-cpu", ()),
+    # Hosts with several cards: a DGX-1 (8 V100 SXM2 linked by NVLink), a 3090 beside three
+    # P40s over two sockets' PCIe, two PCIe V100s behind one host bridge (a split host).
+    Profile("v100-sxm2-16gb-x8", "lab-v100x8", (V100_SXM2_16GB,) * 8, DGX1_BUS, DGX1_LINKS, (0,) * 4 + (1,) * 4),
+    Profile("rtx3090-p40-x3", "lab-mixed", (RTX_3090, P40, P40, P40), (0x18, 0x3B, 0x86, 0xAF),
+            ("X NODE SYS SYS", "NODE X SYS SYS", "SYS SYS X PHB", "SYS SYS PHB X"), (0, 0, 1, 1)),
+    Profile("v100-16gb-x2", "lab-v100x2", (V100_PCIE_16GB,) * 2, (0x3B, 0x5E), ("X PHB", "PHB X")),
 ]}
 
 DEFAULT_PROFILES = ["v100-16gb", "v100-16gb", "v100-32gb", "t4"]
@@ -116,19 +152,27 @@ def rack_spec(profiles: list[str]) -> list[tuple[str, str, str]]:
 
 
 def gpus_json(host: str, profile: str) -> list[dict]:
-    """The guest's /etc/llamarack-lab/gpus.json: stable per host name."""
+    """The guest's /etc/llamarack-lab/gpus.json: stable per host name. Each card's ``links``
+    name its link to each other card by UUID (``nvidia-smi topo -m``'s NV2, PHB, SYS...)."""
+    spec = PROFILES[profile]
+    uuids = ["GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{host}.gpu{i}.llamarack-lab")) for i in range(len(spec.gpus))]
     out = []
-    for i, g in enumerate(PROFILES[profile].gpus):
+    for i, g in enumerate(spec.gpus):
+        row = spec.links[i].split() if spec.links else ["PHB"] * len(spec.gpus)
+        node = spec.numa[i] if spec.numa else 0
         out.append({
             "name": g.name,
             "memory_mib": g.memory_mib,
             "compute_cap": g.compute_cap,
-            "uuid": "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{host}.gpu{i}.llamarack-lab")),
-            "bus_id": f"00000000:{0x1E + i:02X}:00.0",
+            "uuid": uuids[i],
+            "bus_id": f"00000000:{spec.bus[i] if spec.bus else 0x1E + i:02X}:00.0",
             "power_cap_w": g.power_cap_w,
             "power_usage_w": 40 if g.power_cap_w > 100 else 12,
             "pstate": g.pstate,
             "mig": g.mig,
+            "links": {peer: link for j, (peer, link) in enumerate(zip(uuids, row)) if j != i},
+            "cpu_affinity": NODE_CPUS[node],
+            "numa_node": node,
         })
     return out
 

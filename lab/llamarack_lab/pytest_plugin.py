@@ -110,9 +110,24 @@ class LabRack:
         return drivermod.set_driver(self.rack, host, version=version, state=state)
 
     def gpu_processes(self, host: str, *processes: drivermod.GpuProcess) -> str:
-        """What the host's nvidia-smi lists as compute processes from now on (none: clears);
+        """What the host's nvidia-smi lists as compute processes from now on, in place of the
+        running ones it finds (none given: the running ones again);
         ``lab_rack.gpu_processes("lab-t4", GpuProcess(pid, "llama-server", 690, uuid))``."""
         return drivermod.set_gpu_processes(self.rack, host, processes)
+
+    def hide_gpu_processes(self, host: str, hide: bool = True, pids: tuple = (), units: tuple = ()) -> str:
+        """The host's driver drops running processes from its lists (all, or those ``pids`` and
+        ``units``), as one that does not see the served PID; ``hide=False`` shows them again."""
+        return drivermod.hide_gpu_processes(self.rack, host, hide, pids, units)
+
+    def card(self, host: str, n: int, on: bool = False) -> str:
+        """Card ``n`` (0-based, of the host's cards) falls off the bus (``on=False``: the driver
+        stops listing it) or comes back (``on=True``)."""
+        return drivermod.set_card(self.rack, host, n, on)
+
+    def cards(self, host: str) -> list[dict]:
+        """The host's cards as its fake driver knows them (name, uuid, bus_id, links...), in order."""
+        return drivermod.host_cards(self.rack, host)
 
 
 @pytest.fixture(scope="session")

@@ -1,16 +1,21 @@
-"""The driver role's audit item: its packages held, the module loaded the library's version."""
+"""The driver role's audit items: its packages held, the module loaded the library's version;
+and how the cards are linked (``nvidia-smi topo -m``)."""
 
 from __future__ import annotations
 
 from llamarack.audit import Item, Seen
+from llamarack.facts import FactRead
 from llamarack.rules import driver_warnings
 from llamarack.settings import Settings
 
-ITEMS = ("driver",)
+from .reads import GpuTopology, topology_summary
+
+ITEMS = ("driver", "topology")
 
 
 def reads(settings: Settings, verify: bool = False) -> tuple:
-    return ()  # the rules' reads (preflight's) hold every driver fact
+    # the rules' reads (preflight's) hold every other driver fact; the topology is the audit's own
+    return (FactRead.of(GpuTopology),)
 
 
 def items(seen: Seen) -> dict[str, Item]:
@@ -23,4 +28,15 @@ def items(seen: Seen) -> dict[str, Item]:
              "state": facts.driver.state, "warnings": list(driver_warnings(facts.driver))}  # fmt: skip
     wanted = {"held": settings.driver.hold_packages, "module": "same as the library"}
     drift = bool(packages) and held != settings.driver.hold_packages or bool(module and library and module != library)
-    return {"driver": Item(found, wanted, drift=drift)}
+    return {"driver": Item(found, wanted, drift=drift), "topology": Item(topology_found(seen.fact.read(GpuTopology)))}
+
+
+def topology_found(topology) -> dict:
+    """The links per card pair: NVLinks by pair ("0-1": 2), the PCIe path of the others, a summary line."""
+    return {
+        "summary": topology_summary(topology),  # first: the audit's table shows the start of it
+        "cards": len(topology.cards),
+        "nvlink": {f"{x.first}-{x.second}": x.nvlinks for x in topology.links if x.nvlinks},
+        "pcie": {f"{x.first}-{x.second}": x.link for x in topology.links if not x.nvlinks},
+        "problem": topology.problem or None,
+    }

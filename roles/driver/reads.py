@@ -575,3 +575,97 @@ class MigStates(FactBase[tuple]):
             elif (m := re.match(r"\s+MIG (\S+)\s+Device\s+\d+:", line)) and card is not None:
                 instances.setdefault(card, []).append(m.group(1))
         return tuple(MigState(i, mode, tuple(instances.get(i, ()))) for i, mode in sorted(modes.items()))
+
+
+@dataclass(frozen=True)
+class CardLink(FactValue):
+    first: int
+    second: int
+    link: str
+    """As ``nvidia-smi topo -m`` writes it: "NV2" (a bonded set of two NVLinks), or the PCIe
+    path: "PIX", "PXB", "PHB", "NODE", "SYS" ("SOC" on old drivers)."""
+
+    @property
+    def nvlinks(self) -> int:
+        """The NVLinks between the two cards (0: PCIe only)."""
+        return int(self.link[2:]) if self.link.startswith("NV") else 0
+
+
+@dataclass(frozen=True)
+class Topology(FactValue):
+    cards: tuple
+    """The indexes of the cards the matrix has (nvidia-smi's numbering)."""
+    links: tuple
+    """A ``CardLink`` for each two cards (``first`` < ``second``) whose link reads the same both ways."""
+    problem: str = ""
+    """What could not be read (a driver's error, a value that is no link, a matrix that
+    disagrees with itself); empty when the whole matrix read."""
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_LINK = re.compile(r"X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC")
+_CARD = re.compile(r"GPU(\d+)")
+
+
+class GpuTopology(FactBase[Topology]):
+    """
+    Returns how each two cards are linked, from ``nvidia-smi topo -m``: NVLink (how many) or
+    the PCIe path. Whatever the output holds, the answer is a value: what does not read is
+    named in ``problem`` (the cards and links that read are kept).
+
+    .. code:: python
+
+        Topology(cards=(0, 1), links=(CardLink(first=0, second=1, link="NV2"),), problem="")
+
+    The header is underlined (ANSI) on a terminal; the columns are tab-separated, and
+    columns of network cards and the CPU and NUMA affinity follow the cards'.
+    """
+
+    def command(self) -> str:
+        return SMI_PRESENT + "nvidia-smi topo -m 2>&1; true"
+
+    def default(self) -> Topology:
+        return Topology((), ())
+
+    def process(self, output) -> Topology:
+        rows = [_ANSI.sub("", line).split() for line in output]
+        header = next((r for r in rows if r[:1] == ["GPU0"] and not _LINK.fullmatch(r[1] if len(r) > 1 else "X")), None)
+        if header is None:
+            text = " ".join(" ".join(r) for r in rows if r)
+            return Topology((), (), text[:300])
+        count = next((i for i, word in enumerate(header) if word != f"GPU{i}"), len(header))
+        matrix = {int(m.group(1)): r[1:1 + count] for r in rows if r and r is not header and (m := _CARD.fullmatch(r[0]))}
+        problems = [f"no row of GPU{i}" for i in range(count) if len(matrix.get(i, ())) != count]
+        problems += [f"GPU{i} reads {_cell(matrix, i, i)!r} to itself" for i in range(count)
+                     if len(matrix.get(i, ())) == count and matrix[i][i] != "X"]  # fmt: skip
+        links = []
+        for first in range(count):
+            for second in range(first + 1, count):
+                link, back = (_cell(matrix, first, second), _cell(matrix, second, first))
+                if link != back:
+                    problems.append(f"GPU{first}-GPU{second} reads {link!r} one way and {back!r} the other")
+                elif not _LINK.fullmatch(link) or link == "X":
+                    problems.append(f"GPU{first}-GPU{second} reads {link!r}, no link")
+                else:
+                    links.append(CardLink(first, second, link))
+        return Topology(tuple(range(count)), tuple(links), "; ".join(problems))
+
+
+def _cell(matrix: dict, row: int, column: int) -> str:
+    values = matrix.get(row, ())
+    return values[column] if column < len(values) else ""
+
+
+def topology_summary(topology: Topology) -> str:
+    """One line of the links per card pair: "8 cards; NVLink between 0-1:NV1 0-2:NV1 ...;
+    PCIe only between 0-5:SYS ..."."""
+    if not topology.cards:
+        return f"no topology: {topology.problem}" if topology.problem else "no cards"
+    parts = [f"{len(topology.cards)} card" + ("s" if len(topology.cards) > 1 else "")]
+    for title, kept in (("NVLink between", lambda link: link.nvlinks), ("PCIe only between", lambda link: not link.nvlinks)):
+        pairs = [f"{link.first}-{link.second}:{link.link}" for link in topology.links if kept(link)]
+        if pairs:
+            parts.append(f"{title} {' '.join(pairs)}")
+    if topology.problem:
+        parts.append(f"unread: {topology.problem}")
+    return "; ".join(parts)

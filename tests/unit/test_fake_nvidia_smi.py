@@ -300,3 +300,251 @@ def test_a_590_driver_on_a_v100_alone_loads_no_module(tmp_path):
     (r / "etc/llamarack-lab/gpus.json").write_text(json.dumps([V100, T4]))
     assert subprocess.run([sys.executable, str(FAKE.parent / "nvidia_module.py"), "load"], env=env).returncode == 0
     assert smi(r, "--query-gpu=name,driver_version", "--format=csv,noheader") == (0, "Tesla T4, 590.44.01\n")
+
+
+# -- hosts with several cards ------------------------------------------------------
+
+MULTI = ("v100-sxm2-16gb-x8", "rtx3090-p40-x3", "v100-16gb-x2")
+
+
+def host_root(tmp_path, profile, host="lab-x", driver="550.127.05", **kw):
+    from llamarack_lab import profiles
+
+    return root(tmp_path, profiles.gpus_json(host, profile), lib=driver, module=driver, **kw)
+
+
+@pytest.mark.parametrize("profile", MULTI)
+def test_a_multi_card_host_lists_every_card_as_the_card_table_has_it(tmp_path, profile):
+    from llamarack import gpu_table
+    from llamarack_lab import profiles
+
+    cards = profiles.gpus_json("lab-x", profile)
+    r = host_root(tmp_path, profile)
+    fact = fact_on(r)
+    assert fact.state == "ok" and [g.uuid for g in fact.gpus] == [c["uuid"] for c in cards]
+    assert len({c["uuid"] for c in cards}) == len(cards) == len(profiles.PROFILES[profile].gpus)
+    for gpu in fact.gpus:
+        board = gpu_table.board(gpu.pci_device_id)
+        assert (board.compute_cap, board.memory_gb * 1024) == (gpu.compute_cap, gpu.memory_mib), gpu
+    rc, table = smi(r)
+    rows = [line for line in table.split("\n")[1:] if line]
+    assert rc == 0 and all(len(line) == 91 for line in rows), table
+    assert [line[6:36].strip() for line in rows if re.match(r"\|\s+\d+  ", line)] == [c["name"] for c in cards]
+    assert smi(r, "-L")[1].count("\n") == len(cards)
+
+
+def test_the_dgx1_host_has_a_dgx1s_cards_and_bus(tmp_path):
+    rc, out = smi(host_root(tmp_path, "v100-sxm2-16gb-x8"), "--query-gpu=index,name,pci.bus_id,pci.device_id",
+                  "--format=csv,noheader")  # fmt: skip
+    assert rc == 0 and out.splitlines() == [
+        f"{i}, Tesla V100-SXM2-16GB, 00000000:{bus}:00.0, 0x1DB110DE"
+        for i, bus in enumerate(["06", "07", "0A", "0B", "85", "86", "89", "8A"])]  # fmt: skip
+
+
+def fixture(name):
+    return json.loads((FACTS / "GpuTopology" / f"{name}.json").read_text())
+
+
+def test_the_dgx1_topology_is_the_real_matrix_in_the_real_layout(tmp_path):
+    """The NVLink mesh of the real DGX-1 captures, in the current drivers' layout (tabs, the
+    NUMA columns, the legend's words of the real one)."""
+    from llamarack.roles.driver.reads import GpuTopology
+
+    rc, out = smi(host_root(tmp_path, "v100-sxm2-16gb-x8"), "topo", "-m")
+    lines = out.split("\n")
+    real = fixture("dgx1_v100_driver_570")["output"]  # as published: its tabs as spaces
+    assert rc == 0 and out.endswith("\n") and [line.split() for line in lines[:9]] == [line.split() for line in real[:9]]
+    assert lines[9:-1] == real[9:]  # the blank line, the legend
+    assert lines[1] == "GPU0\t X \tNV1\tNV1\tNV2\tNV2\tSYS\tSYS\tSYS\t0-19,40-59\t0\t\tN/A"
+    assert lines[0] == "\t" + "\t".join([f"GPU{i}" for i in range(8)] + ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"])
+    assert fact_on(host_root(tmp_path / "again", "v100-sxm2-16gb-x8"), GpuTopology) == GpuTopology().process(
+        fixture("dgx1_v100_mlx5")["output"])
+
+
+def test_a_pcie_host_is_phb_node_and_sys_and_the_header_is_underlined_on_a_terminal(tmp_path):
+    import os
+    import pty
+
+    from llamarack.roles.driver.reads import GpuTopology, topology_summary
+
+    r = host_root(tmp_path, "rtx3090-p40-x3")
+    topology = fact_on(r, GpuTopology)
+    assert topology_summary(topology) == ("4 cards; PCIe only between 0-1:NODE 0-2:SYS 0-3:SYS 1-2:SYS 1-3:SYS 2-3:PHB")
+    leader, follower = pty.openpty()
+    env = {"LLAMARACK_FAKE_NVIDIA_ROOT": str(r), "PATH": "/usr/bin:/bin"}
+    subprocess.run([sys.executable, str(FAKE), "topo", "-m"], stdout=follower, env=env, check=True)
+    os.close(follower)
+    first = os.read(leader, 4096).decode().split("\r\n")[0]
+    os.close(leader)
+    assert first == "\t\x1b[4mGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m"
+    assert smi(r, "topo")[0] == 2
+
+
+def test_the_audit_shows_the_links_per_card_pair(tmp_path):
+    from llamarack.roles.driver.audit import topology_found
+    from llamarack.roles.driver.reads import GpuTopology
+
+    found = topology_found(fact_on(host_root(tmp_path, "v100-sxm2-16gb-x8"), GpuTopology))
+    assert found["summary"].startswith("8 cards; NVLink between 0-1:NV1 0-2:NV1 0-3:NV2 0-4:NV2 1-2:NV2 ")
+    assert found["summary"].endswith("; PCIe only between 0-5:SYS 0-6:SYS 0-7:SYS 1-4:SYS 1-6:SYS 1-7:SYS "
+                                     "2-4:SYS 2-5:SYS 2-7:SYS 3-4:SYS 3-5:SYS 3-6:SYS")  # fmt: skip
+    assert (found["cards"], len(found["nvlink"]), found["nvlink"]["0-3"], found["problem"]) == (8, 16, 2, None)
+    garbled = topology_found(GpuTopology().process(fixture("garbled")["output"]))
+    assert garbled["summary"].startswith("4 cards; PCIe only between 0-3:SYS 1-2:SYS 1-3:SYS; unread: no row of GPU3")
+    assert topology_found(GpuTopology().default())["summary"] == "no cards"
+
+
+# -- a card off the bus ------------------------------------------------------------
+
+def test_a_card_off_the_bus_is_not_listed_and_the_others_are_numbered_without_it(tmp_path):
+    from llamarack.roles.driver.reads import GpuTopology
+    from llamarack_lab import profiles
+
+    cards = profiles.gpus_json("lab-x", "v100-sxm2-16gb-x8")
+    r = host_root(tmp_path, "v100-sxm2-16gb-x8")
+    (r / "etc/llamarack-lab/cards-off.json").write_text(json.dumps([cards[2]["uuid"]]))
+    rc, out = smi(r, "--query-gpu=index,uuid,pci.bus_id", "--format=csv,noheader")
+    assert rc == 0 and out.splitlines() == [f"{i}, {c['uuid']}, {c['bus_id']}" for i, c in
+                                            enumerate(cards[:2] + cards[3:])]  # fmt: skip
+    assert "0A:00.0" not in smi(r)[1] and smi(r, "-L")[1].count("\n") == 7
+    topology = fact_on(r, GpuTopology)
+    # the old card 3 is now 2: its NV2 to card 0 and NV1 to the old card 7, now 6
+    assert (len(topology.cards), topology.problem) == (7, "")
+    assert {(x.first, x.second): x.link for x in topology.links}[(0, 2)] == "NV2"
+    assert {(x.first, x.second): x.link for x in topology.links}[(2, 6)] == "NV1"
+    (r / "etc/llamarack-lab/cards-off.json").write_text(json.dumps([c["uuid"] for c in cards]))
+    assert smi(r) == (6, "No devices were found\n") and fact_on(r).state == "no_devices"
+    (r / "etc/llamarack-lab/cards-off.json").write_text("[]")
+    assert len(fact_on(r).gpus) == 8
+
+
+# -- running llama-servers on the cards ---------------------------------------------
+
+MODEL_BYTES = 9 * (1 << 30) + 5  # a 9 GiB model file (sparse): 9217 MiB, rounded up
+
+
+def serve(r, pid, argv, environ, unit="llamarack-server.service", cwd=None):
+    """A process in the fake's /proc: its command line, environment, cgroup and working directory."""
+    d = r / "proc" / str(pid)
+    d.mkdir(parents=True)
+    (d / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    (d / "environ").write_bytes(b"".join(f"{k}={v}\0".encode() for k, v in environ.items()))
+    (d / "cgroup").write_text(f"0::/system.slice/{unit}\n")
+    (d / "cwd").symlink_to(cwd or r)
+
+
+def model_file(r, name="model.gguf", size=MODEL_BYTES):
+    path = r / "opt/llamarack/models" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return path
+
+
+SERVER = "/opt/llamarack/builds/0123456789abcdef/bin/llama-server"
+APPS = ("--query-compute-apps=pid,process_name,used_gpu_memory,gpu_uuid", "--format=csv")
+
+
+def test_a_llama_server_is_listed_on_the_cards_its_environment_names(tmp_path):
+    from llamarack.roles.driver.reads import GpuProcesses
+    from llamarack_lab import profiles
+
+    cards = profiles.gpus_json("lab-x", "v100-sxm2-16gb-x8")
+    r = host_root(tmp_path, "v100-sxm2-16gb-x8")
+    model = model_file(r)
+    serve(r, 4242, [SERVER, "-m", str(model), "--port", "8083"], {"CUDA_VISIBLE_DEVICES": cards[3]["uuid"]},
+          unit="llamarack-server@3.service")  # fmt: skip
+    serve(r, 4300, [SERVER, "--model", "models/model.gguf"], {"CUDA_VISIBLE_DEVICES": "5"}, cwd=r / "opt/llamarack")
+    serve(r, 4400, ["/usr/bin/python3", "-m", str(model)], {"CUDA_VISIBLE_DEVICES": "1"})  # not a llama-server
+    serve(r, 4500, [SERVER, "-m", str(model)], {"PATH": "/usr/bin"})  # no card named: the lab's CPU builds
+    rc, out = smi(r, *APPS)
+    assert (rc, out) == (0, "pid, process_name, used_gpu_memory [MiB], gpu_uuid\n"
+                            f"4242, {SERVER}, 9217 MiB, {cards[3]['uuid']}\n"
+                            f"4300, {SERVER}, 9217 MiB, {cards[5]['uuid']}\n")  # fmt: skip
+    assert [(p.pid, p.used_mib, p.gpu_uuid) for p in fact_on(r, GpuProcesses)] == [
+        (4242, 9217, cards[3]["uuid"]), (4300, 9217, cards[5]["uuid"])]  # fmt: skip
+    assert smi(r, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits")[1].splitlines()[3:6] == [
+        "3, 9217", "4, 0", "5, 9217"]  # fmt: skip
+    table = smi(r)[1]
+    assert "|    3   N/A  N/A            4242      C   ...456789abcdef/bin/llama-server       9217MiB |" in table
+
+
+def test_a_split_server_holds_its_tensor_split_share_on_each_card(tmp_path):
+    from llamarack_lab import profiles
+
+    cards = profiles.gpus_json("lab-x", "v100-16gb-x2")
+    r = host_root(tmp_path, "v100-16gb-x2")
+    model = model_file(r, size=16 * (1 << 30))
+    both = f"{cards[0]['uuid']},{cards[1]['uuid']}"
+    serve(r, 7001, [SERVER, "-m", str(model), "--split-mode", "layer", "--tensor-split", "3,1", "--main-gpu", "0"],
+          {"CUDA_VISIBLE_DEVICES": both})  # fmt: skip
+    assert smi(r, "--query-compute-apps=pid,used_memory,gpu_uuid", "--format=csv,noheader,nounits") == (
+        0, f"7001, 12288, {cards[0]['uuid']}\n7001, 4096, {cards[1]['uuid']}\n")
+    # no --tensor-split: by the cards' memory, as llama.cpp's default split
+    (r / "proc/7001/cmdline").write_bytes(f"{SERVER}\0-m\0{model}\0".encode())
+    assert smi(r, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits") == (0, "7001, 8192\n7001, 8192\n")
+    # a UUID's unique start names the card, as CUDA reads it; an entry naming none ends the list
+    (r / "proc/7001/environ").write_bytes(f"CUDA_VISIBLE_DEVICES={cards[1]['uuid'][:12]},7,0\0".encode())
+    assert smi(r, "--query-compute-apps=pid,used_memory,gpu_uuid", "--format=csv,noheader,nounits") == (
+        0, f"7001, 16384, {cards[1]['uuid']}\n")
+
+
+def test_the_lab_hides_running_servers_and_an_explicit_list_replaces_them(tmp_path):
+    from llamarack_lab import profiles
+
+    cards = profiles.gpus_json("lab-x", "v100-16gb-x2")
+    r = host_root(tmp_path, "v100-16gb-x2")
+    model = model_file(r)
+    serve(r, 81, [SERVER, "-m", str(model)], {"CUDA_VISIBLE_DEVICES": "0"}, unit="llamarack-server@0.service")
+    serve(r, 82, [SERVER, "-m", str(model)], {"CUDA_VISIBLE_DEVICES": "1"}, unit="llamarack-server@1.service")
+    pids = ("--query-compute-apps=pid", "--format=csv,noheader")
+    assert smi(r, *pids) == (0, "81\n82\n")
+    hidden = r / "etc/llamarack-lab/gpu-processes-hidden.json"
+    for value, listed in (({"all": True}, ""), ({"units": ["llamarack-server@1.service"]}, "81\n"), ({"pids": [81]}, "82\n")):
+        hidden.write_text(json.dumps(value))
+        assert smi(r, *pids) == (0, listed), value
+    hidden.unlink()
+    (r / "etc/llamarack-lab/gpu-processes.json").write_text(json.dumps(
+        [{"pid": 9, "name": "python3", "used_mib": 10, "gpu_uuid": cards[1]["uuid"]}]))
+    assert smi(r, *pids) == (0, "9\n")
+
+
+class FakeRack:
+    """llamarack_lab.rack.Rack's calls the helpers make: a host's record, and SSH commands answered in order."""
+
+    def __init__(self, *answers):
+        self.sent, self.answers = [], list(answers)
+
+    def host(self, name):
+        return {"name": name, "profile": "v100-sxm2-16gb-x8"}
+
+    def ssh(self, host, cmd, input=None):
+        self.sent.append((host, cmd, input))
+        return subprocess.CompletedProcess(cmd, 0, self.answers.pop(0) if self.answers else "", "")
+
+
+def test_the_lab_helpers_take_a_card_off_and_hide_processes(tmp_path):
+    from llamarack_lab import driver, profiles
+    from llamarack_lab.util import LabError
+
+    cards = profiles.gpus_json("lab-v100x8", "v100-sxm2-16gb-x8")
+    rack = FakeRack(json.dumps([cards[5]["uuid"]]))
+    said = driver.set_card(rack, "lab-v100x8", 2, on=False)
+    assert said == "lab-v100x8: card 2 (00000000:0A:00.0) off the bus; cards listed: [0, 1, 3, 4, 6, 7]"
+    assert rack.sent[0][1] == "cat /etc/llamarack-lab/cards-off.json 2>/dev/null || echo '[]'"
+    assert json.loads(rack.sent[1][2]) == [cards[5]["uuid"], cards[2]["uuid"]]
+    rack = FakeRack(json.dumps([cards[5]["uuid"], cards[2]["uuid"]]))
+    assert driver.set_card(rack, "lab-v100x8", 5, on=True).endswith("back on the bus; cards listed: [0, 1, 3, 4, 5, 6, 7]")
+    assert json.loads(rack.sent[1][2]) == [cards[2]["uuid"]]
+    with pytest.raises(LabError, match="has 8 card"):
+        driver.set_card(FakeRack(), "lab-v100x8", 8, on=False)
+    rack = FakeRack()
+    assert driver.hide_gpu_processes(rack, "lab-v100x8", units=("llamarack-server@1.service",)) == (
+        "lab-v100x8: llamarack-server@1.service hidden from the driver's lists")
+    assert json.loads(rack.sent[0][2]) == {"all": False, "pids": [], "units": ["llamarack-server@1.service"]}
+    driver.hide_gpu_processes(rack, "lab-v100x8")
+    assert json.loads(rack.sent[1][2]) == {"all": True, "pids": [], "units": []}
+    assert driver.hide_gpu_processes(rack, "lab-v100x8", False) == "lab-v100x8: no process hidden"
+    assert rack.sent[2][1] == "rm -f /etc/llamarack-lab/gpu-processes-hidden.json"
+    assert driver.set_gpu_processes(rack, "lab-v100x8") == "lab-v100x8: the running GPU processes listed"
+    assert rack.sent[3][1] == "rm -f /etc/llamarack-lab/gpu-processes.json"

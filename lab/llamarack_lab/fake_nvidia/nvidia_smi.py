@@ -10,11 +10,24 @@ real H200 host with driver 580.159.04; see tests/fixtures/nvidia-smi/):
   branch, cards below compute capability 7.5 are ignored, and a host with
   only such cards has no module at all (the loader refuses, as the real
   module's probe finds "No NVIDIA GPU");
-- compute processes come from /etc/llamarack-lab/gpu-processes.json, which
-  lab tests write (``llamarack_lab.driver.set_gpu_processes``): pid, name,
-  MiB and card of each, listed by ``--query-compute-apps``, the table and
-  ``-q``, and counted in the card's memory.used (real formats:
+- a card the lab took off the bus (/etc/llamarack-lab/cards-off.json, its
+  UUID: ``llamarack lab driver HOST --card-off N``) is not listed, and the
+  others are numbered without it, as after a card fell off the bus;
+- compute processes are, as the real driver lists them, the running ones on
+  the cards: each llama-server whose environment's CUDA_VISIBLE_DEVICES
+  names listed cards (by UUID or index) holds its --model file's size on
+  them, shared by its --tensor-split (else by the cards' memory), as llama.cpp
+  lays the layers out; the lab can hide them (gpu-processes-hidden.json:
+  all, or by pid or systemd unit), as a driver that drops the served PID;
+  /etc/llamarack-lab/gpu-processes.json, when a lab test writes it
+  (``llamarack_lab.driver.set_gpu_processes``), lists them instead: pid,
+  name, MiB and card of each. They are listed by ``--query-compute-apps``,
+  the table and ``-q``, and counted in the card's memory.used (real formats:
   tests/fixtures/nvidia-smi/h200-driver-580.159.04-processes/);
+- ``nvidia-smi topo -m`` prints the links between the listed cards that
+  gpus.json names (each card's ``links`` by peer UUID, its CPU affinity and
+  NUMA node) in the real layout of current drivers (tab-separated, the
+  header underlined on a terminal, the legend after);
 - the "kernel module" version is read from /proc/driver/nvidia/version,
   written at boot by the package's nvidia-module.service;
 - the user-space library version is the suffix of the installed
@@ -35,6 +48,7 @@ each call cost every host's audit 10 ms a call.
 import os
 import sys
 import time
+from functools import lru_cache
 from json import loads
 
 ROOT = os.environ.get("LLAMARACK_FAKE_NVIDIA_ROOT", "")
@@ -43,6 +57,10 @@ LIB_DIR = ROOT + "/usr/lib/x86_64-linux-gnu"
 LIB_PREFIX = "libnvidia-ml.so."  # then the version: libnvidia-ml.so.550.127.05
 GPUS_JSON = ROOT + "/etc/llamarack-lab/gpus.json"
 PROCESSES_JSON = ROOT + "/etc/llamarack-lab/gpu-processes.json"
+HIDDEN_JSON = ROOT + "/etc/llamarack-lab/gpu-processes-hidden.json"
+CARDS_OFF_JSON = ROOT + "/etc/llamarack-lab/cards-off.json"
+PROC = ROOT + "/proc"
+MIB = 1 << 20
 
 # The 580 branch is the last that supports Maxwell, Pascal and Volta: a later module
 # ignores cards below compute capability 7.5 (llamarack.rules, driver-ceiling).
@@ -116,6 +134,7 @@ def library_version():
 # the H200's from the real capture).
 PCI_DEVICE_ID_BY_NAME = {
     "Tesla V100-SXM2-16GB": "0x1DB110DE", "Tesla V100-SXM2-32GB": "0x1DB510DE",
+    "Tesla V100-PCIE-16GB": "0x1DB410DE", "NVIDIA GeForce RTX 3090": "0x220410DE",
     "Tesla T4": "0x1EB810DE", "Tesla P100-PCIE-16GB": "0x15F810DE",
     "Tesla P40": "0x1B3810DE", "NVIDIA H200": "0x233510DE",
 }
@@ -146,14 +165,112 @@ def supported(gpu, driver):
 
 
 def listed_gpus(driver):
-    """The cards the running module of ``driver`` drives, as it numbers them."""
-    return [g for g in load_gpus() if supported(g, driver)]
+    """The cards the running module of ``driver`` drives and that are on the bus, as it numbers them."""
+    off = set(_load(CARDS_OFF_JSON))
+    return [g for g in load_gpus() if supported(g, driver) and g["uuid"] not in off]
 
 
 def processes_on(gpus):
-    """The registered compute processes on ``gpus``, in the file's order."""
+    """The compute processes on ``gpus``: those a lab test set, in the file's order, else
+    the running ones the lab does not hide, by pid."""
     uuids = {g["uuid"] for g in gpus}
-    return [p for p in _load(PROCESSES_JSON) if p["gpu_uuid"] in uuids]
+    return [p for p in compute_processes() if p["gpu_uuid"] in uuids]
+
+
+@lru_cache(maxsize=None)
+def compute_processes():
+    if os.path.exists(PROCESSES_JSON):
+        return tuple(_load(PROCESSES_JSON))
+    hidden = _load(HIDDEN_JSON) or {}
+    return tuple(p for p in running_processes(listed_gpus(module_version() or ""))
+                 if not (hidden.get("all") or p["pid"] in hidden.get("pids", ())
+                         or p["unit"] in hidden.get("units", ())))  # fmt: skip
+
+
+def _proc_text(pid, name):
+    try:
+        with open("%s/%s/%s" % (PROC, pid, name), "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return None
+
+
+def running_processes(gpus):
+    """Each running llama-server on the ``gpus`` its CUDA_VISIBLE_DEVICES names, with its
+    share of the model file it serves, a process per card, by pid."""
+    found = []
+    for pid in sorted(int(d) for d in os.listdir(PROC) if d.isdigit()) if os.path.isdir(PROC) else ():
+        argv = (_proc_text(pid, "cmdline") or "").split("\0")
+        environ = dict(v.partition("=")[::2] for v in (_proc_text(pid, "environ") or "").split("\0") if "=" in v)
+        if os.path.basename(argv[0]) != "llama-server" or "CUDA_VISIBLE_DEVICES" not in environ:
+            continue
+        cards = visible_cards(environ["CUDA_VISIBLE_DEVICES"], gpus)
+        size = model_size(pid, argv)
+        unit = unit_of(pid)
+        for card, share in zip(cards, shares(argv, cards)):
+            found.append({"pid": pid, "name": argv[0], "used_mib": -(-int(size * share) // MIB),
+                          "gpu_uuid": card["uuid"], "unit": unit})  # fmt: skip
+    return found
+
+
+def unit_of(pid):
+    """The systemd unit of a process (the last part of its cgroup path), or ""."""
+    path = (_proc_text(pid, "cgroup") or "").strip().split("\n")[-1].rpartition(":")[2]
+    return path.rstrip("/").rpartition("/")[2]
+
+
+def visible_cards(value, gpus):
+    """The cards CUDA_VISIBLE_DEVICES names, in its order, as CUDA reads it: an index of the
+    driver's numbering or a UUID (or its unique start); the first entry that names none ends it."""
+    cards = []
+    for entry in (e.strip() for e in value.split(",")):
+        named = [g for g in gpus if entry.startswith("GPU-") and g["uuid"].startswith(entry)]
+        if entry.isdigit() and int(entry) < len(gpus):
+            named = [gpus[int(entry)]]
+        if len(named) != 1:
+            break
+        if named[0] not in cards:
+            cards.append(named[0])
+    return cards
+
+
+def option(argv, *names):
+    """The value of a command line option (``-m PATH``, ``--model PATH``, ``--model=PATH``), or None."""
+    for i, arg in enumerate(argv):
+        if arg in names and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.partition("=")[0] in names and "=" in arg:
+            return arg.partition("=")[2]
+    return None
+
+
+def model_size(pid, argv):
+    """The size in bytes of the model file a llama-server serves (0 when it cannot be read)."""
+    model = option(argv, "-m", "--model")
+    if not model:
+        return 0
+    try:  # a relative path from the process's working directory
+        return os.stat(os.path.join("%s/%d/cwd" % (PROC, pid), model)).st_size
+    except OSError:
+        return 0
+
+
+def shares(argv, cards):
+    """Each card's part of the layers: --tensor-split's proportions, else the cards' memory."""
+    text = option(argv, "-ts", "--tensor-split") or ""
+    try:
+        weights = [float(w) for w in text.replace("/", ",").split(",")] if text else []
+    except ValueError:
+        weights = []
+    weights = (weights + [0.0] * len(cards))[:len(cards)]
+    if not sum(weights):
+        weights = [c["memory_mib"] for c in cards]
+    return [w / sum(weights) for w in weights]
+
+
+def by_card(gpus):
+    """(card, process) of each process on ``gpus``, card by card as the driver lists them."""
+    return [(g, p) for g in gpus for p in processes_on([g])]
 
 
 def used_mib(gpu):
@@ -240,12 +357,11 @@ def print_apps(fields, noheader, nounits, driver):
     none. The header names a column's unit with nounits too (real, driver 580)."""
     heads = ["%s [%s]" % (head, unit) if unit else head for head, unit, _ in (APP_FIELDS[f] for f in fields)]
     out = [] if noheader else [", ".join(heads)]
-    gpus = {g["uuid"]: g for g in listed_gpus(driver)}
-    for p in processes_on(list(gpus.values())):
+    for gpu, p in by_card(listed_gpus(driver)):
         vals = []
         for f in fields:
             _, unit, get = APP_FIELDS[f]
-            v = get(p, gpus[p["gpu_uuid"]])
+            v = get(p, gpu)
             vals.append(v if unit is None or nounits else "%s %s" % (v, unit))
         out.append(", ".join(vals))
     sys.stdout.write("".join(line + "\n" for line in out))
@@ -262,7 +378,7 @@ def _process_rows(gpus):
     longer than 32 is cut to its last 29 characters after "...". """
     index = {g["uuid"]: i for i, g in enumerate(gpus)}
     rows = []
-    for p in processes_on(gpus):
+    for _, p in by_card(gpus):
         name = p["name"] if len(p["name"]) <= 32 else "..." + p["name"][-29:]
         rows.append("|%5d%6s%5s%16d%7s   %-32s%14s |" % (
             index[p["gpu_uuid"]], "N/A", "N/A", p["pid"], "C", name, "%dMiB" % p["used_mib"]))
@@ -360,10 +476,39 @@ def print_q(driver):
     return 0
 
 
+# --- nvidia-smi topo -m (the layout of current drivers: tabs, the legend after) ---
+TOPO_LEGEND = [
+    "", "Legend:", "",
+    "  X    = Self",
+    "  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)",
+    "  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node",
+    "  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)",
+    "  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)",
+    "  PIX  = Connection traversing at most a single PCIe bridge",
+    "  NV#  = Connection traversing a bonded set of # NVLinks",
+]
+
+
+def print_topo(driver):
+    """The link between each two listed cards, their CPU and NUMA affinity; the header
+    underlined when printed to a terminal."""
+    gpus = listed_gpus(driver)
+    head = "\t".join(["GPU%d" % i for i in range(len(gpus))] + ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"])
+    lines = ["\t" + ("\x1b[4m%s\x1b[0m" % head if sys.stdout.isatty() else head)]
+    for i, g in enumerate(gpus):
+        cells = [" X " if peer is g else g.get("links", {}).get(peer["uuid"], "SYS") for peer in gpus]
+        lines.append("\t".join(["GPU%d" % i] + cells + [g.get("cpu_affinity", "N/A"),
+                                                          str(g.get("numa_node", "N/A")), "", "N/A"]))  # fmt: skip
+    sys.stdout.write("\n".join(lines + TOPO_LEGEND) + "\n")
+    return 0
+
+
 def arguments(argv):
     """(mode, query fields, format) of the command line, or the exit status of a bad one."""
     qfields = fmt = None
     mode = "table"
+    if argv[:1] == ["topo"] and argv[1:] in (["-m"], ["--matrix"]):
+        return "topo", None, None
     it = iter(argv)
     for arg in it:
         if arg.startswith("--query-gpu="):
@@ -420,9 +565,11 @@ def main(argv):
                          % (mod, ".".join(mod.split(".")[:2]), mod, cuda_version(mod)))
         return 0
     if not listed_gpus(mod):
-        # a module past the cards' branch would not have loaded ("No NVIDIA GPU found")
-        sys.stdout.write(MSG_NO_DRIVER if load_gpus() else MSG_NO_DEVICES)
-        return EXIT_NO_DRIVER if load_gpus() else EXIT_NO_DEVICES
+        # a module past the cards' branch would not have loaded ("No NVIDIA GPU found"); one
+        # whose cards all fell off the bus finds none
+        no_module = load_gpus() and not any(supported(g, mod) for g in load_gpus())
+        sys.stdout.write(MSG_NO_DRIVER if no_module else MSG_NO_DEVICES)
+        return EXIT_NO_DRIVER if no_module else EXIT_NO_DEVICES
     return answer(mode, parsed, mod)
 
 
@@ -434,6 +581,8 @@ def answer(mode, parsed, driver):
         return print_apps(*parsed, driver)
     if mode == "q":
         return print_q(driver)
+    if mode == "topo":
+        return print_topo(driver)
     if mode == "list":
         for i, g in enumerate(listed_gpus(driver)):
             sys.stdout.write("GPU %d: %s (UUID: %s)\n" % (i, g["name"], g["uuid"]))
