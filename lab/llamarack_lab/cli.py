@@ -69,13 +69,16 @@ def status():
 @click.option("--card-off", "card_off", type=int, metavar="N",
               help="card N (0-based, of the host's cards) falls off the bus: the driver no longer lists it")
 @click.option("--card-on", "card_on", type=int, metavar="N", help="card N is back on the bus")
-def driver(host, version, state, card_off, card_on):
+@click.option("--cards", "cards", metavar="PROFILE", help="swap the host's cards for GPU profile PROFILE's")
+def driver(host, version, state, card_off, card_on, cards):
     """Simulate a driver package upgrade, a broken driver, or a card lost or back, on HOST."""
     from . import driver as drivermod
-    if not (version or state or card_off is not None or card_on is not None):
-        raise click.UsageError("give --version, --state, --card-off or --card-on")
+    if not (version or state or cards or card_off is not None or card_on is not None):
+        raise click.UsageError("give --version, --state, --cards, --card-off or --card-on")
     try:
         rack = rackmod.require_running()
+        if cards:
+            click.echo(drivermod.reseat(rack, host, cards))
         if version or state:
             click.echo(drivermod.set_driver(rack, host, version=version, state=state))
         for card, on in ((card_off, False), (card_on, True)):

@@ -16,6 +16,8 @@ NO_MODULE_FLAG = "/etc/llamarack-lab/nvidia-no-module"
 PROCESSES_JSON = "/etc/llamarack-lab/gpu-processes.json"
 HIDDEN_JSON = "/etc/llamarack-lab/gpu-processes-hidden.json"
 CARDS_OFF_JSON = "/etc/llamarack-lab/cards-off.json"
+GPUS_JSON = "/etc/llamarack-lab/gpus.json"
+PROFILE_FILE = "/etc/llamarack-lab/profile"
 MODULE_TOOL = "/usr/lib/llamarack-lab/nvidia-module"
 UNLOAD = "rm -f /proc/driver/nvidia/version; rmdir /proc/driver/nvidia 2>/dev/null; true"
 
@@ -120,6 +122,21 @@ def host_cards(rack: Rack, host: str) -> list[dict]:
     """The cards ``host`` has (its gpus.json), in its order."""
     found = rack.host(host)
     return profiles.gpus_json(found["name"], found["profile"])
+
+
+def reseat(rack: Rack, host: str, profile: str) -> str:
+    """Give ``host`` the cards of GPU profile ``profile`` in place of its own, as a server
+    whose cards were swapped: its driver lists them from now on (every card on the bus),
+    and the rack remembers the host's new profile (``lab status``, ``cards``)."""
+    found = rack.host(host)
+    if profile not in profiles.PROFILES:
+        raise LabError(f"unknown GPU profile {profile!r}; known: {', '.join(profiles.PROFILES)}")
+    _write(rack, host, GPUS_JSON, profiles.gpus_json(found["name"], profile))
+    _write(rack, host, CARDS_OFF_JSON, None)
+    _ok(rack.ssh(host, f"echo {profile} > {PROFILE_FILE}"), f"writing {PROFILE_FILE} on {host}")
+    found["profile"] = profile
+    rack.save()
+    return f"{host}: the cards of {profile} ({len(profiles.PROFILES[profile].gpus)})"
 
 
 def set_card(rack: Rack, host: str, card: int, on: bool) -> str:

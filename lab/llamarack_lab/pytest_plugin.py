@@ -125,6 +125,10 @@ class LabRack:
         stops listing it) or comes back (``on=True``)."""
         return drivermod.set_card(self.rack, host, n, on)
 
+    def reseat(self, host: str, profile: str) -> str:
+        """The host's cards become GPU profile ``profile``'s (a server whose cards were swapped)."""
+        return drivermod.reseat(self.rack, host, profile)
+
     def cards(self, host: str) -> list[dict]:
         """The host's cards as its fake driver knows them (name, uuid, bus_id, links...), in order."""
         return drivermod.host_cards(self.rack, host)

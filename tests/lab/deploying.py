@@ -28,13 +28,14 @@ def sh(lab_rack, host: str, command: str, timeout: float = 300) -> str:
 
 
 # A host's real state, as a converged run must leave it: every file under the root, the
-# config and the unit by path, size, mtime, mode and owner (the small ones by content
-# too), the package selections and holds, and the server's process and restarts.
-STATE = ("find /opt/llamarack /etc/llamarack /etc/systemd/system/llamarack-server.service -xdev "
-         "-printf '%p %s %T@ %m %u %g\\n' 2>/dev/null | sort | sha256sum; "
-         "sha256sum /etc/systemd/system/llamarack-server.service /etc/llamarack/* 2>/dev/null; "
+# config and the units by path, size, mtime, mode and owner (the small ones by content
+# too), the package selections and holds, and each server's process and restarts.
+STATE = ("find /opt/llamarack /etc/llamarack /etc/systemd/system -xdev -path '/etc/systemd/system/*' "
+         "! -name 'llamarack-server*' -prune -o -printf '%p %s %T@ %m %u %g\\n' 2>/dev/null | sort | sha256sum; "
+         "sha256sum /etc/systemd/system/llamarack-server*.service /etc/llamarack/* 2>/dev/null; "
          "dpkg --get-selections | sha256sum; apt-mark showhold; "
-         "systemctl show -p MainPID -p NRestarts llamarack-server.service")
+         "for u in /etc/systemd/system/llamarack-server*.service; do "
+         "systemctl show -p Id -p MainPID -p NRestarts \"${u##*/}\"; done")
 
 
 def state(lab_rack, host: str) -> str:

@@ -1,0 +1,159 @@
+"""Hosts with several cards, on one lab host whose fake driver is given other cards.
+
+lab-v100-a's cards are swapped (``lab_rack.reseat``) for an 8x V100 SXM2 16GB box, then a
+mixed 3090 + 3x P40 host, then 2 V100 16 GB with ``server_layout = 'split'``, and back to its
+one V100. The lab builds llama.cpp for the CPU, so each unit computes there; what is shown is
+the layout: the units, their ports, cards (CUDA_VISIBLE_DEVICES by UUID), split flags,
+retirement and return, the audit, and that a second deploy changes nothing. The fake driver
+is the one test double.
+
+The tests run in order, each from the state the one before left.
+"""
+
+import json
+import re
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from llamarack_lab.pytest_plugin import parse_pyinfra_totals
+from tests.lab import deploying
+
+pytestmark = pytest.mark.lab
+
+HOST = "lab-v100-a"
+ROOT = "/opt/llamarack"
+UNITS = "/etc/systemd/system"
+
+
+def deploy(lab_rack, *data: str) -> str:
+    rc, out = deploying.deploy(lab_rack, HOST, *data)
+    assert rc == 0, out[-6000:]
+    return out
+
+
+def converged(lab_rack, *data: str) -> None:
+    before = deploying.state(lab_rack, HOST)
+    out = deploy(lab_rack, *data)
+    assert parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
+    assert deploying.state(lab_rack, HOST) == before
+
+
+def units(lab_rack) -> dict:
+    """{unit name: its file} on the host."""
+    names = deploying.sh(lab_rack, HOST, f"cd {UNITS} && ls llamarack-server*.service 2>/dev/null || true").split()
+    return {n: deploying.sh(lab_rack, HOST, f"cat {UNITS}/{n}") for n in names}
+
+
+def exec_start(unit: str) -> str:
+    return next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+
+
+def visible(unit: str) -> str:
+    m = re.search(r"^Environment=CUDA_VISIBLE_DEVICES=(\S+)$", unit, re.M)
+    return m.group(1) if m else ""
+
+
+def completes(lab_rack, port: int) -> None:
+    ip = lab_rack.rack.host(HOST)["ip"]
+    request = urllib.request.Request(f"http://{ip}:{port}/completion", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"prompt": "hello", "n_predict": 4}).encode())  # fmt: skip
+    with urllib.request.urlopen(request, timeout=60) as r:
+        assert json.loads(r.read())["tokens_predicted"] == 4
+
+
+def audit() -> dict:
+    r = subprocess.run([sys.executable, "-m", "llamarack", "audit", str(deploying.ROOT / "inventory/lab.py"), "--json",
+                        "--limit", HOST], cwd=deploying.ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.stdout.strip().startswith("{"), r.stderr[-3000:]
+    return json.loads(r.stdout)["hosts"][HOST]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cards_restored_afterwards(lab_rack):
+    profile = lab_rack.rack.host(HOST)["profile"]
+    yield
+    lab_rack.reseat(HOST, profile)
+    deploying.deploy(lab_rack, HOST)
+
+
+def test_eight_cards_serve_eight_units_on_eight_ports(lab_rack):
+    lab_rack.reseat(HOST, "v100-sxm2-16gb-x8")
+    out = deploy(lab_rack)
+    found = units(lab_rack)
+    assert sorted(found) == [f"llamarack-server@{n}.service" for n in range(8)], out[-4000:]
+    cards = [c["uuid"] for c in lab_rack.cards(HOST)]
+    for n in range(8):
+        unit = found[f"llamarack-server@{n}.service"]
+        assert f"--port {8080 + n} " in exec_start(unit)
+        assert visible(unit) == cards[n]
+        completes(lab_rack, 8080 + n)
+    record = json.loads(deploying.sh(lab_rack, HOST, f"cat {ROOT}/state/units.json"))
+    assert [(u["unit"], u["port"], u["cards"]) for u in record["units"]] == [
+        (f"llamarack-server@{n}.service", 8080 + n, [cards[n]]) for n in range(8)]
+    # the fake driver lists each served process on its own card, as a real one does
+    apps = deploying.sh(lab_rack, HOST, "nvidia-smi --query-compute-apps=gpu_uuid,pid --format=csv,noheader")
+    assert sorted(line.split(",")[0].strip() for line in apps.splitlines()) == sorted(cards)
+
+
+def test_the_audit_lists_every_unit_and_a_second_deploy_changes_nothing(lab_rack):
+    host = audit()
+    items = host["items"]
+    assert [f"unit@{n}" for n in range(8)] == sorted(k for k in items if k.startswith("unit@"))
+    assert all(not items[f"service@{n}"].get("drift") for n in range(8)), items
+    assert not items["units"].get("drift"), items["units"]
+    converged(lab_rack)
+
+
+def test_a_card_off_the_bus_retires_its_unit_and_its_return_brings_it_back(lab_rack):
+    pids = {n: deploying.sh(lab_rack, HOST, f"systemctl show -p MainPID --value llamarack-server@{n}.service")
+            for n in range(8)}  # fmt: skip
+    lab_rack.card(HOST, 3, on=False)
+    try:
+        out = deploy(lab_rack)
+        assert "llamarack-server@3.service" in out and "no longer" in out, out[-4000:]
+        assert "llamarack-server@3.service" not in units(lab_rack)
+        for n in (0, 1, 2, 4, 5, 6, 7):  # the other units keep serving, untouched
+            assert deploying.sh(lab_rack, HOST, f"systemctl show -p MainPID --value llamarack-server@{n}.service") \
+                == pids[n]  # fmt: skip
+    finally:
+        lab_rack.card(HOST, 3, on=True)
+    deploy(lab_rack)
+    found = units(lab_rack)
+    assert "llamarack-server@3.service" in found
+    assert visible(found["llamarack-server@3.service"]) == lab_rack.cards(HOST)[3]["uuid"]
+    completes(lab_rack, 8083)
+
+
+def test_a_mixed_host_gets_a_unit_per_card(lab_rack):
+    lab_rack.reseat(HOST, "rtx3090-p40-x3")
+    deploy(lab_rack)
+    found = units(lab_rack)
+    assert sorted(found) == [f"llamarack-server@{n}.service" for n in range(4)]
+    for n, card in enumerate(lab_rack.cards(HOST)):
+        assert visible(found[f"llamarack-server@{n}.service"]) == card["uuid"]
+        completes(lab_rack, 8080 + n)
+    converged(lab_rack)
+
+
+def test_a_split_host_runs_one_unit_with_the_planned_tensor_split(lab_rack):
+    lab_rack.reseat(HOST, "v100-16gb-x2")
+    deploy(lab_rack, "server_layout=split")
+    found = units(lab_rack)
+    assert list(found) == ["llamarack-server.service"]
+    unit = found["llamarack-server.service"]
+    start = exec_start(unit)
+    assert re.search(r"--split-mode layer --tensor-split \d+,\d+ --main-gpu [01]\b", start), start
+    assert visible(unit) == ",".join(c["uuid"] for c in lab_rack.cards(HOST))
+    completes(lab_rack, 8080)
+    converged(lab_rack, "server_layout=split")
+
+
+def test_back_on_one_card_the_host_serves_its_one_unit_again(lab_rack):
+    lab_rack.reseat(HOST, "v100-16gb")
+    deploy(lab_rack)
+    assert list(units(lab_rack)) == ["llamarack-server.service"]
+    completes(lab_rack, 8080)
+    converged(lab_rack)
