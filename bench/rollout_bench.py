@@ -48,6 +48,7 @@ from loadgen import Load  # noqa: E402
 
 INVENTORY = ROOT / "inventory/lab.py"
 JOURNAL = ROOT / ".llamarack/rollout-lab.json"
+RESULT = ROOT / "bench/results/rollout.json"
 GATEWAY, GATEWAY_PORT = "lab-gw", 8000
 CONCURRENCY, N_PREDICT = 4, 8
 BASELINE_REQUESTS = 200
@@ -130,11 +131,11 @@ def main() -> int:
     result["plain_pyinfra"] = case(rack, serving, url, lambda: plain_deploy(f"llamacpp_commit={bump}"))
     result["restore"] = plain_deploy()
     JOURNAL.unlink(missing_ok=True)
-    out = ROOT / "bench/results/rollout.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result, indent=1))
+    RESULT.write_text(json.dumps(result, indent=1) + "\n")
+    failed = {k: v["load"]["failed"] for k, v in result.items() if isinstance(v, dict) and "load" in v}
+    print(f"{RESULT}: failed requests per case: {failed}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

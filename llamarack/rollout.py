@@ -91,9 +91,12 @@ class StepFailed(Exception):
 
 @dataclass(frozen=True)
 class Options:
+    """How the rollout goes (the command's options; ``completion_tokens``: the gate's n_predict)."""
+
     canary: Optional[str] = None
     batch: int = 1
     max_fail: int = 1
+    # Each wait of a drained host (its streams on the gateways, then its units) is bounded by it.
     idle_timeout: float = 600.0
     bench_fraction: float = 0.25
     completion_tokens: int = 4
