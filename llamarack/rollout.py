@@ -96,10 +96,13 @@ class Options:
     canary: Optional[str] = None
     batch: int = 1
     max_fail: int = 1
-    # Each wait of a drained host (its streams on the gateways, then its units) is bounded by it.
-    idle_timeout: float = 600.0
+    idle_timeout: float = 600.0  # each wait of a drained host: its streams on the gateways, then its units
     bench_fraction: float = 0.25
     completion_tokens: int = 4
+
+    def __post_init__(self):
+        if self.batch < 1 or self.max_fail < 1 or not 0 <= self.bench_fraction <= 1:
+            raise ValueError(f"batch and max_fail at least 1, bench_fraction within 0..1: {self}")
 
     def to_json(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
