@@ -350,7 +350,8 @@ class Rollout:
         jobs = [gevent.spawn(self.boundary.run, gw, remote.command("haproxy_runtime", *args), timeout + COMMAND_TIMEOUT)
                 for gw in self.gateways]  # fmt: skip
         gevent.joinall(jobs)
-        failed = [f"{gw.name}: {why_of(job.value)}" for gw, job in zip(self.gateways, jobs) if not job.value.ok]
+        replies = [job.value or hostsmod.Reply(gw.name, error=repr(job.exception)) for gw, job in zip(self.gateways, jobs)]
+        failed = [f"{r.name}: {why_of(r)}" for r in replies if not r.ok]
         if failed:
             raise StepFailed(f"{step} on the gateway: " + "; ".join(failed))
 

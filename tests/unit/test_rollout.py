@@ -37,9 +37,12 @@ class FakeRack:
         self.new_bench = {}  # host -> the record its deploy measures
         self.records = {}  # host -> its state/rollout.json
         self.unreachable = set()
+        self.broken = set()  # hosts whose connector raises
 
     def run(self, host, command, timeout):
         name, words = host.name, shlex.split(command)
+        if name in self.broken:
+            raise RuntimeError("the connector broke")
         if name in self.unreachable:
             return hosts.Reply(name, error="Could not connect")
         if words[:2] == ["sh", "-c"]:
@@ -271,6 +274,18 @@ def test_an_unreachable_host_fails_untouched(here):
     fake.unreachable.add("lab-a")
     assert roll(fake) == 1
     assert fake.events == [] and journal()["hosts"]["lab-a"]["why"] == "list its units: Could not connect"
+
+
+def test_a_gateway_that_cannot_be_reached_fails_the_host_before_its_deploy(here):
+    fake = FakeRack()
+    fake.unreachable.add("lab-gw2")
+    assert roll(fake) == 1
+    assert journal()["hosts"]["lab-a"]["why"] == "drain on the gateway: lab-gw2: Could not connect"
+    fake = FakeRack()
+    fake.broken.add("lab-gw")
+    os.remove(".llamarack/rollout-inventory.json")
+    assert roll(fake) == 1 and "deploy" not in fake.timeline("lab-a")
+    assert "lab-gw: RuntimeError('the connector broke')" in journal()["hosts"]["lab-a"]["why"]
 
 
 def test_no_gateway_still_waits_idle_and_gates(here):
