@@ -2,6 +2,7 @@
 its port, its cards (CUDA_VISIBLE_DEVICES by UUID), health and residency lines; units a
 card no longer makes retired; state/units.json. Facts in, commands out."""
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -10,7 +11,7 @@ from pyinfra.facts.files import FileContents
 
 from llamarack.layout import unit_path
 from llamarack.model_shapes import shape_from_config
-from llamarack.roles.driver.reads import NvidiaSmi
+from llamarack.roles.driver.reads import CharDevices, NvidiaSmi
 from llamarack.roles.model.reads import GgufShape
 from llamarack.roles.server.operations import bench, rollback, service
 from llamarack.roles.server.reads import ServedUnits
@@ -248,3 +249,57 @@ def test_a_converged_eight_card_host_reads_everything_in_preflights_one_read():
     commands, _ = run_op(service, Recording(host), settings=s, gpus=EIGHT)
     assert commands == [] and FactRead.of(ServedUnits, state=f"{ROOT}/state") in read_here
     assert [r for r in dict.fromkeys(read_here) if r not in batched] == []
+
+
+def audit_of(s, host: dict, cards) -> dict:
+    """The server role's audit items of a host whose facts are ``host`` (as the deploy read them)."""
+    from types import SimpleNamespace
+
+    from llamarack.audit import Answers, Seen
+    from llamarack.facts import FactRead
+    from llamarack.roles.driver.reads import GpuProcess, GpuProcesses
+    from llamarack.roles.server.audit import items
+
+    units = host[fact_key(ServedUnits, state=f"{ROOT}/state")]
+    units = {n: dataclasses.replace(u, state={**u.state, "MainPID": str(100 + i)}, health=200)
+             for i, (n, u) in enumerate(sorted(units.items()))}  # fmt: skip
+    fact = Answers((), {})
+    fact.values = {FactRead.of(k[0], **dict(k[1])): v for k, v in host.items() if isinstance(k, tuple)}
+    fact.values.update({
+        FactRead.of(ServedUnits, state=f"{ROOT}/state", health=True): units,
+        FactRead.of(GgufShape, path=f"{ROOT}/models/current/model.gguf"): SHAPE,
+        FactRead.of(GpuProcesses): tuple(GpuProcess(100 + i, "llama-server", 700, g.uuid) for i, g in enumerate(cards)),
+        FactRead.of(CharDevices): host[CharDevices]})  # fmt: skip
+    return items(Seen("gpu01", s, SimpleNamespace(gpus=cards), fact))
+
+
+def test_the_audit_lists_every_unit_of_a_host():
+    s = settings(server_layout="per_card")
+    host, _ = converged(s, EIGHT)
+    found = audit_of(s, host, EIGHT)
+    drift = [k for k, v in found.items() if v.drift and k not in ("service_user", "bench")]
+    assert drift == [] and found["units"].found == {"units": [f"llamarack-server@{i}.service" for i in range(8)]}
+    for i, g in enumerate(EIGHT):
+        assert found[f"unit@{i}"].wanted["port"] == 8080 + i and found[f"unit@{i}"].found["cards"] == [g.uuid]
+        assert found[f"health@{i}"].found == 200 and found[f"service@{i}"].found["pid"] == 100 + i
+        assert found[f"residency@{i}"].found["cards"] == [g.uuid] and not found[f"residency@{i}"].drift
+    assert "unit" not in found and found["gpu_processes"].found["others"] == []
+    # a card gone: the audit says the deploy would retire its unit
+    gone = audit_of(s, host, EIGHT[:3] + EIGHT[4:])
+    assert gone["units"].drift and "llamarack-server@3.service" not in gone["units"].wanted["units"]
+    # one unit: today's items, by today's names
+    one = audit_of(settings(), facts(unit_sha1=UNIT_SHA1, running=True, units={"llamarack-server.service": found_unit(
+        sha1=UNIT_SHA1, running=True, lines=UNIT.rstrip("\n").split("\n"))}), (V100,))  # fmt: skip
+    assert {"unit", "service", "health", "residency"} <= set(one) and not one["unit"].drift
+    assert not [k for k in one if "@" in k]
+
+
+def test_plan_upgrade_says_which_unit_goes_and_which_restarts():
+    from llamarack.upgrade import server_steps
+
+    s = settings(server_layout="per_card")
+    host, _ = converged(s, EIGHT)
+    gone = audit_of(s, host, EIGHT[:3] + EIGHT[4:])
+    assert [(step.action, step.what) for step in server_steps(gone, False)] == [("retire", "llamarack-server@3.service")]
+    assert [step.what for step in server_steps(audit_of(s, host, EIGHT), True)] == [
+        f"llamarack-server@{i}" for i in range(8)]  # a new build or model: every unit restarts
