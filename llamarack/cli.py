@@ -9,6 +9,10 @@ import click
 from . import __version__
 
 
+# How `llamarack rollback --unit N` tells rollback.py which unit (it runs under pyinfra).
+ROLLBACK_UNIT_ENV = "LLAMARACK_ROLLBACK_UNIT"
+
+
 class LazyGroup(click.Group):
     """Subcommands imported only when run: ``llamarack settings`` imports no planner or
     pyinfra connector, and every command works without the lab, its own package."""
@@ -138,13 +142,16 @@ def plan_upgrade(inventory, limit, as_json, templates):
 @main.command()
 @click.argument("inventory")
 @click.option("--limit", multiple=True, metavar="HOST", help="roll back only this host (repeatable)")
-def rollback(inventory, limit):
+@click.option("--unit", type=click.IntRange(0, 1023), default=None, metavar="N",
+              help="only unit N of a host of several (llamarack-server@N.service; 0: a host's one unit)")
+def rollback(inventory, limit, unit):
     """Put back, on each host, the unit that served before the last switch.
 
-    Its build and model are switched in as any unit is (restart, /health, the
-    unit in place restored if it does not answer), then pinned: a deploy with
-    unchanged settings keeps it; changed settings, or a second rollback
-    (forward again), release it. Runs `pyinfra -y INVENTORY rollback.py`.
+    On a host of several units, each unit that has a previous one (or only
+    --unit N). Its build and model are switched in as any unit is (restart,
+    /health, the unit in place restored if it does not answer), then pinned: a
+    deploy with unchanged settings keeps it; changed settings, or a second
+    rollback (forward again), release it. Runs `pyinfra -y INVENTORY rollback.py`.
     """
     import subprocess
     import sys
@@ -155,7 +162,11 @@ def rollback(inventory, limit):
     if not deploy_file.is_file():
         raise click.ClickException(f"no {deploy_file}: run llamarack rollback from a llamarack checkout")
     args = pyinfra_argv(inventory, str(deploy_file), *[w for name in limit for w in ("--limit", name)])
-    sys.exit(subprocess.run(args, env=checkout_env()).returncode)
+    env = checkout_env()
+    env.pop(ROLLBACK_UNIT_ENV, None)
+    if unit is not None:
+        env[ROLLBACK_UNIT_ENV] = str(unit)
+    sys.exit(subprocess.run(args, env=env).returncode)
 
 
 @main.command()
