@@ -17,9 +17,10 @@ The JSON (``--json``) is one object, schema ``llamarack-audit/1``:
                       "items": {ITEM: {"found": ..., "wanted": ..., "drift": bool}}}}}
 
 ITEM is one of ``items()``, each role's (``roles/<role>/audit.py``), in the
-roles' order; ``wanted`` is null where the settings ask
-nothing of the item (the GPUs, the free disk). Exit status: 0 no drift, 1
-drift on some host, 2 a host unreachable or its facts unreadable.
+roles' order, then ``rollout`` (where ``llamarack rollout`` left the host);
+``wanted`` is null where the settings ask nothing of the item (the GPUs, the
+free disk). Exit status: 0 no drift, 1 drift on some host, 2 a host unreachable
+or its facts unreadable.
 """
 
 from __future__ import annotations
@@ -95,8 +96,10 @@ class Seen:
 
 def role_audits() -> list:
     """Each role's audit module (``roles/<role>/audit.py``: ``ITEMS``, ``reads``, ``items``),
-    in deploy.py's order. Imported here, not above: they import this module's ``Item``."""
-    return [importlib.import_module(f"llamarack.roles.{role}.audit") for role in ROLES]
+    in deploy.py's order, then the rollout's record (``llamarack/rollout_audit.py``).
+    Imported here, not above: they import this module's ``Item``."""
+    return [importlib.import_module(f"llamarack.roles.{role}.audit") for role in ROLES] + \
+        [importlib.import_module("llamarack.rollout_audit")]
 
 
 def items() -> tuple[str, ...]:

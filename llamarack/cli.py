@@ -9,6 +9,10 @@ import click
 from . import __version__
 
 
+# How `llamarack rollback --unit N` tells rollback.py which unit (it runs under pyinfra).
+ROLLBACK_UNIT_ENV = "LLAMARACK_ROLLBACK_UNIT"
+
+
 class LazyGroup(click.Group):
     """Subcommands imported only when run: ``llamarack settings`` imports no planner or
     pyinfra connector, and every command works without the lab, its own package."""
@@ -138,29 +142,67 @@ def plan_upgrade(inventory, limit, as_json, templates):
 @main.command()
 @click.argument("inventory")
 @click.option("--limit", multiple=True, metavar="HOST", help="roll back only this host (repeatable)")
-def rollback(inventory, limit):
+@click.option("--unit", type=click.IntRange(0, 1023), default=None, metavar="N",
+              help="only unit N of a host of several (llamarack-server@N.service; 0: a host's one unit)")
+def rollback(inventory, limit, unit):
     """Put back, on each host, the unit that served before the last switch.
 
-    Its build and model are switched in as any unit is (restart, /health, the
-    unit in place restored if it does not answer), then pinned: a deploy with
-    unchanged settings keeps it; changed settings, or a second rollback
-    (forward again), release it. Runs `pyinfra -y INVENTORY rollback.py`.
+    On a host of several units, each unit that has a previous one (or only
+    --unit N). Its build and model are switched in as any unit is (restart,
+    /health, the unit in place restored if it does not answer), then pinned: a
+    deploy with unchanged settings keeps it; changed settings, or a second
+    rollback (forward again), release it. Runs `pyinfra -y INVENTORY rollback.py`.
     """
-    import os
-    import shutil
     import subprocess
+    import sys
+
+    from .rollout import HERE, checkout_env, pyinfra_argv
+
+    deploy_file = HERE / "rollback.py"
+    if not deploy_file.is_file():
+        raise click.ClickException(f"no {deploy_file}: run llamarack rollback from a llamarack checkout")
+    args = pyinfra_argv(inventory, str(deploy_file), *[w for name in limit for w in ("--limit", name)])
+    env = checkout_env()
+    env.pop(ROLLBACK_UNIT_ENV, None)
+    if unit is not None:
+        env[ROLLBACK_UNIT_ENV] = str(unit)
+    sys.exit(subprocess.run(args, env=env).returncode)
+
+
+@main.command()
+@click.argument("inventory")
+@click.argument("deploy_file", metavar="[DEPLOY]", required=False)
+@click.option("--canary", metavar="HOST", help="the host rolled first, alone (default: the first serving host)")
+@click.option("--batch", type=click.IntRange(1), default=1, show_default=True,
+              help="hosts rolled side by side after the canary, in inventory order")
+@click.option("--max-fail", type=click.IntRange(1), default=1, show_default=True,
+              help="stop at this many failed hosts (a failed canary always stops)")
+@click.option("--resume", is_flag=True, help="go on from the rollout on file (.llamarack/rollout-<inventory>.json)")
+@click.option("--dry", is_flag=True, help="print the order and what each host would get; touch nothing")
+@click.option("--idle-timeout", type=click.FloatRange(0), default=600, show_default=True, metavar="S",
+              help="seconds a drained host's streams and units may take to go idle")
+@click.option("--bench-fraction", type=click.FloatRange(0, 1), default=0.25, show_default=True, metavar="F",
+              help="a new build or model's llama-bench may fall this fraction below the record before it")
+@click.option("--data", multiple=True, metavar="KEY=VALUE", help="host data for the deploy, as pyinfra's --data")
+def rollout(inventory, deploy_file, canary, batch, max_fail, resume, dry, idle_timeout, bench_fraction, data):
+    """Roll the deploy through the serving hosts, one batch at a time, behind the gateway.
+
+    The canary first, then batches in inventory order. Each host is drained on every
+    gateway (HAProxy's runtime API) and waited idle, deployed alone
+    (`pyinfra -y INVENTORY DEPLOY --limit HOST`), gated (/health, residency, a
+    completion, llama-bench against its record after a new build or model) and
+    undrained. The first failure stops the rollout, the failed host drained; --resume
+    goes on from there. DEPLOY: this checkout's deploy.py by default.
+    Exit status: 0 every host done, 1 a host failed, 2 refused (nothing touched).
+    """
+    import logging
     import sys
     from pathlib import Path
 
-    here = Path(__file__).resolve().parent.parent
-    deploy_file = here / "rollback.py"
-    if not deploy_file.is_file():
-        raise click.ClickException(f"no {deploy_file}: run llamarack rollback from a llamarack checkout")
-    exe = shutil.which("pyinfra")
-    args = [exe] if exe else [sys.executable, "-m", "pyinfra"]
-    args += ["-y", inventory, str(deploy_file)]
-    for name in limit:
-        args += ["--limit", name]
-    # The deploy file imports the llamarack this command runs from, not another install.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(here), os.environ.get("PYTHONPATH")])))
-    sys.exit(subprocess.run(args, env=env).returncode)
+    from . import rollout as rolloutmod
+
+    logging.getLogger("pyinfra").setLevel(logging.CRITICAL)  # connection chatter; failures are in the states
+    options = rolloutmod.Options(canary, batch, max_fail, idle_timeout, bench_fraction)
+    templates = (Path("templates").resolve(),) if Path("templates").is_dir() else ()
+    request = rolloutmod.Request(inventory, deploy_file, tuple(data), options, resume, dry, templates)
+    sys.exit(rolloutmod.main(request, echo=click.echo))

@@ -24,15 +24,16 @@ from pyinfra.api.exceptions import ConnectError, PyinfraError
 from pyinfra.context import ctx_host, ctx_state
 
 
-def load(inventory: str, limit: tuple = ()) -> list:
+def load(inventory: str, limit: tuple = (), data: dict | None = None) -> list:
     """The hosts of ``inventory`` (a file, or hosts separated by commas) named in ``limit``
-    (all when it is empty), in inventory order, in a pyinfra State of their own. A name in
-    ``limit`` that is no host of the inventory is a ValueError."""
+    (all when it is empty), in inventory order, in a pyinfra State of their own; ``data``
+    overrides host data as pyinfra's ``--data`` does. A name in ``limit`` that is no host
+    of the inventory is a ValueError."""
     import os
 
     state = State(check_for_changes=False)
     with ctx_state.use(state):  # pyinfra runs inventory files inside a state
-        inventory_obj = make_inventory(inventory, cwd=os.getcwd())
+        inventory_obj = make_inventory(inventory, override_data=data, cwd=os.getcwd())
     state.init(inventory_obj, Config())
     names = [h.name for h in inventory_obj]
     unknown = [name for name in limit if name not in names]

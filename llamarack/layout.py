@@ -12,10 +12,14 @@
     <root>/cache/blobs/<algo>/<hex>   downloaded model files by content hash (sha256, git-sha1;
                                       mode 700, the model pipeline user's), hardlinked into each
                                       fetch (roles/model/files/model_fetch.py)
-    <root>/state/<name>.json          records later runs read back (gpus.json; rollback.json,
-                                      and previous.service: the unit before the last switch)
+    <root>/state/<name>.json          records later runs read back (gpus.json; units.json: the
+                                      host's llama-server units; rollback.json, and
+                                      previous.service: the unit before the last switch;
+                                      rollback@N.json and previous@N.service: unit N's)
 
-Outside the root: the unit and the API key (``UNIT_PATH``, ``API_KEY_PATH``).
+Outside the root: the units and the API key (``UNIT_PATH``, ``unit_path``, ``API_KEY_PATH``).
+A host of one unit runs ``llamarack-server.service``; a host of several runs
+``llamarack-server@N.service`` (N = 0, 1, ...: concrete unit files, not a template).
 """
 
 from __future__ import annotations
@@ -23,10 +27,34 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+UNIT_DIR = "/etc/systemd/system"
 UNIT_NAME = "llamarack-server.service"
-UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
+UNIT_PATH = f"{UNIT_DIR}/{UNIT_NAME}"
+# A host's llama-server unit files, for a shell's glob (every name the role makes matches).
+UNIT_GLOBS = (UNIT_NAME, "llamarack-server@[0-9]*.service")
 CONFIG_DIR = "/etc/llamarack"
 API_KEY_PATH = f"{CONFIG_DIR}/server-api-key"
+
+
+def unit_name(index: Optional[int] = None) -> str:
+    """The unit of a host's one llama-server (``index`` None), or of its ``index``-th of several."""
+    return UNIT_NAME if index is None else f"llamarack-server@{int(index)}.service"
+
+
+def unit_path(name: str) -> str:
+    return f"{UNIT_DIR}/{name}"
+
+
+def unit_index(name: str) -> Optional[int]:
+    """N of ``llamarack-server@N.service``; None for the one unit (or another name)."""
+    head, _, tail = name.partition("@")
+    number = tail[: -len(".service")] if tail.endswith(".service") else ""
+    return int(number) if head == "llamarack-server" and number.isdigit() else None
+
+
+def _unit_suffix(name: str) -> str:
+    index = unit_index(name)
+    return "" if index is None else f"@{index}"
 
 
 @dataclass(frozen=True)
@@ -120,6 +148,19 @@ class Layout:
     def previous_unit(self) -> str:
         """The unit that served before the last switch (what ``llamarack rollback`` puts back)."""
         return self.state_file("previous.service")
+
+    def previous_unit_of(self, name: str) -> str:
+        """``previous_unit`` of the unit ``name`` (``previous@N.service`` for unit N of several)."""
+        return self.state_file(f"previous{_unit_suffix(name)}.service")
+
+    def rollback_pin_of(self, name: str) -> str:
+        """``rollback_pin`` of the unit ``name`` (``rollback@N.json`` for unit N of several)."""
+        return self.state_file(f"rollback{_unit_suffix(name)}.json")
+
+    @property
+    def units_record(self) -> str:
+        """The host's llama-server units: name, port, listen address, slots, cards (the gateway reads it)."""
+        return self.state_file("units.json")
 
     @property
     def deployed_by(self) -> str:

@@ -75,13 +75,36 @@ def model_step(item: Item) -> Step:
                                             "-> the settings' model")
 
 
-def unit_steps(item: Item, rebuilt: bool) -> list[Step]:
+def unit_steps(item: Item, rebuilt: bool, name: str = "llama-server") -> list[Step]:
     found, wanted = item.found or {}, item.wanted or {}
     if wanted.get("sha256") is None:
         why = wanted.get("why") or "no unit planned"
-        return [] if rebuilt else [Step("restart", "llama-server", why)]
-    return [Step("restart", "llama-server", "its unit changes: " + _words_changed(found.get("exec_start"),
-                                                                                 wanted.get("exec_start")))]
+        return [] if rebuilt else [Step("restart", name, why)]
+    return [Step("restart", name, "its unit changes: " + _words_changed(found.get("exec_start"),
+                                                                       wanted.get("exec_start")))]
+
+
+def server_steps(items: dict, remade: bool) -> list[Step]:
+    """The llama-server units' steps: units the host's layout no longer makes are retired;
+    each unit (``unit``, or ``unit@N`` on a host of several) restarts when its file changes,
+    its build or model is new, or it does not serve."""
+    steps = []
+    units = items.get("units")
+    if units is not None and units.drift and (units.wanted or {}).get("units") is not None:
+        gone = [n for n in (units.found or {}).get("units", []) if n not in units.wanted["units"]]
+        if gone:
+            steps.append(Step("retire", ", ".join(gone), f"the host's layout makes {', '.join(units.wanted['units'])}"))
+    suffixes = [k[len("unit"):] for k in items if k == "unit" or k.startswith("unit@")] or [""]
+    for suffix in suffixes:
+        name = "llama-server" if not suffix else f"llamarack-server{suffix}"
+        unit = items.get(f"unit{suffix}")
+        if unit is not None and unit.drift:
+            steps += unit_steps(unit, remade, name)
+        elif remade:
+            steps.append(Step("restart", name, "its unit names the new build or model"))
+        elif any(items[n].drift for n in (f"service{suffix}", f"health{suffix}") if n in items):
+            steps.append(Step("restart", name, "not serving now"))
+    return steps
 
 
 def host_steps(audit: HostAudit) -> list[Step]:
@@ -101,12 +124,7 @@ def host_steps(audit: HostAudit) -> list[Step]:
     if "model" in items and items["model"].drift:
         steps.append(model_step(items["model"]))
     remade = any(s.action in ("rebuild", "remake") for s in steps)  # a new build or model: a new unit
-    if "unit" in items and items["unit"].drift:
-        steps += unit_steps(items["unit"], remade)
-    elif remade:
-        steps.append(Step("restart", "llama-server", "its unit names the new build or model"))
-    elif any(items[n].drift for n in ("service", "health") if n in items):
-        steps.append(Step("restart", "llama-server", "not serving now"))
+    steps += server_steps(items, remade)
     if "bench" in items and items["bench"].drift and not remade:
         steps.append(Step("record", "bench", "no record for the build and model served"))
     if "llamarack" in items and items["llamarack"].drift:

@@ -227,6 +227,12 @@ server_rope_scale = 1.0
 # YaRN's original context; None: the GGUF's (--yarn-orig-ctx)
 server_rope_orig_ctx = None
 
+# how a host's cards serve: per_card (one llama-server per card, port server_port + N), split (one over the fewest cards that hold every layer), auto (per_card when one card holds the model, else split)
+server_layout = 'auto'
+
+# llama.cpp's --split-mode for a unit over several cards: layer, or tensor (an unquantized KV cache only)
+server_split_mode = 'layer'
+
 # flash attention
 server_flash_attn = True
 

@@ -254,7 +254,7 @@ def switch_current(root: str, stamp: str):
 
 
 @operation()
-def prune_builds(root: str, keep: int, previous=None, unit_path=None):
+def prune_builds(root: str, keep: int, previous=None, unit_path=None, serving=None):
     """
     Remove old builds, keeping ``current``, the one the unit serves with, the one that
     served before this run (rollback) and the newest; failed or interrupted build
@@ -267,6 +267,7 @@ def prune_builds(root: str, keep: int, previous=None, unit_path=None):
     + previous: the build ``current`` named before this run (read when the run was
       planned: by the time this runs, ``current`` may already point elsewhere)
     + unit_path: the llama-server unit; the build its ``ExecStart`` names is in use
+    + serving: or a function, called when this runs, that gives the builds the host's units name
 
     A build whose files differ from its seal is removed once neither ``current``
     nor the unit names it.
@@ -275,8 +276,8 @@ def prune_builds(root: str, keep: int, previous=None, unit_path=None):
     nothing a running server uses is removed before its successor serves.
     """
     builds, seals = read(LlamacppBuilds, root=root), read(BuildSeals, root=root)
-    serving = unit_build(root, read(FileContents, path=unit_path)) if unit_path else None
-    must = [s for s in (builds.current, serving) if s]
+    in_use = tuple(serving()) if serving else (unit_build(root, read(FileContents, path=unit_path)),) if unit_path else ()
+    must = list(dict.fromkeys(s for s in (builds.current, *in_use) if s))
     # A build whose files differ from its seal is no rollback target: it goes once nothing runs it.
     ordered = [s for s in (previous, *builds.newest_first()) if not seals.tampered(s)]
     kept = list(dict.fromkeys([*must, *(s for s in ordered if s)]))[:max(keep, len(set(must)))]

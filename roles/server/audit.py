@@ -1,43 +1,46 @@
-"""The server role's audit items: the unit against the one the deploy would write (a
-``llamarack rollback`` pin honoured), the service, /health, who else is on the card, the bench."""
+"""The server role's audit items: the host's units against those its layout makes, and each
+unit against the one the deploy would write (a ``llamarack rollback`` pin honoured), its
+service, /health and residency; who else is on the cards, the bench. A host of one unit has
+the items ``unit``, ``service``, ``health``, ``residency``; a host of several has them per
+unit as ``unit@N``, ``service@N``, ``health@N``, ``residency@N``."""
 
 from __future__ import annotations
 
 import hashlib
 from typing import Optional
 
-from pyinfra.facts.files import FileContents, Link, Sha1File
+from pyinfra.facts.files import Link
 
 from llamarack.audit import Item, Seen, iso, link_name
 from llamarack.facts import FactRead
-from llamarack.layout import UNIT_NAME, UNIT_PATH
+from llamarack.layout import UNIT_NAME, unit_index
 from llamarack.roles.driver.reads import CharDevices, GpuProcesses
 from llamarack.roles.llamacpp.reads import BenchRecord, LlamaServerFlags
 from llamarack.roles.model.reads import GgufShape
 from llamarack.settings import Settings
 
 from .files.wait_healthy import residency
-from .plan import MIB, PlanError, health_url, parse_pin, wanted_unit
-from .reads import NOLOGIN, SERVICE_USER_MARK, HttpStatus, SystemGroup, SystemUser, UnitState, active_since
+from .plan import MIB, PlanError, WantedUnit, parse_pin, wanted_units
+from .reads import (NOLOGIN, SERVICE_USER_MARK, FoundUnit, ServedUnits, SystemGroup, SystemUser, active_since,
+                    unit_cards)  # fmt: skip
 
-ITEMS = ("service_user", "unit", "service", "health", "residency", "gpu_processes", "bench")
+ITEMS = ("service_user", "units", "unit", "service", "health", "residency", "gpu_processes", "bench")
+# A host of several units has each unit's items as "unit@N", "service@N", "health@N", "residency@N".
+UNIT_ITEMS = ("unit", "service", "health", "residency")
 
 
 def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
-    """What the wanted unit is planned from (the current build's flags, the served GGUF's
-    shape, the links), the unit in place and its pin, and what is only reported."""
+    """What the wanted units are planned from (the current build's flags, the served GGUF's
+    shape, the links), every unit in place with its pin, state and /health (one fact), and
+    what is only reported."""
     layout = settings.layout
     draft = (FactRead.of(Link, path=layout.draft_model), FactRead.of(GgufShape, path=f"{layout.draft_model}/model.gguf"))
     return (
-        FactRead.of(Sha1File, path=UNIT_PATH),
-        FactRead.of(FileContents, path=layout.rollback_pin),
+        FactRead.of(ServedUnits, state=layout.state, health=True),
         FactRead.of(Link, path=layout.current_build),
         FactRead.of(Link, path=layout.current_model),
         FactRead.of(LlamaServerFlags, root=settings.general.root),
         FactRead.of(GgufShape, path=f"{layout.current_model}/model.gguf"),
-        FactRead.of(FileContents, path=UNIT_PATH),
-        FactRead.of(UnitState, unit=UNIT_NAME),
-        FactRead.of(HttpStatus, url=health_url(settings)),
         FactRead.of(GpuProcesses),
         FactRead.of(BenchRecord, path=layout.bench_record),
         FactRead.of(SystemUser, user=settings.general.service_user),
@@ -47,70 +50,109 @@ def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
 
 def items(seen: Seen) -> dict[str, Item]:
     settings, fact, layout = seen.settings, seen.fact, seen.settings.layout
-    # The unit's lines as systemd reads them: split on \n only (the connector's lines), never
-    # on what str.splitlines also splits (\x85, \u2028...), which would show a line systemd does not see.
-    unit_lines = fact(FileContents, path=UNIT_PATH)
-    unit_text = "\n".join(unit_lines) + "\n" if unit_lines else None
-    state = fact(UnitState, unit=UNIT_NAME) or {}
+    found = fact(ServedUnits, state=layout.state, health=True) or {}
+    processes = fact(GpuProcesses) or ()
+    planned, why = wanted_here(settings, fact, seen.facts.gpus, seen.templates, found)
+    wanted = {w.ref.name: w for w in planned[1]} if planned else {}
+    names = list(wanted) or sorted(found) or [UNIT_NAME]
+    user = settings.general.service_user
+    out = {"service_user": account_item(fact(SystemUser, user=user), fact(SystemGroup, group=user), settings.general.root),
+           "units": units_item(found, planned, why)}  # fmt: skip
+    pids = set()
+    for name in names:
+        suffix = "" if len(names) == 1 else f"@{unit_index(name) or 0}"
+        unit_items = one_unit(settings, found.get(name), wanted.get(name), why, processes, several=bool(suffix))
+        pids.add(unit_items["service"].found["pid"])
+        out.update({f"{key}{suffix}": item for key, item in unit_items.items()})
+    others = [{"pid": p.pid, "name": p.name, "used_mib": p.used_mib} for p in processes if p.pid not in pids]
+    # The write-up measures only with nobody else on the card.
+    out["gpu_processes"] = Item({"llama_server": [p.used_mib for p in processes if p.pid in pids], "others": others},
+                                {"others": []}, drift=bool(others))  # fmt: skip
+    out["bench"] = bench_item(settings, fact(BenchRecord, path=layout.bench_record),
+                              link_name(fact(Link, path=layout.current_build)),
+                              link_name(fact(Link, path=layout.current_model)))  # fmt: skip
+    return out
+
+
+def units_item(found: dict, planned: Optional[tuple], why: Optional[str]) -> Item:
+    """The unit files on the host against those the host's layout makes (a unit the deploy
+    would retire, or make, is drift)."""
+    have = sorted(found, key=lambda n: unit_index(n) or 0)
+    if not planned:
+        return Item({"units": have}, {"units": None, "why": why}, drift=True)
+    layout, wanted = planned
+    names = [w.ref.name for w in wanted]
+    return Item({"units": have}, {"units": names, "layout": layout.chosen, "reason": layout.reason},
+                drift=set(have) != set(names))  # fmt: skip
+
+
+def one_unit(settings: Settings, found: Optional[FoundUnit], wanted: Optional[WantedUnit], why: Optional[str],
+             processes: tuple, several: bool) -> dict:  # fmt: skip
+    """One unit's items: its file against the wanted one, its service, /health, residency."""
+    state = found.state if found else {}
     service = Item(
         {"active": state.get("ActiveState"), "sub": state.get("SubState"), "pid": int(state.get("MainPID") or 0),
          "since": iso(active_since(state)), "restarts": int(state.get("NRestarts") or 0)},
         {"active": "active", "sub": "running"},
         drift=(state.get("ActiveState"), state.get("SubState")) != ("active", "running"),
     )  # fmt: skip
-    status = fact(HttpStatus, url=health_url(settings))
-    pid = service.found["pid"]
-    processes = fact(GpuProcesses) or ()
-    others = [{"pid": p.pid, "name": p.name, "used_mib": p.used_mib} for p in processes if p.pid != pid]
-    unit = unit_item(settings, fact, seen.facts.gpus, unit_text, seen.templates)
-    user = settings.general.service_user
-    return {
-        "service_user": account_item(fact(SystemUser, user=user), fact(SystemGroup, group=user), settings.general.root),
-        "unit": unit,
-        "service": service,
-        "health": Item(status, 200, drift=status != 200),
-        "residency": residency_item(settings, seen.facts.gpus, processes, pid, (unit.wanted or {}).get("weights_mib")),
-        # The write-up measures only with nobody else on the card.
-        "gpu_processes": Item({"llama_server": [p.used_mib for p in processes if p.pid == pid], "others": others},
-                              {"others": []}, drift=bool(others)),  # fmt: skip
-        "bench": bench_item(settings, fact(BenchRecord, path=layout.bench_record),
-                            link_name(fact(Link, path=layout.current_build)),
-                            link_name(fact(Link, path=layout.current_model))),  # fmt: skip
-    }
+    status = found.health if found else None
+    unit = unit_item(settings, found, wanted, why, several)
+    cards = wanted.cards if wanted else unit_cards(found.lines if found else ())
+    weights = (unit.wanted or {}).get("weights_mib")
+    return {"unit": unit, "service": service, "health": Item(status, 200, drift=status != 200),
+            "residency": residency_item(settings, cards, processes, service.found["pid"], weights)}
 
 
-def unit_item(settings: Settings, fact, gpus: tuple, unit_text: Optional[str], templates: tuple) -> Item:
-    """The unit in place against the one the deploy would write from what is current."""
+def wanted_here(settings: Settings, fact, gpus: tuple, templates: tuple, found: Optional[dict] = None) -> tuple:
+    """((layout, wanted units), None) as the deploy would plan them from what is current and
+    the units ``found`` in place; or (None, why not)."""
     layout, root = settings.layout, settings.general.root
-    found = {"sha256": hashlib.sha256(unit_text.encode()).hexdigest() if unit_text else None,
-             "exec_start": exec_start(unit_text or "")}
     build_dir = link_name(fact(Link, path=layout.current_build))
     model_dir = link_name(fact(Link, path=layout.current_model))
     flags = fact(LlamaServerFlags, root=root)
     shape = fact(GgufShape, path=f"{layout.current_model}/model.gguf")
     if not (build_dir and model_dir and flags and shape):
-        return Item(found, {"sha256": None, "why": "no current build or model to plan from"}, drift=True)
+        return None, "no current build or model to plan from"
     draft_dir = link_name(fact(Link, path=layout.draft_model)) if settings.model.draft_repo else None
     draft_shape = fact(GgufShape, path=f"{layout.draft_model}/model.gguf") if draft_dir else None
     draft = (f"{layout.models}/{draft_dir}", draft_shape) if draft_shape else None
     devices = tuple(fact(CharDevices)) if settings.llamacpp.backend == "cuda" else ()
     try:
-        unit, ctx = wanted_unit(settings, flags, f"{layout.builds}/{build_dir}", f"{layout.models}/{model_dir}",
-                                shape, gpus, templates, draft=draft, devices=devices)  # fmt: skip
+        return wanted_units(settings, flags, f"{layout.builds}/{build_dir}", f"{layout.models}/{model_dir}",
+                            shape, gpus, templates, draft=draft, devices=devices,
+                            in_place={n: unit_cards(f.lines) for n, f in (found or {}).items()}), None  # fmt: skip
     except PlanError as e:
-        return Item(found, {"sha256": None, "why": e.failure.message("")}, drift=True)
-    wanted = {"sha256": hashlib.sha256(unit.encode()).hexdigest(), "ctx_size": ctx.ctx_size,
-              "weights_mib": ctx.ledger.weights_on_card // MIB,
-              "exec_start": exec_start(unit)}
+        return None, e.failure.message("")
+
+
+def unit_item(settings: Settings, found: Optional[FoundUnit], wanted: Optional[WantedUnit], why: Optional[str],
+              several: bool = False) -> Item:  # fmt: skip
+    """A unit in place against the one the deploy would write from what is current (a
+    ``llamarack rollback`` pin honoured)."""
+    # The unit's lines as systemd reads them: split on \n only (the connector's lines), never
+    # on what str.splitlines also splits (\x85, \u2028...), which would show a line systemd does not see.
+    unit_text = "\n".join(found.lines) + "\n" if found else None
+    found_d = {"sha256": hashlib.sha256(unit_text.encode()).hexdigest() if unit_text else None,
+               "exec_start": exec_start(unit_text or "")}
+    if several:
+        found_d["cards"] = list(unit_cards(found.lines if found else ()))
+    if wanted is None:
+        return Item(found_d, {"sha256": None, "why": why or "the host's layout makes no such unit"}, drift=True)
+    plan = wanted.plan
+    wanted_d = {"sha256": hashlib.sha256(wanted.text.encode()).hexdigest(), "ctx_size": plan.ctx_size,
+                "weights_mib": plan.ledger.weights_on_card // MIB, "exec_start": exec_start(wanted.text)}
+    if several:
+        wanted_d.update(port=wanted.ref.port, cards=list(wanted.cards))
     # `llamarack rollback` pinned the unit in place: a deploy keeps it while the settings
     # still want the unit it replaced (so it is no drift).
-    pin = parse_pin(fact(FileContents, path=layout.rollback_pin))
-    held = bool(pin) and pin.get("unit_sha1") == fact(Sha1File, path=UNIT_PATH) and \
-        pin.get("replaced_sha1") == hashlib.sha1(unit.encode()).hexdigest()  # fmt: skip
+    pin = parse_pin(found.pin if found else None)
+    held = bool(pin) and pin.get("unit_sha1") == found.sha1 and \
+        pin.get("replaced_sha1") == hashlib.sha1(wanted.text.encode()).hexdigest()  # fmt: skip
     if pin is not None:
-        found["rollback_pin"] = {"held": held, **pin}
+        found_d["rollback_pin"] = {"held": held, **pin}
     # A pin that holds nothing while the unit is the wanted one changes nothing either: no drift.
-    return Item(found, wanted, drift=found["sha256"] != wanted["sha256"] and not held)
+    return Item(found_d, wanted_d, drift=found_d["sha256"] != wanted_d["sha256"] and not held)
 
 
 def account_item(entry, group: Optional[int], home: str) -> Item:
@@ -128,12 +170,13 @@ def exec_start(unit_text: str) -> Optional[str]:
     return next((line.split("=", 1)[1] for line in unit_text.split("\n") if line.startswith("ExecStart=")), None)
 
 
-def residency_item(settings: Settings, gpus: tuple, processes: tuple, pid: int, weights_mib: Optional[int]) -> Item:
-    """Whether the served process is on its cards (nvidia-smi's compute apps) with at least
-    the planned weights: a CUDA unit serving from the CPU answers /health all the same."""
+def residency_item(settings: Settings, cards: tuple, processes: tuple, pid: int, weights_mib: Optional[int]) -> Item:
+    """Whether the served process is on its cards (``cards``: their UUIDs; nvidia-smi's
+    compute apps) with at least the planned weights: a CUDA unit serving from the CPU
+    answers /health all the same."""
     if settings.llamacpp.backend != "cuda":
         return Item({"backend": "cpu"})
-    cards = tuple(g.uuid for g in gpus)
+    cards = tuple(cards)
     mine = [p for p in processes if p.pid == pid]
     found = {"pid": pid, "cards": [p.gpu_uuid for p in mine], "used_mib": sum(p.used_mib or 0 for p in mine)}
     wanted = {"cards": list(cards), "weights_mib": weights_mib}

@@ -5,13 +5,20 @@ from pyinfra.api import deploy
 
 from llamarack.roles.llamacpp.reads import LlamacppBuilds
 from llamarack.facts import read
-from llamarack.layout import UNIT_PATH
+from llamarack.layout import unit_build
 from llamarack.operations import report
 from llamarack.rules import HostFacts
 from llamarack.settings import Settings
 
 from ..llamacpp.operations import prune_builds
 from .operations import answers_health, bench, service, service_user
+from .reads import ServedUnits
+
+
+def served_builds(settings: Settings) -> tuple:
+    """The builds the host's llama-server units name (read when the prune runs)."""
+    units = read(ServedUnits, state=settings.layout.state)
+    return tuple(unit_build(settings.general.root, u.lines) for u in units.values())
 
 
 def public_url(settings: Settings) -> str:
@@ -67,7 +74,7 @@ def llama_server(settings: Settings, facts: HostFacts, templates: tuple = (), re
         root=settings.general.root,
         keep=settings.llamacpp.keep_builds,
         previous=previous,
-        unit_path=UNIT_PATH,
+        serving=lambda: served_builds(settings),
     )
     report(
         name="How to reach it",

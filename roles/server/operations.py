@@ -16,12 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from pyinfra import host, logger
 from pyinfra.api import QuoteString, StringCommand, operation
-from pyinfra.facts.files import File, FileContents, Link, Sha1File
+from pyinfra.facts.files import FileContents, Link
 from pyinfra.operations.util.files import generate_color_diff
 from pyinfra.facts.server import Command
 
@@ -29,17 +30,22 @@ from llamarack import remote
 from llamarack.roles.llamacpp.reads import BenchRecord, BuildSeals, LlamaServerFlags
 from llamarack.roles.driver.reads import CharDevices, RecordedGpus
 from llamarack.roles.model.reads import GgufShape, ModelArtifact
-from llamarack.roles.server.reads import NOLOGIN, SERVICE_USER_MARK, SystemGroup, SystemUser, UnitState, active_since
+from llamarack.roles.server.reads import (NOLOGIN, SERVICE_USER_MARK, FoundUnit, ServedUnits, SystemGroup, SystemUser,
+                                         active_since, unit_cards)  # fmt: skip
 from llamarack.facts import read
-from llamarack.layout import API_KEY_PATH, UNIT_NAME, UNIT_PATH, unit_build
-from llamarack.operations import executing, private_upload, refusal, secret_upload
+from llamarack.layout import API_KEY_PATH, UNIT_NAME, unit_build, unit_index, unit_name
+from llamarack.operations import executing, private_upload, put_record, refusal, secret_upload
 from llamarack.roles.server.files.secret_digest import digest
 from llamarack.rules import account_failure
 from llamarack.secrets import read_token
 from llamarack.settings import Settings
 
-from .plan import (HEALTH_MARK, KEY_DIGEST_SALT, RESIDENCY_MARK, PlanError, bench_args, card_compute_cap, card_mib, health_url,
-                   key_digest_command, parse_pin, plan_context, roofline, wanted_unit)  # fmt: skip
+from .plan import (HEALTH_MARK, KEY_DIGEST_SALT, RESIDENCY_MARK, PlanError, WantedUnit, bench_args,  # noqa: F401
+                   bench_split_args, health_url, host_layout, key_digest_command, parse_pin, ref_of, roofline,
+                   unit_ref, wanted_units)  # fmt: skip
+from .switch import (SWITCH_LOCK, health_check_script, health_function, label, pin_script,  # noqa: F401
+                     retire_script, switch_script)  # fmt: skip
+
 
 def service_user(settings: Settings):
     """
@@ -90,92 +96,19 @@ def _linked(current: str) -> Optional[str]:
     return target if target.startswith("/") else f"{current.rsplit('/', 1)[0]}/{target}"
 
 
-# Held by a switch while it runs: one whose run died (SSH dropped, pyinfra killed) goes on
-# on the host, and the next run's switch must not restart the service under its check.
-SWITCH_LOCK = "/run/llamarack-server-switch.lock"
-
-
-def health_function() -> str:
-    """The shell function ``health SECONDS``: waits for the /health URL the unit names
-    (its first lines) to answer 200; fails at once when the unit stops."""
-    return f"""
-health() {{
-  url=$(sed -n 's|^{HEALTH_MARK}||p' {shlex.quote(UNIT_PATH)})
-  on=$(sed -n 's|^{RESIDENCY_MARK}||p' {shlex.quote(UNIT_PATH)})
-  {remote.command("wait_healthy")} "$url" {UNIT_NAME} "$1" "$on"
-}}"""
-
-
-def switch_script(settings: Settings) -> str:
-    """Move the staged unit in, restart, wait for /health; on failure restore the
-    previous unit and restart it, print the new one's journal, and exit 1. One
-    switch at a time: a second waits for the first (``SWITCH_LOCK``)."""
-    u, svc = shlex.quote(UNIT_PATH), UNIT_NAME
-    timeout = settings.server.health_timeout
-    wait = 2 * timeout + 120  # the other switch's check, and its rollback's
-    state, previous = shlex.quote(settings.layout.state), shlex.quote(settings.layout.previous_unit)
-    return f"""
-exec 9>>{shlex.quote(SWITCH_LOCK)}
-flock -w {wait} 9 || {{ echo "llama-server: another unit switch is still running after {wait} s" >&2; exit 1; }}{health_function()}
-rollback() {{
-  printf 'llama-server: %s\\n' "$1" >&2
-  journalctl -u {svc} -n 30 --no-pager -o cat >&2 || true
-  if [ -f {u}.prev ]; then
-    mv -f {u}.prev {u} && systemctl daemon-reload && systemctl restart {svc}
-    if health {timeout}; then
-      echo "rolled back: the previous unit is serving again" >&2
-    else
-      echo "rolled back, but the previous unit does not answer /health either" >&2
-    fi
-  else
-    systemctl disable --now {svc} >/dev/null 2>&1 || true
-    rm -f {u}; systemctl daemon-reload
-    echo "no previous unit to roll back to: the new one is removed" >&2
-  fi
-  exit 1
-}}
-# A .prev already there is the last unit that passed /health: an earlier switch was cut
-# off before its check, and the unit now in place is unproven. Keep the proven one.
-if [ ! -f {u}.prev ] && [ -f {u} ]; then cp -p {u} {u}.prev; fi
-mv -f {u}.new {u} && systemctl daemon-reload && systemctl enable -q {svc} \\
-  && systemctl restart {svc} || rollback "the new unit did not start"
-health {timeout} || rollback "the new unit is not healthy"
-# The unit it replaced stays as the previous one, for `llamarack rollback`.
-if [ -f {u}.prev ] && ! cmp -s {u}.prev {u}; then mkdir -p {state} && mv -f {u}.prev {previous}; fi
-rm -f {u}.prev
-echo "llama-server answers /health"
-"""
-
-
 @operation(is_idempotent=False)
 def answers_health(settings: Settings, reason: str):
     """
-    Fail unless the llama-server unit answers ``/health`` within ``server_health_timeout``.
+    Fail unless every llama-server unit answers ``/health`` within ``server_health_timeout``.
 
     + settings: the host's settings (``server_health_timeout``)
     + reason: why it is checked (for the messages), e.g. the driver role's reboot
 
     For a server that was not switched by this run but started anew anyway: after
     the reboot for a driver upgrade, the unit is the same text, yet it runs on a
-    new driver. A host without the unit has nothing to check.
+    new driver. A host without a unit has nothing to check.
     """
-    yield StringCommand(health_check_script(settings, reason))
-
-
-def health_check_script(settings: Settings, reason: str, restart: bool = False) -> str:
-    """Wait for the unit in place to answer /health (restarting it first with ``restart``);
-    else print its journal and exit 1. No unit: nothing to check."""
-    u = shlex.quote(UNIT_PATH)
-    timeout = settings.server.health_timeout
-    fail = shlex.quote(f"{host.name}: llama-server does not answer /health after {reason} (its journal follows)")
-    start = f"systemctl restart {UNIT_NAME} && " if restart else ""
-    return f"""{health_function()}
-if [ ! -f {u} ]; then echo "no llama-server unit: nothing to check"; exit 0; fi
-if {start}health {timeout}; then echo {shlex.quote(f"llama-server answers /health after {reason}")}; exit 0; fi
-printf '%s\\n' {fail} >&2
-journalctl -u {UNIT_NAME} -n 30 --no-pager -o cat >&2 || true
-exit 1
-"""
+    yield StringCommand(health_check_script(settings, reason, host_name=host.name))
 
 
 def _served(root: str, unit_lines) -> tuple[Optional[str], Optional[str]]:
@@ -195,55 +128,67 @@ def _served_by(root: str, unit_lines) -> str:
     return f"build {build or '?'}, model {Path(model).parent.name if model else '?'}"
 
 
+def _rollback_names(found: dict, unit: Optional[int]) -> list:
+    """The units a rollback looks at: ``unit`` N's (the host's one unit when it has one and
+    N is 0), else every unit file of the host (the one unit's name when there is none)."""
+    if unit is None:
+        return sorted(found, key=lambda n: (unit_index(n) is not None, unit_index(n) or 0)) or [UNIT_NAME]
+    return [UNIT_NAME] if unit == 0 and UNIT_NAME in found else [unit_name(unit)]
+
+
 @operation(is_idempotent=False)
-def rollback(settings: Settings):
+def rollback(settings: Settings, unit: Optional[int] = None):
     """
-    Put back the unit that served before the last switch (``state/previous.service``):
-    its build and model, switched in as any unit is (restart, ``/health``, the unit in
-    place restored if it does not answer), then pinned (``state/rollback.json``).
+    Put back, for each unit that has one, the unit that served before its last switch
+    (``state/previous.service``; ``state/previous@N.service`` for unit N of several): its
+    build and model, switched in as any unit is (restart, ``/health``, the unit in place
+    restored if it does not answer), then pinned (``state/rollback[@N].json``).
 
     + settings: the host's settings (root, ``server_health_timeout``)
+    + unit: only unit N (0 for a host's one unit); None: every unit with a previous one
 
     The pin keeps later deploys from undoing it while the settings still want the
     unit it replaced; changed settings release it, and a second rollback (forward
     again, to the unit the settings want) removes it.
     """
     layout, root = settings.layout, settings.general.root
-    previous = read(FileContents, path=layout.previous_unit)
-    if not previous:
-        yield refusal(f"{host.name}: rollback: no previous unit ({layout.previous_unit}): no switch "
-                      "recorded one since llamarack kept them")  # fmt: skip
+    found = read(ServedUnits, state=layout.state)
+    names = _rollback_names(found, unit)
+    previous = {n: read(FileContents, path=layout.previous_unit_of(n)) for n in names}
+    seals = read(BuildSeals, root=root)
+    targets = [n for n in names if previous[n]]
+    if not targets:
+        yield refusal(f"{host.name}: rollback: no previous unit ({', '.join(layout.previous_unit_of(n) for n in names)})"
+                      ": no switch recorded one since llamarack kept them")  # fmt: skip
         return
-    build = unit_build(root, previous)
-    if build and read(BuildSeals, root=root).tampered(build):
-        yield refusal(f"{host.name}: rollback: build {build} differs from its seal; not putting it back")
+    tampered = [b for b in (unit_build(root, previous[n]) for n in targets) if b and seals.tampered(b)]
+    if tampered:
+        yield refusal(f"{host.name}: rollback: build {tampered[0]} differs from its seal; not putting it back")
         return
-    now = _served_by(root, read(FileContents, path=UNIT_PATH))
-    host.log(f"rolling back to {_served_by(root, previous)} (from {now})", logger.info)
-    u, prev, pin = (shlex.quote(p) for p in (UNIT_PATH, layout.previous_unit, layout.rollback_pin))
-    model = _served(root, previous)[1]
-    needed = ([f"{layout.build(build)}/bin/llama-server"] if build else []) + ([model] if model else [])
-    yield (" && ".join(f"test -e {shlex.quote(p)}" for p in needed) or "true") + (
+    refs = [ref_of(settings, n) for n in targets]
+    needed = []
+    for ref in refs:
+        now = found.get(ref.name)
+        host.log(f"{label(ref.name)}: rolling back to {_served_by(root, previous[ref.name])} "
+                 f"(from {_served_by(root, now.lines if now else None)})", logger.info)  # fmt: skip
+        build, model = unit_build(root, previous[ref.name]), _served(root, previous[ref.name])[1]
+        needed += ([f"{layout.build(build)}/bin/llama-server"] if build else []) + ([model] if model else [])
+    yield (" && ".join(f"test -e {shlex.quote(p)}" for p in dict.fromkeys(needed)) or "true") + (
         f" || {{ echo {shlex.quote(f'{host.name}: rollback: the previous unit names files that are gone')} >&2; exit 1; }}")
-    yield f"cp -p {prev} {u}.new && chmod 644 {u}.new"
-    yield StringCommand(switch_script(settings))
-    # Back on the unit the last pin replaced: that is undone; else pin the unit put back.
-    yield StringCommand(f"""new=$(sha1sum < {u} | cut -d' ' -f1); old=$(sha1sum < {prev} | cut -d' ' -f1)
-if [ -f {pin} ] && grep -q "\\"replaced_sha1\\": \\"$new\\"" {pin}; then
-  rm -f {pin}; echo "rolled forward to the unit the settings want: the rollback pin is released"
-else
-  printf '{{"unit_sha1": "%s", "replaced_sha1": "%s", "at": %s}}\\n' "$new" "$old" "$(date +%s)" > {pin}.new \\
-    && mv -f {pin}.new {pin} && echo "rolled back and pinned: deploys keep this unit until the settings change"
-fi""")
+    for ref in refs:
+        u, prev = shlex.quote(ref.path), shlex.quote(layout.previous_unit_of(ref.name))
+        yield f"cp -p {prev} {u}.new && chmod 644 {u}.new"
+    yield StringCommand(switch_script(settings, tuple(refs)))
+    for ref in refs:
+        yield StringCommand(pin_script(settings, ref))
 
 
-def _show_unit_diff(unit: str) -> None:
-    """With ``--diff``, print how the unit file changes, as pyinfra's files.put does."""
+def _show_unit_diff(path: str, unit: str, current) -> None:
+    """With ``--diff``, print how a unit file changes, as pyinfra's files.put does."""
     config = getattr(host.state, "config", None)
     if not getattr(config, "DIFF", False):
         return
-    current = read(FileContents, path=UNIT_PATH)
-    host.log(f"Will {'modify' if current else 'create'} {UNIT_PATH}", logger.info)
+    host.log(f"Will {'modify' if current else 'create'} {path}", logger.info)
     for line in generate_color_diff([line + "\n" for line in current or []], unit.splitlines(keepends=True)):
         logger.info("  %s", line)
     logger.info("")
@@ -278,35 +223,53 @@ def _not_made_yet(root: str, build: bool, model: bool):
     return StringCommand(f"echo 'write {UNIT_NAME} once the {made}'")
 
 
-def _rollback_pin(settings: Settings, unit: str) -> tuple:
-    """(pin, held, held_by, unit_changed): the pin ``llamarack rollback`` wrote, whether it
-    holds the unit in place against ``unit``, what that unit serves, and whether the unit
-    file is to change (``--diff`` shows how)."""
-    found_sha1, wanted_sha1 = read(Sha1File, path=UNIT_PATH), hashlib.sha1(unit.encode()).hexdigest()
+@dataclass(frozen=True)
+class Step:
+    """What one wanted unit needs: the pin ``llamarack rollback`` wrote (None: none), whether
+    it holds the unit in place (and what that serves), and why it would be switched."""
+
+    want: WantedUnit
+    pin: Optional[dict]
+    held: bool
+    held_by: Optional[str]
+    changed: bool  # the file is to change (``--diff`` shows how)
+    running: bool
+    remade: bool  # its model was sealed after it started: only a restart serves the new file
+    unproven: bool  # a switch was cut off before its /health check
+    moved: bool  # the unit in place serves from other cards
+
+    def switch(self, key_changed: bool) -> bool:
+        return self.changed or key_changed or self.remade or self.unproven or not self.running
+
+
+def _step(settings: Settings, want: WantedUnit, found: Optional[FoundUnit], sealed_at) -> Step:
+    """The unit in place (``found``) against the wanted one."""
+    found_sha1, wanted_sha1 = (found.sha1 if found else None), hashlib.sha1(want.text.encode()).hexdigest()
     # `llamarack rollback` put an earlier unit back: it stays while the settings still
     # want the very unit it replaced; a change of what they want releases it.
-    pin = parse_pin(read(FileContents, path=settings.layout.rollback_pin))
+    pin = parse_pin(found.pin if found else None)
     held = bool(pin) and pin.get("unit_sha1") == found_sha1 and pin.get("replaced_sha1") == wanted_sha1
-    held_by = _served_by(settings.general.root, read(FileContents, path=UNIT_PATH)) if held else None
-    unit_changed = found_sha1 != wanted_sha1 and not held
-    if unit_changed:
-        _show_unit_diff(unit)
-    return pin, held, held_by, unit_changed
-
-
-def _running_and_remade(model_dir: str, held: bool) -> tuple[bool, bool]:
-    """Whether llama-server runs, and whether its model was remade in place since it started
-    (its directory's name is its stamp: the unit is the same text, and only a restart
-    serves the new file)."""
-    unit_state = read(UnitState, unit=UNIT_NAME)
-    running = unit_state.get("SubState") == "running"
-    served = read(ModelArtifact, path=model_dir)
-    sealed_at, since = (served.record or {}).get("sealed_at") if served else None, active_since(unit_state)
+    held_by = _served_by(settings.general.root, found.lines) if held else None
+    changed = found_sha1 != wanted_sha1 and not held
+    if changed:
+        _show_unit_diff(want.ref.path, want.text, found.lines if found else None)
+    state = found.state if found else {}
+    running, since = state.get("SubState") == "running", active_since(state)
     # systemd says whole seconds: the server started in [since, since + 1).
     remade = bool(running and sealed_at and since and sealed_at >= since + 1) and not held
-    return running, remade
+    unproven = bool(found and found.prev)
+    if unproven:
+        host.log(f"{want.ref.path} never passed its /health check (an earlier switch was cut off): "
+                 "switching again", logger.warning)  # fmt: skip
+    before = unit_cards(found.lines) if found else ()
+    return Step(want, pin, held, held_by, changed, running, remade, unproven, bool(before) and before != want.cards)
 
 
+def _sealed_at(settings: Settings):
+    """When the served model's artifact was sealed (None where it says not): read through
+    ``models/current``, as the model role reads it in preflight's one read."""
+    served = read(ModelArtifact, path=settings.layout.current_model)
+    return (served.record or {}).get("sealed_at") if served else None
 def _api_key(settings: Settings):
     """The API key file as the settings want it (uploaded, or removed when none is set);
     returns whether it changed."""
@@ -321,89 +284,126 @@ def _api_key(settings: Settings):
     return False
 
 
-def _unproven() -> bool:
-    """Whether the unit in place never answered /health: a switch cut off before its check
-    left the proven unit as .prev, so the unit is checked now (and rolled back if it does
-    not answer)."""
-    unproven = read(File, path=f"{UNIT_PATH}.prev") is not None
-    if unproven:
-        host.log(f"{UNIT_PATH} never passed its /health check (an earlier switch was cut off): "
-                 "switching again", logger.warning)  # fmt: skip
-    return unproven
-
-
-def _keep_rolled_back(settings: Settings, held_by: str, restart: bool):
+def _keep_rolled_back(settings: Settings, step: Step, restart: bool):
     """Keep the unit ``llamarack rollback`` put back; with ``restart``, restart it and
     check /health."""
-    host.log(f"llama-server runs the unit `llamarack rollback` put back ({held_by}); "
+    name = label(step.want.ref.name)
+    host.log(f"{name} runs the unit `llamarack rollback` put back ({step.held_by}); "
              "the settings still want the unit it replaced: kept (change the settings, or run "
              "`llamarack rollback` again to go forward)", logger.warning)  # fmt: skip
     if not restart:
-        host.noop("llama-server serves the unit `llamarack rollback` put back")
+        host.noop(f"{name} serves the unit `llamarack rollback` put back")
         return
-    yield StringCommand(health_check_script(settings, "a restart of the rolled-back unit", restart=True))
+    yield StringCommand(health_check_script(settings, "a restart of the rolled-back unit", restart=True,
+                                            units=(step.want.ref,), host_name=host.name))  # fmt: skip
 
 
-def _switch_to(settings: Settings, unit: str, pin: Optional[dict]):
-    """Stage ``unit`` and switch to it (``switch_script``), releasing a rollback pin."""
-    if pin is not None:
-        host.log("the settings changed since `llamarack rollback`: its pin is released", logger.warning)
-        yield f"rm -f {shlex.quote(settings.layout.rollback_pin)}"
-    yield from private_upload(unit, f"{UNIT_PATH}.new")
-    yield f"chmod 644 {shlex.quote(UNIT_PATH)}.new"
-    yield StringCommand(switch_script(settings))
+def _switch_to(settings: Settings, steps: list):
+    """Stage each step's unit and switch to them (``switch_script``), releasing their
+    rollback pins; units whose cards moved are all stopped first."""
+    for step in steps:
+        if step.pin is not None:
+            host.log(f"{label(step.want.ref.name)}: the settings changed since `llamarack rollback`: its pin is "
+                     "released", logger.warning)  # fmt: skip
+            yield f"rm -f {shlex.quote(settings.layout.rollback_pin_of(step.want.ref.name))}"
+    for step in steps:
+        yield from private_upload(step.want.text, f"{step.want.ref.path}.new")
+        yield f"chmod 644 {shlex.quote(step.want.ref.path)}.new"
+    refs = tuple(step.want.ref for step in steps)
+    yield StringCommand(switch_script(settings, refs, stop_first=any(step.moved for step in steps)))
+
+
+def units_record(settings: Settings, wanted: tuple) -> str:
+    """``state/units.json``: the host's units, as the gateway and the audit read them."""
+    units = [{"index": w.ref.index or 0, "unit": w.ref.name, "port": w.ref.port, "listen": settings.server.listen,
+              "parallel": w.plan.parallel, "cards": list(w.cards)} for w in wanted]  # fmt: skip
+    return json.dumps({"units": units}, indent=1) + "\n"
+
+
+def _retired(settings: Settings, found: dict, wanted: tuple, cards: tuple) -> tuple:
+    """The units on the host that the layout no longer makes, each said with why."""
+    names = {w.ref.name for w in wanted}
+    listed = {g.uuid for g in cards}
+    gone = []
+    for name in sorted(found):
+        if name in names:
+            continue
+        lost = [c for c in unit_cards(found[name].lines) if c not in listed]
+        why = (f"its card{'s' if len(lost) > 1 else ''} {', '.join(lost)} no longer listed by the driver" if lost
+               else f"the host now serves {len(wanted)} unit{'s' if len(wanted) > 1 else ''}")  # fmt: skip
+        host.log(f"retiring {name}: {why}", logger.warning)
+        gone.append(ref_of(settings, name))
+    return tuple(gone)
+
+
+def _serves(model_dir: str, build_dir: str, layout, steps: list) -> str:
+    """The no-op message of a host whose units all serve as wanted."""
+    head = f"llama-server serves {Path(model_dir).name} with build {Path(build_dir).name}"
+    if len(steps) == 1:
+        return f"{head}, {steps[0].want.plan.note}"
+    return f"{head} in {len(steps)} units ({layout.reason}): " + "; ".join(
+        f"{s.want.ref.name} on port {s.want.ref.port}: {s.want.plan.note}" for s in steps)
 
 
 @operation()
 def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     """
-    Serve ``models/current`` with ``builds/current`` under systemd.
+    Serve ``models/current`` with ``builds/current`` under systemd, one unit per unit of
+    the host's layout (``server_layout``: a unit per card, or one over several).
 
     + settings: the host's settings (server, general, llamacpp backend)
     + gpus: the run's GPUs (``HostFacts.gpus``); empty: the record, read when this runs
     + templates: folders whose templates replace the role's own (the project's templates/)
 
-    The smallest of the host's GPUs bounds the context; a host without GPUs
-    serves from the CPU, bounded by the model's trained context only.
+    Each unit is planned for its cards; a host without GPUs serves one unit from the CPU,
+    bounded by the model's trained context only.
 
-    Refuses (exit 1, nothing touched) when the plan does not fit the card. A unit
-    that changed is written, the service restarted, and ``/health`` must answer
-    200 within ``server_health_timeout``; otherwise the previous unit is put
-    back and restarted. The API key goes to the host as a file (mode 640,
-    group of the service user), never on a command line.
+    Refuses (exit 1, nothing touched) when a plan does not fit. Units the layout no
+    longer makes (a card gone, the layout changed) are stopped, disabled and removed
+    first. Each unit that changed is written, restarted, and its ``/health`` must answer
+    200 within ``server_health_timeout``; otherwise its previous unit is put back and
+    restarted (the others go on). ``state/units.json`` lists the units. The API key goes
+    to the host as a file (mode 640, group of the service user), never on a command line.
     """
     root, layout = settings.general.root, settings.layout
     build_dir, model_dir = _linked(layout.current_build), _linked(layout.current_model)
     flags = read(LlamaServerFlags, root=root)
-    shape = read(GgufShape, path=f"{model_dir}/model.gguf") if model_dir else None
+    # Through the link (preflight's one read holds it): the same file as model_dir's.
+    shape = read(GgufShape, path=f"{layout.current_model}/model.gguf") if model_dir else None
     if not (build_dir and flags and shape):
         yield _not_made_yet(root, bool(build_dir and flags), bool(shape))
         return
-
-    draft = _draft(settings)
+    draft, cards = _draft(settings), _cards(settings, gpus)
+    found = read(ServedUnits, state=layout.state)
     try:
-        unit, ctx = wanted_unit(settings, flags, build_dir, model_dir, shape, _cards(settings, gpus), templates,
-                                draft=draft if draft and draft[1] else None, devices=_devices(settings))  # fmt: skip
+        chosen, wanted = wanted_units(settings, flags, build_dir, model_dir, shape, cards, templates,
+                                      draft=draft if draft and draft[1] else None, devices=_devices(settings),
+                                      in_place={n: unit_cards(f.lines) for n, f in found.items()})  # fmt: skip
     except PlanError as e:
         yield refusal(e.failure.message(host.name))
         return
-
-    pin, held, held_by, unit_changed = _rollback_pin(settings, unit)
-    running, remade = _running_and_remade(model_dir, held)
+    sealed_at = _sealed_at(settings)
+    steps = [_step(settings, w, found.get(w.ref.name), sealed_at) for w in wanted]
+    record = units_record(settings, wanted)
+    recorded = read(FileContents, path=layout.units_record)
     key_changed = yield from _api_key(settings)
-    if remade:
-        host.log(f"{model_dir} was sealed after llama-server started: restarting it", logger.info)
-    unproven = _unproven()
-    if held:
-        yield from _keep_rolled_back(settings, held_by, key_changed or unproven or not running)
-        return
-    if not (unit_changed or key_changed or remade or unproven or not running):
+    retired = _retired(settings, found, wanted, cards)
+    if retired:
+        yield StringCommand(retire_script(settings, retired))
+    if recorded is None or "\n".join(recorded) + "\n" != record:
+        yield from put_record(layout.units_record, record)
+    for step in steps:
+        if step.remade:
+            host.log(f"{model_dir} was sealed after {step.want.ref.name} started: restarting it", logger.info)
+        if step.held:
+            yield from _keep_rolled_back(settings, step, key_changed or step.unproven or not step.running)
+    switching = [step for step in steps if not step.held and step.switch(key_changed)]
+    if switching:
+        yield from _switch_to(settings, switching)
+    elif not any(step.held for step in steps):
         # A pin that holds nothing (the unit in place is the one the settings want) is left
         # as it is: nothing to change, and the next switch releases it.
-        host.noop(f"llama-server serves {Path(model_dir).name} with build {Path(build_dir).name}, "
-                  f"{ctx.note}")  # fmt: skip
-        return
-    yield from _switch_to(settings, unit, pin)
+        host.noop(_serves(model_dir, build_dir, chosen, steps))
 
 
 @operation()
@@ -446,29 +446,51 @@ def bench(settings: Settings, gpus: tuple = ()):
     draft = _draft(settings)
     cuda = settings.llamacpp.backend == "cuda"
     try:
-        ctx = plan_context(settings, shape, card_mib(cards), draft[1] if draft else None, card_compute_cap(cards))
+        ref, plan, mine, units = _bench_unit(settings, shape, cards, draft[1] if draft else None)
     except PlanError as e:
         yield refusal(e.failure.message(host.name))
         return
-    args = bench_args(settings, flags, build_dir, model_dir, ctx, cuda)
+    ctx = plan.single or plan
+    args = bench_args(settings, flags, build_dir, model_dir, ctx, cuda) + (bench_split_args(plan) if cuda else [])
     entry = {"key": key, "mode": mode, "backend": settings.llamacpp.backend, "on_card": cuda,
              "served": {"cache_type_k": ctx.cache_type_k, "cache_type_v": ctx.cache_type_v,
                         "gpu_layers": ctx.gpu_layers if cuda else None},
-             "roofline": roofline(cards, shape)}  # fmt: skip
+             "roofline": roofline(mine, shape)}  # fmt: skip
+    if units > 1 or len(cards) > 1:  # which unit's plan was measured, on which cards
+        entry["unit"] = {"name": ref.name, "of": units, "cards": [g.uuid for g in mine],
+                         "split_args": plan.split_args()}  # fmt: skip
     run = remote.command("bench_record", layout.bench_record, json.dumps(entry, sort_keys=True), *args)
+    if len(cards) > 1 and mine:
+        run = f"{remote.argv('env', 'CUDA_VISIBLE_DEVICES=' + ','.join(g.uuid for g in mine))} {run}"
+    yield from _bench_run(settings, ref, run, mode, cuda)
+
+
+def _bench_unit(settings: Settings, shape: dict, cards: tuple, draft_shape) -> tuple:
+    """(unit, plan, its cards, how many units) of what the bench measures: the layout's first
+    unit (every unit of a per_card host is planned alike on alike cards). Raises PlanError."""
+    chosen = host_layout(settings, shape, cards, draft_shape)
+    unit = chosen.units[0]
+    ref = unit_ref(settings, 0 if len(chosen.units) > 1 else None)
+    return ref, unit.plan, tuple(cards[i] for i in unit.cards), len(chosen.units)
+
+
+def _bench_run(settings: Settings, ref, run: str, mode: str, cuda: bool):
+    """The bench's command: with ``stopped``, the measured unit is stopped for it and
+    started again, and must answer /health."""
     where = "on the CPU build (the roofline is the card's, not this measurement's)" if not cuda else "on the card"
+    name = label(ref.name)
     if mode == "stopped":
         if executing():
-            logger.info(f"{host.print_prefix}llama-bench {where}: llama-server is stopped for it and started "
+            logger.info(f"{host.print_prefix}llama-bench {where}: {name} is stopped for it and started "
                         "again (server_bench = 'stopped')")  # fmt: skip
-        svc = UNIT_NAME
-        wait = remote.command("wait_healthy", health_url(settings), svc, str(settings.server.health_timeout))
-        back = f"systemctl start {svc} && {wait}"
-        yield (f"systemctl stop {svc}; {run}; rc=$?; "
-               f"{back} || {{ echo 'llama-server did not answer /health after the bench' >&2; exit 1; }}; "
+        svc = ref.name
+        wait = remote.command("wait_healthy", health_url(settings, ref.port), svc, str(settings.server.health_timeout))
+        back = f"systemctl start {shlex.quote(svc)} && {wait}"
+        yield (f"systemctl stop {shlex.quote(svc)}; {run}; rc=$?; "
+               f"{back} || {{ echo {shlex.quote(name + ' did not answer /health after the bench')} >&2; exit 1; }}; "
                "exit $rc")  # fmt: skip
     else:
         if executing():
-            logger.info(f"{host.print_prefix}llama-bench {where}, while llama-server serves beside it "
+            logger.info(f"{host.print_prefix}llama-bench {where}, while {name} serves beside it "
                         "(server_bench = 'beside': they share the card)")  # fmt: skip
         yield run

@@ -13,17 +13,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import re
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import jinja2
 
 from llamarack import remote, unitfile
 from llamarack.roles.llamacpp.reads import ServerFlags
-from llamarack.layout import API_KEY_PATH
+from llamarack.card_layout import Layout, cards_of, choose_layout
+from llamarack.layout import API_KEY_PATH, unit_index, unit_name, unit_path
 from llamarack.planner import (MIB, Knobs, Plan, PlanError, cublas_prefill,  # noqa: F401 (MIB, PlanError: the role's API)
                                plan)  # fmt: skip
 from llamarack.roles.llamacpp.files.llamacpp_proof import serving_args
@@ -32,15 +35,15 @@ from llamarack.rules import Failure
 from llamarack.settings import Settings
 
 from ..llamacpp.plan import serving_inputs
+from .reads import HEALTH_MARK, RESIDENCY_MARK  # noqa: F401 (the role's API)
 
 # The role's templates. A file of the same name in an override folder the
 # deploy names (the project's top-level templates/, for deploy.py) replaces one.
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 UNIT_TEMPLATE = "llama-server.service.j2"
-# The unit names its own health URL: a rollback checks the previous unit's address.
-HEALTH_MARK = "# llamarack health: "
-# A CUDA unit's cards (UUIDs) and planned weights (MiB): the switch checks it serves from them.
-RESIDENCY_MARK = "# llamarack residency: "
+# The unit names its own health URL (HEALTH_MARK: a rollback checks the previous unit's
+# address) and, on CUDA, its cards (UUIDs) and planned weights (MiB) (RESIDENCY_MARK: the
+# switch checks it serves from them): reads.py parses both.
 
 
 def knobs(settings: Settings) -> Knobs:
@@ -80,9 +83,11 @@ def plan_context(settings: Settings, shape: dict, card_mib: Optional[int], draft
 
 
 def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_dir: str,
-                ctx: Plan, cuda: bool, draft_dir: Optional[str] = None) -> list[str]:
-    """llama-server's command line, spelled as the built binary's --help says.
-    Raises PlanError when a setting needs a flag this build does not have."""
+                ctx: Plan, cuda: bool, draft_dir: Optional[str] = None, port: Optional[int] = None,
+                split: tuple = ()) -> list[str]:  # fmt: skip
+    """llama-server's command line, spelled as the built binary's --help says; ``port``: the
+    unit's (``server_port`` when None), ``split``: a unit's split flags over several cards
+    (``SplitPlan.split_args``). Raises PlanError when a setting needs a flag this build does not have."""
     s = settings.server
     if s.api_key_file and not flags.has_api_key_file:
         raise PlanError(Failure(
@@ -92,7 +97,7 @@ def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_di
             "pin a newer llamacpp_commit, or unset server_api_key_file",
         ))  # fmt: skip
     args = [f"{build_dir}/bin/llama-server", "--model", f"{model_dir}/model.gguf",
-            "--host", s.listen, "--port", str(s.port), "--ctx-size", str(ctx.ctx_size),
+            "--host", s.listen, "--port", str(s.port if port is None else port), "--ctx-size", str(ctx.ctx_size),
             "--parallel", str(ctx.parallel)]  # fmt: skip
     # The same runtime flags the build's smoke run computed with, plus any it needed
     # (flags.proven_args, e.g. --no-repack on a CPU whose AMX faults); the KV
@@ -100,6 +105,7 @@ def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_di
     serving = {**serving_inputs(settings), "cache_type_k": ctx.cache_type_k, "cache_type_v": ctx.cache_type_v,
                "gpu_layers": ctx.gpu_layers if cuda else None}  # fmt: skip
     args += serving_args(flags, serving)
+    args += list(split)
     args += rope_args(flags, ctx)
     if draft_dir:
         args += draft_args(settings, flags, draft_dir, ctx, cuda)
@@ -176,6 +182,15 @@ def bench_args(settings: Settings, flags: ServerFlags, build_dir: str, model_dir
     return args
 
 
+def bench_split_args(plan: Any) -> list[str]:
+    """llama-bench's spelling of a unit's split over several cards (``-sm``, ``-ts`` with
+    ``/``, ``-mg``); none for one card."""
+    if plan.single is not None or len(plan.ledger.cards) < 2:
+        return []
+    return ["-sm", plan.split_mode, "-ts", "/".join(map(str, plan.ledger.tensor_split)),
+            "-mg", str(plan.ledger.main_gpu)]  # fmt: skip
+
+
 def roofline(cards: tuple, shape: dict) -> dict:
     """Decode's ceiling on the host's slowest card: its memory bandwidth (the card table's
     data-sheet figure) over the bytes every token reads (each layer's weights and the
@@ -189,13 +204,14 @@ def roofline(cards: tuple, shape: dict) -> dict:
             "tokens_per_second": round(slowest.bandwidth_gbs * 1e9 / weights, 1) if slowest else None}  # fmt: skip
 
 
-def health_url(settings: Settings) -> str:
-    """Where llama-server's /health answers, seen from its own host."""
+def health_url(settings: Settings, port: Optional[int] = None) -> str:
+    """Where llama-server's /health answers, seen from its own host (``port``: a unit's,
+    ``server_port`` when None)."""
     listen = settings.server.listen
     addr = "127.0.0.1" if listen in ("0.0.0.0", "") else "::1" if listen == "::" else listen
     if ":" in addr:
         addr = f"[{addr}]"
-    return f"http://{addr}:{settings.server.port}/health"
+    return f"http://{addr}:{settings.server.port if port is None else port}/health"
 
 
 @functools.lru_cache(maxsize=None)
@@ -239,10 +255,13 @@ ARCH_SHOWN = 64  # characters of general.architecture in Description= (llama.cpp
 
 
 def render_unit(settings: Settings, args: list[str], description: str, overrides: tuple = (),
-                devices: tuple = (), residency_on: Optional[tuple] = None) -> str:
+                devices: tuple = (), residency_on: Optional[tuple] = None, port: Optional[int] = None,
+                visible: tuple = ()) -> str:  # fmt: skip
     """The unit file; ``overrides``: folders whose templates win over the role's own;
     ``devices``: the character device names it may open (``device_names``);
-    ``residency_on``: (card UUIDs, planned weights MiB) of a CUDA unit.
+    ``residency_on``: (card UUIDs, planned weights MiB) of a CUDA unit; ``port``: the unit's
+    (its health line's); ``visible``: the UUIDs of the cards CUDA shows it (a unit of a host
+    of several cards), in its device order.
 
     Every value is escaped for systemd by ``llamarack.unitfile`` (the template
     only places them): ``description`` holds the GGUF's own metadata.
@@ -250,39 +269,131 @@ def render_unit(settings: Settings, args: list[str], description: str, overrides
     dirs = tuple(str(d) for d in overrides if Path(d).is_dir()) + (str(TEMPLATES),)
     return _templates(dirs).get_template(UNIT_TEMPLATE).render(
         description=unitfile.text(description),
-        health_line=unitfile.comment(HEALTH_MARK + health_url(settings)),
+        health_line=unitfile.comment(HEALTH_MARK + health_url(settings, port)),
         residency_line=unitfile.comment(f"{RESIDENCY_MARK}{','.join(residency_on[0])} {int(residency_on[1])}")
         if residency_on and residency_on[0] else "",
         user=unitfile.value("User", settings.general.service_user),
         exec_start=unitfile.exec_line(args),
         working_directory=unitfile.value("WorkingDirectory", settings.general.root),
         device_allow=[unitfile.value("DeviceAllow", f"char-{name} rw") for name in devices],
+        visible_devices=unitfile.value("Environment", "CUDA_VISIBLE_DEVICES=" + ",".join(map(_card_id, visible)))
+        if visible else "",
     )
 
 
-def wanted_unit(settings: Settings, flags: ServerFlags, build_dir: str, model_dir: str, shape: dict,
-                cards: tuple, templates: tuple = (), draft: Optional[tuple] = None,
-                devices: tuple = ()) -> tuple[str, Plan]:
-    """The unit this host should run, and its context plan: what the service operation
-    writes and what ``llamarack audit`` compares with the unit found. ``draft``:
-    (directory, shape) of the draft model when ``model_draft_repo`` is set; ``devices``:
-    the host's ``CharDevices``. Raises PlanError."""
+# What nvidia-smi prints as a card's UUID (GPU-<hex and dashes>, MIG-...): nothing else
+# reaches Environment=, whose value systemd splits on spaces and unquotes.
+_CARD_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+def _card_id(uuid: str) -> str:
+    if not _CARD_ID.fullmatch(uuid or ""):
+        raise PlanError(Failure("card-uuid", f"card UUID {uuid!r}", "letters, digits, - and _, as nvidia-smi prints",
+                                "check what nvidia-smi -L prints on the host"))  # fmt: skip
+    return uuid
+
+
+@dataclass(frozen=True)
+class UnitRef:
+    """Where one llama-server unit lives: its index among several (None: the host's one),
+    its name, file and port (``server_port`` + its index)."""
+
+    index: Optional[int]
+    name: str
+    path: str
+    port: int
+
+
+def unit_ref(settings: Settings, index: Optional[int]) -> UnitRef:
+    name = unit_name(index)
+    return UnitRef(index, name, unit_path(name), settings.server.port + (index or 0))
+
+
+def ref_of(settings: Settings, name: str) -> UnitRef:
+    """The unit a file on the host is, by its name (``llamarack-server[@N].service``)."""
+    return unit_ref(settings, unit_index(name))
+
+
+@dataclass(frozen=True)
+class WantedUnit:
+    ref: UnitRef
+    text: str  # the unit file
+    plan: Any  # planner.Plan (one card, or none) or split_plan.SplitPlan (several)
+    cards: tuple  # the UUIDs of its cards, in its device order
+
+
+def host_layout(settings: Settings, shape: dict, gpus: tuple, draft_shape: Optional[dict] = None) -> Layout:
+    """The units the host's cards make (``server_layout``, ``server_split_mode``). Raises PlanError."""
+    s = settings.server
+    return choose_layout(shape, knobs(settings), cards_of(gpus), s.layout, draft_shape, s.split_mode)
+
+
+def wanted_units(settings: Settings, flags: ServerFlags, build_dir: str, model_dir: str, shape: dict,
+                 cards: tuple, templates: tuple = (), draft: Optional[tuple] = None,
+                 devices: tuple = (), in_place: Optional[dict] = None) -> tuple[Layout, tuple]:  # fmt: skip
+    """The host's layout and the units it should run (``WantedUnit``, each with its plan):
+    what the service operation writes and what ``llamarack audit`` compares with the units
+    found. ``cards``: the host's GPUs; ``draft``: (directory, shape) of the draft model when
+    ``model_draft_repo`` is set; ``devices``: the host's ``CharDevices``. One unit is
+    ``llamarack-server.service`` on ``server_port``; several are ``llamarack-server@N.service``
+    on ``server_port`` + N, each shown only its cards when the host has more than one.
+    ``in_place``: the units on the host, name -> their cards' UUIDs: a unit over the same
+    cards keeps its N (and port), so a card that goes retires only its own unit, and one
+    that comes back takes the lowest N free. Raises PlanError."""
     if settings.model.draft_repo and not draft:
         raise PlanError(Failure(
             "draft-model", "model_draft_repo set, but no draft model under models/draft",
             "the draft artifact the model role makes", "run the model role (deploy.py runs it)",
         ))  # fmt: skip
     draft_dir, draft_shape = draft if settings.model.draft_repo else (None, None)
-    ctx = plan_context(settings, shape, card_mib(cards), draft_shape, card_compute_cap(cards))
-    args = server_args(settings, flags, build_dir, model_dir, ctx, cuda=settings.llamacpp.backend == "cuda",
-                       draft_dir=draft_dir)  # fmt: skip
+    layout = host_layout(settings, shape, tuple(cards), draft_shape)
+    several = len(layout.units) > 1
+    unit_cards = [tuple(cards[c].uuid for c in unit.cards) for unit in layout.units]
+    indices = unit_indices(unit_cards, in_place or {}) if several else [None]
+    wanted = []
+    for index, unit, uuids in sorted(zip(indices, layout.units, unit_cards), key=lambda t: t[0] or 0):
+        ref = unit_ref(settings, index)
+        text = _unit_text(settings, flags, (build_dir, model_dir, draft_dir), shape, ref, unit.plan, uuids,
+                          len(cards) > 1, templates, devices)  # fmt: skip
+        wanted.append(WantedUnit(ref, text, unit.plan.single or unit.plan, uuids))
+    return layout, tuple(wanted)
+
+
+def unit_indices(unit_cards: list, in_place: dict) -> list:
+    """N for each of several units (their cards' UUIDs): that of the unit in place over the
+    same cards, else the lowest N no other unit takes."""
+    kept = {tuple(c): unit_index(name) for name, c in in_place.items() if unit_index(name) is not None and c}
+    taken, out = set(), []
+    for cards in unit_cards:
+        n = kept.get(tuple(cards))
+        out.append(n if n is not None and n not in taken else None)
+        taken.add(out[-1])
+    free = (n for n in itertools.count() if n not in taken)
+    return [n if n is not None else next(free) for n in out]
+
+
+def _unit_text(settings: Settings, flags: ServerFlags, dirs: tuple, shape: dict, ref: UnitRef, plan: Any,
+               uuids: tuple, visible: bool, templates: tuple, devices: tuple) -> str:  # fmt: skip
+    """One unit's file: its plan's arguments and split flags, its port, its cards."""
+    build_dir, model_dir, draft_dir = dirs
+    ctx, cuda = plan.single or plan, settings.llamacpp.backend == "cuda"
+    args = server_args(settings, flags, build_dir, model_dir, ctx, cuda=cuda, draft_dir=draft_dir, port=ref.port,
+                       split=tuple(plan.split_args()))  # fmt: skip
     with_draft = f", draft {Path(draft_dir).name}" if draft_dir else ""
     # The architecture is the GGUF's own text: cut to a name's length, the plan's note is kept.
     arch = unitfile.clipped(str(shape["architecture"]), ARCH_SHOWN)
     description = f"llamarack llama-server: {Path(model_dir).name}{with_draft} ({arch}, {ctx.note})"
-    cuda = settings.llamacpp.backend == "cuda"
-    on = (tuple(g.uuid for g in cards), ctx.ledger.weights_on_card // MIB) if cuda else None
-    return render_unit(settings, args, description, templates, device_names(devices, cuda), on), ctx
+    on = (uuids, ctx.ledger.weights_on_card // MIB) if cuda else None
+    return render_unit(settings, args, description, templates, device_names(devices, cuda), on, ref.port,
+                       uuids if visible else ())  # fmt: skip
+
+
+def wanted_unit(settings: Settings, flags: ServerFlags, build_dir: str, model_dir: str, shape: dict,
+                cards: tuple, templates: tuple = (), draft: Optional[tuple] = None,
+                devices: tuple = ()) -> tuple[str, Plan]:  # fmt: skip
+    """The first unit ``wanted_units`` makes, and its plan (a host of one unit: its unit)."""
+    first = wanted_units(settings, flags, build_dir, model_dir, shape, cards, templates, draft, devices)[1][0]
+    return first.text, first.plan
 
 
 # A fresh salt for each pyinfra run: what the host prints about its API key

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 from typing import Optional
@@ -11,6 +12,11 @@ from pyinfra.api.exceptions import FactProcessError
 
 from llamarack import remote
 from llamarack.facts.value import FactValue
+from llamarack.layout import UNIT_DIR, UNIT_GLOBS
+
+# The unit's first lines: the health URL it names, its cards and planned weights (plan.py writes them).
+HEALTH_MARK = "# llamarack health: "
+RESIDENCY_MARK = "# llamarack residency: "
 
 
 NOLOGIN = "/usr/sbin/nologin"
@@ -165,6 +171,93 @@ class HttpStatus(FactBase[Optional[int]]):
         return int(word)
 
 
+@dataclass(frozen=True)
+class FoundUnit(FactValue):
+    """One llama-server unit file on a host, and what systemd and the role's records say of it."""
+
+    name: str
+    sha1: str
+    lines: tuple  # the file's lines, as FileContents reads them
+    prev: bool  # ``<unit>.prev`` is there: a switch was cut off before its /health check
+    state: dict  # UnitState's properties ({} where systemctl says nothing)
+    pin: Optional[tuple] = None  # its rollback pin's lines (``state/rollback[@N].json``), or None
+    health: Optional[int] = None  # with ``health``: the status its health URL answers (None: nothing)
+
+
+_UNIT_FILE = re.compile(r"llamarack-server(@[0-9]+)?\.service")
+
+
+class ServedUnits(FactBase[dict]):
+    """
+    Returns every llama-server unit file of the host (``llamarack-server.service``,
+    ``llamarack-server@N.service``) by name: its sha1 and lines, whether a ``.prev`` is
+    beside it, systemd's state of it, its rollback pin under ``state`` (the records'
+    folder) and, with ``health``, the HTTP status of the health URL its first lines name.
+    One read for all of a host's units, however many its cards make.
+
+    .. code:: python
+
+        {"llamarack-server@0.service": FoundUnit(name="llamarack-server@0.service",
+            sha1="8c2e...", lines=("# llamarack health: http://127.0.0.1:8080/health", ...),
+            prev=False, state={"ActiveState": "active", ...}, pin=None, health=None)}
+    """
+
+    def command(self, state: str, health: bool = False) -> str:
+        props = " ".join(f"--property={p}" for p in UNIT_PROPERTIES)
+        check = ""
+        if health:
+            check = (f"url=$(sed -n {shlex.quote('s|^' + HEALTH_MARK + '||p')} \"$f\" | head -n 1); "
+                     f"echo \"health $({remote.command('http_status')} \"$url\" | tail -n 1)\"; ")  # fmt: skip
+        return (f"cd {shlex.quote(UNIT_DIR)} 2>/dev/null || exit 0; "
+                f"for f in {' '.join(UNIT_GLOBS)}; do [ -f \"$f\" ] || continue; "
+                "echo \"unit $f $(sha1sum < \"$f\" | cut -d' ' -f1)\"; "
+                "[ ! -e \"$f.prev\" ] || echo prev; "
+                f"systemctl show --timestamp=unix {props} -- \"$f\" 2>/dev/null | awk '{{print \"state \" $0}}'; "
+                "awk '{print \"line \" $0}' \"$f\"; "
+                f"p=${{f#llamarack-server}}; p={shlex.quote(state)}/rollback${{p%.service}}.json; "
+                "[ ! -f \"$p\" ] || awk '{print \"pin \" $0}' \"$p\"; "
+                f"{check}done")  # fmt: skip
+
+    def default(self) -> dict:
+        return {}
+
+    def process(self, output) -> dict:
+        units: dict = {}
+        for line in output:
+            word, _, rest = line.partition(" ")
+            if word == "unit":
+                name, _, sha1 = rest.rpartition(" ")
+                current = units[name] = {"name": name, "sha1": sha1, "lines": [], "prev": False, "state": {},
+                                         "pin": None, "health": None}  # fmt: skip
+            elif not units:
+                raise FactProcessError(f"unexpected llama-server units output: {output!r}")
+            elif word == "prev":
+                current["prev"] = True
+            elif word == "state" and "=" in rest:
+                key, _, value = rest.partition("=")
+                current["state"][key] = value
+            elif word == "line":
+                current["lines"].append(rest)
+            elif word == "pin":
+                current["pin"] = (current["pin"] or []) + [rest]
+            elif word == "health":
+                current["health"] = int(rest) if rest.strip().isdigit() else None
+        return {name: FoundUnit(**{**u, "lines": tuple(u["lines"]), "pin": None if u["pin"] is None else tuple(u["pin"])})
+                for name, u in units.items() if _UNIT_FILE.fullmatch(name)}  # fmt: skip
+
+
+def unit_cards(lines) -> tuple:
+    """The cards (UUIDs) a unit file serves from: its ``CUDA_VISIBLE_DEVICES``, else its
+    residency line's; () for neither."""
+    for line in lines or ():
+        if line.startswith("Environment=CUDA_VISIBLE_DEVICES="):
+            return tuple(c for c in line.split("=", 2)[2].split(",") if c)
+    for line in lines or ():
+        if line.startswith(RESIDENCY_MARK):
+            return tuple(c for c in line[len(RESIDENCY_MARK):].split(" ")[0].split(",") if c)
+    return ()
+
+
 def active_since(state: dict) -> Optional[float]:
     """When the unit of a ``UnitState`` last became active (Unix time), None if it is not."""
     stamp = state.get("ActiveEnterTimestamp", "")
@@ -177,13 +270,14 @@ def active_since(state: dict) -> Optional[float]:
 
 
 def reads(settings) -> tuple:
-    """What the server role reads on a converged host: its part of preflight's one read."""
-    from pyinfra.facts.files import File, FileContents, Link, Sha1File
+    """What the server role reads on a converged host: its part of preflight's one read.
+    Every unit of the host in one fact (``ServedUnits``), however many its cards make."""
+    from pyinfra.facts.files import FileContents, Link
     from pyinfra.facts.server import Command
 
     from llamarack.facts import FactRead
-    from llamarack.layout import UNIT_NAME, UNIT_PATH
     from llamarack.roles.llamacpp.reads import BenchRecord, BuildSeals, LlamacppBuilds, LlamaServerFlags
+    from llamarack.roles.model.reads import GgufShape
     from llamarack.roles.server.plan import key_digest_command
 
     if not settings.general.runs("server"):
@@ -197,11 +291,10 @@ def reads(settings) -> tuple:
         FactRead.of(Link, path=layout.current_model),
         *([FactRead.of(Link, path=layout.draft_model)] if settings.model.draft_repo else []),
         FactRead.of(LlamaServerFlags, root=root),
-        FactRead.of(Sha1File, path=UNIT_PATH),
-        FactRead.of(FileContents, path=UNIT_PATH),  # the build it names is kept by the prune
-        FactRead.of(FileContents, path=layout.rollback_pin),  # `llamarack rollback` pinned the unit
-        FactRead.of(File, path=f"{UNIT_PATH}.prev"),  # there: an earlier switch was cut off
+        FactRead.of(GgufShape, path=f"{layout.current_model}/model.gguf"),  # the units are planned from it
+        # the units: files (the builds they name are kept by the prune), .prev, state, pins
+        FactRead.of(ServedUnits, state=layout.state),
+        FactRead.of(FileContents, path=layout.units_record),  # written only when it differs
         FactRead.of(Command, command=key_digest_command()),
-        FactRead.of(UnitState, unit=UNIT_NAME),
         FactRead.of(BenchRecord, path=layout.bench_record),
     )

@@ -24,6 +24,14 @@ def _address(value: str) -> Optional[str]:
             "or one interface's address (no %scope)")
 
 
+def _split_mode(value: str) -> Optional[str]:
+    if value in ("layer", "tensor"):
+        return None
+    if value == "row":
+        return "layer or tensor; not row: deprecated upstream, and no faster than layer on P40s"
+    return "layer or tensor"
+
+
 # The most a setting counts of a model's layers, its context, or the seconds of a wait.
 MAX_LAYERS = 4096
 MAX_CONTEXT = 1 << 24
@@ -77,6 +85,16 @@ class ServerSettings(Section):
     rope_orig_ctx: Optional[int] = setting(
         None, "YaRN's original context; None: the GGUF's (--yarn-orig-ctx)", between=(1, MAX_CONTEXT)
     )
+    # -- how a host's cards serve (llamarack/card_layout.py) --
+    layout: Literal["auto", "per_card", "split"] = setting(
+        "auto",
+        "how a host's cards serve: per_card (one llama-server per card, port server_port + N), split (one over "
+        "the fewest cards that hold every layer), auto (per_card when one card holds the model, else split)",
+    )
+    split_mode: str = setting(
+        "layer", "llama.cpp's --split-mode for a unit over several cards: layer, or tensor (an unquantized KV "
+        "cache only)", _split_mode,
+    )
     # -- end of the memory plan --
     flash_attn: bool = setting(True, "flash attention")
     backend_sampling: bool = setting(
@@ -129,6 +147,13 @@ class ServerSettings(Section):
             problems.append(
                 f"server_flash_attn: given False; allowed: True while server_cache_type_v is "
                 f"{self.cache_type_v!r} (a quantized V cache needs flash attention)"
+            )
+        if self.split_mode == "tensor" and self.layout != "per_card" and not (
+                self.cache_type_k in ("f16", "bf16", "f32", "auto") and self.cache_type_v in ("f16", "bf16", "f32", "auto")):
+            problems.append(
+                f"server_split_mode: given 'tensor' with a {self.cache_type_k}/{self.cache_type_v} KV cache; allowed: "
+                "layer, or an unquantized KV cache (f16, bf16, f32): llama.cpp's tensor split does not take a "
+                "quantized one"
             )
         if self.draft_min > self.draft_max:
             problems.append(

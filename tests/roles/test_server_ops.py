@@ -5,13 +5,13 @@ import json
 import logging
 from pathlib import Path
 
-from pyinfra.facts.files import File, FileContents, Link, Sha1File
+from pyinfra.facts.files import FileContents, Link
 from pyinfra.facts.server import Command
 
 from llamarack.roles.model.reads import ArtifactState, GgufShape, ModelArtifact
 from llamarack.roles.driver.reads import CharDevices, DriverState, Gpu, NvidiaSmi, RecordedGpus
 from llamarack.roles.llamacpp.reads import LlamaServerFlags
-from llamarack.roles.server.reads import UnitState
+from llamarack.roles.server.reads import FoundUnit, ServedUnits
 from llamarack.roles.llamacpp.reads import ServerFlags
 from llamarack.roles.server.files.secret_digest import digest
 from llamarack.roles.server.operations import KEY_DIGEST_SALT, key_digest_command, service
@@ -43,30 +43,48 @@ UNIT_RUNNING = {"ActiveState": "active", "SubState": "running", "ActiveEnterTime
 UNIT_DEAD = {"ActiveState": "inactive", "SubState": "dead", "ActiveEnterTimestamp": ""}
 
 
+def found_unit(name="llamarack-server.service", sha1=None, running=False, prev=False, pin=None, lines=()):
+    """A unit file on the host, as ``ServedUnits`` reads it."""
+    return FoundUnit(name, sha1, tuple(lines), prev, dict(UNIT_RUNNING if running else UNIT_DEAD),
+                     None if pin is None else (json.dumps(pin),))  # fmt: skip
+
+
+# state/units.json of a host serving the one V100's unit
+UNITS_JSON = json.dumps({"units": [{"index": 0, "unit": "llamarack-server.service", "port": 8080,
+                                    "listen": "127.0.0.1", "parallel": 1, "cards": ["GPU-1"]}]}, indent=1)  # fmt: skip
+
+
 def facts(unit_sha1=None, running=False, key_digest="missing", build="b1", model="m1", shape=SHAPE,
           smi=DriverState("ok", (V100,)), recorded=(), sealed_at=STARTED - 600, prev=False, pin=None,
-          devices=DEVICES_580):
+          devices=DEVICES_580, units=None, units_json=None):
+    """The facts of a host; ``units``: its unit files (``ServedUnits``), by default the one unit
+    of ``unit_sha1`` (none without it), recorded in ``units_json`` (by default: as the unit of
+    the one V100 when there is a unit)."""
+    if units is None:
+        units = {} if unit_sha1 is None else {"llamarack-server.service": found_unit(sha1=unit_sha1, running=running,
+                                                                                   prev=prev, pin=pin)}  # fmt: skip
+    if units_json is None and unit_sha1 is not None:
+        units_json = UNITS_JSON
     return {
         CharDevices: devices,
-        fact_key(FileContents, path=f"{ROOT}/state/rollback.json"): [json.dumps(pin)] if pin else None,
         NvidiaSmi: smi,
         fact_key(RecordedGpus, path=f"{ROOT}/state/gpus.json"): recorded,
         fact_key(Link, path=f"{ROOT}/builds/current"): {"link_target": build} if build else None,
         fact_key(Link, path=f"{ROOT}/models/current"): {"link_target": model} if model else None,
         fact_key(LlamaServerFlags, root=ROOT): FLAGS if build else None,
-        fact_key(Sha1File, path=UNIT_PATH): unit_sha1,
+        fact_key(ServedUnits, state=f"{ROOT}/state"): units,
+        fact_key(FileContents, path=f"{ROOT}/state/units.json"): units_json.splitlines() if units_json else None,
         fact_key(Command, command=key_digest_command()): key_digest,
-        fact_key(UnitState, unit="llamarack-server.service"): UNIT_RUNNING if running else UNIT_DEAD,
-        fact_key(File, path=f"{UNIT_PATH}.prev"): {"size": 900} if prev else None,
         **(served(model, shape, sealed_at) if model else {}),
     }
 
 
 def served(model: str, shape, sealed_at: int) -> dict:
-    """The facts of the model directory models/current names."""
+    """The facts of the model directory models/current names, read through the link or by its name."""
+    artifact = ArtifactState(model, 10, 10, {"stamp": model, "sealed_at": sealed_at})
     return {fact_key(GgufShape, path=f"{ROOT}/models/{model}/model.gguf"): shape,
-            fact_key(ModelArtifact, path=f"{ROOT}/models/{model}"): ArtifactState(model, 10, 10, {
-                "stamp": model, "sealed_at": sealed_at})}  # fmt: skip
+            fact_key(GgufShape, path=f"{ROOT}/models/current/model.gguf"): shape,
+            fact_key(ModelArtifact, path=f"{ROOT}/models/current"): artifact}  # fmt: skip
 
 
 # The unit the default settings want on one V100 16 GB (build b1, model m1: the tiny Llama's
@@ -90,7 +108,12 @@ def unit_of(commands) -> str:
 def test_first_run_writes_the_unit_then_switches_with_health_and_rollback():
     commands, noops = first_run(settings())
     assert noops == []
-    made, upload, removed, chmod, switch = commands
+    # state/units.json first (the one unit, its port and card), then the unit's switch
+    install, _, record, _, rename = commands[:5]
+    assert install == f"install -d -m 755 {ROOT}/state" and record == ("upload", f"{ROOT}/state/units.json.new",
+                                                                     UNITS_JSON + "\n")  # fmt: skip
+    assert rename.startswith(f"chmod 644 {ROOT}/state/units.json.new && ")
+    made, upload, removed, chmod, switch = commands[5:]
     assert upload[0] == "upload" and upload[1] == f"{UNIT_PATH}.new"
     assert made.startswith("umask 077 && mkdir -m 700 /tmp/llamarack-upload-") and removed.startswith("rm -rf /tmp/llamarack-upload-")
     unit = upload[2]
@@ -103,6 +126,7 @@ def test_first_run_writes_the_unit_then_switches_with_health_and_rollback():
     assert chmod == f"chmod 644 {UNIT_PATH}.new"
     assert "systemctl restart llamarack-server.service" in switch
     assert "rollback" in switch and f"mv -f {UNIT_PATH}.prev {UNIT_PATH}" in switch
+    assert f"health {UNIT_PATH} 600 || rollback" in switch
 
 
 def test_the_unit_allows_the_device_names_the_driver_registered():
@@ -220,8 +244,8 @@ def test_api_key_on_a_build_without_api_key_file_is_refused(tmp_path):
 
 def test_diff_shows_how_the_unit_changes(caplog):
     old_unit = ["[Service]", "ExecStart=/opt/lr/builds/b0/bin/llama-server --ctx-size 512"]
-    with_old = {**facts(unit_sha1="0" * 40, running=True),
-                fact_key(FileContents, path=UNIT_PATH): old_unit}
+    with_old = facts(unit_sha1="0" * 40, running=True, units={
+        "llamarack-server.service": found_unit(sha1="0" * 40, running=True, lines=old_unit)})
     with caplog.at_level(logging.INFO, logger="pyinfra"):
         commands, _ = run_op(service, with_old, diff=True, settings=settings(), gpus=(V100,))
     text = "\n".join(r.getMessage() for r in caplog.records)
@@ -271,12 +295,12 @@ def test_two_switches_at_once_run_one_after_the_other(tmp_path, monkeypatch):
     import time
 
     from llamarack import remote
-    from llamarack.roles.server import operations
+    from llamarack.roles.server import switch
+    from llamarack.roles.server.plan import UnitRef
 
     unit = tmp_path / "unit"
     unit.write_text("old\n")
-    monkeypatch.setattr(operations, "UNIT_PATH", str(unit))
-    monkeypatch.setattr(operations, "SWITCH_LOCK", str(tmp_path / "switch.lock"))
+    monkeypatch.setattr(switch, "SWITCH_LOCK", str(tmp_path / "switch.lock"))
     monkeypatch.setattr(remote, "command", lambda name, *args: f"sleep 0.3; echo health >> {tmp_path}/log #")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -284,7 +308,8 @@ def test_two_switches_at_once_run_one_after_the_other(tmp_path, monkeypatch):
                        ("journalctl", "true")):  # fmt: skip
         (bin_dir / tool).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / tool).chmod(0o755)
-    script = operations.switch_script(settings(llamarack_root=str(tmp_path / "root"), llamarack_allow_shared_dirs=True))
+    script = switch.switch_script(settings(llamarack_root=str(tmp_path / "root"), llamarack_allow_shared_dirs=True),
+                                  (UnitRef(None, "llamarack-server.service", str(unit), 8080),))  # fmt: skip
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
     runs = []
     for text in ("new-1\n", "new-2\n"):
@@ -311,14 +336,16 @@ OLD_UNIT = [
 def test_a_unit_put_back_by_rollback_is_kept_while_the_settings_want_what_it_replaced():
     s = settings()
     pin = {"unit_sha1": "0" * 40, "replaced_sha1": UNIT_SHA1, "at": STARTED}
-    held = facts(unit_sha1="0" * 40, running=True, pin=pin)
-    held[fact_key(FileContents, path=UNIT_PATH)] = OLD_UNIT
+    held = facts(unit_sha1="0" * 40, units={"llamarack-server.service": found_unit(
+        sha1="0" * 40, running=True, pin=pin, lines=OLD_UNIT)})  # fmt: skip
     commands, noops = run_op(service, held, settings=s, gpus=(V100,))
     assert commands == [] and noops == ["llama-server serves the unit `llamarack rollback` put back"]
     # stopped: started again as it is, and checked, never replaced by the wanted unit
-    stopped = {**held, fact_key(UnitState, unit="llamarack-server.service"): {"SubState": "dead"}}
+    stopped = facts(unit_sha1="0" * 40, units={"llamarack-server.service": found_unit(
+        sha1="0" * 40, running=False, pin=pin, lines=OLD_UNIT)})  # fmt: skip
     commands, _ = run_op(service, stopped, settings=s, gpus=(V100,))
-    assert len(commands) == 1 and "systemctl restart llamarack-server.service && health 600" in commands[0]
+    assert len(commands) == 1 and 'systemctl restart "$svc" && health "$u" 600' in commands[0]
+    assert f"for u in {UNIT_PATH}; do" in commands[0]
     assert "upload" not in str(commands)
 
 
@@ -341,12 +368,13 @@ def test_rollback_switches_the_previous_unit_in_and_pins_it():
     s = settings()
     current = [f"ExecStart={ROOT}/builds/b1/bin/llama-server --model {ROOT}/models/m1/model.gguf"]
     state = {fact_key(FileContents, path=f"{ROOT}/state/previous.service"): OLD_UNIT,
-             fact_key(FileContents, path=UNIT_PATH): current, fact_key(BuildSeals, root=ROOT): Seals({"b0": []})}
+             fact_key(ServedUnits, state=f"{ROOT}/state"): {"llamarack-server.service": found_unit(lines=current)},
+             fact_key(BuildSeals, root=ROOT): Seals({"b0": []})}  # fmt: skip
     commands, _ = run_op(rollback, state, settings=s)
     check, copy, switch, pin = commands
     assert check.startswith(f"test -e {ROOT}/builds/b0/bin/llama-server && test -e {ROOT}/models/m0/model.gguf || ")
     assert copy == f"cp -p {ROOT}/state/previous.service {UNIT_PATH}.new && chmod 644 {UNIT_PATH}.new"
-    assert "health 600 || rollback" in switch and f"mv -f {UNIT_PATH}.prev {ROOT}/state/previous.service" in switch
+    assert f"health {UNIT_PATH} 600 || rollback" in switch and f"mv -f {UNIT_PATH}.prev {ROOT}/state/previous.service" in switch
     assert f"> {ROOT}/state/rollback.json.new" in pin
     # nothing recorded, or a previous build whose files changed since its seal: refused, nothing touched
     none = {**state, fact_key(FileContents, path=f"{ROOT}/state/previous.service"): None}

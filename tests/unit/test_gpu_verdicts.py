@@ -71,12 +71,12 @@ def test_the_audit_residency_item_on_the_card_off_it_and_on_a_cpu_build():
 
     h200 = Gpu(0, "NVIDIA H200", UUID, 143771, "9.0", "580.159.04", "0x233510DE")
     cuda = load_settings("gpu01", {"python_env_backend": "venv", "llamacpp_backend": "cuda"})
-    on = residency_item(cuda, (h200,), ON_CARD, 6434, 1)
+    on = residency_item(cuda, (h200.uuid,), ON_CARD, 6434, 1)
     assert not on.drift and on.found == {"pid": 6434, "cards": [UUID], "used_mib": 690}
-    off = residency_item(cuda, (h200,), ON_CARD, 6467, 1)  # the unit's PID is not the one on the card
+    off = residency_item(cuda, (h200.uuid,), ON_CARD, 6467, 1)  # the unit's PID is not the one on the card
     assert off.drift and off.found["why"].startswith("CPU fallback")
-    heavy = residency_item(cuda, (h200,), ON_CARD, 6434, 4400)
+    heavy = residency_item(cuda, (h200.uuid,), ON_CARD, 6434, 4400)
     assert heavy.drift and "less than the planned weights (4400 MiB)" in heavy.found["why"]
-    assert not residency_item(cuda, (h200,), (), 0, 1).drift  # not running: the service item says so
+    assert not residency_item(cuda, (h200.uuid,), (), 0, 1).drift  # not running: the service item says so
     cpu = load_settings("gpu01", {"python_env_backend": "venv", "llamacpp_backend": "cpu"})
-    assert residency_item(cpu, (h200,), (), 6434, None).found == {"backend": "cpu"}
+    assert residency_item(cpu, (h200.uuid,), (), 6434, None).found == {"backend": "cpu"}

@@ -20,6 +20,7 @@ from llamarack.model_shapes import shape_from_config
 from llamarack.roles.driver.reads import GpuProcess, GpuProcesses
 from llamarack.roles.llamacpp.reads import BuildFlags
 from llamarack.roles.server.audit import unit_item
+from llamarack.roles.server.reads import FoundUnit
 from llamarack.roles.server.plan import wanted_unit
 from llamarack.settings import load_settings
 
@@ -98,7 +99,8 @@ def test_the_audit_reads_the_unit_in_place_as_systemd_does(brk):
     """A unit edited on the host: systemd reads one Description line; so does the audit."""
     unit = (f"[Unit]\nDescription=m{brk}ExecStart=/bin/spoofed\n[Service]\n"
             "ExecStart=/opt/llamarack/builds/b1/bin/llama-server --port 8080\n")
-    item = unit_item(settings(), lambda fact, **kwargs: None, (), unit, ())
+    found = FoundUnit("llamarack-server.service", "0" * 40, tuple(unit.rstrip("\n").split("\n")), False, {})
+    item = unit_item(settings(), found, None, "no current build or model to plan from")
     assert item.found["exec_start"] == "/opt/llamarack/builds/b1/bin/llama-server --port 8080"
 
 

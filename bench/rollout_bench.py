@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Rolling changes through the lab rack behind its gateway, under a steady load.
+
+    python3 bench/rollout_bench.py     (as root; the lab rack up with its gateway, converged)
+
+A bounded load (``bench/loadgen.py``: ``/completion`` through the gateway,
+``lab-gw:8000``, CONCURRENCY at a time) runs during each case, and stops when
+the case ends. Recorded per case: the load's sent, ok, failed, p50 and p99; the
+rollout's exit status, each host's final state and how many times it was
+deployed; each host's llama-server (MainPID, NRestarts) before and after.
+
+- baseline: the load alone, the rack quiet;
+- bump: ``llamarack rollout inventory/lab.py --data llamacpp_commit=BUMP``, a
+  later llama.cpp commit of the lab's mirror (``mirror.GOOD_BUMP``), canary first;
+- converged: the same rollout again: nothing to change, no server restarted;
+- canary_fails: a rollout back to the base commit through
+  ``bench/deploys/fails_gate.py``, which stops the canary's llama-server after the
+  deploy: the rollout stops there, the canary drained, the rest untouched;
+- revert: a fresh rollout back to the base commit (the drained canary included);
+- plain_pyinfra: the same bump with ``pyinfra -y inventory/lab.py deploy.py``, no
+  gateway drain: its failed requests are what the rollout is measured against.
+
+The rack is left on the base commit (a plain deploy without load at the end).
+Wall times are figures, not bounds: the lab's hosts share this machine's cores.
+Writes bench/results/rollout.json.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "lab")]
+
+from llamarack_lab import mirror, services  # noqa: E402
+from llamarack_lab import rack as rackmod  # noqa: E402
+from llamarack_lab.pytest_plugin import parse_pyinfra_totals, pyinfra_command  # noqa: E402
+
+from converged_bench import _cpu, _pyinfra_version  # noqa: E402  (this folder's)
+from loadgen import Load  # noqa: E402
+
+INVENTORY = ROOT / "inventory/lab.py"
+JOURNAL = ROOT / ".llamarack/rollout-lab.json"
+RESULT = ROOT / "bench/results/rollout.json"
+GATEWAY, GATEWAY_PORT = "lab-gw", 8000
+CONCURRENCY, N_PREDICT = 4, 8
+BASELINE_REQUESTS = 200
+CASE_LIMIT_S = 5400  # the load's own bound for one case
+SERVER = "systemctl show -p MainPID -p NRestarts --value llamarack-server.service | tr '\\n' ' '"
+
+
+def servers(rack, names: list) -> dict:
+    return {n: subprocess.run(rack.ssh_command(n, SERVER), capture_output=True, text=True, timeout=60).stdout.strip()
+            for n in names}  # fmt: skip
+
+
+def under_load(url: str, action, requests: int = 10**6) -> dict:
+    """``action()``'s record, with the load that ran while it did (stopped when it returns)."""
+    load = Load(url, requests=requests, concurrency=CONCURRENCY, time_limit=CASE_LIMIT_S, n_predict=N_PREDICT)
+    load.start()
+    started = time.monotonic()
+    try:
+        outcome = action() if action else {}
+    finally:
+        load.stop.set()
+    return {**outcome, "seconds": round(time.monotonic() - started, 1), "load": load.wait()}
+
+
+def rollout(*args: str, env: dict | None = None) -> dict:
+    """A fresh ``llamarack rollout`` of the lab inventory: its exit status, each host's final
+    state and deploy count (its "deploying" lines), its last lines."""
+    JOURNAL.unlink(missing_ok=True)
+    r = subprocess.run([sys.executable, "-m", "llamarack", "rollout", str(INVENTORY), *args], cwd=ROOT,
+                       env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=CASE_LIMIT_S)  # fmt: skip
+    hosts = json.loads(JOURNAL.read_text())["hosts"] if JOURNAL.exists() else {}
+    deployed = {h: len(re.findall(rf"^\S+ {re.escape(h)}: deploying$", r.stdout, re.M)) for h in hosts}
+    totals = [int(v) if v != "-" else 0 for v in re.findall(r"^\s*Grand total\s+\S+\s+(\S+)", r.stdout, re.M)]
+    return {"returncode": r.returncode, "states": {h: v["state"] for h, v in hosts.items()},
+            "why": {h: v["why"] for h, v in hosts.items() if v["state"] == "failed"},
+            "deploys": deployed, "changed_operations": sum(totals), "tail": r.stdout.splitlines()[-12:]}
+
+
+def plain_deploy(*data: str) -> dict:
+    args = [w for item in data for w in ("--data", item)]
+    r = subprocess.run([*pyinfra_command(), "-y", str(INVENTORY), str(ROOT / "deploy.py"), *args], cwd=ROOT,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=CASE_LIMIT_S)  # fmt: skip
+    if r.returncode != 0:
+        raise SystemExit(f"plain deploy failed (rc {r.returncode}):\n{r.stdout[-4000:]}")
+    return {"returncode": r.returncode, "changed_operations": parse_pyinfra_totals(r.stdout)["success"]}
+
+
+def case(rack, serving: list, url: str, action) -> dict:
+    before = servers(rack, serving)
+    record = under_load(url, action)
+    after = servers(rack, serving)
+    record["restarted"] = sorted(h for h in serving if before[h] != after[h])
+    return record
+
+
+def main() -> int:
+    rack = rackmod.load()
+    if rack is None or not rackmod.healthy(rack):
+        raise SystemExit("no healthy lab rack is up: llamarack lab up, then deploy it until it converges")
+    url = f"http://{rack.host(GATEWAY)['ip']}:{GATEWAY_PORT}"
+    serving = [h.name for h in rack.hosts if h.name != GATEWAY]
+    bump = mirror.add_named_commit(services.prepare(), "lab-bench-bump", "lab bench: a later llama.cpp",
+                                   mirror.GOOD_BUMP)  # fmt: skip
+    canary = serving[0]
+    result = {
+        "benchmark": "rollout",
+        "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "pyinfra": _pyinfra_version(),
+                    "serving_hosts": len(serving), "gateway": GATEWAY},
+        "load": {"url": url, "api": "/completion", "concurrency": CONCURRENCY, "n_predict": N_PREDICT},
+        "bump": bump,
+        "baseline": under_load(url, None, requests=BASELINE_REQUESTS),
+    }
+    result["bump_rollout"] = case(rack, serving, url, lambda: rollout("--data", f"llamacpp_commit={bump}"))
+    result["converged_rollout"] = case(rack, serving, url, lambda: rollout("--data", f"llamacpp_commit={bump}"))
+    result["canary_fails"] = case(rack, serving, url, lambda: rollout(
+        str(ROOT / "bench/deploys/fails_gate.py"), "--canary", canary, env={"LLAMARACK_BENCH_FAIL_GATE": canary}))
+    result["revert_rollout"] = case(rack, serving, url, lambda: rollout("--canary", canary))
+    result["plain_pyinfra"] = case(rack, serving, url, lambda: plain_deploy(f"llamacpp_commit={bump}"))
+    result["restore"] = plain_deploy()
+    JOURNAL.unlink(missing_ok=True)
+    RESULT.write_text(json.dumps(result, indent=1) + "\n")
+    failed = {k: v["load"]["failed"] for k, v in result.items() if isinstance(v, dict) and "load" in v}
+    print(f"{RESULT}: failed requests per case: {failed}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,504 @@
+"""``llamarack rollout``: a change rolled through the rack host by host, while the gateway answers.
+
+    llamarack rollout INVENTORY [DEPLOY] [--canary HOST] [--batch N] [--max-fail K]
+                      [--resume] [--dry] [--idle-timeout S] [--bench-fraction F] [--data K=V]...
+
+The serving hosts (every host of INVENTORY outside the group ``gateways``) go
+the canary first (``--canary``, else the first of them), then in batches of N
+in inventory order; the hosts of one batch side by side. Each host moves
+through these states, printed as it moves:
+
+    pending    not reached yet
+    draining   its units' servers (``<host>_<index>`` of backend ``llamarack``,
+               its units from ``<root>/state/units.json``) are set to drain on
+               every gateway (HAProxy's runtime API on the admin socket:
+               ``haproxy_runtime.py``, run on the gateway host); then, within
+               --idle-timeout, no stream is left open to them on any gateway and
+               every unit is idle (``server_idle.py``: /slots, /metrics; "cannot
+               tell" counts as busy)
+    deploying  DEPLOY (default: this checkout's deploy.py) runs on that host alone
+    gated      every unit answers /health and serves from its cards (the unit's
+               own health and residency lines, checked by ``wait_healthy.py`` as
+               a switch checks them), one real completion (``completion_probe.py``),
+               and, where the deploy measured a new build or model (its
+               ``state/bench.json`` before and after), llama-bench's pp512 and
+               tg128 within --bench-fraction of the record before
+    done       set ready on every gateway, and in service there again
+    failed     a step failed: the host stays drained
+
+At the first failure the rollout stops (with ``--max-fail K``: at the K-th; a
+failed canary always stops it): the failed host stays drained, the hosts not
+reached are untouched, and batch-mates already under way finish. Each move is
+written to the host's ``<root>/state/rollout.json`` (the audit's ``rollout``
+item) and to ``.llamarack/rollout-<inventory stem>.json`` in the working folder:
+``--resume`` goes on from that file (its order, options, deploy and data), from
+the failed or unfinished host; a new rollout of the inventory is refused while
+that file holds an unfinished one. ``--dry`` prints the order and what each
+host would get (``llamarack plan-upgrade``'s steps, one read per host) and
+touches nothing.
+
+A converged rollout (the deploy changes nothing) restarts nothing: each host is
+still drained and undrained, and its rollout record written.
+
+The deploy runs as ``pyinfra -y INVENTORY DEPLOY --limit HOST [--data K=V]``, a
+subprocess: pyinfra's own CLI, the command an operator runs, so the deploy is
+exactly theirs (its output, its dry and diff modes, its exit status), and each
+host's run gets a fresh pyinfra State and process (pyinfra's API has no public
+way to run a deploy file, and a State runs its operations once). Every other
+step is one command through the host's own pyinfra connector
+(``llamarack.hosts.run_one``): the one transport, no SSH of its own.
+"""
+
+from __future__ import annotations
+
+from . import hosts as hostsmod  # noqa: I001  (first: pyinfra's gevent patching)
+
+import collections
+import datetime
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import gevent
+
+from . import remote
+from .layout import API_KEY_PATH
+from .roles.server.plan import HEALTH_MARK, RESIDENCY_MARK
+from .roles.server.files.server_idle import UNIT_NAME
+from .settings import settings_for
+
+SCHEMA = "llamarack-rollout/1"
+STATES = ("pending", "draining", "deploying", "gated", "done", "failed")
+GATEWAYS = "gateways"
+RECORD = "rollout.json"
+UNIT_DIR = "/etc/systemd/system"
+COMMAND_TIMEOUT = 120  # a command's own work, beside the waits it is given
+HERE = Path(__file__).resolve().parent.parent  # the checkout: deploy.py beside the package
+# The host record: written beside, then renamed over (a reader sees a whole record).
+WRITE_RECORD = 'mkdir -p "$1" && printf "%s\\n" "$2" > "$1/$3.new" && mv -f "$1/$3.new" "$1/$3"'
+
+
+class StepFailed(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Options:
+    """How the rollout goes (the command's options; ``completion_tokens``: the gate's n_predict)."""
+
+    canary: Optional[str] = None
+    batch: int = 1
+    max_fail: int = 1
+    idle_timeout: float = 600.0  # each wait of a drained host: its streams on the gateways, then its units
+    bench_fraction: float = 0.25
+    completion_tokens: int = 4
+
+    def __post_init__(self):
+        if self.batch < 1 or self.max_fail < 1 or not 0 <= self.bench_fraction <= 1:
+            raise ValueError(f"batch and max_fail at least 1, bench_fraction within 0..1: {self}")
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def server_name(host: str, index: int) -> str:
+    """The unit's server in the gateway's backend: ``<host>_<index>``, the host's inventory
+    name with every character outside [A-Za-z0-9_.-] replaced by ``_``."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", host) + f"_{int(index)}"
+
+
+def batches(serving: list, canary: Optional[str], size: int) -> list:
+    """The canary alone, then the other serving hosts in batches of ``size``, in order."""
+    if not serving:
+        raise ValueError("no serving host: every host of the inventory is a gateway")
+    if canary is not None and canary not in serving:
+        raise ValueError(f"--canary: {canary} is no serving host of the inventory (gateways are not rolled)")
+    first = canary or serving[0]
+    rest = [n for n in serving if n != first]
+    return [[first]] + [rest[i:i + size] for i in range(0, len(rest), max(1, size))]
+
+
+def bench_verdict(before: Optional[dict], after: Optional[dict], fraction: float) -> tuple:
+    """(why the new figures fail, or None; what was compared), from ``state/bench.json``
+    before and after the deploy: only a record of a new build or model is compared."""
+    key = (after or {}).get("key")
+    if not after or key == (before or {}).get("key"):
+        return None, "no new llama-bench record (no new build or model measured)"
+    if not before:
+        return None, f"llama-bench measured {key}: no record before it to compare with"
+    compared, slower = [], []
+    for test in ("pp512", "tg128"):
+        old = (before.get(test) or {}).get("tokens_per_second")
+        new = (after.get(test) or {}).get("tokens_per_second")
+        if not old:
+            continue
+        compared.append(f"{test} {new} t/s (was {old})")
+        if not new or new < (1 - fraction) * old:
+            slower.append(f"llama-bench {test} {new} t/s is below {1 - fraction:.2f} of the record's {old} t/s")
+    return ("; ".join(slower) or None), ", ".join(compared) or "the record before has no figures"
+
+
+def marked(lines: list, mark: str) -> str:
+    """The value of a unit's comment line ``mark...`` (its health URL, its residency), or ''."""
+    return next((line[len(mark):].strip() for line in lines if line.startswith(mark)), "")
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def journal_path(inventory: str) -> Path:
+    """Where the rollout of ``inventory`` is recorded for --resume (in the working folder)."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(inventory).stem) or "inventory"
+    return Path(".llamarack") / f"rollout-{stem}.json"
+
+
+@dataclass
+class Journal:
+    """The rollout's local record (``journal_path``): what --resume goes on from."""
+
+    path: Path
+    data: dict = field(default_factory=dict)
+
+    @classmethod
+    def new(cls, path: Path, inventory: str, deploy: str, data: tuple, options: Options, order: list) -> "Journal":
+        journal = cls(path, {"schema": SCHEMA, "inventory": inventory, "deploy": deploy, "data": list(data),
+                             "options": options.to_json(), "order": order, "started": now(),
+                             "hosts": {n: {"state": "pending", "why": None, "at": None} for b in order for n in b}})
+        journal.save()
+        return journal
+
+    @classmethod
+    def load(cls, path: Path) -> Optional["Journal"]:
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"{path} is not a rollout record ({SCHEMA})")
+        return cls(path, data)
+
+    def state(self, name: str) -> str:
+        return self.data["hosts"][name]["state"]
+
+    def unfinished(self) -> bool:
+        states = {h["state"] for h in self.data["hosts"].values()}
+        return states not in ({"done"}, {"pending"})
+
+    def move(self, name: str, state: str, why: Optional[str] = None) -> None:
+        self.data["hosts"][name] = {"state": state, "why": why, "at": now()}
+        self.save()
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        new = self.path.with_name(self.path.name + ".new")
+        new.write_text(json.dumps(self.data, indent=1) + "\n")
+        os.replace(new, self.path)
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """What the rollout needs of a serving host's settings."""
+
+    state_dir: str
+    units_json: str
+    bench: str
+    port: int
+    listen: str
+    key_file: str
+    health_timeout: int
+
+    @classmethod
+    def of(cls, host) -> "HostPlan":
+        s = settings_for(host)
+        return cls(s.layout.state, s.layout.state_file("units.json"), s.layout.bench_record, s.server.port,
+                   s.server.listen, API_KEY_PATH if s.server.api_key_file else "", s.server.health_timeout)
+
+
+def pyinfra_argv(inventory: str, deploy_file: str, *args: str) -> list:
+    """``pyinfra -y INVENTORY DEPLOY ARGS...`` as this machine runs pyinfra."""
+    exe = shutil.which("pyinfra")
+    return [*([exe] if exe else [sys.executable, "-m", "pyinfra"]), "-y", inventory, deploy_file, *args]
+
+
+def checkout_env() -> dict:
+    """The environment of a deploy run from this checkout: its deploy file imports the
+    llamarack this command runs from, not another install."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
+
+
+class Pyinfra:
+    """The rollout's one boundary with the hosts (tests put a fake in its place): a shell
+    command through a host's own pyinfra connector, and the deploy on one host through
+    pyinfra's CLI, its output passed on as it comes."""
+
+    def __init__(self, inventory: str, deploy_file: str, data: tuple, echo: Callable = print):
+        self.inventory, self.deploy_file, self.data, self.echo = inventory, deploy_file, tuple(data), echo
+
+    def run(self, host, command: str, timeout: float):
+        return hostsmod.run_one(host, command, int(timeout))
+
+    def deploy(self, name: str) -> tuple:
+        """(exit status, the output's last lines) of the deploy limited to host ``name``."""
+        args = pyinfra_argv(self.inventory, self.deploy_file, "--limit", name,
+                            *[w for item in self.data for w in ("--data", item)])  # fmt: skip
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=checkout_env())  # fmt: skip
+        tail = collections.deque(maxlen=20)
+        for line in proc.stdout:
+            self.echo(line.rstrip("\n"))
+            tail.append(line.rstrip("\n"))
+        return proc.wait(), list(tail)
+
+
+class Rollout:
+    """One rollout: the serving hosts (``chosen``: {name: pyinfra Host}) moved batch by batch
+    (``journal``'s order), drained and undrained on ``gateways``, through ``boundary``."""
+
+    def __init__(self, boundary, chosen: dict, gateways: list, journal: Journal, options: Options,
+                 echo: Callable = print):  # fmt: skip
+        self.boundary, self.hosts, self.gateways = boundary, chosen, gateways
+        self.journal, self.options, self.echo = journal, options, echo
+        self.started = journal.data.get("started") or now()
+
+    def run(self) -> int:
+        """Roll every batch not done yet; stop after a failed canary or ``max_fail`` failures.
+        The number of failed hosts."""
+        failed = []
+        for number, batch in enumerate(self.journal.data["order"]):
+            todo = [n for n in batch if self.journal.state(n) != "done"]
+            if not todo:
+                continue
+            gevent.joinall([gevent.spawn(self.roll, name) for name in todo])
+            failed += [n for n in todo if self.journal.state(n) == "failed"]
+            if failed and (number == 0 or len(failed) >= self.options.max_fail):
+                left = [n for b in self.journal.data["order"] for n in b if self.journal.state(n) == "pending"]
+                self.echo(f"rollout stopped: {', '.join(failed)} failed and stay drained; "
+                          f"untouched: {', '.join(left) or 'none'}; go on with --resume")
+                return len(failed)
+        self.echo(f"rollout done{': ' + ', '.join(failed) + ' failed and stay drained' if failed else ''}")
+        return len(failed)
+
+    def roll(self, name: str) -> None:
+        host = self.hosts[name]
+        try:
+            self.steps(host, HostPlan.of(host))
+        except StepFailed as e:
+            self.move(host, None, "failed", str(e))
+        except Exception as e:  # anything else: this host fails, the others go on
+            self.move(host, None, "failed", f"{type(e).__name__}: {e}")
+
+    def steps(self, host, plan: HostPlan) -> None:
+        units = self.units(host, plan)
+        self.move(host, plan, "draining")
+        names = [server_name(host.name, u["index"]) for u in units]
+        self.on_gateways("drain", "set", "drain", *names)
+        self.on_gateways("drain", "wait-empty", str(self.options.idle_timeout), *names,
+                         timeout=self.options.idle_timeout)  # fmt: skip
+        self.command(host, remote.command("server_idle", "idle", plan.units_json, str(plan.port), plan.listen,
+                                          str(self.options.idle_timeout), plan.key_file),
+                     self.options.idle_timeout, "wait idle")  # fmt: skip
+        before = self.read_json(host, plan.bench)
+        self.move(host, plan, "deploying")
+        status, tail = self.boundary.deploy(host.name)
+        if status != 0:
+            raise StepFailed(f"the deploy exited {status}: " + " / ".join(line for line in tail[-3:] if line.strip()))
+        units = self.units(host, plan)
+        notes = self.gate(host, plan, units, before)
+        self.move(host, plan, "gated", notes)
+        names = [server_name(host.name, u["index"]) for u in units]
+        self.on_gateways("undrain", "set", "ready", *names)
+        self.on_gateways("undrain", "wait-up", str(plan.health_timeout), *names, timeout=plan.health_timeout)
+        self.move(host, plan, "done")
+
+    def gate(self, host, plan: HostPlan, units: list, before: Optional[dict]) -> str:
+        """Fail unless every unit answers /health from its cards and gives a completion, and a
+        new llama-bench record is within the fraction of the one before; what was checked."""
+        wait = plan.health_timeout
+        for unit in units:
+            lines = self.read(host, f"{UNIT_DIR}/{unit['unit']}") or []
+            url = marked(lines, HEALTH_MARK) or unit["url"] + "/health"
+            self.command(host, remote.command("wait_healthy", url, unit["unit"], str(wait), marked(lines, RESIDENCY_MARK)),
+                         wait, f"{unit['unit']}: /health and residency")  # fmt: skip
+            self.command(host, remote.command("completion_probe", unit["url"], str(self.options.completion_tokens),
+                                              str(wait), plan.key_file), wait, f"{unit['unit']}: a completion")
+        why, compared = bench_verdict(before, self.read_json(host, plan.bench), self.options.bench_fraction)
+        if why:
+            raise StepFailed(why)
+        return f"{len(units)} unit(s) healthy, on their cards, completing; {compared}"
+
+    def units(self, host, plan: HostPlan) -> list:
+        reply = self.command(host, remote.command("server_idle", "units", plan.units_json, str(plan.port),
+                                                  plan.listen), 0, "list its units")  # fmt: skip
+        try:
+            listed = json.loads(reply.output[-1])["units"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise StepFailed(f"its units are unreadable: {reply.output[-1:]}")
+        if not listed or not all(UNIT_NAME.fullmatch(str(u.get("unit"))) for u in listed):
+            raise StepFailed(f"no llamarack unit listed: {listed}")
+        return listed
+
+    def on_gateways(self, step: str, *args: str, timeout: float = 0) -> None:
+        """``haproxy_runtime.py ARGS`` on every gateway, side by side."""
+        jobs = [gevent.spawn(self.boundary.run, gw, remote.command("haproxy_runtime", *args), timeout + COMMAND_TIMEOUT)
+                for gw in self.gateways]  # fmt: skip
+        gevent.joinall(jobs)
+        replies = [job.value or hostsmod.Reply(gw.name, error=repr(job.exception)) for gw, job in zip(self.gateways, jobs)]
+        failed = [f"{r.name}: {why_of(r)}" for r in replies if not r.ok]
+        if failed:
+            raise StepFailed(f"{step} on the gateway: " + "; ".join(failed))
+
+    def command(self, host, command: str, timeout: float, what: str):
+        reply = self.boundary.run(host, command, timeout + COMMAND_TIMEOUT)
+        if not reply.ok:
+            raise StepFailed(f"{what}: {why_of(reply)}")
+        return reply
+
+    def read(self, host, path: str) -> Optional[list]:
+        """A file's lines on ``host``; None when it has none (an unreachable host fails)."""
+        reply = self.boundary.run(host, remote.argv("cat", path), COMMAND_TIMEOUT)
+        if not reply.reachable:
+            raise StepFailed(f"read {path}: {reply.error}")
+        return reply.output if reply.ok else None
+
+    def read_json(self, host, path: str) -> Optional[dict]:
+        lines = self.read(host, path)
+        try:
+            return json.loads("\n".join(lines)) if lines else None
+        except ValueError:
+            return None
+
+    def move(self, host, plan: Optional[HostPlan], state: str, why: Optional[str] = None) -> None:
+        """Record ``host``'s new state: printed, in the local journal, and in the host's
+        ``state/rollout.json`` (a failed host's, where it can still be written)."""
+        self.journal.move(host.name, state, why)
+        self.echo(f"{now()} {host.name}: {state}" + (f" ({why})" if why else ""))
+        record = json.dumps({"schema": SCHEMA, "state": state, "why": why, "at": now(), "started": self.started},
+                            sort_keys=True)  # fmt: skip
+        try:
+            plan = plan or HostPlan.of(host)
+            reply = self.boundary.run(host, remote.argv("sh", "-c", WRITE_RECORD, "sh", plan.state_dir, record,
+                                                        RECORD), COMMAND_TIMEOUT)  # fmt: skip
+        except Exception as e:  # a failed host's record: as far as it goes
+            reply = hostsmod.Reply(host.name, error=f"{type(e).__name__}: {e}")
+        if not reply.ok and state != "failed":
+            raise StepFailed(f"write {RECORD}: {why_of(reply)}")
+
+
+def why_of(reply) -> str:
+    """Why a command failed, in a line: the connection's error, or its last words."""
+    if reply.error:
+        return reply.error
+    words = [line for line in (reply.stderr or reply.output) if line.strip()]
+    return " / ".join(words[-3:]) or "it failed without a word"
+
+
+def parse_data(items: tuple) -> dict:
+    """``--data KEY=VALUE`` items as pyinfra's CLI reads them."""
+    from pyinfra_cli.util import parse_cli_arg
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--data {item!r}: not KEY=VALUE")
+        out[key] = parse_cli_arg(value)
+    return out
+
+
+def rack(inventory: str, data: tuple) -> tuple:
+    """(serving hosts {name: Host} in inventory order, gateway hosts) of ``inventory``."""
+    loaded = hostsmod.load(inventory, (), parse_data(data) or None)
+    gateways = [h for h in loaded if GATEWAYS in h.groups]
+    return {h.name: h for h in loaded if GATEWAYS not in h.groups}, gateways
+
+
+def dry_plan(chosen: dict, order: list, templates: tuple = ()) -> str:
+    """The order, and what the deploy would do to each host (``plan-upgrade``'s steps from one
+    audit read per host, all at once): nothing is changed."""
+    from . import audit as auditmod
+    from . import upgrade
+
+    audits = {a.name: a for a in auditmod.run(list(chosen.values()), templates)}
+    out = []
+    for number, batch in enumerate(order):
+        out.append("canary:" if number == 0 else f"batch {number}:")
+        for name in batch:
+            a = audits[name]
+            if not a.reachable or a.error:
+                out.append(f"  {name}: cannot tell: {a.error}")
+            elif upgrade.refused(a):
+                out.append(f"  {name}: refused by preflight (the deploy would fail it): {'; '.join(upgrade.refused(a))}")
+            else:
+                steps = upgrade.host_steps(a)
+                out.append(f"  {name}: " + (f"{len(steps)} change(s)" if steps else
+                                            "nothing changes (drained, deployed, gated and undrained all the same)"))
+                out += [f"    {s.action:<9} {s.what}: {s.why}" for s in steps]
+    return "\n".join(out) + "\n"
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the operator asked for (the command line)."""
+
+    inventory: str
+    deploy: Optional[str] = None
+    data: tuple = ()
+    options: Options = Options()
+    resume: bool = False
+    dry: bool = False
+    templates: tuple = ()
+
+
+def start(request: Request, journal: Optional[Journal], serving: list) -> Journal:
+    """The journal to roll from: the one on file (--resume), or a new one. ValueError when
+    the request cannot go on (nothing to resume, an unfinished rollout on file)."""
+    path = journal_path(request.inventory)
+    if request.resume:
+        if journal is None:
+            raise ValueError(f"--resume: no rollout on file ({path})")
+        gone = [n for b in journal.data["order"] for n in b if n not in serving]
+        if gone:
+            raise ValueError(f"--resume: {', '.join(gone)} no longer serving hosts of the inventory")
+        return journal
+    if journal is not None and journal.unfinished():
+        left = {n: h["state"] for n, h in journal.data["hosts"].items() if h["state"] != "done"}
+        raise ValueError(f"an unfinished rollout is on file ({path}: {left}): go on with --resume, "
+                         "or remove the file to start again")  # fmt: skip
+    order = batches(serving, request.options.canary, request.options.batch)
+    deploy = request.deploy or str(HERE / "deploy.py")
+    return Journal.new(path, request.inventory, deploy, request.data, request.options, order)
+
+
+def main(request: Request, echo: Callable = print, boundary=None) -> int:
+    """Run (or, --dry, show) a rollout. Exit status: 0 every host done, 1 a host failed,
+    2 refused before any host was touched."""
+    try:
+        serving, gateways = rack(request.inventory, request.data)
+        if request.dry:
+            order = batches(list(serving), request.options.canary, request.options.batch)
+            echo(f"gateways: {', '.join(g.name for g in gateways) or 'none (nothing to drain)'}")
+            echo(dry_plan(serving, order, request.templates).rstrip("\n"))
+            return 0
+        journal = start(request, Journal.load(journal_path(request.inventory)), list(serving))
+    except ValueError as e:
+        echo(f"rollout refused: {e}")
+        return 2
+    data, options = journal.data, Options(**journal.data["options"])
+    if request.resume:
+        echo(f"resuming the rollout of {data['started']} from {journal.path} (its order, options, deploy and data)")
+        if data["data"] != list(request.data):  # the hosts were loaded with the request's own data
+            serving, gateways = rack(request.inventory, tuple(data["data"]))
+    if not gateways:
+        echo(f"no host in group {GATEWAYS}: nothing to drain; each host is still waited idle, deployed and gated")
+    echo("order: " + " | ".join(", ".join(b) for b in data["order"]))
+    boundary = boundary or Pyinfra(request.inventory, data["deploy"], tuple(data["data"]), echo)
+    failed = Rollout(boundary, serving, gateways, journal, options, echo).run()
+    return 1 if failed else 0

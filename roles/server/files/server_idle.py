@@ -1,0 +1,136 @@
+# Runs on the host (standard library only, imports nothing from llamarack; run by llamarack.remote.command).
+"""The host's llama-server units, and whether every one of them is idle.
+
+    python3 -c SOURCE units UNITS_JSON PORT LISTEN
+    python3 -c SOURCE idle UNITS_JSON PORT LISTEN SECONDS [KEY_FILE]
+
+UNITS_JSON: the server role's record of the host's units (``<root>/state/units.json``);
+where it is absent, the host has one unit, ``llamarack-server.service``, on PORT
+at LISTEN (the settings' ``server_port`` and ``server_listen``).
+
+``units`` prints them, one JSON object: {"units": [{"index", "unit", "port",
+"url"}]} (url: where the unit answers from this host).
+
+``idle`` waits, at most SECONDS, until every unit is idle twice in a row, half a
+second apart: every entry of its ``/slots`` has ``is_processing`` false, and its
+``/metrics`` gauge ``llamacpp:requests_deferred`` is 0 (a unit started without
+``--metrics`` answers 501 there: its /slots alone then say). Whatever else a
+unit answers (no answer within 5 s, an error status, a body that is not what
+llama-server sends: /health stays 200 while /slots hangs) is "cannot tell",
+which counts as busy. KEY_FILE: the server's API key file (its first line), sent
+as a bearer token: /slots and /metrics ask for it when the server has one.
+Prints {"idle": bool, "units": [{"index", "port", "busy": why or null}]}.
+Exit 0: idle; 1: still busy after SECONDS.
+"""
+
+import json
+import re
+import sys
+import time
+import urllib.error
+import urllib.request
+
+UNIT = "llamarack-server.service"
+UNIT_NAME = re.compile(r"llamarack-server(@[0-9]+)?\.service")
+ASK_TIMEOUT = 5.0
+DEFERRED = re.compile(r"^llamacpp:requests_deferred(?:\{[^}]*\})?\s+(\S+)\s*$", re.M)
+
+
+def address(listen: str) -> str:
+    """Where a unit listening on ``listen`` answers from its own host."""
+    host = "127.0.0.1" if listen in ("0.0.0.0", "") else "::1" if listen == "::" else listen
+    return f"[{host}]" if ":" in host else host
+
+
+def units(path: str, port: str, listen: str) -> list:
+    """The units of the record at ``path``, or the one unit of the settings without it."""
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except FileNotFoundError:
+        record = {"units": [{"index": 0, "unit": UNIT, "port": int(port), "listen": listen}]}
+    out = []
+    for u in record.get("units") or ():
+        if not UNIT_NAME.fullmatch(str(u.get("unit"))) or not isinstance(u.get("port"), int):
+            raise ValueError(f"{path}: not a llamarack unit: {json.dumps(u)[:200]}")
+        where = address(str(u.get("listen") or listen))
+        out.append({"index": int(u.get("index", 0)), "unit": u["unit"], "port": u["port"],
+                    "url": f"http://{where}:{u['port']}"})
+    return out
+
+
+def key(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.readline().strip()
+    except OSError:
+        return ""
+
+
+def get(url: str, token: str):
+    """(status, body) of a GET; status None when nothing answered in time."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with opener.open(request, timeout=ASK_TIMEOUT) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+    except Exception:
+        return None, ""
+
+
+def busy(base: str, token: str):
+    """Why the unit at ``base`` is busy (or cannot tell), or None when it is idle."""
+    status, body = get(base + "/slots", token)
+    if status != 200:
+        return f"/slots answered {status or 'nothing'}: cannot tell"
+    try:
+        slots = json.loads(body)
+        processing = [s["id"] for s in slots if s["is_processing"] is not False]
+    except (ValueError, TypeError, KeyError):
+        return "/slots is not llama-server's list of slots: cannot tell"
+    if not slots:
+        return "/slots lists no slot: cannot tell"
+    if processing:
+        return f"slots {', '.join(map(str, processing))} processing"
+    status, body = get(base + "/metrics", token)
+    if status == 501:  # started without --metrics: the slots say it all
+        return None
+    found = DEFERRED.findall(body) if status == 200 else []
+    if not found:
+        return f"/metrics answered {status or 'nothing'} without llamacpp:requests_deferred: cannot tell"
+    try:
+        deferred = float(found[-1])
+    except ValueError:
+        return f"llamacpp:requests_deferred is {found[-1]!r}: cannot tell"
+    return f"{deferred:g} requests deferred" if deferred else None
+
+
+def wait_idle(listed: list, seconds: float, token: str) -> dict:
+    """Poll every unit until all are idle on two polls in a row, or ``seconds`` pass."""
+    deadline = time.monotonic() + seconds
+    quiet = 0
+    while True:
+        why = {u["index"]: busy(u["url"], token) for u in listed}
+        quiet = quiet + 1 if not any(why.values()) else 0
+        if quiet >= 2 or time.monotonic() >= deadline:
+            return {"idle": quiet >= 2,
+                    "units": [{"index": u["index"], "port": u["port"], "busy": why[u["index"]]} for u in listed]}
+        time.sleep(0.5)
+
+
+def main(argv: list) -> int:
+    verb, path, port, listen = argv[:4]
+    listed = units(path, port, listen)
+    if verb == "units":
+        print(json.dumps({"units": listed}))
+        return 0
+    seconds = float(argv[4])
+    result = wait_idle(listed, seconds, key(argv[5]) if len(argv) > 5 and argv[5] else "")
+    print(json.dumps(result))
+    return 0 if result["idle"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

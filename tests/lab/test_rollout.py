@@ -1,0 +1,80 @@
+"""``llamarack rollout`` across the lab rack, behind its gateway (lab-gw:8000), under a
+steady bounded load (``bench/loadgen.py``): a llama.cpp bump rolled canary first drops
+no request, and a converged rollout restarts nothing. The rack is put back on the base
+commit afterwards. The full measurement is ``bench/rollout_bench.py``."""
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from llamarack_lab import mirror, services
+from tests.lab import deploying
+
+pytestmark = pytest.mark.lab
+
+GATEWAY = "lab-gw"
+INVENTORY = deploying.ROOT / "inventory/lab.py"
+JOURNAL = deploying.ROOT / ".llamarack/rollout-lab.json"
+CURRENT = "readlink /opt/llamarack/builds/current"
+SERVER = "systemctl show -p MainPID -p NRestarts llamarack-server.service; " \
+         "sha256sum /etc/systemd/system/llamarack-server.service"
+
+_spec = importlib.util.spec_from_file_location("loadgen", deploying.ROOT / "bench/loadgen.py")
+loadgen = sys.modules.setdefault("loadgen", importlib.util.module_from_spec(_spec))
+_spec.loader.exec_module(loadgen)
+
+
+@pytest.fixture(scope="module")
+def bump():
+    return mirror.add_named_commit(services.prepare(), "lab-test-bump", "lab test: a later llama.cpp", mirror.GOOD_BUMP)
+
+
+@pytest.fixture(scope="module")
+def serving(lab_rack):
+    names = [h.name for h in lab_rack.hosts if h.name != GATEWAY]
+    yield names
+    JOURNAL.unlink(missing_ok=True)
+    rc, out = lab_rack.run_pyinfra(deploying.ROOT / "deploy.py", inventory=INVENTORY, timeout=3600)  # the base commit
+    assert rc == 0, out[-4000:]
+
+
+def rollout(*args: str) -> tuple[int, str, dict]:
+    JOURNAL.unlink(missing_ok=True)
+    r = subprocess.run([sys.executable, "-m", "llamarack", "rollout", str(INVENTORY), *args], cwd=deploying.ROOT,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=3600)  # fmt: skip
+    return r.returncode, r.stdout, json.loads(JOURNAL.read_text())["hosts"]
+
+
+def under_load(lab_rack, action):
+    url = f"http://{lab_rack.rack.host(GATEWAY)['ip']}:8000"
+    load = loadgen.Load(url, requests=100_000, concurrency=2, time_limit=3600, n_predict=4).start()
+    try:
+        outcome = action()
+    finally:
+        load.stop.set()
+    return outcome, load.wait()
+
+
+def test_a_bump_rolls_canary_first_and_drops_no_request(lab_rack, serving, bump):
+    builds = {h: deploying.sh(lab_rack, h, CURRENT) for h in serving}
+    (rc, out, hosts), load = under_load(lab_rack, lambda: rollout("--data", f"llamacpp_commit={bump}"))
+    assert rc == 0, out[-6000:]
+    assert {h: v["state"] for h, v in hosts.items()} == {h: "done" for h in serving}
+    moved = re.findall(r"^\S+ (\S+): deploying$", out, re.M)
+    assert moved == serving  # canary (the first) first, each once, in inventory order
+    assert load["failed"] == 0 and load["ok"] > 0, load
+    assert all(deploying.sh(lab_rack, h, CURRENT) != builds[h] for h in serving)  # a new build serves
+
+
+def test_a_converged_rollout_restarts_nothing(lab_rack, serving, bump):
+    before = {h: deploying.sh(lab_rack, h, SERVER) for h in serving}
+    (rc, out, hosts), load = under_load(lab_rack, lambda: rollout("--data", f"llamacpp_commit={bump}"))
+    assert rc == 0 and set(v["state"] for v in hosts.values()) == {"done"}, out[-6000:]
+    totals = re.findall(r"^\s*Grand total\s+\S+\s+(\S+)", out, re.M)
+    assert len(totals) == len(serving) and set(totals) <= {"-", "0"}, totals  # each deploy changed nothing
+    assert {h: deploying.sh(lab_rack, h, SERVER) for h in serving} == before
+    assert load["failed"] == 0, load

@@ -1,0 +1,367 @@
+"""llamarack/rollout.py: the order, the batches, each host's states, the stop at a failure
+and --resume. The inventory is loaded by pyinfra as the command loads it; only the
+pyinfra boundary (a command on a host, the deploy of one host) is a fake, which answers
+each host script (recognised by its source) from a small model of the rack."""
+
+import json
+import os
+import shlex
+import stat
+
+import pytest
+
+from llamarack import hosts, remote, rollout
+from llamarack.audit import HostAudit, Item
+from llamarack.roles.server.plan import HEALTH_MARK, RESIDENCY_MARK
+
+SOURCES = {remote.source(n): n for n in remote.names()}
+DATA = '{"python_env_backend": "venv", "llamacpp_backend": "cpu"}'
+INVENTORY = f"""
+gateways = [("lab-gw", {DATA}), ("lab-gw2", {DATA})]
+lab = [("lab-a", {DATA}), ("lab-b", {DATA}), ("lab-c", {DATA}), ("lab-d", {DATA}), ("lab-e", {DATA})]
+"""
+ONE_UNIT = [{"index": 0, "unit": "llamarack-server.service", "port": 8080, "url": "http://127.0.0.1:8080"}]
+RECORD = {"key": {"build": "b1", "model": "m1"}, "pp512": {"tokens_per_second": 100.0},
+          "tg128": {"tokens_per_second": 20.0}}
+
+
+class FakeRack:
+    """The pyinfra boundary: ``run(host, command, timeout)`` and ``deploy(name)``."""
+
+    def __init__(self, names=("lab-a", "lab-b", "lab-c", "lab-d", "lab-e")):
+        self.events = []  # (where, what), in the order they came
+        self.fail = {}  # host -> the script (or "deploy") that fails there
+        self.units = {n: ONE_UNIT for n in names}
+        self.servers = {gw: {f"{n}_0": "ready" for n in names} for gw in ("lab-gw", "lab-gw2")}
+        self.bench = {n: dict(RECORD) for n in names}
+        self.new_bench = {}  # host -> the record its deploy measures
+        self.records = {}  # host -> its state/rollout.json
+        self.unreachable = set()
+        self.broken = set()  # hosts whose connector raises
+
+    def run(self, host, command, timeout):
+        name, words = host.name, shlex.split(command)
+        if name in self.broken:
+            raise RuntimeError("the connector broke")
+        if name in self.unreachable:
+            return hosts.Reply(name, error="Could not connect")
+        if words[:2] == ["sh", "-c"]:
+            self.records[name] = json.loads(words[5])
+            return hosts.Reply(name, True)
+        if words[0] == "cat":
+            return self.cat(name, words[1])
+        script, args = SOURCES[words[2]], words[3:]
+        if script == "haproxy_runtime":
+            return self.gateway(name, args)
+        self.events.append((name, script if script != "server_idle" else f"server_idle {args[0]}"))
+        if self.fail.get(name) == script:
+            return hosts.Reply(name, False, [], [f"{script} failed here"])
+        if script == "server_idle" and args[0] == "units":
+            return hosts.Reply(name, True, [json.dumps({"units": self.units[name]})])
+        return hosts.Reply(name, True)
+
+    def cat(self, name, path):
+        if path.endswith("/bench.json"):
+            return hosts.Reply(name, True, json.dumps(self.bench[name]).splitlines())
+        if path.startswith("/etc/systemd/system/"):
+            return hosts.Reply(name, True, [f"{HEALTH_MARK}http://127.0.0.1:8080/health",
+                                            f"{RESIDENCY_MARK}GPU-1 900", "[Unit]"])
+        return hosts.Reply(name, False)
+
+    def gateway(self, gw, args):
+        what = f"{args[0]} {args[1]}" if args[0] == "set" else args[0]
+        names = args[2:] if args[0] == "set" else args[2:]
+        self.events += [(gw, f"{what} {n}") for n in names]
+        unknown = [n for n in names if n not in self.servers[gw]]
+        if unknown:
+            return hosts.Reply(gw, False, [], [f"not set {args[1]}: llamarack/{unknown[0]}: No such server."])
+        if args[0] == "set":
+            self.servers[gw].update({n: args[1] for n in names})
+        return hosts.Reply(gw, True)
+
+    def deploy(self, name):
+        self.events.append((name, "deploy"))
+        if self.fail.get(name) == "deploy":
+            return 1, ["--> pyinfra error: something"]
+        if name in self.new_bench:
+            self.bench[name] = self.new_bench[name]
+        return 0, ["Grand total  1  0  -  12"]
+
+    def touched(self) -> list:
+        """The serving hosts anything was done to (their own commands, or their servers on a
+        gateway), in order."""
+        return list(dict.fromkeys(e[0] if not e[0].startswith("lab-gw") else e[1].rsplit(" ", 1)[1].rsplit("_", 1)[0]
+                                  for e in self.events))
+
+    def timeline(self, host) -> list:
+        """``host``'s steps, the gateways' for its servers among them."""
+        return [what if where == host else f"{where} {what.rsplit(' ', 1)[0]}" for where, what in self.events
+                if where == host or (where.startswith("lab-gw") and what.endswith(f" {host}_0"))]
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "inventory.py").write_text(INVENTORY)
+    return tmp_path
+
+
+def roll(fake, printed=None, inventory="inventory.py", **kwargs):
+    request = rollout.Request(inventory, "deploy.py", options=rollout.Options(**kwargs.pop("options", {})),
+                              **kwargs)  # fmt: skip
+    return rollout.main(request, echo=(printed if printed is not None else []).append, boundary=fake)
+
+
+def states(printed, host):
+    return [line.split(f" {host}: ", 1)[1].split(" ")[0] for line in printed if f" {host}: " in line]
+
+
+def journal():
+    return json.loads(open(".llamarack/rollout-inventory.json").read())
+
+
+def test_batches_put_the_canary_first_then_the_rest_in_order():
+    names = ["a", "b", "c", "d", "e"]
+    assert rollout.batches(names, None, 1) == [["a"], ["b"], ["c"], ["d"], ["e"]]
+    assert rollout.batches(names, "c", 2) == [["c"], ["a", "b"], ["d", "e"]]
+    assert rollout.batches(names, "e", 10) == [["e"], ["a", "b", "c", "d"]]
+    with pytest.raises(ValueError, match="no serving host"):
+        rollout.batches(names, "gw", 1)
+
+
+def test_server_names_are_the_gateways():
+    assert rollout.server_name("lab-v100-a", 0) == "lab-v100-a_0"
+    assert rollout.server_name("gpu 7/rack:b", 2) == "gpu_7_rack_b_2"
+
+
+def test_a_rollout_moves_every_host_once_canary_first(here):
+    fake, printed = FakeRack(), []
+    assert roll(fake, printed, options={"canary": "lab-c", "batch": 2}) == 0
+    deploys = [e[0] for e in fake.events if e[1] == "deploy"]
+    assert deploys[0] == "lab-c" and sorted(deploys[1:3]) == ["lab-a", "lab-b"] and deploys[3:] == ["lab-d", "lab-e"]
+    for host in ("lab-a", "lab-b", "lab-c", "lab-d", "lab-e"):
+        assert states(printed, host) == ["draining", "deploying", "gated", "done"]
+        assert fake.records[host]["state"] == "done"
+        mine = [e for e in fake.events if e[0] == host or (e[0].startswith("lab-gw") and f"{host}_0" in e)]
+        assert [e[1:] for e in mine if e[0] == host] == [("server_idle",), ("server_idle",), ("deploy",),
+                                                         ("server_idle",), ("wait_healthy",), ("completion_probe",)]
+    assert all(state == "ready" for gw in fake.servers.values() for state in gw.values())
+    assert {h["state"] for h in journal()["hosts"].values()} == {"done"}
+    assert journal()["order"] == [["lab-c"], ["lab-a", "lab-b"], ["lab-d", "lab-e"]]
+    assert "order: lab-c | lab-a, lab-b | lab-d, lab-e" in printed
+
+
+LIFE = ["server_idle units", "lab-gw set drain", "lab-gw2 set drain", "lab-gw wait-empty", "lab-gw2 wait-empty",
+        "server_idle idle", "deploy", "server_idle units", "wait_healthy", "completion_probe",
+        "lab-gw set ready", "lab-gw2 set ready", "lab-gw wait-up", "lab-gw2 wait-up"]
+
+
+def test_a_rollout_moves_every_host_once_canary_first(here):
+    fake, printed = FakeRack(), []
+    assert roll(fake, printed, options={"canary": "lab-c", "batch": 2}) == 0
+    deploys = [e[0] for e in fake.events if e[1] == "deploy"]
+    assert deploys[0] == "lab-c" and sorted(deploys[1:3]) == ["lab-a", "lab-b"] and sorted(deploys[3:]) == ["lab-d", "lab-e"]
+    for host in ("lab-a", "lab-b", "lab-c", "lab-d", "lab-e"):
+        # drained and idle before its deploy, gated before it is undrained, each step once
+        assert fake.timeline(host) == LIFE
+        assert states(printed, host) == ["draining", "deploying", "gated", "done"]
+        assert fake.records[host]["state"] == "done"
+    assert all(state == "ready" for gw in fake.servers.values() for state in gw.values())
+    assert {h["state"] for h in journal()["hosts"].values()} == {"done"}
+    assert journal()["order"] == [["lab-c"], ["lab-a", "lab-b"], ["lab-d", "lab-e"]]
+    assert "order: lab-c | lab-a, lab-b | lab-d, lab-e" in printed
+
+
+def test_a_batch_waits_for_the_one_before(here):
+    fake = FakeRack()
+    assert roll(fake, options={"batch": 2}) == 0
+    ev = fake.events
+    last = {h: max(i for i, e in enumerate(ev) if e[0] == h or e[1].endswith(f" {h}_0")) for h in fake.units}
+    first = {h: min(i for i, e in enumerate(ev) if e[0] == h or e[1].endswith(f" {h}_0")) for h in fake.units}
+    assert last["lab-a"] < first["lab-b"] and max(last["lab-b"], last["lab-c"]) < first["lab-d"]
+
+
+def test_a_canary_failing_its_gate_stops_the_rollout_drained(here):
+    fake, printed = FakeRack(), []
+    fake.fail["lab-a"] = "completion_probe"
+    assert roll(fake, printed) == 1
+    assert fake.touched() == ["lab-a"]  # the rest untouched
+    assert fake.timeline("lab-a") == LIFE[:LIFE.index("completion_probe") + 1]
+    assert fake.servers["lab-gw"]["lab-a_0"] == fake.servers["lab-gw2"]["lab-a_0"] == "drain"
+    assert states(printed, "lab-a") == ["draining", "deploying", "failed"]
+    assert "completion_probe failed here" in fake.records["lab-a"]["why"] and fake.records["lab-a"]["state"] == "failed"
+    assert {n: h["state"] for n, h in journal()["hosts"].items()} == {
+        "lab-a": "failed", "lab-b": "pending", "lab-c": "pending", "lab-d": "pending", "lab-e": "pending"}
+    assert any(line.startswith("rollout stopped: lab-a failed") for line in printed)
+
+
+def test_resume_goes_on_from_the_failed_host_and_a_new_rollout_is_refused_meanwhile(here):
+    fake = FakeRack()
+    fake.fail["lab-b"] = "deploy"
+    assert roll(fake) == 1
+    assert fake.touched() == ["lab-a", "lab-b"]
+    printed = []
+    assert roll(fake, printed) == 2 and "an unfinished rollout is on file" in printed[0]
+    del fake.fail["lab-b"]
+    fake.events.clear()
+    assert roll(fake, resume=True, options={"canary": "lab-e"}) == 0  # the file's order, not the new canary
+    assert fake.touched() == ["lab-b", "lab-c", "lab-d", "lab-e"]
+    assert all(fake.timeline(h) == LIFE for h in ("lab-b", "lab-c", "lab-d", "lab-e"))
+    assert {h["state"] for h in journal()["hosts"].values()} == {"done"}
+    assert roll(fake, resume=True) == 0 and roll(FakeRack()) == 0  # done: resuming does nothing, a new one starts
+
+
+def test_max_fail_goes_on_past_a_failed_host_until_k(here):
+    fake = FakeRack()
+    fake.fail.update({"lab-b": "wait_healthy", "lab-d": "server_idle"})  # a gate, and a host that never goes idle
+    assert roll(fake, options={"max_fail": 2}) == 1
+    assert fake.touched() == ["lab-a", "lab-b", "lab-c", "lab-d"]
+    assert "deploy" not in fake.timeline("lab-d")
+    assert [journal()["hosts"][h]["state"] for h in fake.units] == ["done", "failed", "done", "failed", "pending"]
+    fake = FakeRack()
+    fake.fail["lab-a"] = "deploy"
+    os.remove(".llamarack/rollout-inventory.json")
+    assert roll(fake, options={"max_fail": 3}) == 1 and fake.touched() == ["lab-a"]  # a failed canary stops it
+
+
+def test_a_slower_new_build_fails_its_gate(here):
+    fake, printed = FakeRack(), []
+    fake.new_bench["lab-a"] = {"key": {"build": "b2", "model": "m1"}, "pp512": {"tokens_per_second": 99.0},
+                               "tg128": {"tokens_per_second": 10.0}}
+    assert roll(fake, printed, options={"bench_fraction": 0.2}) == 1
+    assert "llama-bench tg128 10.0 t/s is below 0.80 of the record's 20.0 t/s" in journal()["hosts"]["lab-a"]["why"]
+    assert fake.servers["lab-gw"]["lab-a_0"] == "drain"
+
+
+def test_bench_verdicts():
+    new = {"key": {"build": "b2", "model": "m1"}, "pp512": {"tokens_per_second": 90.0},
+           "tg128": {"tokens_per_second": 19.0}}
+    assert rollout.bench_verdict(RECORD, RECORD, 0.1)[0] is None  # no new record: nothing compared
+    assert rollout.bench_verdict(None, new, 0.1) == (None, "llama-bench measured {'build': 'b2', 'model': 'm1'}: "
+                                                           "no record before it to compare with")
+    assert rollout.bench_verdict(RECORD, new, 0.1) == (None, "pp512 90.0 t/s (was 100.0), tg128 19.0 t/s (was 20.0)")
+    why, _ = rollout.bench_verdict(RECORD, new, 0.05)
+    assert why == "llama-bench pp512 90.0 t/s is below 0.95 of the record's 100.0 t/s"
+    why, _ = rollout.bench_verdict(RECORD, {"key": {"build": "b3"}}, 0.5)  # a record without figures
+    assert "pp512 None t/s" in why and "tg128 None t/s" in why
+
+
+def test_every_unit_of_a_multi_unit_host_is_drained_and_gated(here):
+    fake = FakeRack()
+    two = [{"index": i, "unit": f"llamarack-server@{i}.service", "port": 8080 + i, "url": f"http://127.0.0.1:{8080 + i}"}
+           for i in range(2)]  # fmt: skip
+    fake.units["lab-a"] = two
+    for gw in fake.servers.values():
+        gw.update({"lab-a_0": "ready", "lab-a_1": "ready"})
+    assert roll(fake, options={"max_fail": 1}) == 0
+    gateway = [what for where, what in fake.events if where == "lab-gw" and "lab-a_" in what]
+    assert gateway == ["set drain lab-a_0", "set drain lab-a_1", "wait-empty lab-a_0", "wait-empty lab-a_1",
+                       "set ready lab-a_0", "set ready lab-a_1", "wait-up lab-a_0", "wait-up lab-a_1"]
+    assert [e[1] for e in fake.events if e[0] == "lab-a"].count("wait_healthy") == 2
+
+
+def test_a_unit_the_gateway_does_not_know_fails_before_the_deploy(here):
+    fake = FakeRack()
+    del fake.servers["lab-gw2"]["lab-a_0"]
+    assert roll(fake) == 1
+    assert "deploy" not in fake.timeline("lab-a")
+    assert "drain on the gateway: lab-gw2:" in journal()["hosts"]["lab-a"]["why"]
+    assert "No such server" in journal()["hosts"]["lab-a"]["why"]
+
+
+def test_an_unreachable_host_fails_untouched(here):
+    fake = FakeRack()
+    fake.unreachable.add("lab-a")
+    assert roll(fake) == 1
+    assert fake.events == [] and journal()["hosts"]["lab-a"]["why"] == "list its units: Could not connect"
+
+
+def test_a_gateway_that_cannot_be_reached_fails_the_host_before_its_deploy(here):
+    fake = FakeRack()
+    fake.unreachable.add("lab-gw2")
+    assert roll(fake) == 1
+    assert journal()["hosts"]["lab-a"]["why"] == "drain on the gateway: lab-gw2: Could not connect"
+    fake = FakeRack()
+    fake.broken.add("lab-gw")
+    os.remove(".llamarack/rollout-inventory.json")
+    assert roll(fake) == 1 and "deploy" not in fake.timeline("lab-a")
+    assert "lab-gw: RuntimeError('the connector broke')" in journal()["hosts"]["lab-a"]["why"]
+
+
+def test_no_gateway_still_waits_idle_and_gates(here):
+    # Another file: pyinfra keeps the code of an inventory file it has read, by its path.
+    (here / "two.py").write_text(f'lab = [("lab-a", {DATA}), ("lab-b", {DATA})]\n')
+    fake, printed = FakeRack(names=("lab-a", "lab-b")), []
+    assert roll(fake, printed, inventory="two.py") == 0
+    assert "no host in group gateways: nothing to drain" in printed[0]
+    assert fake.timeline("lab-a") == [s for s in LIFE if not s.startswith("lab-gw")]
+
+
+def test_refusals_touch_nothing(here):
+    printed = []
+    assert roll(FakeRack(), printed, options={"canary": "lab-gw"}) == 2
+    assert "lab-gw is no serving host" in printed[0]
+    assert roll(FakeRack(), printed, resume=True) == 2 and "no rollout on file" in printed[-1]
+    assert roll(FakeRack(), printed, data=("nokey",)) == 2 and "not KEY=VALUE" in printed[-1]
+    assert not (here / ".llamarack").exists()
+
+
+def test_dry_prints_the_order_and_each_hosts_plan(here, monkeypatch):
+    from llamarack import audit
+
+    def audits(chosen, templates=(), verify=False):
+        out = []
+        for h in chosen:
+            a = HostAudit(h.name, items={"build": Item({"stamp": "b1"}, {"stamp": "b2", "inputs_changed": ["commit"]},
+                                                       drift=h.name == "lab-b")})  # fmt: skip
+            out.append(a)
+        return out
+
+    monkeypatch.setattr(audit, "run", audits)
+    fake, printed = FakeRack(), []
+    assert roll(fake, printed, dry=True, options={"canary": "lab-b", "batch": 3}) == 0
+    text = "\n".join(printed)
+    assert "gateways: lab-gw, lab-gw2" in text
+    assert "canary:\n  lab-b: 2 change(s)\n    rebuild   llama.cpp b2: commit changed" in text
+    assert "    restart   llama-server: its unit names the new build or model\nbatch 1:" in text
+    assert "batch 1:\n  lab-a: nothing changes" in text and "batch 2:\n  lab-e: nothing changes" in text
+    assert fake.events == [] and not (here / ".llamarack").exists()
+
+
+def test_the_deploy_is_pyinfra_limited_to_the_host(here, monkeypatch):
+    bin_dir = here / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "pyinfra"
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do echo "arg: $a"; done\nexit 3\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    printed = []
+    status, tail = rollout.Pyinfra("inventory.py", "deploy.py", ("llamacpp_commit=abc",), printed.append).deploy("lab-a")
+    assert status == 3
+    assert printed == tail == ["arg: -y", "arg: inventory.py", "arg: deploy.py", "arg: --limit", "arg: lab-a",
+                               "arg: --data", "arg: llamacpp_commit=abc"]
+
+
+def test_the_audit_item_says_where_the_rollout_left_the_host():
+    from types import SimpleNamespace
+
+    from pyinfra.facts.files import FileContents
+
+    from llamarack import rollout_audit
+    from llamarack.facts import FactRead
+    from llamarack.settings import load_settings
+
+    settings = load_settings("lab-a", json.loads(DATA))
+    path = "/opt/llamarack/state/rollout.json"
+    assert rollout_audit.reads(settings) == (FactRead.of(FileContents, path=path),)
+
+    def seen(lines):
+        return SimpleNamespace(settings=settings, fact=lambda fact, path: lines)
+
+    assert rollout_audit.items(seen(None))["rollout"].found is None
+    assert not rollout_audit.items(seen(None))["rollout"].drift
+    done = rollout_audit.items(seen(['{"state": "done", "why": null, "at": "t", "started": "s"}']))["rollout"]
+    assert done.found == {"state": "done", "why": None, "at": "t", "started": "s"} and not done.drift
+    failed = rollout_audit.items(seen(['{"state": "failed", "why": "a completion: 500"}']))["rollout"]
+    assert failed.drift and failed.found["why"] == "a completion: 500"
+    assert rollout_audit.items(seen(["{"]))["rollout"].found["state"] == "unreadable"
