@@ -50,15 +50,17 @@ def key_values(text: str) -> dict:
     out = {}
     for line in text.splitlines():
         key, eq, value = line.strip().partition("=")
+        value = value.strip()
         if eq and re.fullmatch(r"[a-z_]+", key):
             out[key] = int(value) if re.fullmatch(r"-?\d+", value) else value
     return out
 
 
 def driver_versions(note: str) -> tuple:
-    """(package, loaded module) from ``llamarack_lab.driver.set_driver``'s words, or (None, None)."""
-    m = re.search(r"package (\S+), loaded module (\S+)", note or "")
-    return (m[1], m[2]) if m else (None, None)
+    """(package, loaded module) versions from ``llamarack_lab.driver.set_driver``'s words; None
+    for one that is not a version (not installed, none)."""
+    m = re.search(r"package (.+?), loaded module (\S+)", note or "")
+    return tuple(v if m and re.fullmatch(r"\d[\d.]*", v) else None for v in (m.groups() if m else ("", "")))
 
 
 def rejected_packets(listing: str) -> Optional[int]:
