@@ -23,7 +23,9 @@ each fault, on a converged host:
    after the run (``/health`` and a ``/completion``); no file outside the
    staging areas changed (``faults.changed_outside_staging``);
 5. re-runs without the fault: it must succeed, and the run after it must
-   change nothing; then goes back to the lab's settings for the next fault.
+   change nothing, by pyinfra's count and by the host's real state (files
+   by content, mode and owner, packages and holds, the server's PID and
+   restarts); then goes back to the lab's settings for the next fault.
 
 Before each model fault every model artifact but the served one is removed
 (and for the hub's faults the blob cache, so the fetch downloads), so the
@@ -67,6 +69,7 @@ from llamarack_lab.fake_nvidia import deb  # noqa: E402
 from llamarack_lab.hub_server import HubServer  # noqa: E402
 from llamarack.layout import UNIT_PATH, Layout  # noqa: E402
 from llamarack.roles.model.sandbox import PIPELINE_USER  # noqa: E402
+from tests.lab.deploying import STATE  # noqa: E402
 
 from reliability_report import (  # noqa: E402
     SCHEMA, count_proof, driver_versions, judge, key_values, line_proof, proof, rejected_packets, summary, table,
@@ -409,6 +412,21 @@ def failed_run(ctx: Ctx, f: Fault) -> dict:
             "serving_after": after_ok and serving(ip)}  # fmt: skip
 
 
+def reruns(ctx: Ctx, f: Fault) -> dict:
+    """The re-run without the fault, and the run after it, which must change nothing: by
+    pyinfra's count and by the hosts' real state (``tests.lab.deploying.STATE``: every file
+    of the deployment by content, mode and owner, the package selections and holds, the
+    server's PID and restarts), taken before and after it."""
+    rc, out, seconds = faults.run(INVENTORY, DEPLOY, list(f.hosts), f.rerun)
+    before = {h: ctx.rack.ssh(h, STATE).stdout for h in f.hosts}
+    rc2, out2, seconds2 = faults.run(INVENTORY, DEPLOY, list(f.hosts), f.rerun)
+    after = {h: ctx.rack.ssh(h, STATE).stdout for h in f.hosts}
+    return {"rerun": {"rc": rc, "seconds": seconds, "excerpt": excerpt(out, 1)},
+            "converged": {"rc": rc2, "changes": faults.changes(out2), "seconds": seconds2,
+                          "state_unchanged": before == after and all(before.values()),
+                          "state_changed_on": [h for h in f.hosts if before[h] != after[h]]}}  # fmt: skip
+
+
 def one(ctx: Ctx, f: Fault) -> dict:
     rack = ctx.rack
     ctx.notes, ctx.seen = [], {}
@@ -433,16 +451,15 @@ def one(ctx: Ctx, f: Fault) -> dict:
         # The other host made and serves the new artifact in that same run.
         made = rack.ssh(A, "grep -c '\"outtype\": \"f32\"' /opt/llamarack/models/current/stamp.json")
         res["other_host_went_on"] = made.stdout.strip() not in ("", "0")
-    rerun = [faults.run(INVENTORY, DEPLOY, list(f.hosts), f.rerun) for _ in range(2)]
-    res["rerun"] = {"rc": rerun[0][0], "seconds": rerun[0][2], "excerpt": excerpt(rerun[0][1], 1)}
-    res["converged"] = {"rc": rerun[1][0], "changes": faults.changes(rerun[1][1]), "seconds": rerun[1][2]}
+    res.update(reruns(ctx, f))
     res["notes"] = list(ctx.notes)
     res["seen_on_the_host"] = dict(ctx.seen)
     res["nothing_lost"] = bool(
         (rc != 0 or not f.expect_fail)
         and run["serving_after"]
         and not res["changed_outside_staging"]
-        and rerun[0][0] == 0 and rerun[1][0] == 0 and res["converged"]["changes"] == 0
+        and res["rerun"]["rc"] == 0 and res["converged"]["rc"] == 0 and res["converged"]["changes"] == 0
+        and res["converged"]["state_unchanged"]
         and res.get("other_host_went_on", True)
     )
     res["served_throughout"] = run["during"]["failures"] == 0

@@ -160,6 +160,8 @@ def table(report: dict) -> str:
                   f"{during['failures']} of {during['requests']} /health failed ({during['longest_outage_s']} s)")
         served += "; after: yes" if r["serving_after"] else "; after: NO"
         rerun = f"rc {r['rerun']['rc']} ({r['rerun']['seconds']} s), then {r['converged']['changes']} changes"
+        rerun += {True: ", state unchanged", False: ", **the host's state changed**"}.get(
+            r["converged"].get("state_unchanged"), "")
         outside = ", ".join(r["changed_outside_staging"]) or "nothing"
         if r["changed_by_the_faults_own_step"]:
             outside += " (its own step: " + ", ".join(p.rsplit("/", 1)[-1] for p in r["changed_by_the_faults_own_step"]) + ")"

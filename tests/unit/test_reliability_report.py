@@ -243,3 +243,16 @@ def test_the_command_is_the_one_that_ran():
 def test_this_process_command_line_is_read_from_proc():
     assert report.cmdline() == [w for w in Path("/proc/self/cmdline").read_bytes().decode().split("\0") if w]
     assert "pytest" in report.this_command()
+
+
+def test_the_table_says_when_the_converged_run_changed_the_hosts_state():
+    res = report.judge(result([YES], fault="ssh-cut", what="w", failed_run={"rc": 1, "seconds": 2.0},
+                              during={"requests": 9, "failures": 0, "longest_outage_s": 0.0}, serving_after=True,
+                              rerun={"rc": 0, "seconds": 2.0}, changed_outside_staging=[],
+                              changed_by_the_faults_own_step=[],
+                              converged={"rc": 0, "changes": 0, "state_unchanged": False}))  # fmt: skip
+    doc = {"faults": [res], "machine": {"cpu": "c", "cores": 2, "date": "2026-01-01", "commit": "abc"},
+           "total_s": 1.0, "command": "python3 bench/reliability.py --reuse"}  # fmt: skip
+    row = report.table(doc).splitlines()[2]
+    assert "rc 0 (2.0 s), then 0 changes, **the host's state changed**" in row
+    assert report.table(doc).endswith("1 s in all; `python3 bench/reliability.py --reuse`")
