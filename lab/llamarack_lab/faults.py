@@ -272,9 +272,16 @@ def staged(step: str, root: str = ROOT) -> str:
     return f"ls {root}/models/.staging/*/{step}.log >/dev/null 2>&1"
 
 
-def cut_ssh(rack, host: str) -> None:
-    """Kill every SSH session on the host (not the listener): the connection drops mid-command."""
-    rack.ssh(host, "pkill -KILL -f '^sshd: [a-z]+@'", timeout=30)
+# Kills every SSH session's process on a host (not the listener) but the one that runs it
+# ($PPID: its own sshd), then prints how many it killed (``killed=N``).
+CUT_SSH = ("s=$(pgrep -f '^sshd: [a-z]+@' | grep -vx \"$PPID\" | tr '\\n' ' '); "
+           "[ -z \"$s\" ] || kill -KILL $s; echo killed=$(echo $s | wc -w)")
+
+
+def cut_ssh(rack, host: str, first: str = "") -> str:
+    """Kill every other SSH session on the host: the connection drops mid-command. Runs the
+    shell ``first`` before, in the same session; what both printed (``killed=N`` last)."""
+    return rack.ssh(host, f"{first}{'; ' if first else ''}{CUT_SSH}", timeout=30).stdout
 
 
 def reject_ssh(rack, host: str, on: bool) -> None:
@@ -283,6 +290,20 @@ def reject_ssh(rack, host: str, on: bool) -> None:
     ns = rack.host(host)["netns"]
     rule = ["INPUT", "-p", "tcp", "--dport", "22", "-j", "REJECT", "--reject-with", "tcp-reset"]
     subprocess.run(["ip", "netns", "exec", ns, "iptables", "-I" if on else "-D", *rule], check=on)
+
+
+def ssh_rule_listing(rack, host: str) -> str:
+    """``iptables -L INPUT -v -n -x`` in the host's network namespace: the refusing rule's
+    counters (packets it turned away), while it is in place."""
+    ns = rack.host(host)["netns"]
+    r = subprocess.run(["ip", "netns", "exec", ns, "iptables", "-L", "INPUT", "-v", "-n", "-x"],
+                       capture_output=True, text=True)  # fmt: skip
+    return r.stdout
+
+
+def drop_blob_cache(rack, host: str, root: str = ROOT) -> None:
+    """Remove the blob cache (a staging area): the next fetch downloads every file."""
+    rack.ssh(host, f"rm -rf -- {shlex.quote(Layout(root).blob_cache)}")
 
 
 def prune_models(rack, host: str, root: str = ROOT) -> None:

@@ -2,9 +2,11 @@
 
 A real CPU build from the lab's pinned git mirror, proven by a smoke run
 before it is switched in; a second run builds nothing and leaves the host
-as it was; a build that cannot compute (built for x86 extensions this CPU
-does not run) is refused with current and the served unit untouched, and
-with fallback on, a rebuild for fewer extensions takes its place; a new
+as it was; a build that cannot compute is refused with current and the
+served unit untouched, and with fallback on, a rebuild for fewer extensions
+takes the place of a first rung that fails (built for AVX-512: on a CPU
+without it, SIGILL; on one with it, a lab commit that aborts when compiled
+for AVX-512, so the test runs on every CPU); a new
 commit builds a new directory and switches to it, keeping the previous one;
 a commit that fails to build leaves the serving build current. Tests run in
 order and share the host.
@@ -15,7 +17,7 @@ import json
 import pytest
 
 from llamarack.roles.llamacpp.reads import parse_server_help
-from llamarack_lab import mirror, services
+from llamarack_lab import faults, mirror, services
 from llamarack_lab.pytest_plugin import parse_pyinfra_totals
 from tests.lab import deploying
 
@@ -105,32 +107,53 @@ def test_the_build_computed_before_it_was_switched_in(lab_rack):
         "smoke-Q4_K_M.gguf", "smoke-f16.gguf"]
 
 
-def unusable_cpu_features(lab_rack):
-    """x86 extensions that this machine's CPU cannot run, for a build that must fail its smoke run."""
-    flags = set(sh(lab_rack, "grep -m1 '^flags' /proc/cpuinfo").split())
-    v3 = ["sse42", "avx", "avx2", "bmi2", "fma", "f16c"]  # ggml's x86 levels build on each other
-    if "avx512f" not in flags:
-        return v3 + ["avx512"]  # SIGILL at the first AVX-512 instruction
-    if "amx_int8" in flags:
-        # Advertised; on virtual CPUs that do not grant it, the first tile instruction faults.
-        return v3 + ["avx512", "avx512_vnni", "amx_tile", "amx_int8"]
-    return None
+# Where ggml's CPU code computes its first kernel (ggml-cpu.c), in the pinned llama.cpp:
+# the change goes between these two.
+BEFORE_KERNEL, KERNEL = "    GGML_ASSERT(params);\n\n", "    if (tensor->op == GGML_OP_NONE"
+
+
+def dies_at_first_kernel(says: str, only_if: str = "") -> dict:
+    """A commit's change: ggml's CPU code aborts at the first kernel it runs, printing ``says``;
+    with ``only_if``, only in a build where that preprocessor condition holds."""
+    # abort() itself, not GGML_ABORT: that one forks to print a backtrace, and two
+    # worker threads doing so at once can hang instead of dying.
+    body = ("    if (tensor->op != GGML_OP_NONE && !ggml_is_empty(tensor)) {\n"
+            f"        fputs(\"llamarack lab test: {says}\\n\", stderr);\n"
+            "        abort();\n    }\n")  # fmt: skip
+    if only_if:
+        body = f"#if {only_if}\n{body}#endif\n"
+    return {"ggml/src/ggml-cpu/ggml-cpu.c": (BEFORE_KERNEL + KERNEL, BEFORE_KERNEL + body + "\n" + KERNEL)}
 
 
 # A commit that builds, names itself and answers --help, then dies at the first
 # kernel it runs (as a build without code for the card, or AMX on a virtual CPU
 # that faults): on any CPU, only a computation can tell it from a good build.
-DIES_AT_FIRST_KERNEL = {
-    "ggml/src/ggml-cpu/ggml-cpu.c": (
-        "    GGML_ASSERT(params);\n\n    if (tensor->op == GGML_OP_NONE",
-        "    GGML_ASSERT(params);\n\n    if (tensor->op != GGML_OP_NONE && !ggml_is_empty(tensor)) {\n"
-        # abort() itself, not GGML_ABORT: that one forks to print a backtrace, and two
-        # worker threads doing so at once can hang instead of dying.
-        "        fputs(\"llamarack lab test: this build dies at its first kernel\\n\", stderr);\n"
-        "        abort();\n    }\n\n"
-        "    if (tensor->op == GGML_OP_NONE",
-    ),
-}
+DIES_AT_FIRST_KERNEL = dies_at_first_kernel("this build dies at its first kernel")
+
+# The same, only in a build compiled for AVX-512 (gcc defines __AVX512F__ under ggml's
+# -mavx512f): the build as asked dies, the ladder's x86-64-v3 rebuild computes.
+DIES_IF_BUILT_FOR_AVX512 = dies_at_first_kernel("built for AVX-512, this build dies at its first kernel",
+                                                only_if="defined(__AVX512F__)")
+
+# x86-64-v3 (ggml's x86 levels build on each other) and AVX-512: the ladder's first rung.
+V3_AND_AVX512 = ["sse42", "avx", "avx2", "bmi2", "fma", "f16c", "avx512"]
+
+
+def failing_first_rung(lab_rack, lab_mirror) -> tuple:
+    """The deploy's data whose first rung cannot compute on this machine's CPU, and the words
+    its failure must show: (data, words in its ``why``, words in its output tail or None).
+
+    A build for AVX-512 on a CPU without it dies by itself (SIGILL at the first AVX-512
+    instruction). A CPU with AVX-512 runs that build: there the lab injects the fault, a
+    commit of its mirror whose CPU code aborts when it was compiled for AVX-512, so the
+    build as asked dies and the rebuilds without AVX-512 do not. Nothing in the product
+    knows of it: the ladder climbs as it would on a CPU that lacks the extension."""
+    data = [f"llamacpp_cpu_features={json.dumps(V3_AND_AVX512)}"]
+    if "avx512f" not in sh(lab_rack, "grep -m1 '^flags' /proc/cpuinfo").split():
+        return data, "died with SIG", None
+    dies = mirror.add_named_commit(lab_mirror, "lab-test-dies-avx512", "lab test: dies when built for AVX-512",
+                                   DIES_IF_BUILT_FOR_AVX512)  # fmt: skip
+    return data + [f"llamacpp_commit={dies}"], "died with SIGABRT", "built for AVX-512, this build dies"
 
 
 def test_a_build_that_cannot_compute_is_refused_and_nothing_changes(lab_rack, lab_mirror):
@@ -150,23 +173,27 @@ def test_a_build_that_cannot_compute_is_refused_and_nothing_changes(lab_rack, la
     assert current(lab_rack) == serving and "cmake" not in out
 
 
-def test_with_fallback_a_rebuild_for_fewer_extensions_takes_its_place(lab_rack):
-    features = unusable_cpu_features(lab_rack)
-    if features is None:
-        pytest.skip("this CPU runs every x86 extension ggml has: no rung of the ladder fails here")
+def test_with_fallback_a_rebuild_for_fewer_extensions_takes_its_place(lab_rack, lab_mirror):
+    data, why, tail = failing_first_rung(lab_rack, lab_mirror)
     serving = current(lab_rack)
-    rc, out = deploy(lab_rack, f"llamacpp_cpu_features={json.dumps(features)}")
+    rc, out = deploy(lab_rack, *data)
     assert rc == 0, out[-4000:]
     new = current(lab_rack)
     assert new != serving
     proof = record(lab_rack, new)["proof"]
     first = proof["attempts"][0]
-    assert first["ok"] is False and "died with SIG" in first["why"], proof
-    assert proof["variant"] != first["variant"] and proof["why"], proof
-    # The server now runs the rebuilt binary, with what the proof needed.
+    assert first["ok"] is False and why in first["why"], proof
+    assert tail is None or tail in "\n".join(first["tail"]), proof
+    # The ladder moved on: every rung before the last failed, and the last, a rebuild for
+    # fewer extensions (no AVX-512), computed.
+    assert [a["ok"] for a in proof["attempts"]] == [False] * (len(proof["attempts"]) - 1) + [True], proof
+    assert proof["variant"] in ("x86-64-v3", "x86-64-v2") and proof["variant"] != first["variant"], proof
+    assert proof["why"].startswith("the rungs before failed") and "-DGGML_AVX512=OFF" in proof["cmake_args"], proof
+    # The server now runs the rebuilt binary, with what the proof needed, and answers.
     exec_start = served(lab_rack)[2]
     assert f"{BUILDS}/{new}/bin/llama-server" in exec_start
     assert all(a in exec_start for a in proof["runtime_args"])
+    assert faults.completion(lab_rack.rack.host(HOST)["ip"])
     rc, out = deploy(lab_rack)  # back to the native build for the tests that follow
     assert rc == 0, out[-4000:]
     assert current(lab_rack) == serving
