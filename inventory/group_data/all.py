@@ -233,6 +233,9 @@ server_layout = 'auto'
 # llama.cpp's --split-mode for a unit over several cards: layer, or tensor (an unquantized KV cache only)
 server_split_mode = 'layer'
 
+# check after each start, and in the audit, that the served process is on its planned cards (nvidia-smi's compute apps): auto (a CUDA build's units), on (every unit planned on a card, whatever the build: a lab whose fake driver lists the served process), off (never: a driver that cannot list the host's processes, as in some containers)
+server_residency = 'auto'
+
 # flash attention
 server_flash_attn = True
 

@@ -20,7 +20,7 @@ from llamarack.roles.model.reads import GgufShape
 from llamarack.settings import Settings
 
 from .files.wait_healthy import residency
-from .plan import MIB, PlanError, WantedUnit, parse_pin, wanted_units
+from .plan import MIB, PlanError, WantedUnit, parse_pin, residency_checked, wanted_units
 from .reads import (NOLOGIN, SERVICE_USER_MARK, FoundUnit, ServedUnits, SystemGroup, SystemUser, active_since,
                     unit_cards)  # fmt: skip
 
@@ -174,8 +174,8 @@ def residency_item(settings: Settings, cards: tuple, processes: tuple, pid: int,
     """Whether the served process is on its cards (``cards``: their UUIDs; nvidia-smi's
     compute apps) with at least the planned weights: a CUDA unit serving from the CPU
     answers /health all the same."""
-    if settings.llamacpp.backend != "cuda":
-        return Item({"backend": "cpu"})
+    if not residency_checked(settings):
+        return Item({"backend": settings.llamacpp.backend, "server_residency": settings.server.residency})
     cards = tuple(cards)
     mine = [p for p in processes if p.pid == pid]
     found = {"pid": pid, "cards": [p.gpu_uuid for p in mine], "used_mib": sum(p.used_mib or 0 for p in mine)}

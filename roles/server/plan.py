@@ -383,9 +383,15 @@ def _unit_text(settings: Settings, flags: ServerFlags, dirs: tuple, shape: dict,
     # The architecture is the GGUF's own text: cut to a name's length, the plan's note is kept.
     arch = unitfile.clipped(str(shape["architecture"]), ARCH_SHOWN)
     description = f"llamarack llama-server: {Path(model_dir).name}{with_draft} ({arch}, {ctx.note})"
-    on = (uuids, ctx.ledger.weights_on_card // MIB) if cuda else None
+    on = (uuids, ctx.ledger.weights_on_card // MIB) if residency_checked(settings) else None
     return render_unit(settings, args, description, templates, device_names(devices, cuda), on, ref.port,
                        uuids if visible else ())  # fmt: skip
+
+
+def residency_checked(settings: Settings) -> bool:
+    """Whether a unit planned on cards is checked to serve from them (``server_residency``)."""
+    mode = settings.server.residency
+    return mode == "on" or (mode == "auto" and settings.llamacpp.backend == "cuda")
 
 
 def wanted_unit(settings: Settings, flags: ServerFlags, build_dir: str, model_dir: str, shape: dict,

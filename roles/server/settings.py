@@ -96,6 +96,13 @@ class ServerSettings(Section):
         "cache only)", _split_mode,
     )
     # -- end of the memory plan --
+    residency: Literal["auto", "on", "off"] = setting(
+        "auto",
+        "check after each start, and in the audit, that the served process is on its planned cards "
+        "(nvidia-smi's compute apps): auto (a CUDA build's units), on (every unit planned on a card, "
+        "whatever the build: a lab whose fake driver lists the served process), off (never: a driver "
+        "that cannot list the host's processes, as in some containers)",
+    )
     flash_attn: bool = setting(True, "flash attention")
     backend_sampling: bool = setting(
         False,

@@ -151,6 +151,33 @@ def test_a_split_host_runs_one_unit_with_the_planned_tensor_split(lab_rack):
     converged(lab_rack, "server_layout=split")
 
 
+def test_a_unit_the_driver_does_not_list_on_its_card_is_rolled_back(lab_rack):
+    """server_residency = 'on': the switch checks each unit's process is on its card, as a
+    CUDA build's is checked; the fake driver lists it there until the lab hides it."""
+    lab_rack.reseat(HOST, "v100-16gb-x2")
+    on = ("server_layout=per_card", "server_residency=on")
+    deploy(lab_rack, *on)
+    before = units(lab_rack)
+    assert sorted(before) == ["llamarack-server@0.service", "llamarack-server@1.service"]
+    assert all("# llamarack residency: " in u for u in before.values())
+    items = audit()["items"]
+    assert not items["residency@0"].get("drift") and not items["residency@1"].get("drift"), items
+    lab_rack.hide_gpu_processes(HOST, units=("llamarack-server@1.service",))
+    try:
+        rc, out = deploying.deploy(lab_rack, HOST, *on, "server_parallel=2")
+        assert rc != 0, out[-6000:]
+        assert "does not serve from its cards: CPU fallback" in out and "rolled back" in out, out[-6000:]
+        after = units(lab_rack)
+        assert after["llamarack-server@1.service"] == before["llamarack-server@1.service"]  # the previous one
+        assert "--parallel 2 " in exec_start(after["llamarack-server@0.service"])  # its card lists it: switched
+        completes(lab_rack, 8081)
+        assert audit()["items"]["residency@1"].get("drift")
+    finally:
+        lab_rack.hide_gpu_processes(HOST, hide=False)
+    deploy(lab_rack, *on, "server_parallel=2")
+    assert "--parallel 2 " in exec_start(units(lab_rack)["llamarack-server@1.service"])
+
+
 def test_back_on_one_card_the_host_serves_its_one_unit_again(lab_rack):
     lab_rack.reseat(HOST, "v100-16gb")
     deploy(lab_rack)

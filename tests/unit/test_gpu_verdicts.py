@@ -79,4 +79,9 @@ def test_the_audit_residency_item_on_the_card_off_it_and_on_a_cpu_build():
     assert heavy.drift and "less than the planned weights (4400 MiB)" in heavy.found["why"]
     assert not residency_item(cuda, (h200.uuid,), (), 0, 1).drift  # not running: the service item says so
     cpu = load_settings("gpu01", {"python_env_backend": "venv", "llamacpp_backend": "cpu"})
-    assert residency_item(cpu, (h200.uuid,), (), 6434, None).found == {"backend": "cpu"}
+    assert residency_item(cpu, (h200.uuid,), (), 6434, None).found == {"backend": "cpu", "server_residency": "auto"}
+    # server_residency: on checks a CPU build's units too (a lab's fake driver lists them); off never
+    forced = load_settings("gpu01", {"python_env_backend": "venv", "llamacpp_backend": "cpu", "server_residency": "on"})
+    assert residency_item(forced, (h200.uuid,), ON_CARD, 6467, 1).found["why"].startswith("CPU fallback")
+    never = load_settings("gpu01", {"python_env_backend": "venv", "llamacpp_backend": "cuda", "server_residency": "off"})
+    assert residency_item(never, (h200.uuid,), ON_CARD, 6467, 1).found == {"backend": "cuda", "server_residency": "off"}
