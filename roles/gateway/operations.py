@@ -181,7 +181,7 @@ def prometheus(settings: Settings, hosts: tuple):
     key_changed = yield from _prometheus_key(key)
     switched = False
     for text, path, proof in ((rules, PROMETHEUS_RULES, "promtool check rules {}"),
-                              (config, PROMETHEUS_CONFIG, "promtool check config --syntax-only {}")):  # fmt: skip
+                              (config, PROMETHEUS_CONFIG, "promtool check config {}")):  # fmt: skip
         if read(Sha1File, path=path) != hashlib.sha1(text.encode()).hexdigest():
             show_diff(path, text)
             yield from _stage_prove_switch(text, path, "644", proof, reload, path.rsplit("/", 1)[1])

@@ -393,3 +393,65 @@ def test_the_audit_item_found_against_wanted():
     assert _audit(up, ["a_0", "b_0", "c_0"]).drift  # a unit the config names is missing
     silent = _audit(None, ["a_0"])
     assert silent.drift and silent.found == {"backends": None, "error": "HAProxy does not answer on its admin socket"}
+
+
+def test_prometheus_files_are_proved_with_promtool_before_the_switch(rack_records):
+    import hashlib
+
+    from llamarack.roles.gateway.operations import prometheus
+    from llamarack.roles.gateway.plan import PROMETHEUS_CONFIG, PROMETHEUS_KEY, PROMETHEUS_RULES
+
+    settings = gateway_settings(gateway_prometheus=True)
+    rules, config = alert_rules(settings, rack_backends()), prometheus_config(None)
+    facts = {fact_key(Command, command=secret_digest_command(PROMETHEUS_KEY)): "missing",
+             fact_key(Sha1File, path=PROMETHEUS_RULES): None, fact_key(Sha1File, path=PROMETHEUS_CONFIG): None}
+    commands, _ = run_op(prometheus, facts, settings=settings, hosts=HOSTS)
+    proofs = [c for c in commands if isinstance(c, str) and c.startswith("promtool")]
+    assert [p.split(" >&2")[0] for p in proofs] == [f"promtool check rules {PROMETHEUS_RULES}.new",
+                                                    f"promtool check config {PROMETHEUS_CONFIG}.new"]  # fmt: skip
+    assert ("upload", f"{PROMETHEUS_RULES}.new", rules) in commands
+    assert ("upload", f"{PROMETHEUS_CONFIG}.new", config) in commands
+    facts.update({fact_key(Sha1File, path=PROMETHEUS_RULES): hashlib.sha1(rules.encode()).hexdigest(),
+                  fact_key(Sha1File, path=PROMETHEUS_CONFIG): hashlib.sha1(config.encode()).hexdigest()})
+    assert run_op(prometheus, facts, settings=settings, hosts=HOSTS) == (
+        [], ["Prometheus scrapes the rack with llamarack's rules"])  # fmt: skip
+
+
+def _roles_then_gateway():
+    """deploy.py's shape: the serving roles on serving hosts, then the gateway role on every host
+    from one line, its first operation shared, the rest on gateways only."""
+    from pyinfra import host
+    from pyinfra.operations import server
+
+    if "gateways" not in host.groups:
+        server.shell(name="serving role 1", commands=["true"])
+        server.shell(name="serving role 2", commands=["true"])
+        server.shell(name="serving role 3", commands=["true"])
+    _gateway_role(host)
+
+
+def _gateway_role(host):
+    from pyinfra.operations import server
+
+    server.shell(name="on every host", commands=["true"])
+    if "gateways" in host.groups:
+        server.shell(name="HAProxy config", commands=["true"])
+
+
+def test_pyinfra_orders_the_gateway_role_after_every_serving_hosts_roles(monkeypatch):
+    import pyinfra
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.api.state import StateStage
+    from pyinfra.context import ctx_host, ctx_state
+
+    monkeypatch.setattr(pyinfra, "is_cli", True)  # ordered by the calling lines, as `pyinfra INVENTORY deploy.py` is
+    inventory = Inventory((["gw", "a", "b"], {}), gateways=(["gw"], {}))
+    state = State(inventory, Config(), check_for_changes=False)
+    state.current_deploy_filename, state.current_op_file_number = __file__, 0
+    state.set_stage(StateStage.Prepare)
+    with ctx_state.use(state):
+        for h in inventory:
+            with ctx_host.use(h):
+                _roles_then_gateway()
+    order = [sorted(state.get_op_meta(op).names) for op in state.get_op_order()]
+    assert order == [["serving role 1"], ["serving role 2"], ["serving role 3"], ["on every host"], ["HAProxy config"]]
