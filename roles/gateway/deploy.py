@@ -42,7 +42,8 @@ def gateway(settings: Settings, templates: tuple = ()):
     hosts = serving_hosts()
     address = host.data.get("ssh_hostname") or host.name
     g = settings.gateway
-    apt_install_missing(name="HAProxy from Debian", packages=["haproxy"])
+    # python3: the audit's and the rollout's host scripts talk to HAProxy's admin socket with it
+    apt_install_missing(name="HAProxy from Debian", packages=["haproxy", "python3"])
     haproxy(name=f"HAProxy in front of the units of {len(hosts)} serving host(s)", settings=settings, hosts=hosts,
             templates=tuple(templates))  # fmt: skip
     prometheus_targets(name="Prometheus target list of the rack", settings=settings, hosts=hosts, address=address)

@@ -24,7 +24,8 @@ from pyinfra.facts.server import Command
 from llamarack import remote
 from llamarack.facts import FactRead, read
 from llamarack.facts.reading import FactsTogether
-from llamarack.operations import apt_install_missing, durable_rename, private_upload, put_text, refusal, secret_upload, show_diff
+from llamarack.operations import (apt_install_missing, durable_rename, private_upload, put_text, refusal, secret_upload,
+                                  show_diff)  # fmt: skip
 from llamarack.roles.llamacpp.reads import BenchRecord
 from llamarack.roles.server.files.secret_digest import digest
 from llamarack.roles.server.plan import KEY_DIGEST_SALT
@@ -34,16 +35,10 @@ from llamarack.settings import Settings
 
 from .plan import (HAPROXY_CONFIG, PROMETHEUS_CONFIG, PROMETHEUS_KEY, PROMETHEUS_RULES, TARGETS, GatewayError,
                    ServingHost, alert_rules, backends_of, haproxy_config, masked, prometheus_config, rack_key,
-                   targets)  # fmt: skip
+                   secret_digest_command, targets)  # fmt: skip
 from .reads import UnitsRecord
 
 NODE_EXPORTER = "prometheus-node-exporter"
-
-
-def secret_digest_command(path: str) -> str:
-    """The command that prints the salted digest of ``path`` on the host, or "missing"
-    (a file that holds the rack's key: never hashed plainly, see ``secret_digest``)."""
-    return remote.command("secret_digest", path, KEY_DIGEST_SALT)
 
 
 def rack_fact(name: str, fact: type, **kwargs):
@@ -92,7 +87,8 @@ def _stage_prove_switch(text: str, path: str, mode: str, proof: str, reload: str
     yield remote.argv("install", "-d", "-m", "755", "--", path.rsplit("/", 1)[0])
     yield remote.argv("install", "-m", mode, "/dev/null", new)
     yield from private_upload(text, new)
-    failed = f"{host.name}: gateway: the new {what} fails its check ({proof.split()[0]}); the one in place keeps serving"
+    failed = (f"{host.name}: gateway: the new {what} fails its check ({proof.split()[0]}); "
+              "the one in place keeps serving")
     yield StringCommand(f"{proof.format(shlex.quote(new))} >&2 || {{ rm -f {shlex.quote(new)}; "
                         f"printf '%s\\n' {shlex.quote(failed)} >&2; exit 1; }}")  # fmt: skip
     yield f"{durable_rename(new, path)} && {reload}"
@@ -112,16 +108,15 @@ def haproxy(settings: Settings, hosts: tuple, templates: tuple = ()):
     one serving. A host whose config is the one wanted, with HAProxy running, is left alone.
     """
     try:
-        key = rack_key(list(hosts), read_token)
-        text = haproxy_config(settings, rack(hosts), key, templates)
+        key, backends = rack_key(list(hosts), read_token), rack(hosts)
+        text = haproxy_config(settings, backends, key, templates)
     except GatewayError as e:
         yield refusal(f"{host.name}: gateway: {e}")
         return
-    state = read(UnitState, unit="haproxy.service")
-    running = state.get("SubState") == "running"
+    running = read(UnitState, unit="haproxy.service").get("SubState") == "running"
     if read(Command, command=secret_digest_command(HAPROXY_CONFIG)) == digest(text.encode(), KEY_DIGEST_SALT):
         if running:
-            host.noop(f"HAProxy routes to {text.count(chr(10) + '    server ')} units")
+            host.noop(f"HAProxy routes to {len(backends)} units")
             return
         yield "systemctl enable -q haproxy && systemctl restart haproxy"
         return

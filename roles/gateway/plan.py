@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from llamarack import remote
 from llamarack.layout import Layout
 from llamarack.settings import Settings
 from llamarack.settings_fields import server_name as valid_address
@@ -87,6 +88,14 @@ class Backend:
     @property
     def address_port(self) -> str:
         return f"{bracketed(self.address)}:{self.port}"
+
+
+def secret_digest_command(path: str) -> str:
+    """The command that prints the salted digest of ``path`` on the host, or "missing"
+    (a file that holds the rack's key: never hashed plainly, see ``secret_digest``)."""
+    from llamarack.roles.server.plan import KEY_DIGEST_SALT
+
+    return remote.command("secret_digest", path, KEY_DIGEST_SALT)
 
 
 def bracketed(address: str) -> str:

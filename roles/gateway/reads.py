@@ -67,19 +67,30 @@ class HaproxyServers(FactBase[Optional[dict]]):
 def reads(settings) -> tuple:
     """What the gateway role reads on a converged host: its part of preflight's one read."""
     from pyinfra.facts.deb import DebPackages
-    from pyinfra.facts.files import Sha1File
+    from pyinfra.facts.files import File, Sha1File
+    from pyinfra.facts.server import Command
 
     from llamarack.facts import FactRead
+    from llamarack.roles.server.reads import UnitState
 
-    from .plan import HAPROXY_CONFIG, PROMETHEUS_CONFIG, PROMETHEUS_RULES, TARGETS
+    from .plan import (HAPROXY_CONFIG, PROMETHEUS_CONFIG, PROMETHEUS_KEY, PROMETHEUS_RULES, TARGETS,
+                       secret_digest_command)  # fmt: skip
 
     if not settings.general.runs("gateway"):
         return ()
     packages = (FactRead.of(DebPackages),) if settings.is_gateway or settings.gateway.node_exporter else ()
     if not settings.is_gateway:
         return packages
-    files = (HAPROXY_CONFIG, TARGETS) + ((PROMETHEUS_CONFIG, PROMETHEUS_RULES) if settings.gateway.prometheus else ())
-    return packages + tuple(FactRead.of(Sha1File, path=f) for f in files)
+    found = packages + (
+        FactRead.of(UnitState, unit="haproxy.service"),
+        FactRead.of(Command, command=secret_digest_command(HAPROXY_CONFIG)),
+        FactRead.of(File, path=TARGETS),
+        FactRead.of(Sha1File, path=TARGETS),
+    )
+    if settings.gateway.prometheus:
+        found += (FactRead.of(Command, command=secret_digest_command(PROMETHEUS_KEY)),
+                  FactRead.of(Sha1File, path=PROMETHEUS_RULES), FactRead.of(Sha1File, path=PROMETHEUS_CONFIG))
+    return found
 
 
 class ConfiguredServers(FactBase[list]):

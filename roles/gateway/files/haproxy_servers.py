@@ -41,8 +41,12 @@ def servers(stat_csv: str, backend: str) -> dict:
         if row.get("pxname") != backend or row.get("svname") in ("FRONTEND", "BACKEND"):
             continue
         weight = row.get("weight") or ""
-        found[row["svname"]] = {"status": row.get("status") or "", "check": (row.get("check_status") or "").lstrip("* "),
-                                "weight": int(weight) if weight.isdigit() else None, "address": row.get("addr") or ""}
+        found[row["svname"]] = {
+            "status": row.get("status") or "",
+            "check": (row.get("check_status") or "").lstrip("* "),  # "* L7TOUT": a check in progress
+            "weight": int(weight) if weight.isdigit() else None,
+            "address": row.get("addr") or "",
+        }
     return found
 
 
