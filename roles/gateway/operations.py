@@ -22,6 +22,7 @@ from pyinfra.facts.files import Sha1File
 from pyinfra.facts.server import Command
 
 from llamarack import remote
+from llamarack.errors import ModelSourceError
 from llamarack.facts import FactRead, read
 from llamarack.facts.reading import FactsTogether
 from llamarack.operations import (apt_install_missing, durable_rename, private_upload, put_text, refusal, secret_upload,
@@ -110,7 +111,7 @@ def haproxy(settings: Settings, hosts: tuple, templates: tuple = ()):
     try:
         key, backends = rack_key(list(hosts), read_token), rack(hosts)
         text = haproxy_config(settings, backends, key, templates)
-    except GatewayError as e:
+    except (GatewayError, ModelSourceError) as e:  # and a key file it cannot read
         yield refusal(f"{host.name}: gateway: {e}")
         return
     running = read(UnitState, unit="haproxy.service").get("SubState") == "running"
@@ -169,7 +170,7 @@ def prometheus(settings: Settings, hosts: tuple):
     try:
         key = rack_key(list(hosts), read_token)
         rules, config = alert_rules(settings, rack(hosts)), prometheus_config(key)
-    except GatewayError as e:
+    except (GatewayError, ModelSourceError) as e:  # and a key file it cannot read
         yield refusal(f"{host.name}: gateway: {e}")
         return
     reload = "systemctl enable -q prometheus && systemctl reload-or-restart prometheus"
