@@ -2,7 +2,8 @@
 
 `llamarack lab up` boots these four hosts on this machine (real Debian
 bookworm with systemd, each with a fake NVIDIA driver reporting the GPU in
-its name); then `pyinfra inventory/lab.py deploy.py` provisions them.
+its name) and the gateway lab-gw (no GPU: HAProxy in front of the four);
+then `pyinfra inventory/lab.py deploy.py` provisions them.
 
 It takes shortcuts that are safe only on the lab's closed bridge on this
 machine, and wrong anywhere else: it does not check host keys
@@ -23,6 +24,10 @@ v100 = [
 t4 = [
     ("lab-t4", {"ssh_hostname": "10.77.0.14", "ssh_user": "deploy", "_sudo": True}),
 ]
+# HAProxy in front of the four (group `gateways`: preflight's read and the gateway role only).
+gateways = [
+    ("lab-gw", {"ssh_hostname": "10.77.0.15"}),
+]
 
 # The lab's hosts have no real GPU and no conda channel in reach: build
 # llama.cpp for the CPU and use a venv (bookworm's Python is 3.11). They
@@ -33,7 +38,7 @@ t4 = [
 # hash. The rest are the defaults of group_data/all.py. The rack shares one
 # ccache, so a build compiles once.
 lab = (
-    v100 + t4,
+    v100 + t4 + gateways,
     {
         # Lab only: the hosts get new keys at each `lab up`, on a bridge nothing else reaches.
         "ssh_user": "root",

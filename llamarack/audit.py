@@ -32,7 +32,7 @@ from typing import Any, Optional
 
 from .facts import FactRead
 from .facts.reading import FactsTogether
-from .roles import ROLES
+from .roles import ROLES, host_roles
 from .rules import HostFacts
 from .settings import Settings, settings_for
 
@@ -94,12 +94,16 @@ class Seen:
     verify: bool = False
 
 
-def role_audits() -> list:
+def role_audits(settings: Optional[Settings] = None) -> list:
     """Each role's audit module (``roles/<role>/audit.py``: ``ITEMS``, ``reads``, ``items``),
-    in deploy.py's order, then the rollout's record (``llamarack/rollout_audit.py``).
-    Imported here, not above: they import this module's ``Item``."""
-    return [importlib.import_module(f"llamarack.roles.{role}.audit") for role in ROLES] + \
-        [importlib.import_module("llamarack.rollout_audit")]
+    in deploy.py's order, then the rollout's record (``llamarack/rollout_audit.py``); with
+    ``settings``, those of the roles that host runs (a gateway: the gateway role's, and no
+    rollout record). Imported here, not above: they import this module's ``Item``."""
+    roles = ROLES if settings is None else host_roles(settings)
+    audits = [importlib.import_module(f"llamarack.roles.{role}.audit") for role in roles]
+    if settings is None or not settings.is_gateway:
+        audits.append(importlib.import_module("llamarack.rollout_audit"))
+    return audits
 
 
 def items() -> tuple[str, ...]:
@@ -112,7 +116,7 @@ def audit_reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...
     rules read, the deploy's facts the wanted side is planned from, and what is only
     reported). ``verify``: also the sha256 of every sealed file of the current build and of
     the served model.gguf."""
-    return tuple(dict.fromkeys(r for module in role_audits() for r in module.reads(settings, verify)))
+    return tuple(dict.fromkeys(r for module in role_audits(settings) for r in module.reads(settings, verify)))
 
 
 def audit_host(name: str, settings: Settings, reads: tuple, answers: dict, templates: tuple = (),
@@ -124,7 +128,7 @@ def audit_host(name: str, settings: Settings, reads: tuple, answers: dict, templ
     fact = Answers(reads, answers)
     seen = Seen(name, settings, gather(settings, read=fact.read), fact, templates, verify)
     audit = HostAudit(name)
-    for module in role_audits():
+    for module in role_audits(settings):
         audit.items.update(module.items(seen))
     if fact.unreadable:
         audit.error = "unreadable facts: " + ", ".join(fact.unreadable)

@@ -16,8 +16,9 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.context import ctx_state
 from pyinfra.facts.deb import DebPackages
-from pyinfra.facts.files import File, Sha1File
+from pyinfra.facts.files import File, FileContents, Sha1File
 from pyinfra.operations import apt
+from pyinfra.operations.util.files import generate_color_diff
 
 from . import remote
 from .facts import read
@@ -176,14 +177,35 @@ def put_file(text: str, dest: str, mode: str = "644"):
     A file with this content and mode already is left as it is; pyinfra's
     ``files.put`` would upload through a temporary name anyone can foresee.
     """
+    yield from put_text(text, dest, mode)
+
+
+def put_text(text: str, dest: str, mode: str = "644"):
+    """The commands that put ``text`` into ``dest`` (``put_file``), for an operation whose
+    text is made when it runs; none, with a no-op message, when the file is already so."""
     digest = hashlib.sha1(text.encode()).hexdigest()
     found = read(File, path=dest)
     if found and read(Sha1File, path=dest) == digest and f"{found.get('mode')}" == mode.lstrip("0"):
         host.noop(f"{dest} is up to date")
         return
+    show_diff(dest, text)
     yield remote.argv("install", "-d", "-m", "755", "--", str(Path(dest).parent))
     yield from private_upload(text, f"{dest}.new")
     yield f"{remote.argv('chmod', mode, '--', f'{dest}.new')} && {durable_rename(f'{dest}.new', dest)}"
+
+
+def show_diff(path: str, text: str, mask=None) -> None:
+    """With ``--diff``, print how the file at ``path`` becomes ``text``, as pyinfra's files.put
+    does (the file is read only then); ``mask`` hides a secret in both."""
+    if not getattr(getattr(host.state, "config", None), "DIFF", False):
+        return
+    current = read(FileContents, path=path)
+    mask = mask or (lambda t: t)
+    host.log(f"Will {'modify' if current else 'create'} {path}", logger.info)
+    old = [line + "\n" for line in mask("\n".join(current or [])).splitlines()]
+    for line in generate_color_diff(old, mask(text).splitlines(keepends=True)):
+        logger.info("  %s", line)
+    logger.info("")
 
 
 def executing() -> bool:

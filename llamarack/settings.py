@@ -33,6 +33,7 @@ from typing import Any, Callable, Literal, Mapping, Optional
 from .errors import SettingsError
 from .layout import Layout
 from .roles.driver.settings import DriverSettings
+from .roles.gateway.settings import GatewaySettings
 from .roles.llamacpp.settings import LlamacppSettings
 from .roles.model.settings import ModelSettings
 from .roles.python_env.settings import PythonEnvSettings
@@ -41,7 +42,10 @@ from .roles.toolchain.settings import ToolchainSettings
 from .settings_fields import Section, host_path, loopback_url, number_range, out_of_range, setting, shared_dir
 
 # The roles deploy.py runs after preflight, in order (llamarack_roles picks some).
-ROLE_NAMES = ("driver", "toolchain", "python_env", "llamacpp", "converter_env", "model", "server")
+ROLE_NAMES = ("driver", "toolchain", "python_env", "llamacpp", "converter_env", "model", "server", "gateway")
+
+# The inventory group of the gateways: its hosts run preflight's read and the gateway role only.
+GATEWAY_GROUP = "gateways"
 
 
 def _role_name(value: str) -> Optional[str]:
@@ -133,10 +137,18 @@ class Settings:
     llamacpp: LlamacppSettings
     model: ModelSettings
     server: ServerSettings
+    gateway: GatewaySettings
+    groups: tuple = ()
+    """The host's inventory groups (``settings_for``)."""
 
     @property
     def layout(self) -> Layout:
         return self.general.layout
+
+    @property
+    def is_gateway(self) -> bool:
+        """Whether the host is one of group ``gateways``: HAProxy, no llama-server."""
+        return GATEWAY_GROUP in self.groups
 
 
 # Each section: its name on Settings and its class, the general one first, then the
@@ -149,6 +161,7 @@ SECTIONS = {
     "llamacpp": LlamacppSettings,
     "model": ModelSettings,
     "server": ServerSettings,
+    "gateway": GatewaySettings,
 }
 ROLE_SETTINGS = tuple(SECTIONS.values())
 
@@ -386,13 +399,13 @@ def _warn_unknown(host_name: str, keys, known) -> None:
                 f"{host_name}: {key!r} is no llamarack setting and is ignored; did you mean {like!r}?")
 
 
-def load_settings(host_name: str, data: Mapping[str, Any]) -> Settings:
+def load_settings(host_name: str, data: Mapping[str, Any], groups: tuple = ()) -> Settings:
     """Build one host's settings from its data (inventory + group data).
 
     Keys that do not start with a llamarack role prefix belong to pyinfra or
     the user and are ignored. A key with a role prefix that names no setting
     is an error (most likely a typo), as is any value of the wrong type.
-    All problems of a host are reported together.
+    All problems of a host are reported together. ``groups``: the host's inventory groups.
     """
     infos = all_settings()
     by_key = {info.key: info for info in infos}
@@ -424,9 +437,9 @@ def load_settings(host_name: str, data: Mapping[str, Any]) -> Settings:
     problems += _plain_http_problems(sections) + _shared_dir_problems(sections)
     if problems:
         raise SettingsError(host_name, problems)
-    return Settings(host=host_name, **sections)
+    return Settings(host=host_name, groups=tuple(groups), **sections)
 
 
 def settings_for(host) -> Settings:
     """The one place that reads pyinfra host data: build the current host's settings."""
-    return load_settings(host.name, host.data.dict())
+    return load_settings(host.name, host.data.dict(), tuple(getattr(host, "groups", None) or ()))

@@ -25,4 +25,11 @@ deploy uses a role the way ``deploy.py`` does:
 """
 
 # The roles, in the order deploy.py runs them.
-ROLES = ("preflight", "driver", "toolchain", "python_env", "llamacpp", "model", "server")
+ROLES = ("preflight", "driver", "toolchain", "python_env", "llamacpp", "model", "server", "gateway")
+# What a host of the inventory group ``gateways`` runs after preflight's read, and is audited for.
+GATEWAY_ROLES = ("gateway",)
+
+
+def host_roles(settings) -> tuple:
+    """The roles a host runs and is audited for: a gateway's (``GATEWAY_ROLES``), else all."""
+    return GATEWAY_ROLES if settings.is_gateway else ROLES

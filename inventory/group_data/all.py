@@ -17,7 +17,7 @@ llamarack_root = '/opt/llamarack'
 # system user that runs llama-server (not root)
 llamarack_service_user = 'llamarack'
 
-# run only these roles, e.g. server,model (preflight always runs): driver, toolchain, python_env, llamacpp, converter_env, model, server; None runs them all
+# run only these roles, e.g. server,model (preflight always runs): driver, toolchain, python_env, llamacpp, converter_env, model, server, gateway; None runs them all
 llamarack_roles = None
 
 # True allows plain http:// sources (git, pip indexes, conda, the hub and its token, model_url): the hosts reach them over a closed network no one else can read or change, as the lab's bridge; False needs https:// (http:// to a loopback address is allowed either way)
@@ -274,6 +274,38 @@ server_draft_gpu_layers = None
 
 # llama-bench (pp512, tg128, the served flags) after a new build or model, recorded in <root>/state/bench.json: stopped (llama-server is stopped for it and started again), beside (while it serves: the card is shared, the figures are lower), off
 server_bench = 'stopped'
+
+# --- gateway: HAProxy in front of the rack: one endpoint for every serving unit (hosts of group gateways).
+
+# TCP port of the rack's one endpoint (OpenAI API and /completion)
+gateway_port = 8000
+
+# address the endpoint listens on (0.0.0.0: every IPv4 interface, :: every interface)
+gateway_bind = '0.0.0.0'
+
+# PEM file on the gateway host holding the certificate, its chain and its key (HAProxy's crt): set, the endpoint speaks TLS only; None: plain HTTP
+gateway_tls_cert_file = None
+
+# pass-through: the gateway forwards the Authorization header and each llama-server checks the rack's key (server_api_key_file) itself; checked: the gateway also answers 401 to a request without that key, before it reaches a backend
+gateway_api_key = 'pass-through'
+
+# TCP port of HAProxy's own Prometheus endpoint (/metrics) and stats page (/stats)
+gateway_stats_port = 8404
+
+# seconds a unit has to answer the hang check (GET /slots waits for llama-server's main loop): more than one batch's prefill on the slowest card
+gateway_check_timeout = 20
+
+# seconds a backend may stay silent on a request (a long generation that does not stream sends nothing until it ends)
+gateway_request_timeout = 900
+
+# install Debian's prometheus on the gateway, scraping the rack, with llamarack's alert rules
+gateway_prometheus = False
+
+# install Debian's prometheus-node-exporter on this host (a serving host or a gateway); the gateway's target list names each host where it is set
+gateway_node_exporter = False
+
+# alert when a unit generates at less than this fraction of its llama-bench tg128 record (llamacpp:predicted_tokens_seconds, while it generates)
+gateway_slow_fraction = 0.5
 
 # --- pyinfra: how pyinfra connects to the hosts (llamarack/ssh.py says why).
 

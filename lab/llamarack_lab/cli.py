@@ -27,14 +27,16 @@ def lab() -> None:
               help="profiles, e.g. v100-16gb,v100-16gb,v100-32gb,t4 or v100-16gb*2")
 @click.option("--driver-version", default=deb.DEFAULT_VERSION, show_default=True,
               help="fake NVIDIA driver installed on GPU hosts")
-def up(n, gpus, driver_version):
-    """Start a rack of N hosts (default: the 4-host default rack)."""
+@click.option("--gateway/--no-gateway", default=True, show_default=True,
+              help="boot the gateway host lab-gw (HAProxy, group gateways) after the serving hosts")
+def up(n, gpus, driver_version, gateway):
+    """Start a rack of N serving hosts (default: the 4-host default rack) and its gateway."""
     try:
-        rack = rackmod.up(n, gpus, driver_version)
+        rack = rackmod.up(n, gpus, driver_version, gateway=gateway)
     except (LabError, ValueError) as e:
         _fail(e)
     for h in rack.hosts:
-        click.echo(f"{h.name:16} {h.ip:12} {h.profile}")
+        click.echo(f"{h.name:16} {h.ip:12} {'gateway' if h.gateway else h.profile}")
     click.echo(f"inventory: {rack.inventory_path}")
 
 

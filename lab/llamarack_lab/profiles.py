@@ -83,6 +83,11 @@ PROFILES: dict[str, Profile] = {p.name: p for p in [
 
 DEFAULT_PROFILES = ["v100-16gb", "v100-16gb", "v100-32gb", "t4"]
 
+# The rack's gateway (HAProxy; inventory group `gateways`): a host without GPU, at the
+# address after the serving hosts'.
+GATEWAY_HOST = "lab-gw"
+GATEWAY_HOST_PROFILE = "none"
+
 
 def host_ip(index: int) -> str:
     return str(SUBNET.network_address + FIRST_HOST_OCTET + index)
@@ -149,6 +154,11 @@ def host_names(profiles: list[str]) -> list[str]:
 def rack_spec(profiles: list[str]) -> list[tuple[str, str, str]]:
     """[(name, profile, ip)] for a list of profiles."""
     return [(n, p, host_ip(i)) for i, (n, p) in enumerate(zip(host_names(profiles), profiles))]
+
+
+def gateway_spec(serving: int) -> tuple[str, str, str]:
+    """(name, profile, ip) of the gateway of a rack of ``serving`` hosts: the next address."""
+    return (GATEWAY_HOST, GATEWAY_HOST_PROFILE, host_ip(serving))
 
 
 def gpus_json(host: str, profile: str) -> list[dict]:

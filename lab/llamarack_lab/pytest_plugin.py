@@ -87,7 +87,17 @@ class LabRack:
 
     @property
     def hosts(self) -> list[rackmod.LabHost]:
+        """The serving hosts (what most tests deploy and ask for completions)."""
+        return self.rack.serving
+
+    @property
+    def all_hosts(self) -> list[rackmod.LabHost]:
+        """Every host, the gateway included."""
         return self.rack.hosts
+
+    @property
+    def gateways(self) -> list[rackmod.LabHost]:
+        return [h for h in self.rack.hosts if h.gateway]
 
     @property
     def inventory_path(self) -> Path:

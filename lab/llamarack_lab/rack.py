@@ -27,6 +27,8 @@ class LabHost:
     name: str
     ip: str
     profile: str
+    gateway: bool = False
+    """The rack's gateway (inventory group `gateways`: HAProxy, no llama-server)."""
 
 
 class Rack:
@@ -38,7 +40,13 @@ class Rack:
 
     @property
     def hosts(self) -> list[LabHost]:
-        return [LabHost(h["name"], h["ip"], h["profile"]) for h in self.data["hosts"]]
+        """Every host of the rack, the gateway included."""
+        return [LabHost(h["name"], h["ip"], h["profile"], h.get("gateway", False)) for h in self.data["hosts"]]
+
+    @property
+    def serving(self) -> list[LabHost]:
+        """The hosts that serve a model (all but the gateway)."""
+        return [h for h in self.hosts if not h.gateway]
 
     @property
     def key_path(self) -> Path:
@@ -146,13 +154,19 @@ def _write_inventory(rack: Rack) -> None:
     lines += ["    ],",
               f"    dict({data!r}, ssh_paramiko_connect_kwargs=PARAMIKO_CONNECT_KWARGS),",
               ")", ""]
+    gateways = [h["name"] for h in rack.data["hosts"] if h.get("gateway")]
+    if gateways:  # HAProxy in front of the others: preflight's read and the gateway role only
+        lines += [f"gateways = {gateways!r}", ""]
     rack.inventory_path.write_text("\n".join(lines))
 
 
 def up(n: int | None = None, gpus: str | None = None,
-       driver_version: str = deb.DEFAULT_VERSION, boot_timeout: float = 90) -> Rack:
-    """Start a rack; on any failure, tear down what was started and raise."""
+       driver_version: str = deb.DEFAULT_VERSION, boot_timeout: float = 90, gateway: bool = True) -> Rack:
+    """Start a rack (N serving hosts, and with ``gateway`` the gateway host after them);
+    on any failure, tear down what was started and raise."""
     spec = profiles.rack_spec(profiles.rack_profiles(n, gpus))
+    if gateway:
+        spec.append(profiles.gateway_spec(len(spec)))
     deb.check_version(driver_version)
     _check_machine()
     sd = paths.state_dir()
@@ -204,7 +218,8 @@ def _up(rack: Rack, spec, driver_version: str, boot_timeout: float) -> None:
     progress(f"starting {len(spec)} hosts")
     for i, (name, profile, ip) in enumerate(spec):
         hdir = sd / "hosts" / name
-        h = {"name": name, "ip": ip, "profile": profile, "dir": str(hdir)}
+        h = {"name": name, "ip": ip, "profile": profile, "dir": str(hdir),
+             "gateway": name == profiles.GATEWAY_HOST}
         rack.data["hosts"].append(h)
         root = hostmod.make_overlay(hdir, lower)
         h["root"] = str(root)

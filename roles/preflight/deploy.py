@@ -6,7 +6,7 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 from pyinfra.facts.server import LinuxDistribution
 
-from llamarack.facts import read, read_together
+from llamarack.facts import FactRead, read, read_together
 from llamarack import __version__
 from llamarack.operations import record_deployment, record_gpus, refuse
 from llamarack.rules import HostFacts, driver_warnings, evaluate
@@ -29,18 +29,12 @@ def preflight(settings: Settings) -> Optional[HostFacts]:
     # One remote command for every fact the rules and the roles that run will read
     # (reads.py); they answer from it until an operation on this host changes something.
     read_together(*preflight_reads(settings), *role_reads(settings))
-    distro = read(LinuxDistribution)
-    if distro.get("name") not in ("Debian", "Ubuntu"):
-        failures = [f"{host.name}: os: found {distro.get('name')}; needed Debian or Ubuntu "
-                    "(apt, systemd). Fix: use a Debian or Ubuntu host"]  # fmt: skip
-    else:
+    failures = _os_failures()
+    if not failures:
         facts = gather(settings)
         failures = [f.message(host.name) for f in evaluate(settings, facts)]
-
     if failures:
-        for message in failures:
-            logger.error(message)
-        refuse(name="Preflight refused this host", reason="\n".join(failures))
+        _refuse(failures)
         return None
 
     for warning in driver_warnings(facts.driver):
@@ -49,6 +43,36 @@ def preflight(settings: Settings) -> Optional[HostFacts]:
         record_gpus(name="Record the GPUs the driver lists", path=settings.layout.gpus_record,
                     gpus=facts.driver.gpus, recorded=facts.recorded_gpus)  # fmt: skip
     return facts
+
+
+def _os_failures() -> list[str]:
+    distro = read(LinuxDistribution)
+    if distro.get("name") in ("Debian", "Ubuntu"):
+        return []
+    return [f"{host.name}: os: found {distro.get('name')}; needed Debian or Ubuntu "
+            "(apt, systemd). Fix: use a Debian or Ubuntu host"]  # fmt: skip
+
+
+def _refuse(failures: list[str]) -> None:
+    for message in failures:
+        logger.error(message)
+    refuse(name="Preflight refused this host", reason="\n".join(failures))
+
+
+@deploy("llamarack preflight (gateway)")
+def gateway_preflight(settings: Settings) -> bool:
+    """
+    Preflight of a gateway (a host of group ``gateways``: HAProxy, no llama-server): the
+    gateway role's facts in one read, and the OS check; no GPU, driver or toolkit rule
+    applies. Returns whether the host may be changed.
+
+    + settings: the host's settings
+    """
+    read_together(FactRead.of(LinuxDistribution), *role_reads(settings))
+    failures = _os_failures()
+    if failures:
+        _refuse(failures)
+    return not failures
 
 
 @deploy("llamarack deployed")

@@ -22,7 +22,7 @@ from pyinfra.facts.server import LinuxDistribution
 
 from llamarack.facts import FactRead, read
 from llamarack.facts.ownership import PathOwners
-from llamarack.roles import ROLES
+from llamarack.roles import host_roles
 from llamarack.roles.driver.reads import (CharDevices, MigStates, NvidiaDriverPackages, NvidiaKernelLog,
                                           NvidiaKernelModule, NvidiaPciCards, NvidiaSmi, RecordedGpus)
 from llamarack.roles.server.reads import SystemGroup, SystemUser
@@ -93,7 +93,7 @@ def role_reads(settings: Settings) -> tuple[FactRead, ...]:
     """What the roles that run on this host read on a converged host, each role's part
     (``roles/<role>/reads.py``: ``reads(settings)``) in deploy.py's order."""
     found: list[FactRead] = []
-    for role in ROLES:
+    for role in host_roles(settings):
         module = importlib.import_module(f"llamarack.roles.{role}.reads")
         if hasattr(module, "reads"):
             found += module.reads(settings)

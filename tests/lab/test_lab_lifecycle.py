@@ -18,7 +18,7 @@ def test_up_reboot_down_leaves_no_trace():
     errors = None
     try:
         rack = rackmod.up(gpus="t4,none")
-        assert [h.name for h in rack.hosts] == ["lab-t4", "lab-cpu"]
+        assert [(h.name, h.gateway) for h in rack.hosts] == [("lab-t4", False), ("lab-cpu", False), ("lab-gw", True)]
         assert all(h["alive"] and h["ssh"] for h in rackmod.status())
         # a reboot from inside: nspawn exits 133, the supervisor boots it again
         uptime_before = rack.ssh("lab-cpu", "cat /proc/uptime").stdout

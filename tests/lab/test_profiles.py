@@ -43,7 +43,9 @@ def test_gpu_json_values():
 def test_committed_inventory_matches_default_rack():
     inv = runpy.run_path(str(INVENTORY))
     hosts, data = inv["lab"]
+    gateway, _, gateway_ip = profiles.gateway_spec(len(DEFAULT_RACK))
     assert [(n, d["ssh_hostname"]) for n, d in hosts] == [
-        (n, profiles.host_ip(i)) for i, (n, _) in enumerate(DEFAULT_RACK)]
+        (n, profiles.host_ip(i)) for i, (n, _) in enumerate(DEFAULT_RACK)] + [(gateway, gateway_ip)]
+    assert [n for n, _ in inv["gateways"]] == ["lab-gw"] and gateway_ip == "10.77.0.15"
     expected = dict(LAB_GROUP_DATA, ssh_key=f"{paths.DEFAULT_STATE_DIR}/id_ed25519")
     assert data == expected

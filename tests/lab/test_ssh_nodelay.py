@@ -37,7 +37,7 @@ def test_connections_have_tcp_nodelay(lab_rack, inventory):
     path = ROOT / "inventory/lab.py" if inventory == "repo" else lab_rack.inventory_path
     found = nodelay_by_host(path)
     if inventory == "rack":
-        assert sorted(found) == sorted(h.name for h in lab_rack.hosts)
+        assert sorted(found) == sorted(h.name for h in lab_rack.all_hosts)
     assert found and all(found.values()), found
 
 

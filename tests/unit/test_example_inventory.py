@@ -39,7 +39,7 @@ def test_lab_inventory_is_valid_for_every_host():
     """The lab's inventory, as pyinfra reads it: its plain http sources are allowed by
     llamarack_trusted_network alone (the lab's closed bridge)."""
     hosts = inventory_data("inventory/lab.py")
-    assert sorted(hosts) == ["lab-t4", "lab-v100-32", "lab-v100-a", "lab-v100-b"]
+    assert sorted(hosts) == ["lab-gw", "lab-t4", "lab-v100-32", "lab-v100-a", "lab-v100-b"]
     for name, data in hosts.items():
         s = load_settings(name, data)
         assert s.general.trusted_network and s.model.hf_endpoint.startswith("http://")
