@@ -61,7 +61,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -109,9 +108,10 @@ class Options:
 
 
 def server_name(host: str, index: int) -> str:
-    """The unit's server in the gateway's backend: ``<host>_<index>``, the host's inventory
-    name with every character outside [A-Za-z0-9_.-] replaced by ``_``."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", host) + f"_{int(index)}"
+    """A unit's server in the gateway's backend: the gateway role's own name for it."""
+    from llamarack.roles.gateway.plan import server_name as gateway_name
+
+    return gateway_name(host, index)
 
 
 def batches(serving: list, canary: Optional[str], size: int) -> list:
