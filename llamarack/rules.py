@@ -441,26 +441,30 @@ def rule_gpus_whole(s: Settings, facts: HostFacts) -> Optional[Failure]:
     )
 
 
-def rule_gpus_missing(s: Settings, facts: HostFacts) -> Optional[Failure]:
-    """Every recorded card is still listed: one dropped by the driver or fallen off
-    the bus would otherwise vanish from the plan without a word."""
+def missing_gpus(facts: HostFacts) -> tuple:
+    """The recorded cards the driver no longer lists while it lists others (fallen off the
+    bus, removed, or dropped beside a card it still lists), less those a driver too new for
+    them hides (``driver-ceiling`` names those). () when the driver lists no card at all:
+    the driver rules and ``gpus-present`` speak then."""
     if facts.driver.state != "ok" or not facts.driver.gpus:
-        return None  # no list at all: the driver rules and gpus-present speak
+        return ()
     listed = {g.uuid for g in facts.driver.gpus}
     _, explained = legacy_gpus_past_ceiling(facts)
     explained_ids = {g.uuid for g in explained}
-    missing = [g for g in facts.recorded_gpus if g.uuid not in listed and g.uuid not in explained_ids]
+    return tuple(g for g in facts.recorded_gpus if g.uuid not in listed and g.uuid not in explained_ids)
+
+
+def missing_gpus_warning(s: Settings, facts: HostFacts) -> Optional[str]:
+    """What preflight says of cards recorded at an earlier run and gone now: the deploy goes
+    on with the cards listed (the server role retires a gone card's unit, and a card that
+    comes back gets its unit again); the record keeps them until they return or it is deleted."""
+    missing = missing_gpus(facts)
     if not missing:
         return None
-    return Failure(
-        "gpus-missing",
-        "recorded GPU(s) not listed by nvidia-smi now: "
-        + ", ".join(f"{g.name} ({g.uuid})" for g in missing)
-        + "; listed: " + ", ".join(g.name for g in facts.driver.gpus),
-        "every GPU recorded at an earlier run listed by the driver",
-        "check the card is seated and bound to the nvidia driver (dmesg | grep NVRM); if it was "
-        f"removed on purpose, delete {s.layout.gpus_record} so llamarack records the cards listed now",
-    )
+    return ("recorded GPU(s) not listed by nvidia-smi now: " + ", ".join(f"{g.name} ({g.uuid})" for g in missing)
+            + "; listed: " + ", ".join(g.name for g in facts.driver.gpus) + ". Serving from the cards listed "
+            "(a gone card's unit retires until it is back). Check the card is seated and bound to the nvidia "
+            f"driver (dmesg | grep NVRM); if it was removed on purpose, delete {s.layout.gpus_record}")  # fmt: skip
 
 
 def rule_gpus_known(s: Settings, facts: HostFacts) -> Optional[Failure]:
@@ -649,7 +653,6 @@ RULES: tuple[Rule, ...] = (
     rule_gpus_readable,
     rule_gpus_present,
     rule_gpus_whole,
-    rule_gpus_missing,
     rule_gpus_known,
     rule_build_covers_gpus,
     rule_toolkit_targets_archs,

@@ -9,7 +9,7 @@ from pyinfra.facts.server import LinuxDistribution
 from llamarack.facts import FactRead, read, read_together
 from llamarack import __version__
 from llamarack.operations import record_deployment, record_gpus, refuse
-from llamarack.rules import HostFacts, driver_warnings, evaluate
+from llamarack.rules import HostFacts, driver_warnings, evaluate, missing_gpus, missing_gpus_warning
 from llamarack.settings import Settings
 
 from .reads import DeployedBy, gather, preflight_reads, role_reads
@@ -39,9 +39,13 @@ def preflight(settings: Settings) -> Optional[HostFacts]:
 
     for warning in driver_warnings(facts.driver):
         logger.warning(f"{host.name}: nvidia-smi: {warning}")
+    gone = missing_gpus_warning(settings, facts)
+    if gone:
+        logger.warning(f"{host.name}: gpus-missing: {gone}")
     if facts.driver.gpus:
+        # The cards gone since an earlier run stay recorded: the warning stands until they are back.
         record_gpus(name="Record the GPUs the driver lists", path=settings.layout.gpus_record,
-                    gpus=facts.driver.gpus, recorded=facts.recorded_gpus)  # fmt: skip
+                    gpus=tuple(facts.driver.gpus) + missing_gpus(facts), recorded=facts.recorded_gpus)  # fmt: skip
     return facts
 
 

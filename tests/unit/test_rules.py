@@ -9,7 +9,7 @@ from llamarack.roles.toolchain.reads import CudaToolkit, GccInstall
 from llamarack.roles.driver.reads import DebPackage
 from llamarack.roles.driver.reads import DriverState, Gpu, KernelModule, NvidiaSmi
 from llamarack.roles.driver.reads import NvidiaDriverPackages
-from llamarack.rules import RULES, HostFacts, choose_host_compiler, driver_floor, driver_warnings, evaluate, package_driver_version
+from llamarack.rules import RULES, HostFacts, choose_host_compiler, driver_floor, driver_warnings, evaluate, package_driver_version, missing_gpus, missing_gpus_warning
 from llamarack.settings import load_settings
 
 V100 = Gpu(0, "Tesla V100-SXM2-16GB", "GPU-1", 16384, "7.0", "550.127.05")
@@ -45,7 +45,7 @@ def test_reference_v100_host_passes_every_rule():
 
 
 def test_every_rule_is_in_the_table_once():
-    assert len(set(RULES)) == len(RULES) == 15
+    assert len(set(RULES)) == len(RULES) == 14
 
 
 # driver-installed / module / mismatch
@@ -331,13 +331,15 @@ def test_mixed_host_names_the_dropped_v100_and_the_ceiling():
     assert "Tesla V100" in failures[0].found and "595.45.04" in failures[0].found
 
 
-def test_recorded_card_missing_is_refused_unless_the_record_is_deleted():
+def test_a_recorded_card_gone_is_named_and_the_host_serves_from_the_cards_left():
     v100b = Gpu(1, "Tesla V100-SXM2-16GB", "GPU-gone", 16384, "7.0", "")
     facts = host(recorded_gpus=(V100, v100b))
-    failure = evaluate(settings(), facts)[0]
-    assert failure.rule == "gpus-missing" and "GPU-gone" in failure.found
-    assert "delete /opt/llamarack/state/gpus.json" in failure.fix
-    assert evaluate(settings(), host(recorded_gpus=())) == []  # the record deleted: the live list stands
+    assert evaluate(settings(), facts) == []  # not a refusal: the gone card's unit retires
+    assert missing_gpus(facts) == (v100b,)
+    warning = missing_gpus_warning(settings(), facts)
+    assert warning.startswith("recorded GPU(s) not listed by nvidia-smi now: Tesla V100-SXM2-16GB (GPU-gone)")
+    assert "delete /opt/llamarack/state/gpus.json" in warning
+    assert missing_gpus_warning(settings(), host(recorded_gpus=())) is None  # the record deleted: the live list stands
 
 
 def test_mig_a100_passes():
