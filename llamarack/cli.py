@@ -67,7 +67,9 @@ def settings(form):
 @click.option("--verify", is_flag=True,
               help="recompute the sha256 of the served model.gguf and of every sealed file of the current build")
 @click.option("--debug", is_flag=True, help="the debug log on stderr (each remote command)")
-def audit(inventory, limit, as_json, templates, verify, debug):
+@click.option("--data", multiple=True, metavar="KEY=VALUE",
+              help="host data, as the deploy's pyinfra --data gave it (the settings to compare with)")
+def audit(inventory, limit, as_json, templates, verify, debug, data):
     """Compare what each host runs with what its settings would deploy.
 
     One remote command per host, all hosts in parallel; nothing is changed.
@@ -84,7 +86,7 @@ def audit(inventory, limit, as_json, templates, verify, debug):
         logging.basicConfig(level=logging.DEBUG, format="%(message)s")
     else:
         logging.getLogger("pyinfra").setLevel(logging.CRITICAL)  # connection chatter; failures are in the report
-    audits = _audits(inventory, limit, templates, verify)
+    audits = _audits(inventory, limit, templates, verify, data)
     from . import audit as auditmod
 
     if as_json:
@@ -94,8 +96,8 @@ def audit(inventory, limit, as_json, templates, verify, debug):
     sys.exit(auditmod.exit_status(audits))
 
 
-def _audits(inventory, limit, templates, verify=False) -> list:
-    """The audit of each host of ``inventory`` (``--limit``: those only)."""
+def _audits(inventory, limit, templates, verify=False, data=()) -> list:
+    """The audit of each host of ``inventory`` (``--limit``: those only; ``data``: --data items)."""
     from . import hosts  # first: pyinfra's gevent patching, before anything imports ssl
 
     from pathlib import Path
@@ -105,7 +107,7 @@ def _audits(inventory, limit, templates, verify=False) -> list:
     if templates is None and Path("templates").is_dir():
         templates = "templates"
     try:
-        chosen = hosts.load(inventory, tuple(limit))
+        chosen = hosts.load(inventory, tuple(limit), hosts.parse_data(tuple(data)) or None)
     except ValueError as e:
         raise click.UsageError(str(e))
     return auditmod.run(chosen, (Path(templates).resolve(),) if templates else (), verify)

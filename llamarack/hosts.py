@@ -42,6 +42,19 @@ def load(inventory: str, limit: tuple = (), data: dict | None = None) -> list:
     return [h for h in inventory_obj if not limit or h.name in limit]
 
 
+def parse_data(items: tuple) -> dict:
+    """``--data KEY=VALUE`` items as pyinfra's CLI reads them."""
+    from pyinfra_cli.util import parse_cli_arg
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--data {item!r}: not KEY=VALUE")
+        out[key] = parse_cli_arg(value)
+    return out
+
+
 @dataclass
 class Reply:
     """What one host's command gave: whether it exited 0, and its output lines, or

@@ -280,10 +280,10 @@ class Rollout:
             failed += [n for n in todo if self.journal.state(n) == "failed"]
             if failed and (number == 0 or len(failed) >= self.options.max_fail):
                 left = [n for b in self.journal.data["order"] for n in b if self.journal.state(n) == "pending"]
-                self.echo(f"rollout stopped: {', '.join(failed)} failed and stay drained; "
+                self.echo(f"rollout stopped: {', '.join(failed)} failed (left drained); "
                           f"untouched: {', '.join(left) or 'none'}; go on with --resume")
                 return len(failed)
-        self.echo(f"rollout done{': ' + ', '.join(failed) + ' failed and stay drained' if failed else ''}")
+        self.echo(f"rollout done{': ' + ', '.join(failed) + ' failed (left drained)' if failed else ''}")
         return len(failed)
 
     def roll(self, name: str) -> None:
@@ -400,22 +400,9 @@ def why_of(reply) -> str:
     return " / ".join(words[-3:]) or "it failed without a word"
 
 
-def parse_data(items: tuple) -> dict:
-    """``--data KEY=VALUE`` items as pyinfra's CLI reads them."""
-    from pyinfra_cli.util import parse_cli_arg
-
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--data {item!r}: not KEY=VALUE")
-        out[key] = parse_cli_arg(value)
-    return out
-
-
 def rack(inventory: str, data: tuple) -> tuple:
     """(serving hosts {name: Host} in inventory order, gateway hosts) of ``inventory``."""
-    loaded = hostsmod.load(inventory, (), parse_data(data) or None)
+    loaded = hostsmod.load(inventory, (), hostsmod.parse_data(data) or None)
     gateways = [h for h in loaded if GATEWAYS in h.groups]
     return {h.name: h for h in loaded if GATEWAYS not in h.groups}, gateways
 

@@ -390,8 +390,6 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     retired = _retired(settings, found, wanted, cards)
     if retired:
         yield StringCommand(retire_script(settings, retired))
-    if recorded is None or "\n".join(recorded) + "\n" != record:
-        yield from put_record(layout.units_record, record)
     for step in steps:
         if step.remade:
             host.log(f"{model_dir} was sealed after {step.want.ref.name} started: restarting it", logger.info)
@@ -400,7 +398,11 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     switching = [step for step in steps if not step.held and step.switch(key_changed)]
     if switching:
         yield from _switch_to(settings, switching)
-    elif not any(step.held for step in steps):
+    # After the switch: one that failed (and rolled back) stops here, and the record
+    # keeps naming the units that serve.
+    if recorded is None or "\n".join(recorded) + "\n" != record:
+        yield from put_record(layout.units_record, record)
+    if not switching and not any(step.held for step in steps):
         # A pin that holds nothing (the unit in place is the one the settings want) is left
         # as it is: nothing to change, and the next switch releases it.
         host.noop(_serves(model_dir, build_dir, chosen, steps))

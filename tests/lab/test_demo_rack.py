@@ -71,7 +71,7 @@ def test_a_converged_run_reads_each_fact_once_in_a_few_commands(lab_rack):
         assert 0 < seen["remote_commands"] <= MAX_REMOTE_COMMANDS, (host, seen)
         assert seen["facts_read_more_than_once"] == {}, (host, seen)
         # what the roles check is still read, through the one store
-        for fact in ("PythonEnvPackages", "NvidiaDriverPackages", "Sha1File", "UnitState", "SystemUser"):
+        for fact in ("PythonEnvPackages", "NvidiaDriverPackages", "Sha1File", "ServedUnits", "SystemUser"):
             assert any(fact in line and f"[{host}]" in line for line in out.splitlines()), (host, fact)
 
 
@@ -151,7 +151,7 @@ def test_a_model_edited_in_place_is_remade_and_served_never_the_edit(lab_rack):
     assert rc == 1 and report["hosts"][host]["drift"] == ["model"], report
     rc, out = deploying.deploy(lab_rack, host)
     assert rc == 0, out[-6000:]
-    assert "was sealed after llama-server started: restarting it" in out, out[-6000:]
+    assert "was sealed after llamarack-server.service started: restarting it" in out, out[-6000:]
     assert deploying.sh(lab_rack, host, f"sha256sum {gguf}").split()[0] == sealed
     assert deploying.sh(lab_rack, host, "ls -A /opt/llamarack/models/.staging") == ""
     assert completion(lab_rack.rack.host(host)["ip"], 4)["tokens_predicted"] == 4

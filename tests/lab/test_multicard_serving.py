@@ -64,9 +64,11 @@ def completes(lab_rack, port: int) -> None:
         assert json.loads(r.read())["tokens_predicted"] == 4
 
 
-def audit() -> dict:
+def audit(*data: str) -> dict:
+    """The host's audit against the settings the deploy had (``data``: its --data items)."""
     r = subprocess.run([sys.executable, "-m", "llamarack", "audit", str(deploying.ROOT / "inventory/lab.py"), "--json",
-                        "--limit", HOST], cwd=deploying.ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+                        "--limit", HOST, *[w for d in data for w in ("--data", d)]],
+                       cwd=deploying.ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.stdout.strip().startswith("{"), r.stderr[-3000:]
     return json.loads(r.stdout)["hosts"][HOST]
 
@@ -160,8 +162,9 @@ def test_a_unit_the_driver_does_not_list_on_its_card_is_rolled_back(lab_rack):
     before = units(lab_rack)
     assert sorted(before) == ["llamarack-server@0.service", "llamarack-server@1.service"]
     assert all("# llamarack residency: " in u for u in before.values())
-    items = audit()["items"]
+    items = audit(*on)["items"]
     assert not items["residency@0"].get("drift") and not items["residency@1"].get("drift"), items
+    assert items["residency@1"]["found"]["cards"] == [lab_rack.cards(HOST)[1]["uuid"]], items
     lab_rack.hide_gpu_processes(HOST, units=("llamarack-server@1.service",))
     try:
         rc, out = deploying.deploy(lab_rack, HOST, *on, "server_parallel=2")
@@ -171,7 +174,8 @@ def test_a_unit_the_driver_does_not_list_on_its_card_is_rolled_back(lab_rack):
         assert after["llamarack-server@1.service"] == before["llamarack-server@1.service"]  # the previous one
         assert "--parallel 2 " in exec_start(after["llamarack-server@0.service"])  # its card lists it: switched
         completes(lab_rack, 8081)
-        assert audit()["items"]["residency@1"].get("drift")
+        found = audit(*on)["items"]["residency@1"]
+        assert found.get("drift") and found["found"]["why"].startswith("CPU fallback"), found
     finally:
         lab_rack.hide_gpu_processes(HOST, hide=False)
     deploy(lab_rack, *on, "server_parallel=2")

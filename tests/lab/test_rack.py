@@ -31,7 +31,7 @@ find /etc /opt /usr/local -xdev -printf '%p %y %m %U:%G %T@ %s %l\n' | sort
 find /etc /opt /usr/local -xdev -type f -exec md5sum {} + | sort -k2
 dpkg -l | sort
 systemctl list-units --all --no-legend --plain |
-  awk '$3 ~ /^(active|inactive|failed)$/ {print $1, $2, $3, ($1 ~ /[.]timer$/ ? "" : $4)}' | sort
+  awk '$3 ~ /^(active|inactive|failed)$/ && $1 !~ /^run-credentials-/ {print $1, $2, $3, ($1 ~ /[.]timer$/ ? "" : $4)}' | sort
 systemctl list-unit-files --no-legend | sort
 """
 
