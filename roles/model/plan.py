@@ -34,6 +34,7 @@ from llamarack.layout import Layout
 from llamarack.settings import Settings
 
 from .files.model_fetch import url_shown
+from .files.model_quality import KV_TYPES
 from .hub import HubFile, HubListing, repo_path_problem
 
 
@@ -439,3 +440,32 @@ def plan_model(settings: Settings, listing: Optional[HubListing] = None) -> Mode
         **options,
     )
 
+
+
+def quality_summary(quality) -> Optional[str]:
+    """An artifact record's ``quality`` as one line (the audit, ``llamarack plan``): the f16
+    GGUF's perplexity, and per KV type the quant's perplexity and mean KL divergence against
+    it; None when the artifact was not measured."""
+    if not isinstance(quality, dict):
+        return None
+    number = (int, float)
+    base, kvs = quality.get("f16") or {}, quality.get("kv") or {}
+    parts = [f"f16 GGUF PPL {base['ppl']:.4f}"] if isinstance(base.get("ppl"), number) else []
+    for kv in sorted(kvs, key=lambda k: (k not in KV_TYPES, KV_TYPES.index(k) if k in KV_TYPES else 0, k)):
+        v = kvs[kv]
+        if isinstance(v, dict) and isinstance(v.get("kld"), number):
+            ppl = f"PPL {v['ppl']:.4f}, " if isinstance(v.get("ppl"), number) else ""
+            parts.append(f"{kv} KV: {ppl}KLD {v['kld']:.6f}")
+    if quality.get("missing"):
+        parts.append("not measured: " + ", ".join(str(m) for m in quality["missing"]))
+    return "; ".join(parts) or None
+
+
+def artifact_quality(gguf: str) -> Optional[dict]:
+    """The ``quality`` of the artifact whose GGUF is ``gguf`` (its ``stamp.json`` beside it), or None."""
+    try:
+        with open(Path(gguf).parent / "stamp.json") as f:
+            quality = json.load(f).get("quality")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return quality if isinstance(quality, dict) else None

@@ -286,3 +286,51 @@ def test_calibration_blocks_follow_autoawq():
     assert awq_apply.blocks([100] * 10) == (10, 125, 1000)
     # a paragraph longer than a block is skipped, as AutoAWQ skips it
     assert awq_apply.blocks([100, 900, 100]) == (2, 137, 200)
+
+
+# -- what the audit and llamarack plan show --
+
+MEASURED = {"f16": {"ppl": 12.8765, "ppl_error": 0.9}, "kv": {"q4_0": {"ppl": 13.5, "kld": 0.25},
+            "f16": {"ppl": 13.1, "kld": 0.021345}}, "missing": ["kv q8_0"]}  # fmt: skip
+
+
+def test_quality_summary_is_one_line_in_kv_order():
+    from llamarack.roles.model.plan import quality_summary
+
+    assert quality_summary(MEASURED) == ("f16 GGUF PPL 12.8765; f16 KV: PPL 13.1000, KLD 0.021345; "
+                                         "q4_0 KV: PPL 13.5000, KLD 0.250000; not measured: kv q8_0")
+    assert quality_summary(None) is None and quality_summary({"kv": {}}) is None
+
+
+def test_the_audit_shows_route_and_quality_and_drifts_above_the_bound():
+    from types import SimpleNamespace
+
+    from llamarack.roles.model import audit
+    from llamarack.roles.model.reads import ModelArtifact
+
+    s = settings(model_quality_max_kld=0.1)
+    plan = plan_model(s, LISTING)
+    served = ArtifactState(plan.stamp, 9, 9, {**plan.record(), "gguf": {"size": 9}, "quality": MEASURED})
+
+    def fact(cls, **kwargs):
+        return served if cls is ModelArtifact else None
+
+    item = audit.items(SimpleNamespace(settings=s, fact=fact, verify=False))["model"]
+    assert item.found["route"] == "gguf" and item.found["quality"].startswith("f16 GGUF PPL 12.8765")
+    assert item.wanted["quality"] == "mean KLD at most 0.1" and item.drift
+
+
+def test_plan_shows_the_quality_of_an_artifacts_gguf(tmp_path):
+    from click.testing import CliRunner
+
+    from llamarack.cli import main
+    from tests.unit.test_plan_cli import TINY
+
+    (tmp_path / "model.gguf").write_bytes(TINY.read_bytes())
+    (tmp_path / "stamp.json").write_text(json.dumps({"stamp": "s", "quality": MEASURED}))
+    result = CliRunner().invoke(main, ["plan", str(tmp_path / "model.gguf"), "--gpu", "Tesla T4"])
+    assert result.exit_code == 0, result.output
+    assert "\nquality: f16 GGUF PPL 12.8765; f16 KV: PPL 13.1000, KLD 0.021345" in result.output
+    as_json = json.loads(CliRunner().invoke(main, ["plan", str(tmp_path / "model.gguf"), "--gpu", "Tesla T4",
+                                                   "--json"]).output)  # fmt: skip
+    assert as_json["quality"] == MEASURED
