@@ -51,25 +51,26 @@ def parse_kld(text: str) -> dict | None:
     return {**({"ppl": ppl[0], "ppl_error": ppl[1]} if ppl else {}), "kld": kld[0], "kld_error": kld[1]}
 
 
-def _read(path: str) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return f.read()
-    except OSError:
+def _log(logs: str, name: str) -> str:
+    """A quality run's log in ``logs`` ("" when the run left none)."""
+    path = os.path.join(logs, name)
+    if not os.path.isfile(path):
         return ""
+    with open(path, errors="replace") as f:
+        return f.read()
 
 
 def quality_of(logs: str, text_sha256: str, ctx: int) -> dict:
     """The record's ``quality``: the f16 GGUF's perplexity, and per KV type the served quant's
     perplexity and KL divergence; a run whose log holds no figure is named in ``missing``."""
     quality: dict = {"text_sha256": text_sha256, "ctx": ctx, "kv": {}, "missing": []}
-    base = parse_perplexity(_read(os.path.join(logs, "quality-f16.log")))
+    base = parse_perplexity(_log(logs, "quality-f16.log"))
     if base:
         quality["f16"] = base
     else:
         quality["missing"].append("f16")
     for kv in KV_TYPES:
-        figures = parse_kld(_read(os.path.join(logs, f"quality-kv-{kv}.log")))
+        figures = parse_kld(_log(logs, f"quality-kv-{kv}.log"))
         if figures:
             quality["kv"][kv] = figures
         else:
@@ -112,23 +113,22 @@ def cmd_check(args) -> int:
     return 0
 
 
+# Each command: its function and its options (all required), as (option, type).
+COMMANDS = {
+    "record": (cmd_record, (("--stamp", str), ("--logs", str), ("--text-sha256", str), ("--ctx", int))),
+    "check": (cmd_check, (("--stamp", str), ("--max-kld", float), ("--name", str))),
+}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Record and bound a model artifact's quality (llamarack).")
     sub = parser.add_subparsers(dest="command", required=True)
-    record = sub.add_parser("record", help="add the quality logs' figures to the record")
-    record.add_argument("--stamp", required=True)
-    record.add_argument("--logs", required=True)
-    record.add_argument("--text-sha256", required=True)
-    record.add_argument("--ctx", type=int, required=True)
-    check = sub.add_parser("check", help="exit 1 when a mean KL divergence is above --max-kld")
-    check.add_argument("--stamp", required=True)
-    check.add_argument("--max-kld", type=float, required=True)
-    check.add_argument("--name", required=True)
+    for name, (_, options) in COMMANDS.items():
+        command = sub.add_parser(name)
+        for option, kind in options:
+            command.add_argument(option, type=kind, required=True)
     args = parser.parse_args(argv)
-    if args.command == "record":
-        cmd_record(args)
-        return 0
-    return cmd_check(args)
+    return COMMANDS[args.command][0](args) or 0
 
 
 if __name__ == "__main__":
