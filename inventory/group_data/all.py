@@ -189,7 +189,7 @@ model_awq_zero_point = True
 # AutoAWQ quant_config q_group_size (route awq)
 model_awq_q_group_size = 128
 
-# AutoAWQ quant_config w_bit (route awq)
+# AutoAWQ quant_config w_bit (route awq; its kernels take 4 only)
 model_awq_w_bit = 4
 
 # AutoAWQ quant_config version (route awq)

@@ -43,6 +43,10 @@ def _repo_pattern(value: str) -> Optional[str]:
     return None
 
 
+def _group_size(value: int) -> Optional[str]:
+    return None if value in (32, 64, 128) else "32, 64 or 128 (the group sizes AutoAWQ takes)"
+
+
 @dataclass(frozen=True)
 class ModelSettings(Section):
     """Which model is served and how it is quantized."""
@@ -88,9 +92,10 @@ class ModelSettings(Section):
         "and llama-quantize); source hf only"
     )
     awq_zero_point: bool = setting(True, "AutoAWQ quant_config zero_point (route awq)")
-    awq_q_group_size: int = setting(128, "AutoAWQ quant_config q_group_size (route awq)", choices=(32, 64, 128),
-                                 between=(32, 128))
-    awq_w_bit: int = setting(4, "AutoAWQ quant_config w_bit (route awq)", choices=(4,), between=(4, 4))
+    awq_q_group_size: int = setting(128, "AutoAWQ quant_config q_group_size (route awq)", _group_size,
+                                    between=(32, 128))
+    awq_w_bit: int = setting(4, "AutoAWQ quant_config w_bit (route awq; its kernels take 4 only)",
+                         between=(4, 4))
     awq_version: Literal["GEMM", "GEMV"] = setting("GEMM", "AutoAWQ quant_config version (route awq)")
     awq_calibration_file: Optional[str] = setting(
         None, "text file on the control machine AutoAWQ calibrates on (paragraphs split by blank lines; "
