@@ -31,8 +31,9 @@ from llamarack.settings import Settings
 from ..toolchain.plan import plan_toolchain
 from .settings import X86_FEATURES
 
-# What we ship. llama-cli is cheap once ggml is built and handy for checks.
-TARGETS = ("llama-server", "llama-quantize", "llama-bench", "llama-cli")
+# What we ship. llama-cli is cheap once ggml is built and handy for checks; llama-perplexity
+# measures a new model artifact's quality (roles/model/operations.py).
+TARGETS = ("llama-server", "llama-quantize", "llama-bench", "llama-cli", "llama-perplexity")
 
 # Bump when the build steps change in a way that makes old builds unlike new ones.
 BUILD_RECIPE = 2
