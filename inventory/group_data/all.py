@@ -198,8 +198,8 @@ model_awq_version = 'GEMM'
 # text file on the control machine AutoAWQ calibrates on (paragraphs split by blank lines; route awq); None: the text shipped in roles/model/files/calibration.txt
 model_awq_calibration_file = None
 
-# measure a new converted artifact with llama-perplexity on a held-out text: perplexity, and KL divergence against its f16 GGUF with f16, q8_0 and q4_0 KV; recorded in its stamp.json
-model_quality = True
+# measure a new converted artifact with llama-perplexity on a held-out text: perplexity, and KL divergence against its f16 GGUF with f16, q8_0 and q4_0 KV; recorded in its stamp.json (builds llama-perplexity too: one rebuild of llama.cpp when turned on)
+model_quality = False
 
 # held-out text file on the control machine the quality is measured on (never the calibration text); None: roles/model/files/quality.txt
 model_quality_text_file = None

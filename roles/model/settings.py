@@ -103,8 +103,8 @@ class ModelSettings(Section):
     )
     # -- the quality of a new artifact: llama-perplexity against its f16 GGUF --
     quality: bool = setting(
-        True, "measure a new converted artifact with llama-perplexity on a held-out text: perplexity, and KL "
-        "divergence against its f16 GGUF with f16, q8_0 and q4_0 KV; recorded in its stamp.json"
+        False, "measure a new converted artifact with llama-perplexity on a held-out text: perplexity, and KL "
+        "divergence against its f16 GGUF with f16, q8_0 and q4_0 KV; recorded in its stamp.json (builds llama-perplexity too: one rebuild of llama.cpp when turned on)"
     )
     quality_text_file: Optional[str] = setting(
         None, "held-out text file on the control machine the quality is measured on (never the calibration "

@@ -16,7 +16,7 @@ from tests.roles.test_model_ops import LISTING, SHA, STAMP, commands, on_host
 from tests.support import fake_systemd_run
 
 BASE = {"python_env_backend": "venv", "llamacpp_backend": "cpu", "model_repo": "org/tiny", "model_revision": SHA,
-        "llamarack_root": "/opt/lr"}  # fmt: skip
+        "llamarack_root": "/opt/lr", "model_quality": True}  # fmt: skip
 
 
 def settings(**data):
@@ -32,9 +32,11 @@ def awq_plan(**data):
 # -- settings --
 
 
-def test_defaults_are_the_gguf_route_measured_and_autoawqs_quant_config():
-    m = settings().model
-    assert (m.route, m.quality, m.quality_max_kld, m.keep_f16) == ("gguf", True, None, False)
+def test_defaults_are_the_gguf_route_unmeasured_and_autoawqs_quant_config():
+    from llamarack.settings import load_settings
+
+    m = load_settings("gpu01", {k: v for k, v in BASE.items() if k != "model_quality"}).model
+    assert (m.route, m.quality, m.quality_max_kld, m.keep_f16) == ("gguf", False, None, False)
     assert (m.awq_zero_point, m.awq_q_group_size, m.awq_w_bit, m.awq_version) == (True, 128, 4, "GEMM")
 
 
@@ -334,3 +336,13 @@ def test_plan_shows_the_quality_of_an_artifacts_gguf(tmp_path):
     as_json = json.loads(CliRunner().invoke(main, ["plan", str(tmp_path / "model.gguf"), "--gpu", "Tesla T4",
                                                    "--json"]).output)  # fmt: skip
     assert as_json["quality"] == MEASURED
+
+
+def test_quality_builds_llama_perplexity_and_a_rack_without_it_keeps_its_builds():
+    from llamarack.roles.llamacpp.plan import QUALITY_TARGET, TARGETS, plan_build
+
+    plain, measured = plan_build(settings(model_quality=False)), plan_build(settings())
+    assert plain.targets == TARGETS and measured.targets == TARGETS + (QUALITY_TARGET,)
+    assert plain.stamp != measured.stamp
+    # the stamp of a rack that does not measure is the one it had before quality existed
+    assert plain.stamp == plan_build(settings(model_quality=False, model_route="awq")).stamp
