@@ -346,3 +346,11 @@ def test_quality_builds_llama_perplexity_and_a_rack_without_it_keeps_its_builds(
     assert plain.stamp != measured.stamp
     # the stamp of a rack that does not measure is the one it had before quality existed
     assert plain.stamp == plan_build(settings(model_quality=False, model_route="awq")).stamp
+
+
+def test_the_awq_route_gives_its_env_the_tokenizer_libraries_and_the_gguf_route_leaves_it_as_it_was():
+    from llamarack.roles.python_env.plan import AWQ_TOKENIZER_REQUIREMENTS, awq_plan
+
+    plain, awq = awq_plan(settings(), "/opt/lr/envs/awq"), awq_plan(settings(model_route="awq"), "/opt/lr/envs/awq")
+    assert plain.steps[1].requirements + AWQ_TOKENIZER_REQUIREMENTS == awq.steps[1].requirements
+    assert not set(AWQ_TOKENIZER_REQUIREMENTS) & set(plain.steps[1].requirements)
