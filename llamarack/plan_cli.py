@@ -23,6 +23,7 @@ from llamarack.model_shapes import hub_gguf_shape, local_gguf_shape, shape_from_
 from llamarack.card_layout import LAYOUTS, choose_layout
 from llamarack.planner import (AUTO_KV_TYPES, KV_TYPE_BYTES, MIB, Knobs, Ledger, PlanError, check_shapes,
                                context_cap, cublas_prefill, largest_context, ledger, most_layers, plan)  # fmt: skip
+from llamarack.roles.model.plan import artifact_quality, quality_summary
 from llamarack.roles.model.settings import QUANT_TYPES
 from llamarack.roles.server.settings import DEFAULT_RESERVE_MIB
 from llamarack.secrets import read_token
@@ -201,12 +202,15 @@ def plan_command(gguf, hub_repo, revision, hub_file, hub_endpoint, hub_token_fil
         "draft": {k: draft.get(k) for k in ("path", "architecture", "n_layer", "n_head_kv", "size",
                                             "estimated_from") if draft.get(k) is not None} if draft else None,
         "ctx_cap_per_slot": cap, "rope": list(rope), "refused": refusal, "hub_token_sent_to": sent_to,
+        # an artifact's GGUF: the quality its record holds
+        "quality": artifact_quality(gguf) if gguf else None,
     })  # fmt: skip
     if as_json:
         click.echo(json.dumps(report, indent=1, sort_keys=True))
     else:
         click.echo((f"hub:   the token of {hub_token_file} was sent to {sent_to} only\n" if sent_to else "")
-                   + "\n".join([_model_line(shape, knobs)] + text))
+                   + "\n".join([_model_line(shape, knobs)] + text)
+                   + (f"\nquality: {quality_summary(report['quality'])}" if report["quality"] else ""))
     if refusal:
         raise SystemExit(1)
 

@@ -180,6 +180,36 @@ model_keep_intermediates = False
 # times a dropped download is resumed (HTTP Range) before the run fails
 model_fetch_retries = 5
 
+# gguf (convert_hf_to_gguf.py, then llama-quantize) or awq (AutoAWQ's scales applied into the fp16 weights in the AWQ env, calibrated on the host's GPU when it has one, then the same convert and llama-quantize); source hf only
+model_route = 'gguf'
+
+# AutoAWQ quant_config zero_point (route awq)
+model_awq_zero_point = True
+
+# AutoAWQ quant_config q_group_size (route awq)
+model_awq_q_group_size = 128
+
+# AutoAWQ quant_config w_bit (route awq; its kernels take 4 only)
+model_awq_w_bit = 4
+
+# AutoAWQ quant_config version (route awq)
+model_awq_version = 'GEMM'
+
+# text file on the control machine AutoAWQ calibrates on (paragraphs split by blank lines; route awq); None: the text shipped in roles/model/files/calibration.txt
+model_awq_calibration_file = None
+
+# measure a new converted artifact with llama-perplexity on a held-out text: perplexity, and KL divergence against its f16 GGUF with f16, q8_0 and q4_0 KV; recorded in its stamp.json (builds llama-perplexity too: one rebuild of llama.cpp when turned on)
+model_quality = False
+
+# held-out text file on the control machine the quality is measured on (never the calibration text); None: roles/model/files/quality.txt
+model_quality_text_file = None
+
+# refuse a new artifact whose mean KL divergence (any KV type measured) is above this; the served one stays; None: no bound
+model_quality_max_kld = None
+
+# keep the f16 GGUF the quality is measured against, beside the artifact
+model_keep_f16 = False
+
 # hub repository of a draft model for speculative decoding (it must share the model's vocabulary, e.g. a 0.5B of the same family); None: no draft
 model_draft_repo = None
 

@@ -33,6 +33,9 @@ from .settings import X86_FEATURES
 
 # What we ship. llama-cli is cheap once ggml is built and handy for checks.
 TARGETS = ("llama-server", "llama-quantize", "llama-bench", "llama-cli")
+# Built beside them with model_quality: it measures a new model artifact's quality
+# (roles/model/operations.py). A target of its own, so a rack without it keeps its builds.
+QUALITY_TARGET = "llama-perplexity"
 
 # Bump when the build steps change in a way that makes old builds unlike new ones.
 BUILD_RECIPE = 2
@@ -192,7 +195,7 @@ def plan_build(
         cuda_version=cuda_version if cuda else None,
         host_compiler=host_compiler if cuda else None,
         cmake_args=cmake_args(s, archs, cuda_home, host_compiler),
-        targets=TARGETS,
+        targets=TARGETS + ((QUALITY_TARGET,) if s.model.quality else ()),
     )
     return BuildPlan(stamp=inputs_stamp({"recipe": BUILD_RECIPE, **inputs}), **inputs, proof=proof_inputs(s))
 

@@ -4,7 +4,10 @@ Source hf: the checkpoint files of ``model_repo`` at ``model_revision`` (those
 ``model_hf_include`` selects), checked by the hashes the hub lists for that
 commit, converted by the pinned llama.cpp's ``convert_hf_to_gguf.py`` (in the
 converter env) to ``model_convert_outtype``, then ``llama-quantize`` to
-``model_quant``. Source gguf (a prequantized file of a hub repo) and url
+``model_quant``; with ``model_route = 'awq'``, AutoAWQ's scales are applied
+into the checkpoint's fp16 weights first (``files/awq_apply.py``, the AWQ
+env's python). A new quantized artifact is measured by ``llama-perplexity``
+against its f16 GGUF (``docs/quality.md``). Source gguf (a prequantized file of a hub repo) and url
 (with ``model_sha256``) are fetched and verified, nothing more.
 
 Where downloads run: on each host, from ``model_hf_endpoint`` (point it at a

@@ -8,7 +8,8 @@ from llamarack.audit import Item, Seen
 from llamarack.facts import FactRead
 from llamarack.settings import Settings
 
-from .plan import plan_from_record
+from .files.model_quality import kld_problem
+from .plan import plan_from_record, quality_summary
 from llamarack.roles.server.audit import account_item
 from llamarack.roles.server.reads import SystemGroup, SystemUser
 
@@ -37,12 +38,18 @@ def items(seen: Seen) -> dict[str, Item]:
              "shape_recorded": bool(served and fact(File, path=f"{current}/{shape_record_name()}"))}
     wanted = {"repo": settings.model.repo, "revision": settings.model.revision, "quant": settings.model.quant,
               "untouched": True, "shape_recorded": True}
+    # the route it was made by, and its quality (a record made before either names neither)
+    record = (served.record or {}) if served else {}
+    found.update(route=record.get("route", "gguf") if served else None, quality=quality_summary(record.get("quality")))
+    bound = settings.model.quality_max_kld
+    wanted.update(route=settings.model.route, quality=f"mean KLD at most {bound}" if bound is not None else None)
+    refused = kld_problem(record.get("quality"), bound, "model")
     sha_ok = True
     if seen.verify:
         sealed = (((served.record or {}) if served else {}).get("gguf") or {}).get("sha256")
         found["sha256"] = fact(Sha256File, path=f"{current}/model.gguf")
         wanted["sha256"] = sealed
         sha_ok = bool(sealed) and found["sha256"] == sealed
-    drift = not matches or not served.untouched or not sha_ok or not found["shape_recorded"]
+    drift = not matches or not served.untouched or not sha_ok or not found["shape_recorded"] or bool(refused)
     pipeline = account_item(fact(SystemUser, user=PIPELINE_USER), fact(SystemGroup, group=PIPELINE_USER), PIPELINE_HOME)
     return {"pipeline_user": pipeline, "model": Item(found, wanted, drift=drift)}

@@ -9,8 +9,10 @@ from pyinfra.facts.files import File
 from llamarack.errors import ModelSourceError
 from llamarack.facts import FactRead, read, read_together
 from llamarack.operations import refuse
+from llamarack.roles.driver.reads import CharDevices
 from llamarack.roles.model.reads import GgufShape, ModelArtifact, shape_record_name
 from llamarack.roles.server.operations import system_account
+from llamarack.roles.server.plan import device_names
 from llamarack.roles.server.reads import SystemGroup, SystemUser
 from llamarack.secrets import read_token
 from llamarack.settings import Settings
@@ -77,7 +79,9 @@ def model(settings: Settings, tool_paths: Optional[dict] = None) -> ModelPlan:
     # The artifacts' directories are known now: their state, their shape records and the
     # served files' shapes (the server role plans from them) in one command, with the
     # pipeline's account.
+    cuda = settings.llamacpp.backend == "cuda"
     read_together(FactRead.of(SystemUser, user=PIPELINE_USER), FactRead.of(SystemGroup, group=PIPELINE_USER),
+                  *((FactRead.of(CharDevices),) if cuda else ()),
                   *(read for p in (plan, draft_plan) if p
                     for read in (FactRead.of(ModelArtifact, path=p.dir),
                                  FactRead.of(File, path=f"{p.dir}/{shape_record_name()}"),
@@ -85,6 +89,8 @@ def model(settings: Settings, tool_paths: Optional[dict] = None) -> ModelPlan:
     token_file = settings.model.hf_token_file if settings.model.source != "url" else None
     if not pipeline_user(settings):
         return plan
+    # the AWQ and quality runs' GPU (the driver's devices, as the served unit's)
+    devices = device_names(tuple(read(CharDevices)), cuda) if cuda and (plan.applies_awq or plan.measures) else ()
     artifact(
         # A URL may carry a signed query: name only its host.
         name=f"Model {plan.name} ({settings.model.source}: "
@@ -93,6 +99,7 @@ def model(settings: Settings, tool_paths: Optional[dict] = None) -> ModelPlan:
         token_file=token_file,
         tool_paths=tool_paths,
         user=PIPELINE_USER,
+        devices=devices,
     )
     if draft_plan:
         artifact(

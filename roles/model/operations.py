@@ -49,7 +49,8 @@ from llamarack.operations import executing, private_upload, refusal, secret_uplo
 from llamarack.secrets import read_token
 
 from . import sandbox
-from .plan import ModelPlan
+from .files.model_quality import KV_TYPES, kld_problem
+from .plan import ModelPlan, text_sha256
 
 # The hub token's directory on a host: a tmpfs, root's.
 TOKEN_DIR = "/run/llamarack"
@@ -63,7 +64,13 @@ def tools(root: str) -> dict:
         "convert_python": f"{layout.env('convert')}/bin/python",
         "convert_script": f"{layout.src}/convert_hf_to_gguf.py",
         "quantize": f"{layout.current_build}/bin/llama-quantize",
+        "awq_python": f"{layout.env('awq')}/bin/python",
+        "perplexity": f"{layout.current_build}/bin/llama-perplexity",
     }
+
+
+# llama-perplexity's context for the quality runs: the held-out text needs twice as many tokens.
+QUALITY_CTX = 256
 
 
 def _logged(command: str, log: str, after: str = "") -> str:
@@ -155,6 +162,13 @@ def _staging(plan: ModelPlan, user: str):
            f"-exec chown -h -- {q(user + ':')} {{}} +")  # fmt: skip
     yield from private_upload(_json(plan.manifest()), f"{s}/manifest.json")
     yield f"chmod 644 {q(s + '/manifest.json')}"
+    # the texts the AWQ step calibrates on and the quality runs measure on: root's, read by the steps
+    for local, name in ((plan.calibration_file, "calibration.txt"), (plan.quality_file if plan.measures else None,
+                                                                      "quality.txt")):  # fmt: skip
+        if local:
+            with open(local) as f:
+                yield from private_upload(StringIO(f.read()), f"{s}/{name}")
+            yield f"chmod 644 {q(f'{s}/{name}')}"
 
 
 def _fetch(plan: ModelPlan, python: str, token_file: Optional[str], cached: dict, fetched: bool, user: str):
@@ -194,7 +208,8 @@ def _convert(plan: ModelPlan, t: dict, user: str):
     done = " || ".join(f"[ -f {q(p)} ]" for p in sorted(_made(plan)))
     # The step's temporary name has the sandbox's shell's pid ($$ there).
     tmp = _own_tmp(unquantized)
-    convert = (f"{q(t['convert_python'])} {q(t['convert_script'])} {q(work + '/hf')} "
+    checkpoint = f"{work}/awq" if plan.applies_awq else f"{work}/hf"
+    convert = (f"{q(t['convert_python'])} {q(t['convert_script'])} {q(checkpoint)} "
                f"--outtype {q(plan.outtype)} --outfile {tmp} && {_into_place(tmp, unquantized)}")  # fmt: skip
     step = sandbox.offline("convert", ["/bin/sh", "-c", convert], user, work, readonly=[f"{work}/hf"])
     yield f"{done} || {_logged(step + ' < /dev/null', f'{s}/convert.log')}"
@@ -204,6 +219,49 @@ def _convert(plan: ModelPlan, t: dict, user: str):
         step = sandbox.offline("quantize", ["/bin/sh", "-c", quantize], user, work, readonly=[f"{work}/hf"])
         yield (f"[ -f {q(gguf)} ] || [ -f {q(s + '/model.gguf')} ] || "
                f"{_logged(step + ' < /dev/null', f'{s}/quantize.log')}")  # fmt: skip
+
+
+def _awq(plan: ModelPlan, t: dict, user: str, devices: tuple):
+    """Route awq: AutoAWQ's scales applied into the checkpoint's fp16 weights (``awq_apply.py``,
+    the AWQ env's python) into ``work/awq``, as the pipeline user in its offline sandbox, on
+    the GPU where the host has one; skipped once it, or a GGUF made from it, exists. A cut
+    step leaves only its own temporary directory, removed when the step starts again."""
+    q, s, work = shlex.quote, plan.staging, _work(plan)
+    scaled, tmp = f"{work}/awq", _own_tmp(f"{work}/awq")
+    a = dict(plan.awq)
+    apply = remote.command("awq_apply", "--model", f"{work}/hf", "--calibration", f"{s}/calibration.txt",
+                           "--zero-point", "true" if a["zero_point"] else "false",
+                           "--q-group-size", str(a["q_group_size"]), "--w-bit", str(a["w_bit"]),
+                           "--version", a["version"], python=t["awq_python"])  # fmt: skip
+    run = f"rm -rf -- {q(scaled + '.tmp')}.* && {apply} --out {tmp} && sync -f -- {tmp} && mv -T -- {tmp} {q(scaled)}"
+    step = sandbox.offline("awq", ["/bin/sh", "-c", run], user, work, readonly=[f"{work}/hf"], devices=devices)
+    done = " || ".join(f"[ -e {q(p)} ]" for p in sorted(_made(plan) | {scaled}))
+    yield f"{done} || {_logged(step + ' < /dev/null', f'{s}/awq.log')}"
+
+
+def _measured(command: str, log: str) -> str:
+    """``command`` with its output in ``log``, which appears only once the run succeeded (a log
+    there is a measurement done: a rerun skips it); on failure the output's tail goes to stderr."""
+    q, tmp = shlex.quote, log + ".tmp"
+    return (f"[ -f {q(log)} ] || {{ {command} > {q(tmp)} 2>&1 && mv -f -- {q(tmp)} {q(log)} || "
+            f"{{ rc=$?; tail -n 40 {q(tmp)} >&2; exit $rc; }}; }}")  # fmt: skip
+
+
+def _measure(plan: ModelPlan, t: dict, user: str, devices: tuple):
+    """The quality runs, each as the pipeline user in its offline sandbox: llama-perplexity on the
+    held-out text, first the f16 GGUF saving its logits (``--kl-divergence-base``), then the
+    quantized GGUF against them for each KV type (``--kl-divergence``), their logs in the
+    staging; skipped once the GGUF was taken over."""
+    q, s, work = shlex.quote, plan.staging, _work(plan)
+    logits = f"{work}/quality.logits"
+    common = ["-c", str(QUALITY_CTX), "-b", str(QUALITY_CTX), "--kl-divergence-base", logits] + \
+        (["-ngl", "999"] if devices else [])  # fmt: skip
+    runs = [("f16", [t["perplexity"], "-m", _unquantized(plan), "-f", f"{s}/quality.txt", *common])]
+    runs += [(f"kv-{kv}", [t["perplexity"], "-m", f"{work}/model.gguf", *common, "--kl-divergence",
+                           "-ctk", kv, "-ctv", kv, "-fa", "on"]) for kv in KV_TYPES]  # fmt: skip
+    for name, words in runs:
+        step = sandbox.offline(f"quality {name}", words, user, work, devices=devices)
+        yield f"[ -f {q(s + '/model.gguf')} ] || {_measured(step + ' < /dev/null', f'{s}/quality-{name}.log')}"
 
 
 def _take_over(plan: ModelPlan):
@@ -222,6 +280,8 @@ def _take_over(plan: ModelPlan):
     keep = ["model.gguf"]
     if plan.converts and plan.keep_intermediates:
         keep += ["hf"] + ([_unquantized_name(plan)] if plan.quantizes else [])
+    elif plan.measures and plan.keep_f16:
+        keep += [_unquantized_name(plan)]
     names = " ".join(q(n) for n in keep)
     refused = refusal(f"{host.name}: model {plan.name}: its pipeline left links or special files in {work}: "
                       "refusing what it made (removed). A checkpoint's own code may do that; "
@@ -248,15 +308,23 @@ def _seal(plan: ModelPlan, python: str):
     """Record the GGUF's shape and seal the staging (``stamp.json``), then clear its scratch."""
     q, s = shlex.quote, plan.staging
     yield from private_upload(_json(plan.record()), f"{s}/stamp.plan.json")
+    if plan.measures:
+        yield remote.command("model_quality", "record", "--stamp", f"{s}/stamp.plan.json", "--logs", s,
+                             "--text-sha256", text_sha256(plan.quality_file, "model_quality_text_file"),
+                             "--ctx", str(QUALITY_CTX), python=python)  # fmt: skip
     yield _record_shape(f"{s}/model.gguf", python)
     yield _fetcher(python, "seal", "--stamp", f"{s}/stamp.plan.json", "--gguf", f"{s}/model.gguf",
                    "--out", f"{s}/stamp.json")  # fmt: skip
     # The token never outlives the run, whatever cut the fetch short.
     token_path = _token_path(plan)
     scratch = [f"{s}/manifest.json", f"{s}/stamp.plan.json", token_path, token_path + ".new"]
+    scratch += [f"{s}/calibration.txt"] if plan.applies_awq else []
+    scratch += [f"{s}/quality.txt"] if plan.measures else []
     if plan.converts and not plan.keep_intermediates:
         # (a staging made before the work directory held them)
-        scratch += [f"{s}/hf"] + ([f"{s}/model-{plan.outtype}.gguf"] if plan.quantizes else [])
+        scratch += [f"{s}/hf"]
+        if plan.quantizes and not (plan.measures and plan.keep_f16):
+            scratch.append(f"{s}/model-{plan.outtype}.gguf")
     # and what a step cut off (or still going on the host after its run died) wrote
     yield "rm -rf " + " ".join(q(p) for p in scratch) + f" {q(s)}/*.gguf.tmp.*"
 
@@ -291,7 +359,7 @@ def _point_link(current: str, name: str, linked: Optional[dict]):
 
 @operation()
 def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Optional[dict] = None,
-             link: str = "current", user: str = sandbox.PIPELINE_USER):
+             link: str = "current", user: str = sandbox.PIPELINE_USER, devices: tuple = ()):
     """
     Make the plan's GGUF artifact on the host unless it is already there, sealed and whole.
 
@@ -301,6 +369,13 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
     + link: the link under ``models/`` that ends up pointing at it: ``current`` (the served
       model) or ``draft`` (the draft model of speculative decoding)
     + user: the unprivileged system user fetch, convert and quantize run as (it must exist)
+    + devices: the GPU's character device names (``/proc/devices``) the AWQ and quality runs
+      may open (a CUDA host); () runs them on the CPU
+
+    Route awq applies AutoAWQ's scales before the convert (``awq.log``). A new quantized
+    artifact with ``plan.quality_file`` is measured by llama-perplexity before it is taken
+    over (``quality-*.log``), the figures go into its record, and with ``plan.max_kld`` an
+    artifact above the bound is refused: ``models/current`` is not switched to it.
 
     Fetch, convert and quantize run as ``user``, each in a transient systemd
     sandbox (``sandbox.py``); convert and quantize without the network. The
@@ -320,6 +395,10 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
     state = read(ModelArtifact, path=d)
     linked = read(Link, path=current)
     if state is not None and state.complete_for(plan.stamp):
+        problem = kld_problem((state.record or {}).get("quality"), plan.max_kld, f"{host.name}: model {plan.name}")
+        if problem and link == "current":
+            yield refusal(problem)
+            return
         if read(File, path=f"{d}/{shape_record_name()}"):
             host.noop(f"model {plan.name} is in place ({plan.source}, "
                       f"{plan.quant if plan.converts else 'as fetched'})")  # fmt: skip
@@ -341,9 +420,17 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
             return
         yield from _staging(plan, user)
         yield from _fetch(plan, t["python"], token_file, cached, fetched, user)
+        if plan.applies_awq:
+            yield from _awq(plan, t, user, devices)
         if plan.converts:
             yield from _convert(plan, t, user)
+        if plan.measures:
+            yield from _measure(plan, t, user, devices)
         yield from _take_over(plan)
         yield from _seal(plan, t["python"])
         yield from _move_into_place(plan, state, t["python"])
+        if plan.measures and plan.max_kld is not None:
+            # the bound, on the figures just recorded: refused, the link stays where it is
+            yield remote.command("model_quality", "check", "--stamp", f"{d}/stamp.json", "--max-kld",
+                                 str(plan.max_kld), "--name", f"{host.name}: model {plan.name}", python=t["python"])
     yield from _point_link(current, plan.name, linked)

@@ -24,6 +24,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping, Optional
 from urllib.parse import quote
@@ -33,6 +34,7 @@ from llamarack.layout import Layout
 from llamarack.settings import Settings
 
 from .files.model_fetch import url_shown
+from .files.model_quality import KV_TYPES
 from .hub import HubFile, HubListing, repo_path_problem
 
 
@@ -79,6 +81,15 @@ class ModelPlan:
     retries: int
     asked: tuple = ()
     """The settings it was planned from (``asked_inputs``), recorded with the artifact."""
+    awq: tuple = ()
+    """Route awq: AutoAWQ's quant_config and the calibration text's sha256, as (key, value)
+    pairs (``awq_inputs``); () for route gguf."""
+    calibration_file: Optional[str] = None
+    """Route awq: the calibration text on the control machine."""
+    quality_file: Optional[str] = None
+    """The held-out text on the control machine a new artifact is measured on; None: not measured."""
+    max_kld: Optional[float] = None
+    keep_f16: bool = False
 
     @property
     def name(self) -> str:
@@ -109,6 +120,15 @@ class ModelPlan:
         return self.converts and self.quant not in ("F16", "BF16")
 
     @property
+    def applies_awq(self) -> bool:
+        return bool(self.awq)
+
+    @property
+    def measures(self) -> bool:
+        """A new artifact's quality is measured against its f16 GGUF (a quantized conversion)."""
+        return self.quantizes and self.quality_file is not None
+
+    @property
     def source_bytes(self) -> int:
         return sum(f.size or 0 for f in self.files)
 
@@ -130,17 +150,19 @@ class ModelPlan:
         The checkpoint files the blob cache does not hold (``to_download``), plus
         (converting) an unquantized GGUF no bigger than a 16-bit checkpoint (the
         whole checkpoint counts, cached or not), plus the quantized file (at most
-        ~8.5 bits per weight for Q8_0: ~0.55 of f16).
+        ~8.5 bits per weight for Q8_0: ~0.55 of f16); route awq: the scaled checkpoint too
+        (fp16, no bigger than the checkpoint); measured: 1 GiB more for the saved logits.
         """
         s = self.source_bytes
         need = self.to_download(cached)
         if self.converts:
-            need += s + (s * 55 // 100 if self.quantizes else 0)
-        return need + (1 << 30)
+            need += s + (s * 55 // 100 if self.quantizes else 0) + (s if self.applies_awq else 0)
+        return need + (1 << 30) + ((1 << 30) if self.measures else 0)
 
     def describe_fetch(self, cached: Mapping[str, int] = MappingProxyType({})) -> str:
         """What the fetch brings, for the user who waits on it."""
         steps = "fetch, convert, quantize" if self.quantizes else "fetch, convert" if self.converts else "fetch"
+        steps = steps.replace("fetch, ", "fetch, awq, ") if self.applies_awq else steps
         held = sum(1 for f in self.files if f.size is not None and cached.get(f.content_id) == f.size)
         return (f"{steps}: {len(self.files)} file(s), {self.source_bytes / 1e9:.2f} GB, {held} of them in the "
                 f"host's blob cache ({self.to_download(cached) / 1e9:.2f} GB to download); "
@@ -173,6 +195,8 @@ class ModelPlan:
             record["url"] = recorded_url(self.files[0].url)
         if self.converts:
             record.update(quant=self.quant, outtype=self.outtype, llamacpp_commit=self.llamacpp_commit)
+        if self.applies_awq:
+            record.update(route="awq", awq=dict(self.awq))
         # What the settings said, so a later run can tell without the hub that this
         # artifact is the one they still ask for (plan_from_record).
         record["asked"] = dict(self.asked)
@@ -186,14 +210,63 @@ def recorded_url(url: str) -> str:
     return url_shown(url)
 
 
-def artifact_stamp(source: str, files, quant: str, outtype: str, llamacpp_commit: str) -> str:
-    """sha256 over the inputs that decide the GGUF's bytes (and nothing else)."""
+def artifact_stamp(source: str, files, quant: str, outtype: str, llamacpp_commit: str, awq: tuple = ()) -> str:
+    """sha256 over the inputs that decide the GGUF's bytes (and nothing else); ``awq`` (route
+    awq's ``awq_inputs``) only when given, so a route gguf artifact keeps its stamp."""
     inputs: dict = {"source": source, "files": sorted([f.path, f.content_id] for f in files)}
     if source == "hf":
         # Prequantized files do not depend on our llama.cpp or quant settings.
         inputs.update(quant=quant, outtype=outtype, llamacpp_commit=llamacpp_commit)
+        if awq:
+            inputs["awq"] = dict(awq)
     text = json.dumps(inputs, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+FILES = Path(__file__).resolve().parent / "files"
+
+
+def calibration_file(settings: Settings) -> str:
+    """The text AutoAWQ calibrates on (route awq): the operator's, or the one shipped."""
+    return settings.model.awq_calibration_file or str(FILES / "calibration.txt")
+
+
+def quality_file(settings: Settings) -> str:
+    """The held-out text a new artifact's quality is measured on: the operator's, or the one shipped."""
+    return settings.model.quality_text_file or str(FILES / "quality.txt")
+
+
+def text_sha256(path: str, key: str) -> str:
+    """The sha256 of a text file of the control machine (``key``: the setting naming it)."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError as e:
+        raise ModelSourceError(f"{key}: cannot read {path}: {e.strerror}") from None
+
+
+def awq_inputs(settings: Settings) -> tuple:
+    """Route awq's inputs to the artifact's bytes, as sorted (key, value) pairs: AutoAWQ's
+    quant_config and the calibration text's sha256; () for route gguf (or a source not hf)."""
+    m = settings.model
+    if m.route != "awq" or m.source != "hf":
+        return ()
+    awq = {"zero_point": m.awq_zero_point, "q_group_size": m.awq_q_group_size, "w_bit": m.awq_w_bit,
+           "version": m.awq_version,
+           "calibration_sha256": text_sha256(calibration_file(settings), "model_awq_calibration_file")}
+    return tuple(sorted(awq.items()))
+
+
+def pipeline_options(settings: Settings) -> dict:
+    """The plan's route awq and quality fields (``ModelPlan``), from the settings. The held-out
+    text is never the calibration text."""
+    m, awq = settings.model, awq_inputs(settings)
+    held_out = quality_file(settings) if m.quality and m.source == "hf" else None
+    if held_out and awq and text_sha256(held_out, "model_quality_text_file") == dict(awq)["calibration_sha256"]:
+        raise ModelSourceError(f"model_quality_text_file: given {held_out}, the calibration text; allowed: a "
+                               "held-out text AutoAWQ did not calibrate on")  # fmt: skip
+    return {"awq": awq, "calibration_file": calibration_file(settings) if awq else None, "quality_file": held_out,
+            "max_kld": m.quality_max_kld, "keep_f16": m.keep_f16}
 
 
 def select_hf_files(listing: HubListing, include) -> tuple[SourceFile, ...]:
@@ -222,6 +295,9 @@ def asked_inputs(settings: Settings) -> tuple:
         asked["file"] = m.file
     if m.source == "hf":
         asked.update(include=list(m.hf_include), outtype=m.convert_outtype, llamacpp_commit=settings.llamacpp.commit)
+    awq = awq_inputs(settings)
+    if awq:
+        asked.update(route="awq", awq=dict(awq))
     return tuple(sorted(json.loads(json.dumps(asked)).items()))
 
 
@@ -275,6 +351,7 @@ def plan_from_record(settings: Settings, state) -> Optional[ModelPlan]:
         keep_intermediates=m.keep_intermediates,
         retries=m.fetch_retries,
         asked=asked,
+        **pipeline_options(settings),
     )
 
 
@@ -344,7 +421,8 @@ def plan_model(settings: Settings, listing: Optional[HubListing] = None) -> Mode
     else:
         files = select_hf_files(listing, m.hf_include)
 
-    stamp = artifact_stamp(m.source, files, m.quant, m.convert_outtype, settings.llamacpp.commit)
+    options = pipeline_options(settings)
+    stamp = artifact_stamp(m.source, files, m.quant, m.convert_outtype, settings.llamacpp.commit, options["awq"])
     return ModelPlan(
         root=settings.general.root,
         source=m.source,
@@ -359,5 +437,35 @@ def plan_model(settings: Settings, listing: Optional[HubListing] = None) -> Mode
         keep_intermediates=m.keep_intermediates,
         retries=m.fetch_retries,
         asked=asked_inputs(settings),
+        **options,
     )
 
+
+
+def quality_summary(quality) -> Optional[str]:
+    """An artifact record's ``quality`` as one line (the audit, ``llamarack plan``): the f16
+    GGUF's perplexity, and per KV type the quant's perplexity and mean KL divergence against
+    it; None when the artifact was not measured."""
+    if not isinstance(quality, dict):
+        return None
+    number = (int, float)
+    base, kvs = quality.get("f16") or {}, quality.get("kv") or {}
+    parts = [f"f16 GGUF PPL {base['ppl']:.4f}"] if isinstance(base.get("ppl"), number) else []
+    for kv in sorted(kvs, key=lambda k: (k not in KV_TYPES, KV_TYPES.index(k) if k in KV_TYPES else 0, k)):
+        v = kvs[kv]
+        if isinstance(v, dict) and isinstance(v.get("kld"), number):
+            ppl = f"PPL {v['ppl']:.4f}, " if isinstance(v.get("ppl"), number) else ""
+            parts.append(f"{kv} KV: {ppl}KLD {v['kld']:.6f}")
+    if quality.get("missing"):
+        parts.append("not measured: " + ", ".join(str(m) for m in quality["missing"]))
+    return "; ".join(parts) or None
+
+
+def artifact_quality(gguf: str) -> Optional[dict]:
+    """The ``quality`` of the artifact whose GGUF is ``gguf`` (its ``stamp.json`` beside it), or None."""
+    try:
+        with open(Path(gguf).parent / "stamp.json") as f:
+            quality = json.load(f).get("quality")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return quality if isinstance(quality, dict) else None

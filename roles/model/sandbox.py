@@ -95,11 +95,18 @@ def unexpanded(word: str) -> str:
     return word.replace("$", "$$")
 
 
-def properties(writable: Sequence[str], readonly: Sequence[str] = (), network: bool = False) -> tuple:
+def properties(writable: Sequence[str], readonly: Sequence[str] = (), network: bool = False,
+               devices: Sequence[str] = ()) -> tuple:
     """The unit properties of a step that may write ``writable`` and reads ``readonly`` (read-only
-    even under a writable path; either may be missing), with or without the network."""
+    even under a writable path; either may be missing), with or without the network; with
+    ``devices`` (the NVIDIA driver's ``/proc/devices`` names: a step on the GPU), those
+    character devices and the pseudo-devices only, instead of a private ``/dev``."""
     paths = tuple(("ReadWritePaths", p) for p in writable) + tuple(("ReadOnlyPaths", f"-{p}") for p in readonly)
-    return CONFINED + paths + (ONLINE if network else OFFLINE)
+    confined = CONFINED
+    if devices:
+        confined = tuple(p for p in CONFINED if p[0] != "PrivateDevices") + (("DevicePolicy", "closed"),) + \
+            tuple(("DeviceAllow", f"char-{name} rw") for name in devices)  # fmt: skip
+    return confined + paths + (ONLINE if network else OFFLINE)
 
 
 def command(step: str, words: Iterable[str], user: str, workdir: str, props: Sequence[tuple],
@@ -122,6 +129,9 @@ def fetch(words: Iterable[str], user: str, root: str, workdir: str) -> str:
     return command("fetch", words, user, workdir, properties([root], network=True), HOME_ENV)
 
 
-def offline(step: str, words: Iterable[str], user: str, workdir: str, readonly: Sequence[str] = ()) -> str:
-    """Convert or quantize: no network, hub libraries offline, only ``workdir`` writable."""
-    return command(step, words, user, workdir, properties([workdir], readonly), OFFLINE_ENV)
+def offline(step: str, words: Iterable[str], user: str, workdir: str, readonly: Sequence[str] = (),
+            devices: Sequence[str] = ()) -> str:
+    """Convert, quantize, AWQ or a quality run: no network, hub libraries offline, only ``workdir``
+    writable; ``devices``: the GPU's character devices it may open (AWQ and quality runs on a
+    CUDA host), else none."""
+    return command(step, words, user, workdir, properties([workdir], readonly, devices=devices), OFFLINE_ENV)

@@ -43,6 +43,10 @@ def _repo_pattern(value: str) -> Optional[str]:
     return None
 
 
+def _group_size(value: int) -> Optional[str]:
+    return None if value in (32, 64, 128) else "32, 64 or 128 (the group sizes AutoAWQ takes)"
+
+
 @dataclass(frozen=True)
 class ModelSettings(Section):
     """Which model is served and how it is quantized."""
@@ -81,6 +85,36 @@ class ModelSettings(Section):
     fetch_retries: int = setting(
         5, "times a dropped download is resumed (HTTP Range) before the run fails", between=(1, 100)
     )
+    # -- the quantization route, and AutoAWQ's quant_config for route awq --
+    route: Literal["gguf", "awq"] = setting(
+        "gguf", "gguf (convert_hf_to_gguf.py, then llama-quantize) or awq (AutoAWQ's scales applied into the "
+        "fp16 weights in the AWQ env, calibrated on the host's GPU when it has one, then the same convert "
+        "and llama-quantize); source hf only"
+    )
+    awq_zero_point: bool = setting(True, "AutoAWQ quant_config zero_point (route awq)")
+    awq_q_group_size: int = setting(128, "AutoAWQ quant_config q_group_size (route awq)", _group_size,
+                                    between=(32, 128))
+    awq_w_bit: int = setting(4, "AutoAWQ quant_config w_bit (route awq; its kernels take 4 only)",
+                         between=(4, 4))
+    awq_version: Literal["GEMM", "GEMV"] = setting("GEMM", "AutoAWQ quant_config version (route awq)")
+    awq_calibration_file: Optional[str] = setting(
+        None, "text file on the control machine AutoAWQ calibrates on (paragraphs split by blank lines; "
+        "route awq); None: the text shipped in roles/model/files/calibration.txt", control_file
+    )
+    # -- the quality of a new artifact: llama-perplexity against its f16 GGUF --
+    quality: bool = setting(
+        False, "measure a new converted artifact with llama-perplexity on a held-out text: perplexity, and KL "
+        "divergence against its f16 GGUF with f16, q8_0 and q4_0 KV; recorded in its stamp.json (builds llama-perplexity too: one rebuild of llama.cpp when turned on)"
+    )
+    quality_text_file: Optional[str] = setting(
+        None, "held-out text file on the control machine the quality is measured on (never the calibration "
+        "text); None: roles/model/files/quality.txt", control_file
+    )
+    quality_max_kld: Optional[float] = setting(
+        None, "refuse a new artifact whose mean KL divergence (any KV type measured) is above this; the "
+        "served one stays; None: no bound", between=(0.0, 100.0)
+    )
+    keep_f16: bool = setting(False, "keep the f16 GGUF the quality is measured against, beside the artifact")
     # -- the draft model (speculative decoding): fetched, converted and quantized as the model is --
     draft_repo: Optional[str] = setting(
         None,
@@ -106,6 +140,15 @@ class ModelSettings(Section):
             problems.append("model_file: given None; allowed: the GGUF file name in model_repo")
         if self.source == "url" and not (self.url and self.sha256):
             problems.append("model_url/model_sha256: a url source needs both")
+        if self.route == "awq" and self.source != "hf":
+            problems.append(f"model_route: given 'awq' with model_source={self.source!r}; allowed: 'gguf' "
+                            "(AWQ calibrates a checkpoint: model_source='hf')")
+        if self.route == "awq" and self.quant in ("F16", "BF16"):
+            problems.append(f"model_route: given 'awq' with model_quant={self.quant!r}; allowed: 'gguf' "
+                            "(AWQ's scales serve a quantized type, e.g. Q4_K_M)")
+        if self.quality_max_kld is not None and not (self.quality and self.source == "hf"):
+            problems.append(f"model_quality_max_kld: given {self.quality_max_kld}; allowed: None unless "
+                            "model_quality is True and model_source is 'hf' (nothing else is measured)")
         if self.draft_repo and not self.draft_revision:
             problems.append(
                 f"model_draft_revision: given None; allowed: a commit sha of {self.draft_repo} "
@@ -119,10 +162,12 @@ class ModelSettings(Section):
 def draft_settings(s: Settings) -> Optional[Settings]:
     """The settings the model role makes the draft artifact from: the model's, with the
     draft's source, repository, revision, file and quant; None when no draft is asked.
-    Endpoint, token, include patterns, converter type and retries are the model's."""
+    Endpoint, token, include patterns, converter type and retries are the model's; the draft
+    takes the gguf route and is not measured (it only proposes tokens the model checks)."""
     m = s.model
     if not m.draft_repo:
         return None
     draft = dataclasses.replace(m, source=m.draft_source, repo=m.draft_repo, revision=m.draft_revision,
-                                file=m.draft_file, quant=m.draft_quant, url=None, sha256=None)  # fmt: skip
+                                file=m.draft_file, quant=m.draft_quant, url=None, sha256=None,
+                                route="gguf", quality=False, quality_max_kld=None)  # fmt: skip
     return dataclasses.replace(s, model=draft)

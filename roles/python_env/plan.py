@@ -26,6 +26,9 @@ from llamarack.roles.python_env.reads import canonical
 from llamarack.settings import Settings
 
 AWQ_IMPORTS = ("import torch, transformers, accelerate", "from awq import AutoAWQForCausalLM")
+# With model_route = 'awq' the env loads the model's tokenizer too: a SentencePiece one
+# (Llama 2 and its kin) needs these to be read (llama.cpp's converter's own ranges).
+AWQ_TOKENIZER_REQUIREMENTS = ("sentencepiece>=0.1.98,<0.3.0", "protobuf>=4.21.0,<5.0.0")
 # Distribution name -> import statement, for the converter env's import test.
 CONVERTER_IMPORTS = {
     "torch": "import torch",
@@ -109,7 +112,7 @@ def awq_plan(settings: Settings, env: str, gpu_archs: tuple = (), locked: Option
         PipStep((torch,), s.torch_index_url),
         PipStep(
             (f"transformers=={s.transformers_version}", f"accelerate=={s.accelerate_version}",
-             *s.autoawq_requirements),
+             *s.autoawq_requirements, *(AWQ_TOKENIZER_REQUIREMENTS if settings.model.route == "awq" else ())),
             s.index_url,
         ),  # fmt: skip
         PipStep((f"autoawq=={s.autoawq_version}",), s.index_url, no_deps=True),

@@ -118,6 +118,7 @@ def settings_data(root, hub, sha, token_file, quant) -> dict:
         "llamarack_allow_shared_dirs": True,  # the root is under pytest's /tmp
         "model_repo": "tiny/llama", "model_revision": sha, "model_hf_endpoint": hub.url,
         "model_hf_token_file": str(token_file), "model_quant": quant,
+        "model_quality": False,  # no llama-perplexity among the local tools
     }  # fmt: skip
 
 

@@ -34,8 +34,9 @@ LISTING = HubListing("org/tiny", SHA, (
 
 
 def settings(**data):
+    # (the quality runs a new artifact gets are tested in test_model_awq_quality.py)
     base = {"python_env_backend": "venv", "llamacpp_backend": "cpu", "model_repo": "org/tiny",
-            "model_revision": SHA, "llamarack_root": "/opt/lr"}  # fmt: skip
+            "model_revision": SHA, "llamarack_root": "/opt/lr", "model_quality": False}  # fmt: skip
     return load_settings("gpu01", {**base, **data})
 
 
