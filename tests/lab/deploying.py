@@ -42,3 +42,15 @@ def state(lab_rack, host: str) -> str:
     """``host``'s state (``STATE``): what "nothing changed" is checked against, beside
     pyinfra's own count of changed operations."""
     return sh(lab_rack, host, STATE)
+
+
+def converges(lab_rack, host: str, *data: str) -> str:
+    """A deploy of ``host`` that changes nothing: none by pyinfra's count, and the host's real
+    state (``STATE``) the same after it as before. Its output."""
+    from llamarack_lab.pytest_plugin import parse_pyinfra_totals
+
+    before = state(lab_rack, host)
+    rc, out = deploy(lab_rack, host, *data)
+    assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
+    assert state(lab_rack, host) == before, f"{host}: its state changed on a run that counted no change"
+    return out

@@ -62,10 +62,12 @@ MAX_REMOTE_COMMANDS = 15
 
 
 def test_a_converged_run_reads_each_fact_once_in_a_few_commands(lab_rack):
+    before = {h.name: deploying.state(lab_rack, h.name) for h in lab_rack.hosts}
     rc, out = lab_rack.run_pyinfra(deploying.ROOT / "deploy.py", "--debug",
                                    inventory=deploying.ROOT / "inventory/lab.py", timeout=600)  # fmt: skip
     assert rc == 0, out[-6000:]
     assert parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
+    assert {h.name: deploying.state(lab_rack, h.name) for h in lab_rack.hosts} == before
     work = count_remote_work(out, [h.name for h in lab_rack.hosts])
     for host, seen in work.items():
         assert 0 < seen["remote_commands"] <= MAX_REMOTE_COMMANDS, (host, seen)
@@ -130,8 +132,7 @@ def test_drift_is_still_repaired_by_the_next_run(lab_rack):
     assert deploying.sh(lab_rack, host, "/opt/llamarack/envs/awq/bin/python -c "
                                         "'import importlib.metadata as m; print(m.version(\"accelerate\"))'") == "0.33.0"
     assert completion(lab_rack.rack.host(host)["ip"], 4)["tokens_predicted"] == 4
-    rc, out = deploying.deploy(lab_rack, host)
-    assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
+    deploying.converges(lab_rack, host)
     # what the audit called drift is what the deploy repaired: the audit is clean now
     rc, report, err = audit("--limit", host)
     assert rc == 0 and report["hosts"][host]["drift"] == [], (report, err[-3000:])
@@ -155,8 +156,7 @@ def test_a_model_edited_in_place_is_remade_and_served_never_the_edit(lab_rack):
     assert deploying.sh(lab_rack, host, f"sha256sum {gguf}").split()[0] == sealed
     assert deploying.sh(lab_rack, host, "ls -A /opt/llamarack/models/.staging") == ""
     assert completion(lab_rack.rack.host(host)["ip"], 4)["tokens_predicted"] == 4
-    rc, out = deploying.deploy(lab_rack, host)
-    assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
+    deploying.converges(lab_rack, host)
 
 
 def test_a_switch_cut_off_before_its_health_check_never_costs_the_proven_unit(lab_rack):
@@ -172,8 +172,7 @@ def test_a_switch_cut_off_before_its_health_check_never_costs_the_proven_unit(la
     assert rc != 0 and "rolled back: the previous unit is serving again" in out, out[-6000:]
     assert deploying.sh(lab_rack, host, f"sha256sum < {unit}") == good
     assert completion(lab_rack.rack.host(host)["ip"], 4)["tokens_predicted"] == 4
-    rc, out = deploying.deploy(lab_rack, host)
-    assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
+    deploying.converges(lab_rack, host)
 
 
 def test_an_api_key_uploaded_under_sudo_is_never_readable_by_others(lab_rack, tmp_path):

@@ -38,11 +38,13 @@ def serving_within(lab_rack, seconds: float) -> bool:
 
 
 def converges(lab_rack, *data: str) -> None:
-    """A re-run succeeds, and the run after it changes nothing."""
+    """A re-run succeeds, and the run after it changes nothing: by the count, and by the host's state."""
     rc, out, _ = faults.run(INVENTORY, DEPLOY, [HOST], data)
     assert rc == 0, out[-5000:]
+    before = deploying.state(lab_rack, HOST)
     rc, out, _ = faults.run(INVENTORY, DEPLOY, [HOST], data)
     assert rc == 0 and faults.changes(out) == 0, out[-5000:]
+    assert deploying.state(lab_rack, HOST) == before, "the host's state changed on a run that counted no change"
 
 
 @pytest.fixture(scope="module", autouse=True)
