@@ -74,9 +74,10 @@ def under_load(url: str, action, requests: int = 10**6) -> dict:
 
 
 # The lab's hosts share this machine's two cores with each other and with the load: a
-# llama-bench run during a rollout measures the contention more than the build, so the
-# gate lets it fall further behind its quiet record than a real rack's default (0.25).
-LAB_GATE = ("--bench-fraction", "0.9")
+# llama-bench run of the tiny model during a rollout measures that contention, not the
+# build (tg128 fell to 6% of its quiet record in a run here), so the lab's gate takes no
+# bench figure (--bench-fraction 1); the gate's arithmetic is tested in tests/unit/test_rollout.py.
+LAB_GATE = ("--bench-fraction", "1")
 
 
 def rollout(*args: str, env: dict | None = None) -> dict:
