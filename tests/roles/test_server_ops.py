@@ -108,14 +108,15 @@ def unit_of(commands) -> str:
 def test_first_run_writes_the_unit_then_switches_with_health_and_rollback():
     commands, noops = first_run(settings())
     assert noops == []
-    # state/units.json first (the one unit, its port and card), then the unit's switch
-    install, _, record, _, rename = commands[:5]
+    # the unit's switch first, then state/units.json (the one unit, its port and card): a
+    # switch that fails stops the operation, and the record keeps naming what serves
+    made, upload, removed, chmod, switch = commands[:5]
+    assert upload[0] == "upload" and upload[1] == f"{UNIT_PATH}.new"
+    assert made.startswith("umask 077 && mkdir -m 700 /tmp/llamarack-upload-") and removed.startswith("rm -rf /tmp/llamarack-upload-")
+    install, _, record, _, rename = commands[5:]
     assert install == f"install -d -m 755 {ROOT}/state" and record == ("upload", f"{ROOT}/state/units.json.new",
                                                                      UNITS_JSON + "\n")  # fmt: skip
     assert rename.startswith(f"chmod 644 {ROOT}/state/units.json.new && ")
-    made, upload, removed, chmod, switch = commands[5:]
-    assert upload[0] == "upload" and upload[1] == f"{UNIT_PATH}.new"
-    assert made.startswith("umask 077 && mkdir -m 700 /tmp/llamarack-upload-") and removed.startswith("rm -rf /tmp/llamarack-upload-")
     unit = upload[2]
     assert f"ExecStart={ROOT}/builds/b1/bin/llama-server --model {ROOT}/models/m1/model.gguf" in unit
     # the default backend is cuda: every layer and the output layer (n_layer + 1 = 3) on the card
