@@ -7,17 +7,12 @@
 set -u
 W=/opt/residency
 mkdir -p "$W"
-nvcc=$(ls /usr/local/cuda*/bin/nvcc 2>/dev/null | head -1)
+. bench/gpu/build_cuda.sh
 case "${1:-check}" in
   build)
-    [ -d "$W/src" ] || { git clone -q .carry/llama.cpp.git "$W/src" && git -C "$W/src" checkout -q "$(cat .carry/commit)"; } || exit 1
     start=$(date +%s)
-    cmake -S "$W/src" -B "$W/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real \
-      -DCMAKE_CUDA_COMPILER="$nvcc" -DGGML_CUDA_FA=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-      -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-    cmake --build "$W/build" --target llama-server -j"$(nproc)" > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+    build_cuda "$W" llama-server -DGGML_CUDA_FA=OFF || exit 1
     "$nvcc" -o "$W/hold" bench/gpu/hold.cu || exit 1
-    "$W/build/bin/llama-server" --help > "$W/build/server-help.txt" 2>&1
     echo "build: $(( $(date +%s) - start )) s"
     ;;
   check)

@@ -46,7 +46,7 @@ class HaproxyServers(FactBase[Optional[dict]]):
     """
 
     def host_run(self, backend: str, socket: str = ADMIN_SOCKET) -> tuple:
-        return ("haproxy_servers", socket, backend)
+        return ("haproxy_runtime", "--socket", socket, "--backend", backend, "audit")
 
     def command(self, backend: str, socket: str = ADMIN_SOCKET) -> str:
         return remote.command(*self.host_run(backend, socket))
@@ -58,9 +58,9 @@ class HaproxyServers(FactBase[Optional[dict]]):
         try:
             found = json.loads(text)
         except ValueError as e:
-            raise FactProcessError(f"unreadable haproxy_servers output: {e}") from e
+            raise FactProcessError(f"unreadable haproxy_runtime audit output: {e}") from e
         if not isinstance(found, dict) or not isinstance(found.get("servers"), dict):
-            raise FactProcessError(f"haproxy_servers gave no servers: {text[:80]!r}")
+            raise FactProcessError(f"haproxy_runtime audit gave no servers: {text[:80]!r}")
         return found
 
 

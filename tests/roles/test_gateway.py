@@ -18,7 +18,7 @@ from llamarack.errors import SettingsError
 from llamarack.facts import FactRead
 from llamarack.facts.reading import Answer
 from llamarack.roles.gateway import audit, operations
-from llamarack.roles.gateway.files import haproxy_servers
+from llamarack.roles.gateway.files import haproxy_runtime
 from llamarack.roles.gateway.operations import haproxy, node_exporter, prometheus_targets
 from llamarack.roles.gateway.plan import (HAPROXY_CONFIG, TARGETS, GatewayError, alert_rules, backends_of,
                                           haproxy_config, prometheus_config, rack_key, secret_digest_command,
@@ -359,15 +359,15 @@ def test_a_gateway_reads_and_is_audited_for_the_gateway_role_only():
 
 
 def test_the_runtime_api_capture_parses_into_each_servers_state():
-    found = haproxy_servers.servers(CAPTURE.read_text(), "llamarack")
+    found = haproxy_runtime.stat_servers(CAPTURE.read_text(), "llamarack")
     assert {name: (s["status"], s["check"], s["weight"]) for name, s in found.items()} == {
         "lab-v100-a_0": ("UP", "L7OK", 4), "lab-v100-a_1": ("DRAIN", "L7OK", 4),
         "lab-v100-b_0": ("MAINT", "", 1), "lab-t4_0": ("DOWN", "L7TOUT", 2), "lab-cpu_0": ("DOWN", "L4CON", 1),
     }  # fmt: skip
     assert found["lab-t4_0"]["address"] == "127.0.0.1:28081"
-    assert haproxy_servers.servers(CAPTURE.read_text(), "other") == {}
+    assert haproxy_runtime.stat_servers(CAPTURE.read_text(), "other") == {}
     with pytest.raises(ValueError):
-        haproxy_servers.servers("Unknown command.\n", "llamarack")
+        haproxy_runtime.stat_servers("Unknown command.\n", "llamarack")
 
 
 def _seen(settings, values: dict) -> Seen:
@@ -383,7 +383,7 @@ def _audit(servers, configured):
 
 
 def test_the_audit_item_found_against_wanted():
-    servers = haproxy_servers.servers(CAPTURE.read_text(), "llamarack")
+    servers = haproxy_runtime.stat_servers(CAPTURE.read_text(), "llamarack")
     captured = HaproxyServers().process([json.dumps({"servers": servers})])
     item = _audit(captured, ["lab-v100-a_0", "lab-v100-a_1", "lab-v100-b_0", "lab-t4_0", "lab-cpu_0"])
     assert item.found == {"backends": {"lab-v100-a_0": "UP", "lab-v100-a_1": "DRAIN L7OK", "lab-v100-b_0": "MAINT",

@@ -3,6 +3,7 @@
 
     python3 -c SOURCE [--socket PATH] [--backend NAME] set STATE SERVER...
     python3 -c SOURCE [--socket PATH] [--backend NAME] show [SERVER...]
+    python3 -c SOURCE [--socket PATH] [--backend NAME] audit
     python3 -c SOURCE [--socket PATH] [--backend NAME] wait-empty SECONDS SERVER...
     python3 -c SOURCE [--socket PATH] [--backend NAME] wait-up SECONDS SERVER...
 
@@ -11,7 +12,8 @@ maint); a server HAProxy does not know is an error. ``show``: one JSON object,
 {"servers": {NAME: {"status", "sessions", "weight", "admin", "check"}}}, from
 ``show stat`` (status as HAProxy's stats page words it: UP, DOWN, DRAIN,
 MAINT, "no check"...; sessions: the streams now open to the server).
-``wait-empty``: until no stream is open to any of the SERVERS (a drained
+``audit``: the audit's read (``stat_servers`` less the sessions, or "none" when
+nothing answers on the socket). ``wait-empty``: until no stream is open to any of the SERVERS (a drained
 server's last requests have been answered). ``wait-up``: until each SERVER
 is in service again (UP, or "no check": HAProxy checks nothing there).
 Defaults: ``/run/haproxy/admin.sock``, backend ``llamarack``.
@@ -76,25 +78,50 @@ def admin_states(path: str, backend: str) -> dict:
     return out
 
 
-def servers(path: str, backend: str) -> dict:
-    """Every server of ``backend``: {name: {status, sessions, weight, admin, check}}, from
-    ``show stat`` and ``show servers state``."""
-    text = ask(path, "show stat")
+def stat_servers(text: str, backend: str) -> dict:
+    """Every server of ``backend`` in ``show stat``'s CSV (its first line names the fields):
+    {name: {status, sessions, weight, check, address}}; status in HAProxy's own words (UP,
+    DOWN, MAINT, DRAIN, NOLB; "UP 1/2" while a check moves it). ValueError: not that CSV."""
     if not text.startswith("# "):
-        raise Unreachable(f"HAProxy answered 'show stat' with: {text.strip()[:200]}")
-    admin = admin_states(path, backend)
+        raise ValueError(f"not show stat's CSV: {text.strip()[:200]!r}")
     out = {}
     for row in csv.DictReader(io.StringIO(text[2:])):
         if row.get("pxname") != backend or row.get("svname") in ("FRONTEND", "BACKEND", None):
             continue
+        weight = row.get("weight") or ""
         out[row["svname"]] = {
             "status": row.get("status") or "",
             "sessions": int(row.get("scur") or 0),
-            "weight": int(row.get("weight") or 0),
-            "admin": admin.get(row["svname"]),
-            "check": row.get("check_status") or None,
+            "weight": int(weight) if weight.isdigit() else None,
+            "check": (row.get("check_status") or "").lstrip("* "),  # "* L7TOUT": a check in progress
+            "address": row.get("addr") or "",
         }
     return out
+
+
+def servers(path: str, backend: str) -> dict:
+    """Every server of ``backend``: ``stat_servers``' fields and its admin state, from
+    ``show stat`` and ``show servers state``."""
+    try:
+        out = stat_servers(ask(path, "show stat"), backend)
+    except ValueError as e:
+        raise Unreachable(f"HAProxy answered 'show stat' with something else: {e}") from None
+    admin = admin_states(path, backend)
+    for name, server in out.items():
+        server["admin"] = admin.get(name)
+    return out
+
+
+def audit(path: str, backend: str) -> str:
+    """The audit's read: {"servers": {name: {status, check, weight, address}}} as JSON, or
+    "none" when nothing answers on the admin socket."""
+    try:
+        text = ask(path, "show stat")
+    except Unreachable:
+        return "none"
+    keep = ("status", "check", "weight", "address")
+    found = {name: {k: s[k] for k in keep} for name, s in stat_servers(text, backend).items()}
+    return json.dumps({"servers": found}, sort_keys=True)
 
 
 def set_state(path: str, backend: str, state: str, names: list) -> list:
@@ -130,6 +157,9 @@ def main(argv: list) -> int:
             backend = argv[1]
         argv = argv[2:]
     verb, args = (argv[0], argv[1:]) if argv else ("show", [])
+    if verb == "audit":
+        print(audit(path, backend))
+        return 0
     if verb == "show":
         seen = servers(path, backend)
         print(json.dumps({"servers": {k: v for k, v in seen.items() if not args or k in args}}, sort_keys=True))

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Sourced by the device scripts (residency.sh, split.sh): build_cuda W TARGET [CMAKE_ARG...]
+# clones the carried llama.cpp mirror at its pinned commit into W/src (once) and builds
+# TARGETs for sm_90 into W/build, the logs in $OUT; nvcc is the machine's.
+nvcc=$(ls /usr/local/cuda*/bin/nvcc 2>/dev/null | head -1)
+
+build_cuda() {
+  local w=$1 targets=$2
+  shift 2
+  [ -d "$w/src" ] || { git clone -q .carry/llama.cpp.git "$w/src" && git -C "$w/src" checkout -q "$(cat .carry/commit)"; } || return 1
+  cmake -S "$w/src" -B "$w/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real \
+    -DCMAKE_CUDA_COMPILER="$nvcc" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF "$@" > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; return 1; }
+  # shellcheck disable=SC2086 (the targets are words)
+  cmake --build "$w/build" --target $targets -j"$(nproc)" > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; return 1; }
+  "$w/build/bin/llama-server" --help > "$w/build/server-help.txt" 2>&1
+}
