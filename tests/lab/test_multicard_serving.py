@@ -18,12 +18,13 @@ import urllib.request
 
 import pytest
 
-from llamarack_lab.pytest_plugin import parse_pyinfra_totals
+from llamarack_lab.pytest_plugin import count_remote_work, parse_pyinfra_totals
 from tests.lab import deploying
 
 pytestmark = pytest.mark.lab
 
 HOST = "lab-v100-a"
+SEEN = {}
 ROOT = "/opt/llamarack"
 UNITS = "/etc/systemd/system"
 
@@ -81,7 +82,20 @@ def cards_restored_afterwards(lab_rack):
     deploying.deploy(lab_rack, HOST)
 
 
+def remote_work(lab_rack) -> dict:
+    """A converged deploy of the host with pyinfra's --debug log: its remote commands, and
+    the facts it read more than once (none)."""
+    rc, out = lab_rack.run_pyinfra(deploying.ROOT / "deploy.py", "--debug", "--limit", HOST,
+                                   inventory=deploying.ROOT / "inventory/lab.py", timeout=600)  # fmt: skip
+    assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
+    seen = count_remote_work(out, [HOST])[HOST]
+    assert seen["facts_read_more_than_once"] == {}, seen
+    return seen
+
+
 def test_eight_cards_serve_eight_units_on_eight_ports(lab_rack):
+    deploy(lab_rack)
+    SEEN["one_card_commands"] = remote_work(lab_rack)["remote_commands"]
     lab_rack.reseat(HOST, "v100-sxm2-16gb-x8")
     out = deploy(lab_rack)
     found = units(lab_rack)
@@ -107,6 +121,9 @@ def test_the_audit_lists_every_unit_and_a_second_deploy_changes_nothing(lab_rack
     assert all(not items[f"service@{n}"].get("drift") for n in range(8)), items
     assert not items["units"].get("drift"), items["units"]
     converged(lab_rack)
+    # what the converged 8-card host costs: no more remote commands than it did with one card
+    seen = remote_work(lab_rack)
+    assert seen["remote_commands"] <= SEEN["one_card_commands"], seen
 
 
 def test_a_card_off_the_bus_retires_its_unit_and_its_return_brings_it_back(lab_rack):
