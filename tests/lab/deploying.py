@@ -1,5 +1,8 @@
 """Running the project's deploy.py against lab hosts, as a user would."""
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,3 +57,11 @@ def converges(lab_rack, host: str, *data: str) -> str:
     assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
     assert state(lab_rack, host) == before, f"{host}: its state changed on a run that counted no change"
     return out
+
+
+def audit_json(host: str, *args: str) -> dict:
+    """``llamarack audit inventory/lab.py --json --limit HOST ARGS...``: the host's part."""
+    r = subprocess.run([sys.executable, "-m", "llamarack", "audit", str(ROOT / "inventory/lab.py"), "--json",
+                        "--limit", host, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.stdout.strip().startswith("{"), r.stderr[-3000:]
+    return json.loads(r.stdout)["hosts"][host]

@@ -67,11 +67,7 @@ def completes(lab_rack, port: int) -> None:
 
 def audit(*data: str) -> dict:
     """The host's audit against the settings the deploy had (``data``: its --data items)."""
-    r = subprocess.run([sys.executable, "-m", "llamarack", "audit", str(deploying.ROOT / "inventory/lab.py"), "--json",
-                        "--limit", HOST, *[w for d in data for w in ("--data", d)]],
-                       cwd=deploying.ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert r.stdout.strip().startswith("{"), r.stderr[-3000:]
-    return json.loads(r.stdout)["hosts"][HOST]
+    return deploying.audit_json(HOST, *[w for d in data for w in ("--data", d)])
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,0 +1,91 @@
+"""The two quantization routes and the quality record, on one lab host, on the CPU.
+
+lab-v100-b makes the tiny model through the AWQ route (AutoAWQ in the AWQ env, the lab's
+CPU torch, its scales applied into the fp16 weights), then through the plain route, each
+measured by llama-perplexity against its f16 GGUF; then a KL divergence bound no artifact
+meets refuses a new one while the old one keeps serving. No claim is made about which
+route is better: the model is tiny and random.
+
+The tests run in order, each from the state the one before left.
+"""
+
+import json
+import urllib.request
+
+import pytest
+
+from tests.lab import deploying
+
+pytestmark = pytest.mark.lab
+
+HOST = "lab-v100-b"
+ROOT = "/opt/llamarack"
+MEASURED = ("model_quality=True",)
+SEEN = {}
+
+
+def deploy(lab_rack, *data: str) -> tuple:
+    return deploying.deploy(lab_rack, HOST, *data)
+
+
+def record(lab_rack) -> dict:
+    return json.loads(deploying.sh(lab_rack, HOST, f"cat {ROOT}/models/current/stamp.json"))
+
+
+def completes(lab_rack) -> None:
+    ip = lab_rack.rack.host(HOST)["ip"]
+    request = urllib.request.Request(f"http://{ip}:8080/completion", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"prompt": "hello", "n_predict": 4}).encode())  # fmt: skip
+    with urllib.request.urlopen(request, timeout=60) as r:
+        assert json.loads(r.read())["tokens_predicted"] == 4
+
+
+def measured(quality: dict) -> None:
+    """Real figures: the f16 GGUF's perplexity, and per KV type the quant's and its KLD."""
+    assert quality["f16"]["ppl"] > 1, quality
+    assert sorted(quality["kv"]) == ["f16", "q4_0", "q8_0"], quality
+    for kv, v in quality["kv"].items():
+        assert v["ppl"] > 1 and v["kld"] >= 0, (kv, quality)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def route_restored_afterwards(lab_rack):
+    yield
+    deploying.deploy(lab_rack, HOST)
+
+
+def test_the_awq_route_serves_a_measured_artifact_whose_scales_were_applied(lab_rack):
+    rc, out = deploy(lab_rack, "model_route=awq", *MEASURED)
+    assert rc == 0, out[-6000:]
+    stamp = record(lab_rack)
+    assert stamp["route"] == "awq", stamp
+    measured(stamp["quality"])
+    log = deploying.sh(lab_rack, HOST, f"cat {ROOT}/models/current/awq.log")
+    assert "awq-report" in log, log[-2000:]
+    SEEN["awq"] = stamp["gguf"]["sha256"]
+    completes(lab_rack)
+
+
+def test_a_second_awq_deploy_changes_nothing(lab_rack):
+    deploying.converges(lab_rack, HOST, "model_route=awq", *MEASURED)
+
+
+def test_the_plain_route_makes_another_artifact_from_the_same_checkpoint(lab_rack):
+    rc, out = deploy(lab_rack, *MEASURED)
+    assert rc == 0, out[-6000:]
+    stamp = record(lab_rack)
+    assert stamp.get("route", "gguf") == "gguf"
+    measured(stamp["quality"])
+    # the AWQ route's scales changed the weights the quantizer saw: another GGUF
+    assert stamp["gguf"]["sha256"] != SEEN["awq"]
+    SEEN["plain"] = deploying.sh(lab_rack, HOST, f"readlink {ROOT}/models/current")
+    report = deploying.audit_json(HOST, *[w for d in MEASURED for w in ("--data", d)])
+    assert "KLD" in (report["items"]["model"]["found"].get("quality") or ""), report["items"]["model"]
+
+
+def test_an_artifact_past_the_kld_bound_is_refused_and_the_old_one_serves(lab_rack):
+    rc, out = deploy(lab_rack, *MEASURED, "model_quant=Q4_0", "model_quality_max_kld=0.0000001")
+    assert rc != 0, out[-6000:]
+    assert "found a mean KL divergence of" in out and "at most model_quality_max_kld = 1e-07" in out, out[-6000:]
+    assert deploying.sh(lab_rack, HOST, f"readlink {ROOT}/models/current") == SEEN["plain"]
+    completes(lab_rack)
