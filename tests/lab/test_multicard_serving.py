@@ -12,8 +12,6 @@ The tests run in order, each from the state the one before left.
 
 import json
 import re
-import subprocess
-import sys
 import urllib.request
 
 import pytest
