@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,3 +66,12 @@ def audit_json(host: str, *args: str) -> dict:
                         "--limit", host, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.stdout.strip().startswith("{"), r.stderr[-3000:]
     return json.loads(r.stdout)["hosts"][host]
+
+
+def completes(lab_rack, host: str, port: int = 8080) -> None:
+    """``host``'s llama-server on ``port`` answers a real /completion of 4 tokens."""
+    ip = lab_rack.rack.host(host)["ip"]
+    request = urllib.request.Request(f"http://{ip}:{port}/completion", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"prompt": "hello", "n_predict": 4}).encode())  # fmt: skip
+    with urllib.request.urlopen(request, timeout=60) as r:
+        assert json.loads(r.read())["tokens_predicted"] == 4

@@ -9,7 +9,6 @@ NVIDIA driver is the one test double (no GPU can exist in the lab).
 import json
 import subprocess
 import sys
-import urllib.request
 
 import pytest
 
@@ -39,14 +38,6 @@ def converged(lab_rack, *data: str) -> None:
     rc, out = deploy(lab_rack, *data)
     assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
     assert deploying.state(lab_rack, HOST) == before
-
-
-def answers(lab_rack) -> None:
-    ip = lab_rack.rack.host(HOST)["ip"]
-    request = urllib.request.Request(f"http://{ip}:8080/completion", headers={"Content-Type": "application/json"},
-                                     data=json.dumps({"prompt": "hello", "n_predict": 4}).encode())  # fmt: skip
-    with urllib.request.urlopen(request, timeout=60) as r:
-        assert json.loads(r.read())["tokens_predicted"] == 4
 
 
 def audit(*args: str) -> tuple[int, dict]:
@@ -98,7 +89,7 @@ def test_rollback_puts_the_previous_build_back_and_a_deploy_keeps_it_until_the_s
     assert f"rolling back to build {first}, model " in out and f"(from build {second}, model " in out, out[-6000:]
     assert served_build(lab_rack) == first and sh(lab_rack, f"sha256sum < {UNIT}") == first_unit
     assert sh(lab_rack, "systemctl is-active llamarack-server.service") == "active"
-    answers(lab_rack)
+    deploying.completes(lab_rack, HOST)
     pin = json.loads(sh(lab_rack, f"cat {ROOT}/state/rollback.json"))
     assert pin["unit_sha1"] == sh(lab_rack, f"sha1sum < {UNIT}").split()[0]
     # the audit (the inventory's own settings, which want the first build and model) shows
@@ -118,7 +109,7 @@ def test_rollback_puts_the_previous_build_back_and_a_deploy_keeps_it_until_the_s
     assert rc == 0, out[-6000:]
     assert current_build(lab_rack) == first and served_build(lab_rack) == first
     assert sh(lab_rack, f"sha256sum < {UNIT}") == unit_before
-    answers(lab_rack)
+    deploying.completes(lab_rack, HOST)
     converged(lab_rack)
     rc, seen = audit()
     assert rc == 0 and seen["drift"] == [], seen
@@ -141,7 +132,7 @@ def test_after_a_rollback_of_the_unit_alone_the_audit_and_the_deploy_agree_nothi
     converged(lab_rack)
     assert sh(lab_rack, "systemctl show -p MainPID --value llamarack-server.service") == pid
     assert sh(lab_rack, f"sha256sum < {UNIT}") == unit
-    answers(lab_rack)
+    deploying.completes(lab_rack, HOST)
 
 
 def test_a_build_binary_replaced_by_another_program_is_rebuilt_beside_and_switched_in(lab_rack):
@@ -159,7 +150,7 @@ def test_a_build_binary_replaced_by_another_program_is_rebuilt_beside_and_switch
     # the tampered build served until its successor was proven; now nothing runs it and it is gone
     assert sh(lab_rack, f"test -e {ROOT}/builds/{before} || echo gone") == "gone"
     assert sh(lab_rack, f"cmp -s {ROOT}/builds/current/bin/llama-quantize /bin/true || echo rebuilt") == "rebuilt"
-    answers(lab_rack)
+    deploying.completes(lab_rack, HOST)
     converged(lab_rack)
     rc, seen = audit()
     assert rc == 0 and seen["drift"] == [], seen
@@ -195,5 +186,5 @@ def test_after_a_driver_upgrade_reboot_the_unchanged_server_is_checked_for_healt
     assert "llama-server answers /health after the driver reboot" in out, out[-6000:]
     assert sh(lab_rack, f"sha256sum < {UNIT}") == unit  # the unit did not change, yet it was checked
     assert sh(lab_rack, "nvidia-smi --query-gpu=driver_version --format=csv,noheader") == "570.172.08"
-    answers(lab_rack)
+    deploying.completes(lab_rack, HOST)
     converged(lab_rack, "driver_reboot_on_mismatch=True")

@@ -12,7 +12,6 @@ The tests run in order, each from the state the one before left.
 
 import json
 import re
-import urllib.request
 
 import pytest
 
@@ -55,14 +54,6 @@ def visible(unit: str) -> str:
     return m.group(1) if m else ""
 
 
-def completes(lab_rack, port: int) -> None:
-    ip = lab_rack.rack.host(HOST)["ip"]
-    request = urllib.request.Request(f"http://{ip}:{port}/completion", headers={"Content-Type": "application/json"},
-                                     data=json.dumps({"prompt": "hello", "n_predict": 4}).encode())  # fmt: skip
-    with urllib.request.urlopen(request, timeout=60) as r:
-        assert json.loads(r.read())["tokens_predicted"] == 4
-
-
 def audit(*data: str) -> dict:
     """The host's audit against the settings the deploy had (``data``: its --data items)."""
     return deploying.audit_json(HOST, *[w for d in data for w in ("--data", d)])
@@ -99,7 +90,7 @@ def test_eight_cards_serve_eight_units_on_eight_ports(lab_rack):
         unit = found[f"llamarack-server@{n}.service"]
         assert f"--port {8080 + n} " in exec_start(unit)
         assert visible(unit) == cards[n]
-        completes(lab_rack, 8080 + n)
+        deploying.completes(lab_rack, HOST, 8080 + n)
     record = json.loads(deploying.sh(lab_rack, HOST, f"cat {ROOT}/state/units.json"))
     assert [(u["unit"], u["port"], u["cards"]) for u in record["units"]] == [
         (f"llamarack-server@{n}.service", 8080 + n, [cards[n]]) for n in range(8)]
@@ -137,7 +128,7 @@ def test_a_card_off_the_bus_retires_its_unit_and_its_return_brings_it_back(lab_r
     found = units(lab_rack)
     assert "llamarack-server@3.service" in found
     assert visible(found["llamarack-server@3.service"]) == lab_rack.cards(HOST)[3]["uuid"]
-    completes(lab_rack, 8083)
+    deploying.completes(lab_rack, HOST, 8083)
 
 
 def test_a_mixed_host_gets_a_unit_per_card(lab_rack):
@@ -147,7 +138,7 @@ def test_a_mixed_host_gets_a_unit_per_card(lab_rack):
     assert sorted(found) == [f"llamarack-server@{n}.service" for n in range(4)]
     for n, card in enumerate(lab_rack.cards(HOST)):
         assert visible(found[f"llamarack-server@{n}.service"]) == card["uuid"]
-        completes(lab_rack, 8080 + n)
+        deploying.completes(lab_rack, HOST, 8080 + n)
     converged(lab_rack)
 
 
@@ -160,7 +151,7 @@ def test_a_split_host_runs_one_unit_with_the_planned_tensor_split(lab_rack):
     start = exec_start(unit)
     assert re.search(r"--split-mode layer --tensor-split \d+,\d+ --main-gpu [01]\b", start), start
     assert visible(unit) == ",".join(c["uuid"] for c in lab_rack.cards(HOST))
-    completes(lab_rack, 8080)
+    deploying.completes(lab_rack, HOST, 8080)
     converged(lab_rack, "server_layout=split")
 
 
@@ -184,7 +175,7 @@ def test_a_unit_the_driver_does_not_list_on_its_card_is_rolled_back(lab_rack):
         after = units(lab_rack)
         assert after["llamarack-server@1.service"] == before["llamarack-server@1.service"]  # the previous one
         assert "--parallel 2 " in exec_start(after["llamarack-server@0.service"])  # its card lists it: switched
-        completes(lab_rack, 8081)
+        deploying.completes(lab_rack, HOST, 8081)
         found = audit(*on)["items"]["residency@1"]
         assert found.get("drift") and found["found"]["why"].startswith("CPU fallback"), found
     finally:
@@ -197,5 +188,5 @@ def test_back_on_one_card_the_host_serves_its_one_unit_again(lab_rack):
     lab_rack.reseat(HOST, "v100-16gb")
     deploy(lab_rack)
     assert list(units(lab_rack)) == ["llamarack-server.service"]
-    completes(lab_rack, 8080)
+    deploying.completes(lab_rack, HOST, 8080)
     converged(lab_rack)

@@ -10,7 +10,6 @@ The tests run in order, each from the state the one before left.
 """
 
 import json
-import urllib.request
 
 import pytest
 
@@ -30,14 +29,6 @@ def deploy(lab_rack, *data: str) -> tuple:
 
 def record(lab_rack) -> dict:
     return json.loads(deploying.sh(lab_rack, HOST, f"cat {ROOT}/models/current/stamp.json"))
-
-
-def completes(lab_rack) -> None:
-    ip = lab_rack.rack.host(HOST)["ip"]
-    request = urllib.request.Request(f"http://{ip}:8080/completion", headers={"Content-Type": "application/json"},
-                                     data=json.dumps({"prompt": "hello", "n_predict": 4}).encode())  # fmt: skip
-    with urllib.request.urlopen(request, timeout=60) as r:
-        assert json.loads(r.read())["tokens_predicted"] == 4
 
 
 def measured(quality: dict) -> None:
@@ -63,7 +54,7 @@ def test_the_awq_route_serves_a_measured_artifact_whose_scales_were_applied(lab_
     log = deploying.sh(lab_rack, HOST, f"cat {ROOT}/models/current/awq.log")
     assert "awq-report" in log, log[-2000:]
     SEEN["awq"] = stamp["gguf"]["sha256"]
-    completes(lab_rack)
+    deploying.completes(lab_rack, HOST)
 
 
 def test_a_second_awq_deploy_changes_nothing(lab_rack):
@@ -88,4 +79,4 @@ def test_an_artifact_past_the_kld_bound_is_refused_and_the_old_one_serves(lab_ra
     assert rc != 0, out[-6000:]
     assert "found a mean KL divergence of" in out and "at most model_quality_max_kld = 1e-07" in out, out[-6000:]
     assert deploying.sh(lab_rack, HOST, f"readlink {ROOT}/models/current") == SEEN["plain"]
-    completes(lab_rack)
+    deploying.completes(lab_rack, HOST)
