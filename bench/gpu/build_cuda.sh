@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Sourced by the device scripts (residency.sh, split.sh): build_cuda W TARGET [CMAKE_ARG...]
+# Sourced by the device scripts (residency.sh, split.sh, awq.sh): build_cuda W TARGET [CMAKE_ARG...]
 # clones the carried llama.cpp mirror at its pinned commit into W/src (once) and builds
-# TARGETs for sm_90 into W/build, the logs in $OUT; nvcc is the machine's.
+# TARGETs for sm_90 into W/build, the logs in $OUT; nvcc is the machine's. A build with
+# llama-server ends with its --help (the build's first run).
 nvcc=$(ls /usr/local/cuda*/bin/nvcc 2>/dev/null | head -1)
 
 build_cuda() {
@@ -13,5 +14,5 @@ build_cuda() {
     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF "$@" > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; return 1; }
   # shellcheck disable=SC2086 (the targets are words)
   cmake --build "$w/build" --target $targets -j"$(nproc)" > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; return 1; }
-  "$w/build/bin/llama-server" --help > "$w/build/server-help.txt" 2>&1
+  [ ! -x "$w/build/bin/llama-server" ] || "$w/build/bin/llama-server" --help > "$w/build/server-help.txt" 2>&1
 }
