@@ -239,12 +239,20 @@ def _awq(plan: ModelPlan, t: dict, user: str, devices: tuple):
     yield f"{done} || {_logged(step + ' < /dev/null', f'{s}/awq.log')}"
 
 
-def _measured(command: str, log: str) -> str:
+# llama-perplexity's log thread may lose the last lines, the figures among them, when it
+# exits (the pinned llama.cpp never flushes it there): a run whose output lacks its figure is
+# run again, up to this many times in all, before its log is kept as it is.
+MEASURE_TRIES = 3
+
+
+def _measured(command: str, log: str, figure: str) -> str:
     """``command`` with its output in ``log``, which appears only once the run succeeded (a log
-    there is a measurement done: a rerun skips it); on failure the output's tail goes to stderr."""
+    there is a measurement done: a rerun skips it); on failure the output's tail goes to stderr.
+    A run whose output lacks ``figure`` (a fixed string of the line that holds it) runs again."""
     q, tmp = shlex.quote, log + ".tmp"
-    return (f"[ -f {q(log)} ] || {{ {command} > {q(tmp)} 2>&1 && mv -f -- {q(tmp)} {q(log)} || "
-            f"{{ rc=$?; tail -n 40 {q(tmp)} >&2; exit $rc; }}; }}")  # fmt: skip
+    return (f"[ -f {q(log)} ] || {{ for try in $(seq {MEASURE_TRIES}); do {command} > {q(tmp)} 2>&1 || "
+            f"{{ rc=$?; tail -n 40 {q(tmp)} >&2; exit $rc; }}; grep -qF -- {q(figure)} {q(tmp)} && break; done; "
+            f"mv -f -- {q(tmp)} {q(log)}; }}")  # fmt: skip
 
 
 def _measure(plan: ModelPlan, t: dict, user: str, devices: tuple):
@@ -261,7 +269,8 @@ def _measure(plan: ModelPlan, t: dict, user: str, devices: tuple):
                            "-ctk", kv, "-ctv", kv, "-fa", "on"]) for kv in KV_TYPES]  # fmt: skip
     for name, words in runs:
         step = sandbox.offline(f"quality {name}", words, user, work, devices=devices)
-        yield f"[ -f {q(s + '/model.gguf')} ] || {_measured(step + ' < /dev/null', f'{s}/quality-{name}.log')}"
+        figure = "Final estimate: PPL" if name == "f16" else "Mean    KLD:"
+        yield f"[ -f {q(s + '/model.gguf')} ] || {_measured(step + ' < /dev/null', f'{s}/quality-{name}.log', figure)}"
 
 
 def _take_over(plan: ModelPlan):
