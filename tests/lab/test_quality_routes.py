@@ -19,7 +19,9 @@ pytestmark = pytest.mark.lab
 
 HOST = "lab-v100-b"
 ROOT = "/opt/llamarack"
-MEASURED = ("model_quality=True",)
+# Measured, at a quant of its own: an artifact is measured when it is made, and the rack's
+# Q4_K_M artifact was made unmeasured before these tests.
+MEASURED = ("model_quality=True", "model_quant=Q4_K_S")
 SEEN = {}
 
 
@@ -75,7 +77,7 @@ def test_the_plain_route_makes_another_artifact_from_the_same_checkpoint(lab_rac
 
 
 def test_an_artifact_past_the_kld_bound_is_refused_and_the_old_one_serves(lab_rack):
-    rc, out = deploy(lab_rack, *MEASURED, "model_quant=Q4_0", "model_quality_max_kld=0.0000001")
+    rc, out = deploy(lab_rack, "model_quality=True", "model_quant=Q4_0", "model_quality_max_kld=0.0000001")
     assert rc != 0, out[-6000:]
     assert "found a mean KL divergence of" in out and "at most model_quality_max_kld = 1e-07" in out, out[-6000:]
     assert deploying.sh(lab_rack, HOST, f"readlink {ROOT}/models/current") == SEEN["plain"]
