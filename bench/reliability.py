@@ -297,7 +297,10 @@ def disk_full_evidence(ctx, f, rc, out):
     return [count_proof("the fetch had finished (fetch.log: all files in place)", ctx.seen.get("fetched")),
             proof("the staging shrank to what it held plus 64 KiB", ctx.seen.get("remounted") == 1
                   and isinstance(left, int) and left < 1 << 20, {"free_bytes": left}),
-            line_proof("the convert step hit ENOSPC", out, r"No space left on device")]  # fmt: skip
+            # ENOSPC as the OS words it, or as the converter's short write (gguf-py's OSError
+            # "N requested and M written" when the disk took only part of a block)
+            line_proof("the convert step hit ENOSPC", out,
+                       r"No space left on device|OSError: \d+ requested and \d+ written")]  # fmt: skip
 
 
 def truncated_evidence(ctx, f, rc, out):

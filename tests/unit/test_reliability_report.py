@@ -164,6 +164,10 @@ def test_disk_full_fires_only_when_the_convert_hit_enospc_after_the_fetch():
     # the staging shrank but the fetch had not finished: not the convert's ENOSPC
     assert held(evidence(ctx(fetched=0, remounted=1, free_bytes=65536), None, 1, convert_failed)) == [False, True, True]
     assert held(evidence(ctx(fetched=1, remounted=1, free_bytes=2 << 30), None, 1, convert_failed)) == [True, False, True]
+    # the converter's own words for it, from a run in the lab: gguf-py's short write
+    short_write = "[lab-v100-a] OSError: 256000 requested and 9608 written"
+    hit = evidence(ctx(fetched=1, remounted=1, free_bytes=65536), None, 1, "\n".join([STARTED_MODEL, short_write]))
+    assert held(hit) == [True, True, True]
 
 
 def test_hub_cut_fires_only_when_the_hub_cut_what_it_sent():
