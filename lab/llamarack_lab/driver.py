@@ -5,6 +5,7 @@ its cards run."""
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import asdict, dataclass
 
 from . import paths, profiles
@@ -86,9 +87,10 @@ class GpuProcess:
 def _write(rack: Rack, host: str, path: str, value) -> None:
     """``value`` as JSON in ``path`` on ``host``, replaced whole (None: the file removed)."""
     if value is None:
-        _ok(rack.ssh(host, f"rm -f {path}"), f"removing {path} on {host}")
+        _ok(rack.ssh(host, f"rm -f {shlex.quote(path)}"), f"removing {path} on {host}")
         return
-    r = rack.ssh(host, f"cat > {path}.new && mv -f {path}.new {path}", input=(json.dumps(value, indent=2) + "\n").encode())
+    q = shlex.quote(path)
+    r = rack.ssh(host, f"cat > {q}.new && mv -f {q}.new {q}", input=(json.dumps(value, indent=2) + "\n").encode())
     _ok(r, f"writing {path} on {host}")
 
 
@@ -133,7 +135,7 @@ def reseat(rack: Rack, host: str, profile: str) -> str:
         raise LabError(f"unknown GPU profile {profile!r}; known: {', '.join(profiles.PROFILES)}")
     _write(rack, host, GPUS_JSON, profiles.gpus_json(found["name"], profile))
     _write(rack, host, CARDS_OFF_JSON, None)
-    _ok(rack.ssh(host, f"echo {profile} > {PROFILE_FILE}"), f"writing {PROFILE_FILE} on {host}")
+    _ok(rack.ssh(host, f"echo {shlex.quote(profile)} > {shlex.quote(PROFILE_FILE)}"), f"writing {PROFILE_FILE} on {host}")
     found["profile"] = profile
     rack.save()
     return f"{host}: the cards of {profile} ({len(profiles.PROFILES[profile].gpus)})"
