@@ -17,10 +17,15 @@ deployed; each host's llama-server (MainPID, NRestarts) before and after.
   ``bench/deploys/fails_gate.py``, which stops the canary's llama-server after the
   deploy: the rollout stops there, the canary drained, the rest untouched;
 - revert: a fresh rollout back to the base commit (the drained canary included);
+- driver_upgrade: ``llamarack rollout inventory/lab.py bench/deploys/driver_upgrade.py
+  --data nvidia_driver_version=UPGRADE``: each host unheld, its driver upgraded within
+  the branch from the lab's apt repository, rebooted, gated;
+- driver_hold: the project's deploy rolled after it (the driver held again, nothing restarted);
 - plain_pyinfra: the same bump with ``pyinfra -y inventory/lab.py deploy.py``, no
   gateway drain: its failed requests are what the rollout is measured against.
 
-The rack is left on the base commit (a plain deploy without load at the end).
+The rack is left on the base commit and the default driver (loaded, then a plain deploy
+without load at the end).
 Wall times are figures, not bounds: the lab's hosts share this machine's cores.
 Writes bench/results/rollout.json.
 """
@@ -39,7 +44,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "lab")]
 
-from llamarack_lab import mirror, services  # noqa: E402
+from llamarack_lab import driver, mirror, services  # noqa: E402
+from llamarack_lab.fake_nvidia import deb  # noqa: E402
 from llamarack_lab import rack as rackmod  # noqa: E402
 from llamarack_lab.pytest_plugin import parse_pyinfra_totals, pyinfra_command  # noqa: E402
 
@@ -54,6 +60,8 @@ CONCURRENCY, N_PREDICT = 4, 8
 BASELINE_REQUESTS = 200
 CASE_LIMIT_S = 5400  # the load's own bound for one case
 SERVER = "systemctl show -p MainPID -p NRestarts --value llamarack-server.service | tr '\\n' ' '"
+DRIVER = "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u"
+DRIVER_UPGRADE = ROOT / "bench/deploys/driver_upgrade.py"
 
 
 def servers(rack, names: list) -> dict:
@@ -105,12 +113,25 @@ def plain_deploy(*data: str) -> dict:
     return {"returncode": r.returncode, "changed_operations": parse_pyinfra_totals(r.stdout)["success"]}
 
 
+def drivers(rack, names: list) -> dict:
+    return {n: subprocess.run(rack.ssh_command(n, DRIVER), capture_output=True, text=True, timeout=60).stdout.strip()
+            for n in names}  # fmt: skip
+
+
 def case(rack, serving: list, url: str, action) -> dict:
-    before = servers(rack, serving)
+    before, driver_before = servers(rack, serving), drivers(rack, serving)
     record = under_load(url, action)
-    after = servers(rack, serving)
+    after, driver_after = servers(rack, serving), drivers(rack, serving)
     record["restarted"] = sorted(h for h in serving if before[h] != after[h])
+    record["driver"] = {h: [driver_before[h], driver_after[h]] for h in serving}
     return record
+
+
+def driver_cases(rack, serving: list, url: str) -> dict:
+    """The driver upgrade with reboot rolled, then the project's deploy rolled after it."""
+    upgrade = ("--data", f"nvidia_driver_version={deb.UPGRADE_VERSION}-1")
+    return {"driver_upgrade": case(rack, serving, url, lambda: rollout(str(DRIVER_UPGRADE), *upgrade)),
+            "driver_hold": case(rack, serving, url, lambda: rollout())}
 
 
 def main() -> int:
@@ -136,7 +157,10 @@ def main() -> int:
     result["canary_fails"] = case(rack, serving, url, lambda: rollout(
         str(ROOT / "bench/deploys/fails_gate.py"), "--canary", canary, env={"LLAMARACK_BENCH_FAIL_GATE": canary}))
     result["revert_rollout"] = case(rack, serving, url, lambda: rollout("--canary", canary))
+    result.update(driver_cases(rack, serving, url))
     result["plain_pyinfra"] = case(rack, serving, url, lambda: plain_deploy(f"llamacpp_commit={bump}"))
+    for h in serving:
+        driver.set_driver(rack, h, deb.DEFAULT_VERSION, "ok")
     result["restore"] = plain_deploy()
     JOURNAL.unlink(missing_ok=True)
     RESULT.write_text(json.dumps(result, indent=1) + "\n")

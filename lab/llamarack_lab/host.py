@@ -148,6 +148,15 @@ def personalize(root: Path, name: str, ip: str, profile: str, pubkey: str) -> st
     return key.with_suffix(".pub").read_text().strip()
 
 
+DRIVER_SOURCE = "etc/apt/sources.list.d/llamarack-lab-nvidia.list"
+
+
+def add_driver_source(root: Path, url: str) -> None:
+    """The lab's apt repository of the fake driver as one of the host's apt sources (a GPU
+    host of a real site reaches NVIDIA's repository, or its own mirror of it, the same way)."""
+    (root / DRIVER_SOURCE).write_text(f"deb [trusted=yes] {url} ./\n")
+
+
 def install_deb_offline(root: Path, deb: Path) -> None:
     """dpkg -i into the stopped host's root (the package has no maintainer
     scripts, so no chroot is needed); its unit loads the module at boot."""

@@ -227,6 +227,7 @@ def _up(rack: Rack, spec, driver_version: str, boot_timeout: float) -> None:
         h["host_key"] = hostmod.personalize(root, name, ip, profile, pubkey)
         if profiles.PROFILES[profile].gpus:
             hostmod.install_deb_offline(root, driver_deb)
+            hostmod.add_driver_source(root, services.url(profiles.GATEWAY, services.DRIVER_REPO_PATH))
         network.add_host(h, name, i, ip)
         rack.save()
         cmd = hostmod.nspawn_command(name, root, h["netns"], rack.data["lxcfs"]["mount"])

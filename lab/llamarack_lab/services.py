@@ -7,6 +7,8 @@ the bridge address, and the lab inventory points the settings there:
     http://10.77.0.1:8470/llama.cpp.git   llama.cpp, from the PyPI sdist (mirror.py)
     http://10.77.0.1:8470/pypi/simple     PEP 503 index of every wheel the python env
                                           and converter env roles install (wheels.py)
+    http://10.77.0.1:8470/nvidia          flat apt repository of the fake NVIDIA driver
+                                          (fake_nvidia/deb.py; the GPU hosts' apt source)
     http://10.77.0.1:8471                 Hugging Face-compatible hub serving the tiny
                                           model as lab/tiny-llama (hub_server.py, tiny_model.py)
 
@@ -36,12 +38,14 @@ import time
 from pathlib import Path
 
 from . import hub_server, mirror, paths, tiny_model, wheels
+from .fake_nvidia import deb
 from .util import LabError, progress
 
 SERVICES_PORT = 8470
 HUB_PORT = 8471
 HUB_REPO = "lab/tiny-llama"
 PYPI_PATH = "pypi/simple"
+DRIVER_REPO_PATH = "nvidia"
 # bookworm's python3.11: the converter file's markers are evaluated for it.
 HOST_PYTHON = "3.11.2"
 
@@ -208,6 +212,7 @@ def start_all(bind: str) -> dict:
     started = time.monotonic()
     m = prepare()
     prepare_index(m)
+    deb.write_repo(srv_dir() / DRIVER_REPO_PATH)
     model = prepare_hub()
     record = {"pid": start(bind), "port": SERVICES_PORT}
     try:
@@ -216,7 +221,7 @@ def start_all(bind: str) -> dict:
     except BaseException:
         stop(record["pid"])
         raise
-    progress(f"serving llama.cpp and pypi on {bind}:{SERVICES_PORT}, {HUB_REPO} on "
+    progress(f"serving llama.cpp, pypi and the driver's apt repository on {bind}:{SERVICES_PORT}, {HUB_REPO} on "
              f"{bind}:{HUB_PORT} (prepared in {time.monotonic() - started:.1f} s)")
     return record
 

@@ -1,7 +1,10 @@
 """``llamarack rollout`` across the lab rack, behind its gateway (lab-gw:8000), under a
 steady bounded load (``bench/loadgen.py``): a llama.cpp bump rolled canary first drops
-no request, and a converged rollout restarts nothing. The rack is put back on the base
-commit afterwards. The full measurement is ``bench/rollout_bench.py``."""
+no request, a converged rollout restarts nothing, and a driver upgrade within the branch
+(``bench/deploys/driver_upgrade.py``: unhold, apt upgrade from the lab's driver
+repository, reboot) rolls host by host and drops no request either. The rack is put back
+on the base commit and the default driver afterwards. The full measurement is
+``bench/rollout_bench.py``."""
 
 import importlib.util
 import json
@@ -12,6 +15,7 @@ import sys
 import pytest
 
 from llamarack_lab import mirror, services
+from llamarack_lab.fake_nvidia import deb
 from tests.lab import deploying
 
 pytestmark = pytest.mark.lab
@@ -20,6 +24,10 @@ GATEWAY = "lab-gw"
 INVENTORY = deploying.ROOT / "inventory/lab.py"
 JOURNAL = deploying.ROOT / ".llamarack/rollout-lab.json"
 CURRENT = "readlink /opt/llamarack/builds/current"
+DRIVER_UPGRADE = deploying.ROOT / "bench/deploys/driver_upgrade.py"
+# /run is a tmpfs each boot makes anew: the mark is gone after a reboot, and only then.
+MARK, MARKED = "touch /run/lab-rollout-mark", "test -e /run/lab-rollout-mark && echo yes || echo no"
+DRIVER = "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u; apt-mark showhold"
 SERVER = "systemctl show -p MainPID -p NRestarts llamarack-server.service; " \
          "sha256sum /etc/systemd/system/llamarack-server.service"
 
@@ -41,6 +49,8 @@ def serving(lab_rack):
     names = [h.name for h in lab_rack.hosts if h.name != GATEWAY]
     yield names
     JOURNAL.unlink(missing_ok=True)
+    for h in names:  # the default driver, loaded (the driver upgrade below leaves a later one)
+        lab_rack.driver(h, version=deb.DEFAULT_VERSION, state="ok")
     rc, out = lab_rack.run_pyinfra(deploying.ROOT / "deploy.py", inventory=INVENTORY, timeout=3600)  # the base commit
     assert rc == 0, out[-4000:]
 
@@ -89,3 +99,28 @@ def test_a_converged_rollout_restarts_nothing(lab_rack, serving, bump):
     assert len(totals) == len(serving) and set(totals) <= {"-", "0"}, totals  # each deploy changed nothing
     assert {h: deploying.sh(lab_rack, h, SERVER) for h in serving} == before
     assert load["failed"] == 0, load
+
+
+def test_a_driver_upgrade_rolls_with_reboots_and_drops_no_request(lab_rack, serving):
+    for h in serving:
+        deploying.sh(lab_rack, h, MARK)
+    version = f"nvidia_driver_version={deb.UPGRADE_VERSION}-1"
+    (rc, out, hosts), load = under_load(lab_rack, lambda: rollout(str(DRIVER_UPGRADE), "--data", version))
+    assert rc == 0, out[-6000:]
+    assert {h: v["state"] for h, v in hosts.items()} == {h: "done" for h in serving}
+    assert re.findall(r"^\S+ (\S+): deploying$", out, re.M) == serving  # each once, in order
+    assert load["failed"] == 0 and load["ok"] > 0, load
+    for h in serving:  # rebooted onto the new driver, unheld until the project's deploy
+        assert deploying.sh(lab_rack, h, MARKED) == "no", h
+        assert deploying.sh(lab_rack, h, DRIVER).strip() == deb.UPGRADE_VERSION, h
+
+    # The project's deploy, rolled: the driver held again; a second driver rollout reboots nothing.
+    rc, out, hosts = rollout()
+    assert rc == 0 and set(v["state"] for v in hosts.values()) == {"done"}, out[-6000:]
+    assert all(deploying.sh(lab_rack, h, DRIVER).split() == [deb.UPGRADE_VERSION, "nvidia-driver"]
+               for h in serving)  # fmt: skip
+    for h in serving:
+        deploying.sh(lab_rack, h, MARK)
+    rc, out, hosts = rollout(str(DRIVER_UPGRADE), "--data", version)
+    assert rc == 0 and "Reboot onto the new driver" not in out, out[-6000:]
+    assert all(deploying.sh(lab_rack, h, MARKED) == "yes" for h in serving)

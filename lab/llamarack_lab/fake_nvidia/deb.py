@@ -8,6 +8,8 @@ reboot).
 
 from __future__ import annotations
 
+import email.utils
+import hashlib
 import importlib.util
 import os
 import py_compile
@@ -21,6 +23,10 @@ from ..util import LabError, run
 HERE = Path(__file__).parent
 PACKAGE = "nvidia-driver"
 DEFAULT_VERSION = "550.127.05"
+# A later release of the same branch (a real 550 release): what the lab's apt source offers
+# beside DEFAULT_VERSION, for a driver upgrade within the branch through apt.
+UPGRADE_VERSION = "550.144.03"
+REPO_VERSIONS = (DEFAULT_VERSION, UPGRADE_VERSION)
 VERSION_RE = re.compile(r"\d{3}\.\d{2,3}(\.\d{2})?")
 
 
@@ -102,3 +108,28 @@ def build_deb(version: str, out_dir: Path) -> Path:
         run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(tmp_out)])
         os.replace(tmp_out, out)
     return out
+
+
+def _packages_stanza(pkg: Path) -> str:
+    """The package's control fields and where apt finds it, as dpkg-scanpackages writes them."""
+    control = run(["dpkg-deb", "-f", str(pkg)]).stdout.decode().rstrip("\n")
+    data = pkg.read_bytes()
+    return (f"{control}\nFilename: ./{pkg.name}\nSize: {len(data)}\n"
+            f"MD5sum: {hashlib.md5(data).hexdigest()}\nSHA256: {hashlib.sha256(data).hexdigest()}\n")
+
+
+def write_repo(repo: Path, versions=REPO_VERSIONS) -> Path:
+    """A flat apt repository of the fake driver in ``repo`` (``deb [trusted=yes] URL ./``, as a
+    site's own NVIDIA mirror would be configured): each version's package, Packages and an
+    unsigned Release naming its hash. Returns ``repo``."""
+    repo.mkdir(parents=True, exist_ok=True)
+    pkgs = [build_deb(v, repo) for v in versions]
+    packages = "\n".join(_packages_stanza(p) for p in pkgs)
+    (repo / "Packages").write_text(packages)
+    data = packages.encode()
+    (repo / "Release").write_text(
+        "Origin: llamarack lab\nLabel: llamarack lab NVIDIA driver\nSuite: lab\nCodename: lab\n"
+        f"Date: {email.utils.formatdate(usegmt=True)}\nArchitectures: amd64\n"
+        f"MD5Sum:\n {hashlib.md5(data).hexdigest()} {len(data)} Packages\n"
+        f"SHA256:\n {hashlib.sha256(data).hexdigest()} {len(data)} Packages\n")
+    return repo
