@@ -11,13 +11,13 @@ from llamarack import remote
 from tests.support.fake_llama_server import Behaviour, FakeLlamaServer
 
 
-def run(name: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+def run(name: str, *args: str, timeout: float = 60, env=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-I", "-S", "-c", remote.source(name), *args], capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+                          text=True, timeout=timeout, env=env)  # fmt: skip
 
 
-def idle(units_json, port, seconds="3", *key) -> tuple[int, dict]:
-    r = run("server_idle", "idle", str(units_json), str(port), "0.0.0.0", seconds, *key)
+def idle(units_json, port, seconds="3", *key, env=None) -> tuple[int, dict]:
+    r = run("server_idle", "idle", str(units_json), str(port), "0.0.0.0", seconds, *key, env=env)
     return r.returncode, json.loads(r.stdout)
 
 
@@ -109,3 +109,25 @@ def test_one_real_completion(tmp_path):
         assert r.returncode == 1 and "answered 500" in r.stderr
     r = run("completion_probe", "http://127.0.0.1:1", "4", "10")
     assert r.returncode == 1 and "no answer" in r.stderr
+
+
+def systemd_says(tmp_path, load: str, active: str) -> dict:
+    """An environment whose ``systemctl show`` answers as systemd does for the unit."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "systemctl"
+    fake.write_text(f"#!/bin/sh\nprintf 'LoadState={load}\\nActiveState={active}\\n'\n")
+    fake.chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+
+
+def test_a_stopped_or_failed_unit_is_idle_without_being_asked(tmp_path):
+    for active in ("inactive", "failed"):
+        rc, out = idle(tmp_path / "units.json", 9, "1", env=systemd_says(tmp_path, "loaded", active))
+        assert rc == 0 and out["units"][0]["busy"] is None, (active, out)  # port 9: nobody would answer
+
+
+def test_a_running_or_unknown_unit_is_asked(tmp_path):
+    for load, active in (("loaded", "active"), ("loaded", "activating"), ("not-found", "inactive")):
+        rc, out = idle(tmp_path / "units.json", 9, "1", env=systemd_says(tmp_path, load, active))
+        assert rc == 1 and "cannot tell" in out["units"][0]["busy"], (load, active, out)

@@ -18,13 +18,16 @@ second apart: every entry of its ``/slots`` has ``is_processing`` false, and its
 unit answers (no answer within 5 s, an error status, a body that is not what
 llama-server sends: /health stays 200 while /slots hangs) is "cannot tell",
 which counts as busy. KEY_FILE: the server's API key file (its first line), sent
-as a bearer token: /slots and /metrics ask for it when the server has one.
+as a bearer token: /slots and /metrics ask for it when the server has one. A unit
+systemd has loaded and not running (inactive or failed: a server stopped, or one
+that died) has no process and nothing in flight: idle, without asking it.
 Prints {"idle": bool, "units": [{"index", "port", "busy": why or null}]}.
 Exit 0: idle; 1: still busy after SECONDS.
 """
 
 import json
 import re
+import subprocess
 import sys
 import time
 import urllib.error
@@ -107,12 +110,24 @@ def busy(base: str, token: str):
     return f"{deferred:g} requests deferred" if deferred else None
 
 
+def stopped(unit: str) -> bool:
+    """Whether systemd has ``unit`` loaded and not running (no process: nothing in flight).
+    Anything else (running, starting, unknown to systemd, no systemctl) says nothing."""
+    try:
+        out = subprocess.run(["systemctl", "show", "-p", "LoadState", "-p", "ActiveState", unit],
+                             capture_output=True, text=True, timeout=10).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return False
+    state = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return state.get("LoadState") == "loaded" and state.get("ActiveState") in ("inactive", "failed")
+
+
 def wait_idle(listed: list, seconds: float, token: str) -> dict:
     """Poll every unit until all are idle on two polls in a row, or ``seconds`` pass."""
     deadline = time.monotonic() + seconds
     quiet = 0
     while True:
-        why = {u["index"]: busy(u["url"], token) for u in listed}
+        why = {u["index"]: None if stopped(u["unit"]) else busy(u["url"], token) for u in listed}
         quiet = quiet + 1 if not any(why.values()) else 0
         if quiet >= 2 or time.monotonic() >= deadline:
             return {"idle": quiet >= 2,
