@@ -27,7 +27,9 @@ deployed; each host's llama-server (MainPID, NRestarts) before and after.
 The rack is left on the base commit and the default driver (loaded, then a plain deploy
 without load at the end).
 Wall times are figures, not bounds: the lab's hosts share this machine's cores.
-Writes bench/results/rollout.json.
+Writes bench/results/rollout.json, with a summary: each case's failed requests and its
+p50 and p99 against the baseline's. ``--baseline-only`` measures the quiet baseline
+again into an existing result (its own time noted) and leaves the cases as they are.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ JOURNAL = ROOT / ".llamarack/rollout-lab.json"
 RESULT = ROOT / "bench/results/rollout.json"
 GATEWAY, GATEWAY_PORT = "lab-gw", 8000
 CONCURRENCY, N_PREDICT = 4, 8
-BASELINE_REQUESTS = 200
+BASELINE_REQUESTS = 5000  # a few seconds of load: enough that the first (cold) requests do not set the p99
 CASE_LIMIT_S = 5400  # the load's own bound for one case
 SERVER = "systemctl show -p MainPID -p NRestarts --value llamarack-server.service | tr '\\n' ' '"
 DRIVER = "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u"
@@ -75,10 +77,12 @@ def under_load(url: str, action, requests: int = 10**6) -> dict:
     load.start()
     started = time.monotonic()
     try:
-        outcome = action() if action else {}
+        outcome = action() if action else {}  # without an action, the load runs its count out
     finally:
-        load.stop.set()
-    return {**outcome, "seconds": round(time.monotonic() - started, 1), "load": load.wait()}
+        if action:
+            load.stop.set()
+    record = load.wait()
+    return {**outcome, "seconds": round(time.monotonic() - started, 1), "load": record}
 
 
 # The lab's hosts share this machine's two cores with each other and with the load: a
@@ -134,11 +138,36 @@ def driver_cases(rack, serving: list, url: str) -> dict:
             "driver_hold": case(rack, serving, url, lambda: rollout())}
 
 
-def main() -> int:
+def summary(result: dict) -> dict:
+    """Each case's failed requests, p50 and p99 (s), and those against the quiet baseline's."""
+    base = result["baseline"]["load"]
+    out = {}
+    for name, v in result.items():
+        if isinstance(v, dict) and "load" in v:
+            load = v["load"]
+            out[name] = {"sent": load["sent"], "failed": load["failed"], "p50_s": load["p50_s"], "p99_s": load["p99_s"]}
+            if name != "baseline" and base["p50_s"] and load["p50_s"]:
+                out[name].update(p50_x=round(load["p50_s"] / base["p50_s"], 2), p99_x=round(load["p99_s"] / base["p99_s"], 2))
+    return out
+
+
+def baseline_only(url: str) -> int:
+    result = json.loads(RESULT.read_text())
+    result["baseline"] = under_load(url, None, requests=BASELINE_REQUESTS)
+    result["baseline"]["when"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    result["summary"] = summary(result)
+    RESULT.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result["summary"], indent=1))
+    return 0
+
+
+def main(argv: list) -> int:
     rack = rackmod.load()
     if rack is None or not rackmod.healthy(rack):
         raise SystemExit("no healthy lab rack is up: llamarack lab up, then deploy it until it converges")
     url = f"http://{rack.host(GATEWAY)['ip']}:{GATEWAY_PORT}"
+    if argv == ["--baseline-only"]:
+        return baseline_only(url)
     serving = [h.name for h in rack.hosts if h.name != GATEWAY]
     bump = mirror.add_named_commit(services.prepare(), "lab-bench-bump", "lab bench: a later llama.cpp",
                                    mirror.GOOD_BUMP)  # fmt: skip
@@ -163,6 +192,7 @@ def main() -> int:
         driver.set_driver(rack, h, deb.DEFAULT_VERSION, "ok")
     result["restore"] = plain_deploy()
     JOURNAL.unlink(missing_ok=True)
+    result["summary"] = summary(result)
     RESULT.write_text(json.dumps(result, indent=1) + "\n")
     failed = {k: v["load"]["failed"] for k, v in result.items() if isinstance(v, dict) and "load" in v}
     print(f"{RESULT}: failed requests per case: {failed}")
@@ -170,4 +200,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1:]))
