@@ -14,11 +14,17 @@ do not hold it). With mixed cards a unit may need more cards than the one before
 no group of the cards holds every layer, one unit over all of them serves the most
 layers that leave the minimum context, the rest on the host. ``choose_layout`` says
 which, and why.
+
+The ledger alone cannot rank two layouts in one case (``rival_layout``): with no wanted
+context, ``auto`` serves per card as soon as one card holds every layer at the minimum,
+and when each card alone then holds less context than a split of the same cards, the
+ledger offers a trade of context against servers, not an answer. ``settle`` picks
+between them by the host's llama-bench figures (the server role's bench record).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from llamarack.gpu_table import planning_memory_mib
@@ -58,9 +64,11 @@ class Layout:
     free: tuple  # the cards no unit serves from
     reason: str
     cards: tuple  # the host's cards (Card)
+    contested: str = ""  # where the ledger alone could not choose (``rival_layout``): how it was settled
 
     def as_dict(self) -> dict:
         return {"asked": self.asked, "chosen": self.chosen, "reason": self.reason, "free": list(self.free),
+                "contested": self.contested or None,
                 "cards": [{"name": c.name, "mib": c.mib, "compute_cap": c.compute_cap, "id": c.id} for c in self.cards],
                 "units": [u.as_dict(self.cards) for u in self.units]}  # fmt: skip
 
@@ -162,8 +170,9 @@ def _explained(shape: dict, knobs: Knobs, cards: tuple, layout: str, units: tupl
         alone = n_all if reach(shape, knobs, [big], draft) >= need else most_layers(
             shape, card_knobs(knobs, big), big.mib, k, v, need, draft)  # fmt: skip
         fullest = max(first.ledger.cards, key=lambda c: c.total / c.card_mib)
+        asks = "the layout asks for a split" if layout == "split" else "the llama-bench record measured a split faster"
         head = (f"{_over(units[0])}: "
-                + (f"all {n_all} layers fit one {big.name} at {at}, and the layout asks for a split"
+                + (f"all {n_all} layers fit one {big.name} at {at}, and {asks}"
                    if alone == n_all else f"{alone} of {n_all} layers fit one {big.name} at {at}")
                 + f"; {len(units[0].cards)} cards hold all {n_all} at {first.ctx_per_slot:,} tokens "
                 f"({first.cache_type_k}/{first.cache_type_v} KV, the fullest card {fullest.total / MIB:,.0f} of "
@@ -181,3 +190,70 @@ def _over(unit: Unit) -> str:
     if len(unit.cards) == 1:
         return f"card {unit.cards[0]} alone"
     return f"split over {len(unit.cards)} cards ({', '.join(map(str, unit.cards))})"
+
+
+def rival_layout(shape: dict, knobs: Knobs, cards, chosen: Layout, draft: Optional[dict] = None,
+                 split_mode: str = "layer") -> Optional[Layout]:  # fmt: skip
+    """The layout the ledger alone cannot rank against ``chosen`` (``auto``'s answer), or None.
+
+    That is the case exactly when ``auto`` chose ``per_card`` with no wanted context (its
+    units then serve the largest context each card holds), and a split of the same cards
+    (``split``'s units, every layer on their cards) gives each of its units more context than
+    the per-card unit with the least: more servers against more context. With a wanted
+    context both serve that context and per_card serves more of it; when one card already
+    holds the most the model allows, a split gives nothing more; a layout over several
+    cards or mixed was chosen because cards alone do not hold every layer."""
+    cards = tuple(cards)
+    if chosen.asked != "auto" or chosen.chosen != "per_card" or knobs.ctx_size or len(cards) < 2:
+        return None
+    try:
+        split = choose_layout(shape, knobs, cards, "split", draft, split_mode)
+    except PlanError:
+        return None
+    n_all = shape["n_layer"] + 1
+    if split.chosen != "split" or any(u.plan.gpu_layers < n_all for u in split.units):
+        return None
+    if _least_context(split) <= _least_context(chosen):
+        return None
+    return _explained(shape, knobs, cards, "auto", split.units, split.free, _need(shape, knobs), draft)
+
+
+def _least_context(layout: Layout) -> int:
+    return min(u.plan.ctx_per_slot for u in layout.units)
+
+
+def trade(chosen: Layout, rival: Layout) -> str:
+    """What the ledger offers between a layout and its rival, in words."""
+    def said(lay: Layout) -> str:
+        n = len(lay.units)
+        return f"{lay.chosen} serves {n} unit{'s' if n > 1 else ''} of {_least_context(lay):,} tokens per slot"
+
+    return f"the ledger alone cannot choose: {said(chosen)}, {said(rival)}"
+
+
+def settle(chosen: Layout, rival: Layout, figures: Optional[dict], source: str) -> tuple:
+    """(the layout served, the other) of ``chosen`` (the ledger's answer) and its ``rival``.
+
+    + figures: each layout's llama-bench tg128 per unit (``{layout.chosen: [t/s, ...]}``), or
+      None when the record does not hold both
+    + source: which record they are, or why there is none (said in the reason)
+
+    The faster is the layout of the larger total tg128 over the host's cards: the sum over
+    its units (a unit generates for its own clients beside the others). Equal totals, or no
+    figures: the ledger's answer. The reason says which, and the figures."""
+    said = trade(chosen, rival)
+    if not figures:
+        return replace(chosen, reason=f"{chosen.reason}; {said}; {source}: {chosen.chosen}, the ledger's answer",
+                       contested=f"{said}; {source}"), rival  # fmt: skip
+    totals = {lay.chosen: sum(figures[lay.chosen]) for lay in (chosen, rival)}
+    served, other = (rival, chosen) if totals[rival.chosen] > totals[chosen.chosen] else (chosen, rival)
+
+    def measured(lay: Layout) -> str:
+        each = figures[lay.chosen]
+        if len(each) == 1:
+            return f"{lay.chosen} {each[0]:g} t/s in 1 unit"
+        parts = f"{len(each)} x {each[0]:g}" if len(set(each)) == 1 else " + ".join(f"{f:g}" for f in each)
+        return f"{lay.chosen} {parts} = {totals[lay.chosen]:g} t/s"
+
+    verdict = f"{source}: tg128 {measured(served)} against {measured(other)}: {served.chosen}"
+    return replace(served, reason=f"{served.reason}; {said}; {verdict}", contested=f"{said}; {verdict}"), other

@@ -140,6 +140,10 @@ class Layout:
         """llama-bench's figures for the build and model served (the server role's bench)."""
         return self.state_file("bench.json")
 
+    def bench_part(self, n: int) -> str:
+        """The ``n``-th llama-bench measurement of a run, joined into ``bench_record`` (its log: ``bench.<n>.log``)."""
+        return self.state_file(f"bench.{int(n)}.json")
+
     @property
     def gpus_record(self) -> str:
         return self.state_file("gpus.json")

@@ -20,7 +20,7 @@ import click
 from llamarack.errors import ModelSourceError
 from llamarack.gpu_table import BOARDS, planning_memory_mib
 from llamarack.model_shapes import hub_gguf_shape, local_gguf_shape, shape_from_config
-from llamarack.card_layout import LAYOUTS, choose_layout
+from llamarack.card_layout import LAYOUTS, choose_layout, rival_layout, settle
 from llamarack.planner import (AUTO_KV_TYPES, KV_TYPE_BYTES, MIB, Knobs, Ledger, PlanError, check_shapes,
                                context_cap, cublas_prefill, largest_context, ledger, most_layers, plan)  # fmt: skip
 from llamarack.roles.model.plan import artifact_quality, quality_summary
@@ -31,6 +31,9 @@ from llamarack.settings_fields import loopback_url, remote_url
 from llamarack.split_plan import SPLIT_MODES, Card, Over, SplitLedger, card_knobs
 
 GIB = 2**30
+# Where the ledger alone cannot choose the layout, a host's llama-bench record decides; here is none.
+NO_RECORD = ("on a host its llama-bench record of both decides (the deploy's layout reason and `llamarack audit` "
+             "say which, with the figures); `llamarack plan` reads none")
 
 
 def card_memory(gpu: str) -> tuple:
@@ -269,6 +272,9 @@ def _several(asked: _Asked, cards: tuple) -> tuple:
     shape, knobs, draft = asked.shape, asked.knobs, asked.draft
     try:
         lay, refusal = choose_layout(shape, knobs, cards, asked.layout, draft, asked.split_mode), None
+        rival = rival_layout(shape, knobs, cards, lay, draft, asked.split_mode)
+        if rival is not None:
+            lay, _ = settle(lay, rival, None, NO_RECORD)
         units = lay.units
     except PlanError as e:
         lay, refusal, units = None, e.failure.message(f"{len(cards)} cards"), ()

@@ -21,8 +21,9 @@ through these states, printed as it moves:
                own health and residency lines, checked by ``wait_healthy.py`` as
                a switch checks them), one real completion (``completion_probe.py``),
                and, where the deploy measured a new build or model (its
-               ``state/bench.json`` before and after), llama-bench's pp512 and
-               tg128 within --bench-fraction of the record before
+               ``state/bench.json`` before and after), each measured unit's
+               llama-bench pp512 and tg128 within --bench-fraction of the same
+               unit's figures before
     done       set ready on every gateway, and in service there again
     failed     a step failed: the host stays drained
 
@@ -69,6 +70,7 @@ import gevent
 
 from . import remote
 from .layout import API_KEY_PATH
+from .roles.server.files import bench_record
 from .roles.server.plan import HEALTH_MARK, RESIDENCY_MARK
 from .roles.server.files.server_idle import UNIT_NAME
 from .settings import settings_for
@@ -127,21 +129,29 @@ def batches(serving: list, canary: Optional[str], size: int) -> list:
 
 def bench_verdict(before: Optional[dict], after: Optional[dict], fraction: float) -> tuple:
     """(why the new figures fail, or None; what was compared), from ``state/bench.json``
-    before and after the deploy: only a record of a new build or model is compared."""
+    before and after the deploy: only a record of a new build or model is compared, unit by
+    unit (each unit llama-bench measured, against the same unit's figures before; a record
+    from before units were listed has one figure for every unit)."""
     key = (after or {}).get("key")
     if not after or key == (before or {}).get("key"):
         return None, "no new llama-bench record (no new build or model measured)"
     if not before:
         return None, f"llama-bench measured {key}: no record before it to compare with"
+    units = [u for u in bench_record.entries(after) if "as" not in u]
     compared, slower = [], []
-    for test in ("pp512", "tg128"):
-        old = (before.get(test) or {}).get("tokens_per_second")
-        new = (after.get(test) or {}).get("tokens_per_second")
-        if not old:
-            continue
-        compared.append(f"{test} {new} t/s (was {old})")
-        if not new or new < (1 - fraction) * old:
-            slower.append(f"llama-bench {test} {new} t/s is below {1 - fraction:.2f} of the record's {old} t/s")
+    for unit in units:
+        name = unit.get("name")
+        was = bench_record.of_unit(before, name) if name else before
+        said = f"{name}: " if len(units) > 1 else ""
+        for test in ("pp512", "tg128"):
+            old = ((was or {}).get(test) or {}).get("tokens_per_second")
+            new = (unit.get(test) or {}).get("tokens_per_second")
+            if not old:
+                continue
+            compared.append(f"{said}{test} {new} t/s (was {old})")
+            if not new or new < (1 - fraction) * old:
+                slower.append(f"{said}llama-bench {test} {new} t/s is below {1 - fraction:.2f} of the record's "
+                              f"{old} t/s")  # fmt: skip
     return ("; ".join(slower) or None), ", ".join(compared) or "the record before has no figures"
 
 

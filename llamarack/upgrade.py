@@ -126,7 +126,8 @@ def host_steps(audit: HostAudit) -> list[Step]:
     remade = any(s.action in ("rebuild", "remake") for s in steps)  # a new build or model: a new unit
     steps += server_steps(items, remade)
     if "bench" in items and items["bench"].drift and not remade:
-        steps.append(Step("record", "bench", "no record for the build and model served"))
+        steps.append(Step("record", "bench", (items["bench"].wanted or {}).get("why")
+                          or "no record for the build and model served"))  # fmt: skip
     if "llamarack" in items and items["llamarack"].drift:
         last = items["llamarack"].found
         steps.append(Step("record", "deployed-by", (f"last deployed by llamarack {last}" if last else

@@ -302,7 +302,7 @@ server_draft_min = 0
 # the draft's --spec-draft-ngl (-ngld); None: all of its layers
 server_draft_gpu_layers = None
 
-# llama-bench (pp512, tg128, the served flags) after a new build or model, recorded in <root>/state/bench.json: stopped (llama-server is stopped for it and started again), beside (while it serves: the card is shared, the figures are lower), off
+# llama-bench (pp512, tg128, the served flags) of each distinct unit after a new build or model, recorded in <root>/state/bench.json: stopped (the units on the cards measured are stopped for it and started again), beside (while they serve: the cards are shared, the figures are lower), off
 server_bench = 'stopped'
 
 # --- gateway: HAProxy in front of the rack: one endpoint for every serving unit (hosts of group gateways).

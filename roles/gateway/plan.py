@@ -19,6 +19,7 @@ from typing import Optional
 
 from llamarack import remote
 from llamarack.layout import Layout
+from llamarack.roles.server.files import bench_record
 from llamarack.settings import Settings
 from llamarack.settings_fields import server_name as valid_address
 
@@ -83,7 +84,7 @@ class Backend:
     port: int
     weight: int
     tg128: Optional[float] = None
-    """The host's llama-bench tg128 record (tokens/s), where it has one."""
+    """The unit's llama-bench tg128 record (tokens/s), where it has one."""
 
     @property
     def address_port(self) -> str:
@@ -142,12 +143,14 @@ def _unit_address(host: ServingHost, listen) -> str:
 
 
 def backends_of(host: ServingHost, record: Optional[dict], bench: Optional[dict] = None) -> list[Backend]:
-    """Every unit of ``host`` as a backend (from its units record, else one at server_port)."""
-    tg = ((bench or {}).get("tg128") or {}).get("tokens_per_second") if isinstance(bench, dict) else None
-    tg = float(tg) if isinstance(tg, (int, float)) and not isinstance(tg, bool) and tg > 0 else None
+    """Every unit of ``host`` as a backend (from its units record, else one at server_port),
+    each with its own llama-bench tg128 (``bench``: the host's record, its entry measured on
+    the unit's cards; one written before units were listed gives its one figure to every unit)."""
     found = []
     for unit in _units(host, record):
         index = _int(unit, "index", host, 0, 4095)
+        cards = unit.get("cards") if isinstance(unit.get("cards"), list) else ()
+        tg = bench_record.tokens_per_second(bench_record.of_cards(bench, cards), "tg128")
         address = _unit_address(host, unit.get("listen"))
         if not valid_address(address):
             raise GatewayError(f"{host.name}: address {address!r} is no host name or IP address")

@@ -19,8 +19,9 @@ from llamarack.roles.llamacpp.reads import BenchRecord, LlamaServerFlags
 from llamarack.roles.model.reads import GgufShape
 from llamarack.settings import Settings
 
+from .files import bench_record
 from .files.wait_healthy import residency
-from .plan import MIB, PlanError, WantedUnit, parse_pin, residency_checked, wanted_units
+from .plan import MIB, PlanError, WantedUnit, bench_due, parse_pin, residency_checked, unit_refs, wanted_units
 from .reads import (NOLOGIN, SERVICE_USER_MARK, FoundUnit, ServedUnits, SystemGroup, SystemUser, active_since,
                     unit_cards)  # fmt: skip
 
@@ -68,9 +69,11 @@ def items(seen: Seen) -> dict[str, Item]:
     # The write-up measures only with nobody else on the card.
     out["gpu_processes"] = Item({"llama_server": [p.used_mib for p in processes if p.pid in pids], "others": others},
                                 {"others": []}, drift=bool(others))  # fmt: skip
+    in_place = {n: unit_cards(f.lines) for n, f in found.items()}
+    served = (planned[0], unit_refs(settings, planned[0], in_place)) if planned else None
     out["bench"] = bench_item(settings, fact(BenchRecord, path=layout.bench_record),
                               link_name(fact(Link, path=layout.current_build)),
-                              link_name(fact(Link, path=layout.current_model)))  # fmt: skip
+                              link_name(fact(Link, path=layout.current_model)), served)  # fmt: skip
     return out
 
 
@@ -121,7 +124,8 @@ def wanted_here(settings: Settings, fact, gpus: tuple, templates: tuple, found: 
     try:
         return wanted_units(settings, flags, f"{layout.builds}/{build_dir}", f"{layout.models}/{model_dir}",
                             shape, gpus, templates, draft=draft, devices=devices,
-                            in_place={n: unit_cards(f.lines) for n, f in (found or {}).items()}), None  # fmt: skip
+                            in_place={n: unit_cards(f.lines) for n, f in (found or {}).items()},
+                            bench=fact(BenchRecord, path=layout.bench_record)), None  # fmt: skip
     except PlanError as e:
         return None, e.failure.message("")
 
@@ -186,10 +190,13 @@ def residency_item(settings: Settings, cards: tuple, processes: tuple, pid: int,
     return Item({**found, "why": why} if why else found, wanted, drift=why is not None)
 
 
-def bench_item(settings: Settings, record: Optional[dict], build: Optional[str], model: Optional[str]) -> Item:
+def bench_item(settings: Settings, record: Optional[dict], build: Optional[str], model: Optional[str],
+               served: Optional[tuple] = None) -> Item:  # fmt: skip
     """llama-bench's figures for the build and model served (``state/bench.json``), beside
-    the card's roofline; drift when the deploy would measure again (the record names
-    another build or model) with ``server_bench`` on."""
+    the card's roofline, and each unit's (``units``; ``as``: another unit's measurement it
+    shares); drift when the deploy would measure again (``bench_due``: the record names
+    another build or model, or has no figure of a unit's plan) with ``server_bench`` on.
+    ``served``: (the host's layout, its ``unit_refs``), where it could be planned."""
     record = record or {}
     roof = record.get("roofline") or {}
     found = {"pp512": (record.get("pp512") or {}).get("tokens_per_second"),
@@ -198,7 +205,25 @@ def bench_item(settings: Settings, record: Optional[dict], build: Optional[str],
              "card": roof.get("card"), "backend": record.get("backend"), "mode": record.get("mode"),
              "measured_at": iso(record["measured_at"]) if record.get("measured_at") else None,
              "build": (record.get("key") or {}).get("build"), "model": (record.get("key") or {}).get("model")}  # fmt: skip
+    if isinstance(record.get("units"), list):
+        found["units"] = _figures(bench_record.entries(record))
+        if record.get("alternative"):
+            found["alternative"] = _figures(e for e in bench_record.entries(record, serving=False) if "index" not in e)
     if settings.server.bench == "off":
         return Item(found)
     wanted = {"build": build, "model": model}
-    return Item(found, wanted, drift=record.get("key") != wanted)
+    if served is None:
+        return Item(found, wanted, drift=record.get("key") != wanted)
+    due = bench_due(settings, record or None, dict(wanted), *served)
+    if "units" in found:
+        wanted["units"] = [ref.name for ref, _, _ in served[1]]
+    if due and record.get("key") == {"build": build, "model": model}:
+        wanted["why"] = due  # the record names what is served, not every unit's plan
+    return Item(found, wanted, drift=due is not None)
+
+
+def _figures(entries) -> list:
+    """Each unit's figures as the audit shows them."""
+    return [{"name": e.get("name"), "pp512": bench_record.tokens_per_second(e, "pp512"),
+             "tg128": bench_record.tokens_per_second(e, "tg128"), **({"as": e["as"]} if "as" in e else {})}
+            for e in entries]  # fmt: skip

@@ -40,9 +40,10 @@ from llamarack.rules import account_failure
 from llamarack.secrets import read_token
 from llamarack.settings import Settings
 
+from .files import bench_record
 from .plan import (HEALTH_MARK, KEY_DIGEST_SALT, RESIDENCY_MARK, PlanError, WantedUnit, bench_args,  # noqa: F401
-                   bench_split_args, health_url, host_layout, key_digest_command, parse_pin, ref_of, roofline,
-                   unit_ref, wanted_units)  # fmt: skip
+                   bench_due, bench_entry, bench_split_args, health_url, host_layout, host_layouts,
+                   key_digest_command, parse_pin, ref_of, roofline, unit_ref, unit_refs, wanted_units)  # fmt: skip
 from .switch import (SWITCH_LOCK, health_check_script, health_function, label, pin_script,  # noqa: F401
                      retire_script, switch_script)  # fmt: skip
 
@@ -378,10 +379,13 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     try:
         chosen, wanted = wanted_units(settings, flags, build_dir, model_dir, shape, cards, templates,
                                       draft=draft if draft and draft[1] else None, devices=_devices(settings),
-                                      in_place={n: unit_cards(f.lines) for n, f in found.items()})  # fmt: skip
+                                      in_place={n: unit_cards(f.lines) for n, f in found.items()},
+                                      bench=lambda: read(BenchRecord, path=layout.bench_record))  # fmt: skip
     except PlanError as e:
         yield refusal(e.failure.message(host.name))
         return
+    if chosen.contested and executing():
+        logger.info(f"{host.print_prefix}server_layout auto serves {chosen.chosen}: {chosen.contested}")
     sealed_at = _sealed_at(settings)
     steps = [_step(settings, w, found.get(w.ref.name), sealed_at) for w in wanted]
     record = units_record(settings, wanted)
@@ -411,17 +415,24 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
 @operation()
 def bench(settings: Settings, gpus: tuple = ()):
     """
-    Run llama-bench (pp512, tg128) with the served flags after a new build or model, and
-    record it in ``<root>/state/bench.json`` beside the roofline of the host's card.
+    Run llama-bench (pp512, tg128) with the served flags after a new build or model, on
+    every distinct unit, and record it in ``<root>/state/bench.json`` beside the roofline
+    of each unit's cards.
 
     + settings: the host's settings (``server_bench``: stopped, beside or off)
     + gpus: the run's GPUs (``HostFacts.gpus``)
 
-    The record is keyed by the served build's stamp and model's: a host whose record
-    names them does nothing (a converged run never benchmarks). With ``stopped``,
-    llama-server is stopped for the bench and started again, and must answer
-    ``/health`` within ``server_health_timeout``; with ``beside`` it keeps serving and
-    shares the card (the figures are then lower). The run says which it did.
+    The record is keyed by the served build's stamp and model's, and holds each unit's
+    figures: a host whose record names them, with a figure for every unit's plan, does
+    nothing (a converged run never benchmarks; a record from before units were listed
+    stands for every unit). Each unit is measured on its own cards with its own flags; a
+    unit that llama-bench would run alike with one before it (the same kind of cards, the
+    same flags) shares its figures (``"as"``). Where the ledger alone cannot choose the
+    layout (``host_layouts``), the other layout's units are measured too (``stopped``
+    only). With ``stopped``, the units on the measured cards are stopped for the bench
+    and started again, and must answer ``/health`` within ``server_health_timeout``; with
+    ``beside`` they keep serving and share the cards (the figures are then lower). The
+    run says which it did.
     """
     mode, layout = settings.server.bench, settings.layout
     # Read before this operation's first command (llamarack.facts.reading's rule).
@@ -434,65 +445,117 @@ def bench(settings: Settings, gpus: tuple = ()):
         host.noop("llama-bench: no current build or model to measure")
         return
     key = {"build": Path(build_dir).name, "model": Path(model_dir).name}
-    if record and record.get("key") == key:
-        pp, tg = (record.get(t, {}).get("tokens_per_second") for t in ("pp512", "tg128"))
-        host.noop(f"llama-bench has measured build {key['build']} with model {key['model']}: "
-                  f"pp512 {pp} t/s, tg128 {tg} t/s")  # fmt: skip
+    if record and record.get("key") == key and not isinstance(record.get("units"), list):
+        host.noop(_measured(key, record))  # a record from before units were listed: its figure stands for all
         return
     flags = read(LlamaServerFlags, root=settings.general.root)
-    shape = read(GgufShape, path=f"{model_dir}/model.gguf")
+    shape = read(GgufShape, path=f"{layout.current_model}/model.gguf")
     if not (flags and shape):
         host.noop("llama-bench: the build's flags or the model's header are unreadable; not measured")
         return
-    cards = _cards(settings, gpus)
-    draft = _draft(settings)
-    cuda = settings.llamacpp.backend == "cuda"
+    cards, draft = _cards(settings, gpus), _draft(settings)
+    found = read(ServedUnits, state=layout.state)
     try:
-        ref, plan, mine, units = _bench_unit(settings, shape, cards, draft[1] if draft else None)
+        served, rival = host_layouts(settings, shape, cards, draft[1] if draft else None, record, key["model"])
     except PlanError as e:
         yield refusal(e.failure.message(host.name))
         return
+    refs = unit_refs(settings, served, {n: unit_cards(f.lines) for n, f in found.items()})
+    due = bench_due(settings, record, key, served, refs)
+    if due is None:
+        host.noop(_measured(key, record))
+        return
+    if record and record.get("key") == key:
+        host.log(f"llama-bench: {due}: measuring again", logger.info)
+    entries, runs = _measures(settings, (served, refs), rival if mode == "stopped" else None, cards, shape)
+    for n, run in enumerate(runs):
+        yield from _bench_one(settings, run, (flags, build_dir, model_dir, shape), key, layout.bench_part(n), cards)
+    yield remote.command("bench_record", "join", layout.bench_record, json.dumps(entries, sort_keys=True))
+
+
+def _measured(key: dict, record: dict) -> str:
+    """The no-op message of a host whose record is current."""
+    pp, tg = (record.get(t, {}).get("tokens_per_second") for t in ("pp512", "tg128"))
+    units = record.get("units") if isinstance(record.get("units"), list) else []
+    alone = [u for u in units if isinstance(u, dict) and "as" not in u]
+    more = f" ({len(units)} units, {len(alone)} measured, the others as one of them)" if len(units) > 1 else ""
+    return (f"llama-bench has measured build {key['build']} with model {key['model']}: "
+            f"pp512 {pp} t/s, tg128 {tg} t/s{more}")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One llama-bench run: the unit's entry in the record, its plan, the units stopped for it."""
+
+    entry: dict
+    plan: object
+    stop: tuple
+
+
+def _measures(settings: Settings, served: tuple, rival, cards: tuple, shape: dict) -> tuple:
+    """({"units": [...], "alternative": [...]}: the record's entries, each naming its
+    measurement (``part``: the n-th run) or the unit it shares figures with (``as``); the runs).
+    A unit shares the figures of a unit before it that llama-bench runs alike
+    (``bench_record.signature``: the same kind of cards in order, the same flags)."""
+    layout, refs = served
+    cuda = settings.llamacpp.backend == "cuda"
+    todo = [("units", layout, unit, ref.name, {"index": ref.index or 0, "port": ref.port}, (ref,))
+            for ref, unit, _ in refs]  # fmt: skip
+    for unit in rival.units if rival else ():
+        ids = {rival.cards[i].id for i in unit.cards}
+        on = tuple(ref for ref, _, uuids in refs if ids & set(uuids))
+        name = f"{rival.chosen}: card{'s' if len(unit.cards) > 1 else ''} {', '.join(map(str, unit.cards))}"
+        todo.append(("alternative", rival, unit, name, {}, on))
+    by_uuid = {g.uuid: g for g in cards}
+    entries, runs, seen = {"units": [], "alternative": []}, [], {}
+    for where, lay, unit, name, place, stop in todo:
+        entry = {"name": name, **place, **bench_entry(lay, unit, cuda)}
+        entry["roofline"] = roofline(tuple(by_uuid[c] for c in entry["cards"] if c in by_uuid), shape)
+        signature = bench_record.signature(entry)
+        if signature in seen:
+            entry["as"] = seen[signature]
+        else:
+            seen[signature] = name
+            entry["part"] = settings.layout.bench_part(len(runs))
+            runs.append(_Run(entry, unit.plan, stop))
+        entries[where].append(entry)
+    return entries, runs
+
+
+def _bench_one(settings: Settings, run: _Run, served: tuple, key: dict, part: str, cards: tuple):
+    """The command of one llama-bench run, on its unit's cards (CUDA_VISIBLE_DEVICES by UUID on a
+    host of several cards), writing its measurement to ``part``."""
+    flags, build_dir, model_dir, shape = served
+    cuda, entry, plan = settings.llamacpp.backend == "cuda", run.entry, run.plan
     ctx = plan.single or plan
     args = bench_args(settings, flags, build_dir, model_dir, ctx, cuda) + (bench_split_args(plan) if cuda else [])
-    entry = {"key": key, "mode": mode, "backend": settings.llamacpp.backend, "on_card": cuda,
-             "served": {"cache_type_k": ctx.cache_type_k, "cache_type_v": ctx.cache_type_v,
-                        "gpu_layers": ctx.gpu_layers if cuda else None},
-             "roofline": roofline(mine, shape)}  # fmt: skip
-    if units > 1 or len(cards) > 1:  # which unit's plan was measured, on which cards
-        entry["unit"] = {"name": ref.name, "of": units, "cards": [g.uuid for g in mine],
-                         "split_args": plan.split_args()}  # fmt: skip
-    run = remote.command("bench_record", layout.bench_record, json.dumps(entry, sort_keys=True), *args)
-    if len(cards) > 1 and mine:
-        run = f"{remote.argv('env', 'CUDA_VISIBLE_DEVICES=' + ','.join(g.uuid for g in mine))} {run}"
-    yield from _bench_run(settings, ref, run, mode, cuda)
+    measured = {"key": key, "mode": settings.server.bench, "backend": settings.llamacpp.backend, "on_card": cuda,
+                "served": entry["served"], "roofline": entry["roofline"]}  # fmt: skip
+    if len(cards) > 1:  # which unit's plan was measured, on which cards
+        measured["unit"] = {"name": entry["name"], "cards": entry["cards"], "split_args": entry["split_args"]}
+    command = remote.command("bench_record", part, json.dumps(measured, sort_keys=True), *args)
+    if len(cards) > 1 and entry["cards"]:
+        command = f"{remote.argv('env', 'CUDA_VISIBLE_DEVICES=' + ','.join(entry['cards']))} {command}"
+    yield from _bench_run(settings, run.stop, command, settings.server.bench, cuda)
 
 
-def _bench_unit(settings: Settings, shape: dict, cards: tuple, draft_shape) -> tuple:
-    """(unit, plan, its cards, how many units) of what the bench measures: the layout's first
-    unit (every unit of a per_card host is planned alike on alike cards). Raises PlanError."""
-    chosen = host_layout(settings, shape, cards, draft_shape)
-    unit = chosen.units[0]
-    ref = unit_ref(settings, 0 if len(chosen.units) > 1 else None)
-    return ref, unit.plan, tuple(cards[i] for i in unit.cards), len(chosen.units)
-
-
-def _bench_run(settings: Settings, ref, run: str, mode: str, cuda: bool):
-    """The bench's command: with ``stopped``, the measured unit is stopped for it and
-    started again, and must answer /health."""
+def _bench_run(settings: Settings, refs: tuple, run: str, mode: str, cuda: bool):
+    """The bench's command: with ``stopped``, the units on the measured cards (``refs``) are
+    stopped for it and started again, and must answer /health."""
     where = "on the CPU build (the roofline is the card's, not this measurement's)" if not cuda else "on the card"
-    name = label(ref.name)
-    if mode == "stopped":
+    names = ", ".join(label(ref.name) for ref in refs)
+    if mode == "stopped" and refs:
         if executing():
-            logger.info(f"{host.print_prefix}llama-bench {where}: {name} is stopped for it and started "
+            logger.info(f"{host.print_prefix}llama-bench {where}: {names} stopped for it and started "
                         "again (server_bench = 'stopped')")  # fmt: skip
-        svc = ref.name
-        wait = remote.command("wait_healthy", health_url(settings, ref.port), svc, str(settings.server.health_timeout))
-        back = f"systemctl start {shlex.quote(svc)} && {wait}"
-        yield (f"systemctl stop {shlex.quote(svc)}; {run}; rc=$?; "
-               f"{back} || {{ echo {shlex.quote(name + ' did not answer /health after the bench')} >&2; exit 1; }}; "
+        services = " ".join(shlex.quote(ref.name) for ref in refs)
+        waits = " && ".join(remote.command("wait_healthy", health_url(settings, ref.port), ref.name,
+                                           str(settings.server.health_timeout)) for ref in refs)  # fmt: skip
+        yield (f"systemctl stop {services}; {run}; rc=$?; systemctl start {services} && {waits} || "
+               f"{{ echo {shlex.quote(names + ' did not answer /health after the bench')} >&2; exit 1; }}; "
                "exit $rc")  # fmt: skip
     else:
         if executing():
-            logger.info(f"{host.print_prefix}llama-bench {where}, while {name} serves beside it "
-                        "(server_bench = 'beside': they share the card)")  # fmt: skip
+            logger.info(f"{host.print_prefix}llama-bench {where}" + (f", while {names} serves beside it "
+                        "(server_bench = 'beside': they share the card)" if refs else ""))  # fmt: skip
         yield run

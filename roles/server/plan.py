@@ -25,7 +25,7 @@ import jinja2
 
 from llamarack import remote, unitfile
 from llamarack.roles.llamacpp.reads import ServerFlags
-from llamarack.card_layout import Layout, cards_of, choose_layout
+from llamarack.card_layout import Layout, Unit, cards_of, choose_layout, rival_layout, settle
 from llamarack.layout import API_KEY_PATH, unit_index, unit_name, unit_path
 from llamarack.planner import (MIB, Knobs, Plan, PlanError, cublas_prefill,  # noqa: F401 (MIB, PlanError: the role's API)
                                plan)  # fmt: skip
@@ -35,6 +35,7 @@ from llamarack.rules import Failure
 from llamarack.settings import Settings
 
 from ..llamacpp.plan import serving_inputs
+from .files import bench_record
 from .reads import HEALTH_MARK, RESIDENCY_MARK  # noqa: F401 (the role's API)
 
 # The role's templates. A file of the same name in an override folder the
@@ -322,15 +323,95 @@ class WantedUnit:
     cards: tuple  # the UUIDs of its cards, in its device order
 
 
-def host_layout(settings: Settings, shape: dict, gpus: tuple, draft_shape: Optional[dict] = None) -> Layout:
-    """The units the host's cards make (``server_layout``, ``server_split_mode``). Raises PlanError."""
+def host_layout(settings: Settings, shape: dict, gpus: tuple, draft_shape: Optional[dict] = None,
+                bench: Any = None, model: Optional[str] = None) -> Layout:  # fmt: skip
+    """The units the host's cards make (``server_layout``, ``server_split_mode``); ``bench``:
+    the host's llama-bench record, ``model``: the served model's stamp (``host_layouts``).
+    Raises PlanError."""
+    return host_layouts(settings, shape, gpus, draft_shape, bench, model)[0]
+
+
+def host_layouts(settings: Settings, shape: dict, gpus: tuple, draft_shape: Optional[dict] = None,
+                 bench: Any = None, model: Optional[str] = None) -> tuple:  # fmt: skip
+    """(the layout the host serves, the layout the ledger alone could not rank against it, or
+    None): where the ledger cannot choose (``card_layout.rival_layout``, CUDA builds), the
+    host's llama-bench record of the served model (``bench``, when it names ``model``) picks
+    the faster (``card_layout.settle``); without figures of both, the ledger's answer.
+    ``bench`` may be a function that reads the record: it is called only there."""
     s = settings.server
-    return choose_layout(shape, knobs(settings), cards_of(gpus), s.layout, draft_shape, s.split_mode)
+    kn, cards = knobs(settings), cards_of(gpus)
+    chosen = choose_layout(shape, kn, cards, s.layout, draft_shape, s.split_mode)
+    rival = rival_layout(shape, kn, cards, chosen, draft_shape, s.split_mode) \
+        if settings.llamacpp.backend == "cuda" else None  # fmt: skip
+    if rival is None:
+        return chosen, None
+    figures, source = _bench_figures(settings, (chosen, rival), bench() if callable(bench) else bench, model)
+    return settle(chosen, rival, figures, source)
+
+
+def _bench_figures(settings: Settings, layouts: tuple, bench: Optional[dict], model: Optional[str]) -> tuple:
+    """({layout: tg128 of each unit}, which record) from the host's llama-bench record, or
+    (None, why not): every unit of both layouts must have its figure for the served model."""
+    if settings.server.bench == "off":
+        return None, "server_bench = 'off': no llama-bench record decides"
+    key = (bench or {}).get("key") or {}
+    if not bench or not model or key.get("model") != model:
+        return None, (f"no llama-bench record of model {model} on this host yet (the bench measures both layouts "
+                      "after a new build or model, with server_bench = 'stopped')")  # fmt: skip
+    found = {}
+    for entry in bench_record.entries(bench, serving=False):
+        found.setdefault(bench_record.signature(entry), bench_record.tokens_per_second(entry, "tg128"))
+    figures = {}
+    for lay in layouts:
+        each = [found.get(bench_record.signature(bench_entry(lay, unit, True))) for unit in lay.units]
+        if None in each:
+            return None, (f"the llama-bench record of model {model} has no tg128 of {lay.chosen}'s units (both are "
+                          "measured after a new build or model, with server_bench = 'stopped')")  # fmt: skip
+        figures[lay.chosen] = each
+    return figures, f"the llama-bench record (build {key.get('build')}, model {model})"
+
+
+def bench_entry(layout: Layout, unit: Unit, cuda: bool) -> dict:
+    """A unit's entry in the bench record as far as the control machine knows it: its cards
+    (UUIDs, and their kind: nvidia-smi's name), the served flags llama-bench runs with.
+    ``bench_record.signature`` of it is what a measurement of the unit is found by."""
+    ctx = unit.plan.single or unit.plan
+    return {"cards": [layout.cards[i].id for i in unit.cards], "card_names": [layout.cards[i].name for i in unit.cards],
+            "served": {"cache_type_k": ctx.cache_type_k, "cache_type_v": ctx.cache_type_v,
+                       "gpu_layers": ctx.gpu_layers if cuda else None},
+            "split_args": unit.plan.split_args()}  # fmt: skip
+
+
+def bench_due(settings: Settings, record: Optional[dict], key: dict, layout: Layout, refs: list) -> Optional[str]:
+    """Why the bench would measure now, or None when the record is current: it names the
+    served build and model (``key``) and holds a figure for the plan of every unit of
+    ``layout`` (``refs``: ``unit_refs``), found by ``bench_record.signature`` among its units
+    and alternative. A record from before units were listed, of that build and model, is
+    current: its one figure stands for every unit, as it did."""
+    if not record or record.get("key") != key:
+        return f"the record names {(record or {}).get('key')}, not {key}"
+    if not isinstance(record.get("units"), list):
+        return None
+    have = {bench_record.signature(e) for e in bench_record.entries(record, serving=False)}
+    cuda = settings.llamacpp.backend == "cuda"
+    missing = [ref.name for ref, unit, _ in refs if bench_record.signature(bench_entry(layout, unit, cuda)) not in have]
+    return f"no figure of {', '.join(missing)} (its cards or plan changed)" if missing else None
+
+
+def unit_refs(settings: Settings, layout: Layout, in_place: Optional[dict] = None) -> list:
+    """(UnitRef, Unit, its cards' UUIDs) of each unit of ``layout``, by index: one unit is the
+    host's ``llamarack-server.service``; of several, a unit over the same cards as one in
+    place (``in_place``: name -> its cards' UUIDs) keeps its N, the others take the lowest free."""
+    uuids = [tuple(layout.cards[c].id for c in unit.cards) for unit in layout.units]
+    indices = unit_indices(uuids, in_place or {}) if len(layout.units) > 1 else [None]
+    refs = [(unit_ref(settings, i), unit, u) for i, unit, u in zip(indices, layout.units, uuids)]
+    return sorted(refs, key=lambda r: r[0].index or 0)
 
 
 def wanted_units(settings: Settings, flags: ServerFlags, build_dir: str, model_dir: str, shape: dict,
                  cards: tuple, templates: tuple = (), draft: Optional[tuple] = None,
-                 devices: tuple = (), in_place: Optional[dict] = None) -> tuple[Layout, tuple]:  # fmt: skip
+                 devices: tuple = (), in_place: Optional[dict] = None,
+                 bench: Any = None) -> tuple[Layout, tuple]:  # fmt: skip
     """The host's layout and the units it should run (``WantedUnit``, each with its plan):
     what the service operation writes and what ``llamarack audit`` compares with the units
     found. ``cards``: the host's GPUs; ``draft``: (directory, shape) of the draft model when
@@ -339,20 +420,17 @@ def wanted_units(settings: Settings, flags: ServerFlags, build_dir: str, model_d
     on ``server_port`` + N, each shown only its cards when the host has more than one.
     ``in_place``: the units on the host, name -> their cards' UUIDs: a unit over the same
     cards keeps its N (and port), so a card that goes retires only its own unit, and one
-    that comes back takes the lowest N free. Raises PlanError."""
+    that comes back takes the lowest N free. ``bench``: the host's llama-bench record (where
+    the ledger alone cannot choose the layout, ``host_layouts``). Raises PlanError."""
     if settings.model.draft_repo and not draft:
         raise PlanError(Failure(
             "draft-model", "model_draft_repo set, but no draft model under models/draft",
             "the draft artifact the model role makes", "run the model role (deploy.py runs it)",
         ))  # fmt: skip
     draft_dir, draft_shape = draft if settings.model.draft_repo else (None, None)
-    layout = host_layout(settings, shape, tuple(cards), draft_shape)
-    several = len(layout.units) > 1
-    unit_cards = [tuple(cards[c].uuid for c in unit.cards) for unit in layout.units]
-    indices = unit_indices(unit_cards, in_place or {}) if several else [None]
+    layout = host_layout(settings, shape, tuple(cards), draft_shape, bench, Path(model_dir).name)
     wanted = []
-    for index, unit, uuids in sorted(zip(indices, layout.units, unit_cards), key=lambda t: t[0] or 0):
-        ref = unit_ref(settings, index)
+    for ref, unit, uuids in unit_refs(settings, layout, in_place):
         text = _unit_text(settings, flags, (build_dir, model_dir, draft_dir), shape, ref, unit.plan, uuids,
                           len(cards) > 1, templates, devices)  # fmt: skip
         wanted.append(WantedUnit(ref, text, unit.plan.single or unit.plan, uuids))

@@ -143,9 +143,9 @@ class ServerSettings(Section):
     # -- the benchmark after a new build or model --
     bench: Literal["off", "beside", "stopped"] = setting(
         "stopped",
-        "llama-bench (pp512, tg128, the served flags) after a new build or model, recorded in "
-        "<root>/state/bench.json: stopped (llama-server is stopped for it and started again), "
-        "beside (while it serves: the card is shared, the figures are lower), off",
+        "llama-bench (pp512, tg128, the served flags) of each distinct unit after a new build or model, recorded "
+        "in <root>/state/bench.json: stopped (the units on the cards measured are stopped for it and started "
+        "again), beside (while they serve: the cards are shared, the figures are lower), off",
     )
 
     def problems(self) -> list[str]:

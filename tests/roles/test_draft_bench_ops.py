@@ -1,6 +1,7 @@
 """The draft model in the unit, and the bench after a new build or model: facts in, commands out."""
 
 import json
+import shlex
 
 from pyinfra.facts.files import Link
 
@@ -69,6 +70,17 @@ def bench_facts(record=None, **kw):
     return f
 
 
+def measured(command: str, n: int = 0) -> dict:
+    """What the control machine gives the n-th llama-bench run to record beside its figures."""
+    return json.loads(command.split(f"{ROOT}/state/bench.{n}.json ", 1)[1].split("' ", 1)[0].lstrip("'"))
+
+
+def joined(command: str) -> dict:
+    """The units the join command makes the record of."""
+    assert command.startswith("python3 -c ") and f" join {ROOT}/state/bench.json " in command
+    return json.loads(shlex.split(command)[-1])
+
+
 def test_a_record_of_the_served_build_and_model_is_a_noop():
     record = {"key": {"build": "b1", "model": "m1"}, "pp512": {"tokens_per_second": 900.5},
               "tg128": {"tokens_per_second": 61.2}}
@@ -80,24 +92,29 @@ def test_a_record_of_the_served_build_and_model_is_a_noop():
 def test_a_new_build_stops_the_server_benches_with_the_served_flags_and_starts_it_again():
     old = {"key": {"build": "b0", "model": "m1"}}
     commands, noops = run_op(bench, bench_facts(old), settings=settings(), gpus=(V100_PCI,))
-    assert noops == [] and len(commands) == 1
-    command = commands[0]
+    assert noops == [] and len(commands) == 2
+    command, join = commands
     assert command.startswith(f"systemctl stop {UNIT_NAME}; ")
     assert f"systemctl start {UNIT_NAME} && " in command and "exit $rc" in command
     assert (f"{ROOT}/builds/b1/bin/llama-bench -m {ROOT}/models/m1/model.gguf -p 512 -n 128 "
             "-ctk f16 -ctv f16 -fa on -ngl 3 -lm none") in command
     # the record's inputs: the key, the mode, the roofline of the V100 (900 GB/s over the
     # bytes a token reads: both layers and the output layer)
-    entry = json.loads(command.split(f"{ROOT}/state/bench.json ", 1)[1].split("' ", 1)[0].lstrip("'"))
+    entry = measured(command)
     assert entry["key"] == {"build": "b1", "model": "m1"} and entry["mode"] == "stopped" and entry["on_card"]
     weights = sum(SHAPE["layer_bytes"]) + SHAPE["output_bytes"]
     assert entry["roofline"] == {"card": "Tesla V100 SXM2 16GB", "bandwidth_gbs": 900, "weight_bytes": weights,
                                  "tokens_per_second": round(900e9 / weights, 1)}  # fmt: skip
+    # the record: the one unit, its measurement the run's
+    assert joined(join) == {"units": [{"name": UNIT_NAME, "index": 0, "port": 8080, "cards": ["GPU-1"],
+                                       "card_names": ["Tesla V100-SXM2-16GB"], "served": entry["served"],
+                                       "split_args": [], "roofline": entry["roofline"],
+                                       "part": f"{ROOT}/state/bench.0.json"}], "alternative": []}  # fmt: skip
 
 
 def test_beside_keeps_the_server_and_off_does_nothing():
     commands, _ = run_op(bench, bench_facts(), settings=settings(server_bench="beside"), gpus=(V100,))
-    assert len(commands) == 1 and "systemctl" not in commands[0] and "llama-bench" in commands[0]
+    assert len(commands) == 2 and "systemctl" not in commands[0] and "llama-bench" in commands[0]
     commands, noops = run_op(bench, bench_facts(), settings=settings(server_bench="off"), gpus=(V100,))
     assert commands == [] and noops == ["llama-bench is off (server_bench = 'off')"]
 
@@ -110,5 +127,5 @@ def test_the_bench_spells_repack_off_and_cpu_builds_place_no_layers():
 
 def test_a_card_the_table_does_not_know_has_no_roofline():
     commands, _ = run_op(bench, bench_facts(), settings=settings(), gpus=(V100,))  # no PCI id
-    entry = json.loads(commands[0].split(f"{ROOT}/state/bench.json ", 1)[1].split("' ", 1)[0].lstrip("'"))
+    entry = measured(commands[0])
     assert entry["roofline"]["card"] is None and entry["roofline"]["tokens_per_second"] is None

@@ -13,9 +13,8 @@ from llamarack.layout import unit_path
 from llamarack.model_shapes import shape_from_config
 from llamarack.roles.driver.reads import CharDevices, NvidiaSmi
 from llamarack.roles.model.reads import GgufShape
-from llamarack.roles.server.operations import bench, rollback, service
+from llamarack.roles.server.operations import rollback, service
 from llamarack.roles.server.reads import ServedUnits
-from tests.roles.test_draft_bench_ops import bench_facts
 from tests.roles.test_server_ops import (ROOT, SHAPE, UNIT, UNIT_SHA1, V100, facts, first_run, found_unit,
                                          settings)  # fmt: skip
 from tests.support.ophost import fact_key, run_op
@@ -164,21 +163,6 @@ def test_diff_shows_each_units_file(caplog):
     assert f"Will create {unit_path('llamarack-server@1.service')}" in caplog.text
 
 
-def test_the_bench_measures_the_first_units_plan_and_says_which():
-    commands, _ = run_op(bench, bench_facts(), settings=settings(), gpus=EIGHT)
-    (command,) = commands
-    assert command.startswith("systemctl stop llamarack-server@0.service; env "
-                              f"CUDA_VISIBLE_DEVICES={EIGHT[0].uuid} python3 -c ")  # fmt: skip
-    assert "http://127.0.0.1:8080/health" in command and "llamarack-server@0.service" in command
-    entry = json.loads(command.split(f"{ROOT}/state/bench.json ", 1)[1].split("' ", 1)[0].lstrip("'"))
-    assert entry["unit"] == {"name": "llamarack-server@0.service", "of": 8, "cards": [EIGHT[0].uuid],
-                             "split_args": []}  # fmt: skip
-    split = bench_facts()
-    split[fact_key(GgufShape, path=f"{ROOT}/models/m1/model.gguf")] = GEMMA27B
-    (command,), _ = run_op(bench, split, settings=settings(), gpus=TWO)
-    assert " -ngl 63 " in command and " -sm layer -ts " in command and " -mg 1" in command
-
-
 def test_rollback_puts_back_every_unit_with_a_previous_one_or_only_the_one_asked():
     from llamarack.roles.llamacpp.reads import BuildSeals, Seals
 
@@ -229,15 +213,12 @@ def test_units_are_read_in_one_fact_with_their_pins_and_health(tmp_path):
     assert not zero.prev and zero.pin is None
 
 
-def test_a_converged_eight_card_host_reads_everything_in_preflights_one_read():
-    """Every read the service operation makes on a converged 8-card host is one of preflight's
-    one read (its own and each role's), whatever the count of units: no read per unit."""
+def outside_preflights_read(op, host: dict, s, cards) -> tuple:
+    """(commands, no-op messages, the reads ``op`` made that are not among preflight's one read
+    (its own and each role's)) of ``op`` run on a host whose facts are ``host``."""
     from llamarack.facts import FactRead
     from llamarack.roles.preflight.reads import preflight_reads, role_reads
 
-    s = settings(server_layout="per_card")
-    host, _ = converged(s, EIGHT)
-    batched = set(preflight_reads(s) + role_reads(s))
     read_here = []
 
     class Recording(dict):
@@ -246,9 +227,19 @@ def test_a_converged_eight_card_host_reads_everything_in_preflights_one_read():
                 read_here.append(FactRead.of(key[0], **dict(key[1])))
             return super().__contains__(key)
 
-    commands, _ = run_op(service, Recording(host), settings=s, gpus=EIGHT)
-    assert commands == [] and FactRead.of(ServedUnits, state=f"{ROOT}/state") in read_here
-    assert [r for r in dict.fromkeys(read_here) if r not in batched] == []
+    commands, noops = run_op(op, Recording(host), settings=s, gpus=cards)
+    assert FactRead.of(ServedUnits, state=f"{ROOT}/state") in read_here
+    batched = set(preflight_reads(s) + role_reads(s))
+    return commands, noops, [r for r in dict.fromkeys(read_here) if r not in batched]
+
+
+def test_a_converged_eight_card_host_reads_everything_in_preflights_one_read():
+    """Every read the service operation makes on a converged 8-card host is one of preflight's
+    one read (its own and each role's), whatever the count of units: no read per unit."""
+    s = settings(server_layout="per_card")
+    host, _ = converged(s, EIGHT)
+    commands, _, outside = outside_preflights_read(service, host, s, EIGHT)
+    assert commands == [] and outside == []
 
 
 def audit_of(s, host: dict, cards) -> dict:

@@ -176,3 +176,16 @@ def test_several_cards_that_serve_nothing_are_refused_with_their_ledger():
                "--gpu-layers", "63", code=1)  # fmt: skip
     assert "plan refused: 2 cards: memory: found 2 cards of 4000+4000 MiB" in out
     assert "all 2 cards:" in out and "does NOT fit" in out
+
+
+def test_plan_says_where_the_ledger_alone_cannot_choose_the_layout():
+    # Llama-3.1-8B with 4 slots: one V100 alone holds every layer at 74,240 tokens per slot, two
+    # the trained 131,072: more servers or more context, which a host's llama-bench record settles
+    args = ("--config", str(CONFIGS / "llama-3.1-8b-instruct.config.json"), "--gpu", "V100 SXM2 16GB", "--gpus", "2")
+    data = json.loads(plan(*args, "--parallel", "4", "--json"))
+    assert data["layout"]["chosen"] == "per_card" and data["layout"]["contested"].startswith(
+        "the ledger alone cannot choose: per_card serves 2 units of 74,240 tokens per slot, split serves 1 unit of "
+        "131,072 tokens per slot; on a host its llama-bench record of both decides")
+    assert "per_card, the ledger's answer" in plan(*args, "--parallel", "4")
+    # one slot: one card holds the trained context, nothing to settle
+    assert json.loads(plan(*args, "--json"))["layout"]["contested"] is None

@@ -365,3 +365,25 @@ def test_the_audit_item_says_where_the_rollout_left_the_host():
     failed = rollout_audit.items(seen(['{"state": "failed", "why": "a completion: 500"}']))["rollout"]
     assert failed.drift and failed.found["why"] == "a completion: 500"
     assert rollout_audit.items(seen(["{"]))["rollout"].found["state"] == "unreadable"
+
+
+def test_bench_verdicts_unit_by_unit():
+    def unit(name, tg, **more):
+        return {"name": name, "pp512": {"tokens_per_second": 100.0}, "tg128": {"tokens_per_second": tg}, **more}
+
+    before = {**RECORD, "units": [unit("u@0", 20.0), unit("u@1", 20.0, **{"as": "u@0"}), unit("u@2", 30.0)]}
+    after = {"key": {"build": "b2", "model": "m1"}, "pp512": {"tokens_per_second": 100.0},
+             "tg128": {"tokens_per_second": 20.0},
+             "units": [unit("u@0", 20.0), unit("u@1", 20.0, **{"as": "u@0"}), unit("u@2", 12.0)]}  # fmt: skip
+    why, compared = rollout.bench_verdict(before, after, 0.25)
+    # unit 2 (a card of its own kind) got slower; the top level (unit 0's) would not have shown it
+    assert why == "u@2: llama-bench tg128 12.0 t/s is below 0.75 of the record's 30.0 t/s"
+    assert compared == ("u@0: pp512 100.0 t/s (was 100.0), u@0: tg128 20.0 t/s (was 20.0), "
+                        "u@2: pp512 100.0 t/s (was 100.0), u@2: tg128 12.0 t/s (was 30.0)")  # fmt: skip
+    # a record before units were listed: its one figure stands for every unit
+    why, compared = rollout.bench_verdict(RECORD, after, 0.25)
+    assert why == "u@2: llama-bench tg128 12.0 t/s is below 0.75 of the record's 20.0 t/s"
+    assert compared.count("tg128") == 2 and compared.count("(was 20.0)") == 2
+    # a unit the record before did not have: nothing to compare it with
+    new_unit = {**after, "units": [unit("u@5", 1.0)]}
+    assert rollout.bench_verdict(before, new_unit, 0.25) == (None, "the record before has no figures")
