@@ -42,8 +42,8 @@ from llamarack.settings import Settings
 
 from .files import bench_record
 from .plan import (HEALTH_MARK, KEY_DIGEST_SALT, RESIDENCY_MARK, PlanError, WantedUnit, bench_args,  # noqa: F401
-                   bench_due, bench_entry, bench_split_args, health_url, host_layout, host_layouts,
-                   key_digest_command, parse_pin, ref_of, roofline, unit_ref, unit_refs, wanted_units)  # fmt: skip
+                   bench_due, bench_entry, bench_split_args, health_url, host_layouts,
+                   key_digest_command, parse_pin, ref_of, roofline, unit_refs, wanted_units)  # fmt: skip
 from .switch import (SWITCH_LOCK, health_check_script, health_function, label, pin_script,  # noqa: F401
                      retire_script, switch_script)  # fmt: skip
 
