@@ -86,7 +86,7 @@ def record_gpus(path: str, gpus=None, recorded=None):
         host.noop("the driver lists no GPU: the GPU record is left as it is")
         return
     text = gpus_record(gpus)
-    if recorded is not None and recorded and gpus_record(recorded) == text:
+    if recorded and gpus_record(recorded) == text:
         host.noop(f"GPU record already lists {len(gpus)} card(s)")
         return
     yield from put_record(path, text)

@@ -256,13 +256,13 @@ def switch_current(root: str, stamp: str):
 @operation()
 def prune_builds(root: str, keep: int, previous=None, unit_path=None, serving=None):
     """
-    Remove old builds, keeping ``current``, the one the unit serves with, the one that
+    Remove old builds, keeping ``current``, the ones the units serve with, the one that
     served before this run (rollback) and the newest; failed or interrupted build
     directories go too.
 
     + root: the llamarack root
-    + keep: how many builds to keep in all; the current build and the one the unit
-      names are kept even past it (with ``keep = 1`` and a new build whose unit was
+    + keep: how many builds to keep in all; the current build and the ones the units
+      name are kept even past it (with ``keep = 1`` and a new build whose unit was
       put back, both stay)
     + previous: the build ``current`` named before this run (read when the run was
       planned: by the time this runs, ``current`` may already point elsewhere)

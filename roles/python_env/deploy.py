@@ -28,8 +28,6 @@ def _make_env(settings: Settings, name: str) -> str:
         venv(name=f"venv {env}", env=env, python=f"/usr/bin/python{s.python_version}",
              python_version=s.python_version)  # fmt: skip
     else:
-        if not s.conda_installer_sha256:
-            raise DeployError(f"{host.name}: python_env_conda_installer_sha256 is required with conda")
         conda_root = layout.conda
         miniforge(name="Miniforge", installer_url=s.conda_installer_url,
                   installer_sha256=s.conda_installer_sha256, prefix=conda_root)  # fmt: skip
