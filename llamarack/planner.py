@@ -23,13 +23,10 @@ The ledger follows llama.cpp's own placement (src/llama-model.cpp,
   so total = per-slot x slots. A sliding-window layer keeps only
   pad256(min(per-slot, window + n_ubatch)) cells per slot
   (llama-kv-cache-iswa.cpp).
-- The compute buffer (``compute_bytes``): on CUDA, llama.cpp's feed-forward
-  peak plus the f16 attention masks, its own figure to 0.1 MiB for a dense
-  model with every layer on the card and 10-27% under it otherwise; on the
-  CPU backend within 3% above its figure. ``reserve_mib``
-  (``server_memory_reserve_mib``) covers the CUDA context and pools (not
-  cuBLAS: the H200 runs it was measured on never used it), and what the
-  estimate misses (tests/fixtures/llama-server/gpu-load-logs, load-logs).
+- The compute buffer (``compute_bytes``, which says how close it comes).
+  ``reserve_mib`` (``server_memory_reserve_mib``) covers the CUDA context
+  and pools (not cuBLAS: the H200 runs it was measured on never used it),
+  and what the estimate misses (tests/fixtures/llama-server/gpu-load-logs).
 - A draft model (speculative decoding) is a second model with its own
   context (common/speculative.cpp, ``common_speculative_init_result``: "the
   draft context holds as many tokens per sequence as the target context",
@@ -38,11 +35,8 @@ The ledger follows llama.cpp's own placement (src/llama-model.cpp,
   by ``--spec-draft-ngl`` as the model's are by ``--n-gpu-layers``, and its
   own compute buffer. Its weights, KV and compute count on the card with the
   model's.
-- The prefill pool (``prefill_pool_bytes``), on the cards whose prompts go
-  through cuBLAS (a V100, a P100): each quantized weight dequantized for it
-  in ggml's CUDA pool, which keeps its largest size; no buffer line of
-  llama.cpp's log names it, and the cards the reserve was measured on
-  (Hopper, lazy module loading) never make it.
+- The prefill pool (``prefill_pool_bytes``) of the cards whose prompts go
+  through cuBLAS (a V100, a P100); no buffer line of llama.cpp's log names it.
 """
 
 from __future__ import annotations
