@@ -100,8 +100,6 @@ def build(plan: BuildPlan, src: str, root: str, ccache_dir=None, jobs=None):
         f"{q_d}/bin/llama-server --help > {q_d}/server-help.txt 2>&1"
         f" && grep -q -e '--load-mode' -e '--no-mmap' {q_d}/server-help.txt"
     )
-    # The build counts only once it computed: the smoke run (roles/<role>/files/
-    # llamacpp_proof.py) writes build-info.json, last, when a rung of its ladder works.
     yield from private_upload(json.dumps(proof_spec(plan, d, src, env, ccache_dir, jobs), indent=1, sort_keys=True),
                               f"{d}/proof-spec.json")
     yield StringCommand(remote.command("llamacpp_proof", f"{d}/proof-spec.json"))
@@ -216,16 +214,13 @@ def reprove(plan: BuildPlan, src: str, root: str):
 @operation()
 def seal_build(root: str, stamp: str):
     """
-    Seal a proven build: ``manifest.json`` records every file it serves with
-    (``build/bin``, and the records the deploy reads) with its size, mtime_ns,
-    inode and sha256 (``roles/llamacpp/files/build_seal.py``).
+    Seal a proven build: its ``manifest.json`` (``files/build_seal.py`` says what it holds).
 
     + root: the llamarack root
     + stamp: the build directory under ``builds/``
 
-    A step of its own after the smoke run (whose script hash stamps every
-    build): a build proven before llamarack sealed builds, or one whose run was
-    cut off between its proof and its seal, is sealed as found by the next run.
+    A step of its own after the smoke run: a build proven before llamarack sealed
+    builds, or one cut off between its proof and its seal, is sealed by the next run.
     """
     seals = read(BuildSeals, root=root)
     if stamp in seals.changed:
