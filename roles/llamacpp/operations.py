@@ -61,12 +61,10 @@ def build(plan: BuildPlan, src: str, root: str, ccache_dir=None, jobs=None):
     + ccache_dir: ccache directory (shared by a rack), None for the default
     + jobs: parallel compile jobs, None for nproc
 
-    The build directory counts only once ``build-info.json`` is written, the
-    last step, after ``--version`` runs, on CUDA builds ``cuobjdump`` lists
-    a cubin for every requested arch, and the smoke run computed: a tiny
-    model served with the unit's runtime flags (all layers on the GPU on a
-    CUDA host) answered with finite probabilities (``proof_spec``). A failed
-    build leaves nothing that looks good, and ``current`` is not touched here.
+    The directory counts only once ``build-info.json`` exists: the smoke run
+    (``files/llamacpp_proof.py``) writes it last, after ``--version`` ran, the
+    cubins of every arch were listed and a tiny model computed with the unit's
+    runtime flags. ``current`` is not touched here.
     """
     builds = read(LlamacppBuilds, root=root)
     if plan.stamp in builds.verified and not read(BuildSeals, root=root).tampered(plan.stamp):
