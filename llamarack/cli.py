@@ -50,7 +50,7 @@ def main():
 
 @main.command()
 @click.option("--group-data", "form", flag_value="group-data", help="as inventory/group_data/all.py")
-@click.option("--markdown", "form", flag_value="markdown", default=True, help="as the README's table")
+@click.option("--markdown", "form", flag_value="markdown", default=True, help="as docs/settings.md")
 def settings(form):
     """Print every setting with its default."""
     from .settings_docs import group_data_file, markdown_table

@@ -509,15 +509,15 @@ _UNREPORTED_RESERVE_HBM = 64
 
 @dataclass(frozen=True)
 class Board:
+    """A board of ``_CARDS`` with its ``BOARD_MEMORY`` figures (None where not known)."""
+
     device_id: int
     name: str
     chip: str
     compute_cap: str
     memory_gb: Optional[int] = None
     bandwidth_gbs: Optional[int] = None
-    """Memory bandwidth, GB/s, as NVIDIA's data sheet gives it."""
     min_reported_mib: Optional[int] = None
-    """The smallest memory.total (MiB) a real driver reported for the board."""
 
 
 BOARDS: dict[int, Board] = {
@@ -555,14 +555,10 @@ def compute_cap(pci_device_id) -> Optional[str]:
 
 def planning_memory_mib(pci_device_id, reported_mib: int) -> int:
     """The memory (MiB) to plan a card's context with: the same for the same board
-    whatever the driver reports (a V100 16GB reports 16130, 16160 or 16384).
-
-    It is the smallest value reported: the smallest real report the table
-    holds for the board, else the board's nominal memory less the largest
-    reservation seen on its kind of memory (1/16 for GDDR, 1/64 for HBM);
-    never more than this driver reports (a card with ECC on, or failing pages
-    retired, has less). A card not in the
-    table (or without memory figures) plans with what its driver reports.
+    whatever the driver reports (a V100 16GB reports 16130, 16160 or 16384). That is
+    the board's smallest real report, else its nominal memory less the reservation
+    above; never more than this driver reports (ECC on, or retired pages, leave less).
+    A card not in the table (or without memory figures) plans with what its driver reports.
     """
     found = board(pci_device_id)
     if found is None or found.memory_gb is None:

@@ -158,7 +158,8 @@ class Layout:
         return self.state_file(f"previous{_unit_suffix(name)}.service")
 
     def rollback_pin_of(self, name: str) -> str:
-        """``rollback_pin`` of the unit ``name`` (``rollback@N.json`` for unit N of several)."""
+        """Written by ``llamarack rollback``: the unit it put back over ``name``, and the one it
+        replaced (``rollback.json``; ``rollback@N.json`` for unit N of several)."""
         return self.state_file(f"rollback{_unit_suffix(name)}.json")
 
     @property
@@ -170,11 +171,6 @@ class Layout:
     def deployed_by(self) -> str:
         """The version of llamarack that last deployed the host (``{"llamarack": "0.1.0"}``)."""
         return self.state_file("deployed-by.json")
-
-    @property
-    def rollback_pin(self) -> str:
-        """Written by ``llamarack rollback``: the unit it put back, and the one it replaced."""
-        return self.state_file("rollback.json")
 
 
 def unit_build(root: str, unit_lines) -> Optional[str]:

@@ -221,6 +221,3 @@ def local_gguf_shape(path: str) -> dict:
         return read_shape(path)
     except (GgufError, OSError) as e:
         raise ModelSourceError(f"{path}: {e}") from None
-
-
-__all__ = ["hub_gguf_shape", "local_gguf_shape", "quant_type", "shape_from_config"]

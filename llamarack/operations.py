@@ -76,9 +76,6 @@ def record_gpus(path: str, gpus=None, recorded=None):
     + gpus: the cards to record (preflight's ``HostFacts.gpus``); None: those
       nvidia-smi lists when the operation runs (after a reboot earlier in the run)
     + recorded: what the record holds (preflight read it): no write when equal
-
-    The record is written beside itself, synced, and renamed over the old one,
-    so an interrupted run or a crash never leaves half a record.
     """
     if gpus is None:
         gpus = read(NvidiaSmi).gpus
@@ -86,7 +83,7 @@ def record_gpus(path: str, gpus=None, recorded=None):
         host.noop("the driver lists no GPU: the GPU record is left as it is")
         return
     text = gpus_record(gpus)
-    if recorded is not None and recorded and gpus_record(recorded) == text:
+    if recorded and gpus_record(recorded) == text:
         host.noop(f"GPU record already lists {len(gpus)} card(s)")
         return
     yield from put_record(path, text)
@@ -151,11 +148,8 @@ def secret_upload(secret: str, dest: str, mode: str = "600", group=None):
 
     + secret: the text (never printed, never on a command line)
     + dest: the file on the host; written as ``dest.new``, then renamed over ``dest``
-    + mode: its mode, set before a byte is written
+    + mode: its mode, given to the empty ``dest.new`` before the upload fills it
     + group: its group, or None
-
-    ``dest.new`` is made empty with its final mode first, and the upload
-    (``private_upload``) only fills it.
     """
     q_new = shlex.quote(f"{dest}.new")
     group_args = f" -g {shlex.quote(group)}" if group else ""
@@ -274,3 +268,11 @@ def conda_env(conda: str, env: str, specs: list, channels: list, marker: str):
     channel_args = [arg for ch in channels for arg in ("-c", ch)]
     yield StringCommand(remote.argv(conda, "create", "--yes", "--quiet", "--prefix", env,
                                     "--override-channels", *channel_args, *specs))  # fmt: skip
+
+
+def miniforge_env(python_env, conda_root: str, env: str, specs: list, channels: list, marker: str, name: str):
+    """Miniforge under ``conda_root`` (the installer of the ``python_env_conda_installer_*``
+    settings), then the conda env ``env`` (``conda_env``): the operations, for a deploy."""
+    miniforge(name="Miniforge", installer_url=python_env.conda_installer_url,
+              installer_sha256=python_env.conda_installer_sha256, prefix=conda_root)  # fmt: skip
+    conda_env(name=name, conda=f"{conda_root}/bin/conda", env=env, specs=specs, channels=channels, marker=marker)

@@ -23,13 +23,10 @@ The ledger follows llama.cpp's own placement (src/llama-model.cpp,
   so total = per-slot x slots. A sliding-window layer keeps only
   pad256(min(per-slot, window + n_ubatch)) cells per slot
   (llama-kv-cache-iswa.cpp).
-- The compute buffer (``compute_bytes``): on CUDA, llama.cpp's feed-forward
-  peak plus the f16 attention masks, its own figure to 0.1 MiB for a dense
-  model with every layer on the card and 10-27% under it otherwise; on the
-  CPU backend within 3% above its figure. ``reserve_mib``
-  (``server_memory_reserve_mib``) covers the CUDA context and pools (not
-  cuBLAS: the H200 runs it was measured on never used it), and what the
-  estimate misses (tests/fixtures/llama-server/gpu-load-logs, load-logs).
+- The compute buffer (``compute_bytes``, which says how close it comes).
+  ``reserve_mib`` (``server_memory_reserve_mib``) covers the CUDA context
+  and pools (not cuBLAS: the H200 runs it was measured on never used it),
+  and what the estimate misses (tests/fixtures/llama-server/gpu-load-logs).
 - A draft model (speculative decoding) is a second model with its own
   context (common/speculative.cpp, ``common_speculative_init_result``: "the
   draft context holds as many tokens per sequence as the target context",
@@ -38,11 +35,8 @@ The ledger follows llama.cpp's own placement (src/llama-model.cpp,
   by ``--spec-draft-ngl`` as the model's are by ``--n-gpu-layers``, and its
   own compute buffer. Its weights, KV and compute count on the card with the
   model's.
-- The prefill pool (``prefill_pool_bytes``), on the cards whose prompts go
-  through cuBLAS (a V100, a P100): each quantized weight dequantized for it
-  in ggml's CUDA pool, which keeps its largest size; no buffer line of
-  llama.cpp's log names it, and the cards the reserve was measured on
-  (Hopper, lazy module loading) never make it.
+- The prefill pool (``prefill_pool_bytes``) of the cards whose prompts go
+  through cuBLAS (a V100, a P100); no buffer line of llama.cpp's log names it.
 """
 
 from __future__ import annotations
@@ -64,6 +58,9 @@ KV_TYPE_BYTES = {
 # What ``auto`` tries, best first. Same type for K and V: a build without
 # GGML_CUDA_FA_ALL_QUANTS has flash-attention kernels for each of these pairs.
 AUTO_KV_TYPES = ("f16", "q8_0", "q4_0")
+# Cache types the CUDA flash-attention kernel reads as they are; a quantized cache is
+# converted to f16 for it, in the compute buffer (``compute_bytes``).
+UNQUANTIZED_KV_TYPES = ("f32", "f16", "bf16")
 # llama.cpp pads the context and each slot's share to 256 cells.
 CTX_STEP = 256
 # llama-server's default micro-batch (-ub), which sizes the compute buffer and SWA cells.
@@ -147,9 +144,6 @@ class Ledger:
 
     def as_dict(self) -> dict:
         return {**asdict(self), "total_on_card": self.total_on_card}
-# Cache types the CUDA flash-attention kernel reads as they are; a quantized cache is
-# converted to f16 for it, in the compute buffer (``compute_bytes``).
-UNQUANTIZED_KV_TYPES = ("f32", "f16", "bf16")
 
 
 @dataclass(frozen=True)
@@ -467,7 +461,7 @@ def plan(shape: dict, knobs: Knobs, card_mib: Optional[int], draft: Optional[dic
         if layers:
             fits = largest_context(shape, knobs, card_mib, layers, k, v, cap, draft)
             why = f" (all {n_all} leave no room for {floor} tokens per slot)"
-    kv = f"{k}/{v}"
+    kv, placed = f"{k}/{v}", f", {layers} of {n_all} layers on the card" if layers < n_all else ""
     if fits < floor:
         shown = layers or n_all  # nothing fits: the numbers for every layer on the card
         at = ledger(shape, knobs, card_mib, shown, k, v, floor, draft)
@@ -479,7 +473,6 @@ def plan(shape: dict, knobs: Knobs, card_mib: Optional[int], draft: Optional[dic
                       "fewer server_gpu_layers (0: CPU only), or a bigger card")  # fmt: skip
     if wanted is not None and wanted > fits:
         at = ledger(shape, knobs, card_mib, layers, k, v, wanted, draft)
-        placed = f", {layers} of {n_all} layers on the card" if layers < n_all else ""
         raise _memory(f"server_ctx_size {wanted} x {knobs.parallel} slots: {at.total_on_card / MIB:.0f} MiB on a "
                       f"{card_mib} MiB card",
                       f"at most {fits} tokens per slot on this card ({kv} KV, "
@@ -487,7 +480,6 @@ def plan(shape: dict, knobs: Knobs, card_mib: Optional[int], draft: Optional[dic
                       f"set server_ctx_size <= {fits} (or None), or quantize the KV cache further")  # fmt: skip
     ctx = wanted or fits
     auto = "" if len(candidates) == 1 else " (auto)"
-    placed = f", {layers} of {n_all} layers on the card" if layers < n_all else ""
     note = (f"ctx {ctx}{_slots(knobs)}, {kv} KV{auto}{placed}: "
             + ("the largest that fits" if wanted is None else f"fits; largest {fits}") + f" {card_mib} MiB")  # fmt: skip
     return Plan(ctx, knobs.parallel, k, v, layers, rope, ledger(shape, knobs, card_mib, layers, k, v, ctx, draft),

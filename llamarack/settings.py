@@ -11,8 +11,8 @@ value) before any host is touched, every problem of a host at once, naming the
 host, the key, what was given and what is allowed.
 
 Roles receive the whole frozen settings object and never read ``host.data``.
-``inventory/group_data/all.py`` and the README's table are generated from the
-sections (``llamarack settings``) and a test keeps them in step.
+``inventory/group_data/all.py`` and ``docs/settings.md`` are generated from the
+sections (``llamarack.settings_docs``).
 
 The sections stay plain dataclasses rather than pydantic models: pydantic is
 pyinfra's own dependency, not ours, and its errors would have to be rewritten
@@ -400,13 +400,9 @@ def _warn_unknown(host_name: str, keys, known) -> None:
 
 
 def load_settings(host_name: str, data: Mapping[str, Any], groups: tuple = ()) -> Settings:
-    """Build one host's settings from its data (inventory + group data).
-
-    Keys that do not start with a llamarack role prefix belong to pyinfra or
-    the user and are ignored. A key with a role prefix that names no setting
-    is an error (most likely a typo), as is any value of the wrong type.
-    All problems of a host are reported together. ``groups``: the host's inventory groups.
-    """
+    """Build one host's settings from its data (inventory + group data); ``groups``: its
+    inventory groups. A key without a role prefix is pyinfra's or the user's, ignored (a
+    warning when it looks like a setting); one with a prefix that names no setting is an error."""
     infos = all_settings()
     by_key = {info.key: info for info in infos}
     prefixes = tuple(f"{role.prefix}_" for role in ROLE_SETTINGS)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def nodelay_transport(sock: Any, **kwargs: Any) -> "paramiko.Transport":  # noqa: F821
+def nodelay_transport(sock: Any, **kwargs: Any):
     """paramiko's Transport on ``sock`` with TCP_NODELAY set. Sockets that
     are not TCP (a ProxyCommand pipe, a ProxyJump channel) are left as they
     are."""

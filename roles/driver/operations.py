@@ -47,5 +47,3 @@ def driver_answers(reason: str):
         f"{{ printf '%s\\n' {shlex.quote(f'{host.name}: driver still fails after {reason}:')} "
         '"$out" >&2; exit 1; }'
     )
-
-

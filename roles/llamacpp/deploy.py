@@ -38,12 +38,7 @@ def llamacpp(settings: Settings, facts: HostFacts) -> BuildPlan:
             logger.warning(f"{host.print_prefix}llama.cpp build {current} {why}: building it again as {where}")
     plan = dataclasses.replace(plan, stamp=where)
 
-    checkout(
-        name=f"llama.cpp source at {s.commit[:12]}",
-        git_url=s.git_url,
-        commit=s.commit,
-        dest=layout.src,
-    )
+    checkout(name=f"llama.cpp source at {s.commit[:12]}", git_url=s.git_url, commit=s.commit, dest=layout.src)
     built = build(
         name=f"Build llama.cpp {plan.stamp} ({plan.backend}"
         + (f", sm_{'/'.join(plan.cuda_archs)}" if plan.cuda_archs else "")
@@ -60,7 +55,7 @@ def llamacpp(settings: Settings, facts: HostFacts) -> BuildPlan:
             "(CPU about 11 min, CUDA for one arch about 50 min on 2 cores); "
             f"follow it with: tail -f {layout.build(plan.stamp)}/build.log"
         )
-    if not built.will_change:
+    else:
         reprove(name=f"Prove llama.cpp build {plan.stamp} again (proof {plan.proof_id}; nothing is rebuilt)",
                 plan=plan, src=layout.src, root=root)
     seal_build(name=f"Seal llama.cpp build {plan.stamp} (its files' size, mtime, inode, sha256)",

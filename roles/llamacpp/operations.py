@@ -61,12 +61,10 @@ def build(plan: BuildPlan, src: str, root: str, ccache_dir=None, jobs=None):
     + ccache_dir: ccache directory (shared by a rack), None for the default
     + jobs: parallel compile jobs, None for nproc
 
-    The build directory counts only once ``build-info.json`` is written, the
-    last step, after ``--version`` runs, on CUDA builds ``cuobjdump`` lists
-    a cubin for every requested arch, and the smoke run computed: a tiny
-    model served with the unit's runtime flags (all layers on the GPU on a
-    CUDA host) answered with finite probabilities (``proof_spec``). A failed
-    build leaves nothing that looks good, and ``current`` is not touched here.
+    The directory counts only once ``build-info.json`` exists: the smoke run
+    (``files/llamacpp_proof.py``) writes it last, after ``--version`` ran, the
+    cubins of every arch were listed and a tiny model computed with the unit's
+    runtime flags. ``current`` is not touched here.
     """
     builds = read(LlamacppBuilds, root=root)
     if plan.stamp in builds.verified and not read(BuildSeals, root=root).tampered(plan.stamp):
@@ -100,8 +98,6 @@ def build(plan: BuildPlan, src: str, root: str, ccache_dir=None, jobs=None):
         f"{q_d}/bin/llama-server --help > {q_d}/server-help.txt 2>&1"
         f" && grep -q -e '--load-mode' -e '--no-mmap' {q_d}/server-help.txt"
     )
-    # The build counts only once it computed: the smoke run (roles/<role>/files/
-    # llamacpp_proof.py) writes build-info.json, last, when a rung of its ladder works.
     yield from private_upload(json.dumps(proof_spec(plan, d, src, env, ccache_dir, jobs), indent=1, sort_keys=True),
                               f"{d}/proof-spec.json")
     yield StringCommand(remote.command("llamacpp_proof", f"{d}/proof-spec.json"))
@@ -216,16 +212,13 @@ def reprove(plan: BuildPlan, src: str, root: str):
 @operation()
 def seal_build(root: str, stamp: str):
     """
-    Seal a proven build: ``manifest.json`` records every file it serves with
-    (``build/bin``, and the records the deploy reads) with its size, mtime_ns,
-    inode and sha256 (``roles/llamacpp/files/build_seal.py``).
+    Seal a proven build: its ``manifest.json`` (``files/build_seal.py`` says what it holds).
 
     + root: the llamarack root
     + stamp: the build directory under ``builds/``
 
-    A step of its own after the smoke run (whose script hash stamps every
-    build): a build proven before llamarack sealed builds, or one whose run was
-    cut off between its proof and its seal, is sealed as found by the next run.
+    A step of its own after the smoke run: a build proven before llamarack sealed
+    builds, or one cut off between its proof and its seal, is sealed by the next run.
     """
     seals = read(BuildSeals, root=root)
     if stamp in seals.changed:
@@ -256,13 +249,13 @@ def switch_current(root: str, stamp: str):
 @operation()
 def prune_builds(root: str, keep: int, previous=None, unit_path=None, serving=None):
     """
-    Remove old builds, keeping ``current``, the one the unit serves with, the one that
+    Remove old builds, keeping ``current``, the ones the units serve with, the one that
     served before this run (rollback) and the newest; failed or interrupted build
     directories go too.
 
     + root: the llamarack root
-    + keep: how many builds to keep in all; the current build and the one the unit
-      names are kept even past it (with ``keep = 1`` and a new build whose unit was
+    + keep: how many builds to keep in all; the current build and the ones the units
+      name are kept even past it (with ``keep = 1`` and a new build whose unit was
       put back, both stay)
     + previous: the build ``current`` named before this run (read when the run was
       planned: by the time this runs, ``current`` may already point elsewhere)

@@ -123,32 +123,16 @@ def serving_inputs(s: Settings) -> dict:
     unit itself serves the KV types its plan chose (``proof_kv_types``).
     """
     k, v = proof_kv_types(s)
-    return {
-        "cache_type_k": k,
-        "cache_type_v": v,
-        "flash_attn": s.server.flash_attn,
-        "mmap": s.server.mmap,
-        "repack": s.server.repack,
-        "gpu_layers": 999 if s.llamacpp.backend == "cuda" else None,
-    }
+    return {"cache_type_k": k, "cache_type_v": v, "flash_attn": s.server.flash_attn, "mmap": s.server.mmap,
+            "repack": s.server.repack, "gpu_layers": 999 if s.llamacpp.backend == "cuda" else None}  # fmt: skip
 
 
 def proof_inputs(s: Settings) -> dict:
-    return {
-        "script_sha256": PROOF_SCRIPT_SHA256,
-        "quant": s.model.quant,
-        "serving": serving_inputs(s),
-        "cpu_features": s.llamacpp.cpu_features,
-        "cpu_fallback": s.llamacpp.cpu_fallback,
-    }
+    return {"script_sha256": PROOF_SCRIPT_SHA256, "quant": s.model.quant, "serving": serving_inputs(s),
+            "cpu_features": s.llamacpp.cpu_features, "cpu_fallback": s.llamacpp.cpu_fallback}  # fmt: skip
 
 
-def cmake_args(
-    s: Settings,
-    archs: tuple,
-    cuda_home: Optional[str],
-    host_compiler: Optional[str],
-) -> tuple:
+def cmake_args(s: Settings, archs: tuple, cuda_home: Optional[str], host_compiler: Optional[str]) -> tuple:
     args = [
         "-DCMAKE_BUILD_TYPE=Release",
         # Without these the build downloads the web UI (no internet on racks like ours).
@@ -160,11 +144,8 @@ def cmake_args(
         f"-DLLAMA_BUILD_COMMIT={s.llamacpp.commit[:9]}",
     ]
     if s.llamacpp.backend == "cuda":
-        args += [
-            "-DGGML_CUDA=ON",
-            f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(archs)}",
-            f"-DCMAKE_CUDA_COMPILER={cuda_home}/bin/nvcc",
-        ]
+        args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(archs)}",
+                 f"-DCMAKE_CUDA_COMPILER={cuda_home}/bin/nvcc"]  # fmt: skip
         if host_compiler:
             args.append(f"-DCMAKE_CUDA_HOST_COMPILER={host_compiler}")
         # Flash-attention kernels for mixed K/V cache types exist only with this
@@ -177,13 +158,8 @@ def cmake_args(
     return tuple(args) + cpu_feature_args(s.llamacpp.cpu_features)
 
 
-def plan_build(
-    s: Settings,
-    archs: tuple = (),
-    cuda_home: Optional[str] = None,
-    cuda_version: Optional[str] = None,
-    host_compiler: Optional[str] = None,
-) -> BuildPlan:
+def plan_build(s: Settings, archs: tuple = (), cuda_home: Optional[str] = None, cuda_version: Optional[str] = None,
+               host_compiler: Optional[str] = None) -> BuildPlan:  # fmt: skip
     """The build for these settings and toolchain; ``stamp`` names its directory."""
     cuda = s.llamacpp.backend == "cuda"
     archs = tuple(sorted(archs)) if cuda else ()
@@ -234,17 +210,11 @@ def build_dir_for(stamp: str, builds, seals, now: Optional[float] = None, proof_
 def plan_for_host(settings: Settings, facts: HostFacts) -> BuildPlan:
     """The build this host needs: archs from its GPUs, toolkit and host compiler
     from the run's toolchain plan (the one the toolchain role installs)."""
-    toolchain = plan_toolchain(settings, facts)
-    if toolchain is None:
+    t = plan_toolchain(settings, facts)
+    if t is None:
         plan = plan_build(settings)
     else:
-        plan = plan_build(
-            settings,
-            archs=build_archs(settings, facts),
-            cuda_home=toolchain.cuda_home,
-            cuda_version=toolchain.cuda_version,
-            host_compiler=toolchain.host_compiler,
-        )
+        plan = plan_build(settings, build_archs(settings, facts), t.cuda_home, t.cuda_version, t.host_compiler)
     if settings.llamacpp.force_rebuild:
         # A forced build gets its own directory: the one in service is never rebuilt in place.
         plan = dataclasses.replace(plan, stamp=f"{plan.stamp}-r{int(time.time())}")

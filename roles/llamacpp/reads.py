@@ -114,9 +114,7 @@ class LlamacppBuilds(FactBase[Builds]):
         return Builds(None, {})
 
     def process(self, output) -> Builds:
-        current = None
-        verified = {}
-        partial = []
+        current, verified, partial = None, {}, []
         for line in output:
             words = line.split()
             if words[:1] == ["current"]:

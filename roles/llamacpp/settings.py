@@ -66,18 +66,14 @@ class LlamacppSettings(Section):
     git_url: str = setting(
         "https://github.com/ggml-org/llama.cpp.git", "llama.cpp git repository (or a mirror)", _git_url
     )
-    commit: str = setting(
-        "0c1e57098bba43ac29e6e3b677cdceebdd22334f", "pinned llama.cpp commit", git_revision
-    )
+    commit: str = setting("0c1e57098bba43ac29e6e3b677cdceebdd22334f", "pinned llama.cpp commit", git_revision)
     backend: Literal["cuda", "cpu"] = setting(
         "cuda", "cuda for GPU hosts; cpu builds without CUDA (hosts with no GPU, like the lab)"
     )
     cuda_archs: Optional[tuple[str, ...]] = setting(
         None, "CUDA architectures to build for; None means those of the host's GPUs", _cuda_arch
     )
-    ccache_dir: Optional[str] = setting(
-        None, "ccache directory, e.g. one shared by the rack over NFS", host_path
-    )
+    ccache_dir: Optional[str] = setting(None, "ccache directory, e.g. one shared by the rack over NFS", host_path)
     build_jobs: Optional[int] = setting(None, "parallel compile jobs; None means nproc", between=(1, 1024))
     force_rebuild: bool = setting(False, "rebuild even when the build inputs are unchanged")
     keep_builds: int = setting(2, "builds kept for rollback, the current one included", between=(1, 100))

@@ -5,9 +5,7 @@ module) or ``conda`` (Miniforge under ``<root>/conda``, its installer pinned
 by sha256; envs with ``python=<version>`` from the configured channels).
 Envs live in ``<root>/envs/awq`` and ``<root>/envs/convert``.
 
-The pins are installed deliberately (see ``plan.py`` for why):
-resolve the whole set first and name each conflict, torch alone from its
-index, the rest with torch and numpy held by constraints, autoawq with
-``--no-deps`` plus what it really imports; then an import test. A converged
-env costs no pip call; a drifted package is put back.
+The pins are resolved as a whole first, then installed in steps (``plan.py``
+says why) and verified by an import test (``files/pyenv_check.py``). A
+converged env costs no pip call; a drifted package is put back.
 """

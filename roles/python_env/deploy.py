@@ -6,7 +6,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 
-from llamarack.operations import apt_install_missing, conda_env, miniforge
+from llamarack.operations import apt_install_missing, miniforge_env
 from llamarack.rules import HostFacts, build_archs
 from llamarack.settings import Settings
 
@@ -28,19 +28,8 @@ def _make_env(settings: Settings, name: str) -> str:
         venv(name=f"venv {env}", env=env, python=f"/usr/bin/python{s.python_version}",
              python_version=s.python_version)  # fmt: skip
     else:
-        if not s.conda_installer_sha256:
-            raise DeployError(f"{host.name}: python_env_conda_installer_sha256 is required with conda")
-        conda_root = layout.conda
-        miniforge(name="Miniforge", installer_url=s.conda_installer_url,
-                  installer_sha256=s.conda_installer_sha256, prefix=conda_root)  # fmt: skip
-        conda_env(
-            name=f"conda env {env}",
-            conda=f"{conda_root}/bin/conda",
-            env=env,
-            specs=[f"python={s.python_version}", "pip"],
-            channels=list(s.conda_channels),
-            marker=f"{env}/bin/python",
-        )
+        miniforge_env(s, layout.conda, env, [f"python={s.python_version}", "pip"], list(s.conda_channels),
+                      marker=f"{env}/bin/python", name=f"conda env {env}")
     return env
 
 

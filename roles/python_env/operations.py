@@ -37,16 +37,10 @@ def venv(env: str, python: str, python_version: str):
 @operation()
 def pip_pins(plan: EnvPlan):
     """
-    Bring an env to its plan: resolve first, install step by step, verify.
+    Bring an env to its plan: resolve first, install step by step, verify
+    (``files/pyenv_check.py``); a converged env (every pin and constraint met) costs no pip call.
 
-    + plan: the env's pins, indexes, order and checks (``llamarack.pyenv``)
-
-    A converged env (every pin and constraint met, read with the env's own
-    interpreter) costs no pip call. Otherwise: the whole set is resolved
-    (dry run) before anything is installed, each conflict named; then each
-    step is installed with the constraints; then imports and versions are
-    verified. No index URL is on a command line: they reach pip from a file
-    of mode 600 (a password or a token in one stays out of ``ps`` and ``-vvv``).
+    + plan: the env's pins, indexes, order and checks (``plan.EnvPlan``)
     """
     yield from _pins(plan)
 
@@ -81,7 +75,7 @@ def _pins(plan: EnvPlan):
         if not problems:
             host.noop(f"{plan.env} already has {', '.join(plan.require)}")
             return
-    # The index URLs (a password or a token in one stays off every command line) go in
+    # The index URLs (a password or a token in one stays out of ps and -vvv) go in
     # a file only root reads; pyenv_check hands them to pip in its environment.
     indexes = f"{plan.env}/llamarack-indexes.json"
     yield from secret_upload(plan.indexes_json(), indexes, mode="600")

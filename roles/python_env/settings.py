@@ -38,9 +38,7 @@ class PythonEnvSettings(Section):
 
     prefix = "python_env"
 
-    backend: Literal["conda", "venv"] = setting(
-        "conda", "conda (Miniforge under the root) or venv (system python3)"
-    )
+    backend: Literal["conda", "venv"] = setting("conda", "conda (Miniforge under the root) or venv (system python3)")
     python_version: str = setting("3.10", "Python version of the env", dotted_version)
     conda_installer_url: str = setting(
         "https://github.com/conda-forge/miniforge/releases/download/24.11.3-0/"
@@ -60,9 +58,7 @@ class PythonEnvSettings(Section):
     transformers_version: str = setting("4.44.2", "transformers pin", _pep440_version)
     accelerate_version: str = setting("0.33.0", "accelerate pin", _pep440_version)
     autoawq_version: str = setting("0.2.7", "autoawq pin", _pep440_version)
-    numpy_requirement: str = setting(
-        "numpy<2", "numpy constraint (torch < 2.3 fails with numpy 2)", _requirement
-    )
+    numpy_requirement: str = setting("numpy<2", "numpy constraint (torch < 2.3 fails with numpy 2)", _requirement)
     autoawq_requirements: tuple[str, ...] = setting(
         ("datasets==3.0.1", "pyarrow==17.0.0", "zstandard==0.23.0"),
         "what autoawq really imports, installed beside it (autoawq itself goes in with --no-deps; "

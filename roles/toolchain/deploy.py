@@ -9,7 +9,7 @@ from pyinfra.operations import apt
 
 from llamarack.roles.toolchain.reads import CmakeVersion
 from llamarack.facts import DebianSources, read
-from llamarack.operations import apt_install_missing, conda_env, miniforge, put_file
+from llamarack.operations import apt_install_missing, miniforge_env, put_file
 from llamarack.rules import HostFacts
 from llamarack.settings import Settings
 
@@ -71,18 +71,9 @@ def _conda_toolkit(settings: Settings) -> str:
             f"{host.name}: toolchain_cuda_source 'conda' needs python_env_conda_installer_sha256 "
             "(the Miniforge installer is pinned by its sha256)"
         )
-    conda_root = settings.layout.conda
-    miniforge(name="Miniforge", installer_url=p.conda_installer_url,
-              installer_sha256=p.conda_installer_sha256, prefix=conda_root)  # fmt: skip
     env = conda_cuda_env(settings)
-    conda_env(
-        name=f"CUDA {t.cuda_version} toolkit (conda)",
-        conda=f"{conda_root}/bin/conda",
-        env=env,
-        specs=CONDA_CUDA_PACKAGES,
-        channels=[t.conda_channel],
-        marker=f"{env}/bin/nvcc",
-    )
+    miniforge_env(p, settings.layout.conda, env, CONDA_CUDA_PACKAGES, [t.conda_channel], marker=f"{env}/bin/nvcc",
+                  name=f"CUDA {t.cuda_version} toolkit (conda)")
     return env
 
 

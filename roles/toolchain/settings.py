@@ -25,9 +25,7 @@ class ToolchainSettings(Section):
     cuda_home: Optional[str] = setting(
         None, "toolkit directory; None searches /usr/local/cuda-<version> and /usr", host_path
     )
-    install_gcc: bool = setting(
-        True, "install gcc-N/g++-N when the default gcc is newer than the toolkit accepts"
-    )
+    install_gcc: bool = setting(True, "install gcc-N/g++-N when the default gcc is newer than the toolkit accepts")
     conda_channel: str = setting(
         "nvidia/label/cuda-11.8.0",
         "conda channel the toolkit (cuda-nvcc, cudart, cublas) comes from with source conda",

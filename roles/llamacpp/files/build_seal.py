@@ -9,8 +9,8 @@ build that is run or read when serving (``SEALED``: the binaries and
 libraries under ``build/bin``, and the records the deploy reads), with its
 path relative to the build, size, mtime_ns, inode and sha256; a symlink is
 recorded by its target. It runs after the smoke run wrote
-``build-info.json``, as a step of its own, so that the smoke script (whose
-hash stamps every build) is unchanged.
+``build-info.json``, as a step of its own: the smoke script's hash names the
+proof (``BuildPlan.proof_id``), and sealing is no part of the proof.
 
 ``check`` prints one JSON object about every proven build (one with a
 ``build-info.json``) under BUILDS_DIR:
@@ -32,7 +32,6 @@ symlink's target) and names files gone or added. ``--sha256 NAME`` (NAME a
 build directory or ``current``) also reads every sealed file of that build
 and compares its sha256: an edit in place that kept size and mtime shows
 only there.
-
 """
 
 import os
