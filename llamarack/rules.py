@@ -88,8 +88,9 @@ class HostFacts:
     def gpus(self) -> tuple:
         """The host's cards for this run, the one list every role plans from: those
         the driver lists, else (a driver that hides them: an upgrade waiting for
-        its reboot, a dropped card) those recorded at the last run where it answered."""
-        return self.driver.gpus or self.recorded_gpus
+        its reboot, a dropped card) those it listed at the last run where it answered
+        (not the ones the record keeps as missing since: they are not on the host)."""
+        return self.driver.gpus or tuple(g for g in self.recorded_gpus if not g.missing)
 
 
 @dataclass(frozen=True)

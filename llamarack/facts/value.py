@@ -3,9 +3,22 @@
 import dataclasses
 
 
+def _plain(value):
+    """``value`` as JSON-ready data, each fact value inside it through its own ``to_json``."""
+    if isinstance(value, FactValue):
+        return value.to_json()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
+
+
 class FactValue:
     """A fact value (a frozen dataclass): ``pyinfra INVENTORY fact llamarack.roles.<role>.reads.X`` and
     ``--json`` serialize it through ``to_json``, which pyinfra's encoder looks for."""
 
     def to_json(self):
-        return dataclasses.asdict(self)
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}

@@ -55,6 +55,15 @@ class Gpu(FactValue):
     driver_version: str
     pci_device_id: Optional[str] = None
     """nvidia-smi's ``pci.device_id`` ("0x1DB110DE"); None in older records."""
+    missing: bool = False
+    """In the record only: a card the driver no longer listed at the run that wrote it
+    (kept so that it gets its unit back when it returns; never planned for)."""
+
+    def to_json(self):
+        out = super().to_json()
+        if not self.missing:  # the cards nvidia-smi lists: their JSON as nvidia-smi's fields alone
+            del out["missing"]
+        return out
 
     @property
     def arch(self) -> Optional[str]:
@@ -328,6 +337,8 @@ def gpus_record(gpus) -> str:
         # no PCI id (an output without one): records written before it stay as they are
         if card["pci_device_id"] is None:
             del card["pci_device_id"]
+        if not card["missing"]:  # the cards listed: records written before the flag stay as they are
+            del card["missing"]
     return json.dumps(cards, indent=1, sort_keys=True) + "\n"
 
 

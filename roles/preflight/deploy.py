@@ -1,5 +1,6 @@
 """The role's one ``@deploy`` entry point (the role is described in ``__init__.py``)."""
 
+from dataclasses import replace
 from typing import Optional
 
 from pyinfra import host, logger
@@ -45,7 +46,8 @@ def preflight(settings: Settings) -> Optional[HostFacts]:
     if facts.driver.gpus:
         # The cards gone since an earlier run stay recorded: the warning stands until they are back.
         record_gpus(name="Record the GPUs the driver lists", path=settings.layout.gpus_record,
-                    gpus=tuple(facts.driver.gpus) + missing_gpus(facts), recorded=facts.recorded_gpus)  # fmt: skip
+                    gpus=tuple(facts.driver.gpus) + tuple(replace(g, missing=True) for g in missing_gpus(facts)),
+                    recorded=facts.recorded_gpus)  # fmt: skip
     return facts
 
 

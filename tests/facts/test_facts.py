@@ -24,6 +24,8 @@ def as_json(value):
     """The fact as the fixtures write it (dataclasses as dicts, tuples as lists)."""
 
     def plain(v):
+        if hasattr(v, "to_json"):  # a fact value: as pyinfra's CLI prints it
+            return plain(v.to_json())
         if dataclasses.is_dataclass(v):
             return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
         if isinstance(v, (list, tuple)):
@@ -86,6 +88,12 @@ def test_recorded_gpus_round_trip():
     assert "driver_version" not in record
     read_back = facts.RecordedGpus().process(record.splitlines())
     assert [g.__class__(**{**g.__dict__, "driver_version": ""}) for g in gpus] == list(read_back)
+
+    # a card the record keeps as missing says so, and only it: the listed ones' lines are as before
+    gone = dataclasses.replace(gpus[1], missing=True)
+    kept = facts.gpus_record((gpus[0], gone))
+    assert kept.count('"missing": true') == 1 and '"missing": false' not in kept
+    assert [g.missing for g in facts.RecordedGpus().process(kept.splitlines())] == [False, True]
 
 
 def run_here(command: str) -> list[str]:

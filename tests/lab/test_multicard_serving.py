@@ -16,6 +16,7 @@ import re
 import pytest
 
 from llamarack_lab.pytest_plugin import count_remote_work, parse_pyinfra_totals
+from llamarack_lab.fake_nvidia import deb
 from tests.lab import deploying
 
 pytestmark = pytest.mark.lab
@@ -190,3 +191,13 @@ def test_back_on_one_card_the_host_serves_its_one_unit_again(lab_rack):
     assert list(units(lab_rack)) == ["llamarack-server.service"]
     deploying.completes(lab_rack, HOST, 8080)
     converged(lab_rack)
+    # The record keeps the cards gone as missing; a driver upgrade waiting for its reboot
+    # hides the list: the run plans for the card the driver listed last, not the gone ones.
+    assert deploying.sh(lab_rack, HOST, f"cat {ROOT}/state/gpus.json").count('"missing": true') >= 7
+    lab_rack.driver(HOST, version="570.172.08")
+    try:
+        out = deploy(lab_rack, "driver_reboot_on_mismatch=True")
+        assert list(units(lab_rack)) == ["llamarack-server.service"], out[-4000:]
+        deploying.completes(lab_rack, HOST, 8080)
+    finally:
+        lab_rack.driver(HOST, version=deb.DEFAULT_VERSION, state="ok")

@@ -342,6 +342,17 @@ def test_a_recorded_card_gone_is_named_and_the_host_serves_from_the_cards_left()
     assert missing_gpus_warning(settings(), host(recorded_gpus=())) is None  # the record deleted: the live list stands
 
 
+def test_a_driver_that_hides_every_card_plans_from_the_cards_listed_last_not_the_gone_ones():
+    """A card gone (kept in the record as missing), then a driver upgrade waiting for its
+    reboot hides the list: the run plans for the card the driver listed last, alone."""
+    from dataclasses import replace
+
+    gone = replace(Gpu(1, "Tesla V100-SXM2-16GB", "GPU-gone", 16384, "7.0", ""), missing=True)
+    facts = replace(host(recorded_gpus=(V100, gone)), driver=smi_fixture("mismatch"))
+    assert facts.driver.gpus == () and facts.gpus == (V100,)
+    assert missing_gpus(host(recorded_gpus=(V100, gone))) == (gone,)  # still named while the driver answers
+
+
 def test_mig_a100_passes():
     state = smi_fixture("a100_mig_enabled")
     facts = HostFacts(driver=state, module=KernelModule("535.129.03", False), toolkits=(CUDA118,), gcc=GCC11)
