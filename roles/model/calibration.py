@@ -98,5 +98,5 @@ def card_shortfall(settings: Settings, state: Optional[ArtifactState], shape: Op
     except OSError:
         return None  # the model role names it
     card = min(cards, key=lambda g: g.memory_mib)
-    said = " at most (the text's bytes: no tokenizer before the fetch)"
-    return awq_apply.memory_shortfall(config, tokens, card.memory_mib * 2**20, f"{card.name} (GPU {card.index}, the host's smallest card)", said)
+    return awq_apply.memory_shortfall(config, tokens, card.memory_mib * 2**20,
+                                      f"{card.name} (GPU {card.index}, the host's smallest card)", bound=True)

@@ -479,8 +479,8 @@ def test_awq_calibration_the_smallest_card_cannot_hold_is_refused_with_the_figur
     assert failure.rule == "awq-card-memory"
     assert failure.message("gpu01").startswith(
         "gpu01: awq-card-memory: found Tesla P4 (GPU 2, the host's smallest card) of 7.50 GiB; needed 13.31 GiB "
-        "to calibrate one decoder layer (1.59 GiB of fp16 weights, activations of 3689 calibration tokens at "
-        "most (the text's bytes: no tokenizer before the fetch)")
+        "to calibrate one decoder layer (1.59 GiB of fp16 weights, activations of at most 3689 calibration "
+        "tokens, the scale search's copies of the layer, embedding, 1 GiB loss chunk)")
     assert failure.fix == "a bigger card, a shorter model_awq_calibration_file, or model_route='gguf'"
 
 

@@ -78,17 +78,17 @@ def calibration_bytes(config: dict, tokens: int) -> int:
 
 
 def memory_shortfall(config: dict, tokens: int, card_bytes: int, card: str = "a card",
-                     tokens_said: str = "") -> tuple | None:
+                     bound: bool = False) -> tuple | None:
     """(found, needed, fix) when ``card`` of ``card_bytes`` cannot calibrate this model on
-    ``tokens`` calibration tokens (``calibration_bytes``), else None. ``tokens_said``: what
-    follows the count in the message (how it was counted, where it is a bound)."""
+    ``tokens`` calibration tokens (``calibration_bytes``), else None. ``bound``: ``tokens``
+    is an upper bound (``tokens_at_most``), not the tokenizer's count."""
     need = calibration_bytes(config, tokens)
     if need <= card_bytes:
         return None
     return (f"{card} of {card_bytes / 2**30:.2f} GiB",
             f"{need / 2**30:.2f} GiB to calibrate one decoder layer ({layer_bytes(config) / 2**30:.2f} GiB of fp16 "
-            f"weights, activations of {tokens} calibration tokens{tokens_said}, the scale search's copies of the "
-            "layer, embedding, 1 GiB loss chunk)",
+            f"weights, activations of {'at most ' if bound else ''}{tokens} calibration tokens, the scale search's "
+            "copies of the layer, embedding, 1 GiB loss chunk)",
             "a bigger card, a shorter model_awq_calibration_file, or model_route='gguf'")
 
 
