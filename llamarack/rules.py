@@ -21,7 +21,7 @@ from packaging.version import Version
 from llamarack import gpu_table
 from llamarack.facts.ownership import PathOwnership
 from llamarack.roles.driver.reads import DriverState, KernelLog, KernelModule
-from llamarack.roles.model.calibration import calibrates, card_shortfall
+from llamarack.roles.model.calibration import HubCounts, calibrates, card_shortfall
 from llamarack.roles.model.reads import ArtifactState
 from llamarack.roles.server.reads import SERVICE_USER_MARK, PasswdEntry
 from llamarack.roles.toolchain.reads import CudaToolkit, GccInstall
@@ -90,6 +90,11 @@ class HostFacts:
     calibrates on the host's cards (``roles/model/calibration.py``); None elsewhere."""
     served_shape: Optional[dict] = None
     """Its GGUF's shape (``GgufShape``), read where that GGUF is the one sealed; None elsewhere."""
+    hub_config: Optional[HubCounts] = None
+    """The counts of the checkpoint's ``config.json``, read from the hub by preflight's deploy
+    where route awq calibrates on the cards a checkpoint the served GGUF does not give the
+    shape of (``calibration.hub_counts``), or why they could not be; None elsewhere (the
+    audit never asks the hub)."""
 
     @property
     def gpus(self) -> tuple:
@@ -652,12 +657,13 @@ def rule_service_user(s: Settings, facts: HostFacts) -> Optional[Failure]:
 
 def rule_awq_card_memory(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """Route awq on a CUDA build: the host's smallest card holds what AutoAWQ puts on it while
-    it calibrates one decoder layer, counted from the served GGUF of the same checkpoint
-    and a bound of the calibration tokens (``roles/model/calibration.py``). A CPU build
-    calibrates on the CPU; a checkpoint not served yet is checked by the AWQ step itself."""
+    it calibrates one decoder layer, counted from the served GGUF of the same checkpoint, else
+    from the checkpoint's config.json on the hub, and a bound of the calibration tokens
+    (``roles/model/calibration.py``). A CPU build calibrates on the CPU; counts not known
+    (the audit, a hub that did not answer) leave the check to the AWQ step itself."""
     if not calibrates(s):
         return None
-    short = card_shortfall(s, facts.served_model, facts.served_shape, facts.gpus)
+    short = card_shortfall(s, facts.served_model, facts.served_shape, facts.gpus, facts.hub_config)
     return Failure("awq-card-memory", *short) if short else None
 
 

@@ -102,11 +102,14 @@ def role_reads(settings: Settings) -> tuple[FactRead, ...]:
     return tuple(found)
 
 
-def gather(settings: Settings, read=read) -> HostFacts:
+def gather(settings: Settings, read=read, hub: bool = False) -> HostFacts:
     """Read everything the rules look at; the CUDA-only facts only on CUDA builds.
 
     + read: how a fact is read (``llamarack.facts.read``; ``llamarack audit`` passes
       the answers its one command got)
+    + hub: also ask the hub, on the control machine, for the checkpoint's config.json
+      where route awq calibrates one the served GGUF does not give the shape of
+      (``calibration.hub_counts``): preflight's deploy; the audit never asks the hub
     """
     cuda = settings.llamacpp.backend == "cuda"
     server, user = settings.general.runs("server"), settings.general.service_user
@@ -130,4 +133,5 @@ def gather(settings: Settings, read=read) -> HostFacts:
         # route awq on the cards: what the calibration is counted from (the awq-card-memory rule)
         served_model=served_model,
         served_shape=served_shape,
+        hub_config=calibration.hub_counts(settings, served_model, served_shape) if hub else None,
     )

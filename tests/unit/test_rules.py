@@ -502,7 +502,7 @@ def test_route_gguf_is_not_checked_for_calibration():
 def test_awq_calibration_is_checked_only_when_it_will_run_and_the_shape_is_known():
     # the served artifact is the one route awq asks for: nothing is calibrated
     assert evaluate(awq_settings(), awq_host(SHAPE_70B, made_from=awq_settings())) == []
-    # another checkpoint (its shape unknown before the fetch): the AWQ step checks it
+    # another checkpoint, with no counts from the hub (the audit; a hub that could not say): the AWQ step checks it
     assert evaluate(awq_settings(model_repo="org/other"), awq_host(SHAPE_70B)) == []
     assert evaluate(awq_settings(), host(gpus=(P4,))) == []  # nothing served
     # the model role does not run: nothing is calibrated
