@@ -132,8 +132,14 @@ def served_config(settings: Settings, state: Optional[ArtifactState], shape: Opt
 
 
 # Several hosts' preflights run at once (pyinfra's greenlets): one asks the hub, the others
-# wait for its answer, which ``_asked`` keeps.
-_ASKING = threading.Lock()
+# wait for its answer, which ``_asked`` keeps. A lock of the kind threading makes now, per
+# kind: pyinfra's CLI patches threading for gevent, and a lock made before the patch would
+# stop the whole process while a greenlet holding it waits on the hub.
+_ASKING: dict = {}
+
+
+def _asking():
+    return _ASKING.setdefault(threading.Lock, threading.Lock())
 
 
 def hub_counts(settings: Settings, state: Optional[ArtifactState], shape: Optional[dict]) -> Optional[HubCounts]:
@@ -152,7 +158,7 @@ def hub_counts(settings: Settings, state: Optional[ArtifactState], shape: Option
         token = read_token(m.hf_token_file)
     except ModelSourceError:
         return None  # a calibration text or token file it cannot read: the model role names it
-    with _ASKING:
+    with _asking():
         return _asked(m.hf_endpoint, m.repo, m.revision, token)
 
 
