@@ -21,6 +21,8 @@ from packaging.version import Version
 from llamarack import gpu_table
 from llamarack.facts.ownership import PathOwnership
 from llamarack.roles.driver.reads import DriverState, KernelLog, KernelModule
+from llamarack.roles.model.calibration import HubCounts, calibrates, card_shortfall
+from llamarack.roles.model.reads import ArtifactState
 from llamarack.roles.server.reads import SERVICE_USER_MARK, PasswdEntry
 from llamarack.roles.toolchain.reads import CudaToolkit, GccInstall
 
@@ -83,6 +85,16 @@ class HostFacts:
     or the server role does not run."""
     service_group: Optional[int] = None
     """The gid of the group of that name (``SystemGroup``), None where there is none."""
+    served_model: Optional[ArtifactState] = None
+    """The artifact ``models/current`` points at (``ModelArtifact``), read where route awq
+    calibrates on the host's cards (``roles/model/calibration.py``); None elsewhere."""
+    served_shape: Optional[dict] = None
+    """Its GGUF's shape (``GgufShape``), read where that GGUF is the one sealed; None elsewhere."""
+    hub_config: Optional[HubCounts] = None
+    """The counts of the checkpoint's ``config.json``, read from the hub by preflight's deploy
+    where route awq calibrates on the cards a checkpoint the served GGUF does not give the
+    shape of (``calibration.hub_counts``), or why they could not be; None elsewhere (the
+    audit never asks the hub)."""
 
     @property
     def gpus(self) -> tuple:
@@ -644,6 +656,18 @@ def rule_service_user(s: Settings, facts: HostFacts) -> Optional[Failure]:
     return service_user_failure(s, facts.service_user, facts.service_group)
 
 
+def rule_awq_card_memory(s: Settings, facts: HostFacts) -> Optional[Failure]:
+    """Route awq on a CUDA build: the host's smallest card holds what AutoAWQ puts on it while
+    it calibrates one decoder layer, counted from the served GGUF of the same checkpoint, else
+    from the checkpoint's config.json on the hub, and a bound of the calibration tokens
+    (``roles/model/calibration.py``). A CPU build calibrates on the CPU; counts not known
+    (the audit, a hub that did not answer) leave the check to the AWQ step itself."""
+    if not calibrates(s):
+        return None
+    short = card_shortfall(s, facts.served_model, facts.served_shape, facts.gpus, facts.hub_config)
+    return Failure("awq-card-memory", *short) if short else None
+
+
 Rule = Callable[[Settings, HostFacts], Optional[Failure]]
 
 RULES: tuple[Rule, ...] = (
@@ -661,6 +685,7 @@ RULES: tuple[Rule, ...] = (
     rule_gcc_for_toolkit,
     rule_dirs_private,
     rule_service_user,
+    rule_awq_card_memory,
 )
 
 

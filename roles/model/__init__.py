@@ -21,7 +21,10 @@ its settings ask for (its own record says so), and not even then when the
 record was made from the same settings but the llama.cpp commit, of a
 revision pinned by its full 40-hex sha (a llama.cpp bump): a commit's
 listing never changes, so the record's files (content ids and sizes) plan
-the new artifact. A revision given shorter is listed again. Hosts need only python3's standard library.
+the new artifact. A revision given shorter is listed again. Route awq on a
+CUDA build also reads the checkpoint's ``config.json`` there, in preflight,
+with the listing (``calibration.py``: the card's memory). Hosts need only
+python3's standard library.
 
 A draft model for speculative decoding (``model_draft_repo``) is made the
 same way, by the same code (``settings.draft_settings`` here: the

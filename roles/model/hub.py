@@ -12,12 +12,25 @@ files come with their sha256; small non-LFS files (config.json,
 tokenizer_config.json) only with their git blob id, which is itself a hash
 of the content, so the host checks those by blob id instead of fetching them
 here to hash (see ``roles/model/files/model_fetch.py``).
+
+One file is read here: the checkpoint's ``config.json``, for preflight's
+``awq-card-memory`` rule (``roles/model/calibration.py``), once per (endpoint,
+repo, revision) as the listing is, from the same resolve URL the hosts fetch
+from (huggingface_hub's ``hf_hub_download``):
+
+    GET {endpoint}/{repo}/resolve/{revision}/config.json
+
+at most ``CONFIG_MAX_BYTES``, checked against the listing's blob id, parsed as
+JSON; what goes wrong is the answer (``HubConfig.problem``), never raised.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import re
+import time
 from dataclasses import dataclass
 from typing import Any, Optional
 from urllib.parse import quote
@@ -51,27 +64,95 @@ class HubListing:
 def repo_files(endpoint: str, repo: str, revision: str, token: Optional[str] = None,
                timeout: float = 30.0) -> HubListing:  # fmt: skip
     """List the files of ``repo`` at ``revision`` with sizes and content hashes."""
-    import requests  # here: a converged run and the audit never ask the hub, and requests costs 50 ms to import
-
     url = f"{endpoint.rstrip('/')}/api/models/{repo}/revision/{quote(revision, safe='')}"
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        r = requests.get(url, params={"blobs": "true"}, headers=headers, timeout=timeout)
-    except requests.RequestException as e:
-        raise ModelSourceError(f"cannot reach the hub at {endpoint}: {e.__class__.__name__}: {e}") from None
-    if r.status_code in (401, 403):
-        hint = "the token has no access" if token else "set model_hf_token_file"
-        raise ModelSourceError(f"{repo}@{revision}: HTTP {r.status_code} from {endpoint}: "
-                               f"a private or gated repository ({hint})")  # fmt: skip
-    if r.status_code == 404:
-        raise ModelSourceError(f"{repo}@{revision}: not found on {endpoint} (repository or revision)")
-    if r.status_code != 200:
-        raise ModelSourceError(f"{repo}@{revision}: HTTP {r.status_code} from {endpoint}")
+    r = _get(url, endpoint, token, timeout, params={"blobs": "true"})
+    _answered(r, f"{repo}@{revision}", endpoint, token, "repository or revision")
     try:
         info = r.json()
     except (ValueError, RecursionError):
         raise ModelSourceError(f"{repo}@{revision}: {endpoint} answered something that is not JSON") from None
     return listing_of(info, repo, revision, endpoint)
+
+
+def _get(url: str, endpoint: str, token: Optional[str], timeout: float, **kwargs):
+    """GET ``url`` with the token as the hub takes it (never shown); ModelSourceError when
+    the hub cannot be reached."""
+    import requests  # here: a converged run and the audit never ask the hub, and requests costs 50 ms to import
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        return requests.get(url, headers=headers, timeout=timeout, **kwargs)
+    except requests.RequestException as e:
+        raise ModelSourceError(f"cannot reach the hub at {endpoint}: {e.__class__.__name__}: {e}") from None
+
+
+def _answered(r, where: str, endpoint: str, token: Optional[str], missing: str) -> None:
+    """ModelSourceError, naming what the status says, unless the hub answered 200."""
+    if r.status_code in (401, 403):
+        hint = "the token has no access" if token else "set model_hf_token_file"
+        raise ModelSourceError(f"{where}: HTTP {r.status_code} from {endpoint}: "
+                               f"a private or gated repository ({hint})")  # fmt: skip
+    if r.status_code == 404:
+        raise ModelSourceError(f"{where}: not found on {endpoint} ({missing})")
+    if r.status_code != 200:
+        raise ModelSourceError(f"{where}: HTTP {r.status_code} from {endpoint}")
+
+
+CONFIG_MAX_BYTES = 1 << 20  # a config.json is a few KiB; a bigger answer is not read
+
+
+@dataclass(frozen=True)
+class HubConfig:
+    """A repository's ``config.json`` as the hub answered it: the parsed JSON object (read
+    it, never change it: it is shared by every host that asks), or why there is none."""
+
+    config: Optional[dict]
+    problem: Optional[str] = None
+
+
+@functools.lru_cache(maxsize=32)
+def repo_config(endpoint: str, repo: str, revision: str, token: Optional[str] = None,
+                git_sha1: Optional[str] = None, timeout: float = 30.0) -> HubConfig:  # fmt: skip
+    """``config.json`` of ``repo`` at ``revision``, read once for the run (a problem too):
+    at most ``CONFIG_MAX_BYTES`` within ``timeout`` seconds, the same bytes as the listing's
+    blob id ``git_sha1`` where it is given, and a JSON object."""
+    where = f"{repo}@{revision}: config.json"
+    url = f"{endpoint.rstrip('/')}/{repo}/resolve/{quote(revision, safe='')}/config.json"
+    try:
+        data = _small_body(url, where, endpoint, token, timeout)
+    except ModelSourceError as e:
+        return HubConfig(None, str(e))
+    if git_sha1 and hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest() != git_sha1:
+        return HubConfig(None, f"{where}: {endpoint} sent {len(data)} bytes that are not the blob {git_sha1} "
+                               "its listing names")  # fmt: skip
+    try:
+        config = json.loads(data)
+    except (ValueError, RecursionError):
+        return HubConfig(None, f"{where}: {endpoint} answered something that is not JSON")
+    if not isinstance(config, dict):
+        return HubConfig(None, f"{where}: {endpoint} answered {type(config).__name__}, not a JSON object")
+    return HubConfig(config)
+
+
+def _small_body(url: str, where: str, endpoint: str, token: Optional[str], timeout: float) -> bytes:
+    """The body of a 200 answer to GET ``url``, read as it comes: ModelSourceError past
+    ``CONFIG_MAX_BYTES`` or ``timeout`` seconds in all, or on any other status."""
+    import requests
+
+    deadline = time.monotonic() + timeout
+    with _get(url, endpoint, token, timeout, stream=True) as r:
+        _answered(r, where, endpoint, token, "no such file at that revision")
+        data = bytearray()
+        try:
+            for chunk in r.iter_content(64 * 1024):
+                data += chunk
+                if len(data) > CONFIG_MAX_BYTES:
+                    raise ModelSourceError(f"{where}: {endpoint} sent more than {CONFIG_MAX_BYTES} bytes")
+                if time.monotonic() > deadline:
+                    raise ModelSourceError(f"{where}: {endpoint} took more than {timeout:g} s to send it")
+        except requests.RequestException as e:
+            raise ModelSourceError(f"{where}: {endpoint} broke off: {e.__class__.__name__}") from None
+    return bytes(data)
 
 
 FULL_SHA = re.compile(r"[0-9a-f]{40}")

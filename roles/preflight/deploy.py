@@ -10,6 +10,7 @@ from pyinfra.facts.server import LinuxDistribution
 from llamarack.facts import FactRead, read, read_together
 from llamarack import __version__
 from llamarack.operations import record_deployment, record_gpus, refuse
+from llamarack.roles.model import calibration
 from llamarack.rules import HostFacts, driver_warnings, evaluate, missing_gpus, missing_gpus_warning
 from llamarack.settings import Settings
 
@@ -32,7 +33,7 @@ def preflight(settings: Settings) -> Optional[HostFacts]:
     read_together(*preflight_reads(settings), *role_reads(settings))
     failures = _os_failures()
     if not failures:
-        facts = gather(settings)
+        facts = gather(settings, hub=True)  # the control machine asks the hub here, if route awq needs it
         failures = [f.message(host.name) for f in evaluate(settings, facts)]
     if failures:
         _refuse(failures)
@@ -43,6 +44,9 @@ def preflight(settings: Settings) -> Optional[HostFacts]:
     gone = missing_gpus_warning(settings, facts)
     if gone:
         logger.warning(f"{host.name}: gpus-missing: {gone}")
+    unchecked = calibration.unchecked(facts.hub_config)
+    if unchecked:
+        logger.warning(f"{host.name}: awq-card-memory: {unchecked}")
     if facts.driver.gpus:
         # The cards gone since an earlier run stay recorded: the warning stands until they are back.
         record_gpus(name="Record the GPUs the driver lists", path=settings.layout.gpus_record,

@@ -25,6 +25,7 @@ from llamarack.facts.ownership import PathOwners
 from llamarack.roles import host_roles
 from llamarack.roles.driver.reads import (CharDevices, MigStates, NvidiaDriverPackages, NvidiaKernelLog,
                                           NvidiaKernelModule, NvidiaPciCards, NvidiaSmi, RecordedGpus)
+from llamarack.roles.model import calibration
 from llamarack.roles.server.reads import SystemGroup, SystemUser
 from llamarack.roles.toolchain.plan import toolkit_search_homes
 from llamarack.roles.toolchain.reads import CudaToolkits, GccVersions, InstallableGccMajors
@@ -86,6 +87,7 @@ def preflight_reads(settings: Settings) -> tuple[FactRead, ...]:
                   FactRead.of(CharDevices),  # the driver's device names, for the unit
                   FactRead.of(NvidiaPciCards), FactRead.of(NvidiaKernelLog),  # why a module is not loaded
                   FactRead.of(MigStates)]  # fmt: skip
+    reads += calibration.reads(settings)  # route awq on the cards: the served artifact and its shape
     return tuple(reads)
 
 
@@ -100,14 +102,18 @@ def role_reads(settings: Settings) -> tuple[FactRead, ...]:
     return tuple(found)
 
 
-def gather(settings: Settings, read=read) -> HostFacts:
+def gather(settings: Settings, read=read, hub: bool = False) -> HostFacts:
     """Read everything the rules look at; the CUDA-only facts only on CUDA builds.
 
     + read: how a fact is read (``llamarack.facts.read``; ``llamarack audit`` passes
       the answers its one command got)
+    + hub: also ask the hub, on the control machine, for the checkpoint's config.json
+      where route awq calibrates one the served GGUF does not give the shape of
+      (``calibration.hub_counts``): preflight's deploy; the audit never asks the hub
     """
     cuda = settings.llamacpp.backend == "cuda"
     server, user = settings.general.runs("server"), settings.general.service_user
+    served_model, served_shape = calibration.served(settings, read)
     return HostFacts(
         driver=read(NvidiaSmi),
         module=read(NvidiaKernelModule),
@@ -124,4 +130,8 @@ def gather(settings: Settings, read=read) -> HostFacts:
         path_owners=read(PathOwners, paths=paths) if (paths := _private_paths(settings)) else None,
         service_user=read(SystemUser, user=user) if server else None,
         service_group=read(SystemGroup, group=user) if server else None,
+        # route awq on the cards: what the calibration is counted from (the awq-card-memory rule)
+        served_model=served_model,
+        served_shape=served_shape,
+        hub_config=calibration.hub_counts(settings, served_model, served_shape) if hub else None,
     )

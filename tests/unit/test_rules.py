@@ -45,7 +45,7 @@ def test_reference_v100_host_passes_every_rule():
 
 
 def test_every_rule_is_in_the_table_once():
-    assert len(set(RULES)) == len(RULES) == 14
+    assert len(set(RULES)) == len(RULES) == 15
 
 
 # driver-installed / module / mismatch
@@ -452,3 +452,100 @@ def test_a_card_in_mig_mode_is_refused_with_what_cuda_sees():
     assert evaluate(settings(), host(mig=mig("t4_no_mig"))) == []
     assert evaluate(settings(), host(mig=mig("h200_disabled"))) == []
     assert evaluate(settings(llamacpp_backend="cpu"), host(state=a100, mig=mig("a100_two_instances"))) == []
+
+
+# awq-card-memory
+
+SHA = "a" * 40
+P4 = Gpu(2, "Tesla P4", "GPU-3", 7680, "6.1", "550.127.05")
+# GGUF shapes (GgufShape's keys) of Llama-3-70B and Llama-3-8B
+SHAPE_70B = {"n_embd": 8192, "n_ff": 28672, "n_head": 64, "n_head_kv": 8, "head_dim_k": 128, "n_vocab": 128256,
+             "n_layer": 80, "n_ctx_train": 8192}  # fmt: skip
+SHAPE_8B = {**SHAPE_70B, "n_embd": 4096, "n_ff": 14336, "n_head": 32, "n_layer": 32}
+
+
+def awq_settings(**data):
+    return settings(**{"model_route": "awq", "model_repo": "org/llama", "model_revision": SHA, **data})
+
+
+def served(made_from):
+    """The served artifact, as its record says the settings ``made_from`` made it."""
+    from llamarack.roles.model.plan import asked_inputs
+    from llamarack.roles.model.reads import ArtifactState
+
+    m = made_from.model
+    record = {"stamp": "5" * 64, "source": "hf", "files": {}, "repo": m.repo, "revision": m.revision,
+              "asked": dict(asked_inputs(made_from)), "gguf": {"size": 9}}  # fmt: skip
+    return ArtifactState(record["stamp"], 9, 9, record)
+
+
+def awq_host(shape, gpus=(V100, P4), made_from=None):
+    """A host serving the route gguf artifact of the same checkpoint, about to take route awq."""
+    return host(gpus=gpus, served_model=served(made_from or settings(model_repo="org/llama", model_revision=SHA)),
+                served_shape=shape)  # fmt: skip
+
+
+def test_awq_calibration_the_smallest_card_cannot_hold_is_refused_with_the_figures():
+    (failure,) = evaluate(awq_settings(), awq_host(SHAPE_70B))
+    assert failure.rule == "awq-card-memory"
+    assert failure.message("gpu01").startswith(
+        "gpu01: awq-card-memory: found Tesla P4 (GPU 2, the host's smallest card) of 7.50 GiB; needed 13.31 GiB "
+        "to calibrate one decoder layer (1.59 GiB of fp16 weights, activations of at most 3689 calibration "
+        "tokens, the scale search's copies of the layer, embedding, 1 GiB loss chunk)")
+    assert failure.fix == "a bigger card, a shorter model_awq_calibration_file, or model_route='gguf'"
+
+
+def test_awq_calibration_a_card_holds_passes():
+    assert evaluate(awq_settings(), awq_host(SHAPE_8B)) == []  # 4.81 GiB on 7.50
+    assert evaluate(awq_settings(), awq_host(SHAPE_70B, gpus=(V100,))) == []  # 13.31 GiB on 16
+
+
+def test_awq_calibration_on_the_cpu_is_not_refused_by_memory():
+    s = awq_settings(llamacpp_backend="cpu")
+    assert evaluate(s, awq_host(SHAPE_70B, made_from=settings(model_repo="org/llama", model_revision=SHA,
+                                                                 llamacpp_backend="cpu"))) == []  # fmt: skip
+
+
+def test_route_gguf_is_not_checked_for_calibration():
+    assert evaluate(settings(model_repo="org/llama", model_revision=SHA), awq_host(SHAPE_70B)) == []
+
+
+def test_awq_calibration_is_checked_only_when_it_will_run_and_the_shape_is_known():
+    # the served artifact is the one route awq asks for: nothing is calibrated
+    assert evaluate(awq_settings(), awq_host(SHAPE_70B, made_from=awq_settings())) == []
+    # another checkpoint, with no counts from the hub (the audit; a hub that could not say): the AWQ step checks it
+    assert evaluate(awq_settings(model_repo="org/other"), awq_host(SHAPE_70B)) == []
+    assert evaluate(awq_settings(), host(gpus=(P4,))) == []  # nothing served
+    # the model role does not run: nothing is calibrated
+    assert evaluate(awq_settings(llamarack_roles="driver"), awq_host(SHAPE_70B)) == []
+
+
+def test_awq_calibration_is_counted_from_the_text_with_no_tokenizer(tmp_path):
+    from llamarack.roles.model.files.awq_apply import tokens_at_most
+
+    text = tmp_path / "calibration.txt"
+    text.write_text("A short text.\n\nAnd another paragraph, é.\n")
+    assert tokens_at_most(text.read_text()) == (13 + 3) + (26 + 3)
+    assert tokens_at_most("word " * 200_000) == 128 * 512  # AutoAWQ's most
+    small = awq_settings(model_awq_calibration_file=str(text))
+    assert evaluate(small, awq_host(SHAPE_70B, made_from=settings(model_repo="org/llama", model_revision=SHA)))[0] \
+        .needed.startswith("12.53 GiB")  # fmt: skip
+
+
+def test_preflight_reads_the_served_artifact_only_for_awq_calibration_on_the_cards():
+    from llamarack.roles.model.reads import GgufShape, ModelArtifact
+    from llamarack.roles.preflight.reads import gather, preflight_reads
+
+    state = served(settings(model_repo="org/llama", model_revision=SHA))
+
+    def read(fact, **kwargs):
+        return {NvidiaSmi: DriverState("ok", (P4,)), ModelArtifact: state, GgufShape: SHAPE_70B}.get(fact,
+                                                                                                    fact().default())
+
+    awq, cpu = awq_settings(), awq_settings(llamacpp_backend="cpu")
+    assert {ModelArtifact, GgufShape} <= {r.fact for r in preflight_reads(awq)}
+    assert GgufShape not in {r.fact for r in preflight_reads(cpu)}
+    facts = gather(awq, read=read)
+    assert (facts.served_model, facts.served_shape) == (state, SHAPE_70B)
+    assert "awq-card-memory" in [f.rule for f in evaluate(awq, facts)]
+    assert gather(cpu, read=read).served_model is None

@@ -18,6 +18,9 @@ know), and every other file of the checkpoint (tokenizer) as it was.
 
 Before the model is loaded, the card must hold what calibration puts on it at
 once (``calibration_bytes``): refused (exit 3) with the figures otherwise.
+Preflight runs the same arithmetic before anything is fetched (its
+``awq-card-memory`` rule, ``roles/model/calibration.py``), on a bound of the
+tokens (``tokens_at_most``); this check is the backstop, on the tokenizer's count.
 The last line printed is a JSON report: device, seconds, peak GPU bytes.
 """
 
@@ -74,15 +77,25 @@ def calibration_bytes(config: dict, tokens: int) -> int:
     return LAYER_COPIES * layer_bytes(config) + 2 * d["n_vocab"] * d["n_embd"] + activations + CHUNK_BYTES
 
 
-def memory_problem(config: dict, tokens: int, card_bytes: int) -> str | None:
-    """Why a card of ``card_bytes`` cannot calibrate this model, or None."""
+def memory_shortfall(config: dict, tokens: int, card_bytes: int, card: str = "a card",
+                     bound: bool = False) -> tuple | None:
+    """(found, needed, fix) when ``card`` of ``card_bytes`` cannot calibrate this model on
+    ``tokens`` calibration tokens (``calibration_bytes``), else None. ``bound``: ``tokens``
+    is an upper bound (``tokens_at_most``), not the tokenizer's count."""
     need = calibration_bytes(config, tokens)
     if need <= card_bytes:
         return None
-    return (f"awq: found a card of {card_bytes / 2**30:.2f} GiB; needed {need / 2**30:.2f} GiB to calibrate one "
-            f"decoder layer ({layer_bytes(config) / 2**30:.2f} GiB of fp16 weights, activations of {tokens} "
-            f"calibration tokens, the scale search's copies of the layer, embedding, 1 GiB loss chunk). Fix: a bigger card, a shorter "
-            "model_awq_calibration_file, or model_route='gguf'")
+    return (f"{card} of {card_bytes / 2**30:.2f} GiB",
+            f"{need / 2**30:.2f} GiB to calibrate one decoder layer ({layer_bytes(config) / 2**30:.2f} GiB of fp16 "
+            f"weights, activations of {'at most ' if bound else ''}{tokens} calibration tokens, the scale search's "
+            "copies of the layer, embedding, 1 GiB loss chunk)",
+            "a bigger card, a shorter model_awq_calibration_file, or model_route='gguf'")
+
+
+def memory_problem(config: dict, tokens: int, card_bytes: int) -> str | None:
+    """Why a card of ``card_bytes`` cannot calibrate this model, or None."""
+    short = memory_shortfall(config, tokens, card_bytes)
+    return None if short is None else "awq: found {}; needed {}. Fix: {}".format(*short)
 
 
 def paragraphs(text: str) -> list:
@@ -99,6 +112,20 @@ def blocks(counts: list) -> tuple:
     kept = [n for n in counts if n <= seq_len]
     taken = kept[:MAX_SAMPLES * MAX_SEQ_LEN // seq_len]
     return len(taken), seq_len, sum(taken)
+
+
+# Tokens a tokenizer may add to a paragraph that stand for none of its bytes: BOS, EOS and
+# SentencePiece's leading-space mark. Every other token stands for one byte of it at least
+# (a byte-level BPE piece, or a SentencePiece piece of one character or more).
+ADDED_TOKENS = 3
+
+
+def tokens_at_most(text: str) -> int:
+    """An upper bound of the tokens ``blocks`` takes from ``text``, without a tokenizer:
+    each paragraph's UTF-8 bytes plus ``ADDED_TOKENS``, summed, and never more than AutoAWQ
+    calibrates on (``MAX_SAMPLES`` x ``MAX_SEQ_LEN``, which ``blocks`` keeps to)."""
+    counted = sum(len(p.encode()) + ADDED_TOKENS for p in paragraphs(text))
+    return min(counted, MAX_SAMPLES * MAX_SEQ_LEN)
 
 
 def _finish(src: str, out: str) -> None:
