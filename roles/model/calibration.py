@@ -39,7 +39,7 @@ from llamarack.secrets import read_token
 from llamarack.settings import Settings
 
 from .files import awq_apply
-from .files.gguf_header import GgufError, check_values
+from .files.gguf_header import check_values
 from .hub import CONFIG_MAX_BYTES, repo_config, repo_files
 from .plan import calibration_file, plan_from_pinned_record, plan_from_record
 from .reads import ArtifactState, GgufShape, ModelArtifact
