@@ -95,6 +95,17 @@ def test_eight_cards_serve_eight_units_on_eight_ports(lab_rack):
     record = json.loads(deploying.sh(lab_rack, HOST, f"cat {ROOT}/state/units.json"))
     assert [(u["unit"], u["port"], u["cards"]) for u in record["units"]] == [
         (f"llamarack-server@{n}.service", 8080 + n, [cards[n]]) for n in range(8)]
+    # The record's figure was taken on a card of this kind with these flags: no bench ran. Without
+    # a record, llama-bench runs once, on unit 0's card: the other seven (the same kind of card,
+    # the same flags) share its figures, each named as unit 0's, with no run of their own.
+    kept = json.loads(deploying.sh(lab_rack, HOST, f"cat {ROOT}/state/bench.json"))
+    assert [u["name"] for u in kept["units"]] == ["llamarack-server.service"], out[-4000:]
+    deploying.sh(lab_rack, HOST, f"rm {ROOT}/state/bench.json")
+    out = deploy(lab_rack)
+    bench = json.loads(deploying.sh(lab_rack, HOST, f"cat {ROOT}/state/bench.json"))
+    assert [(u["name"], u.get("as")) for u in bench["units"]] == [("llamarack-server@0.service", None)] + [
+        (f"llamarack-server@{n}.service", "llamarack-server@0.service") for n in range(1, 8)], bench["units"]
+    assert len({u["tg128"]["tokens_per_second"] for u in bench["units"]}) == 1 > 0 < bench["tg128"]["tokens_per_second"]
     # the fake driver lists each served process on its own card, as a real one does
     apps = deploying.sh(lab_rack, HOST, "nvidia-smi --query-compute-apps=gpu_uuid,pid --format=csv,noheader")
     assert sorted(line.split(",")[0].strip() for line in apps.splitlines()) == sorted(cards)
