@@ -23,15 +23,18 @@ DEPLOYS = Path(__file__).parent / "deploys"
 # content) under /etc /opt /usr/local, packages, units. The host's own timers
 # start units at any time (systemd-tmpfiles-clean 15 minutes after boot), so a
 # unit caught between states (ACTIVE activating, deactivating, reloading...) is
-# left out, a timer's SUB (waiting, or running while its unit runs) too, and
-# each unit is printed without systemctl's padding, whose width follows the
-# longest state of the moment.
+# left out, a timer's SUB (waiting, or running while its unit runs) too, and so
+# is every inactive unit: systemd loads one when something refers to it (a timer
+# firing) and unloads it when nothing does, so it comes and goes from the list
+# by itself (a unit a run stopped still shows: its active line is gone). Each
+# unit is printed without systemctl's padding, whose width follows the longest
+# state of the moment.
 SNAPSHOT = r"""
 find /etc /opt /usr/local -xdev -printf '%p %y %m %U:%G %T@ %s %l\n' | sort
 find /etc /opt /usr/local -xdev -type f -exec md5sum {} + | sort -k2
 dpkg -l | sort
 systemctl list-units --all --no-legend --plain |
-  awk '$3 ~ /^(active|inactive|failed)$/ && $1 !~ /^run-credentials-/ {print $1, $2, $3, ($1 ~ /[.]timer$/ ? "" : $4)}' | sort
+  awk '$3 ~ /^(active|failed)$/ && $1 !~ /^run-credentials-/ {print $1, $2, $3, ($1 ~ /[.]timer$/ ? "" : $4)}' | sort
 systemctl list-unit-files --no-legend | sort
 """
 
