@@ -12,6 +12,7 @@ The tests run in order, each from the state the one before left.
 
 import json
 import re
+import shlex
 
 import pytest
 
@@ -98,11 +99,11 @@ def test_eight_cards_serve_eight_units_on_eight_ports(lab_rack):
     # The record's figure was taken on a card of this kind with these flags: no bench ran. Without
     # a record, llama-bench runs once, on unit 0's card: the other seven (the same kind of card,
     # the same flags) share its figures, each named as unit 0's, with no run of their own.
-    kept = json.loads(deploying.sh(lab_rack, HOST, f"cat {ROOT}/state/bench.json"))
+    kept = json.loads(deploying.sh(lab_rack, HOST, "cat " + shlex.quote(f"{ROOT}/state/bench.json")))
     assert [u["name"] for u in kept["units"]] == ["llamarack-server.service"], out[-4000:]
-    deploying.sh(lab_rack, HOST, f"rm {ROOT}/state/bench.json")
+    deploying.sh(lab_rack, HOST, "rm " + shlex.quote(f"{ROOT}/state/bench.json"))
     out = deploy(lab_rack)
-    bench = json.loads(deploying.sh(lab_rack, HOST, f"cat {ROOT}/state/bench.json"))
+    bench = json.loads(deploying.sh(lab_rack, HOST, "cat " + shlex.quote(f"{ROOT}/state/bench.json")))
     assert [(u["name"], u.get("as")) for u in bench["units"]] == [("llamarack-server@0.service", None)] + [
         (f"llamarack-server@{n}.service", "llamarack-server@0.service") for n in range(1, 8)], bench["units"]
     assert len({u["tg128"]["tokens_per_second"] for u in bench["units"]}) == 1 > 0 < bench["tg128"]["tokens_per_second"]
@@ -204,7 +205,7 @@ def test_back_on_one_card_the_host_serves_its_one_unit_again(lab_rack):
     converged(lab_rack)
     # The record keeps the cards gone as missing; a driver upgrade waiting for its reboot
     # hides the list: the run plans for the card the driver listed last, not the gone ones.
-    assert deploying.sh(lab_rack, HOST, f"cat {ROOT}/state/gpus.json").count('"missing": true') >= 7
+    assert deploying.sh(lab_rack, HOST, "cat " + shlex.quote(f"{ROOT}/state/gpus.json")).count('"missing": true') >= 7
     lab_rack.driver(HOST, version="570.172.08")
     try:
         out = deploy(lab_rack, "driver_reboot_on_mismatch=True")
