@@ -1,23 +1,15 @@
 """The settings loader: one host's data becomes one frozen, checked ``Settings``.
 
-A setting is a field of one section, a frozen dataclass: the general one here
-(``llamarack_*``: the root, the service user, the roles to run) and one per role
-in ``roles/<role>/settings.py`` (``driver_*``, ``server_*``...), with its
-default, its meaning and its value check (``llamarack.settings_fields``). The
-host-data key is ``<section prefix>_<field name>`` (``llamacpp_commit``,
-``server_port``...). ``load_settings`` turns one host's data into a
-``Settings`` object and rejects bad data (unknown key, wrong type, impossible
-value) before any host is touched, every problem of a host at once, naming the
-host, the key, what was given and what is allowed.
-
-Roles receive the whole frozen settings object and never read ``host.data``.
-``inventory/group_data/all.py`` and ``docs/settings.md`` are generated from the
-sections (``llamarack.settings_docs``).
+A setting is a field of a section (a frozen dataclass): the general one here
+(``llamarack_*``) and one per role in ``roles/<role>/settings.py``; its host-data
+key is ``<section prefix>_<field name>`` (``server_port``). ``load_settings``
+rejects bad data before any host is touched, every problem of a host at once,
+naming the host, the key, what was given and what is allowed. Roles receive the
+frozen object and never read ``host.data``.
 
 The sections stay plain dataclasses rather than pydantic models: pydantic is
 pyinfra's own dependency, not ours, and its errors would have to be rewritten
-into what this loader already reports (every problem at once, the value
-found, what is allowed and how to write it, "did you mean").
+into what this loader already reports ("did you mean", how to write a value).
 """
 
 from __future__ import annotations
@@ -43,10 +35,6 @@ from .settings_fields import Section, host_path, loopback_url, number_range, out
 
 # The roles deploy.py runs after preflight, in order (llamarack_roles picks some).
 ROLE_NAMES = ("driver", "toolchain", "python_env", "llamacpp", "converter_env", "model", "server", "gateway")
-
-# The inventory group of the gateways: its hosts run preflight's read and the gateway role only.
-GATEWAY_GROUP = "gateways"
-
 
 def _role_name(value: str) -> Optional[str]:
     if value not in ROLE_NAMES:
@@ -114,11 +102,6 @@ class GeneralSettings(Section):
         """Whether ``deploy.py`` runs ``role`` (one of ROLE_NAMES) on this host."""
         return self.roles is None or role in self.roles
 
-    @property
-    def layout(self) -> Layout:
-        """Every path under ``root`` (``llamarack.layout``)."""
-        return Layout(self.root)
-
     def problems(self) -> list[str]:
         if self.roles == ():
             return ["llamarack_roles: given []; allowed: at least one role name (None runs them all)"]
@@ -143,26 +126,20 @@ class Settings:
 
     @property
     def layout(self) -> Layout:
-        return self.general.layout
+        """Every path under ``llamarack_root`` (``llamarack.layout``)."""
+        return Layout(self.general.root)
 
     @property
     def is_gateway(self) -> bool:
-        """Whether the host is one of group ``gateways``: HAProxy, no llama-server."""
-        return GATEWAY_GROUP in self.groups
+        """Whether the host is of group ``gateways``: preflight's read and HAProxy only, no llama-server."""
+        return "gateways" in self.groups
 
 
 # Each section: its name on Settings and its class, the general one first, then the
 # roles' in the roles' order (preflight has no settings of its own).
-SECTIONS = {
-    "general": GeneralSettings,
-    "driver": DriverSettings,
-    "toolchain": ToolchainSettings,
-    "python_env": PythonEnvSettings,
-    "llamacpp": LlamacppSettings,
-    "model": ModelSettings,
-    "server": ServerSettings,
-    "gateway": GatewaySettings,
-}
+SECTIONS = {"general": GeneralSettings, "driver": DriverSettings, "toolchain": ToolchainSettings,
+            "python_env": PythonEnvSettings, "llamacpp": LlamacppSettings, "model": ModelSettings,
+            "server": ServerSettings, "gateway": GatewaySettings}  # fmt: skip
 ROLE_SETTINGS = tuple(SECTIONS.values())
 
 
@@ -191,17 +168,10 @@ def all_settings() -> tuple[SettingInfo, ...]:
     for role in ROLE_SETTINGS:
         hints = typing.get_type_hints(role)
         for f in dataclasses.fields(role):
-            info = SettingInfo(
-                key=f"{role.prefix}_{f.name}",
-                role=role,
-                name=f.name,
-                type=hints[f.name],
-                default=f.default,
-                doc=f.metadata["doc"],
-                check=f.metadata["check"],
-                choices=f.metadata["choices"] or _literal_choices(hints[f.name]),
-                between=f.metadata["between"],
-            )
+            tp = hints[f.name]
+            literal = typing.get_args(tp) if typing.get_origin(tp) is Literal else None
+            info = SettingInfo(key=f"{role.prefix}_{f.name}", role=role, name=f.name, type=tp, default=f.default,
+                               **{**f.metadata, "choices": f.metadata["choices"] or literal})
             if (_unwrap_optional(info.type)[0] in (int, float)) != (info.between is not None):
                 raise TypeError(f"{info.key}: every int or float setting, and only those, has between=(low, high)")
             infos.append(info)
@@ -210,12 +180,6 @@ def all_settings() -> tuple[SettingInfo, ...]:
 
 def defaults() -> dict[str, Any]:
     return {info.key: info.default for info in all_settings()}
-
-
-def _literal_choices(tp) -> Optional[tuple]:
-    if typing.get_origin(tp) is Literal:
-        return typing.get_args(tp)
-    return None
 
 
 def describe_type(info: SettingInfo) -> str:
@@ -269,83 +233,64 @@ def _coerce(info: SettingInfo, value: Any) -> tuple[Any, Optional[str]]:
         return value, None if optional else describe_type(info)
     if isinstance(value, (list, tuple)) and len(value) > MAX_LIST_ITEMS:
         return value, f"a list of at most {MAX_LIST_ITEMS} items (given {len(value)})"
-    for text in value if isinstance(value, (list, tuple)) else (value,):
-        problem = _text_problem(text) if isinstance(text, str) else None
-        if problem:
-            return value, problem
-
+    texts = value if isinstance(value, (list, tuple)) else (value,)
+    problem = next(filter(None, (_text_problem(text) for text in texts if isinstance(text, str))), None)
+    if problem:
+        return value, problem
     if info.choices is not None:
-        if value not in info.choices:
-            return value, describe_type(info)
-        return value, None
-
+        return value, None if value in info.choices else describe_type(info)
     if typing.get_origin(tp) is tuple:
         if isinstance(value, str):
             # From the command line: --data llamarack_roles=server,model
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             return value, describe_type(info)
-        items = tuple(value)
-        for item in items:
-            problem = info.check(item) if info.check else None
-            if problem:
-                return value, problem
-        return items, None
+        problem = next(filter(None, map(info.check, value)), None) if info.check else None
+        return (value, problem) if problem else (tuple(value), None)
     return value, _scalar_problem(info, tp, value)
+
+
+# The Python types a value of each scalar setting type may have.
+_ACCEPTED = {bool: bool, int: int, float: (int, float), str: str}
 
 
 def _scalar_problem(info: SettingInfo, tp: type, value: Any) -> Optional[str]:
     """What is wrong with one bool, int, float or str value, or None."""
     # bool is an int in Python: never let True stand for 1 or 1 for True.
-    if tp is bool and not isinstance(value, bool):
-        return describe_type(info)
-    if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
-        return describe_type(info)
-    if tp is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        return describe_type(info)
-    if tp is str and not isinstance(value, str):
-        if isinstance(value, (int, float)):
+    if not isinstance(value, _ACCEPTED[tp]) or (isinstance(value, bool) and tp is not bool):
+        if tp is str and isinstance(value, (int, float)):
             # pyinfra's --data turns 13.0 into a number, and 11.10 would become 11.1.
-            return (
-                f"a string; quote it: {info.key} = '{value}' in Python, "
-                f"--data '{info.key}=\"{value}\"' on the command line"
-            )
+            return (f"a string; quote it: {info.key} = '{value}' in Python, "
+                    f"--data '{info.key}=\"{value}\"' on the command line")  # fmt: skip
         return describe_type(info)
     problem = out_of_range(value, info.between, tp is int) if info.between else None
     return problem or (info.check(value) if info.check else None)
 
 
-def _setting_values(sections: Mapping[str, Any]):
-    """(info, value) of every setting of ``sections`` ({section name: section})."""
+def _setting_values(s: Settings):
+    """(info, value) of every setting of ``s``."""
     names = {role: name for name, role in SECTIONS.items()}
     for info in all_settings():
-        yield info, getattr(sections[names[info.role]], info.name)
-
-
-def _private_dir_settings(sections: Mapping[str, Any]):
-    """(key, path) of each host path root runs or builds from (a setting checked as a
-    host path: the root, toolchain_cuda_home, llamacpp_ccache_dir), where one is set."""
-    for info, value in _setting_values(sections):
-        if info.check in (host_path, _root) and value:
-            yield info.key, value
+        yield info, getattr(getattr(s, names[info.role]), info.name)
 
 
 def private_dirs(s: Settings) -> tuple[tuple[str, str], ...]:
-    """(key, path) of each directory root runs or builds from: preflight checks on the host
-    that it and every directory above it are root's alone (``rules.rule_dirs_private``)."""
-    return tuple(_private_dir_settings(vars(s)))
+    """(key, path) of each directory root runs or builds from (a setting checked as a host path:
+    the root, toolchain_cuda_home, llamacpp_ccache_dir), where one is set: preflight checks on
+    the host that it and every directory above it are root's alone (``rules.rule_dirs_private``)."""
+    return tuple((info.key, value) for info, value in _setting_values(s) if info.check in (host_path, _root) and value)
 
 
-def _plain_http_problems(sections: Mapping[str, Any]) -> list[str]:
+def _plain_http_problems(s: Settings) -> list[str]:
     """Plain http:// sources, unless llamarack_trusted_network says no one else is on the way."""
-    if sections["general"].trusted_network:
+    if s.general.trusted_network:
         return []
     problems = []
-    for info, value in _setting_values(sections):
+    for info, value in _setting_values(s):
         for url in value if isinstance(value, tuple) else (value,):
             if isinstance(url, str) and url.startswith("http://") and not loopback_url(url):
                 token = (", and the hub token (model_hf_token_file) would travel in clear"
-                         if info.key == "model_hf_endpoint" and sections["model"].hf_token_file else "")
+                         if info.key == "model_hf_endpoint" and s.model.hf_token_file else "")
                 problems.append(
                     f"{info.key}: given {shown(url)}; allowed: an https:// URL: plain http:// can be read and changed "
                     f"by anyone on the way{token} (llamarack_trusted_network = True allows it where the hosts "
@@ -354,12 +299,12 @@ def _plain_http_problems(sections: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def _shared_dir_problems(sections: Mapping[str, Any]) -> list[str]:
+def _shared_dir_problems(s: Settings) -> list[str]:
     """Host paths root runs or builds from under a directory other users can write to."""
-    if sections["general"].allow_shared_dirs:
+    if s.general.allow_shared_dirs:
         return []
     problems = []
-    for key, path in _private_dir_settings(sections):
+    for key, path in private_dirs(s):
         shared = shared_dir(path)
         if shared:
             whose = "users' homes" if shared in ("/home", "/run/user") else "a directory every user can write to"
@@ -418,9 +363,7 @@ def load_settings(host_name: str, data: Mapping[str, Any], groups: tuple = ()) -
     _warn_unknown(host_name, [k for k in data if isinstance(k, str) and not k.startswith(prefixes)], by_key)
 
     values: dict[type, dict[str, Any]] = {role: {} for role in ROLE_SETTINGS}
-    for info in infos:
-        if info.key not in data:
-            continue
+    for info in (info for info in infos if info.key in data):
         value, problem = _coerce(info, data[info.key])
         if problem:
             problems.append(f"{info.key}: given {shown(data[info.key])}; allowed: {problem}")
@@ -428,12 +371,12 @@ def load_settings(host_name: str, data: Mapping[str, Any], groups: tuple = ()) -
             values[info.role][info.name] = value
 
     sections = {name: role(**values[role]) for name, role in SECTIONS.items()}
-    for section in sections.values():
-        problems.extend(section.problems())
-    problems += _plain_http_problems(sections) + _shared_dir_problems(sections)
+    settings = Settings(host=host_name, groups=tuple(groups), **sections)
+    problems += [problem for section in sections.values() for problem in section.problems()]
+    problems += _plain_http_problems(settings) + _shared_dir_problems(settings)
     if problems:
         raise SettingsError(host_name, problems)
-    return Settings(host=host_name, groups=tuple(groups), **sections)
+    return settings
 
 
 def settings_for(host) -> Settings:
