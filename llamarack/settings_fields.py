@@ -1,14 +1,8 @@
 """What every settings section is made of: ``setting`` fields, the ``Section`` base,
 and the value checks more than one section uses.
 
-A section (``llamarack/settings.py``'s general one, each ``roles/<role>/settings.py``)
-imports from here and from nothing else of llamarack, so the loader can import
-every section without a cycle.
-
-A check returns None when the value is fine, else a phrase saying what is
-allowed ("a dotted numeric version"); the loader puts it in the error. Every
-number declares the range a real rack could need (``between``), which the
-loader holds it to.
+A section imports from here and from nothing else of llamarack, so the loader
+can import every section without a cycle.
 """
 
 from __future__ import annotations
@@ -25,11 +19,11 @@ def setting(default: Any, doc: str, check: Optional[Callable[[Any], Optional[str
     """A settings field: its default, a one-line meaning and an optional value check.
 
     ``check`` returns None when the value is fine, else a phrase saying what is
-    allowed ("a dotted numeric version"). It is applied to every element of a tuple.
-    ``choices`` restricts a value to a fixed set beyond what a Literal type says.
-    ``between`` is the (lowest, highest) value of a number, both included: every int
-    and float setting has one (``llamarack.settings.all_settings`` refuses a section
-    where one is missing), so no absurd count, size or time reaches a host.
+    allowed ("a dotted numeric version"), which the loader puts in the error; it is
+    applied to every element of a tuple. ``choices`` restricts a value to a fixed set
+    beyond what a Literal type says. ``between`` is the (lowest, highest) value of a
+    number, both included: every int and float setting has one, so no absurd count,
+    size or time reaches a host.
     """
     return field(default=default, metadata={"doc": doc, "check": check, "choices": choices, "between": between})
 
@@ -43,10 +37,7 @@ def number_range(between: tuple, integer: bool) -> str:
 def out_of_range(value: Any, between: tuple, integer: bool) -> Optional[str]:
     """None when ``value`` lies in ``between``; else what is allowed. NaN compares false
     with everything, so it is refused as the infinities are."""
-    low, high = between
-    if not low <= value <= high:
-        return number_range(between, integer)
-    return None
+    return None if between[0] <= value <= between[1] else number_range(between, integer)
 
 
 class Section:
@@ -56,26 +47,19 @@ class Section:
     prefix: ClassVar[str]
 
     def problems(self) -> list[str]:
-        """Problems that involve more than one of the section's settings (none here)."""
+        """Problems that involve more than one of the section's settings."""
         return []
 
 
-def dotted_version(value: str) -> Optional[str]:
-    if not re.fullmatch(r"\d+(\.\d+)*", value):
-        return "a dotted numeric version such as 520.61.05"
-    return None
+def _matching(pattern: str, allowed: str) -> Callable[[str], Optional[str]]:
+    """A check that passes a value ``pattern`` matches whole and answers ``allowed`` to any other."""
+    return lambda value: None if re.fullmatch(pattern, value) else allowed
 
 
-def git_revision(value: str) -> Optional[str]:
-    if not re.fullmatch(r"[0-9a-f]{7,40}", value):
-        return "a commit sha (7 to 40 lowercase hex digits); branches move, so they are not pins"
-    return None
-
-
-def sha256_hex(value: str) -> Optional[str]:
-    if not re.fullmatch(r"[0-9a-f]{64}", value):
-        return "a sha256 hex digest (64 lowercase hex digits)"
-    return None
+dotted_version = _matching(r"\d+(\.\d+)*", "a dotted numeric version such as 520.61.05")
+git_revision = _matching(r"[0-9a-f]{7,40}",
+                         "a commit sha (7 to 40 lowercase hex digits); branches move, so they are not pins")
+sha256_hex = _matching(r"[0-9a-f]{64}", "a sha256 hex digest (64 lowercase hex digits)")
 
 
 # Shapes of the values that reach a host: every one is quoted where it is used
