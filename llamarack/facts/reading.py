@@ -1,15 +1,12 @@
 """Each fact read once per run while its host is unchanged, and many facts read in one command.
 
-pyinfra 3 runs a fact's command each time ``host.get_fact`` is called, and
-the roles need some facts in several places (the builds listing in the
-build's plan, the build, the switch and the prune; an env's listing in the
-venv and the pins operations). On a converged host those round trips were
-the whole run. So the roles read facts through ``read``, which keeps what a
-host answered until one of that host's operations executes a command (which
-may have changed anything), and preflight asks for everything the roles
-will read in one remote command, ``read_together``: one shell script with a
-section per fact, each section's output handed to that fact's own
-``process``, exactly as pyinfra would have.
+pyinfra 3 runs a fact's command each time ``host.get_fact`` is called, and the
+roles need some facts in several places (the builds listing in the build's plan,
+the build, the switch and the prune); on a converged host those round trips were
+the whole run. So the roles read facts through ``read``, which keeps what a host
+answered until one of that host's operations executes a command (which may have
+changed anything), and preflight asks for everything the roles will read in one
+remote command, ``read_together``.
 
 The rule that keeps the store right: an operation reads its facts before it
 yields its first command (pyinfra's own operations do the same), so no read
@@ -21,7 +18,7 @@ from __future__ import annotations
 
 import secrets
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from pyinfra import host, logger
@@ -49,20 +46,18 @@ class FactRead:
 MISSING_COMMAND = "llamarack-fact-command-missing"
 
 
-def _text(command) -> str:
-    if command is None:
-        return ""
+def _text(value, kwargs: dict) -> str:
+    """A fact's ``command`` or ``requires_command`` (text, or a function of the fact's arguments)."""
+    value = value(**kwargs) if callable(value) else value
     # pyinfra's StringCommand: its raw value is the shell text with each part quoted.
-    return command.get_raw_value() if hasattr(command, "get_raw_value") else str(command)
+    return value.get_raw_value() if hasattr(value, "get_raw_value") else str(value or "")
 
 
 def _command_text(fact: FactBase, kwargs: dict, command: Optional[str] = None) -> str:
     """The shell text of ``fact``'s command (or ``command`` in its place), behind its
     ``requires_command`` guard as pyinfra builds it."""
-    if command is None:
-        command = _text(fact.command(**kwargs) if callable(fact.command) else fact.command)
-    requires = fact.requires_command
-    requires = _text(requires(**kwargs) if callable(requires) else requires)
+    command = _text(fact.command, kwargs) if command is None else command
+    requires = _text(fact.requires_command, kwargs)
     if requires:
         return f"if command -v {requires} >/dev/null 2>&1; then ( {command} ); else echo {MISSING_COMMAND}; fi"
     return command
@@ -101,24 +96,19 @@ class FactsTogether(FactBase[dict]):
         for i, (r, fact) in enumerate(zip(reads, self.facts)):
             kwargs = dict(r.kwargs)
             run = fact.host_run(**kwargs) if hasattr(fact, "host_run") else None
+            command = None
             if run:
                 name, *args = run
                 variable = sources.setdefault(name, f"LLAMARACK_HOST_MODULE_{len(sources)}")
                 command = f'python3 -c "${variable}" {remote.argv(*args)}'.rstrip()
-                sections.append(self._section(i, fact, kwargs, command))
-            else:
-                sections.append(self._section(i, fact, kwargs))
+            # Between its markers (hex, and a number), the fact's command, every value in it
+            # quoted by the fact itself.
+            text = _command_text(fact, kwargs, command)
+            sections.append(f"echo {self.marker} {i}; ( {text} ) </dev/null 2>/dev/null; echo {self.marker} rc $?")
         # The variable names are made here; each source is quoted whole (shlex), so the
         # shell expands nothing in it.
         defined = [f"{variable}={remote.argv(remote.source(name))}" for name, variable in sources.items()]
         return "\n".join(defined + sections)
-
-    def _section(self, i: int, fact: FactBase, kwargs: dict, command: Optional[str] = None) -> str:
-        """Fact ``i``'s command (its own, or ``command``), behind its ``requires_command``
-        guard, between its markers. The marker is hex and ``i`` a number; the command is
-        the fact's, every value in it quoted by the fact itself."""
-        text = _command_text(fact, kwargs, command)
-        return f"echo {self.marker} {int(i)}; ( {text} ) </dev/null 2>/dev/null; echo {self.marker} rc $?"
 
     def process(self, output) -> dict:
         sections: dict = {}
@@ -146,12 +136,12 @@ class FactsTogether(FactBase[dict]):
             return Answer(status, error=str(e))
 
 
+@dataclass
 class _Store:
     """What one host answered, valid while its count of changing operations stays ``changes``."""
 
-    def __init__(self, changes: int):
-        self.changes = changes
-        self.values: dict[FactRead, Any] = {}
+    changes: int
+    values: dict = field(default_factory=dict)
 
 
 # state -> {host name: store}; a new pyinfra State (a new run, a test) starts empty.
@@ -161,13 +151,8 @@ _stores: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def _changing_operations() -> int:
     """How many of this host's operations have run and executed a command so far in this run."""
     ops = host.state.ops.get(host, {})
-    count = 0
-    for op_hash in host.op_hash_order:
-        data = ops.get(op_hash)
-        meta = data.operation_meta if data is not None else None
-        if meta is not None and meta.is_complete() and meta.executed:
-            count += 1
-    return count
+    metas = (ops[op_hash].operation_meta for op_hash in host.op_hash_order if ops.get(op_hash) is not None)
+    return sum(1 for meta in metas if meta is not None and meta.is_complete() and meta.executed)
 
 
 def _store() -> _Store:
