@@ -15,6 +15,7 @@ See systemd.syntax(7), systemd.unit(5) "Specifiers" and systemd.service(5)
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Sequence
 
@@ -39,12 +40,8 @@ _LINE_BREAKING = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 TEXT_MAX = 512
 
 
-def _control(value: str) -> bool:
-    return _LINE_BREAKING.search(value) is not None
-
-
 def _spelled(c: str) -> str:
-    if not (_control(c) or c == "\\"):
+    if not (_LINE_BREAKING.match(c) or c == "\\"):
         return c
     return f"\\x{ord(c):02x}" if ord(c) <= 0xFF else f"\\u{ord(c):04x}"
 
@@ -55,13 +52,9 @@ def text(value: str, limit: int = TEXT_MAX) -> str:
     \\xff), ``%`` doubled, outer spaces dropped (systemd would drop them too), and
     at most ``limit`` characters before doubling: a longer text is cut, ending in ``...``."""
     pieces = [_spelled(c) for c in value[: limit + 1]]  # each character is spelled in one or more
-    if sum(len(p) for p in pieces) > limit:
-        size = 0
-        for n, piece in enumerate(pieces):
-            size += len(piece)
-            if size > limit - 3:
-                pieces = pieces[:n] + ["..."]
-                break
+    if sum(map(len, pieces)) > limit:
+        cut = next(n for n, size in enumerate(itertools.accumulate(map(len, pieces))) if size > limit - 3)
+        pieces = pieces[:cut] + ["..."]
     return "".join(pieces).strip().replace("%", "%%")
 
 
@@ -74,7 +67,7 @@ def clipped(value: str, limit: int) -> str:
 def value(setting: str, value: str) -> str:
     """A value systemd must read back exactly (``User=``, ``WorkingDirectory=``):
     one line, no outer spaces, ``%`` doubled. Raises UnitValueError otherwise."""
-    if _control(value) or value != value.strip() or not value or value.endswith("\\"):
+    if _LINE_BREAKING.search(value) or value != value.strip() or not value or value.endswith("\\"):
         raise UnitValueError(f"{setting}={value!r} cannot be written into a unit file: "
                              "it must be one line, not empty, without outer spaces or a trailing \\")  # fmt: skip
     return value.replace("%", "%%")
@@ -82,7 +75,7 @@ def value(setting: str, value: str) -> str:
 
 def comment(line: str) -> str:
     """A comment line (``# ...``), checked to stay one line."""
-    if _control(line) or line.endswith("\\") or not line.startswith("#"):
+    if _LINE_BREAKING.search(line) or line.endswith("\\") or not line.startswith("#"):
         raise UnitValueError(f"{line!r} cannot be written into a unit file as one comment line")
     return line
 
@@ -90,7 +83,7 @@ def comment(line: str) -> str:
 def exec_word(word: str) -> str:
     """One argument of ``ExecStart=`` (not the executable), so that systemd's
     splitting, unescaping, specifiers and ``$`` expansion give back ``word``."""
-    if _control(word):
+    if _LINE_BREAKING.search(word):
         raise UnitValueError(f"ExecStart argument {word!r}: a control character (newline, tab...) "
                              "has no place in llama-server's command line")  # fmt: skip
     if _PLAIN_WORD.fullmatch(word):

@@ -1,9 +1,7 @@
-"""The read store and the facts several roles share.
+"""The read store every role reads through and the host facts no one role owns.
 
-Each role's own facts are in its folder (``roles/<role>/reads.py``); here are
-the store every role reads through (``read``, ``read_together``: one remote
-command for many facts) and the host facts no one role owns. OS release comes
-from pyinfra's own ``server.LinuxDistribution``.
+Each role's own facts are in ``roles/<role>/reads.py``; OS release comes from
+pyinfra's own ``server.LinuxDistribution``.
 """
 
 from .ownership import PathOwners

@@ -8,7 +8,6 @@ from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
 
-
 class FreeDiskBytes(FactBase[int]):
     """
     Returns the bytes free for an unprivileged writer on the filesystem that
@@ -35,4 +34,3 @@ class FreeDiskBytes(FactBase[int]):
         except ValueError as e:
             raise FactProcessError(f"unexpected stat -f output: {output!r}") from e
         return available * block
-
