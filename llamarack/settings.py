@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import logging
 import re
 import typing
 from dataclasses import dataclass
@@ -37,9 +38,7 @@ from .settings_fields import Section, host_path, loopback_url, number_range, out
 ROLE_NAMES = ("driver", "toolchain", "python_env", "llamacpp", "converter_env", "model", "server", "gateway")
 
 def _role_name(value: str) -> Optional[str]:
-    if value not in ROLE_NAMES:
-        return "role names: " + ", ".join(ROLE_NAMES)
-    return None
+    return None if value in ROLE_NAMES else "role names: " + ", ".join(ROLE_NAMES)
 
 
 # The system's own trees: what it runs, or reads its configuration from (/etc/cron.d,
@@ -52,8 +51,7 @@ SHARED_PARENTS = ("/home", "/mnt", "/media", "/opt", "/root", "/snap", "/srv", "
 
 
 def _root(value: str) -> Optional[str]:
-    problem = host_path(value)
-    if problem:
+    if problem := host_path(value):
         return problem
     tree = next((t for t in SYSTEM_TREES if value == t or value.startswith(t + "/")), None)
     if tree or value in SHARED_PARENTS:
@@ -103,9 +101,8 @@ class GeneralSettings(Section):
         return self.roles is None or role in self.roles
 
     def problems(self) -> list[str]:
-        if self.roles == ():
-            return ["llamarack_roles: given []; allowed: at least one role name (None runs them all)"]
-        return []
+        empty = "llamarack_roles: given []; allowed: at least one role name (None runs them all)"
+        return [empty] if self.roles == () else []
 
 
 @dataclass(frozen=True)
@@ -121,8 +118,7 @@ class Settings:
     model: ModelSettings
     server: ServerSettings
     gateway: GatewaySettings
-    groups: tuple = ()
-    """The host's inventory groups (``settings_for``)."""
+    groups: tuple = ()  # the host's inventory groups (settings_for)
 
     @property
     def layout(self) -> Layout:
@@ -155,8 +151,7 @@ class SettingInfo:
     doc: str
     check: Optional[Callable[[Any], Optional[str]]]
     choices: Optional[tuple]
-    between: Optional[tuple] = None
-    """A number's (lowest, highest) value; every int and float setting has one."""
+    between: Optional[tuple] = None  # a number's (lowest, highest) value; every int and float setting has one
 
 
 @functools.cache
@@ -198,8 +193,7 @@ def describe_type(info: SettingInfo) -> str:
 
 def _unwrap_optional(tp):
     if typing.get_origin(tp) is typing.Union:
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return args[0], True
+        return next(a for a in typing.get_args(tp) if a is not type(None)), True
     return tp, False
 
 
@@ -338,8 +332,6 @@ def _warn_unknown(host_name: str, keys, known) -> None:
     for key, like in unknown_keys(keys, known):
         if (host_name, key) not in _WARNED:
             _WARNED.add((host_name, key))
-            import logging  # here: most runs warn about nothing
-
             logging.getLogger("pyinfra").warning(
                 f"{host_name}: {key!r} is no llamarack setting and is ignored; did you mean {like!r}?")
 
