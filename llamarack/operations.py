@@ -1,7 +1,4 @@
-"""Operations more than one role uses, in pyinfra's style (generators that yield only what differs).
-
-Each role's own operations live in its folder (``roles/<role>/operations.py``).
-"""
+"""Operations more than one role uses, in pyinfra's style (generators that yield only what differs)."""
 
 from __future__ import annotations
 
@@ -125,13 +122,12 @@ def private_upload(src, dest: str):
     + src: the text, or a file-like object (``StringIO``)
     + dest: the file on the host (written as it is: callers upload ``X.new`` and rename)
 
-    Under sudo, pyinfra uploads to a temporary file as the SSH user and copies that
-    as root. Its default name, ``/tmp/pyinfra-<sha1 of dest>``, can be foreseen: a
-    local user who makes that file first owns what root copies (or makes every
-    upload fail). Here the temporary file is ``file`` in a directory of a random
-    name that the SSH user makes with mode 700 (``mkdir`` fails on a name that is
-    taken) and removes after the copy; the file is made mode 600 before SFTP
-    fills it (sftp-server would make it 644).
+    Under sudo, pyinfra uploads to a temporary file as the SSH user and copies that as
+    root. Its default name, ``/tmp/pyinfra-<sha1 of dest>``, can be foreseen: a local
+    user who makes that file first owns what root copies (or makes every upload fail).
+    Here it is ``file`` in a directory of a random name that the SSH user makes with
+    mode 700 (``mkdir`` fails on a taken name) and removes after the copy; the file is
+    made mode 600 before SFTP fills it (sftp-server would make it 644).
     """
     private = f"{UPLOAD_DIR_PREFIX}{uuid.uuid4().hex}"
     temp = f"{private}/file"

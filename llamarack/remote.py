@@ -1,15 +1,11 @@
 """How code that runs on the hosts gets there, and how values get into shell commands.
 
-Each role keeps the scripts it runs on a host in its ``files/`` folder
-(``roles/<role>/files/<name>.py``). Every such module uses the standard
-library only, imports nothing from llamarack, and says so in its first
-line. One mechanism takes it to a host:
-``command(name, *args)`` is the shell command that runs the module's source
-with the host's ``python3 -c`` (facts and operations alike), so nothing is
-installed on the host to drift from the control machine's copy, and a
-changed script is what the next run uses. The control machine may import
-these modules to share their definitions (the llama-server flag record, for
-one), never the other way round.
+Each role keeps the scripts it runs on a host in ``roles/<role>/files/<name>.py``:
+standard library only, nothing imported from llamarack (its first line says so).
+``command(name, *args)`` runs the module's source with the host's ``python3 -c``,
+so nothing installed on the host drifts from the control machine's copy, and a
+changed script is what the next run uses. The control machine may import these
+modules to share their definitions, never the other way round.
 """
 
 from __future__ import annotations
@@ -51,10 +47,8 @@ def source(name: str) -> str:
 
 
 def argv(*words) -> str:
-    """The shell command that runs exactly ``words``, each quoted: the one way a
-    command line is built from values (settings, facts, paths). Values are
-    validated for shape as well (``llamarack.settings``); this is what makes an
-    odd one harmless."""
+    """The shell command that runs exactly ``words``, each quoted: the one way a command
+    line is built from values (settings, facts, paths), which makes an odd one harmless."""
     return " ".join(shlex.quote(str(w)) for w in words)
 
 
