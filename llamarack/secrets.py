@@ -15,9 +15,8 @@ from .errors import ModelSourceError
 
 
 def read_token(path: Optional[str], setting: str = "model_hf_token_file") -> Optional[str]:
-    """A secret (the hub token, the server's API key) from a file on the control
-    machine, named by ``setting`` in errors; never printed or logged. A file that
-    its group or others may read is refused: the secret is already out there."""
+    """The secret in file ``path`` (named by ``setting`` in errors). A file that its
+    group or others may read is refused: the secret is already out there."""
     if not path:
         return None
     try:

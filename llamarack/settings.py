@@ -32,10 +32,12 @@ from .roles.model.settings import ModelSettings
 from .roles.python_env.settings import PythonEnvSettings
 from .roles.server.settings import ServerSettings
 from .roles.toolchain.settings import ToolchainSettings
-from .settings_fields import Section, host_path, loopback_url, number_range, out_of_range, setting, shared_dir
+from .settings_fields import (SHARED_DIRS, Section, host_path, loopback_url, number_range, out_of_range, setting,
+                              under)
 
 # The roles deploy.py runs after preflight, in order (llamarack_roles picks some).
 ROLE_NAMES = ("driver", "toolchain", "python_env", "llamacpp", "converter_env", "model", "server", "gateway")
+
 
 def _role_name(value: str) -> Optional[str]:
     return None if value in ROLE_NAMES else "role names: " + ", ".join(ROLE_NAMES)
@@ -53,7 +55,7 @@ SHARED_PARENTS = ("/home", "/mnt", "/media", "/opt", "/root", "/snap", "/srv", "
 def _root(value: str) -> Optional[str]:
     if problem := host_path(value):
         return problem
-    tree = next((t for t in SYSTEM_TREES if value == t or value.startswith(t + "/")), None)
+    tree = under(value, SYSTEM_TREES)
     if tree or value in SHARED_PARENTS:
         return (f"a directory llamarack owns alone, e.g. /opt/llamarack (not {value}: "
                 + (f"the system runs or reads what is under {tree})" if tree else "the system's)"))
@@ -131,11 +133,9 @@ class Settings:
         return "gateways" in self.groups
 
 
-# Each section: its name on Settings and its class, the general one first, then the
-# roles' in the roles' order (preflight has no settings of its own).
-SECTIONS = {"general": GeneralSettings, "driver": DriverSettings, "toolchain": ToolchainSettings,
-            "python_env": PythonEnvSettings, "llamacpp": LlamacppSettings, "model": ModelSettings,
-            "server": ServerSettings, "gateway": GatewaySettings}  # fmt: skip
+# Each section: its name on Settings and its class, in the order of Settings' fields: the
+# general one first, then the roles' in the roles' order (preflight has no settings of its own).
+SECTIONS = {name: tp for name, tp in typing.get_type_hints(Settings).items() if name not in ("host", "groups")}
 ROLE_SETTINGS = tuple(SECTIONS.values())
 
 
@@ -299,7 +299,7 @@ def _shared_dir_problems(s: Settings) -> list[str]:
         return []
     problems = []
     for key, path in private_dirs(s):
-        shared = shared_dir(path)
+        shared = under(path, SHARED_DIRS)
         if shared:
             whose = "users' homes" if shared in ("/home", "/run/user") else "a directory every user can write to"
             problems.append(

@@ -81,7 +81,7 @@ def host_path(value: str) -> Optional[str]:
     """An absolute, normalized path on a host, spelled in characters that need
     no quoting in a shell, a unit file or a systemd specifier. Where it is a
     directory root runs or builds from, the loader also refuses one under a
-    directory other users can write to (``shared_dir``)."""
+    directory other users can write to (``SHARED_DIRS``)."""
     parts = value.split("/")
     if len(value) > PATH_MAX_CHARS or any(len(part) > NAME_MAX_CHARS for part in parts):
         return (f"an absolute path of at most {PATH_MAX_CHARS} characters, each name at most "
@@ -100,9 +100,9 @@ SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/shm", "/run/lock", "/var/lo
                "/var/crash", "/var/mail", "/var/spool/mail", "/home", "/run/user")  # fmt: skip
 
 
-def shared_dir(path: str) -> Optional[str]:
-    """The directory of ``SHARED_DIRS`` that ``path`` is (or is under), else None."""
-    return next((d for d in SHARED_DIRS if path == d or path.startswith(d + "/")), None)
+def under(path: str, dirs: tuple) -> Optional[str]:
+    """The directory of ``dirs`` that ``path`` is (or is under), else None."""
+    return next((d for d in dirs if path == d or path.startswith(d + "/")), None)
 
 
 def control_file(value: str) -> Optional[str]:

@@ -66,8 +66,7 @@ def _command_text(fact: FactBase, kwargs: dict, command: Optional[str] = None) -
 @dataclass(frozen=True)
 class Answer:
     """One section of a ``FactsTogether``: the command's exit status, and the fact's
-    value as its own ``process`` makes it (its default where there was no output),
-    or why it could not be processed."""
+    value (its default where there was no output), or why it could not be processed."""
 
     status: Optional[int]
     value: Any = None
@@ -80,12 +79,11 @@ class FactsTogether(FactBase[dict]):
     (a section each, marked by a random line no fact's output can predict), by
     position: ``{0: Answer(status=0, value=...), 1: Answer(status=1)}``.
 
-    Each fact's output goes to its own ``process`` (on the instance that made its
-    command: some facts keep their arguments there), exactly as pyinfra would.
-    A fact whose command is one run of a host module says which (``host_run(**kwargs)``
-    gives the module's name and arguments; its ``command`` is ``remote.command`` of
-    them): the script holds each module's source once, in a shell variable, and the
-    fact's section runs ``python3 -c "$variable" ARGS``. Read through ``read_together``.
+    Each fact's output goes to its own ``process`` on the instance that made its
+    command (some facts keep their arguments there). A fact whose command runs one
+    host module names it (``host_run(**kwargs)``: the module and its arguments): the
+    script holds each module's source once, in a shell variable, and the section
+    runs ``python3 -c "$variable" ARGS``.
     """
 
     def command(self, reads: tuple) -> str:
@@ -111,18 +109,18 @@ class FactsTogether(FactBase[dict]):
         return "\n".join(defined + sections)
 
     def process(self, output) -> dict:
-        sections: dict = {}
+        answers: dict = {}
         index, lines = None, []
         for line in output:
             if not line.startswith(self.marker + " "):
                 lines.append(line)
             elif line.startswith(self.marker + " rc "):
                 if index is not None:
-                    sections[index] = (int(line.rsplit(" ", 1)[1]), lines)
+                    answers[index] = self._answer(self.facts[index], int(line.rsplit(" ", 1)[1]), lines)
                 index, lines = None, []
             else:
                 index, lines = int(line.rsplit(" ", 1)[1]), []
-        return {i: self._answer(self.facts[i], status, lines) for i, (status, lines) in sections.items()}
+        return answers
 
     @staticmethod
     def _answer(fact: FactBase, status: int, lines: list) -> Answer:
@@ -177,12 +175,10 @@ def read(fact: type, **kwargs: Any) -> Any:
 def read_together(*reads: FactRead) -> None:
     """Read every fact of ``reads`` that the store does not hold yet, in one remote command.
 
-    A section whose command did not exit 0 (or whose output its fact could
-    not process) is not kept: when a role asks for that fact, ``read`` runs it
-    alone and pyinfra decides, as always, whether it fails the host. So a
-    fact that fails on this host (``systemctl`` where systemd is not running)
-    fails it where the role reads it, not in preflight. A command missing on
-    the host gives the fact's default, as pyinfra's ``requires_command`` does.
+    A section whose command did not exit 0 (or whose output its fact could not
+    process) is not kept: ``read`` runs that fact alone when a role asks for it, so
+    a fact that fails on this host (``systemctl`` where systemd is not running)
+    fails it where the role reads it, not in preflight.
     """
     store = _store()
     wanted = tuple(dict.fromkeys(r for r in reads if r not in store.values))
