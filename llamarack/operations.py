@@ -261,9 +261,8 @@ def conda_env(conda: str, env: str, specs: list, channels: list, marker: str):
     if read(File, path=marker):
         host.noop(f"conda env {env} already has {Path(marker).name}")
         return
-    channel_args = [arg for ch in channels for arg in ("-c", ch)]
-    yield StringCommand(remote.argv(conda, "create", "--yes", "--quiet", "--prefix", env,
-                                    "--override-channels", *channel_args, *specs))  # fmt: skip
+    yield StringCommand(remote.argv(conda, "create", "--yes", "--quiet", "--prefix", env, "--override-channels",
+                                    *(arg for ch in channels for arg in ("-c", ch)), *specs))  # fmt: skip
 
 
 def miniforge_env(python_env, conda_root: str, env: str, specs: list, channels: list, marker: str, name: str):

@@ -157,8 +157,7 @@ class SettingInfo:
 @functools.cache
 def all_settings() -> tuple[SettingInfo, ...]:
     """Every setting of every role, in declaration order. Made once per process: the roles'
-    type hints cannot change, and each host's settings are loaded from it (3 ms a host).
-    A number without a range is a mistake in its section, refused here."""
+    type hints cannot change, and each host's settings are loaded from it (3 ms a host)."""
     infos = []
     for role in ROLE_SETTINGS:
         hints = typing.get_type_hints(role)
@@ -327,8 +326,7 @@ def unknown_keys(keys, known) -> list[tuple[str, str]]:
 
 
 def _warn_unknown(host_name: str, keys, known) -> None:
-    """Warn once per host and key about data that looks like a setting but is none (it is
-    ignored): a key without a role prefix may be pyinfra's or the user's, so no error."""
+    """Warn once per host and key about data that looks like a setting but is none (it is ignored)."""
     for key, like in unknown_keys(keys, known):
         if (host_name, key) not in _WARNED:
             _WARNED.add((host_name, key))

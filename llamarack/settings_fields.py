@@ -35,8 +35,8 @@ def number_range(between: tuple, integer: bool) -> str:
 
 
 def out_of_range(value: Any, between: tuple, integer: bool) -> Optional[str]:
-    """None when ``value`` lies in ``between``; else what is allowed. NaN compares false
-    with everything, so it is refused as the infinities are."""
+    """None when ``value`` lies in ``between``, else what is allowed (NaN compares false
+    with everything, so it is refused as the infinities are)."""
     return None if between[0] <= value <= between[1] else number_range(between, integer)
 
 
