@@ -106,11 +106,6 @@ def _json(data: dict) -> StringIO:
     return StringIO(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
-def _fetcher(python: str, *args: str) -> str:
-    """A ``model_fetch`` command (seal, prune-cache) run by the host's ``python``, as root."""
-    return remote.command("model_fetch", *args, python=python)
-
-
 def _work(plan: ModelPlan) -> str:
     """The pipeline user's directory in the staging: the one place its steps write."""
     return f"{plan.staging}/work"
@@ -136,14 +131,6 @@ def _made(plan: ModelPlan) -> set:
     for a conversion the work directory's unquantized or quantized one."""
     work = _work(plan)
     return {f"{plan.staging}/model.gguf"} | ({_unquantized(plan), f"{work}/model.gguf"} if plan.converts else set())
-
-
-def _disk_refusal(plan: ModelPlan, free: int, need: int, cached: dict) -> str:
-    """Why the staging does not fit the disk, and what to do."""
-    return (f"{host.name}: model-disk: found {free} bytes free under {plan.models_dir}; "
-            f"needed {need} (checkpoint files not in the blob cache: {plan.to_download(cached)}, "
-            "unquantized GGUF, quantized GGUF and 1 GiB). "
-            "Fix: free space or move llamarack_root to a bigger disk")  # fmt: skip
 
 
 def _staging(plan: ModelPlan, user: str):
@@ -322,8 +309,8 @@ def _seal(plan: ModelPlan, python: str):
                              "--text-sha256", text_sha256(plan.quality_file, "model_quality_text_file"),
                              "--ctx", str(QUALITY_CTX), python=python)  # fmt: skip
     yield _record_shape(f"{s}/model.gguf", python)
-    yield _fetcher(python, "seal", "--stamp", f"{s}/stamp.plan.json", "--gguf", f"{s}/model.gguf",
-                   "--out", f"{s}/stamp.json")  # fmt: skip
+    yield remote.command("model_fetch", "seal", "--stamp", f"{s}/stamp.plan.json", "--gguf", f"{s}/model.gguf",
+                         "--out", f"{s}/stamp.json", python=python)  # fmt: skip
     # The token never outlives the run, whatever cut the fetch short.
     token_path = _token_path(plan)
     scratch = [f"{s}/manifest.json", f"{s}/stamp.plan.json", token_path, token_path + ".new"]
@@ -353,17 +340,8 @@ def _move_into_place(plan: ModelPlan, state, python: str):
         yield (f"chmod 755 {q(s)} && rm -rf {q(aside)} && mv -T {q(d)} {q(aside)} && "
                f"mv -T {q(s)} {q(d)} && rm -rf {q(aside)}")  # fmt: skip
     # The new artifact's record names its files: the cache keeps what some record names.
-    yield _fetcher(python, "prune-cache", "--cache", Layout(plan.root).blob_cache, "--models", plan.models_dir)
-
-
-def _point_link(current: str, name: str, linked: Optional[dict]):
-    """``current`` (``models/current`` or ``models/draft``) switched atomically to ``name``."""
-    q = shlex.quote
-    if not linked or linked.get("link_target") != name:
-        yield (f"ln -sfn {q(name)} {q(current + '.new')} && "
-               f"mv -T {q(current + '.new')} {q(current)}")  # fmt: skip
-    else:
-        host.noop(f"{current} already points at {name}")
+    yield remote.command("model_fetch", "prune-cache", "--cache", Layout(plan.root).blob_cache,
+                         "--models", plan.models_dir, python=python)
 
 
 @operation()
@@ -386,13 +364,8 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
     over (``quality-*.log``), the figures go into its record, and with ``plan.max_kld`` an
     artifact above the bound is refused: ``models/current`` is not switched to it.
 
-    Fetch, convert and quantize run as ``user``, each in a transient systemd
-    sandbox (``sandbox.py``); convert and quantize without the network. The
-    token goes to the host only when a fetch runs, as a mode-600 file of root's
-    under ``/run/llamarack``, and the fetch reads it on its standard input; its
-    name is removed before the fetch starts. Fetch, convert and quantize each
-    write a log in the staging directory (it becomes the artifact's), whose
-    path is printed.
+    Each step runs as ``user`` in its sandbox and writes a log in the staging directory (it
+    becomes the artifact's), whose path is printed; the token goes up as the module tells.
     """
     t = {**tools(plan.root), **(tool_paths or {})}
     d = plan.dir
@@ -425,7 +398,10 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
         cached = (read(CachedBlobs, cache=blobs, ids=plan.blob_ids) if plan.blob_ids else None) or {}
         need = plan.disk_needed(cached)
         if free is not None and free < need:
-            yield refusal(_disk_refusal(plan, free, need, cached))
+            yield refusal(f"{host.name}: model-disk: found {free} bytes free under {plan.models_dir}; "
+                          f"needed {need} (checkpoint files not in the blob cache: {plan.to_download(cached)}, "
+                          "unquantized GGUF, quantized GGUF and 1 GiB). "
+                          "Fix: free space or move llamarack_root to a bigger disk")  # fmt: skip
             return
         yield from _staging(plan, user)
         yield from _fetch(plan, t["python"], token_file, cached, fetched, user)
@@ -442,4 +418,9 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
             # the bound, on the figures just recorded: refused, the link stays where it is
             yield remote.command("model_quality", "check", "--stamp", f"{d}/stamp.json", "--max-kld",
                                  str(plan.max_kld), "--name", f"{host.name}: model {plan.name}", python=t["python"])
-    yield from _point_link(current, plan.name, linked)
+    # switched atomically
+    if (linked or {}).get("link_target") == plan.name:
+        host.noop(f"{current} already points at {plan.name}")
+    else:
+        new = shlex.quote(current + ".new")
+        yield f"ln -sfn {shlex.quote(plan.name)} {new} && mv -T {new} {shlex.quote(current)}"
