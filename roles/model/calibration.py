@@ -118,17 +118,14 @@ def served_config(settings: Settings, state: Optional[ArtifactState], shape: Opt
     asked = record.get("asked") if isinstance(record.get("asked"), dict) else {}
     if record.get("repo") != m.repo or m.revision not in (record.get("revision"), asked.get("revision")):
         return None
-    try:
-        if plan_from_record(settings, state) is not None:
-            return None
-    except ModelSourceError:
-        return None  # an unreadable calibration text: the model role names it
     from llamarack.model_shapes import CONFIG_KEYS
 
     try:
-        return counts_of({key: shape.get(k) for k, key in CONFIG_KEYS.items()})
-    except ValueError:
-        return None
+        if plan_from_record(settings, state) is None:
+            return counts_of({key: shape.get(k) for k, key in CONFIG_KEYS.items()})
+    except (ModelSourceError, ValueError):
+        pass  # an unreadable calibration text (the model role names it), or counts out of range
+    return None
 
 
 # Several hosts' preflights run at once (pyinfra's greenlets): one asks the hub, the others

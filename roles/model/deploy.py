@@ -91,23 +91,11 @@ def model(settings: Settings, tool_paths: Optional[dict] = None) -> ModelPlan:
         return plan
     # the AWQ and quality runs' GPU (the driver's devices, as the served unit's)
     devices = device_names(tuple(read(CharDevices)), cuda) if cuda and (plan.applies_awq or plan.measures) else ()
-    artifact(
-        # A URL may carry a signed query: name only its host.
-        name=f"Model {plan.name} ({settings.model.source}: "
-        f"{settings.model.repo or urlsplit(settings.model.url).hostname})",
-        plan=plan,
-        token_file=token_file,
-        tool_paths=tool_paths,
-        user=PIPELINE_USER,
-        devices=devices,
-    )
+    # As PIPELINE_USER, the operation's default. A URL may carry a signed query: name only its host.
+    artifact(name=f"Model {plan.name} ({settings.model.source}: "
+             f"{settings.model.repo or urlsplit(settings.model.url).hostname})",
+             plan=plan, token_file=token_file, tool_paths=tool_paths, devices=devices)  # fmt: skip
     if draft_plan:
-        artifact(
-            name=f"Draft model {draft_plan.name} ({draft.model.source}: {draft.model.repo})",
-            plan=draft_plan,
-            token_file=token_file,
-            tool_paths=tool_paths,
-            link="draft",
-            user=PIPELINE_USER,
-        )
+        artifact(name=f"Draft model {draft_plan.name} ({draft.model.source}: {draft.model.repo})",
+                 plan=draft_plan, token_file=token_file, tool_paths=tool_paths, link="draft")  # fmt: skip
     return plan
