@@ -6,16 +6,11 @@ the step runs again on the host before the model loads, with the tokenizer's cou
 calibration tokens: the backstop. Here nothing is fetched to the host and no tokenizer runs:
 
 - the checkpoint's counts (hidden and MLP width, heads, vocabulary) come from the GGUF the
-  host serves (``GgufShape``), when its artifact was made from the same checkpoint (same
-  repository and revision: the route, an AWQ field, the quant or the llama.cpp commit
-  changed) and is not the artifact wanted now;
-- else, for a checkpoint the host has not served, from its ``config.json`` on the hub
-  (``hub.repo_config``), read on the control machine by preflight's deploy (never by the
-  audit) where the model role asks the hub for the listing anyway: once per checkpoint for
-  the run, whatever the number of hosts, checked against the listing's blob id, and only
-  its integer counts taken, each checked for type and range. A hub that cannot answer, or
-  answers something else, leaves the rule unable to check (``HubCounts.problem``: preflight
-  warns, the step is the backstop; the model role then reports a hub it cannot list);
+  host serves, when made from the same checkpoint (``served_config``);
+- else from its ``config.json`` on the hub (``hub_counts``), once per checkpoint for the run,
+  checked against the listing's blob id, only its integer counts taken, each checked for type
+  and range. A hub that cannot answer leaves the rule unable to check (``HubCounts.problem``:
+  preflight warns, the step is the backstop; the model role then reports a hub it cannot list);
 - the calibration tokens are bounded from the text's bytes (``awq_apply.tokens_at_most``:
   at most one token per byte of each paragraph, plus the few a tokenizer adds, and never
   more than AutoAWQ's 128 x 512), so the figure is never below what the step counts;
