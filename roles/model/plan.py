@@ -40,18 +40,12 @@ from .hub import FULL_SHA, HubFile, HubListing, repo_path_problem
 
 
 @dataclass(frozen=True)
-class SourceFile:
-    """One file to fetch, with the hash the host checks it by."""
+class SourceFile(HubFile):
+    """One file to fetch (``path``: under the fetch directory), with the hash the host checks it by."""
 
-    path: str  # where it goes under the fetch directory
     size: Optional[int]
-    sha256: Optional[str]
     git_sha1: Optional[str] = None
     url: Optional[str] = None  # for source url; else the hub's resolve URL
-
-    @property
-    def content_id(self) -> str:
-        return f"sha256:{self.sha256}" if self.sha256 else f"git-sha1:{self.git_sha1}"
 
     def manifest_entry(self) -> dict:
         check = {"sha256": self.sha256} if self.sha256 else {"git_sha1": self.git_sha1}
