@@ -34,13 +34,10 @@ def listing_for(settings: Settings) -> Optional[HubListing]:
 
 
 def plan_for(settings: Settings, link: Optional[str] = None) -> ModelPlan:
-    """The artifact this host needs. When the one it serves (``link``: models/current,
-    or models/draft) was made from what the settings ask now (its record says so),
-    that is the plan, and the hub is not asked: a converged rack deploys with the hub down.
-    When it was made from the same settings but the llama.cpp commit, of a revision
-    pinned by its full sha, the new artifact is planned from its record (its files, with
-    content ids and sizes), and the hub is not asked either. Otherwise the hub lists the
-    revision."""
+    """The artifact this host needs: from the record of the one it serves (``link``:
+    models/current, or models/draft) when that one is still wanted (``plan_from_record``) or
+    was made from a pinned revision but another llama.cpp commit (``plan_from_pinned_record``);
+    otherwise from the hub's listing of the revision."""
     served = read(ModelArtifact, path=link or settings.layout.current_model)
     return (plan_from_record(settings, served) or plan_from_pinned_record(settings, served)
             or plan_model(settings, listing_for(settings)))  # fmt: skip

@@ -13,14 +13,10 @@ checkpoint's own Python). They write only the staging's ``work/`` directory
 stays root's (mode 710, the user's group may enter it) and holds what root
 writes: the fetch's manifest and every step's log, opened by root's shell
 and handed to the step. Root never opens a path in ``work/`` for writing:
-once the steps are done it takes ``work/`` over (refused when it holds
-anything but files and directories; then owned by root, nothing writable by
-others, no set-id bit), moves the GGUF into the staging and removes the rest,
-and only then records its shape, seals it and moves it into place. The hub
-token never lies where the pipeline user can write: it goes to
-``/run/llamarack/`` (mode 600, root's), and the fetch reads it on its
-standard input from a file root opened, whose name is removed before the
-fetch starts.
+once the steps are done it takes ``work/`` over (``_take_over``), and only
+then records the GGUF's shape, seals it and moves it into place. The hub
+token never lies where the pipeline user can write (``_fetch``): it goes to
+``/run/llamarack/`` (mode 600, root's), read on the fetch's standard input.
 
 Downloads go through the host's blob cache (``<root>/cache/blobs``, keyed by
 the hub's content hashes): a file the cache holds is hardlinked, not fetched
@@ -34,6 +30,7 @@ from __future__ import annotations
 import json
 import shlex
 from io import StringIO
+from pathlib import Path
 from typing import Optional
 
 from pyinfra import host, logger
@@ -147,15 +144,13 @@ def _staging(plan: ModelPlan, user: str):
     yield (f"install -d -m 755 {q(Layout(plan.root).cache)} && install -d -m 700 -o {q(user)} -g {group} {q(blobs)} "
            f"&& find {q(blobs)} -mindepth 1 -maxdepth 1 -type d ! -user {q(user)} "
            f"-exec chown -h -- {q(user + ':')} {{}} +")  # fmt: skip
-    yield from private_upload(_json(plan.manifest()), f"{s}/manifest.json")
-    yield f"chmod 644 {q(s + '/manifest.json')}"
-    # the texts the AWQ step calibrates on and the quality runs measure on: root's, read by the steps
-    for local, name in ((plan.calibration_file, "calibration.txt"), (plan.quality_file if plan.measures else None,
-                                                                      "quality.txt")):  # fmt: skip
-        if local:
-            with open(local) as f:
-                yield from private_upload(StringIO(f.read()), f"{s}/{name}")
-            yield f"chmod 644 {q(f'{s}/{name}')}"
+    # and the texts the AWQ step calibrates on and the quality runs measure on: root's, read by the steps
+    texts = {"calibration.txt": plan.calibration_file, "quality.txt": plan.quality_file if plan.measures else None}
+    uploads = [("manifest.json", _json(plan.manifest()))]
+    uploads += [(name, StringIO(Path(local).read_text())) for name, local in texts.items() if local]
+    for name, text in uploads:
+        yield from private_upload(text, f"{s}/{name}")
+        yield f"chmod 644 {q(f'{s}/{name}')}"
 
 
 def _fetch(plan: ModelPlan, python: str, token_file: Optional[str], cached: dict, fetched: bool, user: str):
@@ -350,7 +345,7 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
     """
     Make the plan's GGUF artifact on the host unless it is already there, sealed and whole.
 
-    + plan: the ``ModelPlan`` (llamarack.model_plan.plan_model)
+    + plan: the ``ModelPlan`` (``plan.plan_model``)
     + token_file: file on the control machine holding the hub token, or None
     + tool_paths: override ``tools(plan.root)`` (python, convert_python, convert_script, quantize)
     + link: the link under ``models/`` that ends up pointing at it: ``current`` (the served

@@ -287,16 +287,11 @@ def _record_files(record: dict) -> tuple[SourceFile, ...]:
 
 
 def plan_from_record(settings: Settings, state) -> Optional[ModelPlan]:
-    """The plan of the artifact a host already serves, from its own record, when
-    that record says it was made from what the settings ask now; else None.
-
-    ``state``: the ``ModelArtifact`` fact of ``models/current``. This is what
-    lets a converged rack deploy with the hub unreachable: nothing to fetch,
-    so nothing to ask the hub. An artifact that must be made again (its GGUF
-    truncated, or edited after its seal) is not planned here (the audit reads
-    a plan from here as "the served artifact is the wanted one"): see
-    ``plan_from_pinned_record``.
-    """
+    """The plan of the artifact a host already serves (``state``: its ``ModelArtifact``), from
+    its own record, when that record says it was made from what the settings ask now; else
+    None. A converged rack so deploys with the hub unreachable. An artifact that must be made
+    again (its GGUF truncated, or edited after its seal) is not planned here: the audit reads
+    a plan from here as "the served artifact is the wanted one"."""
     if state is None or not state.record or not state.untouched:
         return None
     record = state.record
@@ -329,19 +324,15 @@ def plan_from_pinned_record(settings: Settings, state) -> Optional[ModelPlan]:
     """The plan of the artifact the settings ask for, made from the files the served
     artifact's record names, without asking the hub; else None.
 
-    When ``model_revision`` is a full 40-hex commit sha, the hub's listing of it never
-    changes, so a record made from that same commit of the same repository with the
-    same ``model_hf_include`` names exactly the files a listing would select, with
-    their content ids and sizes. When the settings ask what the record says apart from
-    the llama.cpp commit (a bump, or the same artifact made again because its GGUF was
-    truncated or edited), the new artifact is planned from the record, and its fetch is
-    satisfied from the host's blob cache (checked by content id and size) or, for a
-    blob the cache lost, downloaded from the pinned commit and verified. Another quant
-    or outtype is a new model setting: the hub is asked, as for any.
+    A full 40-hex ``model_revision`` lists the same files forever, so a record made from that
+    commit with the same ``model_hf_include`` names what a listing would select, with content
+    ids and sizes. When the settings ask what the record says but the llama.cpp commit (a bump,
+    or the same artifact made again: its GGUF truncated or edited), the new artifact is planned
+    from the record; its fetch takes the blob cache's copies or downloads them from the commit.
 
-    None (the hub is asked) for a revision given shorter than 40 hex digits, a source
-    other than hf (a prequantized file's artifact does not change with llama.cpp), and
-    a record made before records carried the files' sizes (a git-sha1 check needs them).
+    None (the hub is asked) for another quant or outtype, a revision given shorter, a source
+    other than hf (a prequantized file's artifact does not change with llama.cpp), and a record
+    made before records carried the files' sizes (a git-sha1 check needs them).
     """
     m = settings.model
     if m.source != "hf" or state is None or not state.record or not FULL_SHA.fullmatch(m.revision or ""):
