@@ -135,12 +135,10 @@ def _asking():
 
 
 def hub_counts(settings: Settings, state: Optional[ArtifactState], shape: Optional[dict]) -> Optional[HubCounts]:
-    """The counts of the checkpoint route awq is about to calibrate, from its ``config.json``
-    on the hub, where the rule needs them and the model role asks the hub anyway: calibration
-    on the cards comes (the wanted artifact is not served: ``plan_from_record``), the served
-    GGUF does not give them (``served_config``), and the served record does not plan the
-    artifact without the hub (``plan_from_pinned_record``). Else None, and nothing is asked.
-    Preflight's deploy calls this (before any operation); the audit never asks the hub."""
+    """The counts of the checkpoint route awq is about to calibrate, from its ``config.json`` on
+    the hub, where neither the served GGUF nor the served record gives them and the model role
+    asks the hub anyway; else None, and nothing is asked. Preflight's deploy calls this (before
+    any operation); the audit never asks the hub."""
     if not calibrates(settings) or served_config(settings, state, shape) is not None:
         return None
     m = settings.model

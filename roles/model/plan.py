@@ -359,8 +359,6 @@ def plan_model(settings: Settings, listing: Optional[HubListing] = None) -> Mode
     if m.source == "url":
         # The file lands as model.gguf directly; its size is learnt from the server.
         files: tuple[SourceFile, ...] = (SourceFile("model.gguf", None, m.sha256, url=m.url),)
-    elif listing is None:
-        raise ModelSourceError(f"model_source={m.source!r} needs the hub listing of {m.repo}")
     elif m.source == "gguf":
         f = next((f for f in listing.files if f.path == m.file), None)
         if f is None:

@@ -47,8 +47,6 @@ from llamarack.settings_fields import host_path
 PIPELINE_USER = "llamarack-model"
 PIPELINE_HOME = "/nonexistent"
 
-SYSTEMD_RUN = ("systemd-run", "--quiet", "--wait", "--pipe", "--collect")
-
 # Every step, as the served unit (roles/server/templates/llama-server.service.j2).
 CONFINED = (
     ("NoNewPrivileges", "yes"), ("CapabilityBoundingSet", ""), ("RestrictSUIDSGID", "yes"),
@@ -105,8 +103,8 @@ def command(step: str, words: Iterable[str], user: str, workdir: str, props: Seq
     ``props`` with the environment ``env``; it exits with the command's status."""
     if not _USER.fullmatch(user) or user == "root":
         raise SandboxValueError(f"systemd-run --uid={user!r}: an unprivileged system user's name")
-    options = [*SYSTEMD_RUN, f"--uid={user}", f"--description=llamarack model {step}",
-               _checked("--working-directory", workdir, path=True)]  # fmt: skip
+    options = ["systemd-run", "--quiet", "--wait", "--pipe", "--collect", f"--uid={user}",
+               f"--description=llamarack model {step}", _checked("--working-directory", workdir, path=True)]
     options += [word for key, value in props for word in ("-p", _checked(key, value, key.endswith("Paths")))]
     options += [_checked("--setenv=" + key, value, path=False) for key, value in env]
     # systemd makes $$ of a unit's command line $ again and expands nothing
