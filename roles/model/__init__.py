@@ -15,23 +15,14 @@ LAN mirror for a big rack). Pushing one control-machine download through
 every host's SSH link would serialize the rack behind one link; every host
 fetching in parallel from a mirror does not.
 
-The hub is asked on the control machine (``requests``), for sizes and
-content hashes, only when the artifact a host serves is not already the one
-its settings ask for (its own record says so), and not even then when the
-record was made from the same settings but the llama.cpp commit, of a
-revision pinned by its full 40-hex sha (a llama.cpp bump): a commit's
-listing never changes, so the record's files (content ids and sizes) plan
-the new artifact. A revision given shorter is listed again. Route awq on a
-CUDA build also reads the checkpoint's ``config.json`` there, in preflight,
-with the listing (``calibration.py``: the card's memory). Hosts need only
-python3's standard library.
+The hub is asked on the control machine (``requests``), for sizes and content hashes, only
+when the served artifact is not the one the settings ask for, nor planned from its record
+(``deploy.plan_for``); route awq on a CUDA build also reads the checkpoint's ``config.json``
+there, in preflight (``calibration.py``). Hosts need only python3's standard library.
 
-A draft model for speculative decoding (``model_draft_repo``) is made the
-same way, by the same code (``settings.draft_settings`` here: the
-model's settings with the draft's repository, revision, file and quant), into
-its own content-addressed directory with its own stamp, and
+A draft model for speculative decoding (``model_draft_repo``) is made by the same code
+(``settings.draft_settings``) into its own content-addressed directory, and
 ``<root>/models/draft`` points at it.
 
-Returns the plan (``plan.gguf`` is the served file; ``<root>/models/current``
-points at its directory).
+Returns the plan (``<root>/models/current`` points at its directory).
 """

@@ -30,26 +30,24 @@ def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
 def items(seen: Seen) -> dict[str, Item]:
     settings, fact, current = seen.settings, seen.fact, seen.settings.layout.current_model
     served = fact(ModelArtifact, path=current)
-    asked = (served.record or {}).get("asked", {}) if served else {}
-    matches = served is not None and plan_from_record(settings, served) is not None
+    record = (served.record or {}) if served else {}
+    asked, bound = record.get("asked", {}), settings.model.quality_max_kld
     found = {"stamp": served.stamp if served else None, "repo": asked.get("repo"), "revision": asked.get("revision"),
              "quant": asked.get("quant"), "untouched": bool(served and served.untouched),
              # the GGUF's shape as this llamarack's header reader records it (a new reader reads it again)
-             "shape_recorded": bool(served and fact(File, path=f"{current}/{shape_record_name()}"))}
+             "shape_recorded": bool(served and fact(File, path=f"{current}/{shape_record_name()}")),
+             # the route it was made by, and its quality (a record made before either names neither)
+             "route": record.get("route", "gguf") if served else None,
+             "quality": quality_summary(record.get("quality"))}
     wanted = {"repo": settings.model.repo, "revision": settings.model.revision, "quant": settings.model.quant,
-              "untouched": True, "shape_recorded": True}
-    # the route it was made by, and its quality (a record made before either names neither)
-    record = (served.record or {}) if served else {}
-    found.update(route=record.get("route", "gguf") if served else None, quality=quality_summary(record.get("quality")))
-    bound = settings.model.quality_max_kld
-    wanted.update(route=settings.model.route, quality=f"mean KLD at most {bound}" if bound is not None else None)
-    refused = kld_problem(record.get("quality"), bound, "model")
-    sha_ok = True
+              "untouched": True, "shape_recorded": True, "route": settings.model.route,
+              "quality": f"mean KLD at most {bound}" if bound is not None else None}
     if seen.verify:
-        sealed = (((served.record or {}) if served else {}).get("gguf") or {}).get("sha256")
         found["sha256"] = fact(Sha256File, path=f"{current}/model.gguf")
-        wanted["sha256"] = sealed
-        sha_ok = bool(sealed) and found["sha256"] == sealed
-    drift = not matches or not served.untouched or not sha_ok or not found["shape_recorded"] or bool(refused)
+        wanted["sha256"] = (record.get("gguf") or {}).get("sha256")
+    # plan_from_record plans only an untouched artifact
+    drift = plan_from_record(settings, served) is None or not found["shape_recorded"] or \
+        bool(kld_problem(record.get("quality"), bound, "model")) or \
+        (seen.verify and not (wanted["sha256"] and found["sha256"] == wanted["sha256"]))  # fmt: skip
     pipeline = account_item(fact(SystemUser, user=PIPELINE_USER), fact(SystemGroup, group=PIPELINE_USER), PIPELINE_HOME)
     return {"pipeline_user": pipeline, "model": Item(found, wanted, drift=drift)}

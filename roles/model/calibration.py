@@ -6,16 +6,11 @@ the step runs again on the host before the model loads, with the tokenizer's cou
 calibration tokens: the backstop. Here nothing is fetched to the host and no tokenizer runs:
 
 - the checkpoint's counts (hidden and MLP width, heads, vocabulary) come from the GGUF the
-  host serves (``GgufShape``), when its artifact was made from the same checkpoint (same
-  repository and revision: the route, an AWQ field, the quant or the llama.cpp commit
-  changed) and is not the artifact wanted now;
-- else, for a checkpoint the host has not served, from its ``config.json`` on the hub
-  (``hub.repo_config``), read on the control machine by preflight's deploy (never by the
-  audit) where the model role asks the hub for the listing anyway: once per checkpoint for
-  the run, whatever the number of hosts, checked against the listing's blob id, and only
-  its integer counts taken, each checked for type and range. A hub that cannot answer, or
-  answers something else, leaves the rule unable to check (``HubCounts.problem``: preflight
-  warns, the step is the backstop; the model role then reports a hub it cannot list);
+  host serves, when made from the same checkpoint (``served_config``);
+- else from its ``config.json`` on the hub (``hub_counts``), once per checkpoint for the run,
+  checked against the listing's blob id, only its integer counts taken, each checked for type
+  and range. A hub that cannot answer leaves the rule unable to check (``HubCounts.problem``:
+  preflight warns, the step is the backstop; the model role then reports a hub it cannot list);
 - the calibration tokens are bounded from the text's bytes (``awq_apply.tokens_at_most``:
   at most one token per byte of each paragraph, plus the few a tokenizer adds, and never
   more than AutoAWQ's 128 x 512), so the figure is never below what the step counts;
@@ -118,17 +113,14 @@ def served_config(settings: Settings, state: Optional[ArtifactState], shape: Opt
     asked = record.get("asked") if isinstance(record.get("asked"), dict) else {}
     if record.get("repo") != m.repo or m.revision not in (record.get("revision"), asked.get("revision")):
         return None
-    try:
-        if plan_from_record(settings, state) is not None:
-            return None
-    except ModelSourceError:
-        return None  # an unreadable calibration text: the model role names it
     from llamarack.model_shapes import CONFIG_KEYS
 
     try:
-        return counts_of({key: shape.get(k) for k, key in CONFIG_KEYS.items()})
-    except ValueError:
-        return None
+        if plan_from_record(settings, state) is None:
+            return counts_of({key: shape.get(k) for k, key in CONFIG_KEYS.items()})
+    except (ModelSourceError, ValueError):
+        pass  # an unreadable calibration text (the model role names it), or counts out of range
+    return None
 
 
 # Several hosts' preflights run at once (pyinfra's greenlets): one asks the hub, the others
@@ -143,12 +135,10 @@ def _asking():
 
 
 def hub_counts(settings: Settings, state: Optional[ArtifactState], shape: Optional[dict]) -> Optional[HubCounts]:
-    """The counts of the checkpoint route awq is about to calibrate, from its ``config.json``
-    on the hub, where the rule needs them and the model role asks the hub anyway: calibration
-    on the cards comes (the wanted artifact is not served: ``plan_from_record``), the served
-    GGUF does not give them (``served_config``), and the served record does not plan the
-    artifact without the hub (``plan_from_pinned_record``). Else None, and nothing is asked.
-    Preflight's deploy calls this (before any operation); the audit never asks the hub."""
+    """The counts of the checkpoint route awq is about to calibrate, from its ``config.json`` on
+    the hub, where neither the served GGUF nor the served record gives them and the model role
+    asks the hub anyway; else None, and nothing is asked. Preflight's deploy calls this (before
+    any operation); the audit never asks the hub."""
     if not calibrates(settings) or served_config(settings, state, shape) is not None:
         return None
     m = settings.model

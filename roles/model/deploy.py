@@ -34,13 +34,10 @@ def listing_for(settings: Settings) -> Optional[HubListing]:
 
 
 def plan_for(settings: Settings, link: Optional[str] = None) -> ModelPlan:
-    """The artifact this host needs. When the one it serves (``link``: models/current,
-    or models/draft) was made from what the settings ask now (its record says so),
-    that is the plan, and the hub is not asked: a converged rack deploys with the hub down.
-    When it was made from the same settings but the llama.cpp commit, of a revision
-    pinned by its full sha, the new artifact is planned from its record (its files, with
-    content ids and sizes), and the hub is not asked either. Otherwise the hub lists the
-    revision."""
+    """The artifact this host needs: from the record of the one it serves (``link``:
+    models/current, or models/draft) when that one is still wanted (``plan_from_record``) or
+    was made from a pinned revision but another llama.cpp commit (``plan_from_pinned_record``);
+    otherwise from the hub's listing of the revision."""
     served = read(ModelArtifact, path=link or settings.layout.current_model)
     return (plan_from_record(settings, served) or plan_from_pinned_record(settings, served)
             or plan_model(settings, listing_for(settings)))  # fmt: skip
@@ -91,23 +88,11 @@ def model(settings: Settings, tool_paths: Optional[dict] = None) -> ModelPlan:
         return plan
     # the AWQ and quality runs' GPU (the driver's devices, as the served unit's)
     devices = device_names(tuple(read(CharDevices)), cuda) if cuda and (plan.applies_awq or plan.measures) else ()
-    artifact(
-        # A URL may carry a signed query: name only its host.
-        name=f"Model {plan.name} ({settings.model.source}: "
-        f"{settings.model.repo or urlsplit(settings.model.url).hostname})",
-        plan=plan,
-        token_file=token_file,
-        tool_paths=tool_paths,
-        user=PIPELINE_USER,
-        devices=devices,
-    )
+    # As PIPELINE_USER, the operation's default. A URL may carry a signed query: name only its host.
+    artifact(name=f"Model {plan.name} ({settings.model.source}: "
+             f"{settings.model.repo or urlsplit(settings.model.url).hostname})",
+             plan=plan, token_file=token_file, tool_paths=tool_paths, devices=devices)  # fmt: skip
     if draft_plan:
-        artifact(
-            name=f"Draft model {draft_plan.name} ({draft.model.source}: {draft.model.repo})",
-            plan=draft_plan,
-            token_file=token_file,
-            tool_paths=tool_paths,
-            link="draft",
-            user=PIPELINE_USER,
-        )
+        artifact(name=f"Draft model {draft_plan.name} ({draft.model.source}: {draft.model.repo})",
+                 plan=draft_plan, token_file=token_file, tool_paths=tool_paths, link="draft")  # fmt: skip
     return plan

@@ -13,15 +13,10 @@ tokenizer_config.json) only with their git blob id, which is itself a hash
 of the content, so the host checks those by blob id instead of fetching them
 here to hash (see ``roles/model/files/model_fetch.py``).
 
-One file is read here: the checkpoint's ``config.json``, for preflight's
-``awq-card-memory`` rule (``roles/model/calibration.py``), once per (endpoint,
-repo, revision) as the listing is, from the same resolve URL the hosts fetch
-from (huggingface_hub's ``hf_hub_download``):
+One file is read here (``repo_config``): the checkpoint's ``config.json``, for preflight's
+``awq-card-memory`` rule (``calibration.py``), from the resolve URL the hosts fetch from:
 
     GET {endpoint}/{repo}/resolve/{revision}/config.json
-
-at most ``CONFIG_MAX_BYTES``, checked against the listing's blob id, parsed as
-JSON; what goes wrong is the answer (``HubConfig.problem``), never raised.
 """
 
 from __future__ import annotations
@@ -31,6 +26,7 @@ import hashlib
 import json
 import re
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Optional
 from urllib.parse import quote
@@ -113,9 +109,9 @@ class HubConfig:
 @functools.lru_cache(maxsize=32)
 def repo_config(endpoint: str, repo: str, revision: str, token: Optional[str] = None,
                 git_sha1: Optional[str] = None, timeout: float = 30.0) -> HubConfig:  # fmt: skip
-    """``config.json`` of ``repo`` at ``revision``, read once for the run (a problem too):
-    at most ``CONFIG_MAX_BYTES`` within ``timeout`` seconds, the same bytes as the listing's
-    blob id ``git_sha1`` where it is given, and a JSON object."""
+    """``config.json`` of ``repo`` at ``revision``, read once for the run (a problem too, never
+    raised): at most ``CONFIG_MAX_BYTES`` within ``timeout`` seconds, the same bytes as the
+    listing's blob id ``git_sha1`` where it is given, and a JSON object."""
     where = f"{repo}@{revision}: config.json"
     url = f"{endpoint.rstrip('/')}/{repo}/resolve/{quote(revision, safe='')}/config.json"
     try:
@@ -197,9 +193,8 @@ def listing_of(info: Any, repo: str, revision: str, endpoint: str) -> HubListing
     if not isinstance(siblings, list):
         raise ModelSourceError(f"{where} answered siblings {_shown(siblings)}: not a list of files")
     files = tuple(_hub_file(s, where) for s in siblings)
-    paths = [f.path for f in files]
-    if len(set(paths)) != len(paths):
-        twice = sorted({p for p in paths if paths.count(p) > 1})
+    twice = sorted(path for path, n in Counter(f.path for f in files).items() if n > 1)
+    if twice:
         raise ModelSourceError(f"{where} lists {_shown(twice[0])} more than once")
     return HubListing(repo, sha, files)
 

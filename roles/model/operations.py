@@ -13,14 +13,10 @@ checkpoint's own Python). They write only the staging's ``work/`` directory
 stays root's (mode 710, the user's group may enter it) and holds what root
 writes: the fetch's manifest and every step's log, opened by root's shell
 and handed to the step. Root never opens a path in ``work/`` for writing:
-once the steps are done it takes ``work/`` over (refused when it holds
-anything but files and directories; then owned by root, nothing writable by
-others, no set-id bit), moves the GGUF into the staging and removes the rest,
-and only then records its shape, seals it and moves it into place. The hub
-token never lies where the pipeline user can write: it goes to
-``/run/llamarack/`` (mode 600, root's), and the fetch reads it on its
-standard input from a file root opened, whose name is removed before the
-fetch starts.
+once the steps are done it takes ``work/`` over (``_take_over``), and only
+then records the GGUF's shape, seals it and moves it into place. The hub
+token never lies where the pipeline user can write (``_fetch``): it goes to
+``/run/llamarack/`` (mode 600, root's), read on the fetch's standard input.
 
 Downloads go through the host's blob cache (``<root>/cache/blobs``, keyed by
 the hub's content hashes): a file the cache holds is hardlinked, not fetched
@@ -34,6 +30,7 @@ from __future__ import annotations
 import json
 import shlex
 from io import StringIO
+from pathlib import Path
 from typing import Optional
 
 from pyinfra import host, logger
@@ -106,11 +103,6 @@ def _json(data: dict) -> StringIO:
     return StringIO(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
-def _fetcher(python: str, *args: str) -> str:
-    """A ``model_fetch`` command (seal, prune-cache) run by the host's ``python``, as root."""
-    return remote.command("model_fetch", *args, python=python)
-
-
 def _work(plan: ModelPlan) -> str:
     """The pipeline user's directory in the staging: the one place its steps write."""
     return f"{plan.staging}/work"
@@ -138,14 +130,6 @@ def _made(plan: ModelPlan) -> set:
     return {f"{plan.staging}/model.gguf"} | ({_unquantized(plan), f"{work}/model.gguf"} if plan.converts else set())
 
 
-def _disk_refusal(plan: ModelPlan, free: int, need: int, cached: dict) -> str:
-    """Why the staging does not fit the disk, and what to do."""
-    return (f"{host.name}: model-disk: found {free} bytes free under {plan.models_dir}; "
-            f"needed {need} (checkpoint files not in the blob cache: {plan.to_download(cached)}, "
-            "unquantized GGUF, quantized GGUF and 1 GiB). "
-            "Fix: free space or move llamarack_root to a bigger disk")  # fmt: skip
-
-
 def _staging(plan: ModelPlan, user: str):
     """The staging (root's; the pipeline user's group may enter it), its work directory and the
     blob cache (the pipeline user's), and the fetch's manifest."""
@@ -160,15 +144,13 @@ def _staging(plan: ModelPlan, user: str):
     yield (f"install -d -m 755 {q(Layout(plan.root).cache)} && install -d -m 700 -o {q(user)} -g {group} {q(blobs)} "
            f"&& find {q(blobs)} -mindepth 1 -maxdepth 1 -type d ! -user {q(user)} "
            f"-exec chown -h -- {q(user + ':')} {{}} +")  # fmt: skip
-    yield from private_upload(_json(plan.manifest()), f"{s}/manifest.json")
-    yield f"chmod 644 {q(s + '/manifest.json')}"
-    # the texts the AWQ step calibrates on and the quality runs measure on: root's, read by the steps
-    for local, name in ((plan.calibration_file, "calibration.txt"), (plan.quality_file if plan.measures else None,
-                                                                      "quality.txt")):  # fmt: skip
-        if local:
-            with open(local) as f:
-                yield from private_upload(StringIO(f.read()), f"{s}/{name}")
-            yield f"chmod 644 {q(f'{s}/{name}')}"
+    # and the texts the AWQ step calibrates on and the quality runs measure on: root's, read by the steps
+    texts = {"calibration.txt": plan.calibration_file, "quality.txt": plan.quality_file if plan.measures else None}
+    uploads = [("manifest.json", _json(plan.manifest()))]
+    uploads += [(name, StringIO(Path(local).read_text())) for name, local in texts.items() if local]
+    for name, text in uploads:
+        yield from private_upload(text, f"{s}/{name}")
+        yield f"chmod 644 {q(f'{s}/{name}')}"
 
 
 def _fetch(plan: ModelPlan, python: str, token_file: Optional[str], cached: dict, fetched: bool, user: str):
@@ -322,8 +304,8 @@ def _seal(plan: ModelPlan, python: str):
                              "--text-sha256", text_sha256(plan.quality_file, "model_quality_text_file"),
                              "--ctx", str(QUALITY_CTX), python=python)  # fmt: skip
     yield _record_shape(f"{s}/model.gguf", python)
-    yield _fetcher(python, "seal", "--stamp", f"{s}/stamp.plan.json", "--gguf", f"{s}/model.gguf",
-                   "--out", f"{s}/stamp.json")  # fmt: skip
+    yield remote.command("model_fetch", "seal", "--stamp", f"{s}/stamp.plan.json", "--gguf", f"{s}/model.gguf",
+                         "--out", f"{s}/stamp.json", python=python)  # fmt: skip
     # The token never outlives the run, whatever cut the fetch short.
     token_path = _token_path(plan)
     scratch = [f"{s}/manifest.json", f"{s}/stamp.plan.json", token_path, token_path + ".new"]
@@ -353,17 +335,8 @@ def _move_into_place(plan: ModelPlan, state, python: str):
         yield (f"chmod 755 {q(s)} && rm -rf {q(aside)} && mv -T {q(d)} {q(aside)} && "
                f"mv -T {q(s)} {q(d)} && rm -rf {q(aside)}")  # fmt: skip
     # The new artifact's record names its files: the cache keeps what some record names.
-    yield _fetcher(python, "prune-cache", "--cache", Layout(plan.root).blob_cache, "--models", plan.models_dir)
-
-
-def _point_link(current: str, name: str, linked: Optional[dict]):
-    """``current`` (``models/current`` or ``models/draft``) switched atomically to ``name``."""
-    q = shlex.quote
-    if not linked or linked.get("link_target") != name:
-        yield (f"ln -sfn {q(name)} {q(current + '.new')} && "
-               f"mv -T {q(current + '.new')} {q(current)}")  # fmt: skip
-    else:
-        host.noop(f"{current} already points at {name}")
+    yield remote.command("model_fetch", "prune-cache", "--cache", Layout(plan.root).blob_cache,
+                         "--models", plan.models_dir, python=python)
 
 
 @operation()
@@ -372,7 +345,7 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
     """
     Make the plan's GGUF artifact on the host unless it is already there, sealed and whole.
 
-    + plan: the ``ModelPlan`` (llamarack.model_plan.plan_model)
+    + plan: the ``ModelPlan`` (``plan.plan_model``)
     + token_file: file on the control machine holding the hub token, or None
     + tool_paths: override ``tools(plan.root)`` (python, convert_python, convert_script, quantize)
     + link: the link under ``models/`` that ends up pointing at it: ``current`` (the served
@@ -386,13 +359,8 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
     over (``quality-*.log``), the figures go into its record, and with ``plan.max_kld`` an
     artifact above the bound is refused: ``models/current`` is not switched to it.
 
-    Fetch, convert and quantize run as ``user``, each in a transient systemd
-    sandbox (``sandbox.py``); convert and quantize without the network. The
-    token goes to the host only when a fetch runs, as a mode-600 file of root's
-    under ``/run/llamarack``, and the fetch reads it on its standard input; its
-    name is removed before the fetch starts. Fetch, convert and quantize each
-    write a log in the staging directory (it becomes the artifact's), whose
-    path is printed.
+    Each step runs as ``user`` in its sandbox and writes a log in the staging directory (it
+    becomes the artifact's), whose path is printed; the token goes up as the module tells.
     """
     t = {**tools(plan.root), **(tool_paths or {})}
     d = plan.dir
@@ -425,7 +393,10 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
         cached = (read(CachedBlobs, cache=blobs, ids=plan.blob_ids) if plan.blob_ids else None) or {}
         need = plan.disk_needed(cached)
         if free is not None and free < need:
-            yield refusal(_disk_refusal(plan, free, need, cached))
+            yield refusal(f"{host.name}: model-disk: found {free} bytes free under {plan.models_dir}; "
+                          f"needed {need} (checkpoint files not in the blob cache: {plan.to_download(cached)}, "
+                          "unquantized GGUF, quantized GGUF and 1 GiB). "
+                          "Fix: free space or move llamarack_root to a bigger disk")  # fmt: skip
             return
         yield from _staging(plan, user)
         yield from _fetch(plan, t["python"], token_file, cached, fetched, user)
@@ -442,4 +413,9 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
             # the bound, on the figures just recorded: refused, the link stays where it is
             yield remote.command("model_quality", "check", "--stamp", f"{d}/stamp.json", "--max-kld",
                                  str(plan.max_kld), "--name", f"{host.name}: model {plan.name}", python=t["python"])
-    yield from _point_link(current, plan.name, linked)
+    # switched atomically
+    if (linked or {}).get("link_target") == plan.name:
+        host.noop(f"{current} already points at {plan.name}")
+    else:
+        new = shlex.quote(current + ".new")
+        yield f"ln -sfn {shlex.quote(plan.name)} {new} && mv -T {new} {shlex.quote(current)}"

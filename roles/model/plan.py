@@ -22,7 +22,6 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -33,34 +32,24 @@ from llamarack.errors import ModelSourceError
 from llamarack.layout import Layout
 from llamarack.settings import Settings
 
-from .files.model_fetch import url_shown
+# A URL as an artifact's record keeps it (stamp.json is readable by all): without the user and
+# password, the query and the fragment (a signed URL's signature), which only the manifest carries.
+from .files.model_fetch import url_shown as recorded_url
 from .files.model_quality import KV_TYPES
-from .hub import HubFile, HubListing, repo_path_problem
+from .hub import FULL_SHA, HubFile, HubListing, repo_path_problem
 
 
 @dataclass(frozen=True)
-class SourceFile:
-    """One file to fetch, with the hash the host checks it by."""
+class SourceFile(HubFile):
+    """One file to fetch (``path``: under the fetch directory), with the hash the host checks it by."""
 
-    path: str  # where it goes under the fetch directory
     size: Optional[int]
-    sha256: Optional[str]
     git_sha1: Optional[str] = None
     url: Optional[str] = None  # for source url; else the hub's resolve URL
 
-    @property
-    def content_id(self) -> str:
-        return f"sha256:{self.sha256}" if self.sha256 else f"git-sha1:{self.git_sha1}"
-
     def manifest_entry(self) -> dict:
-        entry: dict = {"path": self.path, "size": self.size}
-        if self.sha256:
-            entry["sha256"] = self.sha256
-        else:
-            entry["git_sha1"] = self.git_sha1
-        if self.url:
-            entry["url"] = self.url
-        return entry
+        check = {"sha256": self.sha256} if self.sha256 else {"git_sha1": self.git_sha1}
+        return {"path": self.path, "size": self.size, **check, **({"url": self.url} if self.url else {})}
 
 
 @dataclass(frozen=True)
@@ -102,10 +91,6 @@ class ModelPlan:
     @property
     def dir(self) -> str:
         return f"{self.models_dir}/{self.name}"
-
-    @property
-    def gguf(self) -> str:
-        return f"{self.dir}/model.gguf"
 
     @property
     def staging(self) -> str:
@@ -170,20 +155,12 @@ class ModelPlan:
 
     def manifest(self) -> dict:
         """What ``model_fetch.py fetch`` reads (no secret in it)."""
-        return {
-            "endpoint": self.endpoint,
-            "repo": self.repo,
-            "revision": self.revision,
-            "files": [f.manifest_entry() for f in self.files],
-        }
+        return {"endpoint": self.endpoint, "repo": self.repo, "revision": self.revision,
+                "files": [f.manifest_entry() for f in self.files]}
 
     def record(self) -> dict:
         """The stamp file's inputs part (``seal`` adds the GGUF's size and sha256)."""
-        record = {
-            "stamp": self.stamp,
-            "source": self.source,
-            "files": {f.path: f.content_id for f in self.files},
-        }
+        record = {"stamp": self.stamp, "source": self.source, "files": {f.path: f.content_id for f in self.files}}
         # The sizes the listing gave: with them, a later plan from this record can fetch
         # (a git-sha1 check needs the size) and count the disk without the hub.
         sizes = {f.path: f.size for f in self.files if f.size is not None}
@@ -201,13 +178,6 @@ class ModelPlan:
         # artifact is the one they still ask for (plan_from_record).
         record["asked"] = dict(self.asked)
         return record
-
-
-def recorded_url(url: str) -> str:
-    """``url`` as an artifact's record keeps it (``stamp.json`` is readable by all): without
-    the user and password before the host, the query and the fragment (a signed URL's
-    signature), which only the fetch's manifest carries."""
-    return url_shown(url)
 
 
 def artifact_stamp(source: str, files, quant: str, outtype: str, llamacpp_commit: str, awq: tuple = ()) -> str:
@@ -317,16 +287,11 @@ def _record_files(record: dict) -> tuple[SourceFile, ...]:
 
 
 def plan_from_record(settings: Settings, state) -> Optional[ModelPlan]:
-    """The plan of the artifact a host already serves, from its own record, when
-    that record says it was made from what the settings ask now; else None.
-
-    ``state``: the ``ModelArtifact`` fact of ``models/current``. This is what
-    lets a converged rack deploy with the hub unreachable: nothing to fetch,
-    so nothing to ask the hub. An artifact that must be made again (its GGUF
-    truncated, or edited after its seal) is not planned here (the audit reads
-    a plan from here as "the served artifact is the wanted one"): see
-    ``plan_from_pinned_record``.
-    """
+    """The plan of the artifact a host already serves (``state``: its ``ModelArtifact``), from
+    its own record, when that record says it was made from what the settings ask now; else
+    None. A converged rack so deploys with the hub unreachable. An artifact that must be made
+    again (its GGUF truncated, or edited after its seal) is not planned here: the audit reads
+    a plan from here as "the served artifact is the wanted one"."""
     if state is None or not state.record or not state.untouched:
         return None
     record = state.record
@@ -336,26 +301,18 @@ def plan_from_record(settings: Settings, state) -> Optional[ModelPlan]:
         made_from["url"] = recorded_url(made_from["url"])
     if tuple(sorted(made_from.items())) != asked:
         return None
+    return _plan(settings, stamp=record["stamp"], files=_record_files(record), repo=record.get("repo"),
+                 revision=record.get("revision"), outtype=record.get("outtype", settings.model.convert_outtype),
+                 asked=asked, **pipeline_options(settings))  # fmt: skip
+
+
+def _plan(settings: Settings, **fields) -> ModelPlan:
+    """A plan of the settings' model, with the ``fields`` its source or record gives."""
     m = settings.model
-    return ModelPlan(
-        root=settings.general.root,
-        source=m.source,
-        stamp=record["stamp"],
-        files=_record_files(record),
-        endpoint=m.hf_endpoint if m.source != "url" else None,
-        repo=record.get("repo"),
-        revision=record.get("revision"),
-        quant=m.quant,
-        outtype=record.get("outtype", m.convert_outtype),
-        llamacpp_commit=settings.llamacpp.commit,
-        keep_intermediates=m.keep_intermediates,
-        retries=m.fetch_retries,
-        asked=asked,
-        **pipeline_options(settings),
-    )
+    return ModelPlan(root=settings.general.root, source=m.source, endpoint=m.hf_endpoint if m.source != "url" else None,
+                     quant=m.quant, llamacpp_commit=settings.llamacpp.commit, keep_intermediates=m.keep_intermediates,
+                     retries=m.fetch_retries, **fields)  # fmt: skip
 
-
-FULL_SHA = re.compile(r"[0-9a-f]{40}")
 
 # What a record's asked inputs may differ in from the settings' and still plan the new
 # artifact from its files: the llama.cpp commit (a bump), and the revision as given (the
@@ -367,19 +324,15 @@ def plan_from_pinned_record(settings: Settings, state) -> Optional[ModelPlan]:
     """The plan of the artifact the settings ask for, made from the files the served
     artifact's record names, without asking the hub; else None.
 
-    When ``model_revision`` is a full 40-hex commit sha, the hub's listing of it never
-    changes, so a record made from that same commit of the same repository with the
-    same ``model_hf_include`` names exactly the files a listing would select, with
-    their content ids and sizes. When the settings ask what the record says apart from
-    the llama.cpp commit (a bump, or the same artifact made again because its GGUF was
-    truncated or edited), the new artifact is planned from the record, and its fetch is
-    satisfied from the host's blob cache (checked by content id and size) or, for a
-    blob the cache lost, downloaded from the pinned commit and verified. Another quant
-    or outtype is a new model setting: the hub is asked, as for any.
+    A full 40-hex ``model_revision`` lists the same files forever, so a record made from that
+    commit with the same ``model_hf_include`` names what a listing would select, with content
+    ids and sizes. When the settings ask what the record says but the llama.cpp commit (a bump,
+    or the same artifact made again: its GGUF truncated or edited), the new artifact is planned
+    from the record; its fetch takes the blob cache's copies or downloads them from the commit.
 
-    None (the hub is asked) for a revision given shorter than 40 hex digits, a source
-    other than hf (a prequantized file's artifact does not change with llama.cpp), and
-    a record made before records carried the files' sizes (a git-sha1 check needs them).
+    None (the hub is asked) for another quant or outtype, a revision given shorter, a source
+    other than hf (a prequantized file's artifact does not change with llama.cpp), and a record
+    made before records carried the files' sizes (a git-sha1 check needs them).
     """
     m = settings.model
     if m.source != "hf" or state is None or not state.record or not FULL_SHA.fullmatch(m.revision or ""):
@@ -406,13 +359,10 @@ def plan_model(settings: Settings, listing: Optional[HubListing] = None) -> Mode
     if m.source == "url":
         # The file lands as model.gguf directly; its size is learnt from the server.
         files: tuple[SourceFile, ...] = (SourceFile("model.gguf", None, m.sha256, url=m.url),)
-    elif listing is None:
-        raise ModelSourceError(f"model_source={m.source!r} needs the hub listing of {m.repo}")
     elif m.source == "gguf":
-        match = [f for f in listing.files if f.path == m.file]
-        if not match:
+        f = next((f for f in listing.files if f.path == m.file), None)
+        if f is None:
             raise ModelSourceError(f"{m.repo}@{listing.sha} has no file {m.file!r}")
-        f = match[0]
         if not f.sha256:
             raise ModelSourceError(f"{m.repo}/{m.file}: the hub gives no sha256 (not an LFS file)")
         # Fetched under the name model.gguf, so it gets its own resolve URL.
@@ -423,23 +373,9 @@ def plan_model(settings: Settings, listing: Optional[HubListing] = None) -> Mode
 
     options = pipeline_options(settings)
     stamp = artifact_stamp(m.source, files, m.quant, m.convert_outtype, settings.llamacpp.commit, options["awq"])
-    return ModelPlan(
-        root=settings.general.root,
-        source=m.source,
-        stamp=stamp,
-        files=files,
-        endpoint=m.hf_endpoint if m.source != "url" else None,
-        repo=m.repo if m.source != "url" else None,
-        revision=listing.sha if listing else None,
-        quant=m.quant,
-        outtype=m.quant.lower() if m.quant in ("F16", "BF16") else m.convert_outtype,
-        llamacpp_commit=settings.llamacpp.commit,
-        keep_intermediates=m.keep_intermediates,
-        retries=m.fetch_retries,
-        asked=asked_inputs(settings),
-        **options,
-    )
-
+    return _plan(settings, stamp=stamp, files=files, repo=m.repo if m.source != "url" else None,
+                 revision=listing.sha if listing else None, asked=asked_inputs(settings),
+                 outtype=m.quant.lower() if m.quant in ("F16", "BF16") else m.convert_outtype, **options)  # fmt: skip
 
 
 def quality_summary(quality) -> Optional[str]:

@@ -12,9 +12,11 @@ from typing import Optional
 
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
+from pyinfra.facts.files import Link
 
 from llamarack import remote
 from llamarack.roles.model.files.model_fetch import BLOB_MTIME_NS
+from llamarack.facts import FactRead
 from llamarack.facts.value import FactValue
 
 
@@ -55,11 +57,8 @@ class ModelArtifact(FactBase[Optional[ArtifactState]]):
 
     def command(self, path: str) -> str:
         d, gguf, stamp = (shlex.quote(p) for p in (path, f"{path}/model.gguf", f"{path}/stamp.json"))
-        return (
-            f"if [ -f {gguf} ] && [ -f {stamp} ]; then "
-            f"stat -c 'size %s %.9Y %i' {gguf}; cat {stamp}; "
-            f"elif [ -e {d} ]; then echo unsealed; fi"
-        )
+        return (f"if [ -f {gguf} ] && [ -f {stamp} ]; then stat -c 'size %s %.9Y %i' {gguf}; cat {stamp}; "
+                f"elif [ -e {d} ]; then echo unsealed; fi")
 
     def process(self, output) -> Optional[ArtifactState]:
         if not output:
@@ -178,10 +177,6 @@ class CachedBlobs(FactBase[dict]):
 
 def reads(settings) -> tuple:
     """What the model role reads on a converged host: its part of preflight's one read."""
-    from pyinfra.facts.files import Link
-
-    from llamarack.facts import FactRead
-
     if not settings.general.runs("model"):
         return ()
     layout = settings.layout

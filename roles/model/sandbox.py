@@ -17,13 +17,9 @@ failed, ``--quiet`` keeps systemd-run's own lines out of the log; all four
 are in bookworm's systemd 252. When the command ends, systemd stops every
 process it left behind (the unit's cgroup).
 
-Every step: no privilege (``NoNewPrivileges``, an empty bounding set,
-``RestrictSUIDSGID``), a read-only system (``ProtectSystem=strict``) where only
-the paths the step names are writable, no ``/home``/``/root``, a private
-``/tmp``, ``/var/tmp``, ``/dev`` and ``/dev/shm`` (all gone with the unit), its
-own IPC namespace, the kernel's tunables, modules, logs and clock out of
-reach, ``@system-service`` minus ``@privileged``. Convert and quantize also
-run with no network (``PrivateNetwork``, ``IPAddressDeny=any``, and
+Every step runs confined as the served unit is (``CONFINED``): no privilege, a read-only
+system where only the paths the step names are writable, private ``/tmp`` and ``/dev``.
+Convert and quantize also run with no network (``PrivateNetwork``, ``IPAddressDeny=any``, and
 ``RestrictAddressFamilies=AF_UNIX``, which holds where a container's systemd
 cannot make a network namespace) and with the hub libraries offline
 (``HF_HUB_OFFLINE=1``); they write only the work directory, and read the
@@ -50,8 +46,6 @@ from llamarack.settings_fields import host_path
 # The pipeline's account: made by the model role, owns only what its steps write.
 PIPELINE_USER = "llamarack-model"
 PIPELINE_HOME = "/nonexistent"
-
-SYSTEMD_RUN = ("systemd-run", "--quiet", "--wait", "--pipe", "--collect")
 
 # Every step, as the served unit (roles/server/templates/llama-server.service.j2).
 CONFINED = (
@@ -89,12 +83,6 @@ def _checked(key: str, value: str, path: bool) -> str:
     return f"{key}={value}"
 
 
-def unexpanded(word: str) -> str:
-    """``word`` as a transient unit's command line must hold it: systemd makes ``$$`` of it
-    ``$`` again and expands nothing."""
-    return word.replace("$", "$$")
-
-
 def properties(writable: Sequence[str], readonly: Sequence[str] = (), network: bool = False,
                devices: Sequence[str] = ()) -> tuple:
     """The unit properties of a step that may write ``writable`` and reads ``readonly`` (read-only
@@ -115,13 +103,12 @@ def command(step: str, words: Iterable[str], user: str, workdir: str, props: Seq
     ``props`` with the environment ``env``; it exits with the command's status."""
     if not _USER.fullmatch(user) or user == "root":
         raise SandboxValueError(f"systemd-run --uid={user!r}: an unprivileged system user's name")
-    options = [*SYSTEMD_RUN, f"--uid={user}", f"--description=llamarack model {step}",
-               _checked("--working-directory", workdir, path=True)]  # fmt: skip
-    for key, value in props:
-        path = key.endswith("Paths")
-        options += ["-p", _checked(key, value, path)]
+    options = ["systemd-run", "--quiet", "--wait", "--pipe", "--collect", f"--uid={user}",
+               f"--description=llamarack model {step}", _checked("--working-directory", workdir, path=True)]
+    options += [word for key, value in props for word in ("-p", _checked(key, value, key.endswith("Paths")))]
     options += [_checked("--setenv=" + key, value, path=False) for key, value in env]
-    return remote.argv(*options, "--", *(unexpanded(w) for w in words))
+    # systemd makes $$ of a unit's command line $ again and expands nothing
+    return remote.argv(*options, "--", *(w.replace("$", "$$") for w in words))
 
 
 def fetch(words: Iterable[str], user: str, root: str, workdir: str) -> str:

@@ -53,9 +53,8 @@ class ModelSettings(Section):
 
     prefix = "model"
 
-    source: Literal["hf", "gguf", "url"] = setting(
-        "hf", "hf (convert a checkpoint), gguf (a prequantized file from a hub) or url"
-    )
+    source: Literal["hf", "gguf", "url"] = setting("hf", "hf (convert a checkpoint), gguf (a prequantized file "
+                                                   "from a hub) or url")
     repo: Optional[str] = setting(None, "hub repository id, e.g. Qwen/Qwen2.5-7B-Instruct", _hub_repo)
     revision: Optional[str] = setting(
         None, "hub commit sha the repository is pinned to; given in full (40 hex digits), a llama.cpp "
@@ -66,25 +65,17 @@ class ModelSettings(Section):
     sha256: Optional[str] = setting(None, "sha256 of the file at url (source url)", sha256_hex)
     hf_endpoint: str = setting("https://huggingface.co", "Hugging Face endpoint or mirror", remote_url)
     hf_token_file: Optional[str] = setting(
-        None,
-        "file on the control machine holding the hub token (never printed; mode 600 or 400)",
-        control_file,
-    )
+        None, "file on the control machine holding the hub token (never printed; mode 600 or 400)", control_file)
     quant: str = setting("Q4_K_M", "llama-quantize type", choices=QUANT_TYPES)
-    hf_include: tuple[str, ...] = setting(
-        ("*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt"),
-        "repository files fetched for source hf (shell patterns on their paths)",
-        _repo_pattern,
-    )
-    convert_outtype: Literal["f16", "bf16", "f32"] = setting(
-        "f16", "GGUF type convert_hf_to_gguf.py writes before llama-quantize"
-    )
-    keep_intermediates: bool = setting(
-        False, "keep the downloaded checkpoint and the unquantized GGUF after quantizing"
-    )
-    fetch_retries: int = setting(
-        5, "times a dropped download is resumed (HTTP Range) before the run fails", between=(1, 100)
-    )
+    hf_include: tuple[str, ...] = setting(("*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt"),
+                                          "repository files fetched for source hf (shell patterns on their paths)",
+                                          _repo_pattern)
+    convert_outtype: Literal["f16", "bf16", "f32"] = setting("f16", "GGUF type convert_hf_to_gguf.py writes before "
+                                                             "llama-quantize")
+    keep_intermediates: bool = setting(False, "keep the downloaded checkpoint and the unquantized GGUF after "
+                                       "quantizing")
+    fetch_retries: int = setting(5, "times a dropped download is resumed (HTTP Range) before the run fails",
+                                 between=(1, 100))
     # -- the quantization route, and AutoAWQ's quant_config for route awq --
     route: Literal["gguf", "awq"] = setting(
         "gguf", "gguf (convert_hf_to_gguf.py, then llama-quantize) or awq (AutoAWQ's scales applied into the "
@@ -117,25 +108,19 @@ class ModelSettings(Section):
     keep_f16: bool = setting(False, "keep the f16 GGUF the quality is measured against, beside the artifact")
     # -- the draft model (speculative decoding): fetched, converted and quantized as the model is --
     draft_repo: Optional[str] = setting(
-        None,
-        "hub repository of a draft model for speculative decoding (it must share the model's "
-        "vocabulary, e.g. a 0.5B of the same family); None: no draft",
-        _hub_repo,
-    )
+        None, "hub repository of a draft model for speculative decoding (it must share the model's "
+        "vocabulary, e.g. a 0.5B of the same family); None: no draft", _hub_repo)
     draft_revision: Optional[str] = setting(None, "hub commit sha the draft repository is pinned to", git_revision)
-    draft_source: Literal["hf", "gguf"] = setting(
-        "hf", "hf (convert the draft's checkpoint) or gguf (a prequantized file of draft_repo)"
-    )
+    draft_source: Literal["hf", "gguf"] = setting("hf", "hf (convert the draft's checkpoint) or gguf (a "
+                                                  "prequantized file of draft_repo)")
     draft_file: Optional[str] = setting(None, "file name in the draft repository (draft source gguf)", _repo_file)
     draft_quant: str = setting("Q8_0", "llama-quantize type of the draft (draft source hf)", choices=QUANT_TYPES)
 
     def problems(self) -> list[str]:
         problems = []
         if self.source in ("hf", "gguf") and self.repo and not self.revision:
-            problems.append(
-                f"model_revision: given None; allowed: a commit sha of {self.repo} "
-                "(a branch can move under you)"
-            )
+            problems.append(f"model_revision: given None; allowed: a commit sha of {self.repo} "
+                            "(a branch can move under you)")
         if self.source == "gguf" and self.repo and not self.file:
             problems.append("model_file: given None; allowed: the GGUF file name in model_repo")
         if self.source == "url" and not (self.url and self.sha256):
@@ -150,10 +135,8 @@ class ModelSettings(Section):
             problems.append(f"model_quality_max_kld: given {self.quality_max_kld}; allowed: None unless "
                             "model_quality is True and model_source is 'hf' (nothing else is measured)")
         if self.draft_repo and not self.draft_revision:
-            problems.append(
-                f"model_draft_revision: given None; allowed: a commit sha of {self.draft_repo} "
-                "(a branch can move under you)"
-            )
+            problems.append(f"model_draft_revision: given None; allowed: a commit sha of {self.draft_repo} "
+                            "(a branch can move under you)")
         if self.draft_repo and self.draft_source == "gguf" and not self.draft_file:
             problems.append("model_draft_file: given None; allowed: the draft GGUF's file name in model_draft_repo")
         return problems
