@@ -87,29 +87,23 @@ def choose_layout(shape: dict, knobs: Knobs, cards, layout: str = "auto", draft:
         unit = Unit(tuple(range(min(len(cards), 1))), plan_split(shape, knobs, cards[:1], draft))
         why = "no card: served from the CPU" if not cards else "server_gpu_layers 0: one unit, served from the CPU"
         return Layout(layout, "cpu", (unit,), tuple(range(1, len(cards))), why, cards)
-    if layout != "per_card":
-        check_split_mode(split_mode, knobs.cache_type_k, knobs.cache_type_v)
     if layout == "per_card":
         units = tuple(Unit((i,), _alone(shape, knobs, cards, i, draft)) for i in range(len(cards)))
         why = "; ".join(f"card {u.cards[0]}: {u.plan.note}" for u in units if u.plan.note != units[0].plan.note
                         or u is units[0])  # fmt: skip
         return Layout(layout, "per_card", units, (), f"per_card (asked): each card planned alone; {why}"
                       + (f"; {len(units)} units" if len(units) > 1 else ""), cards)  # fmt: skip
+    check_split_mode(split_mode, knobs.cache_type_k, knobs.cache_type_v)
     need = _need(shape, knobs)
     order = sorted(range(len(cards)), key=lambda i: -cards[i].mib)
-    units, left = [], order
-    while left:
-        take = _fewest(shape, knobs, [cards[i] for i in left], draft, split_mode, need, 2 if layout == "split" else 1)
-        if take is None:
-            break
-        group = tuple(left[:take])
-        units.append(Unit(group, plan_split(shape, knobs, [cards[i] for i in group], draft, split_mode)))
+    groups, left, at_least = [], order, 2 if layout == "split" else 1
+    while left and (take := _fewest(shape, knobs, [cards[i] for i in left], draft, split_mode, need, at_least)):
+        groups.append(tuple(left[:take]))
         left = left[take:]
-    if not units:  # nothing holds every layer: one unit over every card, the most layers it can
-        group = tuple(order)
-        units = [Unit(group, plan_split(shape, knobs, [cards[i] for i in group], draft, split_mode))]
-        left = []
-    return _explained(shape, knobs, cards, layout, tuple(units), tuple(sorted(left)), need, draft)
+    if not groups:  # nothing holds every layer: one unit over every card, the most layers it can
+        groups, left = [tuple(order)], []
+    units = tuple(Unit(g, plan_split(shape, knobs, [cards[i] for i in g], draft, split_mode)) for g in groups)
+    return _explained(shape, knobs, cards, layout, units, tuple(sorted(left)), need, draft)
 
 
 def _alone(shape: dict, knobs: Knobs, cards: tuple, i: int, draft: Optional[dict]) -> SplitPlan:
@@ -210,10 +204,8 @@ def rival_layout(shape: dict, knobs: Knobs, cards, chosen: Layout, draft: Option
         split = choose_layout(shape, knobs, cards, "split", draft, split_mode)
     except PlanError:
         return None
-    n_all = shape["n_layer"] + 1
-    if split.chosen != "split" or any(u.plan.gpu_layers < n_all for u in split.units):
-        return None
-    if _least_context(split) <= _least_context(chosen):
+    if (split.chosen != "split" or any(u.plan.gpu_layers < shape["n_layer"] + 1 for u in split.units)
+            or _least_context(split) <= _least_context(chosen)):
         return None
     return _explained(shape, knobs, cards, "auto", split.units, split.free, _need(shape, knobs), draft)
 

@@ -467,10 +467,10 @@ def plan(shape: dict, knobs: Knobs, card_mib: Optional[int], draft: Optional[dic
     cap, rope = checked_context_cap(shape, knobs)
     wanted, n_all = knobs.ctx_size, shape["n_layer"] + 1
     if card_mib is None or knobs.gpu_layers == 0:
-        k, v = kv_candidates(knobs)[0]
-        return Plan(wanted or cap, knobs.parallel, k, v, None if card_mib is None else 0, rope,
-                    ledger(shape, knobs, card_mib, 0, k, v, wanted or cap, draft),
-                    f"ctx {wanted or cap}{_slots(knobs)}, {k}/{v} KV (CPU; trained {shape['n_ctx_train']})")  # fmt: skip
+        (k, v), ctx = kv_candidates(knobs)[0], wanted or cap
+        return Plan(ctx, knobs.parallel, k, v, None if card_mib is None else 0, rope,
+                    ledger(shape, knobs, card_mib, 0, k, v, ctx, draft),
+                    f"ctx {ctx}{_slots(knobs)}, {k}/{v} KV (CPU; trained {shape['n_ctx_train']})")  # fmt: skip
 
     largest, k, v, layers, fits, floor, why = choose(knobs, cap, n_all,
                                                      partial(largest_context, shape, knobs, card_mib, draft=draft),

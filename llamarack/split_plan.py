@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 from itertools import accumulate
 from typing import Optional
 
-from llamarack.planner import (CTX_STEP, MIB, N_UBATCH, UNQUANTIZED_KV_TYPES, Knobs, Ledger, Plan, PlanError, _slots,
+from llamarack.planner import (CTX_STEP, MIB, N_UBATCH, UNQUANTIZED_KV_TYPES, Knobs, Plan, PlanError, _slots,
                                check_shapes, checked_context_cap, choose, compute_bytes, draft_layers, kv_layer_bytes,
                                kv_sizes, largest_where, model_bytes, plan, prefill_pool_bytes, sliding_count,
                                sliding_layers)  # fmt: skip
@@ -126,10 +126,6 @@ class SplitLedger:
         """The model's weights on all the cards together (the unit's residency check)."""
         return sum(c.weights for c in self.cards)
 
-    @property
-    def total_on_cards(self) -> int:
-        return sum(c.total for c in self.cards)
-
     def fits(self) -> bool:
         return all(c.fits() for c in self.cards)
 
@@ -137,7 +133,7 @@ class SplitLedger:
         return {**{k: v for k, v in asdict(self).items() if k != "cards"},
                 "cards": [c.as_dict() for c in self.cards], "tensor_split": list(self.tensor_split),
                 "main_gpu": self.main_gpu, "weights_on_card": self.weights_on_card,
-                "total_on_cards": self.total_on_cards}  # fmt: skip
+                "total_on_cards": sum(c.total for c in self.cards)}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -286,31 +282,23 @@ class Over:
         )  # fmt: skip
 
 
-def single_card_ledger(book: Ledger, card: Optional[Card]) -> SplitLedger:
-    """The one-card planner's ledger as a unit's ledger: one card (none for CPU serving)."""
-    layers = book.gpu_layers or 0
+def _one_card(shape: dict, knobs: Knobs, card: Optional[Card], draft: Optional[dict]) -> SplitPlan:
+    """``planner.plan`` for one card (None: CPU serving), as it is, its ledger as a unit's."""
+    p = plan(shape, knobs, None, draft) if card is None else plan(shape, card_knobs(knobs, card), card.mib, draft)
+    book, layers = p.ledger, p.ledger.gpu_layers or 0
     cards = () if card is None else (CardLedger(
         card.name, card.mib, book.n_layer + 1 - layers, layers, layers >= 1, book.weights_on_card, book.kv_on_card,
         book.compute_on_card, 0, book.prefill_pool, book.reserve,
         book.draft_weights_on_card + book.draft_kv_on_card + book.draft_compute_on_card + book.draft_prefill_pool),)
-    return SplitLedger(cards, book.ctx_per_slot, book.parallel, book.cache_type_k, book.cache_type_v, layers,
-                       book.n_layer, book.weights_on_host, book.kv_on_host, book.kv_bytes_per_token, False,
-                       book.draft_gpu_layers, book.draft_weights_on_host + book.draft_kv_on_host)  # fmt: skip
+    split = SplitLedger(cards, book.ctx_per_slot, book.parallel, book.cache_type_k, book.cache_type_v, layers,
+                        book.n_layer, book.weights_on_host, book.kv_on_host, book.kv_bytes_per_token, False,
+                        book.draft_gpu_layers, book.draft_weights_on_host + book.draft_kv_on_host)  # fmt: skip
+    return SplitPlan(**{**vars(p), "ledger": split}, single=p)
 
 
 def card_knobs(knobs: Knobs, card: Card) -> Knobs:
     """The one-card planner's knobs for this card: its own compute capability, itself alone."""
     return dataclasses.replace(knobs, compute_cap=card.compute_cap, cards=1)
-
-
-def _one_card(shape: dict, knobs: Knobs, card: Optional[Card], draft: Optional[dict]) -> SplitPlan:
-    """``planner.plan`` for one card (None: CPU serving), as it is."""
-    if card is None:
-        p = plan(shape, knobs, None, draft)
-    else:
-        p = plan(shape, card_knobs(knobs, card), card.mib, draft)
-    return SplitPlan(p.ctx_per_slot, p.parallel, p.cache_type_k, p.cache_type_v, p.gpu_layers, p.rope,
-                     single_card_ledger(p.ledger, card), p.note, p.largest, single=p)  # fmt: skip
 
 
 def check_split_mode(split_mode: str, k: str, v: str) -> None:
