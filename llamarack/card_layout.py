@@ -24,7 +24,7 @@ between them by the host's llama-bench figures (the server role's bench record).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
 from llamarack.gpu_table import planning_memory_mib
@@ -69,7 +69,7 @@ class Layout:
     def as_dict(self) -> dict:
         return {"asked": self.asked, "chosen": self.chosen, "reason": self.reason, "free": list(self.free),
                 "contested": self.contested or None,
-                "cards": [{"name": c.name, "mib": c.mib, "compute_cap": c.compute_cap, "id": c.id} for c in self.cards],
+                "cards": [asdict(c) for c in self.cards],
                 "units": [u.as_dict(self.cards) for u in self.units]}  # fmt: skip
 
 
@@ -181,9 +181,8 @@ def _explained(shape: dict, knobs: Knobs, cards: tuple, layout: str, units: tupl
 
 
 def _over(unit: Unit) -> str:
-    if len(unit.cards) == 1:
-        return f"card {unit.cards[0]} alone"
-    return f"split over {len(unit.cards)} cards ({', '.join(map(str, unit.cards))})"
+    n = len(unit.cards)
+    return f"card {unit.cards[0]} alone" if n == 1 else f"split over {n} cards ({', '.join(map(str, unit.cards))})"
 
 
 def rival_layout(shape: dict, knobs: Knobs, cards, chosen: Layout, draft: Optional[dict] = None,

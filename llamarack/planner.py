@@ -429,9 +429,7 @@ def kv_candidates(knobs: Knobs) -> list:
     """(K, V) pairs to try, best first. ``auto`` on both sides steps them down
     together; a quantized V needs flash attention, so without it V stays f16."""
     ks = AUTO_KV_TYPES if knobs.cache_type_k == "auto" else (knobs.cache_type_k,)
-    vs = AUTO_KV_TYPES if knobs.cache_type_v == "auto" else (knobs.cache_type_v,)
-    if not knobs.flash_attn and knobs.cache_type_v == "auto":
-        vs = ("f16",)
+    vs = (AUTO_KV_TYPES if knobs.flash_attn else ("f16",)) if knobs.cache_type_v == "auto" else (knobs.cache_type_v,)
     if len(ks) > 1 and len(vs) > 1:
         return list(zip(ks, vs))
     return [(k, v) for k in ks for v in vs]

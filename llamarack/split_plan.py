@@ -228,17 +228,14 @@ class Over:
         pipelined = self.split_mode == "layer" and len(self.cards) > 1 and gpu_layers == shape["n_layer"] + 1
         inputs = N_UBATCH * ((ctx + swa_per_slot) * (2 if knobs.flash_attn else 4) + 4 * (shape.get("n_embd") or 0) + 4)
         copies = (PIPELINE_COPIES - 1) * inputs if pipelined else 0
-        out, on_host = [], 0
-        for i, card in enumerate(self.cards):
-            draft = 0
-            if i == 0 and self.draft is not None:
-                d = model_bytes(self.draft, dataclasses.replace(knobs, compute_cap=card.compute_cap), True,
-                                draft_layers(knobs, self.draft), k, v, ctx)  # fmt: skip
-                draft = d["weights_on_card"] + d["kv_on_card"] + d["compute_on_card"] + d["prefill_pool"]
-                on_host = d["weights_on_host"] + d["kv_on_host"]
-            out.append((compute + copies, copies, prefill_pool_bytes(shape, card.compute_cap), knobs.reserve_mib * MIB,
-                        draft))  # fmt: skip
-        return out, on_host
+        draft = on_host = 0
+        if self.draft is not None:  # all on the first card
+            d = model_bytes(self.draft, card_knobs(knobs, self.cards[0]), True, draft_layers(knobs, self.draft), k, v,
+                            ctx)  # fmt: skip
+            draft = d["weights_on_card"] + d["kv_on_card"] + d["compute_on_card"] + d["prefill_pool"]
+            on_host = d["weights_on_host"] + d["kv_on_host"]
+        return [(compute + copies, copies, prefill_pool_bytes(shape, card.compute_cap), knobs.reserve_mib * MIB,
+                 0 if i else draft) for i, card in enumerate(self.cards)], on_host  # fmt: skip
 
     def _budgets(self, fixed: list) -> list:
         return [card.mib * MIB - sum(f) for card, f in zip(self.cards, fixed)]
@@ -271,14 +268,13 @@ class Over:
                                     stack.run(at, at + take, 0, 0), stack.kv(at, at + take, swa, full), compute,
                                     copies, pool, reserve, draft))  # fmt: skip
             at += take
-        host_layers = stack.run(0, first, 0, 0)
         dense_on_cards = (n - min(first, n)) - sliding_count(shape, min(first, n), n)
         return SplitLedger(
             tuple(books), ctx, self.knobs.parallel, k, v, gpu_layers, n,
-            weights_on_host=host_layers + shape["token_embd_bytes"], kv_on_host=stack.kv(0, first, swa, full),
-            kv_bytes_per_token=dense_on_cards * kv_layer_bytes(shape, k, v), pipelined=fixed[0][1] > 0,
+            weights_on_host=stack.run(0, first, 0, 0) + shape["token_embd_bytes"],
+            kv_on_host=stack.kv(0, first, swa, full), kv_bytes_per_token=dense_on_cards * kv_layer_bytes(shape, k, v),
+            pipelined=fixed[0][1] > 0, draft_on_host=draft_on_host,
             draft_gpu_layers=None if self.draft is None else draft_layers(self.knobs, self.draft),
-            draft_on_host=draft_on_host,
         )  # fmt: skip
 
 
