@@ -1,10 +1,7 @@
 """The memory planner: what a model needs on a card, and what the card allows.
 
-One planner for the server role (``roles/server/plan.py``, from the
-``GgufShape`` fact) and for ``llamarack plan`` (from a GGUF header, local or
-read from the hub with HTTP ranges, or from a ``config.json`` and a quant).
-Pure functions of a shape dict (``roles/model/files/gguf_header.py`` makes it)
-and ``Knobs``.
+One planner for the server role (``roles/server/plan.py``) and ``llamarack plan``:
+pure functions of a shape dict (``roles/model/files/gguf_header.py`` makes it) and ``Knobs``.
 
 The ledger follows llama.cpp's own placement (src/llama-model.cpp,
 ``load_tensors``; src/llama-kv-cache*.cpp; src/llama-context.cpp):
@@ -353,10 +350,9 @@ def ledger(shape: dict, knobs: Knobs, card_mib: Optional[int], gpu_layers: int, 
     extra: dict = {}
     if draft is not None:
         d = model_bytes(draft, knobs, card_mib is not None, draft_layers(knobs, draft), k, v, ctx_per_slot)
-        extra = dict(draft_gpu_layers=draft_layers(knobs, draft), draft_weights_on_card=d["weights_on_card"],
-                     draft_weights_on_host=d["weights_on_host"], draft_kv_on_card=d["kv_on_card"],
-                     draft_kv_on_host=d["kv_on_host"], draft_compute_on_card=d["compute_on_card"],
-                     draft_prefill_pool=d["prefill_pool"])  # fmt: skip
+        extra = {f"draft_{key}": d[key] for key in ("weights_on_card", "weights_on_host", "kv_on_card",
+                                                    "kv_on_host", "compute_on_card", "prefill_pool")}  # fmt: skip
+        extra["draft_gpu_layers"] = draft_layers(knobs, draft)
     return Ledger(
         card_mib=card_mib, ctx_per_slot=ctx_per_slot, parallel=knobs.parallel, cache_type_k=k, cache_type_v=v,
         gpu_layers=gpu_layers, n_layer=shape["n_layer"], **main,
@@ -400,10 +396,7 @@ def largest_where(lo: int, hi: int, fits) -> int:
     holds up to some n and from there on no more (more cells, more layers: more bytes)."""
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid - 1
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
     return lo
 
 
@@ -456,11 +449,10 @@ def choose(knobs: Knobs, cap: int, n_all: int, largest_context, most_layers) -> 
 
 
 def plan(shape: dict, knobs: Knobs, card_mib: Optional[int], draft: Optional[dict] = None) -> Plan:
-    """The context, KV types and layers on the card for ``shape``; ``card_mib``
-    is the smallest GPU's memory, None for CPU serving (only the trained
-    context limits it); ``draft`` the draft model's shape, whose weights, KV
-    and compute share the card. Raises PlanError naming what was found and what would fit,
-    or what in a shape is not what the arithmetic needs (``check_shapes``)."""
+    """The context, KV types and layers on the card for ``shape`` (``choose``); ``card_mib`` is the
+    smallest GPU's memory, None for CPU serving (only the trained context limits it); ``draft``
+    the draft model's shape, sharing the card. Raises PlanError naming what was found and what
+    would fit, or what in a shape is not what the arithmetic needs (``check_shapes``)."""
     check_shapes(shape, draft)
     cap, rope = checked_context_cap(shape, knobs)
     wanted, n_all = knobs.ctx_size, shape["n_layer"] + 1

@@ -1,9 +1,8 @@
 """The planner per card: one llama-server over several cards with llama.cpp's layer
 split (``--split-mode layer``), each card with a ledger of its own.
 
-Where llama.cpp puts what, read in its source (ggml-org/llama.cpp through the
-project's code search: src/llama-model.cpp ``load_tensors``, src/llama-context.cpp
-where the scheduler is made, ggml/src/ggml-backend.cpp
+Where llama.cpp puts what, read in its source (src/llama-model.cpp ``load_tensors``,
+src/llama-context.cpp where the scheduler is made, ggml/src/ggml-backend.cpp
 ``ggml_backend_sched_split_graph``) and in the pinned build's ``--help``:
 
 - The offloaded layers (the last ``--n-gpu-layers`` G of the n_layer + 1, the output
@@ -313,11 +312,8 @@ def check_split_mode(split_mode: str, k: str, v: str) -> None:
 
 def plan_split(shape: dict, knobs: Knobs, cards, draft: Optional[dict] = None, split_mode: str = "layer") -> SplitPlan:
     """The plan of one llama-server over ``cards`` (in their device order): context, KV
-    types and layers, each card's ledger and its ``--tensor-split`` share. No card: CPU
-    serving; one card: ``planner.plan``'s plan, exactly. As ``planner.plan``, ``auto`` KV
-    takes the most precise type that gives the wanted (else the trained) context with
-    every layer on the cards, and when every layer leaves less than the minimum context,
-    the most layers that leave it (the rest on the host). Raises PlanError."""
+    types and layers (``planner.choose``), each card's ledger and its ``--tensor-split``
+    share. No card: CPU serving; one card: ``planner.plan``'s plan, exactly. Raises PlanError."""
     cards = tuple(cards)
     if len(cards) < 2 or knobs.gpu_layers == 0:
         return _one_card(shape, knobs, cards[0] if cards else None, draft)
