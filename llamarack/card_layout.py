@@ -187,15 +187,13 @@ def _over(unit: Unit) -> str:
 
 def rival_layout(shape: dict, knobs: Knobs, cards, chosen: Layout, draft: Optional[dict] = None,
                  split_mode: str = "layer") -> Optional[Layout]:  # fmt: skip
-    """The layout the ledger alone cannot rank against ``chosen`` (``auto``'s answer), or None.
-
-    That is the case exactly when ``auto`` chose ``per_card`` with no wanted context (its
-    units then serve the largest context each card holds), and a split of the same cards
-    (``split``'s units, every layer on their cards) gives each of its units more context than
-    the per-card unit with the least: more servers against more context. With a wanted
-    context both serve that context and per_card serves more of it; when one card already
-    holds the most the model allows, a split gives nothing more; a layout over several
-    cards or mixed was chosen because cards alone do not hold every layer."""
+    """The layout the ledger alone cannot rank against ``chosen`` (``auto``'s answer), or None:
+    exactly when ``auto`` chose ``per_card`` with no wanted context (each unit serves the
+    largest context its card holds) and ``split``'s units, every layer on their cards, each
+    give more context than the per-card unit with the least. With a wanted context both serve
+    it and per_card serves more of it; when one card already holds the most the model allows,
+    a split gives nothing more; several cards or mixed were chosen because cards alone do not
+    hold every layer."""
     cards = tuple(cards)
     if chosen.asked != "auto" or chosen.chosen != "per_card" or knobs.ctx_size or len(cards) < 2:
         return None

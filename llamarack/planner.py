@@ -378,15 +378,13 @@ def context_cap(shape: dict, knobs: Knobs) -> tuple:
 def checked_context_cap(shape: dict, knobs: Knobs) -> tuple:
     """``context_cap``, and a wanted context past it refused ("context-trained")."""
     cap, rope = context_cap(shape, knobs)
-    wanted = knobs.ctx_size
+    wanted, yarn = knobs.ctx_size, rope[:1] == ("yarn",)
     if wanted is not None and wanted > cap:
-        how = f"{shape['n_ctx_train']} trained" + (f", x{knobs.rope_scale} with YaRN" if rope and rope[0] == "yarn" else "")
+        how = f"{shape['n_ctx_train']} trained" + (f", x{knobs.rope_scale} with YaRN" if yarn else "")
         raise PlanError(Failure(
-            "context-trained",
-            f"server_ctx_size {wanted}",
-            f"at most {cap} per slot ({shape['architecture']}: {how})",
+            "context-trained", f"server_ctx_size {wanted}", f"at most {cap} per slot ({shape['architecture']}: {how})",
             f"set server_ctx_size <= {cap}, or None for the largest that fits"
-            + ("" if rope and rope[0] == "yarn" else ", or server_rope_scaling = 'yarn' with a server_rope_scale"),
+            + ("" if yarn else ", or server_rope_scaling = 'yarn' with a server_rope_scale"),
         ))  # fmt: skip
     return cap, rope
 

@@ -302,8 +302,7 @@ def check_split_mode(split_mode: str, k: str, v: str) -> None:
     if split_mode not in SPLIT_MODES:
         raise PlanError(Failure("split-mode", f"--split-mode {split_mode}", "layer, or tensor",
                                 "the layer split (row is deprecated upstream, and no faster on P40s)"))  # fmt: skip
-    quantized = [t for t in (k, v) if t not in UNQUANTIZED_KV_TYPES + ("auto",)]
-    if split_mode == "tensor" and quantized:
+    if split_mode == "tensor" and {k, v} - {*UNQUANTIZED_KV_TYPES, "auto"}:  # a quantized type
         raise PlanError(Failure(
             "split-mode", f"the tensor split with a {k}/{v} KV cache",
             "an unquantized KV cache (f16, bf16, f32): llama.cpp's tensor split does not take a quantized one",
