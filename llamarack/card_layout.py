@@ -24,7 +24,7 @@ between them by the host's llama-bench figures (the server role's bench record).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
 from llamarack.gpu_table import planning_memory_mib
@@ -69,7 +69,7 @@ class Layout:
     def as_dict(self) -> dict:
         return {"asked": self.asked, "chosen": self.chosen, "reason": self.reason, "free": list(self.free),
                 "contested": self.contested or None,
-                "cards": [{"name": c.name, "mib": c.mib, "compute_cap": c.compute_cap, "id": c.id} for c in self.cards],
+                "cards": [asdict(c) for c in self.cards],
                 "units": [u.as_dict(self.cards) for u in self.units]}  # fmt: skip
 
 
@@ -87,29 +87,23 @@ def choose_layout(shape: dict, knobs: Knobs, cards, layout: str = "auto", draft:
         unit = Unit(tuple(range(min(len(cards), 1))), plan_split(shape, knobs, cards[:1], draft))
         why = "no card: served from the CPU" if not cards else "server_gpu_layers 0: one unit, served from the CPU"
         return Layout(layout, "cpu", (unit,), tuple(range(1, len(cards))), why, cards)
-    if layout != "per_card":
-        check_split_mode(split_mode, knobs.cache_type_k, knobs.cache_type_v)
     if layout == "per_card":
         units = tuple(Unit((i,), _alone(shape, knobs, cards, i, draft)) for i in range(len(cards)))
         why = "; ".join(f"card {u.cards[0]}: {u.plan.note}" for u in units if u.plan.note != units[0].plan.note
                         or u is units[0])  # fmt: skip
         return Layout(layout, "per_card", units, (), f"per_card (asked): each card planned alone; {why}"
                       + (f"; {len(units)} units" if len(units) > 1 else ""), cards)  # fmt: skip
+    check_split_mode(split_mode, knobs.cache_type_k, knobs.cache_type_v)
     need = _need(shape, knobs)
     order = sorted(range(len(cards)), key=lambda i: -cards[i].mib)
-    units, left = [], order
-    while left:
-        take = _fewest(shape, knobs, [cards[i] for i in left], draft, split_mode, need, 2 if layout == "split" else 1)
-        if take is None:
-            break
-        group = tuple(left[:take])
-        units.append(Unit(group, plan_split(shape, knobs, [cards[i] for i in group], draft, split_mode)))
+    groups, left, at_least = [], order, 2 if layout == "split" else 1
+    while left and (take := _fewest(shape, knobs, [cards[i] for i in left], draft, split_mode, need, at_least)):
+        groups.append(tuple(left[:take]))
         left = left[take:]
-    if not units:  # nothing holds every layer: one unit over every card, the most layers it can
-        group = tuple(order)
-        units = [Unit(group, plan_split(shape, knobs, [cards[i] for i in group], draft, split_mode))]
-        left = []
-    return _explained(shape, knobs, cards, layout, tuple(units), tuple(sorted(left)), need, draft)
+    if not groups:  # nothing holds every layer: one unit over every card, the most layers it can
+        groups, left = [tuple(order)], []
+    units = tuple(Unit(g, plan_split(shape, knobs, [cards[i] for i in g], draft, split_mode)) for g in groups)
+    return _explained(shape, knobs, cards, layout, units, tuple(sorted(left)), need, draft)
 
 
 def _alone(shape: dict, knobs: Knobs, cards: tuple, i: int, draft: Optional[dict]) -> SplitPlan:
@@ -187,22 +181,19 @@ def _explained(shape: dict, knobs: Knobs, cards: tuple, layout: str, units: tupl
 
 
 def _over(unit: Unit) -> str:
-    if len(unit.cards) == 1:
-        return f"card {unit.cards[0]} alone"
-    return f"split over {len(unit.cards)} cards ({', '.join(map(str, unit.cards))})"
+    n = len(unit.cards)
+    return f"card {unit.cards[0]} alone" if n == 1 else f"split over {n} cards ({', '.join(map(str, unit.cards))})"
 
 
 def rival_layout(shape: dict, knobs: Knobs, cards, chosen: Layout, draft: Optional[dict] = None,
                  split_mode: str = "layer") -> Optional[Layout]:  # fmt: skip
-    """The layout the ledger alone cannot rank against ``chosen`` (``auto``'s answer), or None.
-
-    That is the case exactly when ``auto`` chose ``per_card`` with no wanted context (its
-    units then serve the largest context each card holds), and a split of the same cards
-    (``split``'s units, every layer on their cards) gives each of its units more context than
-    the per-card unit with the least: more servers against more context. With a wanted
-    context both serve that context and per_card serves more of it; when one card already
-    holds the most the model allows, a split gives nothing more; a layout over several
-    cards or mixed was chosen because cards alone do not hold every layer."""
+    """The layout the ledger alone cannot rank against ``chosen`` (``auto``'s answer), or None:
+    exactly when ``auto`` chose ``per_card`` with no wanted context (each unit serves the
+    largest context its card holds) and ``split``'s units, every layer on their cards, each
+    give more context than the per-card unit with the least. With a wanted context both serve
+    it and per_card serves more of it; when one card already holds the most the model allows,
+    a split gives nothing more; several cards or mixed were chosen because cards alone do not
+    hold every layer."""
     cards = tuple(cards)
     if chosen.asked != "auto" or chosen.chosen != "per_card" or knobs.ctx_size or len(cards) < 2:
         return None
@@ -210,10 +201,8 @@ def rival_layout(shape: dict, knobs: Knobs, cards, chosen: Layout, draft: Option
         split = choose_layout(shape, knobs, cards, "split", draft, split_mode)
     except PlanError:
         return None
-    n_all = shape["n_layer"] + 1
-    if split.chosen != "split" or any(u.plan.gpu_layers < n_all for u in split.units):
-        return None
-    if _least_context(split) <= _least_context(chosen):
+    if (split.chosen != "split" or any(u.plan.gpu_layers < shape["n_layer"] + 1 for u in split.units)
+            or _least_context(split) <= _least_context(chosen)):
         return None
     return _explained(shape, knobs, cards, "auto", split.units, split.free, _need(shape, knobs), draft)
 

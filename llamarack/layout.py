@@ -82,7 +82,6 @@ class Layout:
     # python envs and toolkits
     @property
     def converter_requirements(self) -> str:
-        """The converter env's requirements, in the llama.cpp checkout."""
         return f"{self.src}/requirements/requirements-convert_hf_to_gguf.txt"
 
     @property
@@ -176,9 +175,5 @@ class Layout:
 def unit_build(root: str, unit_lines) -> Optional[str]:
     """The build stamp a unit's ExecStart runs (``<root>/builds/<stamp>/bin/llama-server``)."""
     prefix = Layout(root).builds + "/"
-    for line in unit_lines or ():
-        if line.startswith("ExecStart="):
-            command = line.split("=", 1)[1].strip().strip('"')
-            if command.startswith(prefix):
-                return command[len(prefix):].split("/", 1)[0]
-    return None
+    commands = (line.split("=", 1)[1].strip().strip('"') for line in unit_lines or () if line.startswith("ExecStart="))
+    return next((c[len(prefix):].split("/", 1)[0] for c in commands if c.startswith(prefix)), None)

@@ -1,10 +1,7 @@
 """The memory planner: what a model needs on a card, and what the card allows.
 
-One planner for the server role (``roles/server/plan.py``, from the
-``GgufShape`` fact) and for ``llamarack plan`` (from a GGUF header, local or
-read from the hub with HTTP ranges, or from a ``config.json`` and a quant).
-Pure functions of a shape dict (``roles/model/files/gguf_header.py`` makes it)
-and ``Knobs``.
+One planner for the server role (``roles/server/plan.py``) and ``llamarack plan``:
+pure functions of a shape dict (``roles/model/files/gguf_header.py`` makes it) and ``Knobs``.
 
 The ledger follows llama.cpp's own placement (src/llama-model.cpp,
 ``load_tensors``; src/llama-kv-cache*.cpp; src/llama-context.cpp):
@@ -42,6 +39,7 @@ The ledger follows llama.cpp's own placement (src/llama-model.cpp,
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Optional
 
 from llamarack.roles.model.files.gguf_header import GgufError, check_shape
@@ -163,10 +161,11 @@ class Plan:
         """llama-server's --ctx-size: every slot's cells together."""
         return self.ctx_per_slot * self.parallel
 
-    def as_dict(self) -> dict:
+    def as_dict(self, **split) -> dict:
+        """``split``: a split plan's keys, between the note and the ledger."""
         return {"ctx_size": self.ctx_size, "ctx_per_slot": self.ctx_per_slot, "parallel": self.parallel,
                 "cache_type_k": self.cache_type_k, "cache_type_v": self.cache_type_v,
-                "gpu_layers": self.gpu_layers, "rope": list(self.rope), "note": self.note,
+                "gpu_layers": self.gpu_layers, "rope": list(self.rope), "note": self.note, **split,
                 "ledger": self.ledger.as_dict(), "largest_ctx_per_slot": self.largest}  # fmt: skip
 
 
@@ -216,6 +215,12 @@ def layers_on_card(n_layer: int, gpu_layers: int) -> range:
 def kv_layer_bytes(shape: dict, k: str, v: str) -> float:
     """KV bytes per cell of one layer."""
     return shape["n_head_kv"] * (shape["head_dim_k"] * KV_TYPE_BYTES[k] + shape["head_dim_v"] * KV_TYPE_BYTES[v])
+
+
+def kv_sizes(shape: dict, knobs: Knobs, k: str, v: str, ctx_per_slot: int) -> tuple:
+    """(one sliding layer's KV bytes, one other layer's, the sliding cells per slot), every slot's."""
+    per_cell, swa_cells = kv_layer_bytes(shape, k, v), _pad(min(ctx_per_slot, shape.get("n_swa", 0) + N_UBATCH))
+    return int(per_cell * (swa_cells * knobs.parallel)), int(per_cell * ctx_per_slot * knobs.parallel), swa_cells
 
 
 def compute_bytes(shape: dict, knobs: Knobs, on_gpu: bool, ctx_per_slot: int, swa_per_slot: int,
@@ -281,10 +286,7 @@ UNQUANTIZED_FILE_TYPES = (0, 1, 32)
 def cublas_prefill(compute_cap: Optional[str]) -> bool:
     """Whether a card of this compute capability multiplies a prompt's batches by the
     quantized weights with cuBLAS (see above): Volta (7.0, 7.2), and cards before 6.1."""
-    return _cublas(parse_compute_cap(compute_cap))
-
-
-def _cublas(cc: Optional[tuple]) -> bool:
+    cc = parse_compute_cap(compute_cap)
     return cc is not None and ((7, 0) <= cc < (7, 5) or cc < (6, 1))
 
 
@@ -295,7 +297,7 @@ def prefill_pool_bytes(shape: dict, compute_cap: Optional[str], n_tokens: int = 
     ``n_tokens`` batch converted (and the f16 product, except on Volta), and
     cuBLAS's own. 0 on other cards, for unquantized weights, without n_ff."""
     cc = parse_compute_cap(compute_cap)
-    if not _cublas(cc) or not shape.get("n_ff") or shape.get("file_type") in UNQUANTIZED_FILE_TYPES:
+    if not cublas_prefill(compute_cap) or not shape.get("n_ff") or shape.get("file_type") in UNQUANTIZED_FILE_TYPES:
         return 0
     n_embd, n_ff = shape["n_embd"], shape["n_ff"]
     products = ((n_embd, n_ff), (n_ff, n_embd), (n_embd, shape["n_head"] * shape["head_dim_k"]),
@@ -320,22 +322,25 @@ def model_bytes(shape: dict, knobs: Knobs, on_gpu: bool, gpu_layers: int, k: str
     output = shape["output_bytes"] + (shape["token_embd_bytes"] if shape["tied_embeddings"] else 0)
     weights = sum(shape["layer_bytes"]) + shape["token_embd_bytes"] + output
     card_weights = (sum(shape["layer_bytes"][on_card.start:]) if on_card else 0) + (output if output_on_card else 0)
-    per_cell = kv_layer_bytes(shape, k, v)
     sliding = sliding_count(shape, 0, n)
     sliding_on_card = sliding_count(shape, on_card.start, n) if on_card else 0
-    swa_cells = _pad(min(ctx_per_slot, shape.get("n_swa", 0) + N_UBATCH)) * knobs.parallel
-    swa_size, full_size = int(per_cell * swa_cells), int(per_cell * ctx_per_slot * knobs.parallel)
+    swa_size, full_size, swa_per_slot = kv_sizes(shape, knobs, k, v, ctx_per_slot)
     full_on_card = len(on_card) - sliding_on_card
     kv_card = sliding_on_card * swa_size + full_on_card * full_size
     kv_host = (sliding - sliding_on_card) * swa_size + (n - sliding - full_on_card) * full_size
-    compute = compute_bytes(shape, knobs, on_gpu, ctx_per_slot, swa_cells // knobs.parallel if sliding else 0, k, v)
+    compute = compute_bytes(shape, knobs, on_gpu, ctx_per_slot, swa_per_slot if sliding else 0, k, v)
     # Anything on the card, and a prompt's products run there: llama.cpp also takes the
     # weights of layers left on the host to the card for a batch of 32 tokens or more.
-    pool = prefill_pool_bytes(shape, knobs.compute_cap) * knobs.cards if on_gpu and gpu_layers >= 1 else 0
+    pool = prefill_pool_bytes(shape, knobs.compute_cap) * knobs.cards if output_on_card else 0
     return {"weights_on_card": card_weights, "weights_on_host": weights - card_weights,
-            "kv_bytes_per_token": full_on_card * per_cell, "kv_on_card": kv_card, "kv_on_host": kv_host,
-            "compute": compute, "compute_on_card": compute if on_card or output_on_card else 0,
+            "kv_bytes_per_token": full_on_card * kv_layer_bytes(shape, k, v), "kv_on_card": kv_card,
+            "kv_on_host": kv_host, "compute": compute, "compute_on_card": compute if output_on_card else 0,
             "prefill_pool": pool}  # fmt: skip
+
+
+def draft_layers(knobs: Knobs, draft: dict) -> int:
+    """The draft's ``--spec-draft-ngl``: ``draft_gpu_layers``, else all its n_layer + 1."""
+    return draft["n_layer"] + 1 if knobs.draft_gpu_layers is None else knobs.draft_gpu_layers
 
 
 def ledger(shape: dict, knobs: Knobs, card_mib: Optional[int], gpu_layers: int, k: str, v: str,
@@ -344,12 +349,10 @@ def ledger(shape: dict, knobs: Knobs, card_mib: Optional[int], gpu_layers: int, 
     main = model_bytes(shape, knobs, card_mib is not None, gpu_layers, k, v, ctx_per_slot)
     extra: dict = {}
     if draft is not None:
-        draft_layers = draft["n_layer"] + 1 if knobs.draft_gpu_layers is None else knobs.draft_gpu_layers
-        d = model_bytes(draft, knobs, card_mib is not None, draft_layers, k, v, ctx_per_slot)
-        extra = dict(draft_gpu_layers=draft_layers, draft_weights_on_card=d["weights_on_card"],
-                     draft_weights_on_host=d["weights_on_host"], draft_kv_on_card=d["kv_on_card"],
-                     draft_kv_on_host=d["kv_on_host"], draft_compute_on_card=d["compute_on_card"],
-                     draft_prefill_pool=d["prefill_pool"])  # fmt: skip
+        d = model_bytes(draft, knobs, card_mib is not None, draft_layers(knobs, draft), k, v, ctx_per_slot)
+        extra = {f"draft_{key}": d[key] for key in ("weights_on_card", "weights_on_host", "kv_on_card",
+                                                    "kv_on_host", "compute_on_card", "prefill_pool")}  # fmt: skip
+        extra["draft_gpu_layers"] = draft_layers(knobs, draft)
     return Ledger(
         card_mib=card_mib, ctx_per_slot=ctx_per_slot, parallel=knobs.parallel, cache_type_k=k, cache_type_v=v,
         gpu_layers=gpu_layers, n_layer=shape["n_layer"], **main,
@@ -375,15 +378,13 @@ def context_cap(shape: dict, knobs: Knobs) -> tuple:
 def checked_context_cap(shape: dict, knobs: Knobs) -> tuple:
     """``context_cap``, and a wanted context past it refused ("context-trained")."""
     cap, rope = context_cap(shape, knobs)
-    wanted = knobs.ctx_size
+    wanted, yarn = knobs.ctx_size, rope[:1] == ("yarn",)
     if wanted is not None and wanted > cap:
-        how = f"{shape['n_ctx_train']} trained" + (f", x{knobs.rope_scale} with YaRN" if rope and rope[0] == "yarn" else "")
+        how = f"{shape['n_ctx_train']} trained" + (f", x{knobs.rope_scale} with YaRN" if yarn else "")
         raise PlanError(Failure(
-            "context-trained",
-            f"server_ctx_size {wanted}",
-            f"at most {cap} per slot ({shape['architecture']}: {how})",
+            "context-trained", f"server_ctx_size {wanted}", f"at most {cap} per slot ({shape['architecture']}: {how})",
             f"set server_ctx_size <= {cap}, or None for the largest that fits"
-            + ("" if rope and rope[0] == "yarn" else ", or server_rope_scaling = 'yarn' with a server_rope_scale"),
+            + ("" if yarn else ", or server_rope_scaling = 'yarn' with a server_rope_scale"),
         ))  # fmt: skip
     return cap, rope
 
@@ -393,10 +394,7 @@ def largest_where(lo: int, hi: int, fits) -> int:
     holds up to some n and from there on no more (more cells, more layers: more bytes)."""
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid - 1
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
     return lo
 
 
@@ -422,51 +420,54 @@ def kv_candidates(knobs: Knobs) -> list:
     """(K, V) pairs to try, best first. ``auto`` on both sides steps them down
     together; a quantized V needs flash attention, so without it V stays f16."""
     ks = AUTO_KV_TYPES if knobs.cache_type_k == "auto" else (knobs.cache_type_k,)
-    vs = AUTO_KV_TYPES if knobs.cache_type_v == "auto" else (knobs.cache_type_v,)
-    if not knobs.flash_attn and knobs.cache_type_v == "auto":
-        vs = ("f16",)
+    vs = (AUTO_KV_TYPES if knobs.flash_attn else ("f16",)) if knobs.cache_type_v == "auto" else (knobs.cache_type_v,)
     if len(ks) > 1 and len(vs) > 1:
         return list(zip(ks, vs))
     return [(k, v) for k in ks for v in vs]
 
 
+def choose(knobs: Knobs, cap: int, n_all: int, largest_context, most_layers) -> tuple:
+    """What a plan over one card or several takes, from ``largest_context(layers, k, v, cap)``
+    and ``most_layers(k, v, ctx)``: ``auto`` KV the most precise type that gives the wanted
+    (else the trained) context with every layer on the cards, and when every layer leaves less
+    than the minimum context, the most layers that leave it (the rest on the host).
+    (largest per KV type, k, v, layers, the largest context with them, the minimum, why)."""
+    target = knobs.ctx_size or cap
+    candidates = kv_candidates(knobs)
+    largest = {f"{k}/{v}": largest_context(n_all, k, v, cap) for k, v in candidates}
+    k, v = next(((k, v) for k, v in candidates if largest[f"{k}/{v}"] >= target), candidates[-1])
+    layers = n_all if knobs.gpu_layers is None else min(knobs.gpu_layers, n_all)
+    floor = min(knobs.min_ctx_size, target)
+    fits, why = largest_context(layers, k, v, cap), ""
+    fewer = most_layers(k, v, floor) if knobs.gpu_layers is None and fits < floor else 0
+    if fewer:
+        layers = fewer
+        fits, why = largest_context(layers, k, v, cap), f" (all {n_all} leave no room for {floor} tokens per slot)"
+    return largest, k, v, layers, fits, floor, why
+
+
 def plan(shape: dict, knobs: Knobs, card_mib: Optional[int], draft: Optional[dict] = None) -> Plan:
-    """The context, KV types and layers on the card for ``shape``; ``card_mib``
-    is the smallest GPU's memory, None for CPU serving (only the trained
-    context limits it); ``draft`` the draft model's shape, whose weights, KV
-    and compute share the card. Raises PlanError naming what was found and what would fit,
-    or what in a shape is not what the arithmetic needs (``check_shapes``)."""
+    """The context, KV types and layers on the card for ``shape`` (``choose``); ``card_mib`` is the
+    smallest GPU's memory, None for CPU serving (only the trained context limits it); ``draft``
+    the draft model's shape, sharing the card. Raises PlanError naming what was found and what
+    would fit, or what in a shape is not what the arithmetic needs (``check_shapes``)."""
     check_shapes(shape, draft)
     cap, rope = checked_context_cap(shape, knobs)
-    wanted = knobs.ctx_size
-    candidates = kv_candidates(knobs)
-    n_all = shape["n_layer"] + 1
-    target = wanted or cap
+    wanted, n_all = knobs.ctx_size, shape["n_layer"] + 1
     if card_mib is None or knobs.gpu_layers == 0:
-        k, v = candidates[0]
-        return Plan(target, knobs.parallel, k, v, None if card_mib is None else 0, rope,
-                    ledger(shape, knobs, card_mib, 0, k, v, target, draft),
-                    f"ctx {target}{_slots(knobs)}, {k}/{v} KV (CPU; trained {shape['n_ctx_train']})")  # fmt: skip
+        (k, v), ctx = kv_candidates(knobs)[0], wanted or cap
+        return Plan(ctx, knobs.parallel, k, v, None if card_mib is None else 0, rope,
+                    ledger(shape, knobs, card_mib, 0, k, v, ctx, draft),
+                    f"ctx {ctx}{_slots(knobs)}, {k}/{v} KV (CPU; trained {shape['n_ctx_train']})")  # fmt: skip
 
-    layers = n_all if knobs.gpu_layers is None else min(knobs.gpu_layers, n_all)
-    largest = {f"{k}/{v}": largest_context(shape, knobs, card_mib, n_all, k, v, cap, draft) for k, v in candidates}
-    floor = min(knobs.min_ctx_size, target)
-    chosen = next(((k, v) for k, v in candidates if largest[f"{k}/{v}"] >= target), None)
-    k, v = chosen or candidates[-1]
-    fits = largest_context(shape, knobs, card_mib, layers, k, v, cap, draft)
-    why = ""
-    if knobs.gpu_layers is None and fits < floor:
-        # Partial offload: the most layers that still leave room for the floor context.
-        layers = most_layers(shape, knobs, card_mib, k, v, floor, draft)
-        if layers:
-            fits = largest_context(shape, knobs, card_mib, layers, k, v, cap, draft)
-            why = f" (all {n_all} leave no room for {floor} tokens per slot)"
+    largest, k, v, layers, fits, floor, why = choose(knobs, cap, n_all,
+                                                     partial(largest_context, shape, knobs, card_mib, draft=draft),
+                                                     partial(most_layers, shape, knobs, card_mib, draft=draft))
     kv, placed = f"{k}/{v}", f", {layers} of {n_all} layers on the card" if layers < n_all else ""
-    if fits < floor:
-        shown = layers or n_all  # nothing fits: the numbers for every layer on the card
-        at = ledger(shape, knobs, card_mib, shown, k, v, floor, draft)
+    if fits < floor:  # nothing fits: the numbers for every layer on the card (or the fixed count)
+        at = ledger(shape, knobs, card_mib, layers, k, v, floor, draft)
         raise _memory(f"{card_mib} MiB on the card for {at.weights_on_card / MIB:.0f} MiB of weights "
-                      f"(--n-gpu-layers {shown} of {n_all}) + {at.reserve // MIB} MiB reserve",
+                      f"(--n-gpu-layers {layers} of {n_all}) + {at.reserve // MIB} MiB reserve",
                       f"{at.total_on_card / MIB:.0f} MiB for a {floor}-token context x {knobs.parallel} slots "
                       f"({kv} KV: {at.kv_bytes_per_token / 1024:.1f} KiB per token)",
                       "a smaller model_quant, a smaller server_min_ctx_size or server_parallel, "
@@ -479,7 +480,7 @@ def plan(shape: dict, knobs: Knobs, card_mib: Optional[int], draft: Optional[dic
                       f"{at.kv_bytes_per_token / 1024:.1f} KiB per token{placed})",
                       f"set server_ctx_size <= {fits} (or None), or quantize the KV cache further")  # fmt: skip
     ctx = wanted or fits
-    auto = "" if len(candidates) == 1 else " (auto)"
+    auto = "" if len(largest) == 1 else " (auto)"
     note = (f"ctx {ctx}{_slots(knobs)}, {kv} KV{auto}{placed}: "
             + ("the largest that fits" if wanted is None else f"fits; largest {fits}") + f" {card_mib} MiB")  # fmt: skip
     return Plan(ctx, knobs.parallel, k, v, layers, rope, ledger(shape, knobs, card_mib, layers, k, v, ctx, draft),

@@ -1,9 +1,8 @@
 """The planner per card: one llama-server over several cards with llama.cpp's layer
 split (``--split-mode layer``), each card with a ledger of its own.
 
-Where llama.cpp puts what, read in its source (ggml-org/llama.cpp through the
-project's code search: src/llama-model.cpp ``load_tensors``, src/llama-context.cpp
-where the scheduler is made, ggml/src/ggml-backend.cpp
+Where llama.cpp puts what, read in its source (src/llama-model.cpp ``load_tensors``,
+src/llama-context.cpp where the scheduler is made, ggml/src/ggml-backend.cpp
 ``ggml_backend_sched_split_graph``) and in the pinned build's ``--help``:
 
 - The offloaded layers (the last ``--n-gpu-layers`` G of the n_layer + 1, the output
@@ -41,10 +40,10 @@ from dataclasses import asdict, dataclass
 from itertools import accumulate
 from typing import Optional
 
-from llamarack.planner import (CTX_STEP, MIB, N_UBATCH, UNQUANTIZED_KV_TYPES, Knobs, Ledger, Plan, PlanError,
-                               _pad, check_shapes, checked_context_cap, compute_bytes, kv_candidates,
-                               kv_layer_bytes, largest_where, model_bytes, plan, prefill_pool_bytes,
-                               sliding_count, sliding_layers)  # fmt: skip
+from llamarack.planner import (CTX_STEP, MIB, N_UBATCH, UNQUANTIZED_KV_TYPES, Knobs, Plan, PlanError, _slots,
+                               check_shapes, checked_context_cap, choose, compute_bytes, draft_layers, kv_layer_bytes,
+                               kv_sizes, largest_where, model_bytes, plan, prefill_pool_bytes, sliding_count,
+                               sliding_layers)  # fmt: skip
 from llamarack.rules import Failure
 
 # ggml's GGML_SCHED_MAX_COPIES (ggml/CMakeLists.txt, default 4): the inputs a card's graph
@@ -126,10 +125,6 @@ class SplitLedger:
         """The model's weights on all the cards together (the unit's residency check)."""
         return sum(c.weights for c in self.cards)
 
-    @property
-    def total_on_cards(self) -> int:
-        return sum(c.total for c in self.cards)
-
     def fits(self) -> bool:
         return all(c.fits() for c in self.cards)
 
@@ -137,29 +132,17 @@ class SplitLedger:
         return {**{k: v for k, v in asdict(self).items() if k != "cards"},
                 "cards": [c.as_dict() for c in self.cards], "tensor_split": list(self.tensor_split),
                 "main_gpu": self.main_gpu, "weights_on_card": self.weights_on_card,
-                "total_on_cards": self.total_on_cards}  # fmt: skip
+                "total_on_cards": sum(c.total for c in self.cards)}  # fmt: skip
 
 
 @dataclass(frozen=True)
-class SplitPlan:
-    """A unit's plan over its cards. The fields llama-server's arguments take are named as
-    ``planner.Plan``'s; ``single`` is the one-card planner's own plan when there is one card."""
+class SplitPlan(Plan):
+    """A unit's plan over its cards: ``planner.Plan``'s fields, ``ledger`` a ``SplitLedger``
+    and ``largest`` with every layer on the cards; ``single`` is the one-card planner's own
+    plan when there is one card."""
 
-    ctx_per_slot: int
-    parallel: int
-    cache_type_k: str
-    cache_type_v: str
-    gpu_layers: Optional[int]  # None: CPU serving (no card)
-    rope: tuple
-    ledger: SplitLedger
-    note: str
-    largest: dict  # KV type -> largest per-slot context, every layer on the cards
     split_mode: str = "layer"
     single: Optional[Plan] = None
-
-    @property
-    def ctx_size(self) -> int:
-        return self.ctx_per_slot * self.parallel
 
     def split_args(self) -> list:
         """llama-server's split flags: none for one card."""
@@ -169,11 +152,7 @@ class SplitPlan:
                 "--main-gpu", str(self.ledger.main_gpu)]  # fmt: skip
 
     def as_dict(self) -> dict:
-        return {"ctx_size": self.ctx_size, "ctx_per_slot": self.ctx_per_slot, "parallel": self.parallel,
-                "cache_type_k": self.cache_type_k, "cache_type_v": self.cache_type_v,
-                "gpu_layers": self.gpu_layers, "rope": list(self.rope), "note": self.note,
-                "split_mode": self.split_mode, "split_args": self.split_args(),
-                "ledger": self.ledger.as_dict(), "largest_ctx_per_slot": self.largest}  # fmt: skip
+        return super().as_dict(split_mode=self.split_mode, split_args=self.split_args())
 
 
 class _Stack:
@@ -239,39 +218,29 @@ class Over:
         self.stack = _Stack(shape)
         self.any_sliding = sliding_count(shape, 0, shape["n_layer"]) > 0
 
-    def _sizes(self, k: str, v: str, ctx: int) -> tuple:
-        """(one sliding layer's KV, one other's, the sliding cells per slot)."""
-        per_cell, slots = kv_layer_bytes(self.shape, k, v), self.knobs.parallel
-        swa_cells = _pad(min(ctx, self.shape.get("n_swa", 0) + N_UBATCH)) * slots
-        return int(per_cell * swa_cells), int(per_cell * ctx * slots), swa_cells // slots if self.any_sliding else 0
-
     def _fixed(self, gpu_layers: int, k: str, v: str, ctx: int) -> list:
         """Per card, what it holds besides its layers: (compute, pipeline copies, prefill
         pool, reserve, draft), and the draft's part on the host."""
         knobs, shape = self.knobs, self.shape
-        swa_per_slot = self._sizes(k, v, ctx)[2]
+        swa_per_slot = kv_sizes(shape, knobs, k, v, ctx)[2] if self.any_sliding else 0
         compute = compute_bytes(shape, knobs, True, ctx, swa_per_slot, k, v)
         pipelined = self.split_mode == "layer" and len(self.cards) > 1 and gpu_layers == shape["n_layer"] + 1
         inputs = N_UBATCH * ((ctx + swa_per_slot) * (2 if knobs.flash_attn else 4) + 4 * (shape.get("n_embd") or 0) + 4)
         copies = (PIPELINE_COPIES - 1) * inputs if pipelined else 0
-        out, on_host = [], 0
-        for i, card in enumerate(self.cards):
-            draft = 0
-            if i == 0 and self.draft is not None:
-                d_layers = self.draft["n_layer"] + 1 if knobs.draft_gpu_layers is None else knobs.draft_gpu_layers
-                d = model_bytes(self.draft, dataclasses.replace(knobs, compute_cap=card.compute_cap), True,
-                                d_layers, k, v, ctx)  # fmt: skip
-                draft = d["weights_on_card"] + d["kv_on_card"] + d["compute_on_card"] + d["prefill_pool"]
-                on_host = d["weights_on_host"] + d["kv_on_host"]
-            out.append((compute + copies, copies, prefill_pool_bytes(shape, card.compute_cap), knobs.reserve_mib * MIB,
-                        draft))  # fmt: skip
-        return out, on_host
+        draft = on_host = 0
+        if self.draft is not None:  # all on the first card
+            d = model_bytes(self.draft, card_knobs(knobs, self.cards[0]), True, draft_layers(knobs, self.draft), k, v,
+                            ctx)  # fmt: skip
+            draft = d["weights_on_card"] + d["kv_on_card"] + d["compute_on_card"] + d["prefill_pool"]
+            on_host = d["weights_on_host"] + d["kv_on_host"]
+        return [(compute + copies, copies, prefill_pool_bytes(shape, card.compute_cap), knobs.reserve_mib * MIB,
+                 0 if i else draft) for i, card in enumerate(self.cards)], on_host  # fmt: skip
 
     def _budgets(self, fixed: list) -> list:
         return [card.mib * MIB - sum(f) for card, f in zip(self.cards, fixed)]
 
     def fits(self, gpu_layers: int, k: str, v: str, ctx: int) -> bool:
-        swa, full, _ = self._sizes(k, v, ctx)
+        swa, full, _ = kv_sizes(self.shape, self.knobs, k, v, ctx)
         budgets = self._budgets(self._fixed(gpu_layers, k, v, ctx)[0])
         return spread(self.stack, budgets, self.shape["n_layer"] + 1 - gpu_layers, swa, full) is not None
 
@@ -288,7 +257,7 @@ class Over:
     def ledger(self, gpu_layers: int, k: str, v: str, ctx: int) -> SplitLedger:
         """Each card's bytes, the layers spread as evenly as their spare allows (``even_spread``)."""
         shape, stack, n = self.shape, self.stack, self.shape["n_layer"]
-        swa, full, _ = self._sizes(k, v, ctx)
+        swa, full, _ = kv_sizes(shape, self.knobs, k, v, ctx)
         fixed, draft_on_host = self._fixed(gpu_layers, k, v, ctx)
         first = n + 1 - gpu_layers
         counts = even_spread(stack, self._budgets(fixed), first, swa, full)
@@ -298,43 +267,33 @@ class Over:
                                     stack.run(at, at + take, 0, 0), stack.kv(at, at + take, swa, full), compute,
                                     copies, pool, reserve, draft))  # fmt: skip
             at += take
-        host_layers = stack.run(0, first, 0, 0)
         dense_on_cards = (n - min(first, n)) - sliding_count(shape, min(first, n), n)
         return SplitLedger(
             tuple(books), ctx, self.knobs.parallel, k, v, gpu_layers, n,
-            weights_on_host=host_layers + shape["token_embd_bytes"], kv_on_host=stack.kv(0, first, swa, full),
-            kv_bytes_per_token=dense_on_cards * kv_layer_bytes(shape, k, v), pipelined=fixed[0][1] > 0,
-            draft_gpu_layers=None if self.draft is None else (
-                self.draft["n_layer"] + 1 if self.knobs.draft_gpu_layers is None else self.knobs.draft_gpu_layers),
-            draft_on_host=draft_on_host,
+            weights_on_host=stack.run(0, first, 0, 0) + shape["token_embd_bytes"],
+            kv_on_host=stack.kv(0, first, swa, full), kv_bytes_per_token=dense_on_cards * kv_layer_bytes(shape, k, v),
+            pipelined=fixed[0][1] > 0, draft_on_host=draft_on_host,
+            draft_gpu_layers=None if self.draft is None else draft_layers(self.knobs, self.draft),
         )  # fmt: skip
 
 
-def single_card_ledger(book: Ledger, card: Optional[Card]) -> SplitLedger:
-    """The one-card planner's ledger as a unit's ledger: one card (none for CPU serving)."""
-    layers = book.gpu_layers or 0
+def _one_card(shape: dict, knobs: Knobs, card: Optional[Card], draft: Optional[dict]) -> SplitPlan:
+    """``planner.plan`` for one card (None: CPU serving), as it is, its ledger as a unit's."""
+    p = plan(shape, knobs, None, draft) if card is None else plan(shape, card_knobs(knobs, card), card.mib, draft)
+    book, layers = p.ledger, p.ledger.gpu_layers or 0
     cards = () if card is None else (CardLedger(
         card.name, card.mib, book.n_layer + 1 - layers, layers, layers >= 1, book.weights_on_card, book.kv_on_card,
         book.compute_on_card, 0, book.prefill_pool, book.reserve,
         book.draft_weights_on_card + book.draft_kv_on_card + book.draft_compute_on_card + book.draft_prefill_pool),)
-    return SplitLedger(cards, book.ctx_per_slot, book.parallel, book.cache_type_k, book.cache_type_v, layers,
-                       book.n_layer, book.weights_on_host, book.kv_on_host, book.kv_bytes_per_token, False,
-                       book.draft_gpu_layers, book.draft_weights_on_host + book.draft_kv_on_host)  # fmt: skip
+    split = SplitLedger(cards, book.ctx_per_slot, book.parallel, book.cache_type_k, book.cache_type_v, layers,
+                        book.n_layer, book.weights_on_host, book.kv_on_host, book.kv_bytes_per_token, False,
+                        book.draft_gpu_layers, book.draft_weights_on_host + book.draft_kv_on_host)  # fmt: skip
+    return SplitPlan(**{**vars(p), "ledger": split}, single=p)
 
 
 def card_knobs(knobs: Knobs, card: Card) -> Knobs:
     """The one-card planner's knobs for this card: its own compute capability, itself alone."""
     return dataclasses.replace(knobs, compute_cap=card.compute_cap, cards=1)
-
-
-def _one_card(shape: dict, knobs: Knobs, card: Optional[Card], draft: Optional[dict]) -> SplitPlan:
-    """``planner.plan`` for one card (None: CPU serving), as it is."""
-    if card is None:
-        p = plan(shape, knobs, None, draft)
-    else:
-        p = plan(shape, card_knobs(knobs, card), card.mib, draft)
-    return SplitPlan(p.ctx_per_slot, p.parallel, p.cache_type_k, p.cache_type_v, p.gpu_layers, p.rope,
-                     single_card_ledger(p.ledger, card), p.note, p.largest, single=p)  # fmt: skip
 
 
 def check_split_mode(split_mode: str, k: str, v: str) -> None:
@@ -343,8 +302,7 @@ def check_split_mode(split_mode: str, k: str, v: str) -> None:
     if split_mode not in SPLIT_MODES:
         raise PlanError(Failure("split-mode", f"--split-mode {split_mode}", "layer, or tensor",
                                 "the layer split (row is deprecated upstream, and no faster on P40s)"))  # fmt: skip
-    quantized = [t for t in (k, v) if t not in UNQUANTIZED_KV_TYPES + ("auto",)]
-    if split_mode == "tensor" and quantized:
+    if split_mode == "tensor" and {k, v} - {*UNQUANTIZED_KV_TYPES, "auto"}:  # a quantized type
         raise PlanError(Failure(
             "split-mode", f"the tensor split with a {k}/{v} KV cache",
             "an unquantized KV cache (f16, bf16, f32): llama.cpp's tensor split does not take a quantized one",
@@ -353,11 +311,8 @@ def check_split_mode(split_mode: str, k: str, v: str) -> None:
 
 def plan_split(shape: dict, knobs: Knobs, cards, draft: Optional[dict] = None, split_mode: str = "layer") -> SplitPlan:
     """The plan of one llama-server over ``cards`` (in their device order): context, KV
-    types and layers, each card's ledger and its ``--tensor-split`` share. No card: CPU
-    serving; one card: ``planner.plan``'s plan, exactly. As ``planner.plan``, ``auto`` KV
-    takes the most precise type that gives the wanted (else the trained) context with
-    every layer on the cards, and when every layer leaves less than the minimum context,
-    the most layers that leave it (the rest on the host). Raises PlanError."""
+    types and layers (``planner.choose``), each card's ledger and its ``--tensor-split``
+    share. No card: CPU serving; one card: ``planner.plan``'s plan, exactly. Raises PlanError."""
     cards = tuple(cards)
     if len(cards) < 2 or knobs.gpu_layers == 0:
         return _one_card(shape, knobs, cards[0] if cards else None, draft)
@@ -367,23 +322,14 @@ def plan_split(shape: dict, knobs: Knobs, cards, draft: Optional[dict] = None, s
     check_shapes(shape, draft)
     cap, rope = checked_context_cap(shape, knobs)
     over, n_all, wanted = Over(shape, knobs, cards, draft, split_mode), shape["n_layer"] + 1, knobs.ctx_size
-    candidates = kv_candidates(knobs)
-    largest = {f"{k}/{v}": over.largest_context(n_all, k, v, cap) for k, v in candidates}
-    k, v = next(((k, v) for k, v in candidates if largest[f"{k}/{v}"] >= (wanted or cap)), candidates[-1])
-    layers = n_all if knobs.gpu_layers is None else min(knobs.gpu_layers, n_all)
-    floor = min(knobs.min_ctx_size, wanted or cap)
-    fits, why = over.largest_context(layers, k, v, cap), ""
-    fewer = over.most_layers(k, v, floor) if knobs.gpu_layers is None and fits < floor else 0
-    if fewer:
-        layers = fewer
-        fits, why = over.largest_context(layers, k, v, cap), f" (all {n_all} leave no room for {floor} tokens per slot)"
+    largest, k, v, layers, fits, floor, why = choose(knobs, cap, n_all, over.largest_context, over.most_layers)
     _refuse_split(over, layers, k, v, fits, floor)
     ctx = wanted or fits
     book = over.ledger(layers, k, v, ctx)
     fullest = max(book.cards, key=lambda c: c.total / (c.card_mib * MIB))
     placed = f"{layers} of {n_all} layers on the cards" if layers < n_all else f"all {n_all} layers"
-    note = (f"ctx {ctx}{f' x {knobs.parallel} slots' if knobs.parallel > 1 else ''}, {k}/{v} KV"
-            f"{'' if len(candidates) == 1 else ' (auto)'}, {placed} over {len(cards)} cards "
+    note = (f"ctx {ctx}{_slots(knobs)}, {k}/{v} KV"
+            f"{'' if len(largest) == 1 else ' (auto)'}, {placed} over {len(cards)} cards "
             f"(--tensor-split {','.join(map(str, book.tensor_split))}): "
             + ("the largest that fits" if wanted is None else f"fits; largest {fits}")
             + f"; the fullest card {fullest.total / MIB:.0f} of {fullest.card_mib} MiB")  # fmt: skip
@@ -402,10 +348,10 @@ def _refuse_split(over: Over, layers: int, k: str, v: str, fits: int, floor: int
     knobs, n_all, wanted = over.knobs, over.shape["n_layer"] + 1, over.knobs.ctx_size
     sizes = "+".join(str(c.mib) for c in over.cards)
     if fits < floor:
-        at = over.ledger(layers or n_all, k, v, floor)
+        at = over.ledger(layers, k, v, floor)
         raise PlanError(Failure(
             "memory", f"{len(over.cards)} cards of {sizes} MiB for {at.weights_on_card / MIB:.0f} MiB of weights "
-            f"(--n-gpu-layers {layers or n_all} of {n_all}) + {knobs.reserve_mib} MiB reserve each",
+            f"(--n-gpu-layers {layers} of {n_all}) + {knobs.reserve_mib} MiB reserve each",
             f"{_per_card(at)} for a {floor}-token context x {knobs.parallel} slots ({k}/{v} KV)",
             "more cards for the unit, a smaller model_quant, a smaller server_min_ctx_size or server_parallel, "
             "fewer server_gpu_layers (0: CPU only)"))  # fmt: skip
