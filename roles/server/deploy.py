@@ -11,7 +11,7 @@ from llamarack.rules import HostFacts
 from llamarack.settings import Settings
 
 from ..llamacpp.operations import prune_builds
-from .operations import answers_health, bench, service, service_user
+from .operations import answers_health, bench, service, system_account
 from .reads import ServedUnits
 
 
@@ -42,7 +42,8 @@ def llama_server(settings: Settings, facts: HostFacts, templates: tuple = (), re
       when it rebooted the host and the unit did not change (so was not switched and
       checked), ``/health`` is checked anyway: the same unit now runs on a new driver
     """
-    service_user(settings)
+    user = settings.general.service_user  # no shell; its home, not created, is the llamarack root
+    system_account(name=f"Service user {user}", user=user, home=settings.general.root, setting="llamarack_service_user")
     # The build current before this run: kept for rollback whatever else was built since.
     previous = read(LlamacppBuilds, root=settings.general.root).current
     url = public_url(settings)

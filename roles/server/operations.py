@@ -41,22 +41,10 @@ from llamarack.secrets import read_token
 from llamarack.settings import Settings
 
 from .files import bench_record
-from .plan import (HEALTH_MARK, KEY_DIGEST_SALT, RESIDENCY_MARK, PlanError, WantedUnit, bench_args,  # noqa: F401
-                   bench_due, bench_entry, bench_split_args, health_url, host_layouts,
-                   key_digest_command, parse_pin, ref_of, roofline, unit_refs, wanted_units)  # fmt: skip
-from .switch import (SWITCH_LOCK, health_check_script, health_function, label, pin_script,  # noqa: F401
-                     retire_script, switch_script)  # fmt: skip
-
-
-def service_user(settings: Settings):
-    """
-    The system user (and its group) for llama-server, with no shell and no home of its own
-    (``llamarack_service_user``; its home, not created, is the llamarack root): a
-    ``system_account`` operation.
-    """
-    user = settings.general.service_user
-    return system_account(name=f"Service user {user}", user=user, home=settings.general.root,
-                          setting="llamarack_service_user")
+from .plan import (HEALTH_MARK, KEY_DIGEST_SALT, PlanError, WantedUnit, bench_args, bench_due,  # noqa: F401
+                   bench_entry, bench_split_args, health_url, host_layouts, key_digest_command, parse_pin, pin_holds,
+                   ref_of, roofline, unit_refs, wanted_units)  # fmt: skip
+from .switch import health_check_script, label, pin_script, retire_script, switch_script
 
 
 @operation()
@@ -207,11 +195,6 @@ def _cards(settings: Settings, seen: tuple) -> tuple:
     return seen or read(RecordedGpus, path=settings.layout.gpus_record) or ()
 
 
-def _devices(settings: Settings) -> tuple:
-    """The host's character devices, on a CUDA build (the unit allows the driver's)."""
-    return tuple(read(CharDevices)) if settings.llamacpp.backend == "cuda" else ()
-
-
 def _not_made_yet(root: str, build: bool, model: bool):
     """The command for a host without the current build or model: a refusal when
     executing; with ``--dry`` on a fresh host, a note that the unit follows them (they
@@ -246,10 +229,9 @@ class Step:
 def _step(settings: Settings, want: WantedUnit, found: Optional[FoundUnit], sealed_at) -> Step:
     """The unit in place (``found``) against the wanted one."""
     found_sha1, wanted_sha1 = (found.sha1 if found else None), hashlib.sha1(want.text.encode()).hexdigest()
-    # `llamarack rollback` put an earlier unit back: it stays while the settings still
-    # want the very unit it replaced; a change of what they want releases it.
+    # `llamarack rollback` put an earlier unit back: it stays while the pin holds.
     pin = parse_pin(found.pin if found else None)
-    held = bool(pin) and pin.get("unit_sha1") == found_sha1 and pin.get("replaced_sha1") == wanted_sha1
+    held = pin_holds(pin, found_sha1, want.text)
     held_by = _served_by(settings.general.root, found.lines) if held else None
     changed = found_sha1 != wanted_sha1 and not held
     if changed:
@@ -266,11 +248,8 @@ def _step(settings: Settings, want: WantedUnit, found: Optional[FoundUnit], seal
     return Step(want, pin, held, held_by, changed, running, remade, unproven, bool(before) and before != want.cards)
 
 
-def _sealed_at(settings: Settings):
-    """When the served model's artifact was sealed (None where it says not): read through
-    ``models/current``, as the model role reads it in preflight's one read."""
-    served = read(ModelArtifact, path=settings.layout.current_model)
-    return (served.record or {}).get("sealed_at") if served else None
+
+
 def _api_key(settings: Settings):
     """The API key file as the settings want it (uploaded, or removed when none is set);
     returns whether it changed."""
@@ -378,7 +357,8 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     found = read(ServedUnits, state=layout.state)
     try:
         chosen, wanted = wanted_units(settings, flags, build_dir, model_dir, shape, cards, templates,
-                                      draft=draft if draft and draft[1] else None, devices=_devices(settings),
+                                      draft=draft if draft and draft[1] else None,
+                                      devices=tuple(read(CharDevices)) if settings.llamacpp.backend == "cuda" else (),
                                       in_place={n: unit_cards(f.lines) for n, f in found.items()},
                                       bench=lambda: read(BenchRecord, path=layout.bench_record))  # fmt: skip
     except PlanError as e:
@@ -386,7 +366,9 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
         return
     if chosen.contested and executing():
         logger.info(f"{host.print_prefix}server_layout auto serves {chosen.chosen}: {chosen.contested}")
-    sealed_at = _sealed_at(settings)
+    # When the served model's artifact was sealed: read through models/current, as preflight reads it.
+    served = read(ModelArtifact, path=layout.current_model)
+    sealed_at = (served.record or {}).get("sealed_at") if served else None
     steps = [_step(settings, w, found.get(w.ref.name), sealed_at) for w in wanted]
     record = units_record(settings, wanted)
     recorded = read(FileContents, path=layout.units_record)

@@ -1,18 +1,13 @@
-"""What llama-server runs with on one host: the context that fits the card,
-and the unit that serves it. Pure functions of settings and facts.
-
-The memory arithmetic is ``llamarack/planner.py``, the same code that
-``llamarack plan`` runs: weights counted per layer from the GGUF's tensors,
-KV cache per layer (sliding-window layers at their window), parallel slots,
-the compute buffer and ``server_memory_reserve_mib``. It chooses the KV
-types (``auto``), the layers on the card (``server_gpu_layers`` None) and the
-context (``server_ctx_size`` None), or refuses.
+"""What llama-server runs with on one host: the context that fits the card, and the unit
+that serves it. Pure functions of settings and facts; the memory arithmetic is
+``llamarack/planner.py``, the same code that ``llamarack plan`` runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import itertools
 import json
 import re
@@ -57,13 +52,6 @@ def knobs(settings: Settings) -> Knobs:
                  draft_gpu_layers=s.draft_gpu_layers)  # fmt: skip
 
 
-def card_mib(cards: tuple) -> Optional[int]:
-    """The memory a host's cards are planned at: the smallest card's board's smallest
-    known report (the same card gets the same context across a rack whatever each
-    driver says); None without cards."""
-    return min((planning_memory_mib(g.pci_device_id, g.memory_mib) for g in cards), default=None)
-
-
 def card_compute_cap(cards: tuple) -> Optional[str]:
     """The compute capability a host's plan counts with: that of a card whose prompts go
     through cuBLAS when the host has one (its prefill pool is the larger need), else the
@@ -83,6 +71,12 @@ def plan_context(settings: Settings, shape: dict, card_mib: Optional[int], draft
     return plan(shape, dataclasses.replace(knobs(settings), compute_cap=compute_cap), card_mib, draft_shape)
 
 
+def _unbuilt(code: str, given: str, lacks: str, wanted: str, undo: str) -> PlanError:
+    """The refusal of a setting whose flag this build's llama-server --help lacks."""
+    return PlanError(Failure(code, f"{given}, but this build's llama-server --help {lacks}", wanted,
+                             f"pin a newer llamacpp_commit, or {undo}"))  # fmt: skip
+
+
 def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_dir: str,
                 ctx: Plan, cuda: bool, draft_dir: Optional[str] = None, port: Optional[int] = None,
                 split: tuple = ()) -> list[str]:  # fmt: skip
@@ -91,12 +85,9 @@ def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_di
     (``SplitPlan.split_args``). Raises PlanError when a setting needs a flag this build does not have."""
     s = settings.server
     if s.api_key_file and not flags.has_api_key_file:
-        raise PlanError(Failure(
-            "api-key-file",
-            "server_api_key_file set, but this build's llama-server --help has no --api-key-file",
-            "a llama.cpp build that reads the key from a file (never from the command line)",
-            "pin a newer llamacpp_commit, or unset server_api_key_file",
-        ))  # fmt: skip
+        raise _unbuilt("api-key-file", "server_api_key_file set", "has no --api-key-file",
+                       "a llama.cpp build that reads the key from a file (never from the command line)",
+                       "unset server_api_key_file")  # fmt: skip
     args = [f"{build_dir}/bin/llama-server", "--model", f"{model_dir}/model.gguf",
             "--host", s.listen, "--port", str(s.port if port is None else port), "--ctx-size", str(ctx.ctx_size),
             "--parallel", str(ctx.parallel)]  # fmt: skip
@@ -114,11 +105,8 @@ def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_di
         args += ["--api-key-file", API_KEY_PATH]
     if s.backend_sampling:
         if not getattr(flags, "has_backend_sampling", False):
-            raise PlanError(Failure(
-                "backend-sampling", "server_backend_sampling set, but this build's llama-server --help has no "
-                "--backend-sampling", "a llama.cpp build that samples on the backend",
-                "pin a newer llamacpp_commit, or unset server_backend_sampling",
-            ))  # fmt: skip
+            raise _unbuilt("backend-sampling", "server_backend_sampling set", "has no --backend-sampling",
+                           "a llama.cpp build that samples on the backend", "unset server_backend_sampling")
         args += ["--backend-sampling"]
     if flags.has_metrics:
         args += ["--metrics"]
@@ -132,13 +120,9 @@ def rope_args(flags: ServerFlags, ctx: Plan) -> list[str]:
         return []
     # BuildFlags (the LlamaServerFlags fact) knows; a bare ServerFlags does not.
     if not getattr(flags, "has_rope_scaling", False):
-        raise PlanError(Failure(
-            "rope-scaling",
-            f"server_rope_scaling {ctx.rope[0]!r}, but this build's llama-server --help lacks "
-            "--rope-scaling, --rope-scale or --yarn-orig-ctx",
-            "a llama.cpp build with RoPE scaling options",
-            "pin a newer llamacpp_commit, or set server_rope_scaling = 'none'",
-        ))  # fmt: skip
+        raise _unbuilt("rope-scaling", f"server_rope_scaling {ctx.rope[0]!r}",
+                       "lacks --rope-scaling, --rope-scale or --yarn-orig-ctx",
+                       "a llama.cpp build with RoPE scaling options", "set server_rope_scaling = 'none'")
     method, scale, orig = ctx.rope
     args = ["--rope-scaling", method, "--rope-scale", f"{scale:g}"]
     return args + (["--yarn-orig-ctx", str(orig)] if method == "yarn" else [])
@@ -149,13 +133,9 @@ def draft_args(settings: Settings, flags: ServerFlags, draft_dir: str, ctx: Plan
     plan's (the planner counted them so), its layers on the card those the plan placed;
     PlanError when this build's --help lacks the options."""
     if not getattr(flags, "has_spec_draft", False):
-        raise PlanError(Failure(
-            "spec-draft",
-            "model_draft_repo set, but this build's llama-server --help lacks --spec-type draft-simple "
-            "or a --spec-draft-* option (model, n-max, n-min, ngl, type-k, type-v)",
-            "a llama.cpp build with --spec-draft-* options",
-            "pin a newer llamacpp_commit, or unset model_draft_repo",
-        ))  # fmt: skip
+        raise _unbuilt("spec-draft", "model_draft_repo set", "lacks --spec-type draft-simple or a --spec-draft-* "
+                       "option (model, n-max, n-min, ngl, type-k, type-v)",
+                       "a llama.cpp build with --spec-draft-* options", "unset model_draft_repo")
     s = settings.server
     args = ["--spec-type", "draft-simple", "--spec-draft-model", f"{draft_dir}/model.gguf",
             "--spec-draft-n-max", str(s.draft_max), "--spec-draft-n-min", str(s.draft_min),
@@ -228,7 +208,6 @@ def _templates(dirs: tuple) -> jinja2.Environment:
 # (major 195: ``nvidia-frontend`` before driver 550.40, ``nvidia`` and ``nvidiactl`` from
 # it on), ``nvidia-uvm`` (and its tools node), ``nvidia-caps`` (MIG). ``nvidia-uvm`` is
 # loaded when a CUDA program first asks for it, so a host may not list it yet.
-DRIVER_DEVICE_PREFIX = "nvidia"
 MAJOR_195_NAMES = ("nvidia-frontend", "nvidia", "nvidiactl")
 _DEVICE_NAME = re.compile(r"nvidia[a-z0-9_-]*")
 
@@ -323,21 +302,14 @@ class WantedUnit:
     cards: tuple  # the UUIDs of its cards, in its device order
 
 
-def host_layout(settings: Settings, shape: dict, gpus: tuple, draft_shape: Optional[dict] = None,
-                bench: Any = None, model: Optional[str] = None) -> Layout:  # fmt: skip
-    """The units the host's cards make (``server_layout``, ``server_split_mode``); ``bench``:
-    the host's llama-bench record, ``model``: the served model's stamp (``host_layouts``).
-    Raises PlanError."""
-    return host_layouts(settings, shape, gpus, draft_shape, bench, model)[0]
-
-
 def host_layouts(settings: Settings, shape: dict, gpus: tuple, draft_shape: Optional[dict] = None,
                  bench: Any = None, model: Optional[str] = None) -> tuple:  # fmt: skip
-    """(the layout the host serves, the layout the ledger alone could not rank against it, or
-    None): where the ledger cannot choose (``card_layout.rival_layout``, CUDA builds), the
-    host's llama-bench record of the served model (``bench``, when it names ``model``) picks
-    the faster (``card_layout.settle``); without figures of both, the ledger's answer.
-    ``bench`` may be a function that reads the record: it is called only there."""
+    """(the layout the host's cards make, ``server_layout`` and ``server_split_mode``; the
+    layout the ledger alone could not rank against it, or None): where the ledger cannot
+    choose (``card_layout.rival_layout``, CUDA builds), the host's llama-bench record of the
+    served model (``bench``, when it names ``model``) picks the faster (``card_layout.settle``);
+    without figures of both, the ledger's answer. ``bench`` may be a function that reads the
+    record: it is called only there. Raises PlanError."""
     s = settings.server
     kn, cards = knobs(settings), cards_of(gpus)
     chosen = choose_layout(shape, kn, cards, s.layout, draft_shape, s.split_mode)
@@ -428,7 +400,7 @@ def wanted_units(settings: Settings, flags: ServerFlags, build_dir: str, model_d
             "the draft artifact the model role makes", "run the model role (deploy.py runs it)",
         ))  # fmt: skip
     draft_dir, draft_shape = draft if settings.model.draft_repo else (None, None)
-    layout = host_layout(settings, shape, tuple(cards), draft_shape, bench, Path(model_dir).name)
+    layout = host_layouts(settings, shape, tuple(cards), draft_shape, bench, Path(model_dir).name)[0]
     wanted = []
     for ref, unit, uuids in unit_refs(settings, layout, in_place):
         text = _unit_text(settings, flags, (build_dir, model_dir, draft_dir), shape, ref, unit.plan, uuids,
@@ -472,14 +444,6 @@ def residency_checked(settings: Settings) -> bool:
     return mode == "on" or (mode == "auto" and settings.llamacpp.backend == "cuda")
 
 
-def wanted_unit(settings: Settings, flags: ServerFlags, build_dir: str, model_dir: str, shape: dict,
-                cards: tuple, templates: tuple = (), draft: Optional[tuple] = None,
-                devices: tuple = ()) -> tuple[str, Plan]:  # fmt: skip
-    """The first unit ``wanted_units`` makes, and its plan (a host of one unit: its unit)."""
-    first = wanted_units(settings, flags, build_dir, model_dir, shape, cards, templates, draft, devices)[1][0]
-    return first.text, first.plan
-
-
 # A fresh salt for each pyinfra run: what the host prints about its API key
 # (``roles/server/files/secret_digest.py``) is never the same twice, nor a plain hash of the key.
 KEY_DIGEST_SALT = secrets.token_hex(16)
@@ -499,3 +463,10 @@ def parse_pin(lines) -> Optional[dict]:
     except ValueError:
         return {}
     return pin if isinstance(pin, dict) else {}
+
+
+def pin_holds(pin: Optional[dict], found_sha1: Optional[str], wanted_text: str) -> bool:
+    """Whether a rollback pin keeps the unit in place (of sha1 ``found_sha1``): it does while the
+    settings still want the very unit it replaced (``wanted_text``); a change of what they want releases it."""
+    return bool(pin) and pin.get("unit_sha1") == found_sha1 and \
+        pin.get("replaced_sha1") == hashlib.sha1(wanted_text.encode()).hexdigest()  # fmt: skip
