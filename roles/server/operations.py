@@ -78,10 +78,9 @@ def system_account(user: str, home: str, setting: Optional[str] = None):
 
 def _linked(current: str) -> Optional[str]:
     """The directory the link ``current`` (``builds/current``, ``models/current``) points at, or None."""
-    link = read(Link, path=current)
-    if not link or not link.get("link_target"):
+    target = (read(Link, path=current) or {}).get("link_target")
+    if not target:
         return None
-    target = link["link_target"]
     return target if target.startswith("/") else f"{current.rsplit('/', 1)[0]}/{target}"
 
 
@@ -160,7 +159,7 @@ def rollback(settings: Settings, unit: Optional[int] = None):
         now = found.get(ref.name)
         host.log(f"{label(ref.name)}: rolling back to {_served_by(root, previous[ref.name])} "
                  f"(from {_served_by(root, now.lines if now else None)})", logger.info)  # fmt: skip
-        build, model = unit_build(root, previous[ref.name]), _served(root, previous[ref.name])[1]
+        build, model = _served(root, previous[ref.name])
         needed += ([f"{layout.build(build)}/bin/llama-server"] if build else []) + ([model] if model else [])
     yield (" && ".join(f"test -e {shlex.quote(p)}" for p in dict.fromkeys(needed)) or "true") + (
         f" || {{ echo {shlex.quote(f'{host.name}: rollback: the previous unit names files that are gone')} >&2; exit 1; }}")
@@ -174,8 +173,7 @@ def rollback(settings: Settings, unit: Optional[int] = None):
 
 def _show_unit_diff(path: str, unit: str, current) -> None:
     """With ``--diff``, print how a unit file changes, as pyinfra's files.put does."""
-    config = getattr(host.state, "config", None)
-    if not getattr(config, "DIFF", False):
+    if not getattr(getattr(host.state, "config", None), "DIFF", False):
         return
     host.log(f"Will {'modify' if current else 'create'} {path}", logger.info)
     for line in generate_color_diff([line + "\n" for line in current or []], unit.splitlines(keepends=True)):
@@ -248,8 +246,6 @@ def _step(settings: Settings, want: WantedUnit, found: Optional[FoundUnit], seal
     return Step(want, pin, held, held_by, changed, running, remade, unproven, bool(before) and before != want.cards)
 
 
-
-
 def _api_key(settings: Settings):
     """The API key file as the settings want it (uploaded, or removed when none is set);
     returns whether it changed."""
@@ -302,12 +298,9 @@ def units_record(settings: Settings, wanted: tuple) -> str:
 
 def _retired(settings: Settings, found: dict, wanted: tuple, cards: tuple) -> tuple:
     """The units on the host that the layout no longer makes, each said with why."""
-    names = {w.ref.name for w in wanted}
     listed = {g.uuid for g in cards}
     gone = []
-    for name in sorted(found):
-        if name in names:
-            continue
+    for name in sorted(set(found) - {w.ref.name for w in wanted}):
         lost = [c for c in unit_cards(found[name].lines) if c not in listed]
         why = (f"its card{'s' if len(lost) > 1 else ''} {', '.join(lost)} no longer listed by the driver" if lost
                else f"the host now serves {len(wanted)} unit{'s' if len(wanted) > 1 else ''}")  # fmt: skip

@@ -227,8 +227,8 @@ class ServedUnits(FactBase[dict]):
             word, _, rest = line.partition(" ")
             if word == "unit":
                 name, _, sha1 = rest.rpartition(" ")
-                current = units[name] = {"name": name, "sha1": sha1, "lines": [], "prev": False, "state": {},
-                                         "pin": None, "health": None}  # fmt: skip
+                current = units[name] = {"name": name, "sha1": sha1, "line": [], "prev": False, "state": {},
+                                         "pin": [], "health": None}  # fmt: skip
             elif not units:
                 raise FactProcessError(f"unexpected llama-server units output: {output!r}")
             elif word == "prev":
@@ -236,13 +236,12 @@ class ServedUnits(FactBase[dict]):
             elif word == "state" and "=" in rest:
                 key, _, value = rest.partition("=")
                 current["state"][key] = value
-            elif word == "line":
-                current["lines"].append(rest)
-            elif word == "pin":
-                current["pin"] = (current["pin"] or []) + [rest]
+            elif word in ("line", "pin"):
+                current[word].append(rest)
             elif word == "health":
                 current["health"] = int(rest) if rest.strip().isdigit() else None
-        return {name: FoundUnit(**{**u, "lines": tuple(u["lines"]), "pin": None if u["pin"] is None else tuple(u["pin"])})
+        return {name: FoundUnit(u["name"], u["sha1"], tuple(u["line"]), u["prev"], u["state"], tuple(u["pin"]) or None,
+                                u["health"])
                 for name, u in units.items() if _UNIT_FILE.fullmatch(name)}  # fmt: skip
 
 
