@@ -1,14 +1,11 @@
-"""llama-server under systemd as one pyinfra operation: plan, write, restart,
-check /health, and roll back to the previous unit when the new one fails.
+"""The server role's operations: the service user, the units (plan, write, switch), /health,
+``llamarack rollback`` and the bench.
 
-The unit names the build and model directories it serves
-(``builds/<stamp>``, ``models/<stamp16>``), not the ``current`` links: the
-running server keeps its files while a later run builds or fetches new
-ones, and the unit's text changes exactly when what it serves changes.
-
-The operation reads its facts when it runs (pyinfra 3 runs an operation's
-body at execution time), so a first run plans from the build and model that
-the llama.cpp and model roles made earlier in the same run.
+A unit names the build and model directories it serves (``builds/<stamp>``,
+``models/<stamp16>``), not the ``current`` links: the running server keeps its files while a
+later run builds or fetches new ones, and the unit's text changes exactly when what it serves
+changes. Facts are read when an operation runs (pyinfra 3 runs its body at execution time),
+so a first run plans from what the llama.cpp and model roles made earlier in the same run.
 """
 
 from __future__ import annotations
@@ -56,10 +53,8 @@ def system_account(user: str, home: str, setting: Optional[str] = None):
     + home: its home (not created)
     + setting: the setting that names it, for the refusal's fix
 
-    Made with the mark ``SERVICE_USER_MARK`` in its GECOS field; an account llamarack
-    did not make is refused, unchanged (``llamarack.rules.account_failure``; preflight
-    checks the service user's before anything is touched). Reads the one account
-    (``SystemUser``) and group (``SystemGroup``), not every account of the host.
+    Made with ``SERVICE_USER_MARK`` in its GECOS field; an account llamarack did not make is
+    refused, unchanged (``llamarack.rules.account_failure``, which preflight also checks).
     """
     entry = read(SystemUser, user=user)
     failure = account_failure(user, home, setting, entry, read(SystemGroup, group=user))
@@ -92,9 +87,8 @@ def answers_health(settings: Settings, reason: str):
     + settings: the host's settings (``server_health_timeout``)
     + reason: why it is checked (for the messages), e.g. the driver role's reboot
 
-    For a server that was not switched by this run but started anew anyway: after
-    the reboot for a driver upgrade, the unit is the same text, yet it runs on a
-    new driver. A host without a unit has nothing to check.
+    For a server not switched by this run but started anew anyway: after the reboot for a
+    driver upgrade, the unit is the same text, yet it runs on a new driver.
     """
     yield StringCommand(health_check_script(settings, reason, host_name=host.name))
 
@@ -128,16 +122,12 @@ def _rollback_names(found: dict, unit: Optional[int]) -> list:
 def rollback(settings: Settings, unit: Optional[int] = None):
     """
     Put back, for each unit that has one, the unit that served before its last switch
-    (``state/previous.service``; ``state/previous@N.service`` for unit N of several): its
-    build and model, switched in as any unit is (restart, ``/health``, the unit in place
-    restored if it does not answer), then pinned (``state/rollback[@N].json``).
+    (``state/previous[@N].service``), switched in as any unit is, then pinned
+    (``state/rollback[@N].json``: later deploys keep it while the settings still want the
+    unit it replaced; a second rollback, forward again, removes the pin).
 
     + settings: the host's settings (root, ``server_health_timeout``)
     + unit: only unit N (0 for a host's one unit); None: every unit with a previous one
-
-    The pin keeps later deploys from undoing it while the settings still want the
-    unit it replaced; changed settings release it, and a second rollback (forward
-    again, to the unit the settings want) removes it.
     """
     layout, root = settings.layout, settings.general.root
     found = read(ServedUnits, state=layout.state)
@@ -182,9 +172,10 @@ def _show_unit_diff(path: str, unit: str, current) -> None:
 
 
 def _draft(settings: Settings) -> Optional[tuple]:
-    """(directory, shape) of the draft model ``models/draft`` points at, when one is asked."""
+    """(directory, shape) of the draft model ``models/draft`` points at, when one is asked and read."""
     draft_dir = _linked(settings.layout.draft_model) if settings.model.draft_repo else None
-    return (draft_dir, read(GgufShape, path=f"{draft_dir}/model.gguf")) if draft_dir else None
+    shape = read(GgufShape, path=f"{draft_dir}/model.gguf") if draft_dir else None
+    return (draft_dir, shape) if shape else None
 
 
 def _cards(settings: Settings, seen: tuple) -> tuple:
@@ -322,20 +313,15 @@ def _serves(model_dir: str, build_dir: str, layout, steps: list) -> str:
 def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     """
     Serve ``models/current`` with ``builds/current`` under systemd, one unit per unit of
-    the host's layout (``server_layout``: a unit per card, or one over several).
+    the host's layout (``server_layout``); a host without GPUs serves one unit from the CPU.
 
     + settings: the host's settings (server, general, llamacpp backend)
     + gpus: the run's GPUs (``HostFacts.gpus``); empty: the record, read when this runs
     + templates: folders whose templates replace the role's own (the project's templates/)
 
-    Each unit is planned for its cards; a host without GPUs serves one unit from the CPU,
-    bounded by the model's trained context only.
-
-    Refuses (exit 1, nothing touched) when a plan does not fit. Units the layout no
-    longer makes (a card gone, the layout changed) are stopped, disabled and removed
-    first. Each unit that changed is written, restarted, and its ``/health`` must answer
-    200 within ``server_health_timeout``; otherwise its previous unit is put back and
-    restarted (the others go on). ``state/units.json`` lists the units. The API key goes
+    Refuses (exit 1, nothing touched) when a plan does not fit. Units the layout no longer
+    makes are retired first; each unit that changed is switched in (``switch_script``: the
+    others go on when one is put back). ``state/units.json`` lists the units. The API key goes
     to the host as a file (mode 640, group of the service user), never on a command line.
     """
     root, layout = settings.general.root, settings.layout
@@ -349,8 +335,7 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     draft, cards = _draft(settings), _cards(settings, gpus)
     found = read(ServedUnits, state=layout.state)
     try:
-        chosen, wanted = wanted_units(settings, flags, build_dir, model_dir, shape, cards, templates,
-                                      draft=draft if draft and draft[1] else None,
+        chosen, wanted = wanted_units(settings, flags, build_dir, model_dir, shape, cards, templates, draft=draft,
                                       devices=tuple(read(CharDevices)) if settings.llamacpp.backend == "cuda" else (),
                                       in_place={n: unit_cards(f.lines) for n, f in found.items()},
                                       bench=lambda: read(BenchRecord, path=layout.bench_record))  # fmt: skip
@@ -397,17 +382,12 @@ def bench(settings: Settings, gpus: tuple = ()):
     + settings: the host's settings (``server_bench``: stopped, beside or off)
     + gpus: the run's GPUs (``HostFacts.gpus``)
 
-    The record is keyed by the served build's stamp and model's, and holds each unit's
-    figures: a host whose record names them, with a figure for every unit's plan, does
-    nothing (a converged run never benchmarks; a record from before units were listed
-    stands for every unit). Each unit is measured on its own cards with its own flags; a
-    unit that llama-bench would run alike with one before it (the same kind of cards, the
-    same flags) shares its figures (``"as"``). Where the ledger alone cannot choose the
-    layout (``host_layouts``), the other layout's units are measured too (``stopped``
-    only). With ``stopped``, the units on the measured cards are stopped for the bench
-    and started again, and must answer ``/health`` within ``server_health_timeout``; with
-    ``beside`` they keep serving and share the cards (the figures are then lower). The
-    run says which it did.
+    The record is keyed by the served build's and model's stamps: a host whose record has
+    a figure for every unit's plan does nothing (``bench_due``: a converged run never
+    benchmarks). Each unit is measured on its own cards with its own flags, or shares the
+    figures of one llama-bench runs alike (``_measures``). Where the ledger alone cannot
+    choose the layout (``host_layouts``), the other layout's units are measured too
+    (``stopped`` only; ``_bench_one`` says how each mode treats the units that serve).
     """
     mode, layout = settings.server.bench, settings.layout
     # Read before this operation's first command (llamarack.facts.reading's rule).
@@ -443,8 +423,8 @@ def bench(settings: Settings, gpus: tuple = ()):
     if record and record.get("key") == key:
         host.log(f"llama-bench: {due}: measuring again", logger.info)
     entries, runs = _measures(settings, (served, refs), rival if mode == "stopped" else None, cards, shape)
-    for n, run in enumerate(runs):
-        yield from _bench_one(settings, run, (flags, build_dir, model_dir, shape), key, layout.bench_part(n), cards)
+    for run in runs:
+        yield from _bench_one(settings, run, (flags, build_dir, model_dir), key, cards)
     yield remote.command("bench_record", "join", layout.bench_record, json.dumps(entries, sort_keys=True))
 
 
@@ -497,40 +477,36 @@ def _measures(settings: Settings, served: tuple, rival, cards: tuple, shape: dic
     return entries, runs
 
 
-def _bench_one(settings: Settings, run: _Run, served: tuple, key: dict, part: str, cards: tuple):
+def _bench_one(settings: Settings, run: _Run, served: tuple, key: dict, cards: tuple):
     """The command of one llama-bench run, on its unit's cards (CUDA_VISIBLE_DEVICES by UUID on a
-    host of several cards), writing its measurement to ``part``."""
-    flags, build_dir, model_dir, shape = served
+    host of several cards), writing its measurement to its ``part``. With ``stopped``, the units
+    on the measured cards (``run.stop``) are stopped for it and started again, and must answer /health."""
+    flags, build_dir, model_dir = served
     cuda, entry, plan = settings.llamacpp.backend == "cuda", run.entry, run.plan
-    ctx = plan.single or plan
-    args = bench_args(settings, flags, build_dir, model_dir, ctx, cuda) + (bench_split_args(plan) if cuda else [])
+    args = bench_args(settings, flags, build_dir, model_dir, plan.single or plan, cuda) + \
+        (bench_split_args(plan) if cuda else [])  # fmt: skip
     measured = {"key": key, "mode": settings.server.bench, "backend": settings.llamacpp.backend, "on_card": cuda,
                 "served": entry["served"], "roofline": entry["roofline"]}  # fmt: skip
     if len(cards) > 1:  # which unit's plan was measured, on which cards
         measured["unit"] = {"name": entry["name"], "cards": entry["cards"], "split_args": entry["split_args"]}
-    command = remote.command("bench_record", part, json.dumps(measured, sort_keys=True), *args)
+    run_bench = remote.command("bench_record", entry["part"], json.dumps(measured, sort_keys=True), *args)
     if len(cards) > 1 and entry["cards"]:
-        command = f"{remote.argv('env', 'CUDA_VISIBLE_DEVICES=' + ','.join(entry['cards']))} {command}"
-    yield from _bench_run(settings, run.stop, command, settings.server.bench, cuda)
-
-
-def _bench_run(settings: Settings, refs: tuple, run: str, mode: str, cuda: bool):
-    """The bench's command: with ``stopped``, the units on the measured cards (``refs``) are
-    stopped for it and started again, and must answer /health."""
+        run_bench = f"{remote.argv('env', 'CUDA_VISIBLE_DEVICES=' + ','.join(entry['cards']))} {run_bench}"
     where = "on the CPU build (the roofline is the card's, not this measurement's)" if not cuda else "on the card"
+    refs = run.stop
     names = ", ".join(label(ref.name) for ref in refs)
-    if mode == "stopped" and refs:
+    if settings.server.bench == "stopped" and refs:
         if executing():
             logger.info(f"{host.print_prefix}llama-bench {where}: {names} stopped for it and started "
                         "again (server_bench = 'stopped')")  # fmt: skip
         services = " ".join(shlex.quote(ref.name) for ref in refs)
         waits = " && ".join(remote.command("wait_healthy", health_url(settings, ref.port), ref.name,
                                            str(settings.server.health_timeout)) for ref in refs)  # fmt: skip
-        yield (f"systemctl stop {services}; {run}; rc=$?; systemctl start {services} && {waits} || "
+        yield (f"systemctl stop {services}; {run_bench}; rc=$?; systemctl start {services} && {waits} || "
                f"{{ echo {shlex.quote(names + ' did not answer /health after the bench')} >&2; exit 1; }}; "
                "exit $rc")  # fmt: skip
     else:
         if executing():
             logger.info(f"{host.print_prefix}llama-bench {where}" + (f", while {names} serves beside it "
                         "(server_bench = 'beside': they share the card)" if refs else ""))  # fmt: skip
-        yield run
+        yield run_bench
