@@ -177,7 +177,6 @@ def residency_item(settings: Settings, cards: tuple, processes: tuple, pid: int,
     answers /health all the same."""
     if not residency_checked(settings):
         return Item({"backend": settings.llamacpp.backend, "server_residency": settings.server.residency})
-    cards = tuple(cards)
     mine = [p for p in processes if p.pid == pid]
     found = {"pid": pid, "cards": [p.gpu_uuid for p in mine], "used_mib": sum(p.used_mib or 0 for p in mine)}
     wanted = {"cards": list(cards), "weights_mib": weights_mib}

@@ -33,14 +33,11 @@ def llama_server(settings: Settings, facts: HostFacts, templates: tuple = (), re
     Run llama-server as a system service and check that it answers.
 
     + settings: the host's settings (``server_*``, ``llamarack_service_user``)
-    + facts: what preflight read; where it knew no GPU (a mismatch the driver role
-      reboots away, on a host with no record yet), the service reads the record the
-      driver role wrote after the reboot
-    + templates: folders whose templates replace the role's own, e.g. the project's
-      ``templates/`` (``deploy.py`` passes it)
-    + rebooted: the driver role's reboot operation (what ``driver`` returns), or None;
-      when it rebooted the host and the unit did not change (so was not switched and
-      checked), ``/health`` is checked anyway: the same unit now runs on a new driver
+    + facts: what preflight read; where it knew no GPU (a mismatch the driver role reboots
+      away), the service reads the record the driver role wrote after the reboot
+    + templates: folders whose templates replace the role's own (the project's ``templates/``)
+    + rebooted: the driver role's reboot operation, or None; when it rebooted the host and the
+      unit was not switched, ``/health`` is checked anyway: the same unit runs on a new driver
     """
     user = settings.general.service_user  # no shell; its home, not created, is the llamarack root
     system_account(name=f"Service user {user}", user=user, home=settings.general.root, setting="llamarack_service_user")

@@ -185,9 +185,8 @@ def _cards(settings: Settings, seen: tuple) -> tuple:
 
 
 def _not_made_yet(root: str, build: bool, model: bool):
-    """The command for a host without the current build or model: a refusal when
-    executing; with ``--dry`` on a fresh host, a note that the unit follows them (they
-    come from earlier operations of this run)."""
+    """A refusal for a host without the current build or model; with ``--dry`` on a fresh host,
+    a note that the unit follows them (earlier operations of this run make them)."""
     missing = [n for n, v in (("llama.cpp build", build), ("model", model)) if not v]
     if host.state.is_executing:
         return refusal(f"{host.name}: server: no current {' and no '.join(missing)} under {root}; "
@@ -198,8 +197,8 @@ def _not_made_yet(root: str, build: bool, model: bool):
 
 @dataclass(frozen=True)
 class Step:
-    """What one wanted unit needs: the pin ``llamarack rollback`` wrote (None: none), whether
-    it holds the unit in place (and what that serves), and why it would be switched."""
+    """What one wanted unit needs: the pin ``llamarack rollback`` wrote (None: none), whether it
+    holds the unit in place (``held_by``: what that serves), and why it would be switched."""
 
     want: WantedUnit
     pin: Optional[dict]

@@ -33,13 +33,9 @@ from ..llamacpp.plan import serving_inputs
 from .files import bench_record
 from .reads import HEALTH_MARK, RESIDENCY_MARK  # noqa: F401 (the role's API)
 
-# The role's templates. A file of the same name in an override folder the
-# deploy names (the project's top-level templates/, for deploy.py) replaces one.
+# The role's templates; a file of the same name in an override folder (the project's templates/) replaces one.
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 UNIT_TEMPLATE = "llama-server.service.j2"
-# The unit names its own health URL (HEALTH_MARK: a rollback checks the previous unit's
-# address) and, on CUDA, its cards (UUIDs) and planned weights (MiB) (RESIDENCY_MARK: the
-# switch checks it serves from them): reads.py parses both.
 
 
 def knobs(settings: Settings) -> Knobs:
@@ -64,10 +60,8 @@ def card_compute_cap(cards: tuple) -> Optional[str]:
 
 def plan_context(settings: Settings, shape: dict, card_mib: Optional[int], draft_shape: Optional[dict] = None,
                  compute_cap: Optional[str] = None) -> Plan:  # fmt: skip
-    """The plan for this host: ``card_mib`` is its smallest GPU's memory, None for
-    CPU serving; ``draft_shape`` the draft model's (speculative decoding);
-    ``compute_cap`` the card's (``card_compute_cap``). Raises PlanError naming the
-    model, the card and what would fit."""
+    """The plan for this host: ``card_mib`` is its smallest GPU's memory, None for CPU serving;
+    ``compute_cap`` the card's (``card_compute_cap``). Raises PlanError naming what would fit."""
     return plan(shape, dataclasses.replace(knobs(settings), compute_cap=compute_cap), card_mib, draft_shape)
 
 
@@ -96,9 +90,7 @@ def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_di
     # types and layers the plan chose.
     serving = {**serving_inputs(settings), "cache_type_k": ctx.cache_type_k, "cache_type_v": ctx.cache_type_v,
                "gpu_layers": ctx.gpu_layers if cuda else None}  # fmt: skip
-    args += serving_args(flags, serving)
-    args += list(split)
-    args += rope_args(flags, ctx)
+    args += serving_args(flags, serving) + list(split) + rope_args(flags, ctx)
     if draft_dir:
         args += draft_args(settings, flags, draft_dir, ctx, cuda)
     if s.api_key_file:
@@ -213,15 +205,10 @@ _DEVICE_NAME = re.compile(r"nvidia[a-z0-9_-]*")
 
 
 def device_names(devices: tuple, cuda: bool) -> tuple[str, ...]:
-    """The ``/proc/devices`` names the unit's ``DeviceAllow=char-NAME`` lines allow.
-
-    + devices: the host's ``CharDevices``
-    + cuda: the build serves on the GPU (a CPU build is allowed no driver device)
-
-    Every name the NVIDIA driver registered (``nvidia*``), plus ``nvidia-uvm``; when
-    nothing is registered at major 195 (the module not loaded when the host was
-    read), the names of both driver eras, so a driver loaded later is still reached.
-    """
+    """The ``/proc/devices`` names (of the host's ``CharDevices``) the unit's ``DeviceAllow=char-NAME``
+    lines allow: none for a CPU build; else every ``nvidia*`` name, plus ``nvidia-uvm``, and when
+    nothing is at major 195 (the module not loaded when the host was read), the names of both
+    driver eras, so a driver loaded later is still reached."""
     if not cuda:
         return ()
     names = [d.name for d in devices if _DEVICE_NAME.fullmatch(d.name)]
@@ -240,12 +227,9 @@ def render_unit(settings: Settings, args: list[str], description: str, overrides
     """The unit file; ``overrides``: folders whose templates win over the role's own;
     ``devices``: the character device names it may open (``device_names``);
     ``residency_on``: (card UUIDs, planned weights MiB) of a CUDA unit; ``port``: the unit's
-    (its health line's); ``visible``: the UUIDs of the cards CUDA shows it (a unit of a host
-    of several cards), in its device order.
-
-    Every value is escaped for systemd by ``llamarack.unitfile`` (the template
-    only places them): ``description`` holds the GGUF's own metadata.
-    """
+    (its health line's); ``visible``: the UUIDs of the cards CUDA shows it, in its device order.
+    Every value is escaped for systemd by ``llamarack.unitfile`` (the template only places
+    them): ``description`` holds the GGUF's own metadata."""
     dirs = tuple(str(d) for d in overrides if Path(d).is_dir()) + (str(TEMPLATES),)
     return _templates(dirs).get_template(UNIT_TEMPLATE).render(
         description=unitfile.text(description),
@@ -356,10 +340,9 @@ def bench_entry(layout: Layout, unit: Unit, cuda: bool) -> dict:
 
 def bench_due(settings: Settings, record: Optional[dict], key: dict, layout: Layout, refs: list) -> Optional[str]:
     """Why the bench would measure now, or None when the record is current: it names the
-    served build and model (``key``) and holds a figure for the plan of every unit of
-    ``layout`` (``refs``: ``unit_refs``), found by ``bench_record.signature`` among its units
-    and alternative. A record from before units were listed, of that build and model, is
-    current: its one figure stands for every unit, as it did."""
+    served build and model (``key``) and holds a figure (found by ``bench_record.signature``)
+    for the plan of every unit of ``layout`` (``refs``: ``unit_refs``). A record from before
+    units were listed, of that build and model, is current: its one figure stands for all."""
     if not record or record.get("key") != key:
         return f"the record names {(record or {}).get('key')}, not {key}"
     if not isinstance(record.get("units"), list):
@@ -387,13 +370,9 @@ def wanted_units(settings: Settings, flags: ServerFlags, build_dir: str, model_d
     """The host's layout and the units it should run (``WantedUnit``, each with its plan):
     what the service operation writes and what ``llamarack audit`` compares with the units
     found. ``cards``: the host's GPUs; ``draft``: (directory, shape) of the draft model when
-    ``model_draft_repo`` is set; ``devices``: the host's ``CharDevices``. One unit is
-    ``llamarack-server.service`` on ``server_port``; several are ``llamarack-server@N.service``
-    on ``server_port`` + N, each shown only its cards when the host has more than one.
-    ``in_place``: the units on the host, name -> their cards' UUIDs: a unit over the same
-    cards keeps its N (and port), so a card that goes retires only its own unit, and one
-    that comes back takes the lowest N free. ``bench``: the host's llama-bench record (where
-    the ledger alone cannot choose the layout, ``host_layouts``). Raises PlanError."""
+    ``model_draft_repo`` is set; ``devices``: the host's ``CharDevices``; ``in_place``: the
+    units on the host (``unit_refs``: a card that goes retires only its own unit);
+    ``bench``: the host's llama-bench record (``host_layouts``). Raises PlanError."""
     if settings.model.draft_repo and not draft:
         raise PlanError(Failure(
             "draft-model", "model_draft_repo set, but no draft model under models/draft",
