@@ -448,9 +448,8 @@ class _Run:
 
 def _measures(settings: Settings, served: tuple, rival, cards: tuple, shape: dict) -> tuple:
     """({"units": [...], "alternative": [...]}: the record's entries, each naming its
-    measurement (``part``: the n-th run) or the unit it shares figures with (``as``); the runs).
-    A unit shares the figures of a unit before it that llama-bench runs alike
-    (``bench_record.signature``: the same kind of cards in order, the same flags)."""
+    measurement (``part``: the n-th run) or the unit before it that llama-bench runs alike, whose
+    figures it shares (``as``; ``bench_record.signature``: the same kinds of cards, the same flags); the runs)."""
     layout, refs = served
     cuda = settings.llamacpp.backend == "cuda"
     todo = [("units", layout, unit, ref.name, {"index": ref.index or 0, "port": ref.port}, (ref,))

@@ -31,7 +31,7 @@ def _split_mode(value: str) -> Optional[str]:
     return "layer or tensor" + row
 
 
-# The most a setting counts of a model's layers, its context, or the seconds of a wait.
+# The most a setting counts of a model's layers or its context.
 MAX_LAYERS = 4096
 MAX_CONTEXT = 1 << 24
 

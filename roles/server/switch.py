@@ -100,7 +100,6 @@ def health_check_script(settings: Settings, reason: str, restart: bool = False, 
     timeout = settings.server.health_timeout
     start = 'systemctl restart "$svc" && ' if restart else ""
     host, why = shlex.quote(host_name), shlex.quote(reason)
-    # no units given: every unit file of the host (a glob)
     paths = [f"{shlex.quote(UNIT_DIR)}/{g}" for g in UNIT_GLOBS] if units is None else \
         [shlex.quote(u.path) for u in units]  # fmt: skip
     return f"""{health_function()}
