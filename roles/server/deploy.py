@@ -15,18 +15,6 @@ from .operations import answers_health, bench, service, system_account
 from .reads import ServedUnits
 
 
-def served_builds(settings: Settings) -> tuple:
-    """The builds the host's llama-server units name (read when the prune runs)."""
-    units = read(ServedUnits, state=settings.layout.state)
-    return tuple(unit_build(settings.general.root, u.lines) for u in units.values())
-
-
-def public_url(settings: Settings) -> str:
-    listen = settings.server.listen
-    addr = host.data.get("ssh_hostname") or host.name if listen in ("0.0.0.0", "::") else listen
-    return f"http://{addr}:{settings.server.port}"
-
-
 @deploy("llama-server")
 def llama_server(settings: Settings, facts: HostFacts, templates: tuple = (), rebooted=None):
     """
@@ -43,7 +31,9 @@ def llama_server(settings: Settings, facts: HostFacts, templates: tuple = (), re
     system_account(name=f"Service user {user}", user=user, home=settings.general.root, setting="llamarack_service_user")
     # The build current before this run: kept for rollback whatever else was built since.
     previous = read(LlamacppBuilds, root=settings.general.root).current
-    url = public_url(settings)
+    listen = settings.server.listen
+    addr = host.data.get("ssh_hostname") or host.name if listen in ("0.0.0.0", "::") else listen
+    url = f"http://{addr}:{settings.server.port}"
     key = "API key required" if settings.server.api_key_file else "no API key"
     served = service(
         name=f"llama-server at {url} ({key})",
@@ -66,13 +56,15 @@ def llama_server(settings: Settings, facts: HostFacts, templates: tuple = (), re
         gpus=facts.gpus,
     )
     # Old builds go only now, once the unit that serves has answered /health (or was put
-    # back): nothing the running server uses is removed before its successor serves.
+    # back): nothing the running server uses is removed before its successor serves. The builds
+    # the units name are read when the prune runs.
     prune_builds(
         name=f"Prune old llama.cpp builds (keep {settings.llamacpp.keep_builds})",
         root=settings.general.root,
         keep=settings.llamacpp.keep_builds,
         previous=previous,
-        serving=lambda: served_builds(settings),
+        serving=lambda: tuple(unit_build(settings.general.root, u.lines)
+                              for u in read(ServedUnits, state=settings.layout.state).values()),
     )
     report(
         name="How to reach it",
