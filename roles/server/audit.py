@@ -21,13 +21,12 @@ from llamarack.settings import Settings
 
 from .files import bench_record
 from .files.wait_healthy import residency
-from .plan import MIB, PlanError, WantedUnit, bench_due, parse_pin, residency_checked, unit_refs, wanted_units
+from .plan import (MIB, PlanError, WantedUnit, bench_due, parse_pin, pin_holds, residency_checked, unit_refs,
+                   wanted_units)  # fmt: skip
 from .reads import (NOLOGIN, SERVICE_USER_MARK, FoundUnit, ServedUnits, SystemGroup, SystemUser, active_since,
                     unit_cards)  # fmt: skip
 
 ITEMS = ("service_user", "units", "unit", "service", "health", "residency", "gpu_processes", "bench")
-# A host of several units has each unit's items as "unit@N", "service@N", "health@N", "residency@N".
-UNIT_ITEMS = ("unit", "service", "health", "residency")
 
 
 def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
@@ -148,11 +147,9 @@ def unit_item(settings: Settings, found: Optional[FoundUnit], wanted: Optional[W
                 "weights_mib": plan.ledger.weights_on_card // MIB, "exec_start": exec_start(wanted.text)}
     if several:
         wanted_d.update(port=wanted.ref.port, cards=list(wanted.cards))
-    # `llamarack rollback` pinned the unit in place: a deploy keeps it while the settings
-    # still want the unit it replaced (so it is no drift).
+    # `llamarack rollback` pinned the unit in place: a deploy keeps it (so it is no drift).
     pin = parse_pin(found.pin if found else None)
-    held = bool(pin) and pin.get("unit_sha1") == found.sha1 and \
-        pin.get("replaced_sha1") == hashlib.sha1(wanted.text.encode()).hexdigest()  # fmt: skip
+    held = pin_holds(pin, found.sha1 if found else None, wanted.text)
     if pin is not None:
         found_d["rollback_pin"] = {"held": held, **pin}
     # A pin that holds nothing while the unit is the wanted one changes nothing either: no drift.
@@ -180,7 +177,6 @@ def residency_item(settings: Settings, cards: tuple, processes: tuple, pid: int,
     answers /health all the same."""
     if not residency_checked(settings):
         return Item({"backend": settings.llamacpp.backend, "server_residency": settings.server.residency})
-    cards = tuple(cards)
     mine = [p for p in processes if p.pid == pid]
     found = {"pid": pid, "cards": [p.gpu_uuid for p in mine], "used_mib": sum(p.used_mib or 0 for p in mine)}
     wanted = {"cards": list(cards), "weights_mib": weights_mib}

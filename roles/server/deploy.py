@@ -11,20 +11,8 @@ from llamarack.rules import HostFacts
 from llamarack.settings import Settings
 
 from ..llamacpp.operations import prune_builds
-from .operations import answers_health, bench, service, service_user
+from .operations import answers_health, bench, service, system_account
 from .reads import ServedUnits
-
-
-def served_builds(settings: Settings) -> tuple:
-    """The builds the host's llama-server units name (read when the prune runs)."""
-    units = read(ServedUnits, state=settings.layout.state)
-    return tuple(unit_build(settings.general.root, u.lines) for u in units.values())
-
-
-def public_url(settings: Settings) -> str:
-    listen = settings.server.listen
-    addr = host.data.get("ssh_hostname") or host.name if listen in ("0.0.0.0", "::") else listen
-    return f"http://{addr}:{settings.server.port}"
 
 
 @deploy("llama-server")
@@ -33,19 +21,19 @@ def llama_server(settings: Settings, facts: HostFacts, templates: tuple = (), re
     Run llama-server as a system service and check that it answers.
 
     + settings: the host's settings (``server_*``, ``llamarack_service_user``)
-    + facts: what preflight read; where it knew no GPU (a mismatch the driver role
-      reboots away, on a host with no record yet), the service reads the record the
-      driver role wrote after the reboot
-    + templates: folders whose templates replace the role's own, e.g. the project's
-      ``templates/`` (``deploy.py`` passes it)
-    + rebooted: the driver role's reboot operation (what ``driver`` returns), or None;
-      when it rebooted the host and the unit did not change (so was not switched and
-      checked), ``/health`` is checked anyway: the same unit now runs on a new driver
+    + facts: what preflight read; where it knew no GPU (a mismatch the driver role reboots
+      away), the service reads the record the driver role wrote after the reboot
+    + templates: folders whose templates replace the role's own (the project's ``templates/``)
+    + rebooted: the driver role's reboot operation, or None; when it rebooted the host and the
+      unit was not switched, ``/health`` is checked anyway: the same unit runs on a new driver
     """
-    service_user(settings)
+    user = settings.general.service_user  # no shell; its home, not created, is the llamarack root
+    system_account(name=f"Service user {user}", user=user, home=settings.general.root, setting="llamarack_service_user")
     # The build current before this run: kept for rollback whatever else was built since.
     previous = read(LlamacppBuilds, root=settings.general.root).current
-    url = public_url(settings)
+    listen = settings.server.listen
+    addr = host.data.get("ssh_hostname") or host.name if listen in ("0.0.0.0", "::") else listen
+    url = f"http://{addr}:{settings.server.port}"
     key = "API key required" if settings.server.api_key_file else "no API key"
     served = service(
         name=f"llama-server at {url} ({key})",
@@ -68,13 +56,15 @@ def llama_server(settings: Settings, facts: HostFacts, templates: tuple = (), re
         gpus=facts.gpus,
     )
     # Old builds go only now, once the unit that serves has answered /health (or was put
-    # back): nothing the running server uses is removed before its successor serves.
+    # back): nothing the running server uses is removed before its successor serves. The builds
+    # the units name are read when the prune runs.
     prune_builds(
         name=f"Prune old llama.cpp builds (keep {settings.llamacpp.keep_builds})",
         root=settings.general.root,
         keep=settings.llamacpp.keep_builds,
         previous=previous,
-        serving=lambda: served_builds(settings),
+        serving=lambda: tuple(unit_build(settings.general.root, u.lines)
+                              for u in read(ServedUnits, state=settings.layout.state).values()),
     )
     report(
         name="How to reach it",

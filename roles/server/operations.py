@@ -1,14 +1,11 @@
-"""llama-server under systemd as one pyinfra operation: plan, write, restart,
-check /health, and roll back to the previous unit when the new one fails.
+"""The server role's operations: the service user, the units (plan, write, switch), /health,
+``llamarack rollback`` and the bench.
 
-The unit names the build and model directories it serves
-(``builds/<stamp>``, ``models/<stamp16>``), not the ``current`` links: the
-running server keeps its files while a later run builds or fetches new
-ones, and the unit's text changes exactly when what it serves changes.
-
-The operation reads its facts when it runs (pyinfra 3 runs an operation's
-body at execution time), so a first run plans from the build and model that
-the llama.cpp and model roles made earlier in the same run.
+A unit names the build and model directories it serves (``builds/<stamp>``,
+``models/<stamp16>``), not the ``current`` links: the running server keeps its files while a
+later run builds or fetches new ones, and the unit's text changes exactly when what it serves
+changes. Facts are read when an operation runs (pyinfra 3 runs its body at execution time),
+so a first run plans from what the llama.cpp and model roles made earlier in the same run.
 """
 
 from __future__ import annotations
@@ -41,22 +38,10 @@ from llamarack.secrets import read_token
 from llamarack.settings import Settings
 
 from .files import bench_record
-from .plan import (HEALTH_MARK, KEY_DIGEST_SALT, RESIDENCY_MARK, PlanError, WantedUnit, bench_args,  # noqa: F401
-                   bench_due, bench_entry, bench_split_args, health_url, host_layouts,
-                   key_digest_command, parse_pin, ref_of, roofline, unit_refs, wanted_units)  # fmt: skip
-from .switch import (SWITCH_LOCK, health_check_script, health_function, label, pin_script,  # noqa: F401
-                     retire_script, switch_script)  # fmt: skip
-
-
-def service_user(settings: Settings):
-    """
-    The system user (and its group) for llama-server, with no shell and no home of its own
-    (``llamarack_service_user``; its home, not created, is the llamarack root): a
-    ``system_account`` operation.
-    """
-    user = settings.general.service_user
-    return system_account(name=f"Service user {user}", user=user, home=settings.general.root,
-                          setting="llamarack_service_user")
+from .plan import (HEALTH_MARK, KEY_DIGEST_SALT, PlanError, WantedUnit, bench_args, bench_due,  # noqa: F401
+                   bench_entry, bench_split_args, health_url, host_layouts, key_digest_command, parse_pin, pin_holds,
+                   ref_of, roofline, unit_refs, wanted_units)  # fmt: skip
+from .switch import health_check_script, label, pin_script, retire_script, switch_script
 
 
 @operation()
@@ -68,10 +53,8 @@ def system_account(user: str, home: str, setting: Optional[str] = None):
     + home: its home (not created)
     + setting: the setting that names it, for the refusal's fix
 
-    Made with the mark ``SERVICE_USER_MARK`` in its GECOS field; an account llamarack
-    did not make is refused, unchanged (``llamarack.rules.account_failure``; preflight
-    checks the service user's before anything is touched). Reads the one account
-    (``SystemUser``) and group (``SystemGroup``), not every account of the host.
+    Made with ``SERVICE_USER_MARK`` in its GECOS field; an account llamarack did not make is
+    refused, unchanged (``llamarack.rules.account_failure``, which preflight also checks).
     """
     entry = read(SystemUser, user=user)
     failure = account_failure(user, home, setting, entry, read(SystemGroup, group=user))
@@ -90,10 +73,9 @@ def system_account(user: str, home: str, setting: Optional[str] = None):
 
 def _linked(current: str) -> Optional[str]:
     """The directory the link ``current`` (``builds/current``, ``models/current``) points at, or None."""
-    link = read(Link, path=current)
-    if not link or not link.get("link_target"):
+    target = (read(Link, path=current) or {}).get("link_target")
+    if not target:
         return None
-    target = link["link_target"]
     return target if target.startswith("/") else f"{current.rsplit('/', 1)[0]}/{target}"
 
 
@@ -105,9 +87,8 @@ def answers_health(settings: Settings, reason: str):
     + settings: the host's settings (``server_health_timeout``)
     + reason: why it is checked (for the messages), e.g. the driver role's reboot
 
-    For a server that was not switched by this run but started anew anyway: after
-    the reboot for a driver upgrade, the unit is the same text, yet it runs on a
-    new driver. A host without a unit has nothing to check.
+    For a server not switched by this run but started anew anyway: after the reboot for a
+    driver upgrade, the unit is the same text, yet it runs on a new driver.
     """
     yield StringCommand(health_check_script(settings, reason, host_name=host.name))
 
@@ -141,16 +122,12 @@ def _rollback_names(found: dict, unit: Optional[int]) -> list:
 def rollback(settings: Settings, unit: Optional[int] = None):
     """
     Put back, for each unit that has one, the unit that served before its last switch
-    (``state/previous.service``; ``state/previous@N.service`` for unit N of several): its
-    build and model, switched in as any unit is (restart, ``/health``, the unit in place
-    restored if it does not answer), then pinned (``state/rollback[@N].json``).
+    (``state/previous[@N].service``), switched in as any unit is, then pinned
+    (``state/rollback[@N].json``: later deploys keep it while the settings still want the
+    unit it replaced; a second rollback, forward again, removes the pin).
 
     + settings: the host's settings (root, ``server_health_timeout``)
     + unit: only unit N (0 for a host's one unit); None: every unit with a previous one
-
-    The pin keeps later deploys from undoing it while the settings still want the
-    unit it replaced; changed settings release it, and a second rollback (forward
-    again, to the unit the settings want) removes it.
     """
     layout, root = settings.layout, settings.general.root
     found = read(ServedUnits, state=layout.state)
@@ -172,7 +149,7 @@ def rollback(settings: Settings, unit: Optional[int] = None):
         now = found.get(ref.name)
         host.log(f"{label(ref.name)}: rolling back to {_served_by(root, previous[ref.name])} "
                  f"(from {_served_by(root, now.lines if now else None)})", logger.info)  # fmt: skip
-        build, model = unit_build(root, previous[ref.name]), _served(root, previous[ref.name])[1]
+        build, model = _served(root, previous[ref.name])
         needed += ([f"{layout.build(build)}/bin/llama-server"] if build else []) + ([model] if model else [])
     yield (" && ".join(f"test -e {shlex.quote(p)}" for p in dict.fromkeys(needed)) or "true") + (
         f" || {{ echo {shlex.quote(f'{host.name}: rollback: the previous unit names files that are gone')} >&2; exit 1; }}")
@@ -186,8 +163,7 @@ def rollback(settings: Settings, unit: Optional[int] = None):
 
 def _show_unit_diff(path: str, unit: str, current) -> None:
     """With ``--diff``, print how a unit file changes, as pyinfra's files.put does."""
-    config = getattr(host.state, "config", None)
-    if not getattr(config, "DIFF", False):
+    if not getattr(getattr(host.state, "config", None), "DIFF", False):
         return
     host.log(f"Will {'modify' if current else 'create'} {path}", logger.info)
     for line in generate_color_diff([line + "\n" for line in current or []], unit.splitlines(keepends=True)):
@@ -196,9 +172,10 @@ def _show_unit_diff(path: str, unit: str, current) -> None:
 
 
 def _draft(settings: Settings) -> Optional[tuple]:
-    """(directory, shape) of the draft model ``models/draft`` points at, when one is asked."""
+    """(directory, shape) of the draft model ``models/draft`` points at, when one is asked and read."""
     draft_dir = _linked(settings.layout.draft_model) if settings.model.draft_repo else None
-    return (draft_dir, read(GgufShape, path=f"{draft_dir}/model.gguf")) if draft_dir else None
+    shape = read(GgufShape, path=f"{draft_dir}/model.gguf") if draft_dir else None
+    return (draft_dir, shape) if shape else None
 
 
 def _cards(settings: Settings, seen: tuple) -> tuple:
@@ -207,15 +184,9 @@ def _cards(settings: Settings, seen: tuple) -> tuple:
     return seen or read(RecordedGpus, path=settings.layout.gpus_record) or ()
 
 
-def _devices(settings: Settings) -> tuple:
-    """The host's character devices, on a CUDA build (the unit allows the driver's)."""
-    return tuple(read(CharDevices)) if settings.llamacpp.backend == "cuda" else ()
-
-
 def _not_made_yet(root: str, build: bool, model: bool):
-    """The command for a host without the current build or model: a refusal when
-    executing; with ``--dry`` on a fresh host, a note that the unit follows them (they
-    come from earlier operations of this run)."""
+    """A refusal for a host without the current build or model; with ``--dry`` on a fresh host,
+    a note that the unit follows them (earlier operations of this run make them)."""
     missing = [n for n, v in (("llama.cpp build", build), ("model", model)) if not v]
     if host.state.is_executing:
         return refusal(f"{host.name}: server: no current {' and no '.join(missing)} under {root}; "
@@ -226,8 +197,8 @@ def _not_made_yet(root: str, build: bool, model: bool):
 
 @dataclass(frozen=True)
 class Step:
-    """What one wanted unit needs: the pin ``llamarack rollback`` wrote (None: none), whether
-    it holds the unit in place (and what that serves), and why it would be switched."""
+    """What one wanted unit needs: the pin ``llamarack rollback`` wrote (None: none), whether it
+    holds the unit in place (``held_by``: what that serves), and why it would be switched."""
 
     want: WantedUnit
     pin: Optional[dict]
@@ -246,10 +217,9 @@ class Step:
 def _step(settings: Settings, want: WantedUnit, found: Optional[FoundUnit], sealed_at) -> Step:
     """The unit in place (``found``) against the wanted one."""
     found_sha1, wanted_sha1 = (found.sha1 if found else None), hashlib.sha1(want.text.encode()).hexdigest()
-    # `llamarack rollback` put an earlier unit back: it stays while the settings still
-    # want the very unit it replaced; a change of what they want releases it.
+    # `llamarack rollback` put an earlier unit back: it stays while the pin holds.
     pin = parse_pin(found.pin if found else None)
-    held = bool(pin) and pin.get("unit_sha1") == found_sha1 and pin.get("replaced_sha1") == wanted_sha1
+    held = pin_holds(pin, found_sha1, want.text)
     held_by = _served_by(settings.general.root, found.lines) if held else None
     changed = found_sha1 != wanted_sha1 and not held
     if changed:
@@ -266,11 +236,6 @@ def _step(settings: Settings, want: WantedUnit, found: Optional[FoundUnit], seal
     return Step(want, pin, held, held_by, changed, running, remade, unproven, bool(before) and before != want.cards)
 
 
-def _sealed_at(settings: Settings):
-    """When the served model's artifact was sealed (None where it says not): read through
-    ``models/current``, as the model role reads it in preflight's one read."""
-    served = read(ModelArtifact, path=settings.layout.current_model)
-    return (served.record or {}).get("sealed_at") if served else None
 def _api_key(settings: Settings):
     """The API key file as the settings want it (uploaded, or removed when none is set);
     returns whether it changed."""
@@ -323,12 +288,9 @@ def units_record(settings: Settings, wanted: tuple) -> str:
 
 def _retired(settings: Settings, found: dict, wanted: tuple, cards: tuple) -> tuple:
     """The units on the host that the layout no longer makes, each said with why."""
-    names = {w.ref.name for w in wanted}
     listed = {g.uuid for g in cards}
     gone = []
-    for name in sorted(found):
-        if name in names:
-            continue
+    for name in sorted(set(found) - {w.ref.name for w in wanted}):
         lost = [c for c in unit_cards(found[name].lines) if c not in listed]
         why = (f"its card{'s' if len(lost) > 1 else ''} {', '.join(lost)} no longer listed by the driver" if lost
                else f"the host now serves {len(wanted)} unit{'s' if len(wanted) > 1 else ''}")  # fmt: skip
@@ -350,20 +312,15 @@ def _serves(model_dir: str, build_dir: str, layout, steps: list) -> str:
 def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     """
     Serve ``models/current`` with ``builds/current`` under systemd, one unit per unit of
-    the host's layout (``server_layout``: a unit per card, or one over several).
+    the host's layout (``server_layout``); a host without GPUs serves one unit from the CPU.
 
     + settings: the host's settings (server, general, llamacpp backend)
     + gpus: the run's GPUs (``HostFacts.gpus``); empty: the record, read when this runs
     + templates: folders whose templates replace the role's own (the project's templates/)
 
-    Each unit is planned for its cards; a host without GPUs serves one unit from the CPU,
-    bounded by the model's trained context only.
-
-    Refuses (exit 1, nothing touched) when a plan does not fit. Units the layout no
-    longer makes (a card gone, the layout changed) are stopped, disabled and removed
-    first. Each unit that changed is written, restarted, and its ``/health`` must answer
-    200 within ``server_health_timeout``; otherwise its previous unit is put back and
-    restarted (the others go on). ``state/units.json`` lists the units. The API key goes
+    Refuses (exit 1, nothing touched) when a plan does not fit. Units the layout no longer
+    makes are retired first; each unit that changed is switched in (``switch_script``: the
+    others go on when one is put back). ``state/units.json`` lists the units. The API key goes
     to the host as a file (mode 640, group of the service user), never on a command line.
     """
     root, layout = settings.general.root, settings.layout
@@ -377,8 +334,8 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     draft, cards = _draft(settings), _cards(settings, gpus)
     found = read(ServedUnits, state=layout.state)
     try:
-        chosen, wanted = wanted_units(settings, flags, build_dir, model_dir, shape, cards, templates,
-                                      draft=draft if draft and draft[1] else None, devices=_devices(settings),
+        chosen, wanted = wanted_units(settings, flags, build_dir, model_dir, shape, cards, templates, draft=draft,
+                                      devices=tuple(read(CharDevices)) if settings.llamacpp.backend == "cuda" else (),
                                       in_place={n: unit_cards(f.lines) for n, f in found.items()},
                                       bench=lambda: read(BenchRecord, path=layout.bench_record))  # fmt: skip
     except PlanError as e:
@@ -386,7 +343,9 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
         return
     if chosen.contested and executing():
         logger.info(f"{host.print_prefix}server_layout auto serves {chosen.chosen}: {chosen.contested}")
-    sealed_at = _sealed_at(settings)
+    # When the served model's artifact was sealed: read through models/current, as preflight reads it.
+    served = read(ModelArtifact, path=layout.current_model)
+    sealed_at = (served.record or {}).get("sealed_at") if served else None
     steps = [_step(settings, w, found.get(w.ref.name), sealed_at) for w in wanted]
     record = units_record(settings, wanted)
     recorded = read(FileContents, path=layout.units_record)
@@ -422,17 +381,12 @@ def bench(settings: Settings, gpus: tuple = ()):
     + settings: the host's settings (``server_bench``: stopped, beside or off)
     + gpus: the run's GPUs (``HostFacts.gpus``)
 
-    The record is keyed by the served build's stamp and model's, and holds each unit's
-    figures: a host whose record names them, with a figure for every unit's plan, does
-    nothing (a converged run never benchmarks; a record from before units were listed
-    stands for every unit). Each unit is measured on its own cards with its own flags; a
-    unit that llama-bench would run alike with one before it (the same kind of cards, the
-    same flags) shares its figures (``"as"``). Where the ledger alone cannot choose the
-    layout (``host_layouts``), the other layout's units are measured too (``stopped``
-    only). With ``stopped``, the units on the measured cards are stopped for the bench
-    and started again, and must answer ``/health`` within ``server_health_timeout``; with
-    ``beside`` they keep serving and share the cards (the figures are then lower). The
-    run says which it did.
+    The record is keyed by the served build's and model's stamps: a host whose record has
+    a figure for every unit's plan does nothing (``bench_due``: a converged run never
+    benchmarks). Each unit is measured on its own cards with its own flags, or shares the
+    figures of one llama-bench runs alike (``_measures``). Where the ledger alone cannot
+    choose the layout (``host_layouts``), the other layout's units are measured too
+    (``stopped`` only; ``_bench_one`` says how each mode treats the units that serve).
     """
     mode, layout = settings.server.bench, settings.layout
     # Read before this operation's first command (llamarack.facts.reading's rule).
@@ -468,8 +422,8 @@ def bench(settings: Settings, gpus: tuple = ()):
     if record and record.get("key") == key:
         host.log(f"llama-bench: {due}: measuring again", logger.info)
     entries, runs = _measures(settings, (served, refs), rival if mode == "stopped" else None, cards, shape)
-    for n, run in enumerate(runs):
-        yield from _bench_one(settings, run, (flags, build_dir, model_dir, shape), key, layout.bench_part(n), cards)
+    for run in runs:
+        yield from _bench_one(settings, run, (flags, build_dir, model_dir), key, cards)
     yield remote.command("bench_record", "join", layout.bench_record, json.dumps(entries, sort_keys=True))
 
 
@@ -494,9 +448,8 @@ class _Run:
 
 def _measures(settings: Settings, served: tuple, rival, cards: tuple, shape: dict) -> tuple:
     """({"units": [...], "alternative": [...]}: the record's entries, each naming its
-    measurement (``part``: the n-th run) or the unit it shares figures with (``as``); the runs).
-    A unit shares the figures of a unit before it that llama-bench runs alike
-    (``bench_record.signature``: the same kind of cards in order, the same flags)."""
+    measurement (``part``: the n-th run) or the unit before it that llama-bench runs alike, whose
+    figures it shares (``as``; ``bench_record.signature``: the same kinds of cards, the same flags); the runs)."""
     layout, refs = served
     cuda = settings.llamacpp.backend == "cuda"
     todo = [("units", layout, unit, ref.name, {"index": ref.index or 0, "port": ref.port}, (ref,))
@@ -522,40 +475,36 @@ def _measures(settings: Settings, served: tuple, rival, cards: tuple, shape: dic
     return entries, runs
 
 
-def _bench_one(settings: Settings, run: _Run, served: tuple, key: dict, part: str, cards: tuple):
+def _bench_one(settings: Settings, run: _Run, served: tuple, key: dict, cards: tuple):
     """The command of one llama-bench run, on its unit's cards (CUDA_VISIBLE_DEVICES by UUID on a
-    host of several cards), writing its measurement to ``part``."""
-    flags, build_dir, model_dir, shape = served
+    host of several cards), writing its measurement to its ``part``. With ``stopped``, the units
+    on the measured cards (``run.stop``) are stopped for it and started again, and must answer /health."""
+    flags, build_dir, model_dir = served
     cuda, entry, plan = settings.llamacpp.backend == "cuda", run.entry, run.plan
-    ctx = plan.single or plan
-    args = bench_args(settings, flags, build_dir, model_dir, ctx, cuda) + (bench_split_args(plan) if cuda else [])
+    args = bench_args(settings, flags, build_dir, model_dir, plan.single or plan, cuda) + \
+        (bench_split_args(plan) if cuda else [])  # fmt: skip
     measured = {"key": key, "mode": settings.server.bench, "backend": settings.llamacpp.backend, "on_card": cuda,
                 "served": entry["served"], "roofline": entry["roofline"]}  # fmt: skip
     if len(cards) > 1:  # which unit's plan was measured, on which cards
         measured["unit"] = {"name": entry["name"], "cards": entry["cards"], "split_args": entry["split_args"]}
-    command = remote.command("bench_record", part, json.dumps(measured, sort_keys=True), *args)
+    run_bench = remote.command("bench_record", entry["part"], json.dumps(measured, sort_keys=True), *args)
     if len(cards) > 1 and entry["cards"]:
-        command = f"{remote.argv('env', 'CUDA_VISIBLE_DEVICES=' + ','.join(entry['cards']))} {command}"
-    yield from _bench_run(settings, run.stop, command, settings.server.bench, cuda)
-
-
-def _bench_run(settings: Settings, refs: tuple, run: str, mode: str, cuda: bool):
-    """The bench's command: with ``stopped``, the units on the measured cards (``refs``) are
-    stopped for it and started again, and must answer /health."""
+        run_bench = f"{remote.argv('env', 'CUDA_VISIBLE_DEVICES=' + ','.join(entry['cards']))} {run_bench}"
     where = "on the CPU build (the roofline is the card's, not this measurement's)" if not cuda else "on the card"
+    refs = run.stop
     names = ", ".join(label(ref.name) for ref in refs)
-    if mode == "stopped" and refs:
+    if settings.server.bench == "stopped" and refs:
         if executing():
             logger.info(f"{host.print_prefix}llama-bench {where}: {names} stopped for it and started "
                         "again (server_bench = 'stopped')")  # fmt: skip
         services = " ".join(shlex.quote(ref.name) for ref in refs)
         waits = " && ".join(remote.command("wait_healthy", health_url(settings, ref.port), ref.name,
                                            str(settings.server.health_timeout)) for ref in refs)  # fmt: skip
-        yield (f"systemctl stop {services}; {run}; rc=$?; systemctl start {services} && {waits} || "
+        yield (f"systemctl stop {services}; {run_bench}; rc=$?; systemctl start {services} && {waits} || "
                f"{{ echo {shlex.quote(names + ' did not answer /health after the bench')} >&2; exit 1; }}; "
                "exit $rc")  # fmt: skip
     else:
         if executing():
             logger.info(f"{host.print_prefix}llama-bench {where}" + (f", while {names} serves beside it "
                         "(server_bench = 'beside': they share the card)" if refs else ""))  # fmt: skip
-        yield run
+        yield run_bench

@@ -1,18 +1,13 @@
-"""What llama-server runs with on one host: the context that fits the card,
-and the unit that serves it. Pure functions of settings and facts.
-
-The memory arithmetic is ``llamarack/planner.py``, the same code that
-``llamarack plan`` runs: weights counted per layer from the GGUF's tensors,
-KV cache per layer (sliding-window layers at their window), parallel slots,
-the compute buffer and ``server_memory_reserve_mib``. It chooses the KV
-types (``auto``), the layers on the card (``server_gpu_layers`` None) and the
-context (``server_ctx_size`` None), or refuses.
+"""What llama-server runs with on one host: the context that fits the card, and the unit
+that serves it. Pure functions of settings and facts; the memory arithmetic is
+``llamarack/planner.py``, the same code that ``llamarack plan`` runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import itertools
 import json
 import re
@@ -38,13 +33,9 @@ from ..llamacpp.plan import serving_inputs
 from .files import bench_record
 from .reads import HEALTH_MARK, RESIDENCY_MARK  # noqa: F401 (the role's API)
 
-# The role's templates. A file of the same name in an override folder the
-# deploy names (the project's top-level templates/, for deploy.py) replaces one.
+# The role's templates; a file of the same name in an override folder (the project's templates/) replaces one.
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 UNIT_TEMPLATE = "llama-server.service.j2"
-# The unit names its own health URL (HEALTH_MARK: a rollback checks the previous unit's
-# address) and, on CUDA, its cards (UUIDs) and planned weights (MiB) (RESIDENCY_MARK: the
-# switch checks it serves from them): reads.py parses both.
 
 
 def knobs(settings: Settings) -> Knobs:
@@ -55,13 +46,6 @@ def knobs(settings: Settings) -> Knobs:
                  min_ctx_size=s.min_ctx_size, rope_scaling=s.rope_scaling, rope_scale=s.rope_scale,
                  rope_orig_ctx=s.rope_orig_ctx, reserve_mib=s.memory_reserve_mib,
                  draft_gpu_layers=s.draft_gpu_layers)  # fmt: skip
-
-
-def card_mib(cards: tuple) -> Optional[int]:
-    """The memory a host's cards are planned at: the smallest card's board's smallest
-    known report (the same card gets the same context across a rack whatever each
-    driver says); None without cards."""
-    return min((planning_memory_mib(g.pci_device_id, g.memory_mib) for g in cards), default=None)
 
 
 def card_compute_cap(cards: tuple) -> Optional[str]:
@@ -76,11 +60,15 @@ def card_compute_cap(cards: tuple) -> Optional[str]:
 
 def plan_context(settings: Settings, shape: dict, card_mib: Optional[int], draft_shape: Optional[dict] = None,
                  compute_cap: Optional[str] = None) -> Plan:  # fmt: skip
-    """The plan for this host: ``card_mib`` is its smallest GPU's memory, None for
-    CPU serving; ``draft_shape`` the draft model's (speculative decoding);
-    ``compute_cap`` the card's (``card_compute_cap``). Raises PlanError naming the
-    model, the card and what would fit."""
+    """The plan for this host: ``card_mib`` is its smallest GPU's memory, None for CPU serving;
+    ``compute_cap`` the card's (``card_compute_cap``). Raises PlanError naming what would fit."""
     return plan(shape, dataclasses.replace(knobs(settings), compute_cap=compute_cap), card_mib, draft_shape)
+
+
+def _unbuilt(code: str, given: str, lacks: str, wanted: str, undo: str) -> PlanError:
+    """The refusal of a setting whose flag this build's llama-server --help lacks."""
+    return PlanError(Failure(code, f"{given}, but this build's llama-server --help {lacks}", wanted,
+                             f"pin a newer llamacpp_commit, or {undo}"))  # fmt: skip
 
 
 def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_dir: str,
@@ -91,12 +79,9 @@ def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_di
     (``SplitPlan.split_args``). Raises PlanError when a setting needs a flag this build does not have."""
     s = settings.server
     if s.api_key_file and not flags.has_api_key_file:
-        raise PlanError(Failure(
-            "api-key-file",
-            "server_api_key_file set, but this build's llama-server --help has no --api-key-file",
-            "a llama.cpp build that reads the key from a file (never from the command line)",
-            "pin a newer llamacpp_commit, or unset server_api_key_file",
-        ))  # fmt: skip
+        raise _unbuilt("api-key-file", "server_api_key_file set", "has no --api-key-file",
+                       "a llama.cpp build that reads the key from a file (never from the command line)",
+                       "unset server_api_key_file")  # fmt: skip
     args = [f"{build_dir}/bin/llama-server", "--model", f"{model_dir}/model.gguf",
             "--host", s.listen, "--port", str(s.port if port is None else port), "--ctx-size", str(ctx.ctx_size),
             "--parallel", str(ctx.parallel)]  # fmt: skip
@@ -105,20 +90,15 @@ def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_di
     # types and layers the plan chose.
     serving = {**serving_inputs(settings), "cache_type_k": ctx.cache_type_k, "cache_type_v": ctx.cache_type_v,
                "gpu_layers": ctx.gpu_layers if cuda else None}  # fmt: skip
-    args += serving_args(flags, serving)
-    args += list(split)
-    args += rope_args(flags, ctx)
+    args += serving_args(flags, serving) + list(split) + rope_args(flags, ctx)
     if draft_dir:
         args += draft_args(settings, flags, draft_dir, ctx, cuda)
     if s.api_key_file:
         args += ["--api-key-file", API_KEY_PATH]
     if s.backend_sampling:
         if not getattr(flags, "has_backend_sampling", False):
-            raise PlanError(Failure(
-                "backend-sampling", "server_backend_sampling set, but this build's llama-server --help has no "
-                "--backend-sampling", "a llama.cpp build that samples on the backend",
-                "pin a newer llamacpp_commit, or unset server_backend_sampling",
-            ))  # fmt: skip
+            raise _unbuilt("backend-sampling", "server_backend_sampling set", "has no --backend-sampling",
+                           "a llama.cpp build that samples on the backend", "unset server_backend_sampling")
         args += ["--backend-sampling"]
     if flags.has_metrics:
         args += ["--metrics"]
@@ -132,13 +112,9 @@ def rope_args(flags: ServerFlags, ctx: Plan) -> list[str]:
         return []
     # BuildFlags (the LlamaServerFlags fact) knows; a bare ServerFlags does not.
     if not getattr(flags, "has_rope_scaling", False):
-        raise PlanError(Failure(
-            "rope-scaling",
-            f"server_rope_scaling {ctx.rope[0]!r}, but this build's llama-server --help lacks "
-            "--rope-scaling, --rope-scale or --yarn-orig-ctx",
-            "a llama.cpp build with RoPE scaling options",
-            "pin a newer llamacpp_commit, or set server_rope_scaling = 'none'",
-        ))  # fmt: skip
+        raise _unbuilt("rope-scaling", f"server_rope_scaling {ctx.rope[0]!r}",
+                       "lacks --rope-scaling, --rope-scale or --yarn-orig-ctx",
+                       "a llama.cpp build with RoPE scaling options", "set server_rope_scaling = 'none'")
     method, scale, orig = ctx.rope
     args = ["--rope-scaling", method, "--rope-scale", f"{scale:g}"]
     return args + (["--yarn-orig-ctx", str(orig)] if method == "yarn" else [])
@@ -149,13 +125,9 @@ def draft_args(settings: Settings, flags: ServerFlags, draft_dir: str, ctx: Plan
     plan's (the planner counted them so), its layers on the card those the plan placed;
     PlanError when this build's --help lacks the options."""
     if not getattr(flags, "has_spec_draft", False):
-        raise PlanError(Failure(
-            "spec-draft",
-            "model_draft_repo set, but this build's llama-server --help lacks --spec-type draft-simple "
-            "or a --spec-draft-* option (model, n-max, n-min, ngl, type-k, type-v)",
-            "a llama.cpp build with --spec-draft-* options",
-            "pin a newer llamacpp_commit, or unset model_draft_repo",
-        ))  # fmt: skip
+        raise _unbuilt("spec-draft", "model_draft_repo set", "lacks --spec-type draft-simple or a --spec-draft-* "
+                       "option (model, n-max, n-min, ngl, type-k, type-v)",
+                       "a llama.cpp build with --spec-draft-* options", "unset model_draft_repo")
     s = settings.server
     args = ["--spec-type", "draft-simple", "--spec-draft-model", f"{draft_dir}/model.gguf",
             "--spec-draft-n-max", str(s.draft_max), "--spec-draft-n-min", str(s.draft_min),
@@ -228,21 +200,15 @@ def _templates(dirs: tuple) -> jinja2.Environment:
 # (major 195: ``nvidia-frontend`` before driver 550.40, ``nvidia`` and ``nvidiactl`` from
 # it on), ``nvidia-uvm`` (and its tools node), ``nvidia-caps`` (MIG). ``nvidia-uvm`` is
 # loaded when a CUDA program first asks for it, so a host may not list it yet.
-DRIVER_DEVICE_PREFIX = "nvidia"
 MAJOR_195_NAMES = ("nvidia-frontend", "nvidia", "nvidiactl")
 _DEVICE_NAME = re.compile(r"nvidia[a-z0-9_-]*")
 
 
 def device_names(devices: tuple, cuda: bool) -> tuple[str, ...]:
-    """The ``/proc/devices`` names the unit's ``DeviceAllow=char-NAME`` lines allow.
-
-    + devices: the host's ``CharDevices``
-    + cuda: the build serves on the GPU (a CPU build is allowed no driver device)
-
-    Every name the NVIDIA driver registered (``nvidia*``), plus ``nvidia-uvm``; when
-    nothing is registered at major 195 (the module not loaded when the host was
-    read), the names of both driver eras, so a driver loaded later is still reached.
-    """
+    """The ``/proc/devices`` names (of the host's ``CharDevices``) the unit's ``DeviceAllow=char-NAME``
+    lines allow: none for a CPU build; else every ``nvidia*`` name, plus ``nvidia-uvm``, and when
+    nothing is at major 195 (the module not loaded when the host was read), the names of both
+    driver eras, so a driver loaded later is still reached."""
     if not cuda:
         return ()
     names = [d.name for d in devices if _DEVICE_NAME.fullmatch(d.name)]
@@ -261,12 +227,9 @@ def render_unit(settings: Settings, args: list[str], description: str, overrides
     """The unit file; ``overrides``: folders whose templates win over the role's own;
     ``devices``: the character device names it may open (``device_names``);
     ``residency_on``: (card UUIDs, planned weights MiB) of a CUDA unit; ``port``: the unit's
-    (its health line's); ``visible``: the UUIDs of the cards CUDA shows it (a unit of a host
-    of several cards), in its device order.
-
-    Every value is escaped for systemd by ``llamarack.unitfile`` (the template
-    only places them): ``description`` holds the GGUF's own metadata.
-    """
+    (its health line's); ``visible``: the UUIDs of the cards CUDA shows it, in its device order.
+    Every value is escaped for systemd by ``llamarack.unitfile`` (the template only places
+    them): ``description`` holds the GGUF's own metadata."""
     dirs = tuple(str(d) for d in overrides if Path(d).is_dir()) + (str(TEMPLATES),)
     return _templates(dirs).get_template(UNIT_TEMPLATE).render(
         description=unitfile.text(description),
@@ -323,21 +286,14 @@ class WantedUnit:
     cards: tuple  # the UUIDs of its cards, in its device order
 
 
-def host_layout(settings: Settings, shape: dict, gpus: tuple, draft_shape: Optional[dict] = None,
-                bench: Any = None, model: Optional[str] = None) -> Layout:  # fmt: skip
-    """The units the host's cards make (``server_layout``, ``server_split_mode``); ``bench``:
-    the host's llama-bench record, ``model``: the served model's stamp (``host_layouts``).
-    Raises PlanError."""
-    return host_layouts(settings, shape, gpus, draft_shape, bench, model)[0]
-
-
 def host_layouts(settings: Settings, shape: dict, gpus: tuple, draft_shape: Optional[dict] = None,
                  bench: Any = None, model: Optional[str] = None) -> tuple:  # fmt: skip
-    """(the layout the host serves, the layout the ledger alone could not rank against it, or
-    None): where the ledger cannot choose (``card_layout.rival_layout``, CUDA builds), the
-    host's llama-bench record of the served model (``bench``, when it names ``model``) picks
-    the faster (``card_layout.settle``); without figures of both, the ledger's answer.
-    ``bench`` may be a function that reads the record: it is called only there."""
+    """(the layout the host's cards make, ``server_layout`` and ``server_split_mode``; the
+    layout the ledger alone could not rank against it, or None): where the ledger cannot
+    choose (``card_layout.rival_layout``, CUDA builds), the host's llama-bench record of the
+    served model (``bench``, when it names ``model``) picks the faster (``card_layout.settle``);
+    without figures of both, the ledger's answer. ``bench`` may be a function that reads the
+    record: it is called only there. Raises PlanError."""
     s = settings.server
     kn, cards = knobs(settings), cards_of(gpus)
     chosen = choose_layout(shape, kn, cards, s.layout, draft_shape, s.split_mode)
@@ -384,10 +340,9 @@ def bench_entry(layout: Layout, unit: Unit, cuda: bool) -> dict:
 
 def bench_due(settings: Settings, record: Optional[dict], key: dict, layout: Layout, refs: list) -> Optional[str]:
     """Why the bench would measure now, or None when the record is current: it names the
-    served build and model (``key``) and holds a figure for the plan of every unit of
-    ``layout`` (``refs``: ``unit_refs``), found by ``bench_record.signature`` among its units
-    and alternative. A record from before units were listed, of that build and model, is
-    current: its one figure stands for every unit, as it did."""
+    served build and model (``key``) and holds a figure (found by ``bench_record.signature``)
+    for the plan of every unit of ``layout`` (``refs``: ``unit_refs``). A record from before
+    units were listed, of that build and model, is current: its one figure stands for all."""
     if not record or record.get("key") != key:
         return f"the record names {(record or {}).get('key')}, not {key}"
     if not isinstance(record.get("units"), list):
@@ -415,20 +370,16 @@ def wanted_units(settings: Settings, flags: ServerFlags, build_dir: str, model_d
     """The host's layout and the units it should run (``WantedUnit``, each with its plan):
     what the service operation writes and what ``llamarack audit`` compares with the units
     found. ``cards``: the host's GPUs; ``draft``: (directory, shape) of the draft model when
-    ``model_draft_repo`` is set; ``devices``: the host's ``CharDevices``. One unit is
-    ``llamarack-server.service`` on ``server_port``; several are ``llamarack-server@N.service``
-    on ``server_port`` + N, each shown only its cards when the host has more than one.
-    ``in_place``: the units on the host, name -> their cards' UUIDs: a unit over the same
-    cards keeps its N (and port), so a card that goes retires only its own unit, and one
-    that comes back takes the lowest N free. ``bench``: the host's llama-bench record (where
-    the ledger alone cannot choose the layout, ``host_layouts``). Raises PlanError."""
+    ``model_draft_repo`` is set; ``devices``: the host's ``CharDevices``; ``in_place``: the
+    units on the host (``unit_refs``: a card that goes retires only its own unit);
+    ``bench``: the host's llama-bench record (``host_layouts``). Raises PlanError."""
     if settings.model.draft_repo and not draft:
         raise PlanError(Failure(
             "draft-model", "model_draft_repo set, but no draft model under models/draft",
             "the draft artifact the model role makes", "run the model role (deploy.py runs it)",
         ))  # fmt: skip
     draft_dir, draft_shape = draft if settings.model.draft_repo else (None, None)
-    layout = host_layout(settings, shape, tuple(cards), draft_shape, bench, Path(model_dir).name)
+    layout = host_layouts(settings, shape, tuple(cards), draft_shape, bench, Path(model_dir).name)[0]
     wanted = []
     for ref, unit, uuids in unit_refs(settings, layout, in_place):
         text = _unit_text(settings, flags, (build_dir, model_dir, draft_dir), shape, ref, unit.plan, uuids,
@@ -472,14 +423,6 @@ def residency_checked(settings: Settings) -> bool:
     return mode == "on" or (mode == "auto" and settings.llamacpp.backend == "cuda")
 
 
-def wanted_unit(settings: Settings, flags: ServerFlags, build_dir: str, model_dir: str, shape: dict,
-                cards: tuple, templates: tuple = (), draft: Optional[tuple] = None,
-                devices: tuple = ()) -> tuple[str, Plan]:  # fmt: skip
-    """The first unit ``wanted_units`` makes, and its plan (a host of one unit: its unit)."""
-    first = wanted_units(settings, flags, build_dir, model_dir, shape, cards, templates, draft, devices)[1][0]
-    return first.text, first.plan
-
-
 # A fresh salt for each pyinfra run: what the host prints about its API key
 # (``roles/server/files/secret_digest.py``) is never the same twice, nor a plain hash of the key.
 KEY_DIGEST_SALT = secrets.token_hex(16)
@@ -499,3 +442,10 @@ def parse_pin(lines) -> Optional[dict]:
     except ValueError:
         return {}
     return pin if isinstance(pin, dict) else {}
+
+
+def pin_holds(pin: Optional[dict], found_sha1: Optional[str], wanted_text: str) -> bool:
+    """Whether a rollback pin keeps the unit in place (of sha1 ``found_sha1``): it does while the
+    settings still want the very unit it replaced (``wanted_text``); a change of what they want releases it."""
+    return bool(pin) and pin.get("unit_sha1") == found_sha1 and \
+        pin.get("replaced_sha1") == hashlib.sha1(wanted_text.encode()).hexdigest()  # fmt: skip

@@ -113,7 +113,8 @@ class SystemGroup(FactBase[Optional[int]]):
         return int(fields[2])
 
 
-UNIT_PROPERTIES = ("ActiveState", "SubState", "MainPID", "ActiveEnterTimestamp", "NRestarts")
+SHOW_PROPERTIES = " ".join(f"--property={p}" for p in ("ActiveState", "SubState", "MainPID", "ActiveEnterTimestamp",
+                                                          "NRestarts"))  # fmt: skip
 
 
 class UnitState(FactBase[dict]):
@@ -132,8 +133,7 @@ class UnitState(FactBase[dict]):
     requires_command = "systemctl"
 
     def command(self, unit: str) -> str:
-        props = " ".join(f"--property={p}" for p in UNIT_PROPERTIES)
-        return f"systemctl show --timestamp=unix {props} {shlex.quote(unit)}"
+        return f"systemctl show --timestamp=unix {SHOW_PROPERTIES} {shlex.quote(unit)}"
 
     def default(self) -> dict:
         return {}
@@ -203,7 +203,6 @@ class ServedUnits(FactBase[dict]):
     """
 
     def command(self, state: str, health: bool = False) -> str:
-        props = " ".join(f"--property={p}" for p in UNIT_PROPERTIES)
         check = ""
         if health:
             check = (f"url=$(sed -n {shlex.quote('s|^' + HEALTH_MARK + '||p')} \"$f\" | head -n 1); "
@@ -212,7 +211,8 @@ class ServedUnits(FactBase[dict]):
                 f"for f in {' '.join(UNIT_GLOBS)}; do [ -f \"$f\" ] || continue; "
                 "echo \"unit $f $(sha1sum < \"$f\" | cut -d' ' -f1)\"; "
                 "[ ! -e \"$f.prev\" ] || echo prev; "
-                f"systemctl show --timestamp=unix {props} -- \"$f\" 2>/dev/null | awk '{{print \"state \" $0}}'; "
+                f"systemctl show --timestamp=unix {SHOW_PROPERTIES} -- \"$f\" 2>/dev/null "
+                "| awk '{print \"state \" $0}'; "
                 "awk '{print \"line \" $0}' \"$f\"; "
                 f"p=${{f#llamarack-server}}; p={shlex.quote(state)}/rollback${{p%.service}}.json; "
                 "[ ! -f \"$p\" ] || awk '{print \"pin \" $0}' \"$p\"; "
@@ -227,8 +227,8 @@ class ServedUnits(FactBase[dict]):
             word, _, rest = line.partition(" ")
             if word == "unit":
                 name, _, sha1 = rest.rpartition(" ")
-                current = units[name] = {"name": name, "sha1": sha1, "lines": [], "prev": False, "state": {},
-                                         "pin": None, "health": None}  # fmt: skip
+                current = units[name] = {"name": name, "sha1": sha1, "line": [], "prev": False, "state": {},
+                                         "pin": [], "health": None}  # fmt: skip
             elif not units:
                 raise FactProcessError(f"unexpected llama-server units output: {output!r}")
             elif word == "prev":
@@ -236,13 +236,12 @@ class ServedUnits(FactBase[dict]):
             elif word == "state" and "=" in rest:
                 key, _, value = rest.partition("=")
                 current["state"][key] = value
-            elif word == "line":
-                current["lines"].append(rest)
-            elif word == "pin":
-                current["pin"] = (current["pin"] or []) + [rest]
+            elif word in ("line", "pin"):
+                current[word].append(rest)
             elif word == "health":
                 current["health"] = int(rest) if rest.strip().isdigit() else None
-        return {name: FoundUnit(**{**u, "lines": tuple(u["lines"]), "pin": None if u["pin"] is None else tuple(u["pin"])})
+        return {name: FoundUnit(u["name"], u["sha1"], tuple(u["line"]), u["prev"], u["state"], tuple(u["pin"]) or None,
+                                u["health"])
                 for name, u in units.items() if _UNIT_FILE.fullmatch(name)}  # fmt: skip
 
 

@@ -9,17 +9,17 @@ from typing import Literal, Optional
 from llamarack.settings_fields import Section, control_file, setting
 
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+UNQUANTIZED = {"f16", "bf16", "f32", "auto"}  # KV types llama.cpp's tensor split takes
 
 
 def _address(value: str) -> Optional[str]:
     # An IPv6 %scope is no part of it: "::1%$(id)" parses as an address of scope "$(id)".
     try:
         ipaddress.ip_address(value)
-    except ValueError:
-        pass
-    else:
         if "%" not in value:
             return None
+    except ValueError:
+        pass
     return ("an IP address to listen on: 127.0.0.1 (this host only), 0.0.0.0 (every IPv4 interface), :: "
             "or one interface's address (no %scope)")
 
@@ -27,12 +27,11 @@ def _address(value: str) -> Optional[str]:
 def _split_mode(value: str) -> Optional[str]:
     if value in ("layer", "tensor"):
         return None
-    if value == "row":
-        return "layer or tensor; not row: deprecated upstream, and no faster than layer on P40s"
-    return "layer or tensor"
+    row = "; not row: deprecated upstream, and no faster than layer on P40s" if value == "row" else ""
+    return "layer or tensor" + row
 
 
-# The most a setting counts of a model's layers, its context, or the seconds of a wait.
+# The most a setting counts of a model's layers or its context.
 MAX_LAYERS = 4096
 MAX_CONTEXT = 1 << 24
 
@@ -155,8 +154,8 @@ class ServerSettings(Section):
                 f"server_flash_attn: given False; allowed: True while server_cache_type_v is "
                 f"{self.cache_type_v!r} (a quantized V cache needs flash attention)"
             )
-        if self.split_mode == "tensor" and self.layout != "per_card" and not (
-                self.cache_type_k in ("f16", "bf16", "f32", "auto") and self.cache_type_v in ("f16", "bf16", "f32", "auto")):
+        if self.split_mode == "tensor" and self.layout != "per_card" and \
+                not {self.cache_type_k, self.cache_type_v} <= UNQUANTIZED:
             problems.append(
                 f"server_split_mode: given 'tensor' with a {self.cache_type_k}/{self.cache_type_v} KV cache; allowed: "
                 "layer, or an unquantized KV cache (f16, bf16, f32): llama.cpp's tensor split does not take a "

@@ -93,24 +93,18 @@ failed=""
 """
 
 
-def _unit_files(units) -> str:
-    """The shell words for the unit files: these units', or every unit file of the host (a glob)."""
-    if units is None:
-        return " ".join(f"{shlex.quote(UNIT_DIR)}/{g}" for g in UNIT_GLOBS)
-    return " ".join(shlex.quote(u.path) for u in units)
-
-
 def health_check_script(settings: Settings, reason: str, restart: bool = False, units=None, host_name: str = "") -> str:
     """Wait for each unit in place (``units``; None: every unit file of the host) to answer
     /health, restarting it first with ``restart``; else print its journal. Exits 1 when one
     does not answer. No unit: nothing to check."""
     timeout = settings.server.health_timeout
     start = 'systemctl restart "$svc" && ' if restart else ""
-    host = shlex.quote(host_name)
-    why = shlex.quote(reason)
+    host, why = shlex.quote(host_name), shlex.quote(reason)
+    paths = [f"{shlex.quote(UNIT_DIR)}/{g}" for g in UNIT_GLOBS] if units is None else \
+        [shlex.quote(u.path) for u in units]  # fmt: skip
     return f"""{health_function()}
 checked=""; failed=""
-for u in {_unit_files(units)}; do
+for u in {" ".join(paths)}; do
   [ -f "$u" ] || continue
   svc=${{u##*/}}; name=${{svc%.service}}; [ "$svc" != {UNIT_NAME} ] || name=llama-server
   checked=1

@@ -13,7 +13,7 @@ from llamarack.roles.gateway.plan import backends_of, serving_host
 from llamarack.roles.model.reads import GgufShape
 from llamarack.roles.server.files import bench_record
 from llamarack.roles.server.operations import bench, service
-from llamarack.roles.server.plan import host_layout
+from llamarack.roles.server.plan import host_layouts
 from tests.roles.test_draft_bench_ops import bench_facts, joined, measured
 from tests.roles.test_server_multicard import (EIGHT, GEMMA27B, MIXED, TWO, converged, outside_preflights_read,
                                                uploads)  # fmt: skip
@@ -145,23 +145,23 @@ def test_where_the_ledger_cannot_choose_the_bench_measures_the_split_beside(tmp_
 
 def test_the_record_settles_the_layout_by_the_hosts_total_tg128(tmp_path):
     s = settings(**CONTESTED)
-    missing = host_layout(s, LLAMA8B, TWO, None, None, "m1")
+    missing = host_layouts(s, LLAMA8B, TWO, None, None, "m1")[0]
     assert missing.chosen == "per_card" and missing.reason.endswith(
         "; the ledger alone cannot choose: per_card serves 2 units of 74,240 tokens per slot, split serves 1 unit "
         "of 131,072 tokens per slot; no llama-bench record of model m1 on this host yet (the bench measures both "
         "layouts after a new build or model, with server_bench = 'stopped'): per_card, the ledger's answer")
     commands, _ = run_op(bench, with_shape(LLAMA8B), settings=s, gpus=TWO)
     slow_cards = record_of(commands, tmp_path, tg=lambda n, e: 40.0 if e["unit"]["split_args"] else 15.0)
-    layout = host_layout(s, LLAMA8B, TWO, None, slow_cards, "m1")
+    layout = host_layouts(s, LLAMA8B, TWO, None, slow_cards, "m1")[0]
     assert layout.chosen == "split" and [u.cards for u in layout.units] == [(0, 1)]
     assert layout.contested.endswith("the llama-bench record (build b1, model m1): tg128 split 40 t/s in 1 unit "
                                      "against per_card 2 x 15 = 30 t/s: split")  # fmt: skip
     fast_cards = record_of(commands, tmp_path, tg=lambda n, e: 40.0 if e["unit"]["split_args"] else 38.0)
-    assert host_layout(s, LLAMA8B, TWO, None, fast_cards, "m1").chosen == "per_card"
+    assert host_layouts(s, LLAMA8B, TWO, None, fast_cards, "m1")[0].chosen == "per_card"
     # a record of another model decides nothing, nor does one when the bench is off
-    assert host_layout(s, LLAMA8B, TWO, None, slow_cards, "m2").chosen == "per_card"
-    assert "server_bench = 'off'" in host_layout(settings(**CONTESTED, server_bench="off"), LLAMA8B, TWO, None,
-                                                 slow_cards, "m1").reason  # fmt: skip
+    assert host_layouts(s, LLAMA8B, TWO, None, slow_cards, "m2")[0].chosen == "per_card"
+    assert "server_bench = 'off'" in host_layouts(settings(**CONTESTED, server_bench="off"), LLAMA8B, TWO, None,
+                                                  slow_cards, "m1")[0].reason  # fmt: skip
     # the deploy serves what the record decided; the bench then finds every unit measured
     facts = with_shape(LLAMA8B, slow_cards)
     written = uploads(run_op(service, facts, settings=s, gpus=TWO)[0])
@@ -185,7 +185,7 @@ def test_a_wanted_context_or_a_card_that_holds_the_trained_one_leaves_nothing_to
         s = settings(**data)
         chosen = choose_layout(shape, knobs(s), cards_of(TWO), "auto")
         assert rival_layout(shape, knobs(s), cards_of(TWO), chosen) is None, data
-        assert "cannot choose" not in host_layout(s, shape, TWO).reason
+        assert "cannot choose" not in host_layouts(s, shape, TWO)[0].reason
     # per_card or split asked: the settings chose
     s = settings(**CONTESTED, server_layout="per_card")
     assert rival_layout(LLAMA8B, knobs(s), cards_of(TWO), choose_layout(LLAMA8B, knobs(s), cards_of(TWO),

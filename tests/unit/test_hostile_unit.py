@@ -21,7 +21,7 @@ from llamarack.roles.driver.reads import GpuProcess, GpuProcesses
 from llamarack.roles.llamacpp.reads import BuildFlags
 from llamarack.roles.server.audit import unit_item
 from llamarack.roles.server.reads import FoundUnit
-from llamarack.roles.server.plan import wanted_unit
+from llamarack.roles.server.plan import wanted_units
 from llamarack.settings import load_settings
 
 CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "configs"
@@ -39,8 +39,8 @@ def settings(**data):
 
 def unit_for(architecture: str) -> str:
     shape = {**LLAMA8B, "architecture": architecture}
-    unit, _ = wanted_unit(settings(), FLAGS, "/opt/llamarack/builds/b1", "/opt/llamarack/models/m1", shape, ())
-    return unit
+    _, (unit,) = wanted_units(settings(), FLAGS, "/opt/llamarack/builds/b1", "/opt/llamarack/models/m1", shape, ())
+    return unit.text
 
 
 @pytest.mark.parametrize("brk", LINE_BREAKS, ids=ascii)
