@@ -1,12 +1,10 @@
 """Compatibility rules: driver, toolkit, gcc and GPU architecture.
 
-Each rule is a small pure function of one host's settings and facts that
-returns None (pass) or a ``Failure`` naming the value found, the value
-needed and the fix. ``RULES`` is the table the preflight role runs, in order,
-before anything on the host is changed. The numbers come from NVIDIA's
-release notes and the toolkits' own headers (see docs/FIELD-NOTES in the
-project history); where the host can tell us (the gcc ceiling), the fact
-read from the host wins over any table here.
+Each rule is a pure function of one host's settings and facts that returns None
+(pass) or a ``Failure`` naming the value found, the value needed and the fix.
+``RULES`` is the table the preflight role runs, in order, before anything on the
+host is changed. The numbers come from NVIDIA's release notes and the toolkits'
+headers; where the host can tell (the gcc ceiling), its fact wins over any table.
 """
 
 from __future__ import annotations
@@ -194,11 +192,6 @@ def arch_digits(arch: str) -> str:
     return arch.split("-")[0].rstrip("af")
 
 
-def _arch_cap(arch: str) -> tuple[int, int]:
-    digits = arch_digits(arch)
-    return int(digits[:-1]), int(digits[-1])
-
-
 def _major(version: str) -> int:
     return int(version.split(".")[0])
 
@@ -217,22 +210,16 @@ def build_archs(s: Settings, facts: HostFacts) -> tuple[str, ...]:
 
 def driver_floor(s: Settings) -> str:
     """The lowest driver accepted: the setting, raised to the toolkit's floor on CUDA builds."""
-    floor = s.driver.min_version
-    if s.llamacpp.backend == "cuda":
-        wanted = _toolkit_version(s)
-        for toolkit, minimum in DRIVER_FLOOR_BY_TOOLKIT:
-            if wanted >= toolkit:
-                floor = max(floor, minimum, key=Version)
-                break
-    return floor
+    if s.llamacpp.backend != "cuda":
+        return s.driver.min_version
+    wanted = _toolkit_version(s)
+    minimum = next((m for toolkit, m in DRIVER_FLOOR_BY_TOOLKIT if wanted >= toolkit), "0")
+    return max(s.driver.min_version, minimum, key=Version)
 
 
 def find_toolkit(toolkits, version: str, home: Optional[str] = None) -> Optional[CudaToolkit]:
     """The first toolkit of ``version`` (``major.minor``), in ``home`` if one is given."""
-    for toolkit in toolkits:
-        if toolkit.version == version and (not home or toolkit.home == home):
-            return toolkit
-    return None
+    return next((t for t in toolkits if t.version == version and (not home or t.home == home)), None)
 
 
 def toolkit_for(s: Settings, facts: HostFacts) -> Optional[CudaToolkit]:
@@ -255,9 +242,9 @@ def choose_host_compiler(
     installed = gcc.majors_at_most(max_gcc)
     if installed:
         return installed[0], False
-    candidates = sorted((m for m in installable if m <= max_gcc), reverse=True)
+    candidates = [m for m in installable if m <= max_gcc]
     if candidates:
-        return candidates[0], True
+        return max(candidates), True
     raise LookupError(max_gcc)
 
 
@@ -355,17 +342,12 @@ def no_module_cause(facts: HostFacts) -> Failure:
                        f"a driver of the {legacy.group(1)} branch (the last that supports the card)",
                        f"install a {legacy.group(1)}.xx driver and apt-mark hold it")  # fmt: skip
     if facts.kernel_log is not None and log.module_file is None:
-        return Failure("driver-module-loaded", "no nvidia module built for the running kernel",
-                       "a loaded nvidia module", "rebuild the module for the running kernel (dkms autoinstall) "
-                       "or boot the kernel it was built for, then reboot")  # fmt: skip
-    return Failure(
-        "driver-module-loaded",
-        "the NVIDIA kernel module is not loaded (nvidia-smi cannot reach the driver)"
-        + (f"; the kernel said: {last}" if last else ""),
-        "a loaded nvidia module",
-        "rebuild the module for the running kernel (dkms autoinstall) or boot the kernel "
-        "it was built for, then reboot",
-    )
+        found = "no nvidia module built for the running kernel"
+    else:
+        found = "the NVIDIA kernel module is not loaded (nvidia-smi cannot reach the driver)" + (
+            f"; the kernel said: {last}" if last else "")  # fmt: skip
+    return Failure("driver-module-loaded", found, "a loaded nvidia module", "rebuild the module for the running "
+                   "kernel (dkms autoinstall) or boot the kernel it was built for, then reboot")  # fmt: skip
 
 
 def rule_driver_floor(s: Settings, facts: HostFacts) -> Optional[Failure]:
@@ -424,9 +406,7 @@ def rule_gpus_readable(s: Settings, facts: HostFacts) -> Optional[Failure]:
 
 def rule_gpus_present(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """A CUDA build needs at least one GPU the driver sees."""
-    if s.llamacpp.backend != "cuda" or facts.driver.state not in ("ok", "no_devices"):
-        return None
-    if facts.driver.gpus:
+    if s.llamacpp.backend != "cuda" or facts.driver.state not in ("ok", "no_devices") or facts.driver.gpus:
         return None
     return Failure(
         "gpus-present", "no GPU listed by nvidia-smi", "at least one NVIDIA GPU",
@@ -461,10 +441,9 @@ def missing_gpus(facts: HostFacts) -> tuple:
     the driver rules and ``gpus-present`` speak then."""
     if facts.driver.state != "ok" or not facts.driver.gpus:
         return ()
-    listed = {g.uuid for g in facts.driver.gpus}
     _, explained = legacy_gpus_past_ceiling(facts)
-    explained_ids = {g.uuid for g in explained}
-    return tuple(g for g in facts.recorded_gpus if g.uuid not in listed and g.uuid not in explained_ids)
+    named = {g.uuid for g in facts.driver.gpus + explained}
+    return tuple(g for g in facts.recorded_gpus if g.uuid not in named)
 
 
 def missing_gpus_warning(s: Settings, facts: HostFacts) -> Optional[str]:
@@ -521,30 +500,23 @@ def rule_toolkit_targets_archs(s: Settings, facts: HostFacts) -> Optional[Failur
         return None
     toolkit = _toolkit_version(s)
     for arch in build_archs(s, facts):
-        cap = _arch_cap(arch)
+        digits = arch_digits(arch)
+        cap = int(digits[:-1]), int(digits[-1])
+        oldest = next((f"{t[0]}.{t[1]}" for c, t in TOOLKIT_MIN_FOR_CAP if cap >= c and toolkit < t), None)
         if toolkit >= (13, 0) and cap < TOOLKIT_13_MIN_CAP:
-            return Failure(
-                "toolkit-arch",
-                f"CUDA {s.toolchain.cuda_version} for sm_{arch}",
-                "a CUDA 11.x or 12.x toolkit (CUDA 13 cannot build for Volta or Pascal)",
-                "set toolchain_cuda_version = '11.8' (or 12.x) for this host's group",
-            )
-        for min_cap, min_toolkit in TOOLKIT_MIN_FOR_CAP:
-            if cap >= min_cap and toolkit < min_toolkit:
-                return Failure(
-                    "toolkit-arch",
-                    f"CUDA {s.toolchain.cuda_version} for sm_{arch}",
-                    f"CUDA {min_toolkit[0]}.{min_toolkit[1]} or newer for sm_{arch}",
-                    f"set toolchain_cuda_version to {min_toolkit[0]}.{min_toolkit[1]} or newer",
-                )
+            needed = "a CUDA 11.x or 12.x toolkit (CUDA 13 cannot build for Volta or Pascal)"
+            fix = "set toolchain_cuda_version = '11.8' (or 12.x) for this host's group"
+        elif oldest:
+            needed, fix = f"CUDA {oldest} or newer for sm_{arch}", f"set toolchain_cuda_version to {oldest} or newer"
+        else:
+            continue
+        return Failure("toolkit-arch", f"CUDA {s.toolchain.cuda_version} for sm_{arch}", needed, fix)
     return None
 
 
 def rule_toolkit_present(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """With a system toolkit, the wanted version is installed."""
-    if s.llamacpp.backend != "cuda" or s.toolchain.cuda_source != "system":
-        return None
-    if toolkit_for(s, facts):
+    if s.llamacpp.backend != "cuda" or s.toolchain.cuda_source != "system" or toolkit_for(s, facts):
         return None
     found = ", ".join(f"{t.version} in {t.home}" for t in facts.toolkits) or "no CUDA toolkit"
     return Failure(
@@ -562,11 +534,9 @@ def rule_gcc_for_toolkit(s: Settings, facts: HostFacts) -> Optional[Failure]:
     if s.llamacpp.backend != "cuda":
         return None
     toolkit = toolkit_for(s, facts)
-    if toolkit is None or toolkit.max_gcc is None:
-        return None
-    if s.toolchain.install_gcc and not facts.gcc_installable:
-        # No apt lists yet (a fresh host): what apt could install is unknown until
-        # the toolchain role refreshes them; it stops the host if nothing fits.
+    # No apt lists yet (a fresh host): what apt could install is unknown until
+    # the toolchain role refreshes them; it stops the host if nothing fits.
+    if toolkit is None or toolkit.max_gcc is None or (s.toolchain.install_gcc and not facts.gcc_installable):
         return None
     installable = facts.gcc_installable if s.toolchain.install_gcc else ()
     try:
@@ -618,9 +588,7 @@ def rule_dirs_private(s: Settings, facts: HostFacts) -> Optional[Failure]:
         "other user (a sticky /tmp counts: anyone can make a name in it), since root runs what is there",
         "; ".join(fixes),
     )  # fmt: skip
-def service_user_failure(s: Settings, entry: Optional[PasswdEntry], group: Optional[int]) -> Optional[Failure]:
-    """Whether ``llamarack_service_user`` may be made or taken on (``account_failure``)."""
-    return account_failure(s.general.service_user, s.general.root, "llamarack_service_user", entry, group)
+
 
 
 def account_failure(user: str, home: str, setting: Optional[str], entry: Optional[PasswdEntry],
@@ -650,10 +618,11 @@ def account_failure(user: str, home: str, setting: Optional[str], entry: Optiona
 
 
 def rule_service_user(s: Settings, facts: HostFacts) -> Optional[Failure]:
-    """The service user is one llamarack may make or take on (``service_user_failure``)."""
+    """The service user is one llamarack may make or take on (``account_failure``)."""
     if not s.general.runs("server"):
         return None
-    return service_user_failure(s, facts.service_user, facts.service_group)
+    return account_failure(s.general.service_user, s.general.root, "llamarack_service_user", facts.service_user,
+                           facts.service_group)  # fmt: skip
 
 
 def rule_awq_card_memory(s: Settings, facts: HostFacts) -> Optional[Failure]:
@@ -668,9 +637,7 @@ def rule_awq_card_memory(s: Settings, facts: HostFacts) -> Optional[Failure]:
     return Failure("awq-card-memory", *short) if short else None
 
 
-Rule = Callable[[Settings, HostFacts], Optional[Failure]]
-
-RULES: tuple[Rule, ...] = (
+RULES: tuple[Callable[[Settings, HostFacts], Optional[Failure]], ...] = (
     rule_gpus_supported,
     rule_driver_loaded,
     rule_driver_floor,
