@@ -117,20 +117,15 @@ class Failure:
 def parse_compute_cap(text: Optional[str]) -> Optional[tuple[int, int]]:
     """(7, 0) from "7.0"; None for no value or one that is no number ("[N/A]")."""
     major, _, minor = (text or "").partition(".")
-    if not (major.isdigit() and minor.isdigit()):
-        return None
-    return int(major), int(minor)
+    return (int(major), int(minor)) if major.isdigit() and minor.isdigit() else None
 
 
 _DRIVER_VERSION = re.compile(r"(?:\d+:)?(\d{3}\.\d+(?:\.\d+)?)(?:[-~+].*)?")
 
 
 def package_driver_version(packages) -> Optional[str]:
-    """The driver version the installed packages carry ("590.44.01-1" gives "590.44.01").
-
-    The newest one: during an upgrade, or with a stray older package
-    (nvidia-persistenced), the newest is what the next boot loads.
-    """
+    """The driver version the installed packages carry ("590.44.01-1" gives "590.44.01"): the newest,
+    which is what the next boot loads during an upgrade or beside a stray older package (nvidia-persistenced)."""
     versions = [m.group(1) for p in packages if (m := _DRIVER_VERSION.fullmatch(p.version))]
     return max(versions, key=Version) if versions else None
 
@@ -154,9 +149,8 @@ def all_known_gpus(facts: HostFacts) -> tuple:
 def coming_driver_version(facts: HostFacts) -> Optional[str]:
     """The driver the host runs, or will run after its next boot when nvidia-smi cannot say.
 
-    Answering: the live one. A mismatch: the NVML library's (older drivers
-    print none: the packages'). Module not bound or no GPU listed: the
-    packages', else the loaded module's.
+    Answering: the live one. A mismatch: the NVML library's (older drivers print none: the
+    packages'). Module not bound or no GPU listed: the packages', else the loaded module's.
     """
     state = facts.driver.state
     packaged = package_driver_version(facts.driver_packages)
@@ -182,9 +176,8 @@ def legacy_gpus_past_ceiling(facts: HostFacts) -> tuple[Optional[str], tuple]:
     version = coming_driver_version(facts)
     if not version or _major(version) <= LEGACY_DRIVER_LAST_BRANCH:
         return version, ()
-    legacy = tuple(g for g in all_known_gpus(facts)
-                   if (c := parse_compute_cap(g.compute_cap)) and c < LEGACY_BELOW_CAP)  # fmt: skip
-    return version, legacy
+    return version, tuple(g for g in all_known_gpus(facts)
+                          if (c := parse_compute_cap(g.compute_cap)) and c < LEGACY_BELOW_CAP)  # fmt: skip
 
 
 def arch_digits(arch: str) -> str:
@@ -203,9 +196,7 @@ def _toolkit_version(s: Settings) -> tuple[int, int]:
 
 def build_archs(s: Settings, facts: HostFacts) -> tuple[str, ...]:
     """The CUDA architectures the build targets: the setting, else the host's GPUs'."""
-    if s.llamacpp.cuda_archs:
-        return s.llamacpp.cuda_archs
-    return tuple(sorted({gpu.arch for gpu in facts.gpus if gpu.arch}))
+    return s.llamacpp.cuda_archs or tuple(sorted({gpu.arch for gpu in facts.gpus if gpu.arch}))
 
 
 def driver_floor(s: Settings) -> str:
@@ -227,9 +218,8 @@ def toolkit_for(s: Settings, facts: HostFacts) -> Optional[CudaToolkit]:
     return find_toolkit(facts.toolkits, s.toolchain.cuda_version, s.toolchain.cuda_home)
 
 
-def choose_host_compiler(
-    max_gcc: Optional[int], gcc: GccInstall, installable: tuple = ()
-) -> tuple[Optional[int], bool]:
+def choose_host_compiler(max_gcc: Optional[int], gcc: GccInstall,
+                         installable: tuple = ()) -> tuple[Optional[int], bool]:
     """Pick the gcc major nvcc should use: (major or None for the default gcc, must install).
 
     The system's default gcc is never changed; a versioned gcc-N at or below
@@ -239,11 +229,9 @@ def choose_host_compiler(
     """
     if max_gcc is None or (gcc.default and _major(gcc.default) <= max_gcc):
         return None, False
-    installed = gcc.majors_at_most(max_gcc)
-    if installed:
+    if installed := gcc.majors_at_most(max_gcc):
         return installed[0], False
-    candidates = [m for m in installable if m <= max_gcc]
-    if candidates:
+    if candidates := [m for m in installable if m <= max_gcc]:
         return max(candidates), True
     raise LookupError(max_gcc)
 
@@ -277,34 +265,24 @@ def rule_gpus_supported(s: Settings, facts: HostFacts) -> Optional[Failure]:
 def rule_driver_loaded(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """The driver answers: installed, module loaded, library and module of one version."""
     driver = facts.driver
-    if driver.state in ("ok", "no_devices"):
+    if driver.state in ("ok", "no_devices") or (driver.state == "missing" and s.llamacpp.backend != "cuda"):
         return None
     if driver.state == "missing":
-        if s.llamacpp.backend != "cuda":
-            return None
-        return Failure(
-            "driver-installed",
-            "no nvidia-smi (no NVIDIA driver installed)",
-            f"an NVIDIA driver >= {driver_floor(s)}",
-            "install the NVIDIA driver for this GPU, or set llamacpp_backend = 'cpu'",
-        )
+        return Failure("driver-installed", "no nvidia-smi (no NVIDIA driver installed)",
+                       f"an NVIDIA driver >= {driver_floor(s)}",
+                       "install the NVIDIA driver for this GPU, or set llamacpp_backend = 'cpu'")  # fmt: skip
     if driver.state == "no_module":
-        if legacy_gpus_past_ceiling(facts)[1]:
-            return None  # not a module problem: the driver ignores the card (driver-ceiling says so)
-        return no_module_cause(facts)
+        # not a module problem where the driver ignores the card (driver-ceiling says so)
+        return None if legacy_gpus_past_ceiling(facts)[1] else no_module_cause(facts)
     if driver.state == "mismatch":
         if s.driver.reboot_on_mismatch or legacy_gpus_past_ceiling(facts)[1]:
             return None  # llamarack reboots; or the reboot would boot a driver past the card (driver-ceiling)
         loaded = facts.module.version if facts.module else "unknown"
         library = driver.library_version or package_driver_version(facts.driver_packages)
         library = f"NVML library {library}" if library else "an NVML library of another version"
-        return Failure(
-            "driver-reboot-needed",
-            f"{library} but loaded kernel module {loaded} "
-            "(Driver/library version mismatch)",
-            "library and module of the same version",
-            "reboot the host (or set driver_reboot_on_mismatch = True to let llamarack do it)",
-        )
+        return Failure("driver-reboot-needed", f"{library} but loaded kernel module {loaded} (Driver/library "
+                       "version mismatch)", "library and module of the same version",
+                       "reboot the host (or set driver_reboot_on_mismatch = True to let llamarack do it)")  # fmt: skip
     return Failure(
         "driver-answers", f"nvidia-smi failed: {driver.message}", "a working nvidia-smi",
         "look at the driver's state on the host (dmesg, nvidia-smi)",
@@ -352,11 +330,8 @@ def no_module_cause(facts: HostFacts) -> Failure:
 
 def rule_driver_floor(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """The driver is new enough for the toolkit and for the configured minimum."""
-    version = facts.driver.driver_version
-    if version is None:
-        return None
-    floor = driver_floor(s)
-    if Version(version) >= Version(floor):
+    version, floor = facts.driver.driver_version, driver_floor(s)
+    if version is None or Version(version) >= Version(floor):
         return None
     return Failure(
         "driver-floor",
@@ -588,7 +563,6 @@ def rule_dirs_private(s: Settings, facts: HostFacts) -> Optional[Failure]:
         "other user (a sticky /tmp counts: anyone can make a name in it), since root runs what is there",
         "; ".join(fixes),
     )  # fmt: skip
-
 
 
 def account_failure(user: str, home: str, setting: Optional[str], entry: Optional[PasswdEntry],
