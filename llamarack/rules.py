@@ -69,18 +69,15 @@ class HostFacts:
     """The installed NVIDIA driver packages (``NvidiaDriverPackages``): the driver the
     next boot loads, which nvidia-smi cannot say when the module is not bound."""
     pci_cards: Optional[tuple] = None
-    """The NVIDIA cards on the PCI bus (``NvidiaPciCards``), whatever the driver says;
-    None where they were not read."""
+    """The NVIDIA cards on the PCI bus (``NvidiaPciCards``), whatever the driver says; None if not read."""
     kernel_log: Optional[KernelLog] = None
     """What the kernel said of the driver this boot (``NvidiaKernelLog``)."""
     mig: tuple = ()
     """Each card's MIG mode and instances (``MigStates``)."""
     path_owners: Optional[PathOwnership] = None
-    """Owner and mode of each directory root runs or builds from and of those above it
-    (``PathOwners``); None where they were not read."""
+    """Owner and mode of each directory root runs or builds from and those above (``PathOwners``); None if not read."""
     service_user: Optional[PasswdEntry] = None
-    """The account named ``llamarack_service_user`` (``SystemUser``), None where there is none
-    or the server role does not run."""
+    """The account named ``llamarack_service_user`` (``SystemUser``); None if none or no server role runs."""
     service_group: Optional[int] = None
     """The gid of the group of that name (``SystemGroup``), None where there is none."""
     served_model: Optional[ArtifactState] = None
@@ -89,17 +86,15 @@ class HostFacts:
     served_shape: Optional[dict] = None
     """Its GGUF's shape (``GgufShape``), read where that GGUF is the one sealed; None elsewhere."""
     hub_config: Optional[HubCounts] = None
-    """The counts of the checkpoint's ``config.json``, read from the hub by preflight's deploy
-    where route awq calibrates on the cards a checkpoint the served GGUF does not give the
-    shape of (``calibration.hub_counts``), or why they could not be; None elsewhere (the
-    audit never asks the hub)."""
+    """The counts of the checkpoint's ``config.json``, read from the hub by preflight's deploy where route
+    awq calibrates on the cards a checkpoint the served GGUF does not give the shape of
+    (``calibration.hub_counts``), or why they could not be; None elsewhere (the audit never asks the hub)."""
 
     @property
     def gpus(self) -> tuple:
-        """The host's cards for this run, the one list every role plans from: those
-        the driver lists, else (a driver that hides them: an upgrade waiting for
-        its reboot, a dropped card) those it listed at the last run where it answered
-        (not the ones the record keeps as missing since: they are not on the host)."""
+        """The host's cards for this run, the one list every role plans from: those the driver lists,
+        else (a driver that hides them: an upgrade waiting for its reboot, a dropped card) those it
+        listed at the last run where it answered, less those the record keeps as missing since."""
         return self.driver.gpus or tuple(g for g in self.recorded_gpus if not g.missing)
 
 
@@ -333,24 +328,19 @@ def rule_driver_floor(s: Settings, facts: HostFacts) -> Optional[Failure]:
     version, floor = facts.driver.driver_version, driver_floor(s)
     if version is None or Version(version) >= Version(floor):
         return None
-    return Failure(
-        "driver-floor",
-        f"driver {version}",
-        f"driver >= {floor} (CUDA {s.toolchain.cuda_version} / driver_min_version)",
-        f"upgrade the driver to {floor} or newer (580 branch at most on Volta/Pascal)",
-    )
+    return Failure("driver-floor", f"driver {version}",
+                   f"driver >= {floor} (CUDA {s.toolchain.cuda_version} / driver_min_version)",
+                   f"upgrade the driver to {floor} or newer (580 branch at most on Volta/Pascal)")
 
 
 def rule_driver_ceiling(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """No driver past the 580 branch on GPUs older than Turing (it drops them).
 
-    A driver that dropped the card does not list it: a 590+ module on a V100
-    alone does not bind ("NVRM: No NVIDIA GPU found", nvidia-smi cannot reach
-    the driver), beside a T4 it lists the T4 only. So the cards are the
-    listed ones plus the recorded ones, and the version is the one the host
-    runs or boots next (``coming_driver_version``: the packages' when
-    nvidia-smi cannot say). Refusing in the mismatch state keeps the host
-    serving on the old module.
+    A driver that dropped the card does not list it: a 590+ module on a V100 alone does not
+    bind ("NVRM: No NVIDIA GPU found", nvidia-smi cannot reach the driver), beside a T4 it lists
+    the T4 only. So the cards are the listed ones plus the recorded ones, and the version is the
+    one the host runs or boots next (``coming_driver_version``). Refusing in the mismatch state
+    keeps the host serving on the old module.
     """
     version, legacy = legacy_gpus_past_ceiling(facts)
     if not legacy:
@@ -410,10 +400,9 @@ def rule_gpus_whole(s: Settings, facts: HostFacts) -> Optional[Failure]:
 
 
 def missing_gpus(facts: HostFacts) -> tuple:
-    """The recorded cards the driver no longer lists while it lists others (fallen off the
-    bus, removed, or dropped beside a card it still lists), less those a driver too new for
-    them hides (``driver-ceiling`` names those). () when the driver lists no card at all:
-    the driver rules and ``gpus-present`` speak then."""
+    """The recorded cards the driver no longer lists while it lists others (fallen off the bus, removed,
+    or dropped beside a card it still lists), less those a driver too new for them hides (``driver-ceiling``
+    names those). () when the driver lists no card: the driver rules and ``gpus-present`` speak then."""
     if facts.driver.state != "ok" or not facts.driver.gpus:
         return ()
     _, explained = legacy_gpus_past_ceiling(facts)
@@ -422,9 +411,8 @@ def missing_gpus(facts: HostFacts) -> tuple:
 
 
 def missing_gpus_warning(s: Settings, facts: HostFacts) -> Optional[str]:
-    """What preflight says of cards recorded at an earlier run and gone now: the deploy goes
-    on with the cards listed (the server role retires a gone card's unit, and a card that
-    comes back gets its unit again); the record keeps them until they return or it is deleted."""
+    """What preflight says of recorded cards gone now: the deploy goes on with the cards listed (the
+    server role retires a gone card's unit until it is back); the record keeps them until they return."""
     missing = missing_gpus(facts)
     if not missing:
         return None
@@ -442,12 +430,10 @@ def rule_gpus_known(s: Settings, facts: HostFacts) -> Optional[Failure]:
     unknown = [g for g in facts.gpus if parse_compute_cap(g.compute_cap) is None]
     if not unknown:
         return None
+    names = ", ".join(f"{g.name} (PCI device id {g.pci_device_id or 'unknown'})" for g in unknown)
     return Failure(
-        "gpu-known",
-        "GPU(s) of unknown compute capability: "
-        + ", ".join(f"{g.name} (PCI device id {g.pci_device_id or 'unknown'})" for g in unknown)
-        + " (the driver gives no compute_cap and the card is not in llamarack's card table)",
-        "a compute capability for every GPU",
+        "gpu-known", f"GPU(s) of unknown compute capability: {names} (the driver gives no compute_cap and the card "
+        "is not in llamarack's card table)", "a compute capability for every GPU",
         "set llamacpp_cuda_archs for this host's group (e.g. ['70'] for a V100), "
         "or add the card to llamarack/gpu_table.py",
     )
@@ -461,12 +447,10 @@ def rule_build_covers_gpus(s: Settings, facts: HostFacts) -> Optional[Failure]:
     missing = sorted(gpu_archs - set(arch_digits(a) for a in s.llamacpp.cuda_archs))
     if not missing:
         return None
-    return Failure(
-        "build-covers-gpus",
-        f"llamacpp_cuda_archs {list(s.llamacpp.cuda_archs)} with GPUs of arch {sorted(gpu_archs)}",
-        f"every GPU arch in the build (missing {missing})",
-        "add the missing archs to llamacpp_cuda_archs, or unset it to build for the host's GPUs",
-    )
+    return Failure("build-covers-gpus",
+                   f"llamacpp_cuda_archs {list(s.llamacpp.cuda_archs)} with GPUs of arch {sorted(gpu_archs)}",
+                   f"every GPU arch in the build (missing {missing})",
+                   "add the missing archs to llamacpp_cuda_archs, or unset it to build for the host's GPUs")
 
 
 def rule_toolkit_targets_archs(s: Settings, facts: HostFacts) -> Optional[Failure]:
@@ -493,14 +477,11 @@ def rule_toolkit_present(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """With a system toolkit, the wanted version is installed."""
     if s.llamacpp.backend != "cuda" or s.toolchain.cuda_source != "system" or toolkit_for(s, facts):
         return None
-    found = ", ".join(f"{t.version} in {t.home}" for t in facts.toolkits) or "no CUDA toolkit"
+    version, home = s.toolchain.cuda_version, s.toolchain.cuda_home
     return Failure(
-        "toolkit-present",
-        found,
-        f"CUDA {s.toolchain.cuda_version}"
-        + (f" in {s.toolchain.cuda_home}" if s.toolchain.cuda_home else ""),
-        f"install CUDA {s.toolchain.cuda_version} (e.g. /usr/local/cuda-{s.toolchain.cuda_version}), "
-        "or set toolchain_cuda_source = 'conda' or 'debian'",
+        "toolkit-present", ", ".join(f"{t.version} in {t.home}" for t in facts.toolkits) or "no CUDA toolkit",
+        f"CUDA {version}" + (f" in {home}" if home else ""),
+        f"install CUDA {version} (e.g. /usr/local/cuda-{version}), or set toolchain_cuda_source = 'conda' or 'debian'",
     )
 
 
@@ -520,22 +501,18 @@ def rule_gcc_for_toolkit(s: Settings, facts: HostFacts) -> Optional[Failure]:
         found = f"gcc {facts.gcc.default}" if facts.gcc.default else "no gcc"
         if facts.gcc.versioned:
             found += " and gcc-" + ", gcc-".join(str(m) for m in sorted(facts.gcc.versioned))
-        return Failure(
-            "gcc-for-toolkit",
-            found,
-            f"gcc {toolkit.max_gcc} or older (CUDA {toolkit.version}'s crt/host_config.h)",
-            f"install gcc-{toolkit.max_gcc} and g++-{toolkit.max_gcc} "
-            "(apt-get update first; llamarack does it when toolchain_install_gcc is on)",
-        )
+        return Failure("gcc-for-toolkit", found,
+                       f"gcc {toolkit.max_gcc} or older (CUDA {toolkit.version}'s crt/host_config.h)",
+                       f"install gcc-{toolkit.max_gcc} and g++-{toolkit.max_gcc} "
+                       "(apt-get update first; llamarack does it when toolchain_install_gcc is on)")
     return None
 
 
 def rule_dirs_private(s: Settings, facts: HostFacts) -> Optional[Failure]:
-    """The directories root runs or builds from (``settings.private_dirs``: the root,
-    toolchain_cuda_home, llamacpp_ccache_dir), links resolved, and every existing
-    directory above them are root's (or the deploying user's) and no group or other
-    user can write to them: else a local user could put in what root later runs.
-    A sticky directory such as /tmp counts as writable: anyone may make a name in it."""
+    """The directories root runs or builds from (``settings.private_dirs``: the root, toolchain_cuda_home,
+    llamacpp_ccache_dir), links resolved, and every existing directory above them are root's (or the
+    deploying user's) and no group or other user can write to them: else a local user could put in what
+    root later runs. A sticky directory such as /tmp counts as writable: anyone may make a name in it."""
     owners = facts.path_owners
     if owners is None or s.general.allow_shared_dirs:
         return None
@@ -567,10 +544,10 @@ def rule_dirs_private(s: Settings, facts: HostFacts) -> Optional[Failure]:
 
 def account_failure(user: str, home: str, setting: Optional[str], entry: Optional[PasswdEntry],
                     group: Optional[int]) -> Optional[Failure]:
-    """Whether the system account ``user`` (home ``home``) may be made (no account, no group
-    of that name) or taken on (an account llamarack made, its own group its primary one):
-    its home and shell are changed and files are given to its group, so an account of the
-    system's or a person's is refused. ``setting``: the setting that names it, if any."""
+    """Whether the system account ``user`` (home ``home``) may be made (no account, no group of that name)
+    or taken on (an account llamarack made, its own group its primary one): its home and shell are changed
+    and files are given to its group, so an account of the system's or a person's is refused. ``setting``:
+    the setting that names it, if any."""
     fix = (f"set {setting} to a name no account or group of this host has (llamarack makes it), or "
            if setting else "") + f"remove the host's {user!r} if nothing else uses it"  # fmt: skip
     if entry is None:
@@ -600,11 +577,11 @@ def rule_service_user(s: Settings, facts: HostFacts) -> Optional[Failure]:
 
 
 def rule_awq_card_memory(s: Settings, facts: HostFacts) -> Optional[Failure]:
-    """Route awq on a CUDA build: the host's smallest card holds what AutoAWQ puts on it while
-    it calibrates one decoder layer, counted from the served GGUF of the same checkpoint, else
-    from the checkpoint's config.json on the hub, and a bound of the calibration tokens
-    (``roles/model/calibration.py``). A CPU build calibrates on the CPU; counts not known
-    (the audit, a hub that did not answer) leave the check to the AWQ step itself."""
+    """Route awq on a CUDA build: the host's smallest card holds what AutoAWQ puts on it while it calibrates
+    one decoder layer, counted from the served GGUF of the same checkpoint, else from the checkpoint's
+    config.json on the hub, and a bound of the calibration tokens (``roles/model/calibration.py``). A CPU
+    build calibrates on the CPU; counts not known (the audit, a hub that did not answer) leave the check
+    to the AWQ step itself."""
     if not calibrates(s):
         return None
     short = card_shortfall(s, facts.served_model, facts.served_shape, facts.gpus, facts.hub_config)
