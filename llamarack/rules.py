@@ -147,12 +147,11 @@ def coming_driver_version(facts: HostFacts) -> Optional[str]:
     Answering: the live one. A mismatch: the NVML library's (older drivers print none: the
     packages'). Module not bound or no GPU listed: the packages', else the loaded module's.
     """
-    state = facts.driver.state
-    packaged = package_driver_version(facts.driver_packages)
-    if state == "ok" and facts.driver.driver_version:
-        return facts.driver.driver_version
-    if state == "mismatch":
-        return facts.driver.library_version or packaged
+    driver, packaged = facts.driver, package_driver_version(facts.driver_packages)
+    if driver.state == "ok" and driver.driver_version:
+        return driver.driver_version
+    if driver.state == "mismatch":
+        return driver.library_version or packaged
     return packaged or (facts.module.version if facts.module else None)
 
 
@@ -217,10 +216,8 @@ def choose_host_compiler(max_gcc: Optional[int], gcc: GccInstall,
                          installable: tuple = ()) -> tuple[Optional[int], bool]:
     """Pick the gcc major nvcc should use: (major or None for the default gcc, must install).
 
-    The system's default gcc is never changed; a versioned gcc-N at or below
-    the toolkit's ceiling is used instead, installed from apt if need be.
-    Returns (None, False) when the default gcc is fine; raises LookupError
-    when nothing at or below the ceiling exists or can be installed.
+    The system's default gcc is never changed; a versioned gcc-N at or below the toolkit's ceiling
+    is used instead, installed from apt if need be. LookupError when none exists or can be installed.
     """
     if max_gcc is None or (gcc.default and _major(gcc.default) <= max_gcc):
         return None, False
@@ -242,10 +239,8 @@ def rule_gpus_supported(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """No card older than Maxwell on a CUDA build: Kepler's last driver branch is 470,
     older than CUDA 11.8's floor, and llama.cpp builds for nothing before 5.0. No
     driver, toolkit or arch setting fixes that, so this rule alone is reported."""
-    if s.llamacpp.backend != "cuda":
-        return None
     old = [g for g in all_known_gpus(facts) if (c := parse_compute_cap(g.compute_cap)) and c < OLDEST_CAP]
-    if not old:
+    if s.llamacpp.backend != "cuda" or not old:
         return None
     return Failure(
         "gpu-supported",
@@ -382,10 +377,8 @@ def rule_gpus_present(s: Settings, facts: HostFacts) -> Optional[Failure]:
 def rule_gpus_whole(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """No card in MIG mode: llamarack plans a whole card's memory, and with MIG on CUDA
     sees its instances (or nothing, when none is made), never the whole card."""
-    if s.llamacpp.backend != "cuda":
-        return None
     split = [m for m in facts.mig if m.mode == "Enabled"]
-    if not split:
+    if s.llamacpp.backend != "cuda" or not split:
         return None
     names = {g.index: g.name for g in facts.driver.gpus}
     found = "; ".join(f"{names.get(m.index, f'GPU {m.index}')} (GPU {m.index}) in MIG mode, "
@@ -425,10 +418,8 @@ def missing_gpus_warning(s: Settings, facts: HostFacts) -> Optional[str]:
 def rule_gpus_known(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """Every card has a compute capability (from the driver or the card table): else
     the build's arch list is empty and cmake refuses -DCMAKE_CUDA_ARCHITECTURES=."""
-    if s.llamacpp.backend != "cuda" or s.llamacpp.cuda_archs:
-        return None
     unknown = [g for g in facts.gpus if parse_compute_cap(g.compute_cap) is None]
-    if not unknown:
+    if s.llamacpp.backend != "cuda" or s.llamacpp.cuda_archs or not unknown:
         return None
     names = ", ".join(f"{g.name} (PCI device id {g.pci_device_id or 'unknown'})" for g in unknown)
     return Failure(
