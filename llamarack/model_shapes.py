@@ -93,8 +93,7 @@ def shape_from_config(config: dict, quant: str, name: str = "config.json") -> di
         raise ModelSourceError(f"{name}: not a model's config (a JSON object, its text_config one too)")
     c = dict(config.get("text_config") or config)
     model_type = c.get("model_type") or config.get("model_type")
-    if model_type == "gemma3":
-        model_type = "gemma3_text"
+    model_type = "gemma3_text" if model_type == "gemma3" else model_type
     if model_type not in LAYER_NORMS:
         raise ModelSourceError(f"{name}: model_type {model_type!r} is not estimated here; known: "
                                f"{', '.join(LAYER_NORMS)} (or plan from the GGUF itself)")  # fmt: skip
@@ -155,14 +154,12 @@ class RangeFile(io.RawIOBase):
 
     def __init__(self, url: str, headers: dict, timeout: float = 30.0):
         self.url, self.headers, self.timeout = url, headers, timeout
-        self.pos, self.size = 0, None
+        self.pos, self.size, self.requests = 0, None, 0
         self.buf_start, self.buf = 0, b""
-        self.requests = 0
 
     def _fetch(self, start: int) -> None:
-        end = start + HEADER_CHUNK - 1
         try:
-            r = requests.get(self.url, headers={**self.headers, "Range": f"bytes={start}-{end}"},
+            r = requests.get(self.url, headers={**self.headers, "Range": f"bytes={start}-{start + HEADER_CHUNK - 1}"},
                              timeout=self.timeout, allow_redirects=True)  # fmt: skip
         except requests.RequestException as e:
             raise ModelSourceError(f"cannot read {self.url}: {e.__class__.__name__}: {e}") from None
@@ -205,8 +202,7 @@ def hub_gguf_shape(endpoint: str, repo: str, revision: str, file: str, token: Op
         shape = shape_of(f, f"{repo}@{revision}/{file}", 0)
     except GgufError as e:
         raise ModelSourceError(f"{repo}@{revision}/{file}: {e}") from None
-    shape["size"] = f.size or 0
-    shape["header_requests"] = f.requests
+    shape.update(size=f.size or 0, header_requests=f.requests)
     return shape
 
 
