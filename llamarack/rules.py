@@ -243,8 +243,7 @@ def rule_gpus_supported(s: Settings, facts: HostFacts) -> Optional[Failure]:
     if s.llamacpp.backend != "cuda" or not old:
         return None
     return Failure(
-        "gpu-supported",
-        ", ".join(sorted({f"{g.name} (compute capability {g.compute_cap})" for g in old})),
+        "gpu-supported", ", ".join(sorted({f"{g.name} (compute capability {g.compute_cap})" for g in old})),
         "GPUs of compute capability 5.0 or newer (llama.cpp's CUDA backend; CUDA 11.8 needs driver 520.61.05, "
         "and 470 is the last driver branch for Kepler cards)",
         "no driver or toolkit serves these cards: set llamacpp_backend = 'cpu' for this host to serve "
@@ -273,10 +272,8 @@ def rule_driver_loaded(s: Settings, facts: HostFacts) -> Optional[Failure]:
         return Failure("driver-reboot-needed", f"{library} but loaded kernel module {loaded} (Driver/library "
                        "version mismatch)", "library and module of the same version",
                        "reboot the host (or set driver_reboot_on_mismatch = True to let llamarack do it)")  # fmt: skip
-    return Failure(
-        "driver-answers", f"nvidia-smi failed: {driver.message}", "a working nvidia-smi",
-        "look at the driver's state on the host (dmesg, nvidia-smi)",
-    )  # fmt: skip
+    return Failure("driver-answers", f"nvidia-smi failed: {driver.message}", "a working nvidia-smi",
+                   "look at the driver's state on the host (dmesg, nvidia-smi)")
 
 
 # The kernel's words for the causes nvidia-smi cannot name (NVRM lines, this boot).
@@ -343,8 +340,7 @@ def rule_driver_ceiling(s: Settings, facts: HostFacts) -> Optional[Failure]:
     names = ", ".join(sorted({g.name for g in legacy}))
     source = "" if facts.driver.state == "ok" else " (installed, not running)"
     return Failure(
-        "driver-ceiling",
-        f"driver {version}{source} with {names} (compute capability {legacy[0].compute_cap})",
+        "driver-ceiling", f"driver {version}{source} with {names} (compute capability {legacy[0].compute_cap})",
         f"a driver of the {LEGACY_DRIVER_LAST_BRANCH} branch or older "
         f"(the last that supports GPUs below compute capability 7.5)",
         f"install a {LEGACY_DRIVER_LAST_BRANCH}.xx driver and apt-mark hold it",
@@ -368,10 +364,8 @@ def rule_gpus_present(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """A CUDA build needs at least one GPU the driver sees."""
     if s.llamacpp.backend != "cuda" or facts.driver.state not in ("ok", "no_devices") or facts.driver.gpus:
         return None
-    return Failure(
-        "gpus-present", "no GPU listed by nvidia-smi", "at least one NVIDIA GPU",
-        "check the GPU is seated and bound to the nvidia driver, or set llamacpp_backend = 'cpu'",
-    )  # fmt: skip
+    return Failure("gpus-present", "no GPU listed by nvidia-smi", "at least one NVIDIA GPU",
+                   "check the GPU is seated and bound to the nvidia driver, or set llamacpp_backend = 'cpu'")
 
 
 def rule_gpus_whole(s: Settings, facts: HostFacts) -> Optional[Failure]:
@@ -432,11 +426,9 @@ def rule_gpus_known(s: Settings, facts: HostFacts) -> Optional[Failure]:
 
 def rule_build_covers_gpus(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """Every GPU's architecture is in the build (else: no kernel image at run time)."""
-    if s.llamacpp.backend != "cuda" or not s.llamacpp.cuda_archs:
-        return None
     gpu_archs = {g.arch for g in facts.gpus if g.arch}
-    missing = sorted(gpu_archs - set(arch_digits(a) for a in s.llamacpp.cuda_archs))
-    if not missing:
+    missing = sorted(gpu_archs - {arch_digits(a) for a in s.llamacpp.cuda_archs or ()})
+    if s.llamacpp.backend != "cuda" or not s.llamacpp.cuda_archs or not missing:
         return None
     return Failure("build-covers-gpus",
                    f"llamacpp_cuda_archs {list(s.llamacpp.cuda_archs)} with GPUs of arch {sorted(gpu_archs)}",
