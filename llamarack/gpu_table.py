@@ -551,12 +551,10 @@ def compute_cap(pci_device_id) -> Optional[str]:
 
 
 def planning_memory_mib(pci_device_id, reported_mib: int) -> int:
-    """The memory (MiB) to plan a card's context with: the same for the same board
-    whatever the driver reports (a V100 16GB reports 16130, 16160 or 16384). That is
-    the board's smallest real report, else its nominal memory less the reservation
-    above; never more than this driver reports (ECC on, or retired pages, leave less).
-    A card not in the table (or without memory figures) plans with what its driver reports.
-    """
+    """The memory (MiB) to plan a card's context with: the same for the same board whatever the driver
+    reports (a V100 16GB reports 16130, 16160 or 16384). That is the board's smallest real report, else
+    its nominal memory less the reservation above; never more than this driver reports (ECC on, or
+    retired pages, leave less). A card not in the table (or without memory figures): what it reports."""
     found = board(pci_device_id)
     if found is None or found.memory_gb is None:
         return reported_mib

@@ -470,16 +470,14 @@ def rule_toolkit_present(s: Settings, facts: HostFacts) -> Optional[Failure]:
 
 def rule_gcc_for_toolkit(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """A host compiler the toolkit accepts exists or can be installed."""
-    if s.llamacpp.backend != "cuda":
-        return None
     toolkit = toolkit_for(s, facts)
     # No apt lists yet (a fresh host): what apt could install is unknown until
     # the toolchain role refreshes them; it stops the host if nothing fits.
-    if toolkit is None or toolkit.max_gcc is None or (s.toolchain.install_gcc and not facts.gcc_installable):
+    if s.llamacpp.backend != "cuda" or toolkit is None or toolkit.max_gcc is None or (
+            s.toolchain.install_gcc and not facts.gcc_installable):
         return None
-    installable = facts.gcc_installable if s.toolchain.install_gcc else ()
     try:
-        choose_host_compiler(toolkit.max_gcc, facts.gcc, installable)
+        choose_host_compiler(toolkit.max_gcc, facts.gcc, facts.gcc_installable if s.toolchain.install_gcc else ())
     except LookupError:
         found = f"gcc {facts.gcc.default}" if facts.gcc.default else "no gcc"
         if facts.gcc.versioned:
@@ -565,9 +563,7 @@ def rule_awq_card_memory(s: Settings, facts: HostFacts) -> Optional[Failure]:
     config.json on the hub, and a bound of the calibration tokens (``roles/model/calibration.py``). A CPU
     build calibrates on the CPU; counts not known (the audit, a hub that did not answer) leave the check
     to the AWQ step itself."""
-    if not calibrates(s):
-        return None
-    short = card_shortfall(s, facts.served_model, facts.served_shape, facts.gpus, facts.hub_config)
+    short = calibrates(s) and card_shortfall(s, facts.served_model, facts.served_shape, facts.gpus, facts.hub_config)
     return Failure("awq-card-memory", *short) if short else None
 
 
