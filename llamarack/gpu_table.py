@@ -529,10 +529,8 @@ _PCI_ID = re.compile(r"0x([0-9A-Fa-f]{4})([0-9A-Fa-f]{4})")
 
 
 def device_id(pci_device_id) -> Optional[int]:
-    """The device part of nvidia-smi's ``pci.device_id`` ("0x1DB110DE" -> 0x1DB1).
-
-    None for anything else ([N/A], another vendor's id, a missing field).
-    """
+    """The device part of nvidia-smi's ``pci.device_id`` ("0x1DB110DE" -> 0x1DB1); a number is one
+    already. None for anything else ([N/A], another vendor's id, a missing field)."""
     if isinstance(pci_device_id, int):
         return pci_device_id
     match = _PCI_ID.fullmatch((pci_device_id or "").strip())
@@ -543,8 +541,7 @@ def device_id(pci_device_id) -> Optional[int]:
 
 def board(pci_device_id) -> Optional[Board]:
     """The board of a PCI device id (nvidia-smi's text or the number), or None."""
-    dev = device_id(pci_device_id)
-    return BOARDS.get(dev) if dev is not None else None
+    return BOARDS.get(device_id(pci_device_id))
 
 
 def compute_cap(pci_device_id) -> Optional[str]:
@@ -554,18 +551,13 @@ def compute_cap(pci_device_id) -> Optional[str]:
 
 
 def planning_memory_mib(pci_device_id, reported_mib: int) -> int:
-    """The memory (MiB) to plan a card's context with: the same for the same board
-    whatever the driver reports (a V100 16GB reports 16130, 16160 or 16384). That is
-    the board's smallest real report, else its nominal memory less the reservation
-    above; never more than this driver reports (ECC on, or retired pages, leave less).
-    A card not in the table (or without memory figures) plans with what its driver reports.
-    """
+    """The memory (MiB) to plan a card's context with: the same for the same board whatever the driver
+    reports (a V100 16GB reports 16130, 16160 or 16384). That is the board's smallest real report, else
+    its nominal memory less the reservation above; never more than this driver reports (ECC on, or
+    retired pages, leave less). A card not in the table (or without memory figures): what it reports."""
     found = board(pci_device_id)
     if found is None or found.memory_gb is None:
         return reported_mib
-    if found.min_reported_mib is not None:
-        floor = found.min_reported_mib
-    else:
-        nominal = found.memory_gb * 1024
-        floor = nominal - nominal // (_UNREPORTED_RESERVE_HBM if found.chip in _HBM_CHIPS else _UNREPORTED_RESERVE)
-    return min(floor, reported_mib)
+    nominal = found.memory_gb * 1024
+    reserve = _UNREPORTED_RESERVE_HBM if found.chip in _HBM_CHIPS else _UNREPORTED_RESERVE
+    return min(found.min_reported_mib or nominal - nominal // reserve, reported_mib)

@@ -93,8 +93,7 @@ def shape_from_config(config: dict, quant: str, name: str = "config.json") -> di
         raise ModelSourceError(f"{name}: not a model's config (a JSON object, its text_config one too)")
     c = dict(config.get("text_config") or config)
     model_type = c.get("model_type") or config.get("model_type")
-    if model_type == "gemma3":
-        model_type = "gemma3_text"
+    model_type = "gemma3_text" if model_type == "gemma3" else model_type
     if model_type not in LAYER_NORMS:
         raise ModelSourceError(f"{name}: model_type {model_type!r} is not estimated here; known: "
                                f"{', '.join(LAYER_NORMS)} (or plan from the GGUF itself)")  # fmt: skip
@@ -116,15 +115,12 @@ def shape_from_config(config: dict, quant: str, name: str = "config.json") -> di
     if not isinstance(c.get("rope_scaling") or {}, dict) or not isinstance(c.get("layer_types") or [], list):
         raise ModelSourceError(f"{name}: rope_scaling is not an object, or layer_types not a list")
     tied = bool(c.get("tie_word_embeddings", False))
-    layers = []
-    for i in range(n):
-        size = 4 * (norms * n_embd + (2 * hd if qk_norm else 0) + ((n_head + 2 * n_kv) * hd if biases else 0))
-        for role, ne0, rows in (("attn_q", n_embd, n_head * hd), ("attn_k", n_embd, n_kv * hd),
-                                ("attn_v", n_embd, n_kv * hd), ("attn_output", n_head * hd, n_embd),
-                                ("ffn_gate", n_embd, n_ff), ("ffn_up", n_embd, n_ff),
-                                ("ffn_down", n_ff, n_embd)):  # fmt: skip
-            size += _tensor_bytes(quant_type(quant, role, i, n), ne0, rows)
-        layers.append(size)
+    norm_bytes = 4 * (norms * n_embd + (2 * hd if qk_norm else 0) + ((n_head + 2 * n_kv) * hd if biases else 0))
+    matrices = (("attn_q", n_embd, n_head * hd), ("attn_k", n_embd, n_kv * hd), ("attn_v", n_embd, n_kv * hd),
+                ("attn_output", n_head * hd, n_embd), ("ffn_gate", n_embd, n_ff), ("ffn_up", n_embd, n_ff),
+                ("ffn_down", n_ff, n_embd))  # fmt: skip
+    layers = [norm_bytes + sum(_tensor_bytes(quant_type(quant, role, i, n), ne0, rows) for role, ne0, rows in matrices)
+              for i in range(n)]  # fmt: skip
     embd = _tensor_bytes(quant_type(quant, "token_embd", tied=tied), n_embd, vocab)
     output = 4 * n_embd + (0 if tied else _tensor_bytes(quant_type(quant, "output"), n_embd, vocab))
     swa = c.get("sliding_window") if c.get("use_sliding_window", True) else None
@@ -132,7 +128,6 @@ def shape_from_config(config: dict, quant: str, name: str = "config.json") -> di
     pattern = [t == "sliding_attention" for t in layer_types] if layer_types else c.get("sliding_window_pattern")
     rope = c.get("rope_scaling") or {}
     rope_type = rope.get("rope_type") or rope.get("type")
-    ledger = {"layer_bytes": layers, "token_embd_bytes": embd, "output_bytes": output, "tied_embeddings": tied}
     shape = {
         "path": name, "size": sum(layers) + embd + output, "architecture": arch, "file_type": QUANTS[quant][2],
         "n_layer": n, "n_ctx_train": trained, "n_head": n_head, "n_head_kv": n_kv,
@@ -142,7 +137,8 @@ def shape_from_config(config: dict, quant: str, name: str = "config.json") -> di
         # the original context for YaRN only
         "rope_scaling": rope_type if rope_type in ("linear", "yarn") else None,
         "rope_scale": rope.get("factor") if rope_type in ("linear", "yarn") else None,
-        "rope_orig_ctx": rope.get("original_max_position_embeddings") if rope_type == "yarn" else None, **ledger,
+        "rope_orig_ctx": rope.get("original_max_position_embeddings") if rope_type == "yarn" else None,
+        "layer_bytes": layers, "token_embd_bytes": embd, "output_bytes": output, "tied_embeddings": tied,
         "estimated_from": f"{name} at {quant} (llama-quantize's type rules, ggml block sizes)",
     }  # fmt: skip
     try:
@@ -158,14 +154,12 @@ class RangeFile(io.RawIOBase):
 
     def __init__(self, url: str, headers: dict, timeout: float = 30.0):
         self.url, self.headers, self.timeout = url, headers, timeout
-        self.pos, self.size = 0, None
+        self.pos, self.size, self.requests = 0, None, 0
         self.buf_start, self.buf = 0, b""
-        self.requests = 0
 
     def _fetch(self, start: int) -> None:
-        end = start + HEADER_CHUNK - 1
         try:
-            r = requests.get(self.url, headers={**self.headers, "Range": f"bytes={start}-{end}"},
+            r = requests.get(self.url, headers={**self.headers, "Range": f"bytes={start}-{start + HEADER_CHUNK - 1}"},
                              timeout=self.timeout, allow_redirects=True)  # fmt: skip
         except requests.RequestException as e:
             raise ModelSourceError(f"cannot read {self.url}: {e.__class__.__name__}: {e}") from None
@@ -199,9 +193,6 @@ class RangeFile(io.RawIOBase):
         self.pos = offset if whence == os.SEEK_SET else self.pos + offset
         return self.pos
 
-    def tell(self) -> int:
-        return self.pos
-
 
 def hub_gguf_shape(endpoint: str, repo: str, revision: str, file: str, token: Optional[str] = None) -> dict:
     """The shape of ``file`` in ``repo`` at ``revision``, reading only its header."""
@@ -211,8 +202,7 @@ def hub_gguf_shape(endpoint: str, repo: str, revision: str, file: str, token: Op
         shape = shape_of(f, f"{repo}@{revision}/{file}", 0)
     except GgufError as e:
         raise ModelSourceError(f"{repo}@{revision}/{file}: {e}") from None
-    shape["size"] = f.size or 0
-    shape["header_requests"] = f.requests
+    shape.update(size=f.size or 0, header_requests=f.requests)
     return shape
 
 

@@ -1,12 +1,10 @@
 """Compatibility rules: driver, toolkit, gcc and GPU architecture.
 
-Each rule is a small pure function of one host's settings and facts that
-returns None (pass) or a ``Failure`` naming the value found, the value
-needed and the fix. ``RULES`` is the table the preflight role runs, in order,
-before anything on the host is changed. The numbers come from NVIDIA's
-release notes and the toolkits' own headers (see docs/FIELD-NOTES in the
-project history); where the host can tell us (the gcc ceiling), the fact
-read from the host wins over any table here.
+Each rule is a pure function of one host's settings and facts that returns None
+(pass) or a ``Failure`` naming the value found, the value needed and the fix.
+``RULES`` is the table the preflight role runs, in order, before anything on the
+host is changed. The numbers come from NVIDIA's release notes and the toolkits'
+headers; where the host can tell (the gcc ceiling), its fact wins over any table.
 """
 
 from __future__ import annotations
@@ -71,18 +69,15 @@ class HostFacts:
     """The installed NVIDIA driver packages (``NvidiaDriverPackages``): the driver the
     next boot loads, which nvidia-smi cannot say when the module is not bound."""
     pci_cards: Optional[tuple] = None
-    """The NVIDIA cards on the PCI bus (``NvidiaPciCards``), whatever the driver says;
-    None where they were not read."""
+    """The NVIDIA cards on the PCI bus (``NvidiaPciCards``), whatever the driver says; None if not read."""
     kernel_log: Optional[KernelLog] = None
     """What the kernel said of the driver this boot (``NvidiaKernelLog``)."""
     mig: tuple = ()
     """Each card's MIG mode and instances (``MigStates``)."""
     path_owners: Optional[PathOwnership] = None
-    """Owner and mode of each directory root runs or builds from and of those above it
-    (``PathOwners``); None where they were not read."""
+    """Owner and mode of each directory root runs or builds from and those above (``PathOwners``); None if not read."""
     service_user: Optional[PasswdEntry] = None
-    """The account named ``llamarack_service_user`` (``SystemUser``), None where there is none
-    or the server role does not run."""
+    """The account named ``llamarack_service_user`` (``SystemUser``); None if none or no server role runs."""
     service_group: Optional[int] = None
     """The gid of the group of that name (``SystemGroup``), None where there is none."""
     served_model: Optional[ArtifactState] = None
@@ -91,17 +86,15 @@ class HostFacts:
     served_shape: Optional[dict] = None
     """Its GGUF's shape (``GgufShape``), read where that GGUF is the one sealed; None elsewhere."""
     hub_config: Optional[HubCounts] = None
-    """The counts of the checkpoint's ``config.json``, read from the hub by preflight's deploy
-    where route awq calibrates on the cards a checkpoint the served GGUF does not give the
-    shape of (``calibration.hub_counts``), or why they could not be; None elsewhere (the
-    audit never asks the hub)."""
+    """The counts of the checkpoint's ``config.json``, read from the hub by preflight's deploy where route
+    awq calibrates on the cards a checkpoint the served GGUF does not give the shape of
+    (``calibration.hub_counts``), or why they could not be; None elsewhere (the audit never asks the hub)."""
 
     @property
     def gpus(self) -> tuple:
-        """The host's cards for this run, the one list every role plans from: those
-        the driver lists, else (a driver that hides them: an upgrade waiting for
-        its reboot, a dropped card) those it listed at the last run where it answered
-        (not the ones the record keeps as missing since: they are not on the host)."""
+        """The host's cards for this run, the one list every role plans from: those the driver lists,
+        else (a driver that hides them: an upgrade waiting for its reboot, a dropped card) those it
+        listed at the last run where it answered, less those the record keeps as missing since."""
         return self.driver.gpus or tuple(g for g in self.recorded_gpus if not g.missing)
 
 
@@ -119,20 +112,15 @@ class Failure:
 def parse_compute_cap(text: Optional[str]) -> Optional[tuple[int, int]]:
     """(7, 0) from "7.0"; None for no value or one that is no number ("[N/A]")."""
     major, _, minor = (text or "").partition(".")
-    if not (major.isdigit() and minor.isdigit()):
-        return None
-    return int(major), int(minor)
+    return (int(major), int(minor)) if major.isdigit() and minor.isdigit() else None
 
 
 _DRIVER_VERSION = re.compile(r"(?:\d+:)?(\d{3}\.\d+(?:\.\d+)?)(?:[-~+].*)?")
 
 
 def package_driver_version(packages) -> Optional[str]:
-    """The driver version the installed packages carry ("590.44.01-1" gives "590.44.01").
-
-    The newest one: during an upgrade, or with a stray older package
-    (nvidia-persistenced), the newest is what the next boot loads.
-    """
+    """The driver version the installed packages carry ("590.44.01-1" gives "590.44.01"): the newest,
+    which is what the next boot loads during an upgrade or beside a stray older package (nvidia-persistenced)."""
     versions = [m.group(1) for p in packages if (m := _DRIVER_VERSION.fullmatch(p.version))]
     return max(versions, key=Version) if versions else None
 
@@ -156,16 +144,14 @@ def all_known_gpus(facts: HostFacts) -> tuple:
 def coming_driver_version(facts: HostFacts) -> Optional[str]:
     """The driver the host runs, or will run after its next boot when nvidia-smi cannot say.
 
-    Answering: the live one. A mismatch: the NVML library's (older drivers
-    print none: the packages'). Module not bound or no GPU listed: the
-    packages', else the loaded module's.
+    Answering: the live one. A mismatch: the NVML library's (older drivers print none: the
+    packages'). Module not bound or no GPU listed: the packages', else the loaded module's.
     """
-    state = facts.driver.state
-    packaged = package_driver_version(facts.driver_packages)
-    if state == "ok" and facts.driver.driver_version:
-        return facts.driver.driver_version
-    if state == "mismatch":
-        return facts.driver.library_version or packaged
+    driver, packaged = facts.driver, package_driver_version(facts.driver_packages)
+    if driver.state == "ok" and driver.driver_version:
+        return driver.driver_version
+    if driver.state == "mismatch":
+        return driver.library_version or packaged
     return packaged or (facts.module.version if facts.module else None)
 
 
@@ -184,19 +170,13 @@ def legacy_gpus_past_ceiling(facts: HostFacts) -> tuple[Optional[str], tuple]:
     version = coming_driver_version(facts)
     if not version or _major(version) <= LEGACY_DRIVER_LAST_BRANCH:
         return version, ()
-    legacy = tuple(g for g in all_known_gpus(facts)
-                   if (c := parse_compute_cap(g.compute_cap)) and c < LEGACY_BELOW_CAP)  # fmt: skip
-    return version, legacy
+    return version, tuple(g for g in all_known_gpus(facts)
+                          if (c := parse_compute_cap(g.compute_cap)) and c < LEGACY_BELOW_CAP)  # fmt: skip
 
 
 def arch_digits(arch: str) -> str:
     """The compute capability digits of a build arch: "90a" and "80-real" give "90" and "80"."""
     return arch.split("-")[0].rstrip("af")
-
-
-def _arch_cap(arch: str) -> tuple[int, int]:
-    digits = arch_digits(arch)
-    return int(digits[:-1]), int(digits[-1])
 
 
 def _major(version: str) -> int:
@@ -210,29 +190,21 @@ def _toolkit_version(s: Settings) -> tuple[int, int]:
 
 def build_archs(s: Settings, facts: HostFacts) -> tuple[str, ...]:
     """The CUDA architectures the build targets: the setting, else the host's GPUs'."""
-    if s.llamacpp.cuda_archs:
-        return s.llamacpp.cuda_archs
-    return tuple(sorted({gpu.arch for gpu in facts.gpus if gpu.arch}))
+    return s.llamacpp.cuda_archs or tuple(sorted({gpu.arch for gpu in facts.gpus if gpu.arch}))
 
 
 def driver_floor(s: Settings) -> str:
     """The lowest driver accepted: the setting, raised to the toolkit's floor on CUDA builds."""
-    floor = s.driver.min_version
-    if s.llamacpp.backend == "cuda":
-        wanted = _toolkit_version(s)
-        for toolkit, minimum in DRIVER_FLOOR_BY_TOOLKIT:
-            if wanted >= toolkit:
-                floor = max(floor, minimum, key=Version)
-                break
-    return floor
+    if s.llamacpp.backend != "cuda":
+        return s.driver.min_version
+    wanted = _toolkit_version(s)
+    minimum = next((m for toolkit, m in DRIVER_FLOOR_BY_TOOLKIT if wanted >= toolkit), "0")
+    return max(s.driver.min_version, minimum, key=Version)
 
 
 def find_toolkit(toolkits, version: str, home: Optional[str] = None) -> Optional[CudaToolkit]:
     """The first toolkit of ``version`` (``major.minor``), in ``home`` if one is given."""
-    for toolkit in toolkits:
-        if toolkit.version == version and (not home or toolkit.home == home):
-            return toolkit
-    return None
+    return next((t for t in toolkits if t.version == version and (not home or t.home == home)), None)
 
 
 def toolkit_for(s: Settings, facts: HostFacts) -> Optional[CudaToolkit]:
@@ -240,24 +212,19 @@ def toolkit_for(s: Settings, facts: HostFacts) -> Optional[CudaToolkit]:
     return find_toolkit(facts.toolkits, s.toolchain.cuda_version, s.toolchain.cuda_home)
 
 
-def choose_host_compiler(
-    max_gcc: Optional[int], gcc: GccInstall, installable: tuple = ()
-) -> tuple[Optional[int], bool]:
+def choose_host_compiler(max_gcc: Optional[int], gcc: GccInstall,
+                         installable: tuple = ()) -> tuple[Optional[int], bool]:
     """Pick the gcc major nvcc should use: (major or None for the default gcc, must install).
 
-    The system's default gcc is never changed; a versioned gcc-N at or below
-    the toolkit's ceiling is used instead, installed from apt if need be.
-    Returns (None, False) when the default gcc is fine; raises LookupError
-    when nothing at or below the ceiling exists or can be installed.
+    The system's default gcc is never changed; a versioned gcc-N at or below the toolkit's ceiling
+    is used instead, installed from apt if need be. LookupError when none exists or can be installed.
     """
     if max_gcc is None or (gcc.default and _major(gcc.default) <= max_gcc):
         return None, False
-    installed = gcc.majors_at_most(max_gcc)
-    if installed:
+    if installed := gcc.majors_at_most(max_gcc):
         return installed[0], False
-    candidates = sorted((m for m in installable if m <= max_gcc), reverse=True)
-    if candidates:
-        return candidates[0], True
+    if candidates := [m for m in installable if m <= max_gcc]:
+        return max(candidates), True
     raise LookupError(max_gcc)
 
 
@@ -272,14 +239,11 @@ def rule_gpus_supported(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """No card older than Maxwell on a CUDA build: Kepler's last driver branch is 470,
     older than CUDA 11.8's floor, and llama.cpp builds for nothing before 5.0. No
     driver, toolkit or arch setting fixes that, so this rule alone is reported."""
-    if s.llamacpp.backend != "cuda":
-        return None
     old = [g for g in all_known_gpus(facts) if (c := parse_compute_cap(g.compute_cap)) and c < OLDEST_CAP]
-    if not old:
+    if s.llamacpp.backend != "cuda" or not old:
         return None
     return Failure(
-        "gpu-supported",
-        ", ".join(sorted({f"{g.name} (compute capability {g.compute_cap})" for g in old})),
+        "gpu-supported", ", ".join(sorted({f"{g.name} (compute capability {g.compute_cap})" for g in old})),
         "GPUs of compute capability 5.0 or newer (llama.cpp's CUDA backend; CUDA 11.8 needs driver 520.61.05, "
         "and 470 is the last driver branch for Kepler cards)",
         "no driver or toolkit serves these cards: set llamacpp_backend = 'cpu' for this host to serve "
@@ -290,38 +254,26 @@ def rule_gpus_supported(s: Settings, facts: HostFacts) -> Optional[Failure]:
 def rule_driver_loaded(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """The driver answers: installed, module loaded, library and module of one version."""
     driver = facts.driver
-    if driver.state in ("ok", "no_devices"):
+    if driver.state in ("ok", "no_devices") or (driver.state == "missing" and s.llamacpp.backend != "cuda"):
         return None
     if driver.state == "missing":
-        if s.llamacpp.backend != "cuda":
-            return None
-        return Failure(
-            "driver-installed",
-            "no nvidia-smi (no NVIDIA driver installed)",
-            f"an NVIDIA driver >= {driver_floor(s)}",
-            "install the NVIDIA driver for this GPU, or set llamacpp_backend = 'cpu'",
-        )
+        return Failure("driver-installed", "no nvidia-smi (no NVIDIA driver installed)",
+                       f"an NVIDIA driver >= {driver_floor(s)}",
+                       "install the NVIDIA driver for this GPU, or set llamacpp_backend = 'cpu'")  # fmt: skip
     if driver.state == "no_module":
-        if legacy_gpus_past_ceiling(facts)[1]:
-            return None  # not a module problem: the driver ignores the card (driver-ceiling says so)
-        return no_module_cause(facts)
+        # not a module problem where the driver ignores the card (driver-ceiling says so)
+        return None if legacy_gpus_past_ceiling(facts)[1] else no_module_cause(facts)
     if driver.state == "mismatch":
         if s.driver.reboot_on_mismatch or legacy_gpus_past_ceiling(facts)[1]:
             return None  # llamarack reboots; or the reboot would boot a driver past the card (driver-ceiling)
         loaded = facts.module.version if facts.module else "unknown"
         library = driver.library_version or package_driver_version(facts.driver_packages)
         library = f"NVML library {library}" if library else "an NVML library of another version"
-        return Failure(
-            "driver-reboot-needed",
-            f"{library} but loaded kernel module {loaded} "
-            "(Driver/library version mismatch)",
-            "library and module of the same version",
-            "reboot the host (or set driver_reboot_on_mismatch = True to let llamarack do it)",
-        )
-    return Failure(
-        "driver-answers", f"nvidia-smi failed: {driver.message}", "a working nvidia-smi",
-        "look at the driver's state on the host (dmesg, nvidia-smi)",
-    )  # fmt: skip
+        return Failure("driver-reboot-needed", f"{library} but loaded kernel module {loaded} (Driver/library "
+                       "version mismatch)", "library and module of the same version",
+                       "reboot the host (or set driver_reboot_on_mismatch = True to let llamarack do it)")  # fmt: skip
+    return Failure("driver-answers", f"nvidia-smi failed: {driver.message}", "a working nvidia-smi",
+                   "look at the driver's state on the host (dmesg, nvidia-smi)")
 
 
 # The kernel's words for the causes nvidia-smi cannot name (NVRM lines, this boot).
@@ -355,45 +307,32 @@ def no_module_cause(facts: HostFacts) -> Failure:
                        f"a driver of the {legacy.group(1)} branch (the last that supports the card)",
                        f"install a {legacy.group(1)}.xx driver and apt-mark hold it")  # fmt: skip
     if facts.kernel_log is not None and log.module_file is None:
-        return Failure("driver-module-loaded", "no nvidia module built for the running kernel",
-                       "a loaded nvidia module", "rebuild the module for the running kernel (dkms autoinstall) "
-                       "or boot the kernel it was built for, then reboot")  # fmt: skip
-    return Failure(
-        "driver-module-loaded",
-        "the NVIDIA kernel module is not loaded (nvidia-smi cannot reach the driver)"
-        + (f"; the kernel said: {last}" if last else ""),
-        "a loaded nvidia module",
-        "rebuild the module for the running kernel (dkms autoinstall) or boot the kernel "
-        "it was built for, then reboot",
-    )
+        found = "no nvidia module built for the running kernel"
+    else:
+        found = "the NVIDIA kernel module is not loaded (nvidia-smi cannot reach the driver)" + (
+            f"; the kernel said: {last}" if last else "")  # fmt: skip
+    return Failure("driver-module-loaded", found, "a loaded nvidia module", "rebuild the module for the running "
+                   "kernel (dkms autoinstall) or boot the kernel it was built for, then reboot")  # fmt: skip
 
 
 def rule_driver_floor(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """The driver is new enough for the toolkit and for the configured minimum."""
-    version = facts.driver.driver_version
-    if version is None:
+    version, floor = facts.driver.driver_version, driver_floor(s)
+    if version is None or Version(version) >= Version(floor):
         return None
-    floor = driver_floor(s)
-    if Version(version) >= Version(floor):
-        return None
-    return Failure(
-        "driver-floor",
-        f"driver {version}",
-        f"driver >= {floor} (CUDA {s.toolchain.cuda_version} / driver_min_version)",
-        f"upgrade the driver to {floor} or newer (580 branch at most on Volta/Pascal)",
-    )
+    return Failure("driver-floor", f"driver {version}",
+                   f"driver >= {floor} (CUDA {s.toolchain.cuda_version} / driver_min_version)",
+                   f"upgrade the driver to {floor} or newer (580 branch at most on Volta/Pascal)")
 
 
 def rule_driver_ceiling(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """No driver past the 580 branch on GPUs older than Turing (it drops them).
 
-    A driver that dropped the card does not list it: a 590+ module on a V100
-    alone does not bind ("NVRM: No NVIDIA GPU found", nvidia-smi cannot reach
-    the driver), beside a T4 it lists the T4 only. So the cards are the
-    listed ones plus the recorded ones, and the version is the one the host
-    runs or boots next (``coming_driver_version``: the packages' when
-    nvidia-smi cannot say). Refusing in the mismatch state keeps the host
-    serving on the old module.
+    A driver that dropped the card does not list it: a 590+ module on a V100 alone does not
+    bind ("NVRM: No NVIDIA GPU found", nvidia-smi cannot reach the driver), beside a T4 it lists
+    the T4 only. So the cards are the listed ones plus the recorded ones, and the version is the
+    one the host runs or boots next (``coming_driver_version``). Refusing in the mismatch state
+    keeps the host serving on the old module.
     """
     version, legacy = legacy_gpus_past_ceiling(facts)
     if not legacy:
@@ -401,8 +340,7 @@ def rule_driver_ceiling(s: Settings, facts: HostFacts) -> Optional[Failure]:
     names = ", ".join(sorted({g.name for g in legacy}))
     source = "" if facts.driver.state == "ok" else " (installed, not running)"
     return Failure(
-        "driver-ceiling",
-        f"driver {version}{source} with {names} (compute capability {legacy[0].compute_cap})",
+        "driver-ceiling", f"driver {version}{source} with {names} (compute capability {legacy[0].compute_cap})",
         f"a driver of the {LEGACY_DRIVER_LAST_BRANCH} branch or older "
         f"(the last that supports GPUs below compute capability 7.5)",
         f"install a {LEGACY_DRIVER_LAST_BRANCH}.xx driver and apt-mark hold it",
@@ -424,23 +362,17 @@ def rule_gpus_readable(s: Settings, facts: HostFacts) -> Optional[Failure]:
 
 def rule_gpus_present(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """A CUDA build needs at least one GPU the driver sees."""
-    if s.llamacpp.backend != "cuda" or facts.driver.state not in ("ok", "no_devices"):
+    if s.llamacpp.backend != "cuda" or facts.driver.state not in ("ok", "no_devices") or facts.driver.gpus:
         return None
-    if facts.driver.gpus:
-        return None
-    return Failure(
-        "gpus-present", "no GPU listed by nvidia-smi", "at least one NVIDIA GPU",
-        "check the GPU is seated and bound to the nvidia driver, or set llamacpp_backend = 'cpu'",
-    )  # fmt: skip
+    return Failure("gpus-present", "no GPU listed by nvidia-smi", "at least one NVIDIA GPU",
+                   "check the GPU is seated and bound to the nvidia driver, or set llamacpp_backend = 'cpu'")
 
 
 def rule_gpus_whole(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """No card in MIG mode: llamarack plans a whole card's memory, and with MIG on CUDA
     sees its instances (or nothing, when none is made), never the whole card."""
-    if s.llamacpp.backend != "cuda":
-        return None
     split = [m for m in facts.mig if m.mode == "Enabled"]
-    if not split:
+    if s.llamacpp.backend != "cuda" or not split:
         return None
     names = {g.index: g.name for g in facts.driver.gpus}
     found = "; ".join(f"{names.get(m.index, f'GPU {m.index}')} (GPU {m.index}) in MIG mode, "
@@ -455,22 +387,19 @@ def rule_gpus_whole(s: Settings, facts: HostFacts) -> Optional[Failure]:
 
 
 def missing_gpus(facts: HostFacts) -> tuple:
-    """The recorded cards the driver no longer lists while it lists others (fallen off the
-    bus, removed, or dropped beside a card it still lists), less those a driver too new for
-    them hides (``driver-ceiling`` names those). () when the driver lists no card at all:
-    the driver rules and ``gpus-present`` speak then."""
+    """The recorded cards the driver no longer lists while it lists others (fallen off the bus, removed,
+    or dropped beside a card it still lists), less those a driver too new for them hides (``driver-ceiling``
+    names those). () when the driver lists no card: the driver rules and ``gpus-present`` speak then."""
     if facts.driver.state != "ok" or not facts.driver.gpus:
         return ()
-    listed = {g.uuid for g in facts.driver.gpus}
     _, explained = legacy_gpus_past_ceiling(facts)
-    explained_ids = {g.uuid for g in explained}
-    return tuple(g for g in facts.recorded_gpus if g.uuid not in listed and g.uuid not in explained_ids)
+    named = {g.uuid for g in facts.driver.gpus + explained}
+    return tuple(g for g in facts.recorded_gpus if g.uuid not in named)
 
 
 def missing_gpus_warning(s: Settings, facts: HostFacts) -> Optional[str]:
-    """What preflight says of cards recorded at an earlier run and gone now: the deploy goes
-    on with the cards listed (the server role retires a gone card's unit, and a card that
-    comes back gets its unit again); the record keeps them until they return or it is deleted."""
+    """What preflight says of recorded cards gone now: the deploy goes on with the cards listed (the
+    server role retires a gone card's unit until it is back); the record keeps them until they return."""
     missing = missing_gpus(facts)
     if not missing:
         return None
@@ -483,17 +412,13 @@ def missing_gpus_warning(s: Settings, facts: HostFacts) -> Optional[str]:
 def rule_gpus_known(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """Every card has a compute capability (from the driver or the card table): else
     the build's arch list is empty and cmake refuses -DCMAKE_CUDA_ARCHITECTURES=."""
-    if s.llamacpp.backend != "cuda" or s.llamacpp.cuda_archs:
-        return None
     unknown = [g for g in facts.gpus if parse_compute_cap(g.compute_cap) is None]
-    if not unknown:
+    if s.llamacpp.backend != "cuda" or s.llamacpp.cuda_archs or not unknown:
         return None
+    names = ", ".join(f"{g.name} (PCI device id {g.pci_device_id or 'unknown'})" for g in unknown)
     return Failure(
-        "gpu-known",
-        "GPU(s) of unknown compute capability: "
-        + ", ".join(f"{g.name} (PCI device id {g.pci_device_id or 'unknown'})" for g in unknown)
-        + " (the driver gives no compute_cap and the card is not in llamarack's card table)",
-        "a compute capability for every GPU",
+        "gpu-known", f"GPU(s) of unknown compute capability: {names} (the driver gives no compute_cap and the card "
+        "is not in llamarack's card table)", "a compute capability for every GPU",
         "set llamacpp_cuda_archs for this host's group (e.g. ['70'] for a V100), "
         "or add the card to llamarack/gpu_table.py",
     )
@@ -501,18 +426,14 @@ def rule_gpus_known(s: Settings, facts: HostFacts) -> Optional[Failure]:
 
 def rule_build_covers_gpus(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """Every GPU's architecture is in the build (else: no kernel image at run time)."""
-    if s.llamacpp.backend != "cuda" or not s.llamacpp.cuda_archs:
-        return None
     gpu_archs = {g.arch for g in facts.gpus if g.arch}
-    missing = sorted(gpu_archs - set(arch_digits(a) for a in s.llamacpp.cuda_archs))
-    if not missing:
+    missing = sorted(gpu_archs - {arch_digits(a) for a in s.llamacpp.cuda_archs or ()})
+    if s.llamacpp.backend != "cuda" or not s.llamacpp.cuda_archs or not missing:
         return None
-    return Failure(
-        "build-covers-gpus",
-        f"llamacpp_cuda_archs {list(s.llamacpp.cuda_archs)} with GPUs of arch {sorted(gpu_archs)}",
-        f"every GPU arch in the build (missing {missing})",
-        "add the missing archs to llamacpp_cuda_archs, or unset it to build for the host's GPUs",
-    )
+    return Failure("build-covers-gpus",
+                   f"llamacpp_cuda_archs {list(s.llamacpp.cuda_archs)} with GPUs of arch {sorted(gpu_archs)}",
+                   f"every GPU arch in the build (missing {missing})",
+                   "add the missing archs to llamacpp_cuda_archs, or unset it to build for the host's GPUs")
 
 
 def rule_toolkit_targets_archs(s: Settings, facts: HostFacts) -> Optional[Failure]:
@@ -521,76 +442,58 @@ def rule_toolkit_targets_archs(s: Settings, facts: HostFacts) -> Optional[Failur
         return None
     toolkit = _toolkit_version(s)
     for arch in build_archs(s, facts):
-        cap = _arch_cap(arch)
+        digits = arch_digits(arch)
+        cap = int(digits[:-1]), int(digits[-1])
+        oldest = next((f"{t[0]}.{t[1]}" for c, t in TOOLKIT_MIN_FOR_CAP if cap >= c and toolkit < t), None)
         if toolkit >= (13, 0) and cap < TOOLKIT_13_MIN_CAP:
-            return Failure(
-                "toolkit-arch",
-                f"CUDA {s.toolchain.cuda_version} for sm_{arch}",
-                "a CUDA 11.x or 12.x toolkit (CUDA 13 cannot build for Volta or Pascal)",
-                "set toolchain_cuda_version = '11.8' (or 12.x) for this host's group",
-            )
-        for min_cap, min_toolkit in TOOLKIT_MIN_FOR_CAP:
-            if cap >= min_cap and toolkit < min_toolkit:
-                return Failure(
-                    "toolkit-arch",
-                    f"CUDA {s.toolchain.cuda_version} for sm_{arch}",
-                    f"CUDA {min_toolkit[0]}.{min_toolkit[1]} or newer for sm_{arch}",
-                    f"set toolchain_cuda_version to {min_toolkit[0]}.{min_toolkit[1]} or newer",
-                )
+            needed = "a CUDA 11.x or 12.x toolkit (CUDA 13 cannot build for Volta or Pascal)"
+            fix = "set toolchain_cuda_version = '11.8' (or 12.x) for this host's group"
+        elif oldest:
+            needed, fix = f"CUDA {oldest} or newer for sm_{arch}", f"set toolchain_cuda_version to {oldest} or newer"
+        else:
+            continue
+        return Failure("toolkit-arch", f"CUDA {s.toolchain.cuda_version} for sm_{arch}", needed, fix)
     return None
 
 
 def rule_toolkit_present(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """With a system toolkit, the wanted version is installed."""
-    if s.llamacpp.backend != "cuda" or s.toolchain.cuda_source != "system":
+    if s.llamacpp.backend != "cuda" or s.toolchain.cuda_source != "system" or toolkit_for(s, facts):
         return None
-    if toolkit_for(s, facts):
-        return None
-    found = ", ".join(f"{t.version} in {t.home}" for t in facts.toolkits) or "no CUDA toolkit"
+    version, home = s.toolchain.cuda_version, s.toolchain.cuda_home
     return Failure(
-        "toolkit-present",
-        found,
-        f"CUDA {s.toolchain.cuda_version}"
-        + (f" in {s.toolchain.cuda_home}" if s.toolchain.cuda_home else ""),
-        f"install CUDA {s.toolchain.cuda_version} (e.g. /usr/local/cuda-{s.toolchain.cuda_version}), "
-        "or set toolchain_cuda_source = 'conda' or 'debian'",
+        "toolkit-present", ", ".join(f"{t.version} in {t.home}" for t in facts.toolkits) or "no CUDA toolkit",
+        f"CUDA {version}" + (f" in {home}" if home else ""),
+        f"install CUDA {version} (e.g. /usr/local/cuda-{version}), or set toolchain_cuda_source = 'conda' or 'debian'",
     )
 
 
 def rule_gcc_for_toolkit(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """A host compiler the toolkit accepts exists or can be installed."""
-    if s.llamacpp.backend != "cuda":
-        return None
     toolkit = toolkit_for(s, facts)
-    if toolkit is None or toolkit.max_gcc is None:
+    # No apt lists yet (a fresh host): what apt could install is unknown until
+    # the toolchain role refreshes them; it stops the host if nothing fits.
+    if s.llamacpp.backend != "cuda" or toolkit is None or toolkit.max_gcc is None or (
+            s.toolchain.install_gcc and not facts.gcc_installable):
         return None
-    if s.toolchain.install_gcc and not facts.gcc_installable:
-        # No apt lists yet (a fresh host): what apt could install is unknown until
-        # the toolchain role refreshes them; it stops the host if nothing fits.
-        return None
-    installable = facts.gcc_installable if s.toolchain.install_gcc else ()
     try:
-        choose_host_compiler(toolkit.max_gcc, facts.gcc, installable)
+        choose_host_compiler(toolkit.max_gcc, facts.gcc, facts.gcc_installable if s.toolchain.install_gcc else ())
     except LookupError:
         found = f"gcc {facts.gcc.default}" if facts.gcc.default else "no gcc"
         if facts.gcc.versioned:
             found += " and gcc-" + ", gcc-".join(str(m) for m in sorted(facts.gcc.versioned))
-        return Failure(
-            "gcc-for-toolkit",
-            found,
-            f"gcc {toolkit.max_gcc} or older (CUDA {toolkit.version}'s crt/host_config.h)",
-            f"install gcc-{toolkit.max_gcc} and g++-{toolkit.max_gcc} "
-            "(apt-get update first; llamarack does it when toolchain_install_gcc is on)",
-        )
+        return Failure("gcc-for-toolkit", found,
+                       f"gcc {toolkit.max_gcc} or older (CUDA {toolkit.version}'s crt/host_config.h)",
+                       f"install gcc-{toolkit.max_gcc} and g++-{toolkit.max_gcc} "
+                       "(apt-get update first; llamarack does it when toolchain_install_gcc is on)")
     return None
 
 
 def rule_dirs_private(s: Settings, facts: HostFacts) -> Optional[Failure]:
-    """The directories root runs or builds from (``settings.private_dirs``: the root,
-    toolchain_cuda_home, llamacpp_ccache_dir), links resolved, and every existing
-    directory above them are root's (or the deploying user's) and no group or other
-    user can write to them: else a local user could put in what root later runs.
-    A sticky directory such as /tmp counts as writable: anyone may make a name in it."""
+    """The directories root runs or builds from (``settings.private_dirs``: the root, toolchain_cuda_home,
+    llamacpp_ccache_dir), links resolved, and every existing directory above them are root's (or the
+    deploying user's) and no group or other user can write to them: else a local user could put in what
+    root later runs. A sticky directory such as /tmp counts as writable: anyone may make a name in it."""
     owners = facts.path_owners
     if owners is None or s.general.allow_shared_dirs:
         return None
@@ -618,17 +521,14 @@ def rule_dirs_private(s: Settings, facts: HostFacts) -> Optional[Failure]:
         "other user (a sticky /tmp counts: anyone can make a name in it), since root runs what is there",
         "; ".join(fixes),
     )  # fmt: skip
-def service_user_failure(s: Settings, entry: Optional[PasswdEntry], group: Optional[int]) -> Optional[Failure]:
-    """Whether ``llamarack_service_user`` may be made or taken on (``account_failure``)."""
-    return account_failure(s.general.service_user, s.general.root, "llamarack_service_user", entry, group)
 
 
 def account_failure(user: str, home: str, setting: Optional[str], entry: Optional[PasswdEntry],
                     group: Optional[int]) -> Optional[Failure]:
-    """Whether the system account ``user`` (home ``home``) may be made (no account, no group
-    of that name) or taken on (an account llamarack made, its own group its primary one):
-    its home and shell are changed and files are given to its group, so an account of the
-    system's or a person's is refused. ``setting``: the setting that names it, if any."""
+    """Whether the system account ``user`` (home ``home``) may be made (no account, no group of that name)
+    or taken on (an account llamarack made, its own group its primary one): its home and shell are changed
+    and files are given to its group, so an account of the system's or a person's is refused. ``setting``:
+    the setting that names it, if any."""
     fix = (f"set {setting} to a name no account or group of this host has (llamarack makes it), or "
            if setting else "") + f"remove the host's {user!r} if nothing else uses it"  # fmt: skip
     if entry is None:
@@ -650,27 +550,24 @@ def account_failure(user: str, home: str, setting: Optional[str], entry: Optiona
 
 
 def rule_service_user(s: Settings, facts: HostFacts) -> Optional[Failure]:
-    """The service user is one llamarack may make or take on (``service_user_failure``)."""
+    """The service user is one llamarack may make or take on (``account_failure``)."""
     if not s.general.runs("server"):
         return None
-    return service_user_failure(s, facts.service_user, facts.service_group)
+    return account_failure(s.general.service_user, s.general.root, "llamarack_service_user", facts.service_user,
+                           facts.service_group)  # fmt: skip
 
 
 def rule_awq_card_memory(s: Settings, facts: HostFacts) -> Optional[Failure]:
-    """Route awq on a CUDA build: the host's smallest card holds what AutoAWQ puts on it while
-    it calibrates one decoder layer, counted from the served GGUF of the same checkpoint, else
-    from the checkpoint's config.json on the hub, and a bound of the calibration tokens
-    (``roles/model/calibration.py``). A CPU build calibrates on the CPU; counts not known
-    (the audit, a hub that did not answer) leave the check to the AWQ step itself."""
-    if not calibrates(s):
-        return None
-    short = card_shortfall(s, facts.served_model, facts.served_shape, facts.gpus, facts.hub_config)
+    """Route awq on a CUDA build: the host's smallest card holds what AutoAWQ puts on it while it calibrates
+    one decoder layer, counted from the served GGUF of the same checkpoint, else from the checkpoint's
+    config.json on the hub, and a bound of the calibration tokens (``roles/model/calibration.py``). A CPU
+    build calibrates on the CPU; counts not known (the audit, a hub that did not answer) leave the check
+    to the AWQ step itself."""
+    short = calibrates(s) and card_shortfall(s, facts.served_model, facts.served_shape, facts.gpus, facts.hub_config)
     return Failure("awq-card-memory", *short) if short else None
 
 
-Rule = Callable[[Settings, HostFacts], Optional[Failure]]
-
-RULES: tuple[Rule, ...] = (
+RULES: tuple[Callable[[Settings, HostFacts], Optional[Failure]], ...] = (
     rule_gpus_supported,
     rule_driver_loaded,
     rule_driver_floor,
