@@ -16,7 +16,7 @@ The JSON (``--json``) is one object, schema ``llamarack-audit/1``:
                       "drift": [ITEM, ...],
                       "items": {ITEM: {"found": ..., "wanted": ..., "drift": bool}}}}}
 
-ITEM is one of ``items()``, each role's (``roles/<role>/audit.py``), in the
+ITEM is one of each role's ``ITEMS`` (``roles/<role>/audit.py``), in the
 roles' order, then ``rollout`` (where ``llamarack rollout`` left the host);
 ``wanted`` is null where the settings ask nothing of the item (the GPUs, the
 free disk). Exit status: 0 no drift, 1 drift on some host, 2 a host unreachable
@@ -106,11 +106,6 @@ def role_audits(settings: Optional[Settings] = None) -> list:
     return audits
 
 
-def items() -> tuple[str, ...]:
-    """Every audit item, in the report's order."""
-    return tuple(name for module in role_audits() for name in module.ITEMS)
-
-
 def audit_reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
     """Everything the audit looks at on a host, and nothing else: each role's reads (what the
     rules read, the deploy's facts the wanted side is planned from, and what is only
@@ -155,26 +150,20 @@ def run(chosen: list, templates: tuple = (), verify: bool = False) -> list[HostA
     of every sealed file of the current build."""
     from .hosts import run_each
 
-    audits: dict = {}
-    jobs: dict = {}
-    scripts: dict = {}
+    audits, jobs, scripts = {}, {}, {}
     for host in chosen:
         try:
             settings = settings_for(host)
             reads = audit_reads(settings, verify)
             together = FactsTogether()
             scripts[host] = together.command(reads=reads)
+            jobs[host.name] = (settings, reads, together)
         except Exception as e:  # bad settings: this host only
             audits[host.name] = HostAudit(host.name, error=f"{type(e).__name__}: {e}")
-            continue
-        jobs[host.name] = (settings, reads, together)
-
-    def answer(reply) -> HostAudit:
-        return _audit_answer(reply, *jobs[reply.name], templates, verify)
-
     # Each answer is read and planned as it comes, while the slower hosts still work.
-    for audit in run_each(scripts, SCRIPT_TIMEOUT_S, answer):
-        audits[audit.name] = audit
+    answered = run_each(scripts, SCRIPT_TIMEOUT_S,
+                        lambda reply: _audit_answer(reply, *jobs[reply.name], templates, verify))
+    audits.update((audit.name, audit) for audit in answered)
     return [audits[host.name] for host in chosen]
 
 
