@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import importlib
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import click
 
@@ -77,11 +83,6 @@ def audit(inventory, limit, as_json, templates, verify, debug, data):
     (size, mtime, inode); with it, by their sha256.
     Exit status: 0 no drift, 1 drift, 2 a host unreachable or unreadable.
     """
-    import json
-    import logging
-    import os
-    import sys
-
     if debug:
         logging.basicConfig(level=logging.DEBUG, format="%(message)s")
     else:
@@ -99,8 +100,6 @@ def audit(inventory, limit, as_json, templates, verify, debug, data):
 def _audits(inventory, limit, templates, verify=False, data=()) -> list:
     """The audit of each host of ``inventory`` (``--limit``: those only; ``data``: --data items)."""
     from . import hosts  # first: pyinfra's gevent patching, before anything imports ssl
-
-    from pathlib import Path
 
     from . import audit as auditmod
 
@@ -127,10 +126,6 @@ def plan_upgrade(inventory, limit, as_json, templates):
     audit` (one remote command per host); nothing is changed. Exit status: 0 nothing
     would change, 1 something would, 2 a host could not be read.
     """
-    import json
-    import logging
-    import sys
-
     logging.getLogger("pyinfra").setLevel(logging.CRITICAL)
     audits = _audits(inventory, limit, templates)
     from . import audit as auditmod
@@ -155,9 +150,6 @@ def rollback(inventory, limit, unit):
     deploy with unchanged settings keeps it; changed settings, or a second
     rollback (forward again), release it. Runs `pyinfra -y INVENTORY rollback.py`.
     """
-    import subprocess
-    import sys
-
     from .rollout import HERE, checkout_env, pyinfra_argv
 
     deploy_file = HERE / "rollback.py"
@@ -197,10 +189,6 @@ def rollout(inventory, deploy_file, canary, batch, max_fail, resume, dry, idle_t
     goes on from there. DEPLOY: this checkout's deploy.py by default.
     Exit status: 0 every host done, 1 a host failed, 2 refused (nothing touched).
     """
-    import logging
-    import sys
-    from pathlib import Path
-
     from . import rollout as rolloutmod
 
     logging.getLogger("pyinfra").setLevel(logging.CRITICAL)  # connection chatter; failures are in the states
