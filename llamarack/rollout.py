@@ -1,53 +1,35 @@
-"""``llamarack rollout``: a change rolled through the rack host by host, while the gateway answers.
+"""``llamarack rollout``: a change rolled through the rack host by host, while the gateway
+answers (the command's help gives its options and the order of the hosts).
 
-    llamarack rollout INVENTORY [DEPLOY] [--canary HOST] [--batch N] [--max-fail K]
-                      [--resume] [--dry] [--idle-timeout S] [--bench-fraction F] [--data K=V]...
-
-The serving hosts (every host of INVENTORY outside the group ``gateways``) go
-the canary first (``--canary``, else the first of them), then in batches of N
-in inventory order; the hosts of one batch side by side. Each host moves
-through these states, printed as it moves:
+Each serving host (every host outside group ``gateways``) moves through these states,
+printed as it moves:
 
     pending    not reached yet
-    draining   its units' servers (``<host>_<index>`` of backend ``llamarack``,
-               its units from ``<root>/state/units.json``) are set to drain on
-               every gateway (HAProxy's runtime API on the admin socket:
-               ``haproxy_runtime.py``, run on the gateway host); then, within
-               --idle-timeout, no stream is left open to them on any gateway and
-               every unit is idle (``server_idle.py``: /slots, /metrics; "cannot
-               tell" counts as busy)
-    deploying  DEPLOY (default: this checkout's deploy.py) runs on that host alone
-    gated      every unit answers /health and serves from its cards (the unit's
-               own health and residency lines, checked by ``wait_healthy.py`` as
-               a switch checks them), one real completion (``completion_probe.py``),
-               and, where the deploy measured a new build or model (its
-               ``state/bench.json`` before and after), each measured unit's
-               llama-bench pp512 and tg128 within --bench-fraction of the same
-               unit's figures before
+    draining   its units' servers (``<host>_<index>``, its units from
+               ``<root>/state/units.json``) are set to drain on every gateway
+               (``haproxy_runtime.py``, run on the gateway host); then, within
+               --idle-timeout, no stream is left open to them on any gateway and every
+               unit is idle (``server_idle.py``: /slots, /metrics; "cannot tell" is busy)
+    deploying  DEPLOY runs on that host alone
+    gated      every unit answers /health from its cards (the unit's own health and
+               residency lines, as a switch checks them), gives one real completion,
+               and, after a new build or model (``state/bench.json`` before and after),
+               each measured unit's llama-bench pp512 and tg128 is within
+               --bench-fraction of the same unit's figures before
     done       set ready on every gateway, and in service there again
     failed     a step failed: the host stays drained
 
-At the first failure the rollout stops (with ``--max-fail K``: at the K-th; a
-failed canary always stops it): the failed host stays drained, the hosts not
-reached are untouched, and batch-mates already under way finish. Each move is
-written to the host's ``<root>/state/rollout.json`` (the audit's ``rollout``
-item) and to ``.llamarack/rollout-<inventory stem>.json`` in the working folder:
-``--resume`` goes on from that file (its order, options, deploy and data), from
-the failed or unfinished host; a new rollout of the inventory is refused while
-that file holds an unfinished one. ``--dry`` prints the order and what each
-host would get (``llamarack plan-upgrade``'s steps, one read per host) and
-touches nothing.
-
-A converged rollout (the deploy changes nothing) restarts nothing: each host is
-still drained and undrained, and its rollout record written.
+At a stop the hosts not reached are untouched and batch-mates already under way
+finish. Each move is written to the host's ``<root>/state/rollout.json`` (the audit's
+``rollout`` item) and to ``journal_path`` in the working folder, which --resume goes
+on from; a new rollout is refused while that file holds an unfinished one. A
+converged rollout restarts nothing; each host is still drained, undrained and recorded.
 
 The deploy runs as ``pyinfra -y INVENTORY DEPLOY --limit HOST [--data K=V]``, a
-subprocess: pyinfra's own CLI, the command an operator runs, so the deploy is
-exactly theirs (its output, its dry and diff modes, its exit status), and each
-host's run gets a fresh pyinfra State and process (pyinfra's API has no public
-way to run a deploy file, and a State runs its operations once). Every other
-step is one command through the host's own pyinfra connector
-(``llamarack.hosts.run_one``): the one transport, no SSH of its own.
+subprocess: the operator's own command (its output, dry and diff modes, exit status),
+and a fresh pyinfra State per host (pyinfra's API has no public way to run a deploy
+file, and a State runs its operations once). Every other step is one command through
+the host's own pyinfra connector (``hosts.run_one``): no SSH of its own.
 """
 
 from __future__ import annotations
