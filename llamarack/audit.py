@@ -1,13 +1,12 @@
 """``llamarack audit``: what each host runs, against what its settings would deploy.
 
-Each role says what it audits (``roles/<role>/audit.py``: its items, the facts
-they read, and ``items(seen)``: found against wanted); this module reads,
-for each host, every role's facts in one remote command (``FactsTogether``, run
-through the host's own pyinfra connector: ``llamarack/hosts.py``), hosts in
-parallel, nothing changed. The wanted side is computed by the same
-settings loader and planners the deploy uses (the build stamp, the env
-pins, the model record and its shape record, the unit text, the proof), called by the
-roles' items, so "no drift" means "a deploy now would change nothing".
+Each role says what it audits (``roles/<role>/audit.py``: its items, the facts they
+read, and ``items(seen)``: found against wanted); this module reads, for each host,
+every role's facts in one remote command (``FactsTogether``, through the host's own
+pyinfra connector), hosts in parallel, nothing changed. The wanted side is computed by
+the same settings loader and planners the deploy uses (the build stamp, the env pins,
+the model record and its shape record, the unit text, the proof), so "no drift" means
+"a deploy now would change nothing".
 
 The JSON (``--json``) is one object, schema ``llamarack-audit/1``:
 

@@ -1,8 +1,7 @@
 """``llamarack plan-upgrade``: what a deploy with this llamarack would do to each host, and why.
 
-Run it after installing a new llamarack and before deploying with it. It reads
-each host exactly as ``llamarack audit`` does (one remote command, nothing
-changed) and turns every drifted item into what the deploy will do about it:
+Each host is read exactly as ``llamarack audit`` reads it, and every drifted item
+becomes what the deploy will do about it:
 
     rebuild     llama.cpp is built again (a build input changed: commit, archs,
                 toolkit, compiler, flags, targets), then the server restarts
@@ -75,8 +74,7 @@ def model_step(item: Item) -> Step:
 def unit_steps(item: Item, rebuilt: bool, name: str = "llama-server") -> list[Step]:
     found, wanted = item.found or {}, item.wanted or {}
     if wanted.get("sha256") is None:
-        why = wanted.get("why") or "no unit planned"
-        return [] if rebuilt else [Step("restart", name, why)]
+        return [] if rebuilt else [Step("restart", name, wanted.get("why") or "no unit planned")]
     return [Step("restart", name, "its unit changes: " + _words_changed(found.get("exec_start"),
                                                                        wanted.get("exec_start")))]
 
