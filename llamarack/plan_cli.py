@@ -14,6 +14,7 @@ import json
 import re
 import urllib.parse
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -75,9 +76,8 @@ def token_host(endpoint: str, token_file: Optional[str], trusted_network: bool) 
 def kv_table(shape: dict, knobs: Knobs, card_mib: int, pairs: list, draft: Optional[dict] = None) -> list:
     """Per KV type: the largest per-slot context with every layer on the card and,
     when that is below the minimum, the most layers that fit the minimum and what they allow."""
-    cap, _ = context_cap(shape, knobs)
-    return _kv_rows(shape, knobs, pairs, lambda n, k, v: largest_context(shape, knobs, card_mib, n, k, v, cap, draft),
-                    lambda k, v, floor: most_layers(shape, knobs, card_mib, k, v, floor, draft))  # fmt: skip
+    return _kv_rows(shape, knobs, pairs, partial(largest_context, shape, knobs, card_mib, draft=draft),
+                    partial(most_layers, shape, knobs, card_mib, draft=draft))  # fmt: skip
 
 
 def cards_kv_table(shape: dict, knobs: Knobs, cards: tuple, pairs: list, draft: Optional[dict] = None,
@@ -85,22 +85,21 @@ def cards_kv_table(shape: dict, knobs: Knobs, cards: tuple, pairs: list, draft: 
     """``kv_table`` for a unit's cards: every layer over all of them (one card: ``kv_table``)."""
     if len(cards) == 1:
         return kv_table(shape, card_knobs(knobs, cards[0]), cards[0].mib, pairs, draft)
-    cap, _ = context_cap(shape, knobs)
     over = Over(shape, knobs, tuple(cards), draft, split_mode)
-    return _kv_rows(shape, knobs, pairs, lambda n, k, v: over.largest_context(n, k, v, cap), over.most_layers)
+    return _kv_rows(shape, knobs, pairs, over.largest_context, over.most_layers)
 
 
 def _kv_rows(shape: dict, knobs: Knobs, pairs: list, largest, most) -> list:
-    """The table's rows from ``largest(layers, k, v)`` and ``most(k, v, ctx)``."""
+    """The table's rows from ``largest(layers, k, v, cap)`` and ``most(k, v, ctx)``."""
     cap, _ = context_cap(shape, knobs)
     n_all = shape["n_layer"] + 1
     floor = min(knobs.min_ctx_size, cap)
     rows = []
     for k, v in pairs:
-        row = {"kv": f"{k}/{v}", "all_layers": largest(n_all, k, v), "gpu_layers": n_all}
+        row = {"kv": f"{k}/{v}", "all_layers": largest(n_all, k, v, cap), "gpu_layers": n_all}
         if row["all_layers"] < floor:
             fit = most(k, v, floor)
-            row.update(gpu_layers=fit, with_fewer=largest(fit, k, v) if fit else 0)
+            row.update(gpu_layers=fit, with_fewer=largest(fit, k, v, cap) if fit else 0)
         rows.append(row)
     return rows
 
