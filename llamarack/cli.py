@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +17,8 @@ from . import __version__
 
 # How `llamarack rollback --unit N` tells rollback.py which unit (it runs under pyinfra).
 ROLLBACK_UNIT_ENV = "LLAMARACK_ROLLBACK_UNIT"
+TEMPLATES = click.option("--templates", type=click.Path(file_okay=False), default=None,
+                         help="operator templates the deploy uses (default: ./templates when it exists)")
 
 
 class LazyGroup(click.Group):
@@ -31,9 +33,8 @@ class LazyGroup(click.Group):
 
     def get_command(self, ctx, name):
         if name in self.LAZY and name not in self.commands:
-            module, attribute = self.LAZY[name].split(":")
             try:
-                self.add_command(getattr(importlib.import_module(module), attribute), name)
+                self.add_command(pkgutil.resolve_name(self.LAZY[name]), name)
             except ModuleNotFoundError as e:  # the lab (lab/ in the checkout) is not in the wheel
                 if e.name != "llamarack_lab":
                     raise
@@ -68,8 +69,7 @@ def settings(form):
 @click.argument("inventory")
 @click.option("--limit", multiple=True, metavar="HOST", help="audit only this host (repeatable)")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object (schema llamarack-audit/1)")
-@click.option("--templates", type=click.Path(file_okay=False), default=None,
-              help="operator templates the deploy uses (default: ./templates when it exists)")
+@TEMPLATES
 @click.option("--verify", is_flag=True,
               help="recompute the sha256 of the served model.gguf and of every sealed file of the current build")
 @click.option("--debug", is_flag=True, help="the debug log on stderr (each remote command)")
@@ -116,8 +116,7 @@ def _audits(inventory, limit, templates, verify=False, data=()) -> list:
 @click.argument("inventory")
 @click.option("--limit", multiple=True, metavar="HOST", help="only this host (repeatable)")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object (schema llamarack-plan-upgrade/1)")
-@click.option("--templates", type=click.Path(file_okay=False), default=None,
-              help="operator templates the deploy uses (default: ./templates when it exists)")
+@TEMPLATES
 def plan_upgrade(inventory, limit, as_json, templates):
     """What a deploy with this llamarack would do to each host, and why.
 
