@@ -195,8 +195,6 @@ def printable(text: str) -> str:
     other controls, line and paragraph separators, bidi overrides, lone surrogates) spelled
     ``\\xNN``, ``\\uNNNN`` or ``\\UNNNNNNNN``. Hosts' text (a GPU process's name, an error) goes
     through here, so it cannot move the cursor, recolour or clear the operator's screen."""
-    if text.isprintable():
-        return text
     return "".join(c if c.isprintable() or c == " " else _escaped(ord(c)) for c in text)
 
 
@@ -234,9 +232,7 @@ def as_table(audits: list[HostAudit], colour: bool = False) -> str:
             out.append(paint(f"  {error}", fg="red"))
         width = max(len(k) for k in a.items)
         for name, item in a.items.items():
-            mark = "!" if item.drift else " "
-            found = printable(_brief(item.found))[:90]
-            row = f" {mark} {name:<{width}}  {found}"
+            row = f" {'!' if item.drift else ' '} {name:<{width}}  {printable(_brief(item.found))[:90]}"
             if item.wanted not in (None, [], {}) and item.drift:
                 row += f"   wanted: {printable(_brief(item.wanted))[:90]}"
             out.append(paint(row, fg="yellow") if item.drift else row)
