@@ -170,8 +170,7 @@ class Journal:
         return self.data["hosts"][name]["state"]
 
     def unfinished(self) -> bool:
-        states = {h["state"] for h in self.data["hosts"].values()}
-        return states not in ({"done"}, {"pending"})
+        return {h["state"] for h in self.data["hosts"].values()} not in ({"done"}, {"pending"})
 
     def move(self, name: str, state: str, why: Optional[str] = None) -> None:
         self.data["hosts"][name] = {"state": state, "why": why, "at": now()}
