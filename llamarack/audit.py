@@ -1,13 +1,12 @@
 """``llamarack audit``: what each host runs, against what its settings would deploy.
 
-Each role says what it audits (``roles/<role>/audit.py``: its items, the facts
-they read, and ``items(seen)``: found against wanted); this module reads,
-for each host, every role's facts in one remote command (``FactsTogether``, run
-through the host's own pyinfra connector: ``llamarack/hosts.py``), hosts in
-parallel, nothing changed. The wanted side is computed by the same
-settings loader and planners the deploy uses (the build stamp, the env
-pins, the model record and its shape record, the unit text, the proof), called by the
-roles' items, so "no drift" means "a deploy now would change nothing".
+Each role says what it audits (``roles/<role>/audit.py``: its items, the facts they
+read, and ``items(seen)``: found against wanted); this module reads, for each host,
+every role's facts in one remote command (``FactsTogether``, through the host's own
+pyinfra connector), hosts in parallel, nothing changed. The wanted side is computed by
+the same settings loader and planners the deploy uses (the build stamp, the env pins,
+the model record and its shape record, the unit text, the proof), so "no drift" means
+"a deploy now would change nothing".
 
 The JSON (``--json``) is one object, schema ``llamarack-audit/1``:
 
@@ -16,7 +15,7 @@ The JSON (``--json``) is one object, schema ``llamarack-audit/1``:
                       "drift": [ITEM, ...],
                       "items": {ITEM: {"found": ..., "wanted": ..., "drift": bool}}}}}
 
-ITEM is one of ``items()``, each role's (``roles/<role>/audit.py``), in the
+ITEM is one of each role's ``ITEMS`` (``roles/<role>/audit.py``), in the
 roles' order, then ``rollout`` (where ``llamarack rollout`` left the host);
 ``wanted`` is null where the settings ask nothing of the item (the GPUs, the
 free disk). Exit status: 0 no drift, 1 drift on some host, 2 a host unreachable
@@ -106,11 +105,6 @@ def role_audits(settings: Optional[Settings] = None) -> list:
     return audits
 
 
-def items() -> tuple[str, ...]:
-    """Every audit item, in the report's order."""
-    return tuple(name for module in role_audits() for name in module.ITEMS)
-
-
 def audit_reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
     """Everything the audit looks at on a host, and nothing else: each role's reads (what the
     rules read, the deploy's facts the wanted side is planned from, and what is only
@@ -155,26 +149,20 @@ def run(chosen: list, templates: tuple = (), verify: bool = False) -> list[HostA
     of every sealed file of the current build."""
     from .hosts import run_each
 
-    audits: dict = {}
-    jobs: dict = {}
-    scripts: dict = {}
+    audits, jobs, scripts = {}, {}, {}
     for host in chosen:
         try:
             settings = settings_for(host)
             reads = audit_reads(settings, verify)
             together = FactsTogether()
             scripts[host] = together.command(reads=reads)
+            jobs[host.name] = (settings, reads, together)
         except Exception as e:  # bad settings: this host only
             audits[host.name] = HostAudit(host.name, error=f"{type(e).__name__}: {e}")
-            continue
-        jobs[host.name] = (settings, reads, together)
-
-    def answer(reply) -> HostAudit:
-        return _audit_answer(reply, *jobs[reply.name], templates, verify)
-
     # Each answer is read and planned as it comes, while the slower hosts still work.
-    for audit in run_each(scripts, SCRIPT_TIMEOUT_S, answer):
-        audits[audit.name] = audit
+    answered = run_each(scripts, SCRIPT_TIMEOUT_S,
+                        lambda reply: _audit_answer(reply, *jobs[reply.name], templates, verify))
+    audits.update((audit.name, audit) for audit in answered)
     return [audits[host.name] for host in chosen]
 
 
@@ -207,8 +195,6 @@ def printable(text: str) -> str:
     other controls, line and paragraph separators, bidi overrides, lone surrogates) spelled
     ``\\xNN``, ``\\uNNNN`` or ``\\UNNNNNNNN``. Hosts' text (a GPU process's name, an error) goes
     through here, so it cannot move the cursor, recolour or clear the operator's screen."""
-    if text.isprintable():
-        return text
     return "".join(c if c.isprintable() or c == " " else _escaped(ord(c)) for c in text)
 
 
@@ -246,9 +232,7 @@ def as_table(audits: list[HostAudit], colour: bool = False) -> str:
             out.append(paint(f"  {error}", fg="red"))
         width = max(len(k) for k in a.items)
         for name, item in a.items.items():
-            mark = "!" if item.drift else " "
-            found = printable(_brief(item.found))[:90]
-            row = f" {mark} {name:<{width}}  {found}"
+            row = f" {'!' if item.drift else ' '} {name:<{width}}  {printable(_brief(item.found))[:90]}"
             if item.wanted not in (None, [], {}) and item.drift:
                 row += f"   wanted: {printable(_brief(item.wanted))[:90]}"
             out.append(paint(row, fg="yellow") if item.drift else row)

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
+import json
+import logging
+import os
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
 
 import click
 
@@ -11,6 +17,8 @@ from . import __version__
 
 # How `llamarack rollback --unit N` tells rollback.py which unit (it runs under pyinfra).
 ROLLBACK_UNIT_ENV = "LLAMARACK_ROLLBACK_UNIT"
+TEMPLATES = click.option("--templates", type=click.Path(file_okay=False), default=None,
+                         help="operator templates the deploy uses (default: ./templates when it exists)")
 
 
 class LazyGroup(click.Group):
@@ -25,9 +33,8 @@ class LazyGroup(click.Group):
 
     def get_command(self, ctx, name):
         if name in self.LAZY and name not in self.commands:
-            module, attribute = self.LAZY[name].split(":")
             try:
-                self.add_command(getattr(importlib.import_module(module), attribute), name)
+                self.add_command(pkgutil.resolve_name(self.LAZY[name]), name)
             except ModuleNotFoundError as e:  # the lab (lab/ in the checkout) is not in the wheel
                 if e.name != "llamarack_lab":
                     raise
@@ -62,8 +69,7 @@ def settings(form):
 @click.argument("inventory")
 @click.option("--limit", multiple=True, metavar="HOST", help="audit only this host (repeatable)")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object (schema llamarack-audit/1)")
-@click.option("--templates", type=click.Path(file_okay=False), default=None,
-              help="operator templates the deploy uses (default: ./templates when it exists)")
+@TEMPLATES
 @click.option("--verify", is_flag=True,
               help="recompute the sha256 of the served model.gguf and of every sealed file of the current build")
 @click.option("--debug", is_flag=True, help="the debug log on stderr (each remote command)")
@@ -77,11 +83,6 @@ def audit(inventory, limit, as_json, templates, verify, debug, data):
     (size, mtime, inode); with it, by their sha256.
     Exit status: 0 no drift, 1 drift, 2 a host unreachable or unreadable.
     """
-    import json
-    import logging
-    import os
-    import sys
-
     if debug:
         logging.basicConfig(level=logging.DEBUG, format="%(message)s")
     else:
@@ -100,8 +101,6 @@ def _audits(inventory, limit, templates, verify=False, data=()) -> list:
     """The audit of each host of ``inventory`` (``--limit``: those only; ``data``: --data items)."""
     from . import hosts  # first: pyinfra's gevent patching, before anything imports ssl
 
-    from pathlib import Path
-
     from . import audit as auditmod
 
     if templates is None and Path("templates").is_dir():
@@ -117,8 +116,7 @@ def _audits(inventory, limit, templates, verify=False, data=()) -> list:
 @click.argument("inventory")
 @click.option("--limit", multiple=True, metavar="HOST", help="only this host (repeatable)")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object (schema llamarack-plan-upgrade/1)")
-@click.option("--templates", type=click.Path(file_okay=False), default=None,
-              help="operator templates the deploy uses (default: ./templates when it exists)")
+@TEMPLATES
 def plan_upgrade(inventory, limit, as_json, templates):
     """What a deploy with this llamarack would do to each host, and why.
 
@@ -127,10 +125,6 @@ def plan_upgrade(inventory, limit, as_json, templates):
     audit` (one remote command per host); nothing is changed. Exit status: 0 nothing
     would change, 1 something would, 2 a host could not be read.
     """
-    import json
-    import logging
-    import sys
-
     logging.getLogger("pyinfra").setLevel(logging.CRITICAL)
     audits = _audits(inventory, limit, templates)
     from . import audit as auditmod
@@ -155,9 +149,6 @@ def rollback(inventory, limit, unit):
     deploy with unchanged settings keeps it; changed settings, or a second
     rollback (forward again), release it. Runs `pyinfra -y INVENTORY rollback.py`.
     """
-    import subprocess
-    import sys
-
     from .rollout import HERE, checkout_env, pyinfra_argv
 
     deploy_file = HERE / "rollback.py"
@@ -197,10 +188,6 @@ def rollout(inventory, deploy_file, canary, batch, max_fail, resume, dry, idle_t
     goes on from there. DEPLOY: this checkout's deploy.py by default.
     Exit status: 0 every host done, 1 a host failed, 2 refused (nothing touched).
     """
-    import logging
-    import sys
-    from pathlib import Path
-
     from . import rollout as rolloutmod
 
     logging.getLogger("pyinfra").setLevel(logging.CRITICAL)  # connection chatter; failures are in the states

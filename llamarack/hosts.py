@@ -9,6 +9,7 @@ key means what it means to a deploy: ``ssh_*``, ``_sudo``, ``_sudo_password``,
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional
 
@@ -29,8 +30,6 @@ def load(inventory: str, limit: tuple = (), data: dict | None = None) -> list:
     (all when it is empty), in inventory order, in a pyinfra State of their own; ``data``
     overrides host data as pyinfra's ``--data`` does. A name in ``limit`` that is no host
     of the inventory is a ValueError."""
-    import os
-
     state = State(check_for_changes=False)
     with ctx_state.use(state):  # pyinfra runs inventory files inside a state
         inventory_obj = make_inventory(inventory, override_data=data, cwd=os.getcwd())
@@ -79,8 +78,7 @@ def run_one(host, command: str, timeout: int) -> Reply:
             if not host.connected:
                 host.connect(reason="to audit", raise_exceptions=True)
             arguments, _ = pop_global_arguments(host.state, host, {})
-            given = {k: v for k, v in arguments.items() if k in CONNECTOR_ARGUMENT_KEYS}
-            given["_timeout"] = timeout
+            given = {k: v for k, v in arguments.items() if k in CONNECTOR_ARGUMENT_KEYS} | {"_timeout": timeout}
             ok, output = host.run_shell_command(StringCommand(command), **given)
         except (ConnectError, PyinfraError, OSError, TimeoutError) as e:
             return Reply(host.name, error=str(e) or type(e).__name__)

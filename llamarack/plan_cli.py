@@ -9,10 +9,13 @@ header is read) or from a ``config.json`` and a quant.
 
 from __future__ import annotations
 
+import collections
 import json
 import re
 import urllib.parse
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 from typing import Optional
 
 import click
@@ -73,9 +76,8 @@ def token_host(endpoint: str, token_file: Optional[str], trusted_network: bool) 
 def kv_table(shape: dict, knobs: Knobs, card_mib: int, pairs: list, draft: Optional[dict] = None) -> list:
     """Per KV type: the largest per-slot context with every layer on the card and,
     when that is below the minimum, the most layers that fit the minimum and what they allow."""
-    cap, _ = context_cap(shape, knobs)
-    return _kv_rows(shape, knobs, pairs, lambda n, k, v: largest_context(shape, knobs, card_mib, n, k, v, cap, draft),
-                    lambda k, v, floor: most_layers(shape, knobs, card_mib, k, v, floor, draft))  # fmt: skip
+    return _kv_rows(shape, knobs, pairs, partial(largest_context, shape, knobs, card_mib, draft=draft),
+                    partial(most_layers, shape, knobs, card_mib, draft=draft))  # fmt: skip
 
 
 def cards_kv_table(shape: dict, knobs: Knobs, cards: tuple, pairs: list, draft: Optional[dict] = None,
@@ -83,22 +85,21 @@ def cards_kv_table(shape: dict, knobs: Knobs, cards: tuple, pairs: list, draft: 
     """``kv_table`` for a unit's cards: every layer over all of them (one card: ``kv_table``)."""
     if len(cards) == 1:
         return kv_table(shape, card_knobs(knobs, cards[0]), cards[0].mib, pairs, draft)
-    cap, _ = context_cap(shape, knobs)
     over = Over(shape, knobs, tuple(cards), draft, split_mode)
-    return _kv_rows(shape, knobs, pairs, lambda n, k, v: over.largest_context(n, k, v, cap), over.most_layers)
+    return _kv_rows(shape, knobs, pairs, over.largest_context, over.most_layers)
 
 
 def _kv_rows(shape: dict, knobs: Knobs, pairs: list, largest, most) -> list:
-    """The table's rows from ``largest(layers, k, v)`` and ``most(k, v, ctx)``."""
+    """The table's rows from ``largest(layers, k, v, cap)`` and ``most(k, v, ctx)``."""
     cap, _ = context_cap(shape, knobs)
     n_all = shape["n_layer"] + 1
     floor = min(knobs.min_ctx_size, cap)
     rows = []
     for k, v in pairs:
-        row = {"kv": f"{k}/{v}", "all_layers": largest(n_all, k, v), "gpu_layers": n_all}
+        row = {"kv": f"{k}/{v}", "all_layers": largest(n_all, k, v, cap), "gpu_layers": n_all}
         if row["all_layers"] < floor:
             fit = most(k, v, floor)
-            row.update(gpu_layers=fit, with_fewer=largest(fit, k, v) if fit else 0)
+            row.update(gpu_layers=fit, with_fewer=largest(fit, k, v, cap) if fit else 0)
         rows.append(row)
     return rows
 
@@ -162,8 +163,7 @@ def plan_command(gguf, hub_repo, revision, hub_file, hub_endpoint, hub_token_fil
     whether every layer fits or only some. With several cards (--gpus, or --gpu
     repeated), how they serve it (--layout) and each card's ledger. Give GGUF (a
     local file), or --hub-repo/--revision/--file, or --config with --quant."""
-    sources = [bool(gguf), bool(hub_repo), bool(config_json)]
-    if sum(sources) != 1:
+    if sum(map(bool, (gguf, hub_repo, config_json))) != 1:
         raise click.UsageError("give one of: a GGUF path, --hub-repo (with --revision and --file), --config")
     sent_to = None
     try:
@@ -176,12 +176,10 @@ def plan_command(gguf, hub_repo, revision, hub_file, hub_endpoint, hub_token_fil
             token = read_token(hub_token_file, "--hub-token-file") if hub_token_file else None
             shape = hub_gguf_shape(hub_endpoint, hub_repo, revision, hub_file, token)
         else:
-            with open(config_json) as f:
-                shape = shape_from_config(json.load(f), quant, config_json)
+            shape = shape_from_config(json.loads(Path(config_json).read_text()), quant, config_json)
         draft = local_gguf_shape(draft_gguf) if draft_gguf else None
         if draft_config:
-            with open(draft_config) as f:
-                draft = shape_from_config(json.load(f), draft_quant, draft_config)
+            draft = shape_from_config(json.loads(Path(draft_config).read_text()), draft_quant, draft_config)
         check_shapes(shape, draft)
     except (ModelSourceError, ValueError) as e:
         raise click.ClickException(str(e)) from None
@@ -199,6 +197,7 @@ def plan_command(gguf, hub_repo, revision, hub_file, hub_endpoint, hub_token_fil
     report, text, refusal = (_one_card(asked, cards[0]) if len(cards) == 1 else _several(asked, cards))
     cap, rope = context_cap(shape, knobs)
     report.update({
+        "card": {**_card_dict(cards[0]), "count": len(cards)}, "cards": [_card_dict(c) for c in cards],
         "model": {k: shape.get(k) for k in ("path", "architecture", "n_layer", "n_ctx_train", "n_head_kv",
                                             "head_dim_k", "head_dim_v", "n_swa", "size", "tied_embeddings",
                                             "estimated_from", "header_requests") if shape.get(k) is not None},
@@ -239,29 +238,27 @@ class _Asked:
     layout: str
     split_mode: str
 
-    def fallback_kv(self) -> tuple:
-        """The KV types a refusal's ledger is shown at: the chosen, else the most compact."""
-        chosen = self.knobs.cache_type_k
-        k = chosen if chosen != "auto" else self.pairs[-1][0]
-        return k, "f16" if not self.knobs.flash_attn else k
+    def fallback(self) -> tuple:
+        """(layers, K, V, context) a refusal's ledger is shown at: the fixed layers, else all; the
+        chosen KV types, else the most compact; the wanted context, else the cap."""
+        knobs = self.knobs
+        k = knobs.cache_type_k if knobs.cache_type_k != "auto" else self.pairs[-1][0]
+        layers = knobs.gpu_layers if knobs.gpu_layers is not None else self.shape["n_layer"] + 1
+        return layers, k, "f16" if not knobs.flash_attn else k, knobs.ctx_size or context_cap(self.shape, knobs)[0]
 
 
 def _one_card(asked: _Asked, card: Card) -> tuple:
     """One card: the one-card planner's ledger, table and plan."""
     shape, knobs, draft = asked.shape, card_knobs(asked.knobs, card), asked.draft
     table = kv_table(shape, knobs, card.mib, asked.pairs, draft)
-    cap, _ = context_cap(shape, knobs)
     try:
         result, refusal = plan(shape, knobs, card.mib, draft), None
         book = result.ledger
         layout = choose_layout(shape, asked.knobs, (card,), asked.layout, draft, asked.split_mode).as_dict()
     except PlanError as e:
         result, refusal, layout = None, e.failure.message(card.name), None
-        k, v = asked.fallback_kv()
-        book = ledger(shape, knobs, card.mib, knobs.gpu_layers if knobs.gpu_layers is not None else shape["n_layer"] + 1,
-                      k, v, knobs.ctx_size or cap, draft)  # fmt: skip
-    report = {"card": {**_card_dict(card), "count": 1}, "cards": [_card_dict(card)], "layout": layout,
-              "ledger": book.as_dict(), "kv": table, "plan": result.as_dict() if result else None}  # fmt: skip
+        book = ledger(shape, knobs, card.mib, *asked.fallback(), draft)
+    report = {"layout": layout, "ledger": book.as_dict(), "kv": table, "plan": result.as_dict() if result else None}
     text = [_card_line(card), *_ledger_lines(book, card.mib, shape["n_layer"] + 1), *_table_lines(table, shape),
             _plan_line(result, refusal)]  # fmt: skip
     return report, text, refusal
@@ -280,18 +277,14 @@ def _several(asked: _Asked, cards: tuple) -> tuple:
         lay, refusal, units = None, e.failure.message(f"{len(cards)} cards"), ()
     first = tuple(cards[i] for i in units[0].cards) if units else cards
     table = cards_kv_table(shape, knobs, first, asked.pairs, draft, asked.split_mode)
-    report = {"card": {**_card_dict(cards[0]), "count": len(cards)}, "cards": [_card_dict(c) for c in cards],
-              "layout": lay.as_dict() if lay else None, "kv": table}  # fmt: skip
+    report = {"layout": lay.as_dict() if lay else None, "kv": table}
     text = [f"cards: {_cards_words(cards)}"] + ([f"layout: {lay.asked}: {lay.reason}"] if lay else [])
     if units:
         plan0 = units[0].plan.single or units[0].plan
         report.update(ledger=plan0.ledger.as_dict(), plan=plan0.as_dict())
         text += _units_lines(asked, cards, units, table)
     else:
-        k, v = asked.fallback_kv()
-        cap, _ = context_cap(shape, knobs)
-        layers = knobs.gpu_layers if knobs.gpu_layers is not None else shape["n_layer"] + 1
-        book = Over(shape, knobs, cards, draft, asked.split_mode).ledger(layers, k, v, knobs.ctx_size or cap)
+        book = Over(shape, knobs, cards, draft, asked.split_mode).ledger(*asked.fallback())
         report.update(ledger=book.as_dict(), plan=None)
         text += [f"all {len(cards)} cards:", *_split_lines(book, shape, range(len(cards))), *_table_lines(table, shape),
                  _plan_line(None, refusal)]  # fmt: skip
@@ -326,13 +319,13 @@ def _card_dict(card: Card) -> dict:
 
 def _cards_words(cards: tuple) -> str:
     """'2 x Tesla V100 SXM2 16GB (16130 MiB, 7.0: prompts through cuBLAS)', per kind of card, in order."""
-    counts: dict = {}
-    for c in cards:
-        key = (c.name, c.mib, c.compute_cap)
-        counts[key] = counts.get(key, 0) + 1
-    return ", ".join(f"{n} x {name} ({mib} MiB, " + (f"{cap}" + (": prompts through cuBLAS" if cublas_prefill(cap) else "")
-                                                     if cap else "compute capability unknown") + ")"
+    counts = collections.Counter((c.name, c.mib, c.compute_cap) for c in cards)
+    return ", ".join(f"{n} x {name} ({mib} MiB, {f'{cap}{_cublas(cap)}' if cap else 'compute capability unknown'})"
                      for (name, mib, cap), n in counts.items())  # fmt: skip
+
+
+def _cublas(cap) -> str:
+    return ": prompts through cuBLAS" if cublas_prefill(cap) else ""
 
 
 def _model_line(shape: dict, knobs: Knobs) -> str:
@@ -346,9 +339,8 @@ def _model_line(shape: dict, knobs: Knobs) -> str:
 def _card_line(card: Card) -> str:
     cc = card.compute_cap
     return (f"card:  {card.name}: planned at {card.mib} MiB, "
-            + (f"compute capability {cc}" + (": prompts through cuBLAS" if cublas_prefill(cc) else "")
-               if cc else "compute capability unknown (a V100's or P100's prefill pool is counted only "
-               "for a card named from the table)"))  # fmt: skip
+            + (f"compute capability {cc}{_cublas(cc)}" if cc else "compute capability unknown (a V100's or P100's "
+               "prefill pool is counted only for a card named from the table)"))  # fmt: skip
 
 
 def _ledger_lines(book: Ledger, card_mib: int, n_all: int) -> list:

@@ -1,53 +1,35 @@
-"""``llamarack rollout``: a change rolled through the rack host by host, while the gateway answers.
+"""``llamarack rollout``: a change rolled through the rack host by host, while the gateway
+answers (the command's help gives its options and the order of the hosts).
 
-    llamarack rollout INVENTORY [DEPLOY] [--canary HOST] [--batch N] [--max-fail K]
-                      [--resume] [--dry] [--idle-timeout S] [--bench-fraction F] [--data K=V]...
-
-The serving hosts (every host of INVENTORY outside the group ``gateways``) go
-the canary first (``--canary``, else the first of them), then in batches of N
-in inventory order; the hosts of one batch side by side. Each host moves
-through these states, printed as it moves:
+Each serving host (every host outside group ``gateways``) moves through these states,
+printed as it moves:
 
     pending    not reached yet
-    draining   its units' servers (``<host>_<index>`` of backend ``llamarack``,
-               its units from ``<root>/state/units.json``) are set to drain on
-               every gateway (HAProxy's runtime API on the admin socket:
-               ``haproxy_runtime.py``, run on the gateway host); then, within
-               --idle-timeout, no stream is left open to them on any gateway and
-               every unit is idle (``server_idle.py``: /slots, /metrics; "cannot
-               tell" counts as busy)
-    deploying  DEPLOY (default: this checkout's deploy.py) runs on that host alone
-    gated      every unit answers /health and serves from its cards (the unit's
-               own health and residency lines, checked by ``wait_healthy.py`` as
-               a switch checks them), one real completion (``completion_probe.py``),
-               and, where the deploy measured a new build or model (its
-               ``state/bench.json`` before and after), each measured unit's
-               llama-bench pp512 and tg128 within --bench-fraction of the same
-               unit's figures before
+    draining   its units' servers (``<host>_<index>``, its units from
+               ``<root>/state/units.json``) are set to drain on every gateway
+               (``haproxy_runtime.py``, run on the gateway host); then, within
+               --idle-timeout, no stream is left open to them on any gateway and every
+               unit is idle (``server_idle.py``: /slots, /metrics; "cannot tell" is busy)
+    deploying  DEPLOY runs on that host alone
+    gated      every unit answers /health from its cards (the unit's own health and
+               residency lines, as a switch checks them), gives one real completion,
+               and, after a new build or model (``state/bench.json`` before and after),
+               each measured unit's llama-bench pp512 and tg128 is within
+               --bench-fraction of the same unit's figures before
     done       set ready on every gateway, and in service there again
     failed     a step failed: the host stays drained
 
-At the first failure the rollout stops (with ``--max-fail K``: at the K-th; a
-failed canary always stops it): the failed host stays drained, the hosts not
-reached are untouched, and batch-mates already under way finish. Each move is
-written to the host's ``<root>/state/rollout.json`` (the audit's ``rollout``
-item) and to ``.llamarack/rollout-<inventory stem>.json`` in the working folder:
-``--resume`` goes on from that file (its order, options, deploy and data), from
-the failed or unfinished host; a new rollout of the inventory is refused while
-that file holds an unfinished one. ``--dry`` prints the order and what each
-host would get (``llamarack plan-upgrade``'s steps, one read per host) and
-touches nothing.
-
-A converged rollout (the deploy changes nothing) restarts nothing: each host is
-still drained and undrained, and its rollout record written.
+At a stop the hosts not reached are untouched and batch-mates already under way
+finish. Each move is written to the host's ``<root>/state/rollout.json`` (the audit's
+``rollout`` item) and to ``journal_path`` in the working folder, which --resume goes
+on from; a new rollout is refused while that file holds an unfinished one. A
+converged rollout restarts nothing; each host is still drained, undrained and recorded.
 
 The deploy runs as ``pyinfra -y INVENTORY DEPLOY --limit HOST [--data K=V]``, a
-subprocess: pyinfra's own CLI, the command an operator runs, so the deploy is
-exactly theirs (its output, its dry and diff modes, its exit status), and each
-host's run gets a fresh pyinfra State and process (pyinfra's API has no public
-way to run a deploy file, and a State runs its operations once). Every other
-step is one command through the host's own pyinfra connector
-(``llamarack.hosts.run_one``): the one transport, no SSH of its own.
+subprocess: the operator's own command (its output, dry and diff modes, exit status),
+and a fresh pyinfra State per host (pyinfra's API has no public way to run a deploy
+file, and a State runs its operations once). Every other step is one command through
+the host's own pyinfra connector (``hosts.run_one``): no SSH of its own.
 """
 
 from __future__ import annotations
@@ -62,24 +44,23 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
 import gevent
 
 from . import remote
-from .layout import API_KEY_PATH
+from .layout import API_KEY_PATH, unit_path
+from .roles.gateway.plan import server_name
 from .roles.server.files import bench_record
 from .roles.server.plan import HEALTH_MARK, RESIDENCY_MARK
 from .roles.server.files.server_idle import UNIT_NAME
 from .settings import settings_for
 
 SCHEMA = "llamarack-rollout/1"
-STATES = ("pending", "draining", "deploying", "gated", "done", "failed")
 GATEWAYS = "gateways"
 RECORD = "rollout.json"
-UNIT_DIR = "/etc/systemd/system"
 COMMAND_TIMEOUT = 120  # a command's own work, beside the waits it is given
 HERE = Path(__file__).resolve().parent.parent  # the checkout: deploy.py beside the package
 # The host record: written beside, then renamed over (a reader sees a whole record).
@@ -104,16 +85,6 @@ class Options:
     def __post_init__(self):
         if self.batch < 1 or self.max_fail < 1 or not 0 <= self.bench_fraction <= 1:
             raise ValueError(f"batch and max_fail at least 1, bench_fraction within 0..1: {self}")
-
-    def to_json(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-
-def server_name(host: str, index: int) -> str:
-    """A unit's server in the gateway's backend: the gateway role's own name for it."""
-    from llamarack.roles.gateway.plan import server_name as gateway_name
-
-    return gateway_name(host, index)
 
 
 def batches(serving: list, canary: Optional[str], size: int) -> list:
@@ -180,7 +151,7 @@ class Journal:
     @classmethod
     def new(cls, path: Path, inventory: str, deploy: str, data: tuple, options: Options, order: list) -> "Journal":
         journal = cls(path, {"schema": SCHEMA, "inventory": inventory, "deploy": deploy, "data": list(data),
-                             "options": options.to_json(), "order": order, "started": now(),
+                             "options": asdict(options), "order": order, "started": now(),
                              "hosts": {n: {"state": "pending", "why": None, "at": None} for b in order for n in b}})
         journal.save()
         return journal
@@ -199,8 +170,7 @@ class Journal:
         return self.data["hosts"][name]["state"]
 
     def unfinished(self) -> bool:
-        states = {h["state"] for h in self.data["hosts"].values()}
-        return states not in ({"done"}, {"pending"})
+        return {h["state"] for h in self.data["hosts"].values()} not in ({"done"}, {"pending"})
 
     def move(self, name: str, state: str, why: Optional[str] = None) -> None:
         self.data["hosts"][name] = {"state": state, "why": why, "at": now()}
@@ -300,18 +270,13 @@ class Rollout:
         host = self.hosts[name]
         try:
             self.steps(host, HostPlan.of(host))
-        except StepFailed as e:
-            self.move(host, None, "failed", str(e))
-        except Exception as e:  # anything else: this host fails, the others go on
-            self.move(host, None, "failed", f"{type(e).__name__}: {e}")
+        except Exception as e:  # StepFailed says why; anything else: this host fails, the others go on
+            self.move(host, None, "failed", str(e) if isinstance(e, StepFailed) else f"{type(e).__name__}: {e}")
 
     def steps(self, host, plan: HostPlan) -> None:
         units = self.units(host, plan)
         self.move(host, plan, "draining")
-        names = [server_name(host.name, u["index"]) for u in units]
-        self.on_gateways("drain", "set", "drain", *names)
-        self.on_gateways("drain", "wait-empty", str(self.options.idle_timeout), *names,
-                         timeout=self.options.idle_timeout)  # fmt: skip
+        self.on_gateways("drain", host, units, "drain", "wait-empty", self.options.idle_timeout)
         self.command(host, remote.command("server_idle", "idle", plan.units_json, str(plan.port), plan.listen,
                                           str(self.options.idle_timeout), plan.key_file),
                      self.options.idle_timeout, "wait idle")  # fmt: skip
@@ -323,9 +288,7 @@ class Rollout:
         units = self.units(host, plan)
         notes = self.gate(host, plan, units, before)
         self.move(host, plan, "gated", notes)
-        names = [server_name(host.name, u["index"]) for u in units]
-        self.on_gateways("undrain", "set", "ready", *names)
-        self.on_gateways("undrain", "wait-up", str(plan.health_timeout), *names, timeout=plan.health_timeout)
+        self.on_gateways("undrain", host, units, "ready", "wait-up", plan.health_timeout)
         self.move(host, plan, "done")
 
     def gate(self, host, plan: HostPlan, units: list, before: Optional[dict]) -> str:
@@ -333,7 +296,7 @@ class Rollout:
         new llama-bench record is within the fraction of the one before; what was checked."""
         wait = plan.health_timeout
         for unit in units:
-            lines = self.read(host, f"{UNIT_DIR}/{unit['unit']}") or []
+            lines = self.read(host, unit_path(unit["unit"])) or []
             url = marked(lines, HEALTH_MARK) or unit["url"] + "/health"
             self.command(host, remote.command("wait_healthy", url, unit["unit"], str(wait), marked(lines, RESIDENCY_MARK)),
                          wait, f"{unit['unit']}: /health and residency")  # fmt: skip
@@ -355,15 +318,19 @@ class Rollout:
             raise StepFailed(f"no llamarack unit listed: {listed}")
         return listed
 
-    def on_gateways(self, step: str, *args: str, timeout: float = 0) -> None:
-        """``haproxy_runtime.py ARGS`` on every gateway, side by side."""
-        jobs = [gevent.spawn(self.boundary.run, gw, remote.command("haproxy_runtime", *args), timeout + COMMAND_TIMEOUT)
-                for gw in self.gateways]  # fmt: skip
-        gevent.joinall(jobs)
-        replies = [job.value or hostsmod.Reply(gw.name, error=repr(job.exception)) for gw, job in zip(self.gateways, jobs)]
-        failed = [f"{r.name}: {why_of(r)}" for r in replies if not r.ok]
-        if failed:
-            raise StepFailed(f"{step} on the gateway: " + "; ".join(failed))
+    def on_gateways(self, step: str, host, units: list, state: str, wait: str, timeout: float) -> None:
+        """Set the servers of ``host``'s ``units`` to ``state``, then ``wait`` within ``timeout`` for
+        them: ``haproxy_runtime.py`` on every gateway, side by side."""
+        names = [server_name(host.name, u["index"]) for u in units]
+        for args, limit in ((("set", state), 0), ((wait, str(timeout)), timeout)):
+            jobs = [gevent.spawn(self.boundary.run, gw, remote.command("haproxy_runtime", *args, *names),
+                                 limit + COMMAND_TIMEOUT) for gw in self.gateways]  # fmt: skip
+            gevent.joinall(jobs)
+            replies = [job.value or hostsmod.Reply(gw.name, error=repr(job.exception))
+                       for gw, job in zip(self.gateways, jobs)]  # fmt: skip
+            failed = [f"{r.name}: {why_of(r)}" for r in replies if not r.ok]
+            if failed:
+                raise StepFailed(f"{step} on the gateway: " + "; ".join(failed))
 
     def command(self, host, command: str, timeout: float, what: str):
         reply = self.boundary.run(host, command, timeout + COMMAND_TIMEOUT)
@@ -427,17 +394,9 @@ def dry_plan(chosen: dict, order: list, templates: tuple = ()) -> str:
     out = []
     for number, batch in enumerate(order):
         out.append("canary:" if number == 0 else f"batch {number}:")
-        for name in batch:
-            a = audits[name]
-            if not a.reachable or a.error:
-                out.append(f"  {name}: cannot tell: {a.error}")
-            elif upgrade.refused(a):
-                out.append(f"  {name}: refused by preflight (the deploy would fail it): {'; '.join(upgrade.refused(a))}")
-            else:
-                steps = upgrade.host_steps(a)
-                out.append(f"  {name}: " + (f"{len(steps)} change(s)" if steps else
-                                            "nothing changes (drained, deployed, gated and undrained all the same)"))
-                out += [f"    {s.action:<9} {s.what}: {s.why}" for s in steps]
+        out += [f"  {line}" for name in batch for line in upgrade.host_lines(
+            audits[name], "refused by preflight (the deploy would fail it)",
+            "nothing changes (drained, deployed, gated and undrained all the same)")]
     return "\n".join(out) + "\n"
 
 

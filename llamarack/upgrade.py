@@ -1,8 +1,7 @@
 """``llamarack plan-upgrade``: what a deploy with this llamarack would do to each host, and why.
 
-Run it after installing a new llamarack and before deploying with it. It reads
-each host exactly as ``llamarack audit`` does (one remote command, nothing
-changed) and turns every drifted item into what the deploy will do about it:
+Each host is read exactly as ``llamarack audit`` reads it, and every drifted item
+becomes what the deploy will do about it:
 
     rebuild     llama.cpp is built again (a build input changed: commit, archs,
                 toolkit, compiler, flags, targets), then the server restarts
@@ -24,7 +23,7 @@ same settings and planners.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from .audit import HostAudit, Item
 
@@ -34,9 +33,6 @@ class Step:
     action: str
     what: str
     why: str
-
-    def to_json(self) -> dict:
-        return {"action": self.action, "what": self.what, "why": self.why}
 
 
 def _words_changed(found, wanted) -> str:
@@ -78,8 +74,7 @@ def model_step(item: Item) -> Step:
 def unit_steps(item: Item, rebuilt: bool, name: str = "llama-server") -> list[Step]:
     found, wanted = item.found or {}, item.wanted or {}
     if wanted.get("sha256") is None:
-        why = wanted.get("why") or "no unit planned"
-        return [] if rebuilt else [Step("restart", name, why)]
+        return [] if rebuilt else [Step("restart", name, wanted.get("why") or "no unit planned")]
     return [Step("restart", name, "its unit changes: " + _words_changed(found.get("exec_start"),
                                                                        wanted.get("exec_start")))]
 
@@ -136,19 +131,19 @@ def host_steps(audit: HostAudit) -> list[Step]:
     return steps
 
 
+def host_lines(a: HostAudit, refusal: str = "refused by preflight", nothing: str = "nothing changes") -> list:
+    """A host's plan as text: why it cannot be told, or is refused, else each step."""
+    if not a.reachable or a.error:
+        return [f"{a.name}: cannot tell: {a.error}"]
+    if refused(a):
+        return [f"{a.name}: {refusal}: {'; '.join(refused(a))}"]
+    steps = host_steps(a)
+    head = f"{a.name}: " + (f"{len(steps)} change(s)" if steps else nothing)
+    return [head] + [f"  {s.action:<9} {s.what}: {s.why}" for s in steps]
+
+
 def as_text(audits: list[HostAudit]) -> str:
-    out = []
-    for a in audits:
-        if not a.reachable or a.error:
-            out.append(f"{a.name}: cannot tell: {a.error}")
-            continue
-        if refused(a):
-            out.append(f"{a.name}: refused by preflight: {'; '.join(refused(a))}")
-            continue
-        steps = host_steps(a)
-        out.append(f"{a.name}: " + ("nothing changes" if not steps else f"{len(steps)} change(s)"))
-        out += [f"  {s.action:<9} {s.what}: {s.why}" for s in steps]
-    return "\n".join(out) + "\n"
+    return "\n".join(line for a in audits for line in host_lines(a)) + "\n"
 
 
 def refused(audit: HostAudit) -> list:
@@ -160,5 +155,5 @@ def refused(audit: HostAudit) -> list:
 def as_json(audits: list[HostAudit]) -> dict:
     return {"schema": "llamarack-plan-upgrade/1",
             "hosts": {a.name: {"error": a.error if (a.error or not a.reachable) else None, "refused": refused(a),
-                               "steps": [] if refused(a) else [s.to_json() for s in host_steps(a)]}
+                               "steps": [] if refused(a) else [asdict(s) for s in host_steps(a)]}
                       for a in audits}}
