@@ -258,13 +258,11 @@ class CharDevices(FactBase[tuple]):
         for line in output:
             if line.strip().endswith("devices:"):
                 section = line.strip()
-                continue
-            if section != "Character devices:" or not line.strip():
-                continue
-            major, _, name = line.strip().partition(" ")
-            if not major.isdigit() or not name.strip():
-                raise FactProcessError(f"unexpected /proc/devices line: {line!r}")
-            devices.append(CharDevice(int(major), name.strip()))
+            elif section == "Character devices:" and line.strip():
+                major, _, name = line.strip().partition(" ")
+                if not major.isdigit() or not name.strip():
+                    raise FactProcessError(f"unexpected /proc/devices line: {line!r}")
+                devices.append(CharDevice(int(major), name.strip()))
         if section is None:
             raise FactProcessError(f"unexpected /proc/devices output: {output[:3]!r}")
         return tuple(devices)
@@ -351,8 +349,7 @@ class GpuProcesses(FactBase[tuple]):
                 continue
             # A line that does not read is a name broken by a newline: read with the next.
             text = line if pending is None else f"{pending}\n{line}"
-            process = compute_app(text)
-            if process:
+            if process := compute_app(text):
                 processes.append(process)
             pending = None if process else text
         if pending is not None:

@@ -1,11 +1,9 @@
-"""The gateway role's operations: HAProxy's config (staged, proved with ``haproxy -c``,
-switched, reloaded), Prometheus's target list, its server and rules, node-exporter.
+"""The gateway role's operations: HAProxy's config, Prometheus's target list, its server
+and rules, node-exporter.
 
-The rack's units are read when the operations run (pyinfra 3 runs an operation's body
-at execution time): deploy.py calls the role after the server role on every host, so
-pyinfra orders these operations after every serving host's, and each serving host's
-``state/units.json`` is the one its server role just wrote. The records are read over
-that host's own connection (``rack_fact``), once per run for all the role's operations.
+The rack's units are read when the operations run (pyinfra 3 runs an operation's body at
+execution time; ``deploy.gateway`` says why that is after every serving host's server role),
+over each serving host's own connection (``rack_fact``), once per run for all of them.
 """
 
 from __future__ import annotations
@@ -73,11 +71,7 @@ def _records_of(h: ServingHost) -> tuple:
 
 def rack(hosts: tuple) -> list:
     """Every serving unit of ``hosts`` (``ServingHost``), as backends."""
-    found = []
-    for h in hosts:
-        record, bench = _records_of(h)
-        found += backends_of(h, record, bench)
-    return found
+    return [backend for h in hosts for backend in backends_of(h, *_records_of(h))]
 
 
 def _stage_prove_switch(text: str, path: str, mode: str, proof: str, reload: str, what: str):
