@@ -270,17 +270,15 @@ class CharDevices(FactBase[tuple]):
 
 class RecordedGpus(FactBase[tuple]):
     """
-    Returns the GPUs llamarack recorded at the last run where the driver
-    answered (a JSON list in the state directory), or ``()``; their
-    ``driver_version`` is empty (not recorded).
+    Returns the GPUs llamarack recorded at the last run where the driver answered (a JSON
+    list in the state directory), or ``()``; their ``driver_version`` is empty (not recorded).
+    A driver that has dropped the card, or an upgrade waiting for a reboot, hides the GPU
+    list; the record still says which cards the host has.
 
-    A driver that has dropped the card, or an upgrade waiting for a reboot,
-    hides the GPU list; the recorded one still says which cards the host has.
-
-    A record that is not whole JSON (truncated by a crash or a full disk:
-    llamarack itself writes it beside itself and renames it) counts as no
-    record: the run then records the cards the driver lists, over it. A
-    failure here would stop the host on every run until someone deleted it.
+    A record that is not whole JSON (truncated by a crash or a full disk, though llamarack
+    writes it beside itself and renames it) counts as none: the run records the cards the
+    driver lists over it. A failure here would stop the host on every run until someone
+    deleted it.
     """
 
     def command(self, path: str) -> str:
@@ -300,11 +298,8 @@ class RecordedGpus(FactBase[tuple]):
 
 
 def gpus_record(gpus) -> str:
-    """The JSON that ``RecordedGpus`` reads back.
-
-    The cards only, not the driver: a driver upgrade must not rewrite it (a
-    converged host changes nothing), and the driver is read live anyway.
-    """
+    """The JSON that ``RecordedGpus`` reads back: the cards only, not the driver (a driver upgrade
+    must not rewrite it: a converged host changes nothing; the driver is read live anyway)."""
     cards = [gpu.to_json() for gpu in gpus]  # "missing" only where set: records written before the flag stay
     for card in cards:
         del card["driver_version"]

@@ -16,6 +16,7 @@ from typing import Optional
 from pyinfra import host, logger
 from pyinfra.api import StringCommand, operation
 from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.facts import get_fact
 from pyinfra.facts.files import Sha1File
 from pyinfra.facts.server import Command
 
@@ -43,8 +44,6 @@ NODE_EXPORTER = "prometheus-node-exporter"
 def rack_fact(name: str, fact: type, **kwargs):
     """``fact`` of the inventory's host ``name``, read now over that host's connection; None
     (with a warning) when it cannot be read."""
-    from pyinfra.api.facts import get_fact
-
     try:
         other = host.state.inventory.get_host(name)
         return get_fact(host.state, other, fact, kwargs=kwargs, apply_failed_hosts=False)
