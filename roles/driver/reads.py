@@ -1,7 +1,5 @@
 """Facts about the NVIDIA driver and the GPUs it sees."""
 
-from __future__ import annotations
-
 import json
 import re
 import shlex
@@ -603,8 +601,7 @@ class GpuTopology(FactBase[Topology]):
         rows = [_ANSI.sub("", line).split() for line in output]
         header = next((r for r in rows if r[:1] == ["GPU0"] and not _LINK.fullmatch(r[1] if len(r) > 1 else "X")), None)
         if header is None:
-            text = " ".join(" ".join(r) for r in rows if r)
-            return Topology((), (), text[:300])
+            return Topology((), (), " ".join(word for row in rows for word in row)[:300])
         count = next((i for i, word in enumerate(header) if word != f"GPU{i}"), len(header))
         matrix = {int(m.group(1)): r[1:1 + count] for r in rows if r and r is not header and (m := _CARD.fullmatch(r[0]))}
         problems = [f"no row of GPU{i}" for i in range(count) if len(matrix.get(i, ())) != count]

@@ -6,8 +6,6 @@ execution time; ``deploy.gateway`` says why that is after every serving host's s
 over each serving host's own connection (``rack_fact``), once per run for all of them.
 """
 
-from __future__ import annotations
-
 import hashlib
 import shlex
 import weakref

@@ -4,8 +4,6 @@ recorded (``<root>/state/units.json``, ``<root>/state/bench.json``); ``__init__.
 how units become servers.
 """
 
-from __future__ import annotations
-
 import ipaddress
 import json
 import re
@@ -58,7 +56,7 @@ class ServingHost:
 
     @property
     def units_record(self) -> str:
-        return Layout(self.root).state_file("units.json")
+        return Layout(self.root).units_record
 
     @property
     def bench_record(self) -> str:
