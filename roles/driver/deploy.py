@@ -30,8 +30,10 @@ def driver(settings: Settings, facts: HostFacts):
     # once, before anything runs; the check after the reboot reads nvidia-smi anew.
     if state.state == "mismatch":
         if not s.reboot_on_mismatch:
-            raise DeployError(f"{host.name}: driver library {state.library_version} and loaded module differ "
-                              "and driver_reboot_on_mismatch is off (preflight should have refused this host)")  # fmt: skip
+            raise DeployError(
+                f"{host.name}: driver library {state.library_version} and loaded module differ "
+                "and driver_reboot_on_mismatch is off (preflight should have refused this host)"
+            )
         reboot = server.reboot(name="Reboot: NVIDIA driver library and loaded module differ", reboot_timeout=600)
         driver_answers(name="NVIDIA driver answers after the reboot",
                        reason="a reboot for the driver library/module mismatch", _if=reboot.did_change)  # fmt: skip
