@@ -1,8 +1,6 @@
 """The driver role's audit items: its packages held, the module loaded the library's version;
 and how the cards are linked (``nvidia-smi topo -m``)."""
 
-from __future__ import annotations
-
 from llamarack.audit import Item, Seen
 from llamarack.facts import FactRead
 from llamarack.rules import driver_warnings

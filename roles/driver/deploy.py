@@ -34,21 +34,12 @@ def driver(settings: Settings, facts: HostFacts):
                 f"{host.name}: driver library {state.library_version} and loaded module differ "
                 "and driver_reboot_on_mismatch is off (preflight should have refused this host)"
             )
-        reboot = server.reboot(
-            name="Reboot: NVIDIA driver library and loaded module differ",
-            reboot_timeout=600,
-        )
-        driver_answers(
-            name="NVIDIA driver answers after the reboot",
-            reason="a reboot for the driver library/module mismatch",
-            _if=reboot.did_change,
-        )
+        reboot = server.reboot(name="Reboot: NVIDIA driver library and loaded module differ", reboot_timeout=600)
+        driver_answers(name="NVIDIA driver answers after the reboot",
+                       reason="a reboot for the driver library/module mismatch", _if=reboot.did_change)  # fmt: skip
         # Preflight could not record the cards while the mismatch hid them.
-        record_gpus(
-            name="Record the GPUs the driver lists after the reboot",
-            path=settings.layout.gpus_record,
-            _if=reboot.did_change,
-        )
+        record_gpus(name="Record the GPUs the driver lists after the reboot", path=settings.layout.gpus_record,
+                    _if=reboot.did_change)  # fmt: skip
 
     driver_package_holds(
         name="Hold the NVIDIA driver packages" if s.hold_packages else "Unhold the NVIDIA driver packages",

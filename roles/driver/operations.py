@@ -1,7 +1,5 @@
 """The driver role's operations: hold the driver packages, check the driver answers."""
 
-from __future__ import annotations
-
 import shlex
 
 from pyinfra import host

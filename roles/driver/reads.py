@@ -1,7 +1,5 @@
 """Facts about the NVIDIA driver and the GPUs it sees."""
 
-from __future__ import annotations
-
 import json
 import re
 import shlex
@@ -67,8 +65,7 @@ class Gpu(FactValue):
 
     @property
     def arch(self) -> Optional[str]:
-        """The CUDA architecture number ("7.0" -> "70") used for -arch=sm_XX."""
-        # None for no capability or an unreadable one ("[N/A]" in an old record)
+        """The CUDA architecture number ("7.0" -> "70") used for -arch=sm_XX; None for none or an unreadable one."""
         return self.compute_cap.replace(".", "") if _is_compute_cap(self.compute_cap) else None
 
 
@@ -165,17 +162,10 @@ _PCI_DEVICE_ID = re.compile(r"0x[0-9A-Fa-f]{8}")
 
 def _parse_gpu_lines(body) -> DriverState:
     """One card per line: keep those that read, name the others (a rule refuses them)."""
-    gpus, unreadable, warnings = [], [], []
-    for line in body:
-        if not _GPU_LINE.match(line):
-            warnings.append(line)
-            continue
-        gpu = _parse_gpu_line(line)
-        if gpu is None:
-            unreadable.append(line)
-        else:
-            gpus.append(gpu)
-    return DriverState("ok", gpus=tuple(gpus), message="\n".join(warnings), unreadable=tuple(unreadable))
+    cards = [(line, _parse_gpu_line(line)) for line in body if _GPU_LINE.match(line)]
+    return DriverState("ok", gpus=tuple(gpu for _, gpu in cards if gpu),
+                       message="\n".join(line for line in body if not _GPU_LINE.match(line)),
+                       unreadable=tuple(line for line, gpu in cards if gpu is None))
 
 
 def _parse_gpu_line(line: str) -> Optional[Gpu]:
@@ -189,17 +179,16 @@ def _parse_gpu_line(line: str) -> Optional[Gpu]:
     pci = None
     if values and _PCI_DEVICE_ID.fullmatch(values[-1]) and len(values) in (6, 7):
         pci = values.pop()
-    if len(values) == 6:
-        index, name, uuid, memory, cap, driver = values
-    elif len(values) == 5:
-        index, name, uuid, memory, driver = values
-        cap = None
-    else:
+    if len(values) == 5:
+        values.insert(4, None)  # no compute_cap
+    if len(values) != 6:
         return None
+    index, name, uuid, memory, cap, driver = values
     if not memory.isdigit() or not index.isdigit():
         return None
     if not _is_compute_cap(cap):
-        cap = gpu_table.compute_cap(pci) or _compute_cap_from_name(name)
+        by_name = (c for prefix, c in COMPUTE_CAP_BY_NAME.items() if name.startswith(prefix))
+        cap = gpu_table.compute_cap(pci) or next(by_name, None)
     return Gpu(int(index), name, uuid, int(memory), cap, driver, pci)
 
 
@@ -208,21 +197,10 @@ def _is_compute_cap(text: Optional[str]) -> bool:
     return bool(text) and re.fullmatch(r"\d+\.\d+", text) is not None
 
 
-def _compute_cap_from_name(name: str) -> Optional[str]:
-    for prefix, cap in COMPUTE_CAP_BY_NAME.items():
-        if name.startswith(prefix):
-            return cap
-    return None
-
-
 @dataclass(frozen=True)
 class KernelModule(FactValue):
     version: str
     open: bool
-
-
-# What the loaded NVIDIA kernel module says of itself.
-PROC_VERSION = "/proc/driver/nvidia/version"
 
 
 class NvidiaKernelModule(FactBase[Optional[KernelModule]]):
@@ -236,7 +214,7 @@ class NvidiaKernelModule(FactBase[Optional[KernelModule]]):
     """
 
     def command(self) -> str:
-        return f"cat {PROC_VERSION} 2>/dev/null || true"
+        return "cat /proc/driver/nvidia/version 2>/dev/null || true"
 
     def process(self, output) -> Optional[KernelModule]:
         for line in output:
@@ -271,21 +249,18 @@ class CharDevices(FactBase[tuple]):
     def command(self) -> str:
         return "cat /proc/devices"
 
-    def default(self) -> tuple:
-        return ()
+    default = staticmethod(tuple)
 
     def process(self, output) -> tuple:
         devices, section = [], None
         for line in output:
             if line.strip().endswith("devices:"):
                 section = line.strip()
-                continue
-            if section != "Character devices:" or not line.strip():
-                continue
-            major, _, name = line.strip().partition(" ")
-            if not major.isdigit() or not name.strip():
-                raise FactProcessError(f"unexpected /proc/devices line: {line!r}")
-            devices.append(CharDevice(int(major), name.strip()))
+            elif section == "Character devices:" and line.strip():
+                major, _, name = line.strip().partition(" ")
+                if not major.isdigit() or not name.strip():
+                    raise FactProcessError(f"unexpected /proc/devices line: {line!r}")
+                devices.append(CharDevice(int(major), name.strip()))
         if section is None:
             raise FactProcessError(f"unexpected /proc/devices output: {output[:3]!r}")
         return tuple(devices)
@@ -293,33 +268,27 @@ class CharDevices(FactBase[tuple]):
 
 class RecordedGpus(FactBase[tuple]):
     """
-    Returns the GPUs llamarack recorded at the last run where the driver
-    answered (a JSON list in the state directory), or ``()``; their
-    ``driver_version`` is empty (not recorded).
+    Returns the GPUs llamarack recorded at the last run where the driver answered (a JSON
+    list in the state directory), or ``()``; their ``driver_version`` is empty (not recorded).
+    A driver that has dropped the card, or an upgrade waiting for a reboot, hides the GPU
+    list; the record still says which cards the host has.
 
-    A driver that has dropped the card, or an upgrade waiting for a reboot,
-    hides the GPU list; the recorded one still says which cards the host has.
-
-    A record that is not whole JSON (truncated by a crash or a full disk:
-    llamarack itself writes it beside itself and renames it) counts as no
-    record: the run then records the cards the driver lists, over it. A
-    failure here would stop the host on every run until someone deleted it.
+    A record that is not whole JSON (truncated by a crash or a full disk, though llamarack
+    writes it beside itself and renames it) counts as none: the run records the cards the
+    driver lists over it. A failure here would stop the host on every run until someone
+    deleted it.
     """
 
     def command(self, path: str) -> str:
         return f"cat {shlex.quote(path)} 2>/dev/null || true"
 
-    def default(self) -> tuple:
-        return ()
+    default = staticmethod(tuple)
 
     def process(self, output) -> tuple:
-        text = "\n".join(output).strip()
-        if not text:
-            return ()
         try:
-            items = json.loads(text)
+            items = json.loads("\n".join(output).strip())
         except ValueError:
-            return ()  # torn: as if never written (the docstring says why)
+            return ()  # none, or torn: as if never written (the docstring says why)
         try:
             return tuple(Gpu(**item, driver_version="") for item in items)
         except TypeError as e:  # whole JSON of another shape: not ours to overwrite
@@ -327,18 +296,13 @@ class RecordedGpus(FactBase[tuple]):
 
 
 def gpus_record(gpus) -> str:
-    """The JSON that ``RecordedGpus`` reads back.
-
-    The cards only, not the driver: a driver upgrade must not rewrite it (a
-    converged host changes nothing), and the driver is read live anyway.
-    """
-    cards = [{k: v for k, v in gpu.__dict__.items() if k != "driver_version"} for gpu in gpus]
+    """The JSON that ``RecordedGpus`` reads back: the cards only, not the driver (a driver upgrade
+    must not rewrite it: a converged host changes nothing; the driver is read live anyway)."""
+    cards = [gpu.to_json() for gpu in gpus]  # "missing" only where set: records written before the flag stay
     for card in cards:
-        # no PCI id (an output without one): records written before it stay as they are
-        if card["pci_device_id"] is None:
+        del card["driver_version"]
+        if card["pci_device_id"] is None:  # an output without one: records written before it stay as they are
             del card["pci_device_id"]
-        if not card["missing"]:  # the cards listed: records written before the flag stay as they are
-            del card["missing"]
     return json.dumps(cards, indent=1, sort_keys=True) + "\n"
 
 
@@ -369,8 +333,7 @@ class GpuProcesses(FactBase[tuple]):
         return (SMI_PRESENT + "nvidia-smi --query-compute-apps=pid,process_name,used_gpu_memory,gpu_uuid "
                 "--format=csv,noheader,nounits 2>/dev/null; true")  # fmt: skip
 
-    def default(self) -> tuple:
-        return ()
+    default = staticmethod(tuple)
 
     def process(self, output) -> tuple:
         processes, pending = [], None
@@ -379,8 +342,7 @@ class GpuProcesses(FactBase[tuple]):
                 continue
             # A line that does not read is a name broken by a newline: read with the next.
             text = line if pending is None else f"{pending}\n{line}"
-            process = compute_app(text)
-            if process:
+            if process := compute_app(text):
                 processes.append(process)
             pending = None if process else text
         if pending is not None:
@@ -446,8 +408,7 @@ class NvidiaDriverPackages(FactBase[tuple]):
         # ":amd64" on a Multi-Arch: same package), so each copy is held by its own name
         return "dpkg-query -W -f='${binary:Package}\\t${Version}\\t${Status}\\n'"
 
-    def default(self) -> tuple:
-        return ()
+    default = staticmethod(tuple)
 
     def process(self, output) -> tuple:
         packages = []
@@ -494,8 +455,7 @@ class NvidiaPciCards(FactBase[tuple]):
                 '[ -e "$d/driver" ] && drv=$(basename "$(readlink "$d/driver")"); '
                 'echo "${d##*/} $(cat "$d/device") $c $drv"; done')  # fmt: skip
 
-    def default(self) -> tuple:
-        return ()
+    default = staticmethod(tuple)
 
     def process(self, output) -> tuple:
         cards = []
@@ -573,8 +533,7 @@ class MigStates(FactBase[tuple]):
         return (SMI_PRESENT + "nvidia-smi --query-gpu=index,mig.mode.current --format=csv,noheader 2>/dev/null; "
                 "nvidia-smi -L 2>/dev/null; true")  # fmt: skip
 
-    def default(self) -> tuple:
-        return ()
+    default = staticmethod(tuple)
 
     def process(self, output) -> tuple:
         modes, instances, card = {}, {}, None
@@ -642,8 +601,7 @@ class GpuTopology(FactBase[Topology]):
         rows = [_ANSI.sub("", line).split() for line in output]
         header = next((r for r in rows if r[:1] == ["GPU0"] and not _LINK.fullmatch(r[1] if len(r) > 1 else "X")), None)
         if header is None:
-            text = " ".join(" ".join(r) for r in rows if r)
-            return Topology((), (), text[:300])
+            return Topology((), (), " ".join(word for row in rows for word in row)[:300])
         count = next((i for i, word in enumerate(header) if word != f"GPU{i}"), len(header))
         matrix = {int(m.group(1)): r[1:1 + count] for r in rows if r and r is not header and (m := _CARD.fullmatch(r[0]))}
         problems = [f"no row of GPU{i}" for i in range(count) if len(matrix.get(i, ())) != count]

@@ -1,8 +1,6 @@
 """The gateway role's audit item, on the hosts of group ``gateways``: the backends HAProxy's
 runtime API shows, each with its state, against those its config names, every one UP."""
 
-from __future__ import annotations
-
 from llamarack.audit import Item, Seen
 from llamarack.facts import FactRead
 from llamarack.settings import Settings

@@ -7,18 +7,15 @@ from llamarack.operations import apt_install_missing, report
 from llamarack.settings import Settings, settings_for
 
 from .operations import haproxy, node_exporter, prometheus, prometheus_targets
-from .plan import ServingHost, bracketed, serving_host
+from .plan import ServingHost, bracketed, local_address, serving_host
 
 
 def serving_hosts() -> tuple[ServingHost, ...]:
     """The inventory's serving hosts (those not in group ``gateways``), in inventory order,
     with their settings."""
-    found = []
-    for other in host.state.inventory:
-        settings = settings_for(other)
-        if not settings.is_gateway:
-            found.append(serving_host(other.name, other.data.get("ssh_hostname"), settings))
-    return tuple(found)
+    inventory = ((other, settings_for(other)) for other in host.state.inventory)
+    return tuple(serving_host(other.name, other.data.get("ssh_hostname"), settings)
+                 for other, settings in inventory if not settings.is_gateway)
 
 
 @deploy("llamarack gateway")
@@ -51,7 +48,7 @@ def gateway(settings: Settings, templates: tuple = ()):
         apt_install_missing(name="Prometheus from Debian", packages=["prometheus"])
         prometheus(name="Prometheus scraping the rack, with llamarack's alert rules", settings=settings, hosts=hosts)
     scheme = "https" if g.tls_cert_file else "http"
-    url = f"{scheme}://{bracketed(address if g.bind in ('0.0.0.0', '::') else g.bind)}:{g.port}"
+    url = f"{scheme}://{bracketed(local_address(settings, address))}:{g.port}"
     report(name="How to reach the rack",
            message=f"the rack: {url}/v1/chat/completions (OpenAI API), {url}/completion; HAProxy's "
            f"metrics at http://{bracketed(address)}:{g.stats_port}/metrics")  # fmt: skip

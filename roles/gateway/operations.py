@@ -1,14 +1,10 @@
-"""The gateway role's operations: HAProxy's config (staged, proved with ``haproxy -c``,
-switched, reloaded), Prometheus's target list, its server and rules, node-exporter.
+"""The gateway role's operations: HAProxy's config, Prometheus's target list, its server
+and rules, node-exporter.
 
-The rack's units are read when the operations run (pyinfra 3 runs an operation's body
-at execution time): deploy.py calls the role after the server role on every host, so
-pyinfra orders these operations after every serving host's, and each serving host's
-``state/units.json`` is the one its server role just wrote. The records are read over
-that host's own connection (``rack_fact``), once per run for all the role's operations.
+The rack's units are read when the operations run (pyinfra 3 runs an operation's body at
+execution time; ``deploy.gateway`` says why that is after every serving host's server role),
+over each serving host's own connection (``rack_fact``), once per run for all of them.
 """
-
-from __future__ import annotations
 
 import hashlib
 import shlex
@@ -18,6 +14,7 @@ from typing import Optional
 from pyinfra import host, logger
 from pyinfra.api import StringCommand, operation
 from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.facts import get_fact
 from pyinfra.facts.files import Sha1File
 from pyinfra.facts.server import Command
 
@@ -45,8 +42,6 @@ NODE_EXPORTER = "prometheus-node-exporter"
 def rack_fact(name: str, fact: type, **kwargs):
     """``fact`` of the inventory's host ``name``, read now over that host's connection; None
     (with a warning) when it cannot be read."""
-    from pyinfra.api.facts import get_fact
-
     try:
         other = host.state.inventory.get_host(name)
         return get_fact(host.state, other, fact, kwargs=kwargs, apply_failed_hosts=False)
@@ -73,11 +68,7 @@ def _records_of(h: ServingHost) -> tuple:
 
 def rack(hosts: tuple) -> list:
     """Every serving unit of ``hosts`` (``ServingHost``), as backends."""
-    found = []
-    for h in hosts:
-        record, bench = _records_of(h)
-        found += backends_of(h, record, bench)
-    return found
+    return [backend for h in hosts for backend in backends_of(h, *_records_of(h))]
 
 
 def _stage_prove_switch(text: str, path: str, mode: str, proof: str, reload: str, what: str):

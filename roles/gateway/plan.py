@@ -1,14 +1,8 @@
 """What the gateway serves: the rack's backends, HAProxy's config, Prometheus's targets,
 scrape config and alert rules. Pure functions of settings and of what each serving host
-recorded (``<root>/state/units.json``, ``<root>/state/bench.json``).
-
-Each serving unit is one HAProxy server ``<host>_<index>`` of backend ``llamarack``
-(<host>: the inventory name, every character outside [A-Za-z0-9_.-] made ``_``),
-weighted by its parallel slots. A host without a units record serves one unit at
-``server_port``.
+recorded (``<root>/state/units.json``, ``<root>/state/bench.json``); ``__init__.py`` says
+how units become servers.
 """
-
-from __future__ import annotations
 
 import ipaddress
 import json
@@ -20,6 +14,7 @@ from typing import Optional
 from llamarack import remote
 from llamarack.layout import Layout
 from llamarack.roles.server.files import bench_record
+from llamarack.roles.server.plan import KEY_DIGEST_SALT, _templates
 from llamarack.settings import Settings
 from llamarack.settings_fields import server_name as valid_address
 
@@ -35,10 +30,10 @@ PROMETHEUS_KEY = "/etc/prometheus/llamarack-api-key"
 BACKEND = "llamarack"
 NODE_EXPORTER_PORT = 9100  # Debian's prometheus-node-exporter
 MAX_WEIGHT = 256  # HAProxy's highest server weight
-UNITS_RECORD = "units.json"
 # What an API key may hold to go into HAProxy's config between single quotes (a token).
 KEY_CHARS = re.compile(r"[A-Za-z0-9._~+/=-]{1,4096}")
 WILDCARDS = ("0.0.0.0", "::", "")
+WRITTEN = "# Written by llamarack (roles/gateway/plan.py): edits are replaced on the next run.\n"
 
 
 class GatewayError(Exception):
@@ -61,7 +56,7 @@ class ServingHost:
 
     @property
     def units_record(self) -> str:
-        return Layout(self.root).state_file(UNITS_RECORD)
+        return Layout(self.root).units_record
 
     @property
     def bench_record(self) -> str:
@@ -94,8 +89,6 @@ class Backend:
 def secret_digest_command(path: str) -> str:
     """The command that prints the salted digest of ``path`` on the host, or "missing"
     (a file that holds the rack's key: never hashed plainly, see ``secret_digest``)."""
-    from llamarack.roles.server.plan import KEY_DIGEST_SALT
-
     return remote.command("secret_digest", path, KEY_DIGEST_SALT)
 
 
@@ -111,7 +104,7 @@ def server_name(host: str, index: int) -> str:
 
 def _units(host: ServingHost, record: Optional[dict]) -> list:
     """The unit entries of a host's units record, or its one unit at server_port."""
-    units = (record or {}).get("units") if isinstance(record, dict) else None
+    units = record.get("units") if isinstance(record, dict) else None
     if not units:
         return [{"index": 0, "port": host.port, "listen": host.listen, "parallel": host.parallel}]
     if not isinstance(units, list) or not all(isinstance(u, dict) for u in units):
@@ -182,8 +175,6 @@ def rack_key(hosts: list[ServingHost], read_token) -> Optional[str]:
 
 def haproxy_config(settings: Settings, backends: list[Backend], key: Optional[str], templates: tuple = ()) -> str:
     """HAProxy's whole config for this gateway."""
-    from llamarack.roles.server.plan import _templates
-
     g = settings.gateway
     if g.api_key == "checked" and key is None:
         raise GatewayError("gateway_api_key = 'checked', but no serving host has a server_api_key_file; "
@@ -202,7 +193,7 @@ def masked(text: str, key: Optional[str]) -> str:
     return text.replace(key, "<server_api_key_file>") if key else text
 
 
-def _local(settings: Settings, address: str) -> str:
+def local_address(settings: Settings, address: str) -> str:
     """Where this gateway's own HAProxy endpoints answer, for a Prometheus on it or elsewhere."""
     return address if settings.gateway.bind in WILDCARDS else settings.gateway.bind
 
@@ -213,7 +204,7 @@ def targets(settings: Settings, address: str, hosts: list[ServingHost], backends
     groups = [{"targets": [b.address_port], "labels": {
         "llamarack_kind": "unit", "llamarack_host": b.host, "llamarack_server": b.server,
         **({"llamarack_tg128": f"{b.tg128:g}"} if b.tg128 else {})}} for b in backends]  # fmt: skip
-    own = bracketed(_local(settings, address))
+    own = bracketed(local_address(settings, address))
     groups.append({"targets": [f"{own}:{settings.gateway.stats_port}"],
                    "labels": {"llamarack_kind": "haproxy", "llamarack_host": settings.host}})  # fmt: skip
     nodes = [(h.name, h.address) for h in hosts if h.node_exporter]
@@ -235,8 +226,7 @@ def prometheus_config(key: Optional[str]) -> str:
     config = {"global": {"scrape_interval": "15s", "evaluation_interval": "15s"},
               "rule_files": [PROMETHEUS_RULES],
               "scrape_configs": [job("unit", units), job("haproxy", {}), job("node", {})]}  # fmt: skip
-    return "# Written by llamarack (roles/gateway/plan.py): edits are replaced on the next run.\n" + json.dumps(
-        config, indent=1) + "\n"
+    return WRITTEN + json.dumps(config, indent=1) + "\n"
 
 
 def alert_rules(settings: Settings, backends: list[Backend]) -> str:
@@ -259,5 +249,4 @@ def alert_rules(settings: Settings, backends: list[Backend]) -> str:
                       "labels": {"severity": "warning", "llamarack_server": b.server},
                       "annotations": {"summary": f"{b.server} generates at {{{{ $value }}}} t/s, below {fraction:g} "
                                                  f"of its llama-bench tg128 record ({b.tg128:g} t/s)"}})  # fmt: skip
-    return "# Written by llamarack (roles/gateway/plan.py): edits are replaced on the next run.\n" + json.dumps(
-        {"groups": [{"name": "llamarack", "rules": rules}]}, indent=1) + "\n"
+    return WRITTEN + json.dumps({"groups": [{"name": "llamarack", "rules": rules}]}, indent=1) + "\n"

@@ -1,8 +1,6 @@
 """The facts the gateway role reads: a serving host's units record, HAProxy's backends
 as its runtime API shows them."""
 
-from __future__ import annotations
-
 import json
 import shlex
 from typing import Optional
@@ -45,11 +43,11 @@ class HaproxyServers(FactBase[Optional[dict]]):
                                       "address": "10.77.0.11:8080"}}}
     """
 
-    def host_run(self, backend: str, socket: str = ADMIN_SOCKET) -> tuple:
-        return ("haproxy_runtime", "--socket", socket, "--backend", backend, "audit")
+    def host_run(self, backend: str) -> tuple:
+        return ("haproxy_runtime", "--socket", ADMIN_SOCKET, "--backend", backend, "audit")
 
-    def command(self, backend: str, socket: str = ADMIN_SOCKET) -> str:
-        return remote.command(*self.host_run(backend, socket))
+    def command(self, backend: str) -> str:
+        return remote.command(*self.host_run(backend))
 
     def process(self, output) -> Optional[dict]:
         text = "\n".join(output).strip()
