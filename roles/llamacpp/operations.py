@@ -134,8 +134,7 @@ def proof_spec(plan: BuildPlan, d: str, src: str, env: str, ccache_dir=None, job
     build exists (maybe in service) and is never rebuilt in place: no rebuild rungs.
     """
     serving = plan.proof["serving"]
-    features = plan.proof["cpu_features"]
-    rungs = [{"name": cpu_variant_name(features), "why": "the build as asked", "serving": {}}]
+    rungs = [{"name": cpu_variant_name(plan.proof["cpu_features"]), "why": "the build as asked", "serving": {}}]
     if plan.proof["cpu_fallback"]:
         if serving["repack"]:
             rungs.append({"name": f"{rungs[0]['name']}, no repack", "serving": {"repack": False},
@@ -150,15 +149,8 @@ def proof_spec(plan: BuildPlan, d: str, src: str, env: str, ccache_dir=None, job
                 "configure": configure_command(d, src, env, args, append=True),
                 "build": build_command(d, env, plan.targets, ccache_dir, jobs, append=True),
             })
-    return {
-        "build_dir": d,
-        "record": json.loads(plan.record()),
-        "quant": plan.proof["quant"],
-        "serving": serving,
-        "rungs": rungs,
-        "timeout": PROOF_TIMEOUT,
-        "reprove": reprove,
-    }
+    return {"build_dir": d, "record": json.loads(plan.record()), "quant": plan.proof["quant"], "serving": serving,
+            "rungs": rungs, "timeout": PROOF_TIMEOUT, "reprove": reprove}
 
 
 # Seconds the smoke run's llama-server may take to load and to answer.
@@ -261,9 +253,6 @@ def prune_builds(root: str, keep: int, previous=None, unit_path=None, serving=No
       planned: by the time this runs, ``current`` may already point elsewhere)
     + unit_path: the llama-server unit; the build its ``ExecStart`` names is in use
     + serving: or a function, called when this runs, that gives the builds the host's units name
-
-    A build whose files differ from its seal is removed once neither ``current``
-    nor the unit names it.
 
     Runs after the server role's switch and ``/health`` check (or its rollback):
     nothing a running server uses is removed before its successor serves.

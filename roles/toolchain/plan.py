@@ -87,6 +87,5 @@ def nonfree_sources(stanzas: tuple) -> str:
         if "Signed-By" in stanza:
             lines.append(f"Signed-By: {stanza['Signed-By']}")
         out.append("\n".join(lines) + "\n")
-    if not out:
-        return ""
-    return "# Written by llamarack (toolchain_cuda_source = 'debian'): nvidia-cuda-toolkit\n" + "\n".join(out)
+    header = "# Written by llamarack (toolchain_cuda_source = 'debian'): nvidia-cuda-toolkit\n"
+    return header + "\n".join(out) if out else ""

@@ -136,12 +136,9 @@ def _toolkit(values: dict) -> CudaToolkit:
 
 
 class CmakeVersion(FactBase[Optional[str]]):
-    """
-    Returns the installed cmake version (``3.25.1``), None when absent.
-    """
+    """Returns the installed cmake version (``3.25.1``), None when absent."""
 
-    def requires_command(self) -> str:
-        return "cmake"
+    requires_command = "cmake"
 
     def command(self) -> str:
         return "cmake --version"
