@@ -42,7 +42,20 @@ def pip_pins(plan: EnvPlan):
 
     + plan: the env's pins, indexes, order and checks (``plan.EnvPlan``)
     """
-    yield from _pins(plan)
+    env = read(PythonEnvPackages, env=plan.env)
+    if env is not None and not unmet(plan, env.packages, env.python_version):
+        host.noop(f"{plan.env} already has {', '.join(plan.require)}")
+        return
+    # The index URLs (a password or a token in one stays out of ps and -vvv) go in
+    # a file only root reads; pyenv_check hands them to pip in its environment.
+    indexes = f"{plan.env}/llamarack-indexes.json"
+    yield from secret_upload(plan.indexes_json(), indexes, mode="600")
+    shown = plan.to_json()
+    yield StringCommand(remote.command("pyenv_check", "resolve", shown, indexes, python=plan.python))
+    for number in range(len(plan.steps)):
+        yield StringCommand(remote.command("pyenv_check", "install", shown, indexes, str(number), python=plan.python))
+    yield StringCommand(remote.argv("rm", "-f", "--", indexes))
+    yield StringCommand(remote.command("pyenv_check", "verify", shown, python=plan.python))
 
 
 @operation()
@@ -65,23 +78,4 @@ def converter_pins(settings, requirements_path: str, env: str):
         return
     current = read(PythonEnvPackages, env=env)
     version = current.python_version if current else settings.python_env.python_version
-    yield from _pins(converter_plan(settings, env, lines, version))
-
-
-def _pins(plan: EnvPlan):
-    env = read(PythonEnvPackages, env=plan.env)
-    if env is not None:
-        problems = unmet(plan, env.packages, env.python_version)
-        if not problems:
-            host.noop(f"{plan.env} already has {', '.join(plan.require)}")
-            return
-    # The index URLs (a password or a token in one stays out of ps and -vvv) go in
-    # a file only root reads; pyenv_check hands them to pip in its environment.
-    indexes = f"{plan.env}/llamarack-indexes.json"
-    yield from secret_upload(plan.indexes_json(), indexes, mode="600")
-    shown = plan.to_json()
-    yield StringCommand(remote.command("pyenv_check", "resolve", shown, indexes, python=plan.python))
-    for number in range(len(plan.steps)):
-        yield StringCommand(remote.command("pyenv_check", "install", shown, indexes, str(number), python=plan.python))
-    yield StringCommand(remote.argv("rm", "-f", "--", indexes))
-    yield StringCommand(remote.command("pyenv_check", "verify", shown, python=plan.python))
+    yield from pip_pins._inner(plan=converter_plan(settings, env, lines, version))

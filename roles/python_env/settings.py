@@ -46,14 +46,12 @@ class PythonEnvSettings(Section):
         "Miniforge installer (point at a mirror for air-gapped racks)",
         remote_url,
     )
-    conda_installer_sha256: Optional[str] = setting(
-        None, "sha256 of the installer; required with the conda backend", sha256_hex
-    )
+    conda_installer_sha256: Optional[str] = setting(None, "sha256 of the installer; required with the conda backend",
+                                                    sha256_hex)
     conda_channels: tuple[str, ...] = setting(("conda-forge",), "conda channels, in order", conda_channel_name)
     index_url: str = setting("https://pypi.org/simple", "pip index for everything but torch", remote_url)
-    torch_index_url: str = setting(
-        "https://download.pytorch.org/whl/cu118", "pip index torch is installed from", remote_url
-    )
+    torch_index_url: str = setting("https://download.pytorch.org/whl/cu118", "pip index torch is installed from",
+                                   remote_url)
     torch_version: str = setting("2.1.2", "torch pin", _pep440_version)
     transformers_version: str = setting("4.44.2", "transformers pin", _pep440_version)
     accelerate_version: str = setting("0.33.0", "accelerate pin", _pep440_version)
@@ -85,8 +83,6 @@ class PythonEnvSettings(Section):
 
     def problems(self) -> list[str]:
         if self.backend == "conda" and not self.conda_installer_sha256:
-            return [
-                "python_env_conda_installer_sha256: given None; allowed: the installer's sha256 "
-                "(required with python_env_backend='conda': downloads are pinned)"
-            ]
+            return ["python_env_conda_installer_sha256: given None; allowed: the installer's sha256 "
+                    "(required with python_env_backend='conda': downloads are pinned)"]
         return []
