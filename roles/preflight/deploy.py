@@ -41,12 +41,10 @@ def preflight(settings: Settings) -> Optional[HostFacts]:
 
     for warning in driver_warnings(facts.driver):
         logger.warning(f"{host.name}: nvidia-smi: {warning}")
-    gone = missing_gpus_warning(settings, facts)
-    if gone:
-        logger.warning(f"{host.name}: gpus-missing: {gone}")
-    unchecked = calibration.unchecked(facts.hub_config)
-    if unchecked:
-        logger.warning(f"{host.name}: awq-card-memory: {unchecked}")
+    for rule, warning in (("gpus-missing", missing_gpus_warning(settings, facts)),
+                          ("awq-card-memory", calibration.unchecked(facts.hub_config))):
+        if warning:
+            logger.warning(f"{host.name}: {rule}: {warning}")
     if facts.driver.gpus:
         # The cards gone since an earlier run stay recorded: the warning stands until they are back.
         record_gpus(name="Record the GPUs the driver lists", path=settings.layout.gpus_record,
