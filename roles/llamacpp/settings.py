@@ -70,15 +70,10 @@ class LlamacppSettings(Section):
     force_rebuild: bool = setting(False, "rebuild even when the build inputs are unchanged")
     keep_builds: int = setting(2, "builds kept for rollback, the current one included", between=(1, 100))
     cpu_features: Optional[tuple[str, ...]] = setting(
-        None,
-        "x86 extensions ggml's CPU code is built with, each named (they build on each other: "
+        None, "x86 extensions ggml's CPU code is built with, each named (they build on each other: "
         "avx512 needs sse42, avx, avx2, bmi2, fma, f16c too); None builds for the host's own CPU "
-        "(-march=native)",
-        _x86_feature,
-    )
+        "(-march=native)", _x86_feature)
     cpu_fallback: bool = setting(
-        True,
-        "when the build as asked fails its smoke run, try it without weight repacking "
+        True, "when the build as asked fails its smoke run, try it without weight repacking "
         "(--no-repack), then rebuilt for x86-64-v3, then x86-64-v2, and keep the first that "
-        "computes; False refuses the build",
-    )
+        "computes; False refuses the build")
