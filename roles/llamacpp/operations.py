@@ -242,9 +242,6 @@ def prune_builds(root: str, keep: int, previous=None, unit_path=None, serving=No
       planned: by the time this runs, ``current`` may already point elsewhere)
     + unit_path: the llama-server unit; the build its ``ExecStart`` names is in use
     + serving: or a function, called when this runs, that gives the builds the host's units name
-
-    Runs after the server role's switch and ``/health`` check (or its rollback):
-    nothing a running server uses is removed before its successor serves.
     """
     builds, seals = read(LlamacppBuilds, root=root), read(BuildSeals, root=root)
     in_use = tuple(serving()) if serving else (unit_build(root, read(FileContents, path=unit_path)),) if unit_path else ()

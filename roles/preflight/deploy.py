@@ -28,8 +28,7 @@ def preflight(settings: Settings) -> Optional[HostFacts]:
     On success the GPU list is recorded under the llamarack root, so a later
     run can still tell which cards the host has when the driver hides them.
     """
-    # One remote command for every fact the rules and the roles that run will read
-    # (reads.py); they answer from it until an operation on this host changes something.
+    # One remote command for every fact the rules and the roles that run will read (reads.py says how long it holds).
     read_together(*preflight_reads(settings), *role_reads(settings))
     failures = _os_failures()
     if not failures:

@@ -66,9 +66,6 @@ def converter_pins(settings, requirements_path: str, env: str):
     + settings: the host's settings (indexes, overrides)
     + requirements_path: ``requirements-convert_hf_to_gguf.txt`` in the llama.cpp tree
     + env: the converter env's prefix
-
-    The file is read when the operation runs: the llama.cpp checkout may be
-    made earlier in the same run.
     """
     lines = read(RequirementsFile, path=requirements_path)
     if lines is None:

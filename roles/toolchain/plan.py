@@ -1,9 +1,7 @@
 """The toolchain a CUDA build uses, chosen once per run: toolkit, its gcc ceiling, nvcc's host compiler.
 
-Pure functions of settings and the facts preflight read. The toolchain role
-installs what the plan needs (a ``gcc-N``) and the llama.cpp role builds
-with it: both take the same ``ToolchainPlan``, so the host compiler is
-chosen in one place (``plan_toolchain``).
+Pure functions of settings and preflight's facts; the toolchain role installs what
+``plan_toolchain`` chose and the llama.cpp role builds with the same ``ToolchainPlan``.
 """
 
 from __future__ import annotations
