@@ -26,20 +26,21 @@ def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
 
 def items(seen: Seen) -> dict[str, Item]:
     settings, fact, root = seen.settings, seen.fact, seen.settings.general.root
-    builds, record, seals = fact(LlamacppBuilds, root=root), fact(BuildRecord, root=root), fact(BuildSeals, root=root)
+    builds, seals = fact(LlamacppBuilds, root=root), fact(BuildSeals, root=root)
+    record = fact(BuildRecord, root=root) or {}
     plan = plan_for_host(settings, seen.facts)
-    proof = (record or {}).get("proof") or {}
+    proof = record.get("proof") or {}
     current = builds.current if builds else None
     files, files_drift = build_files(seals, current, fact(BuildSeals, root=root, sha256="current") if seen.verify else None)
-    found = {"stamp": current, "commit": (record or {}).get("commit"), "cuda_archs": (record or {}).get("cuda_archs"),
-             "proof": (record or {}).get("proof_id"), "smoke": proof.get("variant") if proof else None,
+    found = {"stamp": current, "commit": record.get("commit"), "cuda_archs": record.get("cuda_archs"),
+             "proof": record.get("proof_id"), "smoke": proof.get("variant"),
              "smoke_tokens_per_second": proof.get("tokens_per_second"), "files": files}  # fmt: skip
     wanted = {"stamp": plan.stamp, "commit": settings.llamacpp.commit, "proof": plan.proof_id, "files": "as sealed"}
     same = same_build(current, plan.stamp, seals)
     if seals and current and seals.failed.get(current) == plan.proof_id:
         found["proof_failed"] = plan.proof_id  # the next deploy builds it again beside it
         same = False
-    wanted["inputs_changed"] = [] if same else (changed_inputs(record or {}, plan) or ["the build in place"])
+    wanted["inputs_changed"] = [] if same else (changed_inputs(record, plan) or ["the build in place"])
     # A build of the wanted inputs proven by another proof is re-proved in place by the next deploy.
     reprove = same and found["proof"] != plan.proof_id
     return {"build": Item(found, wanted, drift=not same or files_drift or reprove)}

@@ -39,21 +39,14 @@ def llamacpp(settings: Settings, facts: HostFacts) -> BuildPlan:
     plan = dataclasses.replace(plan, stamp=where)
 
     checkout(name=f"llama.cpp source at {s.commit[:12]}", git_url=s.git_url, commit=s.commit, dest=layout.src)
-    built = build(
-        name=f"Build llama.cpp {plan.stamp} ({plan.backend}"
-        + (f", sm_{'/'.join(plan.cuda_archs)}" if plan.cuda_archs else "")
-        + f"; log: {layout.build(plan.stamp)}/build.log)",
-        plan=plan,
-        src=layout.src,
-        root=root,
-        ccache_dir=s.ccache_dir,
-        jobs=s.build_jobs,
-    )
+    archs = f", sm_{'/'.join(plan.cuda_archs)}" if plan.cuda_archs else ""
+    log = f"{layout.build(plan.stamp)}/build.log"
+    built = build(name=f"Build llama.cpp {plan.stamp} ({plan.backend}{archs}; log: {log})", plan=plan, src=layout.src,
+                  root=root, ccache_dir=s.ccache_dir, jobs=s.build_jobs)
     if built.will_change:
         logger.info(
             f"{host.print_prefix}llama.cpp build {plan.stamp} needed: a cold build takes minutes "
-            "(CPU about 11 min, CUDA for one arch about 50 min on 2 cores); "
-            f"follow it with: tail -f {layout.build(plan.stamp)}/build.log"
+            f"(CPU about 11 min, CUDA for one arch about 50 min on 2 cores); follow it with: tail -f {log}"
         )
     else:
         reprove(name=f"Prove llama.cpp build {plan.stamp} again (proof {plan.proof_id}; nothing is rebuilt)",

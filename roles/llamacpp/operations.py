@@ -39,15 +39,11 @@ def checkout(git_url: str, commit: str, dest: str):
         yield f"rm -rf {q_dest} && mkdir -p {q_dest} && git clone --quiet --no-checkout -- {q_url} {q_dest}"
     else:
         yield f"git -C {q_dest} remote set-url origin {q_url} && git -C {q_dest} fetch --quiet origin"
-    yield (
-        f"git -C {q_dest} -c advice.detachedHead=false checkout --quiet --force --detach {shlex.quote(commit)}"
-        f" && git -C {q_dest} clean --quiet -fdx"
-    )
+    yield (f"git -C {q_dest} -c advice.detachedHead=false checkout --quiet --force --detach {shlex.quote(commit)}"
+           f" && git -C {q_dest} clean --quiet -fdx")  # fmt: skip
     # The commit asked for is the commit checked out (a prefix could be ambiguous).
-    yield (
-        f'test "$(git -C {q_dest} rev-parse HEAD)" = '
-        f'"$(git -C {q_dest} rev-parse --verify {shlex.quote(commit + "^{commit}")})"'
-    )
+    yield (f'test "$(git -C {q_dest} rev-parse HEAD)" = '
+           f'"$(git -C {q_dest} rev-parse --verify {shlex.quote(commit + "^{commit}")})"')  # fmt: skip
 
 
 @operation()
@@ -81,23 +77,18 @@ def build(plan: BuildPlan, src: str, root: str, ccache_dir=None, jobs=None):
     # happens (`tail -f` it, or run pyinfra with -vvv to see it live).
     yield build_command(d, env, plan.targets, ccache_dir, jobs)
     yield f"ln -sfn build/bin {q_d}/bin"
-    yield (
-        f"{q_d}/bin/llama-server --version > {q_d}/version.txt 2>&1"
-        f" && grep -q {shlex.quote(plan.commit[:9])} {q_d}/version.txt"
-        f" || {{ echo 'llama-server --version failed or names another commit:' >&2; cat {q_d}/version.txt >&2; exit 1; }}"
-    )
+    yield (f"{q_d}/bin/llama-server --version > {q_d}/version.txt 2>&1"
+           f" && grep -q {shlex.quote(plan.commit[:9])} {q_d}/version.txt"
+           f" || {{ echo 'llama-server --version failed or names another commit:' >&2;"
+           f" cat {q_d}/version.txt >&2; exit 1; }}")  # fmt: skip
     if plan.backend == "cuda":
         cuobjdump = shlex.quote(f"{plan.cuda_home}/bin/cuobjdump")
         yield f"{cuobjdump} --list-elf {q_d}/build/bin/libggml-cuda.so > {q_d}/cubins.txt"
         for arch in (a.split("-")[0] for a in plan.cuda_archs):
-            yield (
-                f"grep -q 'sm_{arch}\\.cubin' {q_d}/cubins.txt || {{ echo 'the build holds no sm_{arch}"
-                f" code (no kernel image for this GPU); refusing it' >&2; exit 1; }}"
-            )
-    yield (
-        f"{q_d}/bin/llama-server --help > {q_d}/server-help.txt 2>&1"
-        f" && grep -q -e '--load-mode' -e '--no-mmap' {q_d}/server-help.txt"
-    )
+            yield (f"grep -q 'sm_{arch}\\.cubin' {q_d}/cubins.txt || {{ echo 'the build holds no sm_{arch}"
+                   f" code (no kernel image for this GPU); refusing it' >&2; exit 1; }}")  # fmt: skip
+    yield (f"{q_d}/bin/llama-server --help > {q_d}/server-help.txt 2>&1"
+           f" && grep -q -e '--load-mode' -e '--no-mmap' {q_d}/server-help.txt")  # fmt: skip
     yield from private_upload(json.dumps(proof_spec(plan, d, src, env, ccache_dir, jobs), indent=1, sort_keys=True),
                               f"{d}/proof-spec.json")
     yield StringCommand(remote.command("llamacpp_proof", f"{d}/proof-spec.json"))
@@ -134,8 +125,7 @@ def proof_spec(plan: BuildPlan, d: str, src: str, env: str, ccache_dir=None, job
     build exists (maybe in service) and is never rebuilt in place: no rebuild rungs.
     """
     serving = plan.proof["serving"]
-    features = plan.proof["cpu_features"]
-    rungs = [{"name": cpu_variant_name(features), "why": "the build as asked", "serving": {}}]
+    rungs = [{"name": cpu_variant_name(plan.proof["cpu_features"]), "why": "the build as asked", "serving": {}}]
     if plan.proof["cpu_fallback"]:
         if serving["repack"]:
             rungs.append({"name": f"{rungs[0]['name']}, no repack", "serving": {"repack": False},
@@ -150,15 +140,8 @@ def proof_spec(plan: BuildPlan, d: str, src: str, env: str, ccache_dir=None, job
                 "configure": configure_command(d, src, env, args, append=True),
                 "build": build_command(d, env, plan.targets, ccache_dir, jobs, append=True),
             })
-    return {
-        "build_dir": d,
-        "record": json.loads(plan.record()),
-        "quant": plan.proof["quant"],
-        "serving": serving,
-        "rungs": rungs,
-        "timeout": PROOF_TIMEOUT,
-        "reprove": reprove,
-    }
+    return {"build_dir": d, "record": json.loads(plan.record()), "quant": plan.proof["quant"], "serving": serving,
+            "rungs": rungs, "timeout": PROOF_TIMEOUT, "reprove": reprove}
 
 
 # Seconds the smoke run's llama-server may take to load and to answer.
@@ -240,10 +223,8 @@ def switch_current(root: str, stamp: str):
         host.noop(f"llama.cpp build {stamp} is current")
         return
     b = shlex.quote(Layout(root).builds)
-    yield (
-        f"test -f {shlex.quote(Layout(root).build(stamp))}/build-info.json && ln -sfn {shlex.quote(stamp)} {b}/current.new"
-        f" && mv -T {b}/current.new {b}/current"
-    )
+    yield (f"test -f {shlex.quote(Layout(root).build(stamp))}/build-info.json"
+           f" && ln -sfn {shlex.quote(stamp)} {b}/current.new && mv -T {b}/current.new {b}/current")  # fmt: skip
 
 
 @operation()
@@ -261,12 +242,6 @@ def prune_builds(root: str, keep: int, previous=None, unit_path=None, serving=No
       planned: by the time this runs, ``current`` may already point elsewhere)
     + unit_path: the llama-server unit; the build its ``ExecStart`` names is in use
     + serving: or a function, called when this runs, that gives the builds the host's units name
-
-    A build whose files differ from its seal is removed once neither ``current``
-    nor the unit names it.
-
-    Runs after the server role's switch and ``/health`` check (or its rollback):
-    nothing a running server uses is removed before its successor serves.
     """
     builds, seals = read(LlamacppBuilds, root=root), read(BuildSeals, root=root)
     in_use = tuple(serving()) if serving else (unit_build(root, read(FileContents, path=unit_path)),) if unit_path else ()

@@ -16,11 +16,10 @@ new llamarack, or new serving flags) re-proves the existing build in place
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
 from llamarack import remote
@@ -83,9 +82,7 @@ def cpu_feature_args(features: Optional[tuple]) -> tuple:
     """ggml's x86 options for a feature list; None builds for the build host's CPU (-march=native)."""
     if features is None:
         return ()
-    return ("-DGGML_NATIVE=OFF",) + tuple(
-        f"-DGGML_{f.upper()}={'ON' if f in features else 'OFF'}" for f in X86_FEATURES
-    )
+    return ("-DGGML_NATIVE=OFF", *(f"-DGGML_{f.upper()}={'ON' if f in features else 'OFF'}" for f in X86_FEATURES))
 
 
 def cpu_variant_name(features: Optional[tuple]) -> str:
@@ -163,16 +160,11 @@ def plan_build(s: Settings, archs: tuple = (), cuda_home: Optional[str] = None, 
     """The build for these settings and toolchain; ``stamp`` names its directory."""
     cuda = s.llamacpp.backend == "cuda"
     archs = tuple(sorted(archs)) if cuda else ()
-    inputs = dict(
-        commit=s.llamacpp.commit,
-        backend=s.llamacpp.backend,
-        cuda_archs=archs,
-        cuda_home=cuda_home if cuda else None,
-        cuda_version=cuda_version if cuda else None,
-        host_compiler=host_compiler if cuda else None,
-        cmake_args=cmake_args(s, archs, cuda_home, host_compiler),
-        targets=TARGETS + ((QUALITY_TARGET,) if s.model.quality else ()),
-    )
+    inputs = dict(commit=s.llamacpp.commit, backend=s.llamacpp.backend, cuda_archs=archs,
+                  cuda_home=cuda_home if cuda else None, cuda_version=cuda_version if cuda else None,
+                  host_compiler=host_compiler if cuda else None,
+                  cmake_args=cmake_args(s, archs, cuda_home, host_compiler),
+                  targets=TARGETS + ((QUALITY_TARGET,) if s.model.quality else ()))
     return BuildPlan(stamp=inputs_stamp({"recipe": BUILD_RECIPE, **inputs}), **inputs, proof=proof_inputs(s))
 
 
@@ -182,9 +174,8 @@ def same_build(name: Optional[str], stamp: str, seals=None) -> bool:
     first one's files no longer matched their seal or failed a new proof), or, with the
     ``BuildSeals`` fact, any build whose record has those inputs (one named when stamps
     also covered the proof)."""
-    if not name:
-        return False
-    return name == stamp or name.startswith(f"{stamp}-r") or (seals is not None and seals.stamps.get(name) == stamp)
+    return bool(name) and (name == stamp or name.startswith(f"{stamp}-r")
+                           or (seals is not None and seals.stamps.get(name) == stamp))
 
 
 def build_dir_for(stamp: str, builds, seals, now: Optional[float] = None, proof_id: Optional[str] = None) -> str:
@@ -211,11 +202,9 @@ def plan_for_host(settings: Settings, facts: HostFacts) -> BuildPlan:
     """The build this host needs: archs from its GPUs, toolkit and host compiler
     from the run's toolchain plan (the one the toolchain role installs)."""
     t = plan_toolchain(settings, facts)
-    if t is None:
-        plan = plan_build(settings)
-    else:
-        plan = plan_build(settings, build_archs(settings, facts), t.cuda_home, t.cuda_version, t.host_compiler)
+    toolchain = () if t is None else (build_archs(settings, facts), t.cuda_home, t.cuda_version, t.host_compiler)
+    plan = plan_build(settings, *toolchain)
     if settings.llamacpp.force_rebuild:
         # A forced build gets its own directory: the one in service is never rebuilt in place.
-        plan = dataclasses.replace(plan, stamp=f"{plan.stamp}-r{int(time.time())}")
+        plan = replace(plan, stamp=f"{plan.stamp}-r{int(time.time())}")
     return plan

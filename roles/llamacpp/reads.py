@@ -11,15 +11,11 @@ from typing import Optional
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
-from llamarack.layout import Layout
-from llamarack.facts.value import FactValue
-
 from llamarack import remote
+from llamarack.facts.value import FactValue
+from llamarack.layout import Layout
 from llamarack.roles.llamacpp.files.build_seal import inputs_stamp
 from llamarack.roles.llamacpp.files.llamacpp_proof import ServerFlags, parse_server_help
-
-__all__ = ["BenchRecord", "BuildFlags", "Builds", "BuildSeals", "GitHead", "LlamacppBuilds", "LlamaServerFlags", "Seals",
-           "ServerFlags", "parse_build_help", "parse_server_help"]
 
 # Options only the served unit uses. They are read here, not in the smoke script's
 # parse_server_help: that script's hash is part of every build stamp.

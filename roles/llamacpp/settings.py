@@ -22,17 +22,15 @@ CUDA_ARCHS = ("50", "52", "53", "60", "61", "62", "70", "72", "75", "80", "86", 
 
 def _cuda_arch(value: str) -> Optional[str]:
     m = re.fullmatch(r"(\d{2,3})([af]?)(-real)?", value)
-    if not m or m.group(1) not in CUDA_ARCHS:
-        return ("a CUDA architecture (" + ", ".join(CUDA_ARCHS) + "), such as 70 (V100), 75 (T4), "
-                "60 (P100), 61 (P40), 90 (H100/H200); NN-real leaves out the PTX that newer cards "
-                "could compile at load time")
-    return None
+    if m and m.group(1) in CUDA_ARCHS:
+        return None
+    return ("a CUDA architecture (" + ", ".join(CUDA_ARCHS) + "), such as 70 (V100), 75 (T4), "
+            "60 (P100), 61 (P40), 90 (H100/H200); NN-real leaves out the PTX that newer cards "
+            "could compile at load time")
 
 
 def _x86_feature(value: str) -> Optional[str]:
-    if value not in X86_FEATURES:
-        return "x86 extensions of ggml: " + ", ".join(X86_FEATURES)
-    return None
+    return None if value in X86_FEATURES else "x86 extensions of ggml: " + ", ".join(X86_FEATURES)
 
 
 def _git_url(value: str) -> Optional[str]:
@@ -46,13 +44,10 @@ def _git_url(value: str) -> Optional[str]:
         return allowed
     if re.fullmatch(r"https?://\S+", value):
         return remote_url(value) and allowed
-    user = r"[A-Za-z0-9_][A-Za-z0-9._-]*"
-    if re.fullmatch(rf"(ssh://({user}@)?|git://)({HOST_NAME})(:\d+)?/\S+", value):
-        return None
-    if re.fullmatch(rf"{user}@({HOST_NAME}):[A-Za-z0-9._/~+-]+", value):
-        return None
-    local = value[len("file://"):] if value.startswith("file://") else value
-    if local.startswith("/") and not host_path(local.rstrip("/")):
+    user, local = r"[A-Za-z0-9_][A-Za-z0-9._-]*", value.removeprefix("file://")
+    if (re.fullmatch(rf"(ssh://({user}@)?|git://)({HOST_NAME})(:\d+)?/\S+", value)
+            or re.fullmatch(rf"{user}@({HOST_NAME}):[A-Za-z0-9._/~+-]+", value)
+            or (local.startswith("/") and not host_path(local.rstrip("/")))):
         return None
     return allowed
 
@@ -63,30 +58,22 @@ class LlamacppSettings(Section):
 
     prefix = "llamacpp"
 
-    git_url: str = setting(
-        "https://github.com/ggml-org/llama.cpp.git", "llama.cpp git repository (or a mirror)", _git_url
-    )
+    git_url: str = setting("https://github.com/ggml-org/llama.cpp.git", "llama.cpp git repository (or a mirror)",
+                           _git_url)
     commit: str = setting("0c1e57098bba43ac29e6e3b677cdceebdd22334f", "pinned llama.cpp commit", git_revision)
-    backend: Literal["cuda", "cpu"] = setting(
-        "cuda", "cuda for GPU hosts; cpu builds without CUDA (hosts with no GPU, like the lab)"
-    )
-    cuda_archs: Optional[tuple[str, ...]] = setting(
-        None, "CUDA architectures to build for; None means those of the host's GPUs", _cuda_arch
-    )
+    backend: Literal["cuda", "cpu"] = setting("cuda", "cuda for GPU hosts; cpu builds without CUDA (hosts with no GPU, "
+                                              "like the lab)")
+    cuda_archs: Optional[tuple[str, ...]] = setting(None, "CUDA architectures to build for; None means those of the "
+                                                    "host's GPUs", _cuda_arch)
     ccache_dir: Optional[str] = setting(None, "ccache directory, e.g. one shared by the rack over NFS", host_path)
     build_jobs: Optional[int] = setting(None, "parallel compile jobs; None means nproc", between=(1, 1024))
     force_rebuild: bool = setting(False, "rebuild even when the build inputs are unchanged")
     keep_builds: int = setting(2, "builds kept for rollback, the current one included", between=(1, 100))
     cpu_features: Optional[tuple[str, ...]] = setting(
-        None,
-        "x86 extensions ggml's CPU code is built with, each named (they build on each other: "
+        None, "x86 extensions ggml's CPU code is built with, each named (they build on each other: "
         "avx512 needs sse42, avx, avx2, bmi2, fma, f16c too); None builds for the host's own CPU "
-        "(-march=native)",
-        _x86_feature,
-    )
+        "(-march=native)", _x86_feature)
     cpu_fallback: bool = setting(
-        True,
-        "when the build as asked fails its smoke run, try it without weight repacking "
+        True, "when the build as asked fails its smoke run, try it without weight repacking "
         "(--no-repack), then rebuilt for x86-64-v3, then x86-64-v2, and keep the first that "
-        "computes; False refuses the build",
-    )
+        "computes; False refuses the build")

@@ -28,8 +28,7 @@ def preflight(settings: Settings) -> Optional[HostFacts]:
     On success the GPU list is recorded under the llamarack root, so a later
     run can still tell which cards the host has when the driver hides them.
     """
-    # One remote command for every fact the rules and the roles that run will read
-    # (reads.py); they answer from it until an operation on this host changes something.
+    # One remote command for every fact the rules and the roles that run will read (reads.py says how long it holds).
     read_together(*preflight_reads(settings), *role_reads(settings))
     failures = _os_failures()
     if not failures:
@@ -41,12 +40,10 @@ def preflight(settings: Settings) -> Optional[HostFacts]:
 
     for warning in driver_warnings(facts.driver):
         logger.warning(f"{host.name}: nvidia-smi: {warning}")
-    gone = missing_gpus_warning(settings, facts)
-    if gone:
-        logger.warning(f"{host.name}: gpus-missing: {gone}")
-    unchecked = calibration.unchecked(facts.hub_config)
-    if unchecked:
-        logger.warning(f"{host.name}: awq-card-memory: {unchecked}")
+    for rule, warning in (("gpus-missing", missing_gpus_warning(settings, facts)),
+                          ("awq-card-memory", calibration.unchecked(facts.hub_config))):
+        if warning:
+            logger.warning(f"{host.name}: {rule}: {warning}")
     if facts.driver.gpus:
         # The cards gone since an earlier run stay recorded: the warning stands until they are back.
         record_gpus(name="Record the GPUs the driver lists", path=settings.layout.gpus_record,

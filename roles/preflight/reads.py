@@ -67,15 +67,9 @@ class DeployedBy(FactBase[Optional[str]]):
 def preflight_reads(settings: Settings) -> tuple[FactRead, ...]:
     """What the rules look at (``gather``); the CUDA-only facts only on CUDA builds."""
     layout = settings.layout
-    reads = [
-        FactRead.of(LinuxDistribution),
-        FactRead.of(NvidiaSmi),
-        FactRead.of(NvidiaKernelModule),
-        FactRead.of(GccVersions),
-        FactRead.of(RecordedGpus, path=layout.gpus_record),
-        FactRead.of(NvidiaDriverPackages),
-        FactRead.of(DeployedBy, path=layout.deployed_by),
-    ]
+    reads = [FactRead.of(LinuxDistribution), FactRead.of(NvidiaSmi), FactRead.of(NvidiaKernelModule),
+             FactRead.of(GccVersions), FactRead.of(RecordedGpus, path=layout.gpus_record),
+             FactRead.of(NvidiaDriverPackages), FactRead.of(DeployedBy, path=layout.deployed_by)]
     if _private_paths(settings):
         reads.append(FactRead.of(PathOwners, paths=_private_paths(settings)))
     if settings.general.runs("server"):  # the service user the server role makes or takes on
@@ -94,12 +88,8 @@ def preflight_reads(settings: Settings) -> tuple[FactRead, ...]:
 def role_reads(settings: Settings) -> tuple[FactRead, ...]:
     """What the roles that run on this host read on a converged host, each role's part
     (``roles/<role>/reads.py``: ``reads(settings)``) in deploy.py's order."""
-    found: list[FactRead] = []
-    for role in host_roles(settings):
-        module = importlib.import_module(f"llamarack.roles.{role}.reads")
-        if hasattr(module, "reads"):
-            found += module.reads(settings)
-    return tuple(found)
+    modules = (importlib.import_module(f"llamarack.roles.{role}.reads") for role in host_roles(settings))
+    return tuple(r for module in modules if hasattr(module, "reads") for r in module.reads(settings))
 
 
 def gather(settings: Settings, read=read, hub: bool = False) -> HostFacts:

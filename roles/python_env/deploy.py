@@ -16,15 +16,11 @@ from .plan import LockError, awq_lock, awq_plan
 
 def _make_env(settings: Settings, name: str) -> str:
     """Create the env's interpreter with the configured backend; return the env prefix."""
-    s = settings.python_env
-    layout = settings.layout
+    s, layout = settings.python_env, settings.layout
     env = layout.env(name)
     if s.backend == "venv":
-        apt_install_missing(
-            name=f"python{s.python_version} and its venv module",
-            packages=[f"python{s.python_version}-venv"],
-            cache_time=settings.toolchain.apt_cache_time,
-        )
+        apt_install_missing(name=f"python{s.python_version} and its venv module",
+                            packages=[f"python{s.python_version}-venv"], cache_time=settings.toolchain.apt_cache_time)
         venv(name=f"venv {env}", env=env, python=f"/usr/bin/python{s.python_version}",
              python_version=s.python_version)  # fmt: skip
     else:
@@ -42,21 +38,16 @@ def python_env(settings: Settings, facts: Optional[HostFacts] = None):
       version and the GPUs' archs are verified against torch)
     + facts: what preflight read (the GPUs); needed on CUDA builds only
     """
-    locked = _awq_lock(settings)
+    try:
+        locked = awq_lock(settings)  # python_env_awq_lock_file, read on the control machine
+    except LockError as e:
+        raise DeployError(f"{host.name}: {e}") from None
     env = _make_env(settings, "awq")
     archs = build_archs(settings, facts) if settings.llamacpp.backend == "cuda" else ()
     pip_pins(
         name="AWQ env pins (resolve, install, verify)" + (" from the hash-checked lock" if locked else ""),
         plan=awq_plan(settings, env, archs, locked=locked),
     )
-
-
-def _awq_lock(settings: Settings) -> Optional[tuple]:
-    """The AWQ env's lock (``python_env_awq_lock_file``), or None; a bad one stops the host."""
-    try:
-        return awq_lock(settings)
-    except LockError as e:
-        raise DeployError(f"{host.name}: {e}") from None
 
 
 @deploy("llamarack converter env")
@@ -70,9 +61,5 @@ def converter_env(settings: Settings, requirements_path: str = None):
       earlier in the same run (the file is read when the operation runs)
     """
     env = _make_env(settings, "convert")
-    converter_pins(
-        name="Converter env pins (resolve, install, verify)",
-        settings=settings,
-        requirements_path=requirements_path or settings.layout.converter_requirements,
-        env=env,
-    )
+    converter_pins(name="Converter env pins (resolve, install, verify)", settings=settings,
+                   requirements_path=requirements_path or settings.layout.converter_requirements, env=env)

@@ -42,39 +42,10 @@ def pip_pins(plan: EnvPlan):
 
     + plan: the env's pins, indexes, order and checks (``plan.EnvPlan``)
     """
-    yield from _pins(plan)
-
-
-@operation()
-def converter_pins(settings, requirements_path: str, env: str):
-    """
-    ``pip_pins`` for llama.cpp's converter env, planned from its requirements file.
-
-    + settings: the host's settings (indexes, overrides)
-    + requirements_path: ``requirements-convert_hf_to_gguf.txt`` in the llama.cpp tree
-    + env: the converter env's prefix
-
-    The file is read when the operation runs: the llama.cpp checkout may be
-    made earlier in the same run.
-    """
-    lines = read(RequirementsFile, path=requirements_path)
-    if lines is None:
-        if executing():
-            raise OperationError(f"no {requirements_path}: check out the llama.cpp source first")
-        yield StringCommand(remote.argv("true", "converter env planned once", requirements_path, "exists"))
-        return
-    current = read(PythonEnvPackages, env=env)
-    version = current.python_version if current else settings.python_env.python_version
-    yield from _pins(converter_plan(settings, env, lines, version))
-
-
-def _pins(plan: EnvPlan):
     env = read(PythonEnvPackages, env=plan.env)
-    if env is not None:
-        problems = unmet(plan, env.packages, env.python_version)
-        if not problems:
-            host.noop(f"{plan.env} already has {', '.join(plan.require)}")
-            return
+    if env is not None and not unmet(plan, env.packages, env.python_version):
+        host.noop(f"{plan.env} already has {', '.join(plan.require)}")
+        return
     # The index URLs (a password or a token in one stays out of ps and -vvv) go in
     # a file only root reads; pyenv_check hands them to pip in its environment.
     indexes = f"{plan.env}/llamarack-indexes.json"
@@ -85,3 +56,23 @@ def _pins(plan: EnvPlan):
         yield StringCommand(remote.command("pyenv_check", "install", shown, indexes, str(number), python=plan.python))
     yield StringCommand(remote.argv("rm", "-f", "--", indexes))
     yield StringCommand(remote.command("pyenv_check", "verify", shown, python=plan.python))
+
+
+@operation()
+def converter_pins(settings, requirements_path: str, env: str):
+    """
+    ``pip_pins`` for llama.cpp's converter env, planned from its requirements file.
+
+    + settings: the host's settings (indexes, overrides)
+    + requirements_path: ``requirements-convert_hf_to_gguf.txt`` in the llama.cpp tree
+    + env: the converter env's prefix
+    """
+    lines = read(RequirementsFile, path=requirements_path)
+    if lines is None:
+        if executing():
+            raise OperationError(f"no {requirements_path}: check out the llama.cpp source first")
+        yield StringCommand(remote.argv("true", "converter env planned once", requirements_path, "exists"))
+        return
+    current = read(PythonEnvPackages, env=env)
+    version = current.python_version if current else settings.python_env.python_version
+    yield from pip_pins._inner(plan=converter_plan(settings, env, lines, version))

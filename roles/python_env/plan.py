@@ -28,14 +28,9 @@ AWQ_IMPORTS = ("import torch, transformers, accelerate", "from awq import AutoAW
 # (Llama 2 and its kin) needs these to be read (llama.cpp's converter's own ranges).
 AWQ_TOKENIZER_REQUIREMENTS = ("sentencepiece>=0.1.98,<0.3.0", "protobuf>=4.21.0,<5.0.0")
 # Distribution name -> import statement, for the converter env's import test.
-CONVERTER_IMPORTS = {
-    "torch": "import torch",
-    "transformers": "import transformers",
-    "numpy": "import numpy",
-    "sentencepiece": "import sentencepiece",
-    "gguf": "import gguf",
-    "protobuf": "import google.protobuf",
-}
+CONVERTER_IMPORTS = {"torch": "import torch", "transformers": "import transformers", "numpy": "import numpy",
+                     "sentencepiece": "import sentencepiece", "gguf": "import gguf",
+                     "protobuf": "import google.protobuf"}
 
 
 @dataclass(frozen=True)
@@ -118,14 +113,9 @@ def awq_plan(settings: Settings, env: str, gpu_archs: tuple = (), locked: Option
         PipStep(tuple(r for r, _ in locked), s.index_url, no_deps=True, extra_index_urls=extra,
                 hashes=tuple(h for _, h in locked)),
     )  # fmt: skip
-    return EnvPlan(
-        env=env,
-        steps=steps,
-        constraints=(torch, s.numpy_requirement),
-        imports=AWQ_IMPORTS,
-        torch_cuda=settings.toolchain.cuda_version if cuda else None,
-        gpu_archs=tuple(f"sm_{a}" for a in gpu_archs) if cuda else (),
-    )
+    return EnvPlan(env=env, steps=steps, constraints=(torch, s.numpy_requirement), imports=AWQ_IMPORTS,
+                   torch_cuda=settings.toolchain.cuda_version if cuda else None,
+                   gpu_archs=tuple(f"sm_{a}" for a in gpu_archs) if cuda else ())
 
 
 # A hash of a lock line (pip's --hash option, either spelling) and the values pip accepts.
@@ -179,8 +169,7 @@ def locked_requirements(settings: Settings, text: str, source: str) -> tuple:
         if problem:
             problems.append(f"{requirement or line!r}: {problem}")
             continue
-        req = Requirement(requirement)
-        if not req.marker or req.marker.evaluate(_marker_env(s.python_version)):
+        if _applies(Requirement(requirement), s.python_version):
             entries.append((requirement, hashes))
     if not entries:
         problems.append("no requirement that applies to the env's Python")
@@ -223,46 +212,35 @@ def converter_plan(settings: Settings, env: str, lines: tuple, python_version: s
     by a constraint while the rest installs.
     """
     s = settings.python_env
-    overrides = {canonical(Requirement(o).name): o for o in s.converter_overrides}
     wanted: dict[str, str] = {}
     for line in lines:
         req = Requirement(line)
-        if req.marker and not req.marker.evaluate(_marker_env(python_version)):
-            continue
-        wanted[canonical(req.name)] = line
-    wanted.update(overrides)
+        if _applies(req, python_version):
+            wanted[canonical(req.name)] = line
+    wanted.update({canonical(Requirement(o).name): o for o in s.converter_overrides})
     torch = tuple(v for k, v in wanted.items() if k == "torch")
     rest = tuple(v for k, v in wanted.items() if k != "torch")
-    steps = []
-    if torch:
-        steps.append(PipStep(torch, s.converter_torch_index_url))
-    steps.append(PipStep(rest, s.index_url))
-    return EnvPlan(
-        env=env,
-        steps=tuple(steps),
-        constraints=torch,
-        imports=tuple(CONVERTER_IMPORTS[k] for k in wanted if k in CONVERTER_IMPORTS),
-    )
+    steps = ((PipStep(torch, s.converter_torch_index_url),) if torch else ()) + (PipStep(rest, s.index_url),)
+    return EnvPlan(env=env, steps=steps, constraints=torch,
+                   imports=tuple(CONVERTER_IMPORTS[k] for k in wanted if k in CONVERTER_IMPORTS))
 
 
-def _marker_env(python_version: str) -> dict:
+def _applies(req: Requirement, python_version: str) -> bool:
+    """The requirement has no marker, or one that is true for the env's Python."""
     major_minor = ".".join(python_version.split(".")[:2])
-    return {"python_version": major_minor, "python_full_version": python_version, "extra": ""}
+    env = {"python_version": major_minor, "python_full_version": python_version, "extra": ""}
+    return not req.marker or req.marker.evaluate(env)
 
 
 def unmet(plan: EnvPlan, packages: dict, python_version: str) -> list[str]:
     """What the installed ``packages`` (``{canonical name: version}``) lack; [] when converged."""
     problems = []
-    for text in plan.require:
-        req = Requirement(text)
-        have = packages.get(canonical(req.name))
-        if have is None:
-            problems.append(f"{req.name} not installed")
-        elif not req.specifier.contains(have, prereleases=True):
-            problems.append(f"{req.name} {have} installed, wanted {req.specifier}")
-    for text in plan.constraints:
-        req = Requirement(text)
-        have = packages.get(canonical(req.name))
-        if have is not None and not req.specifier.contains(have, prereleases=True):
-            problems.append(f"{req.name} {have} installed, held at {req.specifier}")
+    for texts, verb in ((plan.require, "wanted"), (plan.constraints, "held at")):
+        for text in texts:
+            req = Requirement(text)
+            have = packages.get(canonical(req.name))
+            if have is None and verb == "wanted":
+                problems.append(f"{req.name} not installed")
+            elif have is not None and not req.specifier.contains(have, prereleases=True):
+                problems.append(f"{req.name} {have} installed, {verb} {req.specifier}")
     return list(dict.fromkeys(problems))

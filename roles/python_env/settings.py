@@ -41,19 +41,14 @@ class PythonEnvSettings(Section):
     backend: Literal["conda", "venv"] = setting("conda", "conda (Miniforge under the root) or venv (system python3)")
     python_version: str = setting("3.10", "Python version of the env", dotted_version)
     conda_installer_url: str = setting(
-        "https://github.com/conda-forge/miniforge/releases/download/24.11.3-0/"
-        "Miniforge3-24.11.3-0-Linux-x86_64.sh",
-        "Miniforge installer (point at a mirror for air-gapped racks)",
-        remote_url,
-    )
-    conda_installer_sha256: Optional[str] = setting(
-        None, "sha256 of the installer; required with the conda backend", sha256_hex
-    )
+        "https://github.com/conda-forge/miniforge/releases/download/24.11.3-0/Miniforge3-24.11.3-0-Linux-x86_64.sh",
+        "Miniforge installer (point at a mirror for air-gapped racks)", remote_url)
+    conda_installer_sha256: Optional[str] = setting(None, "sha256 of the installer; required with the conda backend",
+                                                    sha256_hex)
     conda_channels: tuple[str, ...] = setting(("conda-forge",), "conda channels, in order", conda_channel_name)
     index_url: str = setting("https://pypi.org/simple", "pip index for everything but torch", remote_url)
-    torch_index_url: str = setting(
-        "https://download.pytorch.org/whl/cu118", "pip index torch is installed from", remote_url
-    )
+    torch_index_url: str = setting("https://download.pytorch.org/whl/cu118", "pip index torch is installed from",
+                                   remote_url)
     torch_version: str = setting("2.1.2", "torch pin", _pep440_version)
     transformers_version: str = setting("4.44.2", "transformers pin", _pep440_version)
     accelerate_version: str = setting("0.33.0", "accelerate pin", _pep440_version)
@@ -62,31 +57,19 @@ class PythonEnvSettings(Section):
     autoawq_requirements: tuple[str, ...] = setting(
         ("datasets==3.0.1", "pyarrow==17.0.0", "zstandard==0.23.0"),
         "what autoawq really imports, installed beside it (autoawq itself goes in with --no-deps; "
-        "pyarrow 18+ needs numpy 2)",
-        _requirement,
-    )
+        "pyarrow 18+ needs numpy 2)", _requirement)
     awq_lock_file: Optional[str] = setting(
-        None,
-        "file on the control machine: a pip requirements file with a --hash for every package of the "
+        None, "file on the control machine: a pip requirements file with a --hash for every package of the "
         "AWQ env (pip-compile --generate-hashes); set, the env is installed from it alone with "
-        "--require-hashes --no-deps, and it must meet the pins above",
-        control_file,
-    )
+        "--require-hashes --no-deps, and it must meet the pins above", control_file)
     converter_torch_index_url: str = setting(
         "https://download.pytorch.org/whl/cpu",
-        "pip index torch comes from in the llama.cpp converter's env (conversion runs on the CPU)",
-        remote_url,
-    )
+        "pip index torch comes from in the llama.cpp converter's env (conversion runs on the CPU)", remote_url)
     converter_overrides: tuple[str, ...] = setting(
-        (),
-        "requirements that replace the converter file's line of the same package, e.g. torch==2.13.0",
-        _requirement,
-    )
+        (), "requirements that replace the converter file's line of the same package, e.g. torch==2.13.0", _requirement)
 
     def problems(self) -> list[str]:
         if self.backend == "conda" and not self.conda_installer_sha256:
-            return [
-                "python_env_conda_installer_sha256: given None; allowed: the installer's sha256 "
-                "(required with python_env_backend='conda': downloads are pinned)"
-            ]
+            return ["python_env_conda_installer_sha256: given None; allowed: the installer's sha256 "
+                    "(required with python_env_backend='conda': downloads are pinned)"]
         return []

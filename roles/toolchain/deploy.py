@@ -14,23 +14,13 @@ from llamarack.rules import HostFacts
 from llamarack.settings import Settings
 
 from .operations import toolkit_takes_host_compiler
-from .plan import conda_cuda_env, nonfree_sources, plan_toolchain
+from .plan import conda_cuda_env, nonfree_sources, plan_toolchain, toolkit_search_homes
 
 BUILD_PACKAGES = ["git", "cmake", "build-essential", "ccache", "pkg-config"]
 # The pinned llama.cpp's CMakeLists.txt: cmake_minimum_required(VERSION 3.14).
 CMAKE_MIN = "3.14"
 CUDA_SOURCES_FILE = "/etc/apt/sources.list.d/llamarack-cuda.sources"
 CONDA_CUDA_PACKAGES = ["cuda-nvcc", "cuda-cudart-dev", "libcublas-dev"]
-
-
-def _check_cmake() -> None:
-    """Refuse a host whose cmake is older than the pinned llama.cpp needs."""
-    cmake = read(CmakeVersion)
-    if cmake and Version(cmake) < Version(CMAKE_MIN):
-        raise DeployError(
-            f"{host.name}: cmake {cmake} is installed; llama.cpp needs cmake >= {CMAKE_MIN}. "
-            "Fix: install a newer cmake (Debian 12 has 3.25, Ubuntu 22.04 has 3.22)"
-        )
 
 
 def _debian_toolkit(settings: Settings) -> None:
@@ -50,12 +40,8 @@ def _debian_toolkit(settings: Settings) -> None:
         )
     text = nonfree_sources(stanzas)
     if text:
-        sources = put_file(
-            name="apt sources: contrib and non-free for nvidia-cuda-toolkit",
-            text=text,
-            dest=CUDA_SOURCES_FILE,
-            mode="644",
-        )
+        sources = put_file(name="apt sources: contrib and non-free for nvidia-cuda-toolkit", text=text,
+                           dest=CUDA_SOURCES_FILE, mode="644")
         apt.update(name="apt update for the new sources", _if=sources.did_change)
     apt_install_missing(
         name="CUDA toolkit (Debian non-free)", packages=["nvidia-cuda-toolkit"],
@@ -63,8 +49,8 @@ def _debian_toolkit(settings: Settings) -> None:
     )  # fmt: skip
 
 
-def _conda_toolkit(settings: Settings) -> str:
-    """The CUDA toolkit in a conda env of its own (Miniforge first); return the env prefix."""
+def _conda_toolkit(settings: Settings) -> None:
+    """The CUDA toolkit in a conda env of its own (Miniforge first)."""
     t, p = settings.toolchain, settings.python_env
     if not p.conda_installer_sha256:
         raise DeployError(
@@ -74,7 +60,6 @@ def _conda_toolkit(settings: Settings) -> str:
     env = conda_cuda_env(settings)
     miniforge_env(p, settings.layout.conda, env, CONDA_CUDA_PACKAGES, [t.conda_channel], marker=f"{env}/bin/nvcc",
                   name=f"CUDA {t.cuda_version} toolkit (conda)")
-    return env
 
 
 @deploy("llamarack toolchain")
@@ -88,15 +73,18 @@ def toolchain(settings: Settings, facts: HostFacts):
     """
     t = settings.toolchain
     cuda = settings.llamacpp.backend == "cuda"
-
-    _check_cmake()
+    cmake = read(CmakeVersion)
+    if cmake and Version(cmake) < Version(CMAKE_MIN):
+        raise DeployError(
+            f"{host.name}: cmake {cmake} is installed; llama.cpp needs cmake >= {CMAKE_MIN}. "
+            "Fix: install a newer cmake (Debian 12 has 3.25, Ubuntu 22.04 has 3.22)"
+        )
     apt_install_missing(name="Build packages", packages=BUILD_PACKAGES, cache_time=t.apt_cache_time)
 
-    extra_homes: tuple = ()
     if cuda and t.cuda_source == "debian":
         _debian_toolkit(settings)
     elif cuda and t.cuda_source == "conda":
-        extra_homes = (_conda_toolkit(settings),)
+        _conda_toolkit(settings)
 
     plan = plan_toolchain(settings, facts)
     if plan is None:
@@ -104,12 +92,8 @@ def toolchain(settings: Settings, facts: HostFacts):
     if plan.install_gcc:
         apt_install_missing(
             name=f"gcc-{plan.gcc_major} for nvcc (CUDA {plan.cuda_version} takes gcc {plan.max_gcc} or older)",
-            packages=[f"gcc-{plan.gcc_major}", f"g++-{plan.gcc_major}"],
-            cache_time=t.apt_cache_time,
-        )
+            packages=[f"gcc-{plan.gcc_major}", f"g++-{plan.gcc_major}"], cache_time=t.apt_cache_time,
+        )  # fmt: skip
     if not plan.toolkit_installed:
-        toolkit_takes_host_compiler(
-            name=f"CUDA {plan.cuda_version} takes {plan.host_compiler or 'the default gcc'}",
-            plan=plan,
-            extra_homes=extra_homes,
-        )
+        toolkit_takes_host_compiler(name=f"CUDA {plan.cuda_version} takes {plan.host_compiler or 'the default gcc'}",
+                                    plan=plan, extra_homes=toolkit_search_homes(settings))

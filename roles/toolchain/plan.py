@@ -1,9 +1,7 @@
 """The toolchain a CUDA build uses, chosen once per run: toolkit, its gcc ceiling, nvcc's host compiler.
 
-Pure functions of settings and the facts preflight read. The toolchain role
-installs what the plan needs (a ``gcc-N``) and the llama.cpp role builds
-with it: both take the same ``ToolchainPlan``, so the host compiler is
-chosen in one place (``plan_toolchain``).
+Pure functions of settings and preflight's facts; the toolchain role installs what
+``plan_toolchain`` chose and the llama.cpp role builds with the same ``ToolchainPlan``.
 """
 
 from __future__ import annotations
@@ -87,6 +85,5 @@ def nonfree_sources(stanzas: tuple) -> str:
         if "Signed-By" in stanza:
             lines.append(f"Signed-By: {stanza['Signed-By']}")
         out.append("\n".join(lines) + "\n")
-    if not out:
-        return ""
-    return "# Written by llamarack (toolchain_cuda_source = 'debian'): nvidia-cuda-toolkit\n" + "\n".join(out)
+    header = "# Written by llamarack (toolchain_cuda_source = 'debian'): nvidia-cuda-toolkit\n"
+    return header + "\n".join(out) if out else ""

@@ -44,8 +44,7 @@ class GccVersions(FactBase[GccInstall]):
         )
 
     def process(self, output) -> GccInstall:
-        default = None
-        versioned = {}
+        default, versioned = None, {}
         for line in output:
             name, _, version = line.strip().partition(" ")
             if not re.fullmatch(r"\d+(\.\d+)*", version):
@@ -105,25 +104,20 @@ class CudaToolkits(FactBase[list]):
         )
 
     def process(self, output) -> list:
-        toolkits = []
-        current: Optional[dict] = None
+        found: list[dict] = []
         for line in output:
             line = line.strip()
             if line.startswith("toolkit "):
-                if current:
-                    toolkits.append(_toolkit(current))
                 home = line[len("toolkit ") :]
-                current = {"home": home, "nvcc": f"{home}/bin/nvcc", "max_gcc": None}
-            elif current is not None and "release" in line:
+                found.append({"home": home, "nvcc": f"{home}/bin/nvcc", "max_gcc": None})
+            elif found and "release" in line:
                 match = re.search(r"release (\d+\.\d+), V(\d+(?:\.\d+)+)", line)
                 if not match:
                     raise FactProcessError(f"unexpected nvcc --version line: {line!r}")
-                current["version"], current["full_version"] = match.groups()
-            elif current is not None and line.startswith("gcc versions later than"):
-                current["max_gcc"] = int(line.split()[-1])
-        if current:
-            toolkits.append(_toolkit(current))
-        return toolkits
+                found[-1]["version"], found[-1]["full_version"] = match.groups()
+            elif found and line.startswith("gcc versions later than"):
+                found[-1]["max_gcc"] = int(line.split()[-1])
+        return [_toolkit(values) for values in found]
 
     def default(self) -> list:
         return []
@@ -136,12 +130,9 @@ def _toolkit(values: dict) -> CudaToolkit:
 
 
 class CmakeVersion(FactBase[Optional[str]]):
-    """
-    Returns the installed cmake version (``3.25.1``), None when absent.
-    """
+    """Returns the installed cmake version (``3.25.1``), None when absent."""
 
-    def requires_command(self) -> str:
-        return "cmake"
+    requires_command = "cmake"
 
     def command(self) -> str:
         return "cmake --version"
