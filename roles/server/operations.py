@@ -38,7 +38,7 @@ from llamarack.secrets import read_token
 from llamarack.settings import Settings
 
 from .files import bench_record
-from .plan import (HEALTH_MARK, KEY_DIGEST_SALT, PlanError, WantedUnit, bench_args, bench_due,  # noqa: F401
+from .plan import (KEY_DIGEST_SALT, PlanError, WantedUnit, bench_args, bench_due,  # noqa: F401
                    bench_entry, bench_split_args, health_url, host_layouts, key_digest_command, parse_pin, pin_holds,
                    ref_of, roofline, unit_refs, wanted_units)  # fmt: skip
 from .switch import health_check_script, label, pin_script, retire_script, switch_script
