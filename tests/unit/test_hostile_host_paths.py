@@ -194,7 +194,7 @@ def account_facts(user: str, entry, group) -> dict:
 
 
 def account_args(s) -> dict:
-    """The service user's ``system_account`` arguments (``service_user(settings)``)."""
+    """The service user's ``system_account`` arguments, as the server role's deploy passes them."""
     return {"user": s.general.service_user, "home": s.general.root, "setting": "llamarack_service_user"}
 
 
