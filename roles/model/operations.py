@@ -39,6 +39,8 @@ from pyinfra.facts.files import File
 from pyinfra.facts.files import Link
 
 from llamarack import remote
+from llamarack.roles.llamacpp.files.llamacpp_proof import runtime_args
+from llamarack.roles.llamacpp.reads import LlamaServerFlags
 from llamarack.roles.model.reads import CachedBlobs, ModelArtifact, shape_record_name
 from llamarack.facts import FreeDiskBytes, read
 from llamarack.layout import Layout
@@ -237,15 +239,16 @@ def _measured(command: str, log: str, figure: str) -> str:
             f"mv -f -- {q(tmp)} {q(log)}; }}")  # fmt: skip
 
 
-def _measure(plan: ModelPlan, t: dict, user: str, devices: tuple):
+def _measure(plan: ModelPlan, t: dict, user: str, devices: tuple, proven: tuple):
     """The quality runs, each as the pipeline user in its offline sandbox: llama-perplexity on the
     held-out text, first the f16 GGUF saving its logits (``--kl-divergence-base``), then the
     quantized GGUF against them for each KV type (``--kl-divergence``), their logs in the
-    staging; skipped once the GGUF was taken over."""
+    staging; skipped once the GGUF was taken over. ``proven``: the runtime switches the build's
+    proof needed (``ServerFlags.proven_args``), which every run takes."""
     q, s, work = shlex.quote, plan.staging, _work(plan)
     logits = f"{work}/quality.logits"
     common = ["-c", str(QUALITY_CTX), "-b", str(QUALITY_CTX), "--kl-divergence-base", logits] + \
-        (["-ngl", "999"] if devices else [])  # fmt: skip
+        (["-ngl", "999"] if devices else []) + runtime_args("llama-perplexity", proven)  # fmt: skip
     runs = [("f16", [t["perplexity"], "-m", _unquantized(plan), "-f", f"{s}/quality.txt", *common])]
     runs += [(f"kv-{kv}", [t["perplexity"], "-m", f"{work}/model.gguf", *common, "--kl-divergence",
                            "-ctk", kv, "-ctv", kv, "-fa", "on"]) for kv in KV_TYPES]  # fmt: skip
@@ -371,6 +374,8 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
     # Read before this operation's first command (llamarack.facts.reading's rule).
     state = read(ModelArtifact, path=d)
     linked = read(Link, path=current)
+    # the build's proven runtime switches, for its tools' runs (its proof computed with them)
+    flags = read(LlamaServerFlags, root=plan.root) if plan.measures else None
     if state is not None and state.complete_for(plan.stamp):
         problem = kld_problem((state.record or {}).get("quality"), plan.max_kld, f"{host.name}: model {plan.name}")
         if problem and link == "current":
@@ -405,7 +410,7 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
         if plan.converts:
             yield from _convert(plan, t, user)
         if plan.measures:
-            yield from _measure(plan, t, user, devices)
+            yield from _measure(plan, t, user, devices, flags.proven_args if flags else ())
         yield from _take_over(plan)
         yield from _seal(plan, t["python"])
         yield from _move_into_place(plan, state, t["python"])

@@ -24,6 +24,7 @@ from llamarack.card_layout import Layout, Unit, cards_of, choose_layout, rival_l
 from llamarack.layout import API_KEY_PATH, unit_index, unit_name, unit_path
 from llamarack.planner import (MIB, Knobs, Plan, PlanError, cublas_prefill,  # noqa: F401 (MIB, PlanError: the role's API)
                                plan)  # fmt: skip
+from llamarack.roles.llamacpp.files.llamacpp_proof import bench_args as proof_bench_args
 from llamarack.roles.llamacpp.files.llamacpp_proof import serving_args
 from llamarack.gpu_table import board, planning_memory_mib
 from llamarack.rules import Failure
@@ -137,22 +138,19 @@ def draft_args(settings: Settings, flags: ServerFlags, draft_dir: str, ctx: Plan
     return args
 
 
+# llama-bench's prompt (pp512): the build's proof computes a batch at least this large.
+BENCH_PROMPT = 512
+
+
 def bench_args(settings: Settings, flags: ServerFlags, build_dir: str, model_dir: str, ctx: Plan,
                cuda: bool) -> list[str]:  # fmt: skip
     """llama-bench's command line for pp512 and tg128 with the served flags (KV types,
     layers on the card, flash attention, mmap, repacking), as llama-bench spells them."""
     s = settings.server
-    fa = ("on" if s.flash_attn else "off") if flags.flash_attn_takes_value else ("1" if s.flash_attn else "0")
-    args = [f"{build_dir}/bin/llama-bench", "-m", f"{model_dir}/model.gguf", "-p", "512", "-n", "128",
-            "-ctk", ctx.cache_type_k, "-ctv", ctx.cache_type_v, "-fa", fa]  # fmt: skip
-    if cuda:
-        args += ["-ngl", str(ctx.gpu_layers)]
-    if not s.mmap:
-        # llama-bench follows llama-server: --load-mode there, -lm here; --no-mmap there, -mmp 0 here.
-        args += ["-lm", "none"] if "--load-mode" in flags.mmap_off else ["-mmp", "0"]
-    if not s.repack or "--no-repack" in flags.proven_args:
-        args += ["--repack", "0"]
-    return args
+    serving = {"cache_type_k": ctx.cache_type_k, "cache_type_v": ctx.cache_type_v, "flash_attn": s.flash_attn,
+               "gpu_layers": ctx.gpu_layers if cuda else None, "mmap": s.mmap, "repack": s.repack}  # fmt: skip
+    return [f"{build_dir}/bin/llama-bench", "-m", f"{model_dir}/model.gguf", "-p", str(BENCH_PROMPT), "-n", "128",
+            *proof_bench_args(flags, serving)]  # fmt: skip
 
 
 def bench_split_args(plan: Any) -> list[str]:

@@ -102,8 +102,11 @@ def test_the_build_computed_before_it_was_switched_in(lab_rack):
     assert any(f"--cache-type-k {t} --cache-type-v {t}" in exec_start for t in ("f16", "q8_0", "q4_0")), exec_start
     for flag in ("--flash-attn on", "--load-mode none", *proof["runtime_args"]):
         assert flag in " ".join(proof["flags"]) and flag in exec_start, (flag, exec_start)
+    # A batch as large as llama-bench's, and llama-bench itself as the bench runs it (the lab
+    # builds no llama-perplexity: model_quality is off).
+    assert proof["batch"] == 512 and proof["tools"] == ["llama-bench"], proof
     assert sh(lab_rack, f"ls {BUILDS}/current/smoke/").split() == [
-        "quantize.log", *[f"server-{i + 1}.log" for i in range(len(proof["attempts"]))],
+        "bench.log", "quantize.log", *[f"server-{i + 1}.log" for i in range(len(proof["attempts"]))],
         "smoke-Q4_K_M.gguf", "smoke-f16.gguf"]
 
 

@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+from llamarack_lab import mirror, services
 from tests.lab import deploying
 
 pytestmark = pytest.mark.lab
@@ -81,4 +82,33 @@ def test_an_artifact_past_the_kld_bound_is_refused_and_the_old_one_serves(lab_ra
     assert rc != 0, out[-6000:]
     assert "found a mean KL divergence of" in out and "at most model_quality_max_kld = 1e-07" in out, out[-6000:]
     assert deploying.sh(lab_rack, HOST, f"readlink {ROOT}/models/current") == SEEN["plain"]
+    deploying.completes(lab_rack, HOST)
+
+
+# ggml's repacked CPU kernels (repack.cpp), in the pinned llama.cpp: the fault goes first in them.
+REPACKED = "    bool compute_forward(struct ggml_compute_params * params, struct ggml_tensor * op) override {\n"
+# A CPU whose repacked kernels fault only on a large batch (as AMX on a virtual CPU may): the
+# smoke run's few tokens pass, llama-bench's and the quality runs' batches die.
+DIES_ON_A_REPACKED_BATCH = {"ggml/src/ggml-cpu/repack.cpp": (REPACKED, REPACKED + (
+    "        if (op->src[1]->ne[1] > 64) {\n"
+    "            fputs(\"llamarack lab test: a repacked kernel faults on a batch\\n\", stderr);\n"
+    "            abort();\n        }\n"))}  # fmt: skip
+
+
+def test_a_build_proven_only_without_repacking_measures_its_quality_without_it(lab_rack):
+    """The build's proof computes a batch as large as the tools' that run after it, so a build
+    whose repacked kernels die on one climbs the ladder to ``--no-repack`` there, and every
+    quality run of the new artifact takes that switch from the build's record."""
+    faulty = mirror.add_named_commit(services.prepare(), "lab-test-repacked-batch-faults",
+                                     "lab test: repacked kernels abort on a batch", DIES_ON_A_REPACKED_BATCH)
+    rc, out = deploy(lab_rack, f"llamacpp_commit={faulty}", *MEASURED)
+    assert rc == 0, out[-6000:]
+    proof = json.loads(deploying.sh(lab_rack, HOST, f"cat {ROOT}/builds/current/build-info.json"))["proof"]
+    assert proof["runtime_args"] == ["--no-repack"] and proof["attempts"][0]["ok"] is False, proof
+    assert proof["tools"] == ["llama-perplexity", "llama-bench"], proof
+    # The new artifact, made with this build (its converter's commit), measured: every quality
+    # run computed batches of 256, which die in this build unless repacking is off.
+    stamp = record(lab_rack)
+    assert stamp["llamacpp_commit"] == faulty, stamp
+    measured(stamp["quality"])
     deploying.completes(lab_rack, HOST)

@@ -11,6 +11,7 @@ from llamarack import remote
 from llamarack.errors import ModelSourceError, SettingsError
 from llamarack.roles.model.files import awq_apply, model_quality
 from llamarack.roles.model.plan import plan_from_record, plan_model
+from llamarack.roles.llamacpp.reads import ServerFlags
 from llamarack.roles.model.reads import ArtifactState
 from tests.roles.test_model_ops import LISTING, SHA, STAMP, commands, on_host
 from tests.support import fake_systemd_run
@@ -175,6 +176,20 @@ def test_a_new_artifact_is_measured_against_its_f16_gguf_then_recorded_before_it
     assert "for n in model.gguf; do" in shell[take_over]
     kept, _ = shell_of(plan_model(settings(model_keep_f16=True), LISTING))
     assert any("for n in model.gguf model-f16.gguf; do" in c for c in kept)
+
+
+def test_every_quality_run_takes_the_runtime_switches_the_builds_proof_needed():
+    """A build whose proof computed only with ``--no-repack`` (the CPU's repacked or AMX kernels
+    fault) runs every quality measurement with it too, read from the build's record."""
+    plan = plan_model(settings(), LISTING)
+    flags = ServerFlags(("--load-mode", "none"), True, True, True, ("--no-repack",), ("--no-repack",))
+    cmds, _ = commands(plan, on_host(plan, None, free=100 << 30, flags=flags))
+    runs = [st for c in cmds if isinstance(c, str) for st in fake_systemd_run.steps(c)
+            if st.description.startswith("llamarack model quality")]  # fmt: skip
+    assert len(runs) == 4 and all(st.argv.count("--no-repack") == 1 for st in runs), [st.argv for st in runs]
+    # and none without a proven switch (the test above)
+    plain, _ = shell_of(plan)
+    assert not any("--no-repack" in c for c in plain)
 
 
 def test_a_resumed_run_skips_the_measurements_done():

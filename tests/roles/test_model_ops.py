@@ -14,6 +14,7 @@ from llamarack.errors import ModelSourceError
 from llamarack.roles.model.reads import ArtifactState, CachedBlobs, ModelArtifact, shape_record_name
 from llamarack.layout import Layout
 from llamarack.facts import FreeDiskBytes
+from llamarack.roles.llamacpp.reads import LlamaServerFlags
 from llamarack.roles.model.hub import HubFile, HubListing, repo_files
 from llamarack.roles.model.operations import artifact
 from llamarack.roles.model.plan import artifact_stamp, plan_from_pinned_record, plan_from_record, plan_model
@@ -61,13 +62,16 @@ DONE = ArtifactState(PLAN.stamp, 1_100_000, 1_100_000)
 BLOBS = "/opt/lr/cache/blobs"
 
 
-def on_host(plan, state, link=None, record=False, free=None, made=(), cached=None, link_name="current") -> dict:
+def on_host(plan, state, link=None, record=False, free=None, made=(), cached=None, link_name="current",
+            flags=None) -> dict:  # fmt: skip
     """What the artifact operation reads: the artifact's directory (``state``: its
     ``ModelArtifact``), the link ``models/<link_name>`` (to ``link``), the shape record
-    beside the GGUF (there or not); and, to make the artifact (``free`` given): the free
-    disk, the staged GGUFs a failed run left (``made``: their names), the blob cache."""
+    beside the GGUF (there or not), the current build's flags (``flags``, for the quality
+    runs); and, to make the artifact (``free`` given): the free disk, the staged GGUFs a
+    failed run left (``made``: their names), the blob cache."""
     d, s, models = plan.dir, plan.staging, plan.models_dir
     facts = {ophost.fact_key(ModelArtifact, path=d): state,
+             ophost.fact_key(LlamaServerFlags, root=plan.root): flags,
              ophost.fact_key(Link, path=f"{models}/{link_name}"): {"link_target": link} if link else None,
              ophost.fact_key(File, path=f"{d}/{shape_record_name()}"): {"size": 600, "mode": 644} if record else None}
     if free is not None:

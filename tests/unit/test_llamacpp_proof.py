@@ -135,3 +135,61 @@ def test_secret_digest_on_the_host_is_the_control_machine_s(tmp_path):
                                     capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     assert run(str(secret), "salt1") == digest(b"sk-test-123\n", "salt1") != digest(b"sk-test-123\n", "salt2")
     assert run(str(tmp_path / "absent"), "salt1") == "missing"
+
+
+def test_each_tool_spells_the_proven_switches_its_own_way():
+    assert proof.runtime_args("llama-server", ("--no-repack",)) == ["--no-repack"]
+    assert proof.runtime_args("llama-perplexity", ("--no-repack",)) == ["--no-repack"]
+    assert proof.runtime_args("llama-bench", ("--no-repack",)) == ["--repack", "0"]
+    assert proof.runtime_args("llama-quantize", ("--no-repack",)) == []
+    assert proof.runtime_args("llama-bench", ()) == []
+
+
+def test_the_proof_computes_a_batch_as_large_as_every_later_tools():
+    from llamarack.roles.model.files.model_quality import KV_TYPES
+    from llamarack.roles.model.operations import QUALITY_CTX
+    from llamarack.roles.server.plan import BENCH_PROMPT
+
+    assert proof.PROOF_BATCH >= max(QUALITY_CTX, BENCH_PROMPT)
+    assert proof.QUALITY_KV_TYPES == KV_TYPES
+    prompt = proof.smoke_prompt()
+    assert len(prompt) == proof.PROOF_BATCH and prompt == proof.smoke_prompt()
+    assert proof.PROOF_BATCH + proof.SMOKE_TOKENS < proof.SMOKE_CTX <= proof.SMOKE_SHAPE["n_ctx_train"]
+    tokens = proof.smoke_vocab()[0]
+    assert all(tokens[t].startswith("\u2581") for t in prompt)
+
+
+def fake_tools(tmp_path, dies: str = "") -> Path:
+    """A build directory whose llama-perplexity and llama-bench log their argv; ``dies``: the
+    one that then dies with SIGILL, as a kernel the CPU faults on does."""
+    b = tmp_path / "build" / "bin"
+    b.mkdir(parents=True)
+    for tool in ("llama-perplexity", "llama-bench"):
+        end = "kill -ILL $$" if tool == dies else "exit 0"
+        (b / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {tmp_path}/argv\n{end}\n')
+        (b / tool).chmod(0o755)
+    return tmp_path / "build"
+
+
+def test_the_other_tools_run_as_the_deploy_runs_them_with_the_rungs_switches(tmp_path):
+    d = fake_tools(tmp_path)
+    model = {"path": "q.gguf", "f16": "f.gguf"}
+    serving = {**SERVING, "repack": False}
+    ran = proof.tool_runs(str(d), model, FLAGS, serving, ["--no-repack"], str(tmp_path), 30)
+    assert ran == ["llama-perplexity", "llama-bench"]
+    lines = (tmp_path / "argv").read_text().splitlines()
+    assert len(lines) == 1 + len(proof.QUALITY_KV_TYPES) + 1
+    assert all(ln.split().count("--no-repack") == 1 for ln in lines[:-1]), lines
+    assert "-b 512" in lines[0] and "-m f.gguf" in lines[0] and "--kl-divergence " not in lines[0]
+    assert "--kl-divergence -ctk q8_0 -ctv q8_0 --flash-attn on" in lines[2]
+    assert lines[-1].startswith("llama-bench -m q.gguf -p 512 ") and lines[-1].endswith(" -lm none --repack 0")
+
+
+def test_a_tool_that_dies_fails_the_rung(tmp_path):
+    d = fake_tools(tmp_path, dies="llama-bench")
+    try:
+        proof.tool_runs(str(d), {"path": "q.gguf", "f16": "f.gguf"}, FLAGS, SERVING, [], str(tmp_path), 30)
+    except proof.SmokeFailure as e:
+        assert e.why == "llama-bench (pp512) died with SIGILL", e.why
+    else:
+        raise AssertionError("a tool that died passed")

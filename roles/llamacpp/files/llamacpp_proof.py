@@ -15,10 +15,16 @@ instruction. So, after every build and before ``builds/current`` moves:
 2. quantize it with the build's own ``llama-quantize`` to the served type;
 3. serve it with the build's ``llama-server`` and the runtime flags the
    unit will use (KV cache types, flash attention, mmap off, every layer on
-   the GPU on a CUDA host), ask ``/completion`` for a few tokens, and check
-   that they came back with finite probabilities in bounded time.
+   the GPU on a CUDA host), ask ``/completion`` for a few tokens after a
+   prompt of ``PROOF_BATCH`` tokens (one batch, as large as any tool's
+   below), and check that they came back with finite probabilities in
+   bounded time;
+4. run the other tools the deploy runs with the build, as it runs them:
+   ``llama-perplexity`` as the quality runs do (f16 logits, then the
+   quant's KL divergence per KV type) and ``llama-bench`` as the bench
+   does, each with the same runtime switches (``runtime_args``).
 
-When that fails and the spec allows it, the next rung of the spec's ladder
+When any of that fails and the spec allows it, the next rung of the spec's ladder
 is tried: a runtime switch on the same binary (``--no-repack``: no AMX or
 repacked CPU kernels), then rebuilds with fewer CPU extensions
 (x86-64-v3, x86-64-v2). The first rung that computes wins. The result, with
@@ -132,8 +138,38 @@ def serving_args(flags: ServerFlags, serving: dict) -> list:
         args += list(flags.mmap_off)
     if not serving.get("repack", True):
         args += list(flags.repack_off)
-    args += [a for a in flags.proven_args if a not in args]
+    args += [a for a in runtime_args("llama-server", flags.proven_args) if a not in args]
     return args
+
+
+# How a tool spells a runtime switch where it differs from llama-server's.
+TOOL_SPELLING = {"llama-bench": {"--no-repack": ("--repack", "0")}}
+
+
+def runtime_args(tool: str, proven: tuple) -> list:
+    """The runtime switches a build's proof needed (``proof.runtime_args`` of its
+    ``build-info.json``, e.g. ``--no-repack``) as ``tool`` spells them: every llama.cpp tool
+    the deploy runs (the unit's llama-server, llama-perplexity, llama-bench, and the proof's
+    own runs) takes them from here. llama-quantize computes no graph: it takes none."""
+    if tool == "llama-quantize":
+        return []
+    spelling = TOOL_SPELLING.get(tool, {})
+    return [word for arg in proven for word in spelling.get(arg, (arg,))]
+
+
+def bench_args(flags: ServerFlags, serving: dict) -> list:
+    """llama-bench's runtime flags for the served ``serving`` (as ``serving_args`` takes it), as
+    llama-bench spells them: KV types, flash attention, layers on the GPU, mmap, repacking."""
+    fa = serving["flash_attn"]
+    args = ["-ctk", serving["cache_type_k"], "-ctv", serving["cache_type_v"],
+            "-fa", ("on" if fa else "off") if flags.flash_attn_takes_value else ("1" if fa else "0")]  # fmt: skip
+    if serving.get("gpu_layers") is not None:
+        args += ["-ngl", str(serving["gpu_layers"])]
+    if not serving["mmap"]:
+        # llama-bench follows llama-server: --load-mode there, -lm here; --no-mmap there, -mmp 0 here.
+        args += ["-lm", "none"] if "--load-mode" in flags.mmap_off else ["-mmp", "0"]
+    off = () if serving.get("repack", True) else ("--no-repack",)
+    return args + runtime_args("llama-bench", tuple(dict.fromkeys(flags.proven_args + off)))
 
 
 # --------------------------------------------------------------------------
@@ -258,7 +294,6 @@ def write_smoke_gguf(path: str) -> None:
 
 # i-quants that llama-quantize refuses without an importance matrix.
 NEEDS_IMATRIX = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS")
-SMOKE_PROMPT = "hello llama rack"
 # A failure of the GPU backend ("no kernel image is available for execution on
 # the device": no code for the card's arch): no CPU rung can cure it.
 GPU_FAILURE = re.compile(r"CUDA error|no kernel image is available|ggml_cuda_")
@@ -270,6 +305,13 @@ GPU_OUT_OF_MEMORY = re.compile(r"cudaMalloc failed: out of memory|(failed|unable
 # Why llama.cpp left the card out (it then computes on the CPU with -ngl ignored).
 NO_GPU = re.compile(r"no usable GPU found[^\n]*|failed to initialize CUDA[^\n]*|no CUDA-capable device[^\n]*")
 SMOKE_TOKENS = 8
+# The batch the smoke runs compute in one step: at least that of every tool the deploy runs
+# afterwards (llama-bench's pp512, the quality runs' 256), so a kernel that faults only on a
+# large batch (a repacked or AMX one) fails here, where the ladder can still climb.
+PROOF_BATCH = 512
+SMOKE_CTX = 1024  # the smoke model's trained context: the batch and the tokens after it fit
+# The KV types the quality runs measure a quant with (roles/model/files/model_quality.py).
+QUALITY_KV_TYPES = ("f16", "q8_0", "q4_0")
 
 
 class SmokeFailure(Exception):
@@ -356,7 +398,7 @@ def smoke_model(build_dir: str, quant: str, work: str) -> dict:
     f16 = os.path.join(work, "smoke-f16.gguf")
     write_smoke_gguf(f16)
     if quant.upper() in ("F16",):
-        return {"path": f16, "quant": "F16", "note": ""}
+        return {"path": f16, "f16": f16, "quant": "F16", "note": ""}
     chosen, note = quant, ""
     if quant.upper() in NEEDS_IMATRIX:
         chosen, note = "Q4_K_M", f"{quant} needs an importance matrix; the smoke model uses Q4_K_M"
@@ -367,7 +409,64 @@ def smoke_model(build_dir: str, quant: str, work: str) -> dict:
                              stdout=f, stderr=subprocess.STDOUT, timeout=300)
     if rc != 0:
         raise SmokeFailure(f"llama-quantize {_exit_reason(rc)} on the smoke model", _tail(log))
-    return {"path": out, "quant": chosen, "note": note}
+    return {"path": out, "f16": f16, "quant": chosen, "note": note}
+
+
+def smoke_words(count: int) -> list:
+    """``count`` words of the smoke vocabulary, the same on every host."""
+    words = [t[1:] for t in smoke_vocab()[0] if t.startswith("\u2581") and len(t) > 1]
+    rng = random.Random(SMOKE_SEED)
+    return [rng.choice(words) for _ in range(count)]
+
+
+def smoke_prompt() -> list:
+    """The smoke run's prompt: ``PROOF_BATCH`` token ids, which the server computes as one batch."""
+    tokens = smoke_vocab()[0]
+    return [tokens.index("\u2581" + w) for w in smoke_words(PROOF_BATCH)]
+
+
+def _run_tool(argv: list, log: str, timeout: float, what: str) -> None:
+    with open(log, "w") as out:
+        out.write("$ " + " ".join(argv) + "\n")
+        out.flush()
+        try:
+            rc = subprocess.call(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 timeout=timeout)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise SmokeFailure(f"{what} did not finish within {timeout:.0f} s", _tail(log))
+    if rc != 0:
+        raise SmokeFailure(f"{what} {_exit_reason(rc)}", _tail(log))
+
+
+def tool_runs(build_dir: str, model: dict, flags: ServerFlags, serving: dict, proven: list, work: str,
+              timeout: float) -> list:  # fmt: skip
+    """Run the other tools the deploy runs with this build, as it runs them, on the smoke model:
+    llama-perplexity as the quality runs do (the f16 GGUF's logits, then the quant's KL
+    divergence with each KV type, ``PROOF_BATCH`` tokens a batch) and llama-bench as the bench
+    does (pp``PROOF_BATCH``), each with this rung's runtime switches. Those the build lacks are
+    not run. The tools run, or SmokeFailure naming the one that died."""
+    ran, ngl = [], ["-ngl", "999"] if serving.get("gpu_layers") is not None else []
+    perplexity = f"{build_dir}/bin/llama-perplexity"
+    if os.path.exists(perplexity):
+        text, logits = os.path.join(work, "quality.txt"), os.path.join(work, "quality.logits")
+        with open(text, "w") as f:  # two chunks of PROOF_BATCH tokens at the least (a word is one or more)
+            f.write(" ".join(smoke_words(2 * PROOF_BATCH)) + "\n")
+        common = ["-f", text, "-c", str(PROOF_BATCH), "-b", str(PROOF_BATCH), "--chunks", "2",
+                  "--kl-divergence-base", logits,
+                  *ngl, *runtime_args("llama-perplexity", tuple(proven))]  # fmt: skip
+        runs = [("f16", [perplexity, "-m", model["f16"], *common])]
+        runs += [(kv, [perplexity, "-m", model["path"], *common, "--kl-divergence", "-ctk", kv, "-ctv", kv,
+                       *flags.flash_attn(True)]) for kv in QUALITY_KV_TYPES]  # fmt: skip
+        for name, argv in runs:
+            _run_tool(argv, os.path.join(work, f"perplexity-{name}.log"), timeout,
+                      f"llama-perplexity ({'the f16 logits' if name == 'f16' else 'KL divergence, KV ' + name})")
+        ran.append("llama-perplexity")
+    bench = f"{build_dir}/bin/llama-bench"
+    if os.path.exists(bench):
+        argv = [bench, "-m", model["path"], "-p", str(PROOF_BATCH), "-n", "4", "-r", "1", *bench_args(flags, serving)]
+        _run_tool(argv, os.path.join(work, "bench.log"), timeout, f"llama-bench (pp{PROOF_BATCH})")
+        ran.append("llama-bench")
+    return ran
 
 
 def _gpu_mib(pid: int) -> Optional[int]:
@@ -390,7 +489,7 @@ def serve_once(build_dir: str, model: str, args: list, log: str, timeout: float,
     its command line stays the unit's."""
     port = _free_port()
     argv = [f"{build_dir}/bin/llama-server", "--model", model, "--host", "127.0.0.1",
-            "--port", str(port), "--ctx-size", "256", "--parallel", "1", *args]
+            "--port", str(port), "--ctx-size", str(SMOKE_CTX), "--parallel", "1", *args]
     base = f"http://127.0.0.1:{port}"
     with open(log, "w") as out:
         out.write("$ " + " ".join(argv) + "\n")
@@ -412,7 +511,7 @@ def serve_once(build_dir: str, model: str, args: list, log: str, timeout: float,
             if time.monotonic() > deadline:
                 raise SmokeFailure(f"llama-server did not answer /health within {timeout:.0f} s", _tail(log))
             time.sleep(0.2)
-        body = {"prompt": SMOKE_PROMPT, "n_predict": SMOKE_TOKENS, "temperature": 0,
+        body = {"prompt": smoke_prompt(), "n_predict": SMOKE_TOKENS, "temperature": 0,
                 "ignore_eos": True, "n_probs": 1, "cache_prompt": False}
         try:
             _, answer = _http_json(base + "/completion", body, timeout=timeout)
@@ -519,6 +618,7 @@ def prove(spec: dict) -> dict:
                                 spec.get("timeout", 300), cuda)
             if cuda:
                 on_the_card(result, os.path.join(work, f"server-{i + 1}.log"))
+            tools = tool_runs(d, model, flags, serving, runtime_args, work, spec.get("timeout", 300))
         except SmokeFailure as e:
             e = named_gpu_failure(e)
             say(f"smoke run {i + 1} ({name}) failed: {e.why}")
@@ -542,6 +642,8 @@ def prove(spec: dict) -> dict:
             "runtime_args": runtime_args,
             "cmake_args": rung.get("cmake_args"),
             "flags": args,
+            "batch": PROOF_BATCH,
+            "tools": tools,
             "model": {"quant": model["quant"], "note": model["note"], **SMOKE_SHAPE},
             "devices": list_devices(d) or result.pop("devices_used") or ["none but the CPU"],
             "cpu": cpu_model(),
