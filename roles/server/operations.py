@@ -41,7 +41,7 @@ from .files import bench_record
 from .plan import (KEY_DIGEST_SALT, PlanError, WantedUnit, bench_args, bench_due,  # noqa: F401
                    bench_entry, bench_split_args, health_url, host_layouts, key_digest_command, parse_pin, pin_holds,
                    ref_of, roofline, unit_refs, wanted_units)  # fmt: skip
-from .switch import health_check_script, label, pin_script, retire_script, switch_script
+from .switch import detached, health_check_script, label, pin_script, retire_script, switch_script
 
 
 @operation()
@@ -156,7 +156,7 @@ def rollback(settings: Settings, unit: Optional[int] = None):
     for ref in refs:
         u, prev = shlex.quote(ref.path), shlex.quote(layout.previous_unit_of(ref.name))
         yield f"cp -p {prev} {u}.new && chmod 644 {u}.new"
-    yield StringCommand(switch_script(settings, tuple(refs)))
+    yield StringCommand(detached(switch_script(settings, tuple(refs)), "llamarack: roll llama-server units back"))
     for ref in refs:
         yield StringCommand(pin_script(settings, ref))
 
@@ -276,7 +276,8 @@ def _switch_to(settings: Settings, steps: list):
         yield from private_upload(step.want.text, f"{step.want.ref.path}.new")
         yield f"chmod 644 {shlex.quote(step.want.ref.path)}.new"
     refs = tuple(step.want.ref for step in steps)
-    yield StringCommand(switch_script(settings, refs, stop_first=any(step.moved for step in steps)))
+    yield StringCommand(detached(switch_script(settings, refs, stop_first=any(step.moved for step in steps)),
+                                 "llamarack: switch llama-server units"))
 
 
 def units_record(settings: Settings, wanted: tuple) -> str:

@@ -93,6 +93,45 @@ failed=""
 """
 
 
+# The end of the heredoc that carries a detached script to the host: no script line is it.
+_END = "LLAMARACK_DETACHED_END"
+# Where a detached script, its output and its status lie while it runs: root's tmpfs.
+DETACHED_DIR = "/run"
+
+
+def detached(script: str, what: str) -> str:
+    """``script`` run on the host as a transient systemd service of its own, detached from the
+    SSH session that starts it: once started it finishes, or rolls back, whatever becomes of
+    the run (pyinfra killed, the SSH connection cut, the operator's laptop asleep). A dying
+    session cannot take it down halfway either: no write to a closed pipe kills it, its output
+    goes to a file. This command writes the script into a directory of root's under /run,
+    starts it (``systemd-run``), waits for its result, prints its output (to stderr when it
+    failed) and exits with its status. ``what``: the service's description."""
+    if any(line == _END for line in script.splitlines()):
+        raise ValueError("the script holds the heredoc's end line")
+    q = shlex.quote
+    where = q(DETACHED_DIR)
+    return f"""find {where} -maxdepth 1 -name 'llamarack-switch.*' -mmin +1440 -exec rm -rf {{}} + 2>/dev/null
+run=$(mktemp -d {where}/llamarack-switch.XXXXXX) || exit 1
+cat > "$run/script" <<'{_END}'
+dir=$(dirname "$0")
+(
+{script}
+) > "$dir/log" 2>&1
+echo $? > "$dir/rc.new" && mv -f "$dir/rc.new" "$dir/rc"
+{_END}
+unit="llamarack-switch-${{run##*.}}.service"
+systemd-run --quiet --collect --unit="$unit" --description={q(what)} /bin/sh "$run/script" || {{ rm -rf "$run"; exit 1; }}
+while [ ! -f "$run/rc" ]; do
+  case $(systemctl is-active "$unit") in active|activating|reloading) sleep 0.2 ;; *) break ;; esac
+done
+if [ -f "$run/rc" ]; then rc=$(cat "$run/rc"); else rc=1; echo "$unit ended without a result" >> "$run/log"; fi
+if [ "$rc" = 0 ]; then cat "$run/log"; else cat "$run/log" >&2; fi
+rm -rf "$run"
+exit "$rc"
+"""
+
+
 def health_check_script(settings: Settings, reason: str, restart: bool = False, units=None, host_name: str = "") -> str:
     """Wait for each unit in place (``units``; None: every unit file of the host) to answer
     /health, restarting it first with ``restart``; else print its journal. Exits 1 when one

@@ -384,3 +384,58 @@ def test_rollback_switches_the_previous_unit_in_and_pins_it():
     tampered = {**state, fact_key(BuildSeals, root=ROOT): Seals({"b0": ["build/bin/llama-server: size 1 (sealed: 2)"]})}
     (refused,), _ = run_op(rollback, tampered, settings=s)
     assert "build b0 differs from its seal" in str(refused)
+
+
+def test_a_detached_script_finishes_when_the_session_that_started_it_dies(tmp_path, monkeypatch):
+    """The switch runs as a transient service of its own (``switch.detached``): killing the
+    command that started it (pyinfra's SSH session dying) leaves it going to its end, and a
+    waiter that lives gets its output and its exit status."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from llamarack.roles.server import switch
+
+    monkeypatch.setattr(switch, "DETACHED_DIR", str(tmp_path))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # systemd-run starts the command in the background, detached, as PID 1 would; systemctl
+    # is-active says "active" while it runs.
+    (bin_dir / "systemd-run").write_text(
+        '#!/bin/sh\nfor a; do case $a in --unit=*) unit=${a#--unit=} ;; esac; done\n'
+        'while [ "$1" != /bin/sh ]; do shift; done\n'
+        f'setsid sh -c \'"$@" & echo $! > {tmp_path}/$0.pid; wait\' "$unit" "$@" > /dev/null 2>&1 &\n'
+        f'while [ ! -f {tmp_path}/$unit.pid ]; do sleep 0.01; done\n')  # fmt: skip
+    (bin_dir / "systemctl").write_text(
+        f'#!/bin/sh\nkill -0 $(cat {tmp_path}/$2.pid) 2>/dev/null && echo active || echo inactive\n')
+    for tool in ("systemd-run", "systemctl"):
+        (bin_dir / tool).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+
+    ok = switch.detached("echo switched; echo why >&2", "a test")
+    done = subprocess.run(["sh", "-c", ok], env=env, capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout) == (0, "switched\nwhy\n"), done
+    failed = subprocess.run(["sh", "-c", switch.detached("echo rolled back; exit 3", "a test")], env=env,
+                            capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert (failed.returncode, failed.stderr, failed.stdout) == (3, "rolled back\n", ""), failed
+    assert not list(tmp_path.glob("llamarack-switch.*"))  # the waiter cleaned up
+
+    slow = switch.detached(f"sleep 1; echo finished > {tmp_path}/marker", "a test")
+    waiter = subprocess.Popen(["sh", "-c", slow], env=env, start_new_session=True)
+    time.sleep(0.3)
+    os.killpg(waiter.pid, signal.SIGKILL)  # the session and everything it started in its group
+    waiter.wait()
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "marker").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "marker").read_text() == "finished\n"
+
+
+def test_a_detached_script_may_not_end_its_own_heredoc():
+    import pytest
+
+    from llamarack.roles.server import switch
+
+    with pytest.raises(ValueError):
+        switch.detached(f"echo\n{switch._END}\nrm -rf /", "a test")
