@@ -38,6 +38,7 @@ class FakeRack:
         self.records = {}  # host -> its state/rollout.json
         self.unreachable = set()
         self.broken = set()  # hosts whose connector raises
+        self.cpu = set()  # hosts of a CPU build: their units name no cards
 
     def run(self, host, command, timeout):
         name, words = host.name, shlex.split(command)
@@ -64,8 +65,8 @@ class FakeRack:
         if path.endswith("/bench.json"):
             return hosts.Reply(name, True, json.dumps(self.bench[name]).splitlines())
         if path.startswith("/etc/systemd/system/"):
-            return hosts.Reply(name, True, [f"{HEALTH_MARK}http://127.0.0.1:8080/health",
-                                            f"{RESIDENCY_MARK}GPU-1 900", "[Unit]"])
+            cards = [] if name in self.cpu else [f"{RESIDENCY_MARK}GPU-1 900"]
+            return hosts.Reply(name, True, [f"{HEALTH_MARK}http://127.0.0.1:8080/health", *cards, "[Unit]"])
         return hosts.Reply(name, False)
 
     def gateway(self, gw, args):
@@ -132,23 +133,6 @@ def test_batches_put_the_canary_first_then_the_rest_in_order():
 def test_server_names_are_the_gateways():
     assert rollout.server_name("lab-v100-a", 0) == "lab-v100-a_0"
     assert rollout.server_name("gpu 7/rack:b", 2) == "gpu_7_rack_b_2"
-
-
-def test_a_rollout_moves_every_host_once_canary_first(here):
-    fake, printed = FakeRack(), []
-    assert roll(fake, printed, options={"canary": "lab-c", "batch": 2}) == 0
-    deploys = [e[0] for e in fake.events if e[1] == "deploy"]
-    assert deploys[0] == "lab-c" and sorted(deploys[1:3]) == ["lab-a", "lab-b"] and deploys[3:] == ["lab-d", "lab-e"]
-    for host in ("lab-a", "lab-b", "lab-c", "lab-d", "lab-e"):
-        assert states(printed, host) == ["draining", "deploying", "gated", "done"]
-        assert fake.records[host]["state"] == "done"
-        mine = [e for e in fake.events if e[0] == host or (e[0].startswith("lab-gw") and f"{host}_0" in e)]
-        assert [e[1:] for e in mine if e[0] == host] == [("server_idle",), ("server_idle",), ("deploy",),
-                                                         ("server_idle",), ("wait_healthy",), ("completion_probe",)]
-    assert all(state == "ready" for gw in fake.servers.values() for state in gw.values())
-    assert {h["state"] for h in journal()["hosts"].values()} == {"done"}
-    assert journal()["order"] == [["lab-c"], ["lab-a", "lab-b"], ["lab-d", "lab-e"]]
-    assert "order: lab-c | lab-a, lab-b | lab-d, lab-e" in printed
 
 
 LIFE = ["server_idle units", "lab-gw set drain", "lab-gw2 set drain", "lab-gw wait-empty", "lab-gw2 wait-empty",
@@ -258,6 +242,15 @@ def test_every_unit_of_a_multi_unit_host_is_drained_and_gated(here):
     assert gateway == ["set drain lab-a_0", "set drain lab-a_1", "wait-empty lab-a_0", "wait-empty lab-a_1",
                        "set ready lab-a_0", "set ready lab-a_1", "wait-up lab-a_0", "wait-up lab-a_1"]
     assert [e[1] for e in fake.events if e[0] == "lab-a"].count("wait_healthy") == 2
+
+
+def test_the_gate_says_residency_was_checked_only_where_it_was(here):
+    fake, printed = FakeRack(), []
+    fake.cpu.add("lab-b")
+    assert roll(fake, printed) == 0
+    gated = {h: next(ln for ln in printed if f" {h}: gated" in ln) for h in ("lab-a", "lab-b")}
+    assert "1 unit(s) healthy, on their cards, completing;" in gated["lab-a"], gated
+    assert "1 unit(s) healthy, no residency to check (a CPU build), completing;" in gated["lab-b"], gated
 
 
 def test_a_unit_the_gateway_does_not_know_fails_before_the_deploy(here):
