@@ -14,9 +14,8 @@ from llamarack.rules import HostFacts
 from llamarack.settings import Settings
 
 from .operations import toolkit_takes_host_compiler
-from .plan import conda_cuda_env, nonfree_sources, plan_toolchain, toolkit_search_homes
+from .plan import BUILD_PACKAGES, conda_cuda_env, nonfree_sources, plan_toolchain, toolkit_search_homes
 
-BUILD_PACKAGES = ["git", "cmake", "build-essential", "ccache", "pkg-config"]
 # The pinned llama.cpp's CMakeLists.txt: cmake_minimum_required(VERSION 3.14).
 CMAKE_MIN = "3.14"
 CUDA_SOURCES_FILE = "/etc/apt/sources.list.d/llamarack-cuda.sources"

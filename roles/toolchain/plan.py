@@ -16,6 +16,8 @@ from llamarack.settings import Settings
 # install (Debian 12's nvidia-cuda-toolkit, conda's cuda-nvcc), for a first
 # run that plans before the toolkit is there to be read.
 GCC_CEILING_OF_INSTALLABLE_TOOLKITS = {"11.8": 11}
+# What every build needs from apt, whatever its backend.
+BUILD_PACKAGES = ["git", "cmake", "build-essential", "ccache", "pkg-config"]
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from llamarack.roles.driver.reads import DriverState, Gpu
 from llamarack.roles.toolchain.reads import GccInstall
 from llamarack.operations import apt_install_missing
 from llamarack.roles.llamacpp.plan import plan_for_host
-from llamarack.roles.toolchain.deploy import BUILD_PACKAGES
+from llamarack.roles.toolchain.plan import BUILD_PACKAGES
 from llamarack.roles.toolchain.operations import toolkit_takes_host_compiler
 from llamarack.roles.toolchain.plan import nonfree_sources, plan_toolchain
 from llamarack.rules import HostFacts
@@ -113,3 +113,24 @@ def test_nonfree_sources_copy_the_hosts_archives_and_signed_by():
 def test_nonfree_sources_not_needed_when_the_host_has_them():
     stanzas = ({"Types": "deb", "URIs": "u", "Suites": "bookworm", "Components": "main contrib non-free"},)
     assert nonfree_sources(stanzas) == ""
+
+
+def audit_item(s, installed, gcc=None, toolkits=None):
+    from llamarack.audit import Seen
+    from llamarack.roles.toolchain.audit import items
+
+    answers = {fact_key(DebPackages): installed}
+    seen = Seen("gpu01", s, host_facts(gcc or GccInstall("12.2.0", {}), toolkits), lambda f, **kw: answers[fact_key(f, **kw)])
+    return items(seen)["toolchain"]
+
+
+def test_the_audit_calls_a_missing_build_package_drift_as_the_deploy_installs_it():
+    everything = {p: ["1"] for p in BUILD_PACKAGES}
+    cpu = settings(llamacpp_backend="cpu")
+    assert not audit_item(cpu, everything).drift
+    gone = audit_item(cpu, {p: v for p, v in everything.items() if p != "ccache"})
+    assert gone.drift and gone.found["missing"] == ["ccache"]
+    # a CUDA build's gcc-N for nvcc is one of them too, where the plan installs it
+    cuda = settings()
+    assert audit_item(cuda, everything).found["missing"] == ["gcc-11", "g++-11"]
+    assert not audit_item(cuda, {**everything, "gcc-11": ["11"], "g++-11": ["11"]}).found["missing"]
