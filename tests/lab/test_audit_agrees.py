@@ -1,12 +1,16 @@
 """The audit says what a deploy would do: on each drifted state, the items the audit calls
-drift are exactly the deploy steps that then change something, and after that deploy the
-audit is clean.
+drift are exactly the deploy steps that then change something, the deploy puts the host's
+real state back, and after that deploy the audit is clean.
 
-Each case drifts one converged host one way, audits it, deploys it, and compares the
-audit's drifted items with the groups of pyinfra's results table whose operations
-changed. ``gpu_processes`` has no deploy counterpart (the deploy never stops another
-process on a card): docs/audit.md says so. The rules' agreement (the audit names the
-rule the deploy refuses with, in the same words) is in test_preflight_driver.py.
+Each case drifts one converged host one way, checks the host's own state (a shell test
+that passes on the converged host) now fails, audits it, deploys it, compares the audit's
+drifted items with the groups of pyinfra's results table whose operations changed, and
+checks that the host's own state passes again. Every item with a deploy counterpart has a
+case but ``residency``: the lab serves CPU builds, which have no cards to be resident on
+(its verdicts are tested with real nvidia-smi output in tests/unit/test_gpu_verdicts.py).
+``gpu_processes`` has no deploy counterpart (the deploy never stops another process on a
+card): docs/audit.md says so. The rules' agreement (the audit names the rule the deploy
+refuses with, in the same words) is in test_preflight_driver.py.
 """
 
 import json
@@ -43,15 +47,43 @@ REPAIRED_BY = {
     "bench": "llama-server | llama-bench",
 }
 
+SEALED = f"{OPT}/builds/current"
+# The current build's files are the ones its manifest sealed (size and mtime).
+BUILD_AS_SEALED = (f"python3 -c \"import json, os; m = json.load(open('{SEALED}/manifest.json')); "
+                   f"print(all(os.lstat('{SEALED}/' + e['path']).st_mtime_ns == e['mtime_ns'] "
+                   "for e in m['files'] if 'mtime_ns' in e))\" | grep -qx True")  # fmt: skip
+
+
+def yes(test: str) -> str:
+    return f"if {test}; then echo yes; else echo no; fi"
+
+
+# case: (the drift, the items the audit must call drift, the host's own test of the state
+# the deploy restores, the steps that follow from the repair: a rebuilt build moves the unit)
 DRIFTS = {
-    "unit edited": (f"echo '# edited by hand' >> {UNIT} && systemctl daemon-reload", {"unit"}),
-    "service stopped": ("systemctl stop llamarack-server.service", {"service", "health"}),
-    "driver hold lost": ("apt-mark unhold $(apt-mark showhold)", {"driver"}),
-    "env package removed": (f"{OPT}/envs/awq/bin/python -m pip uninstall -y -q accelerate", {"awq_env"}),
-    "version record removed": (f"rm {OPT}/state/deployed-by.json", {"llamarack"}),
-    "shape record removed": (f"rm {OPT}/models/current/shape-*.json", {"model"}),
-    "bench record removed": (f"rm {OPT}/state/bench.json", {"bench"}),
-    "pipeline user unmarked": ("usermod --comment '' llamarack-model", {"pipeline_user"}),
+    "unit edited": (f"echo '# edited by hand' >> {UNIT} && systemctl daemon-reload", {"unit"},
+                    f"! grep -q 'edited by hand' {UNIT}", set()),
+    "service stopped": ("systemctl stop llamarack-server.service", {"service", "health"},
+                        "systemctl is-active -q llamarack-server.service", set()),
+    "driver hold lost": ("apt-mark unhold $(apt-mark showhold)", {"driver"}, "apt-mark showhold | grep -q .", set()),
+    "env package removed": (f"{OPT}/envs/awq/bin/python -m pip uninstall -y -q accelerate", {"awq_env"},
+                            f"{OPT}/envs/awq/bin/python -c 'import accelerate'", set()),
+    "converter package removed": (f"{OPT}/envs/convert/bin/python -m pip uninstall -y -q sentencepiece",
+                                  {"converter_env"}, f"{OPT}/envs/convert/bin/python -c 'import sentencepiece'",
+                                  set()),  # fmt: skip
+    "version record removed": (f"rm {OPT}/state/deployed-by.json", {"llamarack"},
+                               f"test -s {OPT}/state/deployed-by.json", set()),
+    "shape record removed": (f"rm {OPT}/models/current/shape-*.json", {"model"},
+                             f"ls {OPT}/models/current/shape-*.json", set()),
+    "bench record removed": (f"rm {OPT}/state/bench.json", {"bench"}, f"test -s {OPT}/state/bench.json", set()),
+    "pipeline user unmarked": ("usermod --comment '' llamarack-model", {"pipeline_user"},
+                               "getent passwd llamarack-model | cut -d: -f5 | grep -q .", set()),
+    "service user unmarked": ("usermod --comment '' llamarack", {"service_user"},
+                              "getent passwd llamarack | cut -d: -f5 | grep -q .", set()),
+    "build package removed": ("apt-get remove -y -qq ccache", {"toolchain"},
+                              "dpkg-query -W -f='${Status}' ccache | grep -q 'ok installed'", set()),
+    "build file changed after its seal": (f"touch {SEALED}/build/bin/llama-cli", {"build"}, BUILD_AS_SEALED,
+                                          {"llama-server | llama-server at"}),
 }
 
 
@@ -68,10 +100,11 @@ def changed_steps(output: str) -> set:
     return {name.strip() for name, _, success, _, _ in rows if success != "-"}
 
 
-def repaired(items: set, steps: set) -> bool:
-    """Every step that changed is one a drifted item names, and every drifted item's step changed."""
+def repaired(items: set, steps: set, follows: set = frozenset()) -> bool:
+    """Every step that changed is one a drifted item names (or one that follows from its
+    repair), and every drifted item's step changed."""
     wanted = {REPAIRED_BY[i] for i in items}
-    return all(any(s.startswith(w) for w in wanted) for s in steps) and \
+    return all(any(s.startswith(w) for w in wanted | follows) for s in steps) and \
         all(any(s.startswith(w) for s in steps) for w in wanted)  # fmt: skip
 
 
@@ -85,12 +118,20 @@ def test_the_host_is_converged(lab_rack):
 
 @pytest.mark.parametrize("case", list(DRIFTS))
 def test_what_the_audit_calls_drift_is_what_the_deploy_changes(lab_rack, case):
-    command, expected = DRIFTS[case]
+    command, expected, holds, follows = DRIFTS[case]
+    assert deploying.sh(lab_rack, HOST, yes(holds)) == "yes", f"{case}: the converged host fails its own test"
     deploying.sh(lab_rack, HOST, command)
+    assert deploying.sh(lab_rack, HOST, yes(holds)) == "no", f"{case}: the drift did not change the host"
     drifted = set(audit()["drift"])
     assert drifted == expected, drifted
     rc, out = deploying.deploy(lab_rack, HOST)
     assert rc == 0, out[-3000:]
     steps = changed_steps(out)
-    assert repaired(drifted, steps), (drifted, steps)
+    assert repaired(drifted, steps, follows), (drifted, steps)
+    assert deploying.sh(lab_rack, HOST, yes(holds)) == "yes", f"{case}: the deploy did not restore the host"
     assert audit()["drift"] == [], "the deploy repaired what the audit named"
+
+
+def test_every_item_a_deploy_repairs_has_a_case_but_residency():
+    cased = set().union(*(items for _, items, _, _ in DRIFTS.values()))
+    assert set(REPAIRED_BY) - cased == {"residency"}
