@@ -67,6 +67,15 @@ def host_state(lab_rack) -> str:
 def test_full_deploy_converges(lab_rack):
     rc, out = deploy(lab_rack)
     assert rc == 0, out[-6000:]
+    totals = parse_pyinfra_totals(out)
+    assert totals["error"] == 0 and totals["success"] > 0, out[-6000:]
+    # every role reached its end: a proven build and a sealed model current, the unit active
+    # and answering, the deploy recorded; the next run changing nothing is the test below
+    ends = (f"test -s {OPT}/builds/current/build-info.json", f"test -s {OPT}/builds/current/manifest.json",
+            f"test -s {OPT}/models/current/stamp.json", f"test -s {OPT}/models/current/model.gguf",
+            f"test -s {OPT}/state/deployed-by.json", f"systemctl is-active -q {UNIT}")  # fmt: skip
+    assert sh(lab_rack, " && ".join(ends) + " && echo ends") == "ends"
+    deploying.completes(lab_rack, HOST)
 
 
 def test_awq_env_has_the_pins_and_imports(lab_rack):
