@@ -23,6 +23,7 @@ VENV = {"python_env_backend": "venv"}
 FACTS = Path(__file__).resolve().parents[1] / "facts/PathOwners"
 
 URL = "an http:// or https:// URL of a server"
+ASCII_URL = "an http:// or https:// URL of ASCII characters only"
 USERINFO = "an http:// or https:// URL with nothing before its host: user@ or user:pass@ there is refused"
 GIT = "a git repository URL"
 ADDRESS = "an IP address to listen on"
@@ -70,6 +71,11 @@ HOSTILE = [
     ({"python_env_conda_installer_url": "https://u:p@github.com/x.sh"}, f"python_env_conda_installer_url: given 'https://u:p@github.com/x.sh'; allowed: {USERINFO}"),
     ({"python_env_conda_channels": ["https://u:p@conda.example/c"]}, "python_env_conda_channels: given ['https://u:p@conda.example/c']; allowed: " + USERINFO),
     ({"model_url": "https://u:p@files.example/m.gguf"}, f"model_url: given 'https://u:p@files.example/m.gguf'; allowed: {USERINFO}"),
+    # a character no request line carries: the host's fetcher would die on it
+    ({"model_url": "https://files.example/mod\u00e8le.gguf"}, "model_url: given 'https://files.example/mod\u00e8le.gguf'; allowed: " + ASCII_URL + " ('\u00e8' is not): a path's characters percent-encoded as UTF-8 (%C3%A8), a host name in its xn-- form"),
+    ({"model_url": "https://files.example/m.gguf?x=\u200b"}, "model_url: given 'https://files.example/m.gguf?x=\\u200b'; allowed: " + ASCII_URL + " ('\\u200b' is not)"),
+    ({"model_hf_endpoint": "https://b\u00fccher.example"}, "model_hf_endpoint: given 'https://b\u00fccher.example'; allowed: " + ASCII_URL),
+    ({"python_env_index_url": "https://pypi.example/simple/\u00e9"}, "python_env_index_url: given 'https://pypi.example/simple/\u00e9'; allowed: " + ASCII_URL),
     ({"llamacpp_git_url": "https://user:pass@github.com/ggml-org/llama.cpp.git"}, f"llamacpp_git_url: given 'https://user:pass@github.com/ggml-org/llama.cpp.git'; allowed: {GIT}"),
     ({"llamacpp_git_url": "ssh://git:secret@mirror.example/llama.cpp.git"}, f"llamacpp_git_url: given 'ssh://git:secret@mirror.example/llama.cpp.git'; allowed: {GIT}"),
     # an option where the host belongs (ssh -oProxyCommand=...)
