@@ -107,8 +107,9 @@ def shape_from_config(config: dict, quant: str, name: str = "config.json") -> di
     try:  # before anything is counted with them
         check_values({"n_embd": n_embd, "n_ff": n_ff, "n_layer": n, "n_head": n_head, "n_vocab": vocab,
                       "n_ctx_train": trained}, CONFIG_KEYS)  # fmt: skip
-        n_kv = c.get("num_key_value_heads") or n_head
-        hd = c.get("head_dim") or n_embd // n_head
+        # as the converter writes them and llama.cpp takes them: a value given (0 too) as it is
+        n_kv = n_head if c.get("num_key_value_heads") is None else c["num_key_value_heads"]
+        hd = n_embd // n_head if c.get("head_dim") is None else c["head_dim"]
         check_values({"n_head_kv": n_kv, "head_dim_k": hd}, CONFIG_KEYS)
     except GgufError as e:
         raise ModelSourceError(f"{name}: {e}") from None

@@ -18,7 +18,7 @@ from packaging.version import Version
 
 from llamarack import gpu_table
 from llamarack.facts.ownership import PathOwnership
-from llamarack.roles.driver.reads import DriverState, KernelLog, KernelModule
+from llamarack.roles.driver.reads import FELL_OFF_BUS, DriverState, KernelLog, KernelModule
 from llamarack.roles.model.calibration import HubCounts, calibrates, card_shortfall
 from llamarack.roles.model.reads import ArtifactState
 from llamarack.roles.server.reads import SERVICE_USER_MARK, PasswdEntry
@@ -272,12 +272,42 @@ def rule_driver_loaded(s: Settings, facts: HostFacts) -> Optional[Failure]:
         return Failure("driver-reboot-needed", f"{library} but loaded kernel module {loaded} (Driver/library "
                        "version mismatch)", "library and module of the same version",
                        "reboot the host (or set driver_reboot_on_mismatch = True to let llamarack do it)")  # fmt: skip
+    fallen = fallen_off_bus(facts)
+    if fallen:  # nvidia-smi fails on the card that fell; the kernel names it
+        return Failure("gpu-on-bus", f"{_fallen_cards(fallen)} (the kernel: {fallen[0][1]}); nvidia-smi failed: "
+                       f"{driver.message}", ON_BUS_NEEDED, ON_BUS_FIX)  # fmt: skip
     return Failure("driver-answers", f"nvidia-smi failed: {driver.message}", "a working nvidia-smi",
                    "look at the driver's state on the host (dmesg, nvidia-smi)")
 
 
-# The kernel's words for the causes nvidia-smi cannot name (NVRM lines, this boot).
-FELL_OFF_BUS = re.compile(r"fallen off the bus", re.I)
+ON_BUS_NEEDED = "every GPU answering on the bus"
+ON_BUS_FIX = "hardware: reseat or power-cycle the card, check its power and cooling, then reboot"
+
+
+def fallen_off_bus(facts: HostFacts) -> tuple:
+    """(the card, the kernel's line, its UUID or None) of each card the kernel says fell off the bus
+    this boot (``KernelLog.fallen_off_bus``): named by its PCI slot, with its name (the record's, by
+    the UUID the kernel tied to the slot, else the card table's for the PCI bus's device) and UUID."""
+    log = facts.kernel_log
+    if log is None:
+        return ()
+    uuids, fallen = log.uuids(), []
+    for address, line in log.fallen_off_bus().items():
+        card = next((c for c in facts.pci_cards or () if c.slot.lower().startswith(address + ".")), None)
+        uuid = uuids.get(address)
+        recorded = next((g.name for g in facts.recorded_gpus if uuid and g.uuid == uuid), None)
+        about = [n for n in (recorded or (card and (card.name or card.pci_device_id)), uuid) if n]
+        what = f"the GPU at PCI {card.slot if card else address}" + (f" ({', '.join(about)})" if about else "")
+        fallen.append((what, line, uuid))
+    return tuple(fallen)
+
+
+def _fallen_cards(fallen: tuple) -> str:
+    return " and ".join(what for what, _, _ in fallen) + " fell off the bus"
+
+
+# The kernel's words for the causes nvidia-smi cannot name (NVRM lines, this boot; a card off
+# the bus: roles/driver/reads.py, FELL_OFF_BUS).
 LEGACY_BRANCH = re.compile(r"supported through the NVIDIA (\d+)\.xx Legacy drivers")
 
 
@@ -397,10 +427,43 @@ def missing_gpus(facts: HostFacts) -> tuple:
     return tuple(g for g in facts.recorded_gpus if g.uuid not in named)
 
 
+def fallen_beside_listed(facts: HostFacts) -> tuple:
+    """``fallen_off_bus`` where the driver lists other cards and one the PCI bus or the record
+    knows is not listed; () otherwise."""
+    driver = facts.driver
+    if driver.state != "ok" or not driver.gpus:
+        return ()
+    unlisted = len(facts.pci_cards or ()) > len(driver.gpus) + len(driver.unreadable)
+    return fallen_off_bus(facts) if unlisted or missing_gpus(facts) else ()
+
+
+def fallen_gpus_warning(s: Settings, facts: HostFacts) -> Optional[str]:
+    """What preflight says of a card the kernel says fell off the bus while the driver lists the
+    others: as of any card gone, the deploy goes on with the cards listed; the card is named by
+    its PCI slot, with the cure."""
+    fallen = fallen_beside_listed(facts)
+    if not fallen:
+        return None
+    return (f"{_fallen_cards(fallen)} (the kernel: {fallen[0][1]}); listed: "
+            + ", ".join(g.name for g in facts.driver.gpus) + ". Serving from the cards listed (a gone card's "
+            f"unit retires until it is back). Fix: {ON_BUS_FIX}")  # fmt: skip
+
+
+def _not_fallen(facts: HostFacts, missing: tuple) -> tuple:
+    """The cards of ``missing`` that no kernel line says fell off the bus (``fallen_gpus_warning``
+    names those): by the UUID the kernel tied to the slot; one card gone where one fell, without it."""
+    fallen = fallen_beside_listed(facts)
+    if not fallen:
+        return missing
+    uuids = {uuid for _, _, uuid in fallen if uuid}
+    return () if not uuids and len(fallen) >= len(missing) else tuple(g for g in missing if g.uuid not in uuids)
+
+
 def missing_gpus_warning(s: Settings, facts: HostFacts) -> Optional[str]:
     """What preflight says of recorded cards gone now: the deploy goes on with the cards listed (the
-    server role retires a gone card's unit until it is back); the record keeps them until they return."""
-    missing = missing_gpus(facts)
+    server role retires a gone card's unit until it is back); the record keeps them until they return.
+    A card the kernel says fell off the bus is ``fallen_gpus_warning``'s."""
+    missing = _not_fallen(facts, missing_gpus(facts))
     if not missing:
         return None
     return ("recorded GPU(s) not listed by nvidia-smi now: " + ", ".join(f"{g.name} ({g.uuid})" for g in missing)

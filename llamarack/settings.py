@@ -27,7 +27,7 @@ from .errors import SettingsError
 from .layout import Layout
 from .roles.driver.settings import DriverSettings
 from .roles.gateway.settings import GatewaySettings
-from .roles.llamacpp.settings import LlamacppSettings
+from .roles.llamacpp.settings import LlamacppSettings, local_git_path
 from .roles.model.settings import ModelSettings
 from .roles.python_env.settings import PythonEnvSettings
 from .roles.server.settings import ServerSettings
@@ -86,15 +86,16 @@ class GeneralSettings(Section):
     )
     trusted_network: bool = setting(
         False,
-        "True allows plain http:// sources (git, pip indexes, conda, the hub and its token, model_url): "
-        "the hosts reach them over a closed network no one else can read or change, as the lab's bridge; "
-        "False needs https:// (http:// to a loopback address is allowed either way)",
+        "True allows plain http:// sources (git, pip indexes, conda, the hub and its token, model_url) and a "
+        "git:// llamacpp_git_url: the hosts reach them over a closed network no one else can read or change, "
+        "as the lab's bridge; False needs https:// (or ssh:// for git; http:// or git:// to a loopback address "
+        "is allowed either way)",
     )
     allow_shared_dirs: bool = setting(
         False,
         "True accepts host paths root runs or builds from (llamarack_root, toolchain_cuda_home, "
-        "llamacpp_ccache_dir) under directories other users can write to (/tmp, /var/tmp, /dev/shm, "
-        "/home...) and skips preflight's check of their owners and modes: only on a throwaway host "
+        "llamacpp_ccache_dir, a local llamacpp_git_url) under directories other users can write to (/tmp, "
+        "/var/tmp, /dev/shm, /home...) and skips preflight's check of their owners and modes: only on a throwaway host "
         "no other user logs in to (tests)",
     )
 
@@ -269,18 +270,27 @@ def _setting_values(s: Settings):
 
 def private_dirs(s: Settings) -> tuple[tuple[str, str], ...]:
     """(key, path) of each directory root runs or builds from (a setting checked as a host path:
-    the root, toolchain_cuda_home, llamacpp_ccache_dir), where one is set: preflight checks on
-    the host that it and every directory above it are root's alone (``rules.rule_dirs_private``)."""
-    return tuple((info.key, value) for info, value in _setting_values(s) if info.check in (host_path, _root) and value)
+    the root, toolchain_cuda_home, llamacpp_ccache_dir; and a llamacpp_git_url that is a local
+    repository, whose files the build takes), where one is set: preflight checks on the host that
+    it and every directory above it are root's alone (``rules.rule_dirs_private``)."""
+    dirs = [(info.key, value) for info, value in _setting_values(s) if info.check in (host_path, _root) and value]
+    repository = local_git_path(s.llamacpp.git_url)
+    return tuple(dirs + ([("llamacpp_git_url", repository)] if repository else []))
 
 
 def _plain_http_problems(s: Settings) -> list[str]:
-    """Plain http:// sources, unless llamarack_trusted_network says no one else is on the way."""
+    """Plain http:// and git:// sources, unless llamarack_trusted_network says no one else is on the way."""
     if s.general.trusted_network:
         return []
     problems = []
     for info, value in _setting_values(s):
         for url in value if isinstance(value, tuple) else (value,):
+            if isinstance(url, str) and url.startswith("git://") and not loopback_url(url):
+                problems.append(
+                    f"{info.key}: given {shown(url)}; allowed: an https:// or ssh:// URL: git:// is as plain as "
+                    "http://, so anyone on the way can hand over other code, and a short llamacpp_commit prefix "
+                    "pins little against that (llamarack_trusted_network = True allows it where the hosts reach "
+                    "their sources over a closed network; git:// to a loopback address is allowed)")  # fmt: skip
             if isinstance(url, str) and url.startswith("http://") and not loopback_url(url):
                 token = (", and the hub token (model_hf_token_file) would travel in clear"
                          if info.key == "model_hf_endpoint" and s.model.hf_token_file else "")
@@ -296,13 +306,13 @@ def _shared_dir_problems(s: Settings) -> list[str]:
     """Host paths root runs or builds from under a directory other users can write to."""
     if s.general.allow_shared_dirs:
         return []
-    problems = []
+    problems, given = [], {info.key: value for info, value in _setting_values(s)}
     for key, path in private_dirs(s):
         shared = under(path, SHARED_DIRS)
         if shared:
             whose = "users' homes" if shared in ("/home", "/run/user") else "a directory every user can write to"
             problems.append(
-                f"{key}: given {shown(path)}; allowed: a directory other users cannot write to ({shared} is {whose}: "
+                f"{key}: given {shown(given[key])}; allowed: a directory other users cannot write to ({shared} is {whose}: "
                 "a local user could put files there, or the directory itself, before root runs what is "
                 "in it), e.g. under /opt or /srv (llamarack_allow_shared_dirs = True only on a throwaway "
                 "test host)")  # fmt: skip

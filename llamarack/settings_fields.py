@@ -141,6 +141,10 @@ def remote_url(value: str) -> Optional[str]:
     allowed = "an http:// or https:// URL of a server, without spaces or shell characters (' \" ` $ ; | & < > ( ) { } \\ ! * ^)"
     if len(value) > URL_MAX_CHARS:
         return f"an http:// or https:// URL of at most {URL_MAX_CHARS} characters"
+    if not value.isascii():
+        odd = next(c for c in value if not c.isascii())
+        return (f"an http:// or https:// URL of ASCII characters only ({odd!r} is not): a path's characters "
+                f"percent-encoded as UTF-8 ({urllib.parse.quote(odd)}), a host name in its xn-- form")
     if not re.fullmatch(r"https?://[^/?#]+(?:[/?#]\S*)?", value) or set(value) & URL_FORBIDDEN:
         return allowed
     try:

@@ -20,10 +20,10 @@ llamarack_service_user = 'llamarack'
 # run only these roles, e.g. server,model (preflight always runs): driver, toolchain, python_env, llamacpp, converter_env, model, server, gateway; None runs them all
 llamarack_roles = None
 
-# True allows plain http:// sources (git, pip indexes, conda, the hub and its token, model_url): the hosts reach them over a closed network no one else can read or change, as the lab's bridge; False needs https:// (http:// to a loopback address is allowed either way)
+# True allows plain http:// sources (git, pip indexes, conda, the hub and its token, model_url) and a git:// llamacpp_git_url: the hosts reach them over a closed network no one else can read or change, as the lab's bridge; False needs https:// (or ssh:// for git; http:// or git:// to a loopback address is allowed either way)
 llamarack_trusted_network = False
 
-# True accepts host paths root runs or builds from (llamarack_root, toolchain_cuda_home, llamacpp_ccache_dir) under directories other users can write to (/tmp, /var/tmp, /dev/shm, /home...) and skips preflight's check of their owners and modes: only on a throwaway host no other user logs in to (tests)
+# True accepts host paths root runs or builds from (llamarack_root, toolchain_cuda_home, llamacpp_ccache_dir, a local llamacpp_git_url) under directories other users can write to (/tmp, /var/tmp, /dev/shm, /home...) and skips preflight's check of their owners and modes: only on a throwaway host no other user logs in to (tests)
 llamarack_allow_shared_dirs = False
 
 # --- driver: Checks on the NVIDIA driver; llamarack never installs one unless asked.

@@ -470,12 +470,49 @@ class NvidiaPciCards(FactBase[tuple]):
         return tuple(cards)
 
 
+# The kernel's words for a card that stopped answering on the PCI bus (Xid 79), in each form the
+# driver prints: "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.", "NVRM:
+# GPU 0000:3b:00.0: GPU has fallen off the bus.", and at probe, over three lines, "NVRM: The
+# NVIDIA GPU 0000:b3:00.0" / "NVRM: (PCI ID: 10de:26b5) installed in this system has" / "NVRM:
+# fallen off the bus and is not responding to commands."
+FELL_OFF_BUS = re.compile(r"fallen off the bus", re.I)
+# A card's PCI address in an NVRM line ("PCI:0000:3b:00", "GPU 0000:3b:00.0"), and the line that
+# ties an address to a card's UUID ("NVRM: GPU at PCI:0000:3b:00: GPU-3c1f0a2e-...").
+_PCI_ADDRESS = re.compile(r"(?:PCI:|GPU )(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\b")
+_GPU_AT = re.compile(r"GPU at PCI:(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2}): (GPU-[0-9a-fA-F-]+)")
+
+
+def pci_address(domain: Optional[str], bus: str, device: str) -> str:
+    """A card's PCI address as the kernel names its slot, domain:bus:device in lowercase
+    ("0000:3b:00"; nvidia-smi writes the domain in 8 digits, "00000000:3B:00.0")."""
+    return f"{(domain or '0')[-4:].zfill(4)}:{bus}:{device}".lower()
+
+
 @dataclass(frozen=True)
 class KernelLog(FactValue):
     lines: tuple
     """The kernel's last NVRM and nouveau lines of this boot (at most 40)."""
     module_file: Optional[str]
     """The nvidia module file for the running kernel, None when there is none."""
+
+    def fallen_off_bus(self) -> dict:
+        """{PCI address ("0000:3b:00"): the kernel's words} of each card it says fell off the bus this
+        boot, the address read from that line or, for the probe's three lines, the two before it
+        (then the words are the line that names the card, "...", and the one that says it fell)."""
+        fallen: dict = {}
+        for i, line in enumerate(self.lines):
+            if not FELL_OFF_BUS.search(line):
+                continue
+            named = next((text for text in (line, *reversed(self.lines[max(0, i - 2):i]))
+                          if _PCI_ADDRESS.search(text)), None)  # fmt: skip
+            if named:
+                words = line.strip() if named is line else f"{named.strip()} ... {line.strip()}"
+                fallen.setdefault(pci_address(*_PCI_ADDRESS.search(named).groups()), words)
+        return fallen
+
+    def uuids(self) -> dict:
+        """{PCI address: the card's UUID} where the kernel tied them ("GPU at PCI:...: GPU-...")."""
+        return {pci_address(*m.groups()[:3]): m.group(4) for line in self.lines if (m := _GPU_AT.search(line))}
 
 
 class NvidiaKernelLog(FactBase[KernelLog]):

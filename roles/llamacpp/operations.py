@@ -36,7 +36,9 @@ def checkout(git_url: str, commit: str, dest: str):
 
     q_dest, q_url = shlex.quote(dest), shlex.quote(git_url)
     if head is None:
-        yield f"rm -rf {q_dest} && mkdir -p {q_dest} && git clone --quiet --no-checkout -- {q_url} {q_dest}"
+        # --no-local: from a local repository too, every object comes through git's pack
+        # protocol and is checked against its id, never hardlinked or copied as found.
+        yield f"rm -rf {q_dest} && mkdir -p {q_dest} && git clone --quiet --no-local --no-checkout -- {q_url} {q_dest}"
     else:
         yield f"git -C {q_dest} remote set-url origin {q_url} && git -C {q_dest} fetch --quiet origin"
     yield (f"git -C {q_dest} -c advice.detachedHead=false checkout --quiet --force --detach {shlex.quote(commit)}"

@@ -52,6 +52,14 @@ def _git_url(value: str) -> Optional[str]:
     return allowed
 
 
+def local_git_path(value: str) -> Optional[str]:
+    """The directory a local ``llamacpp_git_url`` (an absolute path or a file:// URL) names,
+    else None: root builds what the clone takes from there, so preflight checks who may
+    write to it (``settings.private_dirs``)."""
+    local = value.removeprefix("file://")
+    return local.rstrip("/") if local.startswith("/") else None
+
+
 @dataclass(frozen=True)
 class LlamacppSettings(Section):
     """The llama.cpp source and build."""

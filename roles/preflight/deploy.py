@@ -11,7 +11,8 @@ from llamarack.facts import FactRead, read, read_together
 from llamarack import __version__
 from llamarack.operations import record_deployment, record_gpus, refuse
 from llamarack.roles.model import calibration
-from llamarack.rules import HostFacts, driver_warnings, evaluate, missing_gpus, missing_gpus_warning
+from llamarack.rules import (HostFacts, driver_warnings, evaluate, fallen_gpus_warning, missing_gpus,
+                             missing_gpus_warning)  # fmt: skip
 from llamarack.settings import Settings
 
 from .reads import DeployedBy, gather, preflight_reads, role_reads
@@ -40,7 +41,8 @@ def preflight(settings: Settings) -> Optional[HostFacts]:
 
     for warning in driver_warnings(facts.driver):
         logger.warning(f"{host.name}: nvidia-smi: {warning}")
-    for rule, warning in (("gpus-missing", missing_gpus_warning(settings, facts)),
+    for rule, warning in (("gpu-on-bus", fallen_gpus_warning(settings, facts)),
+                          ("gpus-missing", missing_gpus_warning(settings, facts)),
                           ("awq-card-memory", calibration.unchecked(facts.hub_config))):
         if warning:
             logger.warning(f"{host.name}: {rule}: {warning}")

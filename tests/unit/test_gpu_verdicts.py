@@ -50,6 +50,52 @@ def test_a_card_another_process_fills_is_named_out_of_memory_not_a_cpu_fault(log
     assert proof.named_gpu_failure(plain) is plain  # nothing to name
 
 
+OOM = Path(__file__).parents[1] / "fixtures/llama-server/gpu-oom"
+ANOTHER = "another process holds the card's memory (nvidia-smi names it)"
+
+
+def oom(text: str):
+    return proof.named_gpu_failure(proof.SmokeFailure("llama-server died before it answered /health", text))
+
+
+def test_a_compute_buffer_that_fills_the_card_is_named_the_models_own_not_another_process():
+    text = (OOM / "own-compute-oom.log").read_text()  # the whole log: the card's memory is in it
+    named = oom(text)
+    assert named.on_gpu and ANOTHER not in named.why
+    assert ("the model's own buffers do not fit the card: model 4403.49 + KV 1024.00 + compute 139264.00 MiB "
+            "(the last the allocation that failed) = 144691.49 MiB of its 143155 MiB") in named.why
+    assert "allocating 139264.00 MiB on device 0: cudaMalloc failed: out of memory" in named.why
+    # the smoke run's 40 lines hold the buffers but not the card's memory: the figures, and how to judge them
+    tail = oom(proof._tail(str(OOM / "own-compute-oom.log")))
+    assert "VRAM" not in proof._tail(str(OOM / "own-compute-oom.log")) and ANOTHER not in tail.why
+    assert ("the model's own buffers asked for model 4403.49 + KV 1024.00 + compute 139264.00 MiB (the last "
+            "the allocation that failed) = 144691.49 MiB; where that comes near the card's memory (nvidia-smi's "
+            "memory.total) they do not fit it, else another process holds the rest") in tail.why
+
+
+@pytest.mark.parametrize("log", ["busy-load-oom.log", "busy-stream-oom.log"])
+def test_own_buffers_small_beside_the_card_keep_the_other_process_wording(log):
+    whole = (LOGS / log).read_text()
+    # the card's memory known (its device line; the device list says 0 where cudaMemGetInfo failed)
+    assert "VRAM: 143155 MiB" in whole and "(0 MiB, 0 MiB free)" in whole
+    for text in (whole, proof._tail(str(LOGS / log))):
+        assert ANOTHER in oom(text).why
+
+
+def test_only_the_failing_cards_buffers_count():
+    """Two cards: the model's buffers on CUDA1 say nothing of CUDA0's failed allocation."""
+    text = ("Device 0: Tesla V100-SXM2-16GB, compute capability 7.0, VMM: yes, VRAM: 16144 MiB\n"
+            "Device 1: Tesla V100-SXM2-16GB, compute capability 7.0, VMM: yes, VRAM: 16144 MiB\n"
+            "load_tensors:        CUDA1 model buffer size = 15500.00 MiB\n"
+            "load_tensors:        CUDA0 model buffer size =   120.00 MiB\n"
+            "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 64.00 MiB on device 0: cudaMalloc failed: "
+            "out of memory\n")  # fmt: skip
+    assert ANOTHER in oom(text).why
+    own = oom(text.replace("on device 0", "on device 1"))
+    assert "model 15500.00 + compute 64.00 MiB (the last the allocation that failed) = 15564.00 MiB of its 16144" \
+        in own.why
+
+
 def test_residency_on_the_card_and_off_it():
     text = (LOGS / "card.log").read_text()
     assert residency(ON_CARD, 6434, (UUID,), 1, text) is None

@@ -20,7 +20,7 @@ from llamarack.errors import ModelSourceError
 from llamarack.model_shapes import local_gguf_shape, shape_from_config
 from llamarack.plan_cli import plan_command
 from llamarack.planner import MIB, Knobs, PlanError, plan
-from llamarack.roles.llamacpp.files.llamacpp_proof import _gguf_string
+from llamarack.roles.llamacpp.files.llamacpp_proof import _gguf_kv, _gguf_string
 from llamarack.roles.model.files.gguf_header import MAX_LAYERS, read_shape
 from llamarack.roles.model.reads import GgufShape
 from llamarack.roles.server.plan import plan_context
@@ -60,8 +60,31 @@ def crafted(changes: dict = None, tensors: list = TENSORS, raw: bytes = b"", n_t
     return bytes(data)
 
 
+def versioned(version: int) -> bytes:
+    """The sound crafted header, claiming GGUF ``version``."""
+    data = bytearray(crafted())
+    struct.pack_into("<I", data, 4, version)
+    return bytes(data)
+
+
 # (id, the file, what the refusal says)
 FILES = [
+    # what llama.cpp's gguf.cpp refuses, refused here too (not planned as if it would load)
+    ("GGUF version 4", versioned(4), r"GGUF version 4 is not supported: llama.cpp reads versions 2 to 3"),
+    ("GGUF version 2^32-1", versioned(2**32 - 1), r"GGUF version 4294967295 is not supported"),
+    ("a big-endian v3 file", versioned(0x03000000),
+     r"GGUF version 50331648 \(a big-endian file's version, read little-endian\) is not supported"),
+    ("a key given twice", crafted(raw=_gguf_kv("llama.block_count", "u32", 2)),
+     r"key 'llama.block_count' appears twice in the header; llama.cpp refuses such a file"),
+    ("a key not kept given twice", crafted({"general.name": ("str", "a")}, raw=_gguf_kv("general.name", "str", "b")),
+     r"key 'general.name' appears twice"),
+    # llama.cpp takes a head size or KV head count the header gives as it is, 0 too; derived only when absent
+    ("key_length 0", crafted({"llama.attention.key_length": ("u32", 0)}),
+     r"head_dim_k \(attention.key_length\) 0 is out of range"),
+    ("value_length 0", crafted({"llama.attention.value_length": ("u32", 0)}),
+     r"head_dim_v \(attention.value_length\) 0 is out of range"),
+    ("head_count_kv 0", crafted({"llama.attention.head_count_kv": ("u32", 0)}),
+     r"n_head_kv \(attention.head_count_kv\) 0 is out of range"),
     ("string block_count", crafted({"llama.block_count": ("str", "32")}),
      r"n_layer \(block_count\) '32' is not an integer"),
     ("float block_count", crafted({"llama.block_count": ("f32", 2.0)}),
@@ -86,8 +109,8 @@ FILES = [
      r"general.architecture 7 is not a name"),
     ("arrays 5000 deep, under a key not kept", crafted(raw=nested("general.junk", 5000)),
      r"key 'general.junk' holds an array of arrays, which llama.cpp does not read"),
-    ("arrays 5000 deep, under a kept key", crafted(raw=nested("llama.attention.head_count_kv", 5000)),
-     r"key 'llama.attention.head_count_kv' holds an array of arrays"),
+    ("arrays 5000 deep, under a kept key", crafted(raw=nested("llama.attention.key_length", 5000)),
+     r"key 'llama.attention.key_length' holds an array of arrays"),
     ("a kept array longer than any layer list", crafted({"llama.attention.head_count_kv": ("[]u32", [2] * 70000)}),
      rf"key 'llama.attention.head_count_kv' holds 70000 items, more than the {MAX_LAYERS}"),
     ("block_count 10^7", crafted({"llama.block_count": ("u32", 10**7)}),
@@ -197,6 +220,9 @@ CONFIGS = [
     ("10^9 layers", {"num_hidden_layers": 10**9}, r"n_layer \(num_hidden_layers\) 1000000000 is out of range"),
     ("float width", {"hidden_size": 4096.0}, r"n_embd \(hidden_size\) 4096.0 is not an integer"),
     ("no heads", {"num_attention_heads": 0}, r"n_head \(num_attention_heads\) 0 is out of range"),
+    # the converter writes a head_dim or num_key_value_heads given (0 too), and llama.cpp takes it
+    ("head_dim 0", {"head_dim": 0}, r"head_dim_k \(head_dim\) 0 is out of range"),
+    ("no KV heads", {"num_key_value_heads": 0}, r"n_head_kv \(num_key_value_heads\) 0 is out of range"),
     ("string rope scaling", {"rope_scaling": "yarn"}, r"rope_scaling is not an object"),
     ("string rope factor", {"rope_scaling": {"rope_type": "yarn", "factor": "4"}},
      r"rope_scale \(rope.scaling.factor\) '4' is not a positive finite number"),

@@ -6,7 +6,9 @@ paths it names (``roles/model/files/model_fetch.py``); the artifact's record (``
 readable by all) keeps the model's URL (``roles/model/plan.py``).
 """
 
+import contextlib
 import dataclasses
+import hashlib
 import json
 import re
 
@@ -141,7 +143,12 @@ def test_a_record_naming_a_path_out_of_the_fetch_is_not_planned_from():
         assert plan_from_pinned_record(s, ArtifactState(plan.stamp, 1, 1, {**record, "files": files})) is None
 
 
-@pytest.mark.parametrize("path", ["", ".", "..", "../x", "a/../../x", "/etc/x", "a//b", "a/", "a/./b", "a\0b", None])
+# Every path the control side refuses (``repo_path_problem``), the host's fetcher refuses too.
+UNTAKEABLE = ["", ".", "..", "../x", "a/../../x", "/etc/x", "a//b", "a/", "a/./b", "a\0b", None, "a\nb",
+              "model\n.gguf", "a\rb", "a\x1b[2Jb", "a\x7fb", "a\x85b", "a\u2028b", "a\u2029b", "x" * 256]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", UNTAKEABLE)
 def test_the_host_fetcher_refuses_a_path_that_is_not_a_file_under_its_destination(tmp_path, capsys, path):
     manifest = {"endpoint": "http://127.0.0.1:9", "repo": "org/tiny", "revision": SHA,
                 "files": [{"path": "config.json", "size": 2, "git_sha1": "c" * 40},
@@ -152,6 +159,45 @@ def test_the_host_fetcher_refuses_a_path_that_is_not_a_file_under_its_destinatio
     err = capsys.readouterr().err
     assert rc == model_fetch.EXIT_FAILED and "refusing file path" in err and "Traceback" not in err
     assert list(dest.iterdir()) == []  # checked before the first byte
+
+
+@pytest.mark.parametrize("path", UNTAKEABLE + ["model.safetensors", "tokenizer/tokenizer.json", "README (copy).md",
+                                                "ünïcode.txt", "x" * 255])  # fmt: skip
+def test_the_host_and_the_control_side_take_the_same_paths(tmp_path, path):
+    refused = hub.repo_path_problem(path) is not None
+    with pytest.raises(model_fetch.FetchError) if refused else contextlib.nullcontext():
+        assert model_fetch.safe_join(str(tmp_path), path) == str(tmp_path.joinpath(*path.split("/")))
+
+
+def test_the_host_fetcher_refuses_a_url_that_is_not_ascii_by_name(tmp_path, capsys):
+    """A URL urllib cannot put on a request line (the settings refuse one; a manifest from
+    elsewhere might hold one) is refused before the first byte, never a traceback."""
+    manifest = {"files": [{"path": "model.gguf", "url": "https://files.example/mod\u00e8le.gguf", "sha256": LFS}]}
+    (tmp_path / "m.json").write_text(json.dumps(manifest))
+    dest = tmp_path / "dest"
+    rc = model_fetch.main(["fetch", "--manifest", str(tmp_path / "m.json"), "--dest", str(dest), "--retries", "0"])
+    err = capsys.readouterr().err
+    assert rc == model_fetch.EXIT_FAILED and "Traceback" not in err
+    assert err.isascii() and "model.gguf: refusing the URL 'https://files.example/mod\\xe8le.gguf'" in err
+    assert "not ASCII; write them percent-encoded (UTF-8)" in err
+    assert list(dest.iterdir()) == []
+
+
+def test_a_model_url_percent_encoded_fetches_the_file_of_that_name(tmp_path, capsys):
+    from tests.support.hub_server import HubServer
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "mod\u00e8le.gguf").write_bytes(b"GGUF" + bytes(60))
+    sha = hashlib.sha256((repo / "mod\u00e8le.gguf").read_bytes()).hexdigest()
+    with HubServer({"org/tiny": repo}) as server:
+        url = f"{server.url}/org/tiny/resolve/main/mod%C3%A8le.gguf"
+        s = load_settings("gpu01", {"python_env_backend": "venv", "model_source": "url", "model_url": url,
+                                    "model_sha256": sha})  # fmt: skip
+        (tmp_path / "m.json").write_text(json.dumps(plan_model(s).manifest()))
+        rc = model_fetch.main(["fetch", "--manifest", str(tmp_path / "m.json"), "--dest", str(tmp_path / "dest")])
+    assert rc == 0, capsys.readouterr().err
+    assert (tmp_path / "dest/model.gguf").read_bytes() == (repo / "mod\u00e8le.gguf").read_bytes()
 
 
 @pytest.mark.parametrize("field, value", [("model_file", ""), ("model_file", "."), ("model_file", "../m.gguf"),

@@ -17,16 +17,19 @@ from llamarack.facts.ownership import PathOwners
 from llamarack.roles.preflight.reads import preflight_reads
 from llamarack.rules import HostFacts, evaluate, rule_dirs_private
 from llamarack.roles.driver.reads import DriverState
-from llamarack.settings import all_settings, describe_type, load_settings
+from llamarack.settings import all_settings, describe_type, load_settings, private_dirs
 
 VENV = {"python_env_backend": "venv"}
 FACTS = Path(__file__).resolve().parents[1] / "facts/PathOwners"
 
 URL = "an http:// or https:// URL of a server"
+ASCII_URL = "an http:// or https:// URL of ASCII characters only"
 USERINFO = "an http:// or https:// URL with nothing before its host: user@ or user:pass@ there is refused"
 GIT = "a git repository URL"
 ADDRESS = "an IP address to listen on"
 HTTP = "an https:// URL: plain http:// can be read and changed by anyone on the way"
+PLAIN_GIT = ("an https:// or ssh:// URL: git:// is as plain as http://, so anyone on the way can hand over other "
+             "code, and a short llamacpp_commit prefix pins little against that")
 SHARED = "a directory other users cannot write to"
 OWN = "a directory llamarack owns alone"
 
@@ -68,6 +71,11 @@ HOSTILE = [
     ({"python_env_conda_installer_url": "https://u:p@github.com/x.sh"}, f"python_env_conda_installer_url: given 'https://u:p@github.com/x.sh'; allowed: {USERINFO}"),
     ({"python_env_conda_channels": ["https://u:p@conda.example/c"]}, "python_env_conda_channels: given ['https://u:p@conda.example/c']; allowed: " + USERINFO),
     ({"model_url": "https://u:p@files.example/m.gguf"}, f"model_url: given 'https://u:p@files.example/m.gguf'; allowed: {USERINFO}"),
+    # a character no request line carries: the host's fetcher would die on it
+    ({"model_url": "https://files.example/mod\u00e8le.gguf"}, "model_url: given 'https://files.example/mod\u00e8le.gguf'; allowed: " + ASCII_URL + " ('\u00e8' is not): a path's characters percent-encoded as UTF-8 (%C3%A8), a host name in its xn-- form"),
+    ({"model_url": "https://files.example/m.gguf?x=\u200b"}, "model_url: given 'https://files.example/m.gguf?x=\\u200b'; allowed: " + ASCII_URL + " ('\\u200b' is not)"),
+    ({"model_hf_endpoint": "https://b\u00fccher.example"}, "model_hf_endpoint: given 'https://b\u00fccher.example'; allowed: " + ASCII_URL),
+    ({"python_env_index_url": "https://pypi.example/simple/\u00e9"}, "python_env_index_url: given 'https://pypi.example/simple/\u00e9'; allowed: " + ASCII_URL),
     ({"llamacpp_git_url": "https://user:pass@github.com/ggml-org/llama.cpp.git"}, f"llamacpp_git_url: given 'https://user:pass@github.com/ggml-org/llama.cpp.git'; allowed: {GIT}"),
     ({"llamacpp_git_url": "ssh://git:secret@mirror.example/llama.cpp.git"}, f"llamacpp_git_url: given 'ssh://git:secret@mirror.example/llama.cpp.git'; allowed: {GIT}"),
     # an option where the host belongs (ssh -oProxyCommand=...)
@@ -87,6 +95,9 @@ HOSTILE = [
     ({"toolchain_conda_channel": "http://conda.example/nvidia"}, f"toolchain_conda_channel: given 'http://conda.example/nvidia'; allowed: {HTTP}"),
     ({"llamacpp_git_url": "http://git.example/llama.cpp.git"}, f"llamacpp_git_url: given 'http://git.example/llama.cpp.git'; allowed: {HTTP}"),
     ({"model_source": "url", "model_url": "http://files.example/m.gguf", "model_sha256": "a" * 64}, f"model_url: given 'http://files.example/m.gguf'; allowed: {HTTP}"),
+    # git:// is as plain as http://: whoever is on the way hands over the code root builds
+    ({"llamacpp_git_url": "git://mirror.example/llama.cpp.git"}, f"llamacpp_git_url: given 'git://mirror.example/llama.cpp.git'; allowed: {PLAIN_GIT}"),
+    ({"llamacpp_git_url": "git://10.0.0.5:9418/llama.cpp.git"}, f"llamacpp_git_url: given 'git://10.0.0.5:9418/llama.cpp.git'; allowed: {PLAIN_GIT}"),
     # listen addresses: a %scope is no part of an address
     ({"server_listen": "::1%$(id)"}, f"server_listen: given '::1%$(id)'; allowed: {ADDRESS}"),
     ({"server_listen": "fe80::1%eth0"}, f"server_listen: given 'fe80::1%eth0'; allowed: {ADDRESS}"),
@@ -120,6 +131,10 @@ HOSTILE = [
     ({"toolchain_cuda_home": "/home/alice/cuda-11.8"}, f"toolchain_cuda_home: given '/home/alice/cuda-11.8'; allowed: {SHARED}"),
     ({"llamacpp_ccache_dir": "/tmp/ccache"}, f"llamacpp_ccache_dir: given '/tmp/ccache'; allowed: {SHARED} (/tmp is"),
     ({"llamacpp_ccache_dir": "/var/tmp/ccache"}, f"llamacpp_ccache_dir: given '/var/tmp/ccache'; allowed: {SHARED}"),
+    # a local repository root builds from, where another user can swap its files
+    ({"llamacpp_git_url": "/tmp/llama.cpp"}, f"llamacpp_git_url: given '/tmp/llama.cpp'; allowed: {SHARED} (/tmp is a directory every user can write to"),
+    ({"llamacpp_git_url": "file:///var/tmp/llama.cpp.git/"}, f"llamacpp_git_url: given 'file:///var/tmp/llama.cpp.git/'; allowed: {SHARED} (/var/tmp is"),
+    ({"llamacpp_git_url": "/home/alice/llama.cpp"}, f"llamacpp_git_url: given '/home/alice/llama.cpp'; allowed: {SHARED} (/home is users' homes"),
 ]  # fmt: skip
 
 
@@ -164,7 +179,11 @@ ACCEPTED = [
      "python_env_index_url": "http://10.77.0.1:8470/pypi/simple", "python_env_conda_channels": ["http://10.77.0.1/c"]},
     {"llamacpp_git_url": "git@github.com:ggml-org/llama.cpp.git"},  # an ssh login name is no secret
     {"llamacpp_git_url": "ssh://git@mirror.example:2222/ggml/llama.cpp.git"},
-    {"llamacpp_git_url": "git://mirror.example/llama.cpp.git"},
+    {**TRUSTED, "llamacpp_git_url": "git://mirror.example/llama.cpp.git"},
+    {"llamacpp_git_url": "git://127.0.0.1:9418/llama.cpp.git"},  # loopback
+    {"llamacpp_git_url": "/srv/mirror/llama.cpp.git"},  # a local mirror; preflight checks who may write to it
+    {"llamacpp_git_url": "file:///srv/mirror/llama.cpp.git"},
+    {**SHARED_OK, "llamacpp_git_url": "/tmp/llama.cpp"},
     {"server_listen": "fd00::5", "server_allow_unauthenticated": True},
     {"server_rope_scaling": "yarn", "server_rope_scale": 4},
     {"llamarack_root": "/var/lib/llamarack", "llamacpp_ccache_dir": "/var/cache/llamarack-ccache",
@@ -259,6 +278,23 @@ def test_a_group_writable_directory_is_refused_and_the_fix_names_it():
     assert failure.rule == "dirs-private"
     assert failure.found == "llamacpp_ccache_dir /var/cache/llamarack/ccache: /var/cache/llamarack/ccache owned by root (uid 0), mode 2775"
     assert failure.fix.endswith("or chown root:root /var/cache/llamarack/ccache and chmod go-w /var/cache/llamarack/ccache")
+
+
+def test_a_local_git_mirror_another_user_owns_refuses_the_host():
+    s = load_settings("gpu07", {**VENV, "llamacpp_backend": "cpu", "llamacpp_git_url": "/srv/mirror/llama.cpp.git"})
+    assert ("llamacpp_git_url", "/srv/mirror/llama.cpp.git") in private_dirs(s)
+    read = [r for r in preflight_reads(s) if r.fact is PathOwners]
+    assert [dict(r.kwargs) for r in read] == [{"paths": ("/opt/llamarack", "/srv/mirror/llama.cpp.git")}]
+    message = rule_dirs_private(s, host_facts(owners("git-mirror-of-another-user"))).message("gpu07")
+    assert message.startswith(
+        "gpu07: dirs-private: found llamacpp_git_url /srv/mirror/llama.cpp.git: /srv/mirror/llama.cpp.git owned "
+        "by cloudsdk (uid 1000), mode 755; needed each of them and every directory above it owned by root")
+    assert message.endswith("Fix: set llamacpp_git_url to a directory only root can write to (under /opt or /srv), "
+                            "or chown root:root /srv/mirror/llama.cpp.git and chmod go-w /srv/mirror/llama.cpp.git")
+    # a file:// URL names the same directory; a remote URL names none
+    url = load_settings("gpu07", {**VENV, "llamacpp_git_url": "file:///srv/mirror/llama.cpp.git/"})
+    assert ("llamacpp_git_url", "/srv/mirror/llama.cpp.git") in private_dirs(url)
+    assert "llamacpp_git_url" not in dict(private_dirs(load_settings("gpu07", VENV)))
 
 
 def test_preflight_reads_every_private_dir_and_none_when_shared_dirs_are_allowed():

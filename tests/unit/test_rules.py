@@ -3,6 +3,7 @@
 import pytest
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from llamarack.roles.toolchain.reads import CudaToolkit, GccInstall
@@ -10,6 +11,7 @@ from llamarack.roles.driver.reads import DebPackage
 from llamarack.roles.driver.reads import DriverState, Gpu, KernelModule, NvidiaSmi
 from llamarack.roles.driver.reads import NvidiaDriverPackages
 from llamarack.rules import RULES, HostFacts, choose_host_compiler, driver_floor, driver_warnings, evaluate, package_driver_version, missing_gpus, missing_gpus_warning
+from llamarack.rules import fallen_gpus_warning
 from llamarack.settings import load_settings
 
 V100 = Gpu(0, "Tesla V100-SXM2-16GB", "GPU-1", 16384, "7.0", "550.127.05")
@@ -420,6 +422,69 @@ def test_a_590_driver_on_a_first_run_v100_is_the_ceiling():
     facts = HostFacts(driver=NO_MODULE, module=None, toolkits=(CUDA118,), gcc=GCC11, pci_cards=(v100,),
                       driver_packages=DRIVER_590)
     assert [f.rule for f in evaluate(settings(), facts)] == ["driver-ceiling"]
+
+
+# A card off the bus beside cards that still answer: the kernel's log names it whatever nvidia-smi says.
+V100S = tuple(Gpu(i, "Tesla V100-SXM2-16GB", f"GPU-v100-{i}", 16384, "7.0", "550.127.05", "0x1DB110DE")
+              for i in range(3))  # fmt: skip
+ON_BUS_FIX = "hardware: reseat or power-cycle the card, check its power and cooling, then reboot"
+
+
+def answering(gpus=V100S, log="fell_off_bus_at_probe", pci="v100_four_one_off_the_bus", **kw):
+    return HostFacts(driver=DriverState("ok", gpus), module=KernelModule("550.127.05", False), toolkits=(CUDA118,),
+                     gcc=GCC11, pci_cards=fixture("NvidiaPciCards", pci), kernel_log=fixture("NvidiaKernelLog", log),
+                     **kw)  # fmt: skip
+
+
+def test_a_card_off_the_bus_beside_cards_that_answer_is_named_by_its_slot():
+    facts = answering()  # a first run: no record; the bus has four cards, the driver lists three
+    assert evaluate(settings(), facts) == []  # the others serve, as for any card gone
+    assert missing_gpus_warning(settings(), facts) is None
+    assert fallen_gpus_warning(settings(), facts) == (
+        "the GPU at PCI 0000:b3:00.0 (Tesla V100 SXM2 16GB) fell off the bus (the kernel: NVRM: The NVIDIA GPU "
+        "0000:b3:00.0 ... NVRM: fallen off the bus and is not responding to commands.); listed: "
+        "Tesla V100-SXM2-16GB, Tesla V100-SXM2-16GB, Tesla V100-SXM2-16GB. Serving from the cards listed (a gone "
+        f"card's unit retires until it is back). Fix: {ON_BUS_FIX}")
+    # every card listed: a kernel line of an earlier fall names nothing gone
+    assert fallen_gpus_warning(settings(), answering(gpus=V100S + (replace(V100S[0], index=3, uuid="GPU-4"),))) is None
+    assert fallen_gpus_warning(settings(), answering(log="no_driver")) is None  # gone, but not off the bus
+
+
+def test_a_recorded_card_off_the_bus_is_named_once_as_fallen_with_its_uuid():
+    gone = Gpu(3, "Tesla V100-SXM2-16GB", "GPU-3c1f0a2e-7f61-2f1b-8a5d-1d2c3b4a5e6f", 16384, "7.0", "")
+    other = Gpu(4, "Tesla V100-SXM2-16GB", "GPU-removed", 16384, "7.0", "")
+    facts = answering(log="fell_off_bus", recorded_gpus=V100S + (gone, other))
+    warning = fallen_gpus_warning(settings(), facts)
+    assert warning.startswith("the GPU at PCI 0000:3b:00.0 (Tesla V100-SXM2-16GB, GPU-3c1f0a2e-7f61-2f1b-8a5d-"
+                              "1d2c3b4a5e6f) fell off the bus (the kernel: NVRM: Xid (PCI:0000:3b:00): 79")
+    # the card the kernel names is the fall's; the other gone card keeps the plain warning
+    assert missing_gpus_warning(settings(), facts).startswith(
+        "recorded GPU(s) not listed by nvidia-smi now: Tesla V100-SXM2-16GB (GPU-removed); listed: ")
+    assert missing_gpus(facts) == (gone, other)  # both stay recorded until they are back
+
+
+def test_nvidia_smi_failing_on_a_card_off_the_bus_names_the_card_not_the_driver():
+    from llamarack.roles.driver.reads import PciCard
+
+    state = smi_fixture("error")  # "Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error"
+    v100 = PciCard("0000:3b:00.0", "0x1DB410DE", "nvidia", "Tesla V100 PCIe 16GB", "7.0")
+    facts = HostFacts(driver=state, module=KernelModule("550.127.05", False), toolkits=(CUDA118,), gcc=GCC11,
+                      pci_cards=(v100,), kernel_log=fixture("NvidiaKernelLog", "fell_off_bus"))
+    (failure,) = evaluate(settings(), facts)
+    assert failure.rule == "gpu-on-bus" and failure.fix == ON_BUS_FIX
+    assert failure.found == (
+        "the GPU at PCI 0000:3b:00.0 (Tesla V100 PCIe 16GB, GPU-3c1f0a2e-7f61-2f1b-8a5d-1d2c3b4a5e6f) fell off the "
+        "bus (the kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the "
+        "bus.); nvidia-smi failed: Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error")
+    # a card the bus does not list is named by the kernel's address, with the record's name by its UUID
+    h100 = Gpu(5, "NVIDIA H100 80GB HBM3", "GPU-b6c3b2be-c55b-d076-fa0e-d464e4c7e08b", 81559, "9.0", "")
+    (failure,) = evaluate(settings(), replace(facts, pci_cards=(), recorded_gpus=(h100,),
+                                              kernel_log=fixture("NvidiaKernelLog", "xid79_under_load")))
+    assert failure.found.startswith("the GPU at PCI 0000:91:00 (NVIDIA H100 80GB HBM3, GPU-b6c3b2be-c55b-d076-"
+                                    "fa0e-d464e4c7e08b) fell off the bus (the kernel: NVRM: Xid (PCI:0000:91:00): 79")
+    # without a kernel line of it, nvidia-smi's failure is the driver's, as before
+    (failure,) = evaluate(settings(), replace(facts, kernel_log=fixture("NvidiaKernelLog", "no_driver")))
+    assert failure.rule == "driver-answers" and failure.found.startswith("nvidia-smi failed: Unable to determine")
 
 
 def test_no_module_file_for_the_running_kernel_is_the_dkms_cure():

@@ -298,10 +298,22 @@ NEEDS_IMATRIX = ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS")
 # the device": no code for the card's arch): no CPU rung can cure it.
 GPU_FAILURE = re.compile(r"CUDA error|no kernel image is available|ggml_cuda_")
 # The card had not the memory the smoke run asked (a cudaMalloc at model load, a compute
-# buffer, a stream at the first fit): another process holds it. Not the build's fault, and
-# no CPU rung cures it.
+# buffer, a stream at the first fit). Not the build's fault, and no CPU rung cures it. Whose
+# memory filled the card is told by llama.cpp's own buffers on it, as it logs them at load
+# ("load_tensors: CUDA0 model buffer size = 4403.49 MiB", "llama_kv_cache: CUDA0 KV buffer
+# size = ...", "sched_reserve: CUDA0 compute buffer size = ...") and the allocation that failed
+# ("allocating 1234.56 MiB on device 0: cudaMalloc failed: out of memory"), against the card's
+# memory where the log says it ("Device 0: NVIDIA H200, ..., VRAM: 143155 MiB", "- CUDA0 :
+# NVIDIA H200 (143155 MiB, 142629 MiB free)"): its own buffers, or another process.
 GPU_OUT_OF_MEMORY = re.compile(r"cudaMalloc failed: out of memory|(failed|unable) to allocate CUDA\d* buffer"
                                r"|CUDA error: out of memory")
+GPU_BUFFER = re.compile(r"\bCUDA(\d+) +(model|KV|compute) buffer size = +(\d+(?:\.\d+)?) MiB")
+GPU_FAILED_ALLOC = re.compile(r"allocating (\d+(?:\.\d+)?) MiB on device (\d+): cudaMalloc failed")
+GPU_CARD_MIB = re.compile(r"Device (\d+): [^\n]*\bVRAM: (\d+) MiB"
+                          r"|- CUDA(\d+) +: [^\n]*\((\d+) MiB, \d+ MiB free\)")
+# What a card holds besides the buffers (the CUDA context, cuBLAS, the pools: 522-694 MiB on
+# an H200): own buffers within this of the card's memory fill it; below this, they are small.
+GPU_OVERHEAD_MIB = 1024
 # Why llama.cpp left the card out (it then computes on the CPU with -ngl ignored).
 NO_GPU = re.compile(r"no usable GPU found[^\n]*|failed to initialize CUDA[^\n]*|no CUDA-capable device[^\n]*")
 SMOKE_TOKENS = 8
@@ -321,11 +333,34 @@ class SmokeFailure(Exception):
 
 
 def named_gpu_failure(e: SmokeFailure) -> SmokeFailure:
-    """``e``, or, where its log shows the card ran out of memory, that cause named."""
+    """``e``, or, where its log shows the card ran out of memory, that cause named: the model's
+    own buffers (model, KV cache, compute, the failed allocation among them) where they fill the
+    card's memory, or come to a GiB or more where the log does not say the card's memory; another
+    process where they are small."""
     found = GPU_OUT_OF_MEMORY.search(e.tail)
     if not found:
         return e
     line = next((ln.strip() for ln in e.tail.splitlines() if GPU_OUT_OF_MEMORY.search(ln)), found.group(0))
+    failed = GPU_FAILED_ALLOC.findall(e.tail)
+    device = failed[-1][1] if failed else "0"
+    sizes = [(kind, float(mib)) for dev, kind, mib in GPU_BUFFER.findall(e.tail) if dev == device]
+    sizes += [("compute", float(failed[-1][0]))] if failed else []
+    cards = [int(m[1] or m[3]) for m in GPU_CARD_MIB.findall(e.tail) if (m[0] or m[2]) == device]
+    cards = [mib for mib in cards if mib]  # 0 where cudaMemGetInfo failed on a full card: "(0 MiB, 0 MiB free)"
+    own = sum(mib for _, mib in sizes)
+    parts = " + ".join(f"{kind} {mib:.2f}" for kind, mib in sizes) + " MiB"
+    parts += " (the last the allocation that failed)" if failed else ""
+    end = "; the build is not at fault, and what serves now keeps serving"
+    if cards and own + GPU_OVERHEAD_MIB > cards[-1]:
+        return SmokeFailure(f"the GPU ran out of memory for the smoke run ({line}): the model's own buffers do "
+                            f"not fit the card: {parts} = {own:.2f} MiB of its {cards[-1]} MiB, which leaves "
+                            f"less than {GPU_OVERHEAD_MIB} MiB for the CUDA context and its pools; another "
+                            f"process is not what filled it{end}", e.tail, on_gpu=True)  # fmt: skip
+    if not cards and own >= GPU_OVERHEAD_MIB:
+        return SmokeFailure(f"the GPU ran out of memory for the smoke run ({line}): the model's own buffers "
+                            f"asked for {parts} = {own:.2f} MiB; where that comes near the card's memory "
+                            f"(nvidia-smi's memory.total) they do not fit it, else another process holds the "
+                            f"rest (nvidia-smi names it){end}", e.tail, on_gpu=True)  # fmt: skip
     return SmokeFailure(f"the GPU ran out of memory for the smoke run ({line}): another process holds the "
                         "card's memory (nvidia-smi names it); the build is not at fault, and what serves now "
                         "keeps serving", e.tail, on_gpu=True)  # fmt: skip

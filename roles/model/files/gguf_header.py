@@ -62,6 +62,8 @@ _ARCH_KEYS = tuple(GGUF_KEYS.values())
 # The most layers a shape may have. llama.cpp's largest models have a few hundred; a block
 # count past this is no model's, and the answer (a size per layer) would grow with it.
 MAX_LAYERS = 2**16
+# The newest GGUF version llama.cpp reads (its gguf.cpp's GGUF_VERSION); it refuses a later one.
+GGUF_VERSION = 3
 # The most metadata keys and tensors a header may claim: a real model has tens of keys and
 # thousands of tensors; a claim past these would only keep the reader busy.
 MAX_KEYS, MAX_TENSORS = 2**16, 2**20
@@ -107,7 +109,8 @@ def _left(f) -> int:
     return sys.maxsize if size is None else size - f.tell()
 
 
-def _string(f) -> str:
+def _bytes(f) -> bytes:
+    """A string's bytes, as the header holds them."""
     n = _read(f, "<Q")
     # A corrupt or hostile length is refused before anything is allocated for it.
     if n > _left(f):
@@ -115,7 +118,11 @@ def _string(f) -> str:
     data = f.read(n)
     if len(data) != n:
         raise GgufError("truncated GGUF header")
-    return data.decode("utf-8", errors="replace")
+    return data
+
+
+def _string(f) -> str:
+    return _bytes(f).decode("utf-8", errors="replace")
 
 
 def _value(f, key: str, vtype: int, keep: bool, most: int):
@@ -189,13 +196,22 @@ def read_header(f, name: str, wanted=None, most: int = sys.maxsize) -> tuple:
     version = _read(f, "<I")
     if version < 2:
         raise GgufError(f"GGUF version {version} is not supported (needs 2 or later)")
+    if version > GGUF_VERSION:
+        # llama.cpp's gguf.cpp refuses it: a later version may lay the header out otherwise
+        other_endian = " (a big-endian file's version, read little-endian)" if not version & 0xFFFF else ""
+        raise GgufError(f"{name}: GGUF version {version}{other_endian} is not supported: llama.cpp reads "
+                        f"versions 2 to {GGUF_VERSION}")  # fmt: skip
     n_tensors, n_keys = _read(f, "<Q"), _read(f, "<Q")
     if n_tensors > MAX_TENSORS or n_keys > MAX_KEYS:
         raise GgufError(f"{name}: a header of {n_tensors} tensors and {n_keys} metadata keys is no model's "
                         f"(at most {MAX_TENSORS} and {MAX_KEYS})")  # fmt: skip
-    meta = {"gguf.version": version}
+    meta, seen = {"gguf.version": version}, set()
     for _ in range(n_keys):
-        key = _string(f)
+        raw = _bytes(f)
+        key = raw.decode("utf-8", errors="replace")
+        if raw in seen:  # llama.cpp refuses the file: which of the two values counts is no one's guess
+            raise GgufError(f"{name}: key {_shown(key)} appears twice in the header; llama.cpp refuses such a file")
+        seen.add(raw)
         keep = wanted is None or wanted(key)
         value = _value(f, key, _read(f, "<I"), keep, most)
         if keep:
@@ -349,6 +365,12 @@ def _get(meta: dict, arch: str, key: str):
     return max(value) if isinstance(value, list) and value and all(map(_integer, value)) else value
 
 
+def _given(value, default):
+    """``value``, else (the key absent) ``default``: llama.cpp takes a head count or head size a
+    header gives as it is, 0 included, and derives it only where the key is absent."""
+    return default if value is None else value
+
+
 def _counts(meta: dict, path: str, size: int) -> dict:
     """``shape_of``'s architecture, layers, trained context, heads and head sizes."""
     arch = meta.get("general.architecture")
@@ -368,9 +390,9 @@ def _counts(meta: dict, path: str, size: int) -> dict:
         "n_layer": _get(meta, arch, "block_count"),
         "n_ctx_train": _get(meta, arch, "context_length"),
         "n_head": heads,
-        "n_head_kv": _get(meta, arch, "attention.head_count_kv") or heads,
-        "head_dim_k": _get(meta, arch, "attention.key_length") or head_dim,
-        "head_dim_v": _get(meta, arch, "attention.value_length") or head_dim,
+        "n_head_kv": _given(_get(meta, arch, "attention.head_count_kv"), heads),
+        "head_dim_k": _given(_get(meta, arch, "attention.key_length"), head_dim),
+        "head_dim_v": _given(_get(meta, arch, "attention.value_length"), head_dim),
     }
     missing = [k for k, v in shape.items() if v is None and k != "file_type"]
     if missing:

@@ -276,13 +276,20 @@ class BlobCache:
 
 
 def file_url(manifest: dict, entry: dict) -> str:
+    """Where ``entry`` is fetched from; FetchError for a URL that cannot go on a request line
+    (a character that is not ASCII: the settings refuse one, a manifest might not)."""
     if entry.get("url"):
-        return entry["url"]
-    return "{}/{}/resolve/{}/{}".format(
-        manifest["endpoint"].rstrip("/"), manifest["repo"],
-        urllib.parse.quote(manifest["revision"], safe=""),
-        urllib.parse.quote(entry["path"]),
-    )  # fmt: skip
+        url = entry["url"]
+    else:
+        url = "{}/{}/resolve/{}/{}".format(
+            manifest["endpoint"].rstrip("/"), manifest["repo"],
+            urllib.parse.quote(manifest["revision"], safe=""),
+            urllib.parse.quote(entry["path"]),
+        )  # fmt: skip
+    if not isinstance(url, str) or not url.isascii():
+        raise FetchError(f"{entry['path']}: refusing the URL {url_shown(str(url))!a}: it holds characters that "
+                         "are not ASCII; write them percent-encoded (UTF-8), a host name in its xn-- form")  # fmt: skip
+    return url
 
 
 def hash_file(path: str, hasher: Hasher) -> int:
@@ -301,9 +308,15 @@ def free_bytes(path: str) -> int:
 
 def safe_join(dest: str, rel: str) -> str:
     """``dest/rel``, refusing a path that is not a file under ``dest`` (a hostile listing):
-    absolute, empty, with an empty, ``.`` or ``..`` part, or a NUL."""
-    if not isinstance(rel, str) or "\0" in rel or any(part in ("", ".", "..") for part in rel.split("/")):
+    absolute, empty, with an empty, ``.`` or ``..`` part, a control character (a NUL, a newline,
+    C1, the Unicode line separators) or a part past NAME_MAX: as the control side's
+    ``repo_path_problem``."""
+    if not isinstance(rel, str) or any(part in ("", ".", "..") for part in rel.split("/")):
         raise FetchError(f"refusing file path {rel!r}: not a relative path of named parts under the destination")
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F or c in "\u2028\u2029" for c in rel):
+        raise FetchError(f"refusing file path {rel!a}: it holds a control character")
+    if any(len(part.encode("utf-8", "replace")) > 255 for part in rel.split("/")):
+        raise FetchError(f"refusing file path {rel[:80]!a}...: a part longer than 255 bytes (NAME_MAX)")
     return os.path.join(dest, *rel.split("/"))
 
 
@@ -356,6 +369,8 @@ def fetch_one(manifest: dict, entry: dict, dest: str, token, args, cache=None) -
             break
         except FetchError:
             raise
+        except ValueError as e:  # a URL urllib cannot request (no retry makes it one)
+            raise FetchError(f"{path}: cannot request {url_shown(url)!a}: {e}") from None
         except (OSError, http.client.HTTPException) as e:  # URLError, timeouts, resets are OSErrors
             if isinstance(e, urllib.error.HTTPError) and e.code < 500 and e.code != 408:
                 raise _http_error(path, e)
@@ -484,7 +499,8 @@ def cmd_fetch(args) -> None:
     token = read_token(args.token_file) if args.token_file else None
     cache = BlobCache(args.cache) if args.cache else None
     for entry in manifest["files"]:
-        safe_join(args.dest, entry["path"])  # every path checked before the first byte
+        safe_join(args.dest, entry["path"])  # every path and URL checked before the first byte
+        file_url(manifest, entry)
     check_disk(manifest, args.dest, args.reserve_bytes, cache)
     for entry in manifest["files"]:
         fetch_one(manifest, entry, args.dest, token, args, cache)
