@@ -224,9 +224,13 @@ def _awq(plan: ModelPlan, t: dict, user: str, devices: tuple):
 
 
 # llama-perplexity's log thread may lose the last lines, the figures among them, when it
-# exits (the pinned llama.cpp never flushes it there): a run whose output lacks its figure is
-# run again, up to this many times in all, before its log is kept as it is.
+# exits (llama.cpp never flushes it there: its issue 22142): a run whose output lacks its
+# figure is run again, up to this many times in all, before its log is kept as it is.
 MEASURE_TRIES = 3
+# What made the loss common: OpenMP's threads spin between parallel regions, and on a host of
+# few cores they keep the log thread off the CPU until the process exits (a lab host, 2 cores:
+# 7 of 12 runs lost their figure; with passive waiting 0 of 20, and the runs were no slower).
+MEASURE_ENV = (("OMP_WAIT_POLICY", "PASSIVE"),)
 
 
 def _measured(command: str, log: str, figure: str) -> str:
@@ -253,7 +257,7 @@ def _measure(plan: ModelPlan, t: dict, user: str, devices: tuple, proven: tuple)
     runs += [(f"kv-{kv}", [t["perplexity"], "-m", f"{work}/model.gguf", *common, "--kl-divergence",
                            "-ctk", kv, "-ctv", kv, "-fa", "on"]) for kv in KV_TYPES]  # fmt: skip
     for name, words in runs:
-        step = sandbox.offline(f"quality {name}", words, user, work, devices=devices)
+        step = sandbox.offline(f"quality {name}", words, user, work, devices=devices, env=MEASURE_ENV)
         figure = "Final estimate: PPL" if name == "f16" else "Mean    KLD:"
         yield f"[ -f {q(s + '/model.gguf')} ] || {_measured(step + ' < /dev/null', f'{s}/quality-{name}.log', figure)}"
 

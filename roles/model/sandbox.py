@@ -117,8 +117,9 @@ def fetch(words: Iterable[str], user: str, root: str, workdir: str) -> str:
 
 
 def offline(step: str, words: Iterable[str], user: str, workdir: str, readonly: Sequence[str] = (),
-            devices: Sequence[str] = ()) -> str:
+            devices: Sequence[str] = (), env: Sequence[tuple] = ()) -> str:
     """Convert, quantize, AWQ or a quality run: no network, hub libraries offline, only ``workdir``
     writable; ``devices``: the GPU's character devices it may open (AWQ and quality runs on a
-    CUDA host), else none."""
-    return command(step, words, user, workdir, properties([workdir], readonly, devices=devices), OFFLINE_ENV)
+    CUDA host), else none; ``env``: (name, value) the step's environment adds."""
+    return command(step, words, user, workdir, properties([workdir], readonly, devices=devices),
+                   OFFLINE_ENV + tuple(env))  # fmt: skip

@@ -187,6 +187,8 @@ def test_every_quality_run_takes_the_runtime_switches_the_builds_proof_needed():
     runs = [st for c in cmds if isinstance(c, str) for st in fake_systemd_run.steps(c)
             if st.description.startswith("llamarack model quality")]  # fmt: skip
     assert len(runs) == 4 and all(st.argv.count("--no-repack") == 1 for st in runs), [st.argv for st in runs]
+    # OpenMP's threads wait passively: spinning, they kept the log thread from writing the figures
+    assert all(st.env.get("OMP_WAIT_POLICY") == "PASSIVE" for st in runs)
     # and none without a proven switch (the test above)
     plain, _ = shell_of(plan)
     assert not any("--no-repack" in c for c in plain)
