@@ -96,7 +96,8 @@ def test_a_200_is_a_success_only_with_a_completion_in_its_body():
             assert (summary["ok"], summary["failed"], summary["reasons"]) == (0, 4, {reason: 4}), (body, summary)
             assert {r.status for r in load.records} == {200}
     summary, _, bodies = run(n_predict=16)  # the real bodies pass; each asks its tokens, to the end
-    assert summary["ok"] == 4 and {(b["n_predict"], b["ignore_eos"], "stream" in b) for b in bodies} == {(16, True, False)}
+    assert summary["ok"] == 4
+    assert {(b["n_predict"], b["ignore_eos"], "stream" in b) for b in bodies} == {(16, True, False)}
 
 
 @pytest.mark.parametrize("api", ["completion", "chat"])
