@@ -1,50 +1,70 @@
 #!/usr/bin/env python3
-"""Rolling changes through the lab rack behind its gateway, under a steady load.
+"""Rolling changes through the lab rack behind its gateway, under a steady paced load.
 
-    python3 bench/rollout_bench.py     (as root; the lab rack up with its gateway, converged)
+    python3 bench/rollout_bench.py [--three-way-only | --baseline-only | --table]
+        (as root; the lab rack up with its gateway, converged)
 
-A bounded load (``bench/loadgen.py``: ``/completion`` through the gateway,
-``lab-gw:8000``, CONCURRENCY at a time) runs during each case, and stops when
-the case ends. Recorded per case: the load's sent, ok, failed, p50 and p99; the
-rollout's exit status, each host's final state and how many times it was
-deployed; each host's llama-server (MainPID, NRestarts) before and after.
+The load (``bench/loadgen.py``, through the gateway ``lab-gw:8000``): CONCURRENCY clients,
+each starting a ``/completion`` of N_PREDICT tokens at most every PACE_S seconds (a closed
+loop's millisecond 503s would multiply an outage's failures), STREAM_SHARE of them streamed
+(SSE), every answer's body checked. It starts LEAD_S before each case's action and goes on
+SETTLE_S after the action returns: the gateway puts a restarted server back only after two
+checks 2 s apart, and the requests that fail meanwhile count too.
 
-- baseline: the load alone, the rack quiet;
-- bump: ``llamarack rollout inventory/lab.py --data llamacpp_commit=BUMP``, a
-  later llama.cpp commit of the lab's mirror (``mirror.GOOD_BUMP``), canary first;
-- converged: the same rollout again: nothing to change, no server restarted;
-- canary_fails: a rollout back to the base commit through
-  ``bench/deploys/fails_gate.py``, which stops the canary's llama-server after the
-  deploy: the rollout stops there, the canary drained, the rest untouched;
-- revert: a fresh rollout back to the base commit (the drained canary included);
-- driver_upgrade: ``llamarack rollout inventory/lab.py bench/deploys/driver_upgrade.py
-  --data nvidia_driver_version=UPGRADE``: each host unheld, its driver upgraded within
-  the branch from the lab's apt repository, rebooted, gated;
-- driver_hold: the project's deploy rolled after it (the driver held again, nothing restarted);
-- plain_pyinfra: the same bump with ``pyinfra -y inventory/lab.py deploy.py``, no
-  gateway drain: its failed requests are what the rollout is measured against.
+- baseline: the load alone for BASELINE_S, the rack quiet;
+- three_way: the same unit change (THREE_WAY_CHANGE, a context size: every serving host's
+  llama-server restarts, nothing is built) made three ways, the rack put back on its own
+  settings by a plain deploy without load before each: ``llamarack rollout`` as a new user
+  runs it (the default gate), ``pyinfra --serial`` (pyinfra's own flag: each operation on one
+  host after the other, no drain) and plain ``pyinfra`` (every host at once);
+- bump_rollout: ``llamarack rollout inventory/lab.py --data llamacpp_commit=BUMP``, a later
+  llama.cpp commit of the lab's mirror (``mirror.GOOD_BUMP``), canary first;
+- converged_rollout: the same rollout again: nothing to change, no server restarted;
+- canary_fails: a rollout back to the base commit through ``bench/deploys/fails_gate.py``,
+  which stops the canary's llama-server after the deploy: the rollout stops there, the
+  canary drained, the rest untouched;
+- revert_rollout: a fresh rollout back to the base commit (the drained canary included);
+- driver_upgrade: ``llamarack rollout inventory/lab.py bench/deploys/driver_upgrade.py --data
+  nvidia_driver_version=UPGRADE``: each host unheld, its driver upgraded within the branch
+  from the lab's apt repository, rebooted, gated;
+- driver_hold: the project's deploy rolled after it (the driver held again, nothing restarted).
 
-The rack is left on the base commit and the default driver (loaded, then a plain deploy
-without load at the end).
-Wall times are figures, not bounds: the lab's hosts share this machine's cores.
-Writes bench/results/rollout.json, with a summary: each case's failed requests and its
-p50 and p99 against the baseline's. ``--baseline-only`` measures the quiet baseline
-again into an existing result (its own time noted) and leaves the cases as they are.
+Every rollout runs with the default gate but the two that measure a new build (bump_rollout,
+revert_rollout), which pass LAB_GATE (why: its comment, and docs/rollout.md); theirs record
+the figures their gate compared and what the default gate would have said (``bench_gate``).
+
+Per case: the load's summary (sent, failed, seconds with a failure, failures by reason, p50,
+p99, the streams' first token) and every request's record (``requests``, each
+``loadgen.COMPACT_FIELDS``); the action's window on the load's clock (``action_s``), its
+exit status, each host's state and deploys (a rollout), its changed operations; each
+host's llama-server (MainPID, NRestarts) and driver before and after. The rack is left on
+the base commit and the default driver (loaded, then a plain deploy without load).
+
+Writes bench/results/rollout.json, with the commit, whether the tree was clean, this
+script's and the load generator's sha256, the machine and a summary per case (against the
+baseline's latencies). Wall times are figures, not bounds: the lab's hosts share this
+machine's cores. ``--three-way-only``: the baseline and three_way alone (a few minutes).
+``--baseline-only``: the quiet baseline again, into an existing result. ``--table``: the
+result as docs/benchmarks.md's table.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
+import hashlib
 import json
 import os
+import platform
 import re
+import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "lab")]
+sys.path[:0] = [str(ROOT), str(ROOT / "lab"), str(ROOT / "bench")]
 
 from llamarack_lab import driver, mirror, services  # noqa: E402
 from llamarack_lab.fake_nvidia import deb  # noqa: E402
@@ -52,18 +72,43 @@ from llamarack_lab import rack as rackmod  # noqa: E402
 from llamarack_lab.pytest_plugin import parse_pyinfra_totals, pyinfra_command  # noqa: E402
 
 from converged_bench import _cpu, _pyinfra_version  # noqa: E402  (this folder's)
-from loadgen import Load  # noqa: E402
+from loadgen import COMPACT_FIELDS, Load  # noqa: E402
 
 INVENTORY = ROOT / "inventory/lab.py"
+DEPLOY = ROOT / "deploy.py"
 JOURNAL = ROOT / ".llamarack/rollout-lab.json"
 RESULT = ROOT / "bench/results/rollout.json"
 GATEWAY, GATEWAY_PORT = "lab-gw", 8000
-CONCURRENCY, N_PREDICT = 4, 8
-BASELINE_REQUESTS = 5000  # a few seconds of load: enough that the first (cold) requests do not set the p99
+# 4 clients, a request each at most every 0.25 s: at most 16 a second, which the lab's two
+# shared cores answer without queueing (a tiny-model completion takes milliseconds).
+CONCURRENCY, PACE_S, STREAM_SHARE, N_PREDICT = 4, 0.25, 0.25, 16
+LEAD_S, SETTLE_S = 3.0, 10.0  # the load before each action, and after it returns
+BASELINE_S = 60.0
 CASE_LIMIT_S = 5400  # the load's own bound for one case
+# The three-way comparison's change: the unit's command line alone (every llama-server
+# restarts with it; nothing is built or measured); a plain deploy without it puts it back.
+THREE_WAY_CHANGE = "server_ctx_size=1024"
+WAYS = ("rollout", "serial", "parallel")
 SERVER = "systemctl show -p MainPID -p NRestarts --value llamarack-server.service | tr '\\n' ' '"
 DRIVER = "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u"
 DRIVER_UPGRADE = ROOT / "bench/deploys/driver_upgrade.py"
+# The gate's llama-bench comparison: the product's default fraction (llamarack.rollout.Options;
+# not imported here: pyinfra's CLI package patches threading for gevent, and the load's
+# clients are threads). tests/unit/test_rollout_bench.py holds the two equal.
+DEFAULT_BENCH_FRACTION = 0.25
+
+# The gate compares llama-bench's figures after a new build with the host's record before
+# it. On a real rack both are the build's: measured on the host's own cards while it is
+# drained (and, with server_bench = "stopped", its units stopped). In the lab the five hosts
+# share this machine's two cores: the drained host's llama-bench runs beside the three hosts
+# that answer the load, HAProxy, the load's clients and pyinfra, and the record before it
+# was made at another moment under another load (a plain deploy measures all four hosts at
+# once). The ratio is those two moments' contention: in one run here the bump's tg128 was
+# 117 t/s against 2,549 before, and the bump (mirror.GOOD_BUMP) changes only a README, not
+# one line of code. So the lab's rollouts of a new build take no bench figure
+# (--bench-fraction 1) and record what the default gate would have said (``bench_gate``);
+# every other lab rollout runs with the default gate.
+LAB_GATE = ("--bench-fraction", "1")
 
 
 def servers(rack, names: list) -> dict:
@@ -71,55 +116,92 @@ def servers(rack, names: list) -> dict:
             for n in names}  # fmt: skip
 
 
-def under_load(url: str, action, requests: int = 10**6) -> dict:
-    """``action()``'s record, with the load that ran while it did (stopped when it returns)."""
-    load = Load(url, requests=requests, concurrency=CONCURRENCY, time_limit=CASE_LIMIT_S, n_predict=N_PREDICT)
-    load.start()
-    started = time.monotonic()
-    try:
-        outcome = action() if action else {}  # without an action, the load runs its count out
-    finally:
-        if action:
-            load.stop.set()
-    record = load.wait()
-    return {**outcome, "seconds": round(time.monotonic() - started, 1), "load": record}
-
-
-# The lab's hosts share this machine's two cores with each other and with the load: a
-# llama-bench run of the tiny model during a rollout measures that contention, not the
-# build (tg128 fell to 6% of its quiet record in a run here), so the lab's gate takes no
-# bench figure (--bench-fraction 1); the gate's arithmetic is tested in tests/unit/test_rollout.py.
-LAB_GATE = ("--bench-fraction", "1")
-
-
-def rollout(*args: str, env: dict | None = None) -> dict:
-    """A fresh ``llamarack rollout`` of the lab inventory: its exit status, each host's final
-    state and deploy count (its "deploying" lines), its last lines."""
-    JOURNAL.unlink(missing_ok=True)
-    r = subprocess.run([sys.executable, "-m", "llamarack", "rollout", str(INVENTORY), *LAB_GATE, *args],
-                       cwd=ROOT,
-                       env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, timeout=CASE_LIMIT_S)  # fmt: skip
-    hosts = json.loads(JOURNAL.read_text())["hosts"] if JOURNAL.exists() else {}
-    deployed = {h: len(re.findall(rf"^\S+ {re.escape(h)}: deploying$", r.stdout, re.M)) for h in hosts}
-    totals = [int(v) if v != "-" else 0 for v in re.findall(r"^\s*Grand total\s+\S+\s+(\S+)", r.stdout, re.M)]
-    return {"returncode": r.returncode, "states": {h: v["state"] for h, v in hosts.items()},
-            "why": {h: v["why"] for h, v in hosts.items() if v["state"] == "failed"},
-            "deploys": deployed, "changed_operations": sum(totals), "tail": r.stdout.splitlines()[-12:]}
-
-
-def plain_deploy(*data: str) -> dict:
-    args = [w for item in data for w in ("--data", item)]
-    r = subprocess.run([*pyinfra_command(), "-y", str(INVENTORY), str(ROOT / "deploy.py"), *args], cwd=ROOT,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=CASE_LIMIT_S)  # fmt: skip
-    if r.returncode != 0:
-        raise SystemExit(f"plain deploy failed (rc {r.returncode}):\n{r.stdout[-4000:]}")
-    return {"returncode": r.returncode, "changed_operations": parse_pyinfra_totals(r.stdout)["success"]}
-
-
 def drivers(rack, names: list) -> dict:
     return {n: subprocess.run(rack.ssh_command(n, DRIVER), capture_output=True, text=True, timeout=60).stdout.strip()
             for n in names}  # fmt: skip
+
+
+def under_load(url: str, action=None, seconds: float = 0.0) -> dict:
+    """``action()``'s record, with the load that ran from LEAD_S before it to SETTLE_S after
+    it returned: its summary and every request's record. Without an action, the load alone
+    for ``seconds``."""
+    load = Load(url, requests=10**7, concurrency=CONCURRENCY, time_limit=seconds or CASE_LIMIT_S,
+                n_predict=N_PREDICT, pace=PACE_S, stream_share=STREAM_SHARE)  # fmt: skip
+    load.start()
+    outcome, window = {}, {}
+    try:
+        if action:
+            load.stop.wait(LEAD_S)
+            began = load.since_start()
+            outcome = action()
+            ended = load.since_start()
+            window = {"seconds": round(ended - began, 1), "action_s": [round(began, 1), round(ended, 1)]}
+            load.stop.wait(SETTLE_S)
+    finally:
+        if action:
+            load.stop.set()
+    summary = load.wait()
+    return {**outcome, **window, "load": summary, "requests": [r.compact() for r in sorted(load.records,
+                                                                                        key=lambda r: r.index)]}
+
+
+def gated_notes(output: str) -> dict:
+    """{host: what its gate checked} from a rollout's output (its "gated (...)" lines)."""
+    return dict(re.findall(r"^\S+ (\S+): gated \((.*)\)$", output, re.M))
+
+
+def bench_gate(notes: dict, fraction: float = DEFAULT_BENCH_FRACTION) -> dict:
+    """{host: [each figure the gate compared, with what a gate of ``fraction`` says of it]}
+    from the gate's notes (``llamarack.rollout.bench_verdict``'s "TEST NEW t/s (was OLD)")."""
+    out = {}
+    for host, said in notes.items():
+        figures = []
+        for unit, test, new, old in re.findall(r"(?:([^,;]+?): )?(pp512|tg128) (\S+) t/s \(was ([0-9.]+)\)", said):
+            value = None if new == "None" else float(new)
+            figures.append({"unit": unit.strip() or None, "test": test, "tokens_per_second": value,
+                            "before": float(old), "ratio": round(value / float(old), 3) if value else None,
+                            "default_gate": "passes" if value and value >= (1 - fraction) * float(old)
+                            else "refuses"})  # fmt: skip
+        if figures:
+            out[host] = figures
+    return out
+
+
+def rollout(*args: str, env: dict | None = None, gate: tuple = ()) -> dict:
+    """A fresh ``llamarack rollout`` of the lab inventory (``gate``: its gate's options; none:
+    the default gate): its exit status, each host's final state and deploy count (its
+    "deploying" lines), what each gate checked, its last lines."""
+    JOURNAL.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "llamarack", "rollout", str(INVENTORY), *gate, *args]
+    r = subprocess.run(argv, cwd=ROOT, env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=CASE_LIMIT_S)  # fmt: skip
+    hosts = json.loads(JOURNAL.read_text())["hosts"] if JOURNAL.exists() else {}
+    deployed = {h: len(re.findall(rf"^\S+ {re.escape(h)}: deploying$", r.stdout, re.M)) for h in hosts}
+    totals = [int(v) if v != "-" else 0 for v in re.findall(r"^\s*Grand total\s+\S+\s+(\S+)", r.stdout, re.M)]
+    notes = gated_notes(r.stdout)
+    return {"command": shlex.join(["llamarack", *argv[3:]]).replace(str(ROOT) + "/", ""),
+            "returncode": r.returncode, "states": {h: v["state"] for h, v in hosts.items()},
+            "why": {h: v["why"] for h, v in hosts.items() if v["state"] == "failed"},
+            "deploys": deployed, "changed_operations": sum(totals), "gated": notes,
+            **({"bench_gate": bench_gate(notes)} if gate else {}), "tail": r.stdout.splitlines()[-12:]}  # fmt: skip
+
+
+def pyinfra_deploy(flags: tuple = (), data: tuple = (), must: bool = False) -> dict:
+    """``pyinfra -y [FLAGS] inventory/lab.py deploy.py [--data ...]``: its exit status and
+    changed operations (``must``: a failure stops the bench; the rack's state is unknown)."""
+    argv = [*pyinfra_command(), "-y", *flags, str(INVENTORY), str(DEPLOY), *[w for d in data for w in ("--data", d)]]
+    started = time.monotonic()
+    r = subprocess.run(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=CASE_LIMIT_S)  # fmt: skip
+    if r.returncode != 0 and must:
+        raise SystemExit(f"plain deploy failed (rc {r.returncode}):\n{r.stdout[-4000:]}")
+    try:
+        changed = parse_pyinfra_totals(r.stdout)["success"]
+    except AssertionError:  # no totals: it stopped before its operations
+        changed = None
+    return {"command": shlex.join(["pyinfra", *argv[len(pyinfra_command()):]]).replace(str(ROOT) + "/", ""),
+            "returncode": r.returncode, "changed_operations": changed, "wall_s": round(time.monotonic() - started, 1),
+            **({"tail": r.stdout.splitlines()[-12:]} if r.returncode else {})}  # fmt: skip
 
 
 def case(rack, serving: list, url: str, action) -> dict:
@@ -131,6 +213,23 @@ def case(rack, serving: list, url: str, action) -> dict:
     return record
 
 
+def three_way(rack, serving: list, url: str) -> dict:
+    """THREE_WAY_CHANGE made three ways under the same load, the rack put back on its own
+    settings (a plain deploy without load) before each."""
+    data = (THREE_WAY_CHANGE,)
+    ways = {"rollout": lambda: rollout("--data", THREE_WAY_CHANGE),
+            "serial": lambda: pyinfra_deploy(("--serial",), data),
+            "parallel": lambda: pyinfra_deploy((), data)}  # fmt: skip
+    out = {"change": THREE_WAY_CHANGE}
+    for way in WAYS:
+        restore = pyinfra_deploy(must=True)
+        out[way] = case(rack, serving, url, ways[way])
+        out[way]["put_back_before"] = restore
+        out[way]["every_host_restarted"] = out[way]["restarted"] == sorted(serving)
+    out["put_back"] = pyinfra_deploy(must=True)
+    return out
+
+
 def driver_cases(rack, serving: list, url: str) -> dict:
     """The driver upgrade with reboot rolled, then the project's deploy rolled after it."""
     upgrade = ("--data", f"nvidia_driver_version={deb.UPGRADE_VERSION}-1")
@@ -138,64 +237,166 @@ def driver_cases(rack, serving: list, url: str) -> dict:
             "driver_hold": case(rack, serving, url, lambda: rollout())}
 
 
-def summary(result: dict) -> dict:
-    """Each case's failed requests, p50 and p99 (s), and those against the quiet baseline's."""
-    base = result["baseline"]["load"]
-    out = {}
-    for name, v in result.items():
-        if isinstance(v, dict) and "load" in v:
-            load = v["load"]
-            out[name] = {"sent": load["sent"], "failed": load["failed"], "p50_s": load["p50_s"], "p99_s": load["p99_s"]}
-            if name != "baseline" and base["p50_s"] and load["p50_s"]:
-                out[name].update(p50_x=round(load["p50_s"] / base["p50_s"], 2), p99_x=round(load["p99_s"] / base["p99_s"], 2))
+def rollout_cases(rack, serving: list, url: str) -> dict:
+    """The llama.cpp bump rolled, converged, stopped by its canary, reverted; the driver cases."""
+    bump = mirror.add_named_commit(services.prepare(), "lab-bench-bump", "lab bench: a later llama.cpp",
+                                   mirror.GOOD_BUMP)  # fmt: skip
+    canary, to_bump = serving[0], ("--data", f"llamacpp_commit={bump}")
+    fails = {"env": {"LLAMARACK_BENCH_FAIL_GATE": canary}}
+    out = {"bump": bump}
+    out["bump_rollout"] = case(rack, serving, url, lambda: rollout(*to_bump, gate=LAB_GATE))
+    out["converged_rollout"] = case(rack, serving, url, lambda: rollout(*to_bump))
+    out["canary_fails"] = case(rack, serving, url, lambda: rollout(
+        str(ROOT / "bench/deploys/fails_gate.py"), "--canary", canary, **fails))
+    out["revert_rollout"] = case(rack, serving, url, lambda: rollout("--canary", canary, gate=LAB_GATE))
+    out.update(driver_cases(rack, serving, url))
+    for h in serving:
+        driver.set_driver(rack, h, deb.DEFAULT_VERSION, "ok")
+    out["restore"] = pyinfra_deploy(must=True)
     return out
 
 
-def baseline_only(url: str) -> int:
-    result = json.loads(RESULT.read_text())
-    result["baseline"] = under_load(url, None, requests=BASELINE_REQUESTS)
-    result["baseline"]["when"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+def cases(result: dict):
+    """(name, record) of each case with a load, in the result's order (``three_way.WAY``)."""
+    for name, v in result.items():
+        if name == "three_way" and isinstance(v, dict):
+            yield from ((f"three_way.{w}", v[w]) for w in WAYS if w in v)
+        elif isinstance(v, dict) and "load" in v:
+            yield name, v
+
+
+def summary(result: dict) -> dict:
+    """Each case's sent, failed, seconds with a failure, failures by reason, p50 and p99 (s),
+    and its latencies against the quiet baseline's."""
+    base = result.get("baseline", {}).get("load", {})
+    out = {}
+    for name, v in cases(result):
+        load = v["load"]
+        out[name] = {k: load.get(k) for k in ("sent", "failed", "seconds_with_failure", "reasons", "p50_s", "p99_s")}
+        out[name]["seconds"] = v.get("seconds")
+        if name != "baseline" and base.get("p50_s") and load.get("p50_s"):
+            out[name].update(p50_x=round(load["p50_s"] / base["p50_s"], 2),
+                             p99_x=round(load["p99_s"] / base["p99_s"], 2))
+    return out
+
+
+LABELS = {
+    "baseline": "quiet baseline",
+    "three_way.rollout": "`llamarack rollout`",
+    "three_way.serial": "`pyinfra --serial` (one host at a time, no drain)",
+    "three_way.parallel": "plain `pyinfra` (every host at once)",
+    "bump_rollout": "llama.cpp bump, canary first",
+    "converged_rollout": "the same rollout, converged",
+    "canary_fails": "canary fails its gate",
+    "revert_rollout": "revert (canary included)",
+    "driver_upgrade": "driver upgrade with reboot",
+    "driver_hold": "the project's deploy after it",
+}
+
+
+def table(result: dict) -> str:
+    """The result as docs/benchmarks.md's table (Markdown)."""
+    def ms(s):
+        return "" if s is None else f"{s * 1000:,.1f}"
+
+    def count(n):
+        return "" if n is None else f"{n:,}"
+
+    rows = ["| case | s | sent | failed | seconds with a failure | p50 ms | p99 ms | restarted |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for name, v in cases(result):
+        load = v["load"]
+        moved = f"{len(v['restarted'])} of {len(v['driver'])}" if "restarted" in v and "driver" in v else ""
+        seconds = v.get("seconds", load.get("seconds"))
+        rows.append(f"| {LABELS.get(name, name)} | {seconds} | {count(load.get('sent'))} | "
+                    f"{count(load.get('failed'))} | {count(load.get('seconds_with_failure'))} | "
+                    f"{ms(load.get('p50_s'))} | {ms(load.get('p99_s'))} | {moved} |")  # fmt: skip
+    return "\n".join(rows) + "\n"
+
+
+def dumps(value, depth: int = 0) -> str:
+    """JSON, indent 1, each list of plain values on one line: a request's record is one line,
+    not seven."""
+    inner = " " * (depth + 1)
+    if isinstance(value, dict) and value:
+        body = ",\n".join(f"{inner}{json.dumps(str(k))}: {dumps(v, depth + 1)}" for k, v in value.items())
+        return "{\n" + body + "\n" + " " * depth + "}"
+    if isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
+        return "[\n" + ",\n".join(inner + dumps(v, depth + 1) for v in value) + "\n" + " " * depth + "]"
+    return json.dumps(value)
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def provenance(argv: list) -> dict:
+    """What ran: the commit, whether the tree differed from it, this script's and the load's sha256."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"), "tree_clean": not git("status", "--porcelain", "--untracked-files=no"),
+            "script_sha256": sha256(Path(__file__).resolve()), "loadgen_sha256": sha256(ROOT / "bench/loadgen.py"),
+            "command": shlex.join(["python3", "bench/rollout_bench.py", *argv])}  # fmt: skip
+
+
+def header(argv: list, url: str, serving: list) -> dict:
+    """The result's first keys: what ran, where, and the load's shape."""
+    return {
+        "benchmark": "rollout",
+        "when": now(),
+        **provenance(argv),
+        "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()],
+                    "python": platform.python_version(), "pyinfra": _pyinfra_version(),
+                    "serving_hosts": len(serving), "gateway": GATEWAY},
+        "load": {"url": url, "api": "/completion", "concurrency": CONCURRENCY, "pace_s": PACE_S,
+                 "stream_share": STREAM_SHARE, "n_predict": N_PREDICT, "lead_s": LEAD_S, "settle_s": SETTLE_S,
+                 "requests_fields": list(COMPACT_FIELDS)},
+    }  # fmt: skip
+
+
+def write(result: dict) -> None:
     result["summary"] = summary(result)
-    RESULT.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result["summary"], indent=1))
-    return 0
+    RESULT.write_text(dumps(result) + "\n")
+    print(json.dumps({k: {"sent": v["sent"], "failed": v["failed"], "seconds_with_failure": v["seconds_with_failure"]}
+                      for k, v in result["summary"].items()}, indent=1))  # fmt: skip
+
+
+def parse(argv: list) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--three-way-only", action="store_true", help="the baseline and the three-way comparison alone")
+    which.add_argument("--baseline-only", action="store_true", help="the quiet baseline again, into the result")
+    which.add_argument("--table", action="store_true", help="print the result as docs/benchmarks.md's table")
+    return p.parse_args(argv)
 
 
 def main(argv: list) -> int:
+    args = parse(argv)
+    if args.table:
+        print(table(json.loads(RESULT.read_text())), end="")
+        return 0
     rack = rackmod.load()
     if rack is None or not rackmod.healthy(rack):
         raise SystemExit("no healthy lab rack is up: llamarack lab up, then deploy it until it converges")
     url = f"http://{rack.host(GATEWAY)['ip']}:{GATEWAY_PORT}"
-    if argv == ["--baseline-only"]:
-        return baseline_only(url)
     serving = [h.name for h in rack.hosts if h.name != GATEWAY]
-    bump = mirror.add_named_commit(services.prepare(), "lab-bench-bump", "lab bench: a later llama.cpp",
-                                   mirror.GOOD_BUMP)  # fmt: skip
-    canary = serving[0]
-    result = {
-        "benchmark": "rollout",
-        "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "pyinfra": _pyinfra_version(),
-                    "serving_hosts": len(serving), "gateway": GATEWAY},
-        "load": {"url": url, "api": "/completion", "concurrency": CONCURRENCY, "n_predict": N_PREDICT},
-        "bump": bump,
-        "baseline": under_load(url, None, requests=BASELINE_REQUESTS),
-    }
-    result["bump_rollout"] = case(rack, serving, url, lambda: rollout("--data", f"llamacpp_commit={bump}"))
-    result["converged_rollout"] = case(rack, serving, url, lambda: rollout("--data", f"llamacpp_commit={bump}"))
-    result["canary_fails"] = case(rack, serving, url, lambda: rollout(
-        str(ROOT / "bench/deploys/fails_gate.py"), "--canary", canary, env={"LLAMARACK_BENCH_FAIL_GATE": canary}))
-    result["revert_rollout"] = case(rack, serving, url, lambda: rollout("--canary", canary))
-    result.update(driver_cases(rack, serving, url))
-    result["plain_pyinfra"] = case(rack, serving, url, lambda: plain_deploy(f"llamacpp_commit={bump}"))
-    for h in serving:
-        driver.set_driver(rack, h, deb.DEFAULT_VERSION, "ok")
-    result["restore"] = plain_deploy()
+    if args.baseline_only:
+        result = json.loads(RESULT.read_text())
+        result["baseline"] = {**under_load(url, seconds=BASELINE_S), "when": now(), **provenance(argv)}
+        write(result)
+        return 0
+    result = {**header(argv, url, serving), "baseline": under_load(url, seconds=BASELINE_S)}
+    result["three_way"] = three_way(rack, serving, url)
+    if not args.three_way_only:
+        result.update(rollout_cases(rack, serving, url))
     JOURNAL.unlink(missing_ok=True)
-    result["summary"] = summary(result)
-    RESULT.write_text(json.dumps(result, indent=1) + "\n")
-    failed = {k: v["load"]["failed"] for k, v in result.items() if isinstance(v, dict) and "load" in v}
-    print(f"{RESULT}: failed requests per case: {failed}")
+    write(result)
+    print(f"{RESULT}; python3 bench/rollout_bench.py --table prints its table")
     return 0
 
 

@@ -2,7 +2,11 @@
 ``/slots`` (server-context.cpp's slot ``to_json``: a list of {"id", "n_ctx",
 "speculative", "is_processing", ...}), ``/metrics`` (Prometheus text, ``# HELP`` /
 ``# TYPE`` / ``llamacpp:NAME VALUE``; 501 without ``--metrics``), ``/completion`` and
-``/v1/chat/completions``, and the API key's 401. Tests set what it answers."""
+``/v1/chat/completions`` (with ``"stream": true``, server-sent events as llama-server
+sends them, chunked: ``data: {...}`` and a blank line per event; /completion's last event
+has ``"stop": true``, chat's OpenAI-style chunks end with ``data: [DONE]``; an error once
+the stream began is the event ``data: {"error": {...}}``, and the stream ends there), and
+the API key's 401. Tests set what it answers."""
 
 from __future__ import annotations
 
@@ -23,7 +27,12 @@ class Behaviour:
     completion_delay: float = 0.0
     completion_status: int = 200
     health_status: int = 200
+    body: str | None = None  # a 200's whole body instead of the completion (not streamed)
+    stream_end: bool = True  # False: a stream's body ends without its last event
+    stream_error: bool = False  # an error event after the first token, and the stream ends
+    stream_cut: bool = False  # the connection closed after the first token, mid-body
     requests: list = field(default_factory=list)  # (method, path) as they came
+    bodies: list = field(default_factory=list)  # the POSTs' JSON bodies, as they came
 
 
 def _slot(i: int, processing: bool) -> dict:
@@ -31,6 +40,34 @@ def _slot(i: int, processing: bool) -> dict:
             "id_task": 40 + i, "n_prompt_tokens": 8, "n_prompt_tokens_processed": 8, "n_prompt_tokens_cache": 0,
             "params": {"n_predict": 16, "temperature": 0.8},
             "next_token": [{"has_next_token": processing, "has_new_line": False, "n_remain": 4, "n_decoded": 12}]}
+
+
+ERROR_EVENT = {"error": {"code": 500, "message": "the slot failed", "type": "server_error"}}
+
+
+def _completion_events(n: int, end: bool) -> list:
+    """/completion's stream: a partial result per token, then the final one (``"stop": true``)."""
+    events = [{"index": 0, "content": " Paris", "tokens": [3681], "stop": False, "id_slot": 0,
+               "tokens_predicted": i + 1, "tokens_evaluated": 6} for i in range(n)]
+    final = {"index": 0, "content": "", "tokens": [], "id_slot": 0, "stop": True, "model": "tiny",
+             "tokens_predicted": n, "tokens_evaluated": 6, "has_new_line": False, "truncated": False,
+             "stop_type": "limit", "stopping_word": "", "tokens_cached": n + 6,
+             "timings": {"prompt_n": 6, "prompt_ms": 1.2, "predicted_n": n, "predicted_ms": 4.5}}
+    return [json.dumps(e) for e in events] + ([json.dumps(final)] if end else [])
+
+
+def _chat_events(n: int, end: bool) -> list:
+    """/v1/chat/completions' stream: OpenAI-style chunks (the role, a delta per token, the
+    finish reason with the usage), then ``[DONE]``."""
+    head = {"created": 1767225600, "id": "chatcmpl-lab", "model": "tiny", "system_fingerprint": "b1-lab",
+            "object": "chat.completion.chunk"}
+
+    def chunk(delta, finish=None, **more):
+        return json.dumps({"choices": [{"finish_reason": finish, "index": 0, "delta": delta}], **head, **more})
+
+    events = [chunk({"role": "assistant", "content": None})] + [chunk({"content": " Paris"}) for _ in range(n)]
+    usage = {"completion_tokens": n, "prompt_tokens": 6, "total_tokens": n + 6}
+    return events + ([chunk({}, "length", usage=usage), "[DONE]"] if end else [])
 
 
 def _metrics(b: Behaviour) -> str:
@@ -56,6 +93,29 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def _stream(self, events: list, first_token: int, b: Behaviour) -> None:
+        """A 200 of server-sent events, chunked as llama-server sends them (``first_token``:
+        the index of the first event with a token, after which a fault acts)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for i, data in enumerate(events):
+            self._event(data)
+            if i == first_token and b.stream_cut:  # mid-body: no last chunk
+                self.close_connection = True
+                return
+            if i == first_token and b.stream_error:
+                self._event(json.dumps(ERROR_EVENT))
+                break
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _event(self, data: str) -> None:
+        """One event (``data: ...`` and a blank line), as one chunk."""
+        event = f"data: {data}\n\n".encode()
+        self.wfile.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
+        self.wfile.flush()
 
     def _authorised(self) -> bool:
         b = self.behaviour
@@ -90,12 +150,21 @@ class Handler(http.server.BaseHTTPRequestHandler):
         b = self.behaviour
         b.requests.append(("POST", self.path))
         request = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        b.bodies.append(request)
         if not self._authorised():
             return
         time.sleep(b.completion_delay)
         if b.completion_status != 200:
             self._send(b.completion_status, {"error": {"code": b.completion_status, "message": "no",
                                                        "type": "server_error"}})
+        elif self.path in ("/completion", "/v1/chat/completions") and request.get("stream"):
+            n = int(request.get("n_predict") or request.get("max_tokens") or 4)
+            if self.path == "/completion":
+                self._stream(_completion_events(n, b.stream_end), 0, b)
+            else:
+                self._stream(_chat_events(n, b.stream_end), 1, b)
+        elif b.body is not None:
+            self._send(200, b.body)
         elif self.path == "/completion":
             n = int(request.get("n_predict") or 4)
             self._send(200, {"content": " Paris" * n, "tokens_predicted": n, "tokens_evaluated": 6, "stop": True})
