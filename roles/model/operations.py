@@ -376,10 +376,8 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
     current = f"{plan.models_dir}/{link}"
 
     # Read before this operation's first command (llamarack.facts.reading's rule).
-    state = read(ModelArtifact, path=d)
-    linked = read(Link, path=current)
-    # the build's proven runtime switches, for its tools' runs (its proof computed with them)
-    flags = read(LlamaServerFlags, root=plan.root) if plan.measures else None
+    state, linked = read(ModelArtifact, path=d), read(Link, path=current)
+    flags = read(LlamaServerFlags, root=plan.root) if plan.measures else None  # the build's proven switches
     if state is not None and state.complete_for(plan.stamp):
         problem = kld_problem((state.record or {}).get("quality"), plan.max_kld, f"{host.name}: model {plan.name}")
         if problem and link == "current":
