@@ -47,6 +47,9 @@ def bump():
 @pytest.fixture(scope="module")
 def serving(lab_rack):
     names = [h.name for h in lab_rack.hosts if h.name != GATEWAY]
+    # The module's own start, whatever ran before it: the whole rack deployed, the gateway too.
+    rc, out = lab_rack.run_pyinfra(deploying.ROOT / "deploy.py", inventory=INVENTORY, timeout=3600)
+    assert rc == 0, out[-4000:]
     yield names
     JOURNAL.unlink(missing_ok=True)
     for h in names:  # the default driver, loaded (the driver upgrade below leaves a later one)
