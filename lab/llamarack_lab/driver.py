@@ -4,8 +4,10 @@ its cards run."""
 
 from __future__ import annotations
 
+import io
 import json
 import shlex
+import tarfile
 from dataclasses import asdict, dataclass
 
 from . import paths, profiles
@@ -29,13 +31,18 @@ def _ok(r, what: str) -> None:
 
 
 def install(rack: Rack, host: str, version: str) -> None:
-    """dpkg -i a new nvidia-driver package: user space changes at once,
+    """dpkg -i the driver's whole package set at ``version`` at once (an upgrade, a
+    downgrade or a first install): user space changes at once, nvidia-kernel-dkms builds
+    the module for the next boot (its error, where the build fails, is the LabError's),
     the loaded module stays until reboot."""
-    pkg = deb.build_deb(version, paths.cache_dir() / "debs")
-    r = rack.ssh(host, "f=$(mktemp --suffix=.deb) && cat > \"$f\" && "
-                       "dpkg -i \"$f\" >/dev/null; rc=$?; rm -f \"$f\"; exit $rc",
-                 input=pkg.read_bytes())
-    _ok(r, f"dpkg -i {pkg.name} on {host}")
+    debs = deb.build_set(version, paths.cache_dir() / "debs")
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for d in debs:
+            tar.add(d, arcname=d.name)
+    r = rack.ssh(host, 'd=$(mktemp -d) && tar -x -C "$d" && dpkg -i "$d"/*.deb >/dev/null; '
+                       'rc=$?; rm -rf "$d"; exit $rc', input=archive.getvalue())  # fmt: skip
+    _ok(r, f"dpkg -i of the NVIDIA driver {version} ({len(debs)} packages) on {host}")
 
 
 def installed_version(rack: Rack, host: str) -> str | None:
@@ -55,7 +62,7 @@ def set_driver(rack: Rack, host: str, version: str | None = None,
             raise LabError("--version and --state missing contradict each other")
         install(rack, host, version)
     if state == "missing":
-        _ok(rack.ssh(host, "dpkg --purge nvidia-driver >/dev/null"), "dpkg --purge")
+        _ok(rack.ssh(host, "dpkg --purge " + " ".join(deb.package_names()) + " >/dev/null"), "dpkg --purge")
     elif state == "no-module":
         _ok(rack.ssh(host, f"touch {NO_MODULE_FLAG}; {UNLOAD}"), "unload module")
     elif state == "ok":
