@@ -1,6 +1,6 @@
 """Change the fake NVIDIA driver of a running lab host, through dpkg over
-SSH like an admin (or unattended-upgrades) would; and say which processes
-its cards run."""
+SSH like an admin (or unattended-upgrades) would, or make its module build
+fail; and say which processes its cards run."""
 
 from __future__ import annotations
 
@@ -74,6 +74,19 @@ def set_driver(rack: Rack, host: str, version: str | None = None,
     mod = rack.ssh(host, "cat /proc/driver/nvidia/version 2>/dev/null").stdout.split("  ")
     loaded = mod[1].strip() if len(mod) > 1 else None
     return f"{host}: package {pkg or 'not installed'}, loaded module {loaded or 'none'}"
+
+
+def set_dkms_fault(rack: Rack, host: str, version: str | None) -> str:
+    """Make the module build of driver ``version`` fail on ``host`` from now on (the
+    postinst of its nvidia-kernel-dkms fails with DKMS's error, so dpkg and apt do), as a
+    kernel the module's source does not build for; None: builds succeed again."""
+    rack.host(host)  # unknown host -> clear error
+    if version is None:
+        _ok(rack.ssh(host, f"rm -f {deb.DKMS_FAILS}"), f"removing {deb.DKMS_FAILS} on {host}")
+        return f"{host}: module builds succeed"
+    deb.check_version(version)
+    _ok(rack.ssh(host, f"echo {version} > {deb.DKMS_FAILS}"), f"writing {deb.DKMS_FAILS} on {host}")
+    return f"{host}: the module build of {version} fails (DKMS)"
 
 
 @dataclass(frozen=True)
