@@ -63,7 +63,8 @@ LAB_GATE = ("--bench-fraction", "1")
 
 
 def rollout(*args: str) -> tuple[int, str, dict]:
-    JOURNAL.unlink(missing_ok=True)
+    if "--resume" not in args:  # a new rollout; --resume goes on from the one on file
+        JOURNAL.unlink(missing_ok=True)
     r = subprocess.run([sys.executable, "-m", "llamarack", "rollout", str(INVENTORY), *LAB_GATE, *args],
                        cwd=deploying.ROOT,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=3600)  # fmt: skip
