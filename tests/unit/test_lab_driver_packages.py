@@ -25,6 +25,11 @@ def repo(tmp_path_factory):
     return deb.write_repo(tmp_path_factory.mktemp("repo"))
 
 
+@pytest.fixture(scope="module")
+def pool(repo):
+    return repo / "pool"
+
+
 def fields(path: Path) -> dict:
     out = subprocess.run(["dpkg-deb", "-f", str(path)], capture_output=True, text=True, check=True).stdout
     return dict(re.findall(r"^(\S+): (.*)$", out, re.M))
@@ -69,25 +74,25 @@ def test_every_package_is_one_the_driver_role_holds():
     assert len(NvidiaDriverPackages().process(lines)) == len(deb.members())
 
 
-def test_each_deb_has_its_exact_version_dependencies_and_architecture(repo):
+def test_each_deb_has_its_exact_version_dependencies_and_architecture(pool):
     for pkg, arch in deb.members():
-        f = fields(repo / deb.deb_name(pkg.name, NEW, arch))
+        f = fields(pool / deb.deb_name(pkg.name, NEW, arch))
         assert (f["Package"], f["Version"], f["Architecture"]) == (pkg.name, f"{NEW}-1", arch)
         assert f.get("Multi-Arch", "") == pkg.multi_arch
         depends = f.get("Depends", "").split(", ") if pkg.depends or pkg.also_depends else []
         assert depends == [f"{d} (= {NEW}-1)" for d in pkg.depends] + list(pkg.also_depends)
 
 
-def test_the_fakes_files_are_in_the_packages_where_the_real_ones_live(repo):
-    smi = contents(repo / deb.deb_name("nvidia-smi", NEW))
+def test_the_fakes_files_are_in_the_packages_where_the_real_ones_live(pool):
+    smi = contents(pool / deb.deb_name("nvidia-smi", NEW))
     assert "-rwxr-xr-x root/root" in next(line for line in smi.splitlines() if line.endswith("./usr/bin/nvidia-smi"))
     assert "./usr/lib/llamarack-lab/nvidia_smi.py" in smi
-    assert f"./usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{NEW}" in contents(repo / deb.deb_name("libnvidia-ml1", NEW))
-    assert f"./usr/lib/i386-linux-gnu/libnvidia-ml.so.{NEW}" in contents(repo / deb.deb_name("libnvidia-ml1", NEW, "i386"))
-    support = contents(repo / deb.deb_name("nvidia-kernel-support", NEW))
+    assert f"./usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{NEW}" in contents(pool / deb.deb_name("libnvidia-ml1", NEW))
+    assert f"./usr/lib/i386-linux-gnu/libnvidia-ml.so.{NEW}" in contents(pool / deb.deb_name("libnvidia-ml1", NEW, "i386"))
+    support = contents(pool / deb.deb_name("nvidia-kernel-support", NEW))
     assert "./lib/systemd/system/nvidia-module.service" in support and "./usr/lib/llamarack-lab/nvidia-module" in support
     assert "nvidia-module-version" not in support + smi  # what boots is what the module build wrote
-    dkms = repo / deb.deb_name("nvidia-kernel-dkms", NEW)
+    dkms = pool / deb.deb_name("nvidia-kernel-dkms", NEW)
     assert f"./usr/src/nvidia-current-{NEW}/dkms.conf" in contents(dkms)
     scripts = subprocess.run(["dpkg-deb", "--ctrl-tarfile", str(dkms)], capture_output=True, check=True).stdout
     assert b"./postinst" in scripts and b"./prerm" in scripts
@@ -107,11 +112,14 @@ def test_the_repository_lists_both_architectures_of_both_versions(repo):
 
 
 def test_a_set_is_built_again_only_when_its_inputs_change(tmp_path):
+    older = tmp_path / deb.deb_name("nvidia-driver", OLD)
+    older.write_bytes(b"an older lab's one package")  # which that lab would reuse as its own
     debs = deb.build_set(OLD, tmp_path)
-    meta = tmp_path / deb.deb_name("nvidia-driver", OLD)
-    meta.write_bytes(b"a package of another make")  # e.g. the single package of an older lab
-    assert deb.build_set(OLD, tmp_path) == debs and meta.read_bytes() == b"a package of another make"
-    (tmp_path / f".nvidia-driver_{OLD}.key").write_text("other inputs")
+    assert older.read_bytes() == b"an older lab's one package" and {d.parent for d in debs} == {tmp_path / "pool"}
+    meta = debs[0]
+    meta.write_bytes(b"changed")
+    assert deb.build_set(OLD, tmp_path) == debs and meta.read_bytes() == b"changed"  # the same inputs: reused
+    (tmp_path / f"pool/.nvidia-driver_{OLD}.key").write_text("other inputs")
     deb.build_set(OLD, tmp_path)
     assert fields(meta)["Package"] == "nvidia-driver"
 
@@ -158,7 +166,7 @@ def test_the_prerm_takes_its_own_module_off_the_next_boot(tmp_path):
 def apt(tmp_path, repo, *args, held=()):
     """``apt-get`` on a private state: the OLD set installed (``held``: those on hold), the
     repository as its one source, amd64 and i386."""
-    status = "".join(fields_text(repo / deb.deb_name(p.name, OLD, a), "hold" if p.name in held else "install")
+    status = "".join(fields_text(repo / "pool" / deb.deb_name(p.name, OLD, a), "hold" if p.name in held else "install")
                      for p, a in deb.members()) + "Package: python3\nStatus: install ok installed\n" \
         "Architecture: amd64\nVersion: 3.11.2-1+b1\n\n"  # fmt: skip
     for d in ("lists/partial", "cache/archives/partial", "etc/preferences.d", "etc/apt.conf.d"):

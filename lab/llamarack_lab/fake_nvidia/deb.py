@@ -226,11 +226,14 @@ def inputs_key(version: str) -> str:
 
 
 def build_set(version: str, out_dir: Path) -> list[Path]:
-    """Build (or reuse) the .debs of driver ``version`` in out_dir, in ``members()``' order."""
+    """Build (or reuse) the .debs of driver ``version`` in out_dir/pool, in ``members()``'
+    order. (pool/: the one .deb of an older lab's fake, which it would take for its own,
+    stays where it was.)"""
     check_version(version)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    debs = [out_dir / deb_name(p.name, version, arch) for p, arch in members()]
-    stamp, key = out_dir / f".{PACKAGE}_{version}.key", inputs_key(version)
+    pool = out_dir / "pool"
+    pool.mkdir(parents=True, exist_ok=True)
+    debs = [pool / deb_name(p.name, version, arch) for p, arch in members()]
+    stamp, key = pool / f".{PACKAGE}_{version}.key", inputs_key(version)
     if stamp.is_file() and stamp.read_text() == key and all(d.is_file() for d in debs):
         return debs
     with tempfile.TemporaryDirectory(prefix="lab-deb-") as tmp:
@@ -240,11 +243,11 @@ def build_set(version: str, out_dir: Path) -> list[Path]:
     return debs
 
 
-def _packages_stanza(pkg: Path) -> str:
+def _packages_stanza(pkg: Path, repo: Path) -> str:
     """The package's control fields and where apt finds it, as dpkg-scanpackages writes them."""
     control = run(["dpkg-deb", "-f", str(pkg)]).stdout.decode().rstrip("\n")
     data = pkg.read_bytes()
-    return (f"{control}\nFilename: ./{pkg.name}\nSize: {len(data)}\n"
+    return (f"{control}\nFilename: ./{pkg.relative_to(repo)}\nSize: {len(data)}\n"
             f"MD5sum: {hashlib.md5(data).hexdigest()}\nSHA256: {hashlib.sha256(data).hexdigest()}\n")
 
 
@@ -254,7 +257,7 @@ def write_repo(repo: Path, versions=REPO_VERSIONS) -> Path:
     architectures), Packages and an unsigned Release naming its hash. Returns ``repo``."""
     repo.mkdir(parents=True, exist_ok=True)
     pkgs = [deb for v in versions for deb in build_set(v, repo)]
-    packages = "\n".join(_packages_stanza(p) for p in pkgs)
+    packages = "\n".join(_packages_stanza(p, repo) for p in pkgs)
     (repo / "Packages").write_text(packages)
     data = packages.encode()
     (repo / "Release").write_text(
