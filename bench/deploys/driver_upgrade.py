@@ -15,13 +15,14 @@ from pyinfra import host
 from pyinfra.facts.deb import DebPackages
 from pyinfra.operations import apt, server
 
+from llamarack.roles.driver.operations import driver_package_holds
+
 version = host.data.get("nvidia_driver_version")  # a Debian version, e.g. 580.95.05-1
 if version is not None and not re.fullmatch(r"([0-9]+:)?[0-9][0-9A-Za-z.+~]*-[0-9A-Za-z.+~]+", str(version)):
     raise SystemExit(f"{host.name}: nvidia_driver_version: given {version!r}; allowed: a Debian "
                      "version of the nvidia-driver package, e.g. 580.95.05-1")
 installed = host.get_fact(DebPackages).get("nvidia-driver", []) if version else []
 if version and "gateways" not in host.groups and version not in installed:
-    server.shell(name="Unhold the driver packages",
-                 commands=["apt-mark showhold | grep -E '^(nvidia|libnvidia|libcuda)' | xargs -r apt-mark unhold"])
+    driver_package_holds(name="Unhold the driver packages", hold=False)  # every one the deploy holds
     apt.packages(name=f"The NVIDIA driver {version}", packages=[f"nvidia-driver={version}"], update=True)
     server.reboot(name="Reboot onto the new driver", reboot_timeout=900)

@@ -72,15 +72,22 @@ def status():
               help="card N (0-based, of the host's cards) falls off the bus: the driver no longer lists it")
 @click.option("--card-on", "card_on", type=int, metavar="N", help="card N is back on the bus")
 @click.option("--cards", "cards", metavar="PROFILE", help="swap the host's cards for GPU profile PROFILE's")
-def driver(host, version, state, card_off, card_on, cards):
-    """Simulate a driver package upgrade, a broken driver, or a card lost or back, on HOST."""
+@click.option("--dkms-fails", "dkms_fails", metavar="VERSION",
+              help="the module build of driver VERSION fails from now on (DKMS's error; dpkg and apt fail)")
+@click.option("--dkms-ok", "dkms_ok", is_flag=True, help="module builds succeed again")
+def driver(host, version, state, card_off, card_on, cards, dkms_fails, dkms_ok):
+    """Simulate a driver package upgrade, a broken driver or module build, or a card lost or back, on HOST."""
     from . import driver as drivermod
-    if not (version or state or cards or card_off is not None or card_on is not None):
-        raise click.UsageError("give --version, --state, --cards, --card-off or --card-on")
+    if not (version or state or cards or card_off is not None or card_on is not None or dkms_fails or dkms_ok):
+        raise click.UsageError("give --version, --state, --cards, --card-off, --card-on, --dkms-fails or --dkms-ok")
+    if dkms_fails and dkms_ok:
+        raise click.UsageError("--dkms-fails and --dkms-ok contradict each other")
     try:
         rack = rackmod.require_running()
         if cards:
             click.echo(drivermod.reseat(rack, host, cards))
+        if dkms_fails or dkms_ok:  # before --version: a build of that version fails at once
+            click.echo(drivermod.set_dkms_fault(rack, host, dkms_fails))
         if version or state:
             click.echo(drivermod.set_driver(rack, host, version=version, state=state))
         for card, on in ((card_off, False), (card_on, True)):

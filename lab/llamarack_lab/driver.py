@@ -1,11 +1,13 @@
 """Change the fake NVIDIA driver of a running lab host, through dpkg over
-SSH like an admin (or unattended-upgrades) would; and say which processes
-its cards run."""
+SSH like an admin (or unattended-upgrades) would, or make its module build
+fail; and say which processes its cards run."""
 
 from __future__ import annotations
 
+import io
 import json
 import shlex
+import tarfile
 from dataclasses import asdict, dataclass
 
 from . import paths, profiles
@@ -29,13 +31,18 @@ def _ok(r, what: str) -> None:
 
 
 def install(rack: Rack, host: str, version: str) -> None:
-    """dpkg -i a new nvidia-driver package: user space changes at once,
+    """dpkg -i the driver's whole package set at ``version`` at once (an upgrade, a
+    downgrade or a first install): user space changes at once, nvidia-kernel-dkms builds
+    the module for the next boot (its error, where the build fails, is the LabError's),
     the loaded module stays until reboot."""
-    pkg = deb.build_deb(version, paths.cache_dir() / "debs")
-    r = rack.ssh(host, "f=$(mktemp --suffix=.deb) && cat > \"$f\" && "
-                       "dpkg -i \"$f\" >/dev/null; rc=$?; rm -f \"$f\"; exit $rc",
-                 input=pkg.read_bytes())
-    _ok(r, f"dpkg -i {pkg.name} on {host}")
+    debs = deb.build_set(version, paths.cache_dir() / "debs")
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for d in debs:
+            tar.add(d, arcname=d.name)
+    r = rack.ssh(host, 'd=$(mktemp -d) && tar -x -C "$d" && dpkg -i "$d"/*.deb >/dev/null; '
+                       'rc=$?; rm -rf "$d"; exit $rc', input=archive.getvalue())  # fmt: skip
+    _ok(r, f"dpkg -i of the NVIDIA driver {version} ({len(debs)} packages) on {host}")
 
 
 def installed_version(rack: Rack, host: str) -> str | None:
@@ -55,7 +62,7 @@ def set_driver(rack: Rack, host: str, version: str | None = None,
             raise LabError("--version and --state missing contradict each other")
         install(rack, host, version)
     if state == "missing":
-        _ok(rack.ssh(host, "dpkg --purge nvidia-driver >/dev/null"), "dpkg --purge")
+        _ok(rack.ssh(host, "dpkg --purge " + " ".join(deb.package_names()) + " >/dev/null"), "dpkg --purge")
     elif state == "no-module":
         _ok(rack.ssh(host, f"touch {NO_MODULE_FLAG}; {UNLOAD}"), "unload module")
     elif state == "ok":
@@ -67,6 +74,19 @@ def set_driver(rack: Rack, host: str, version: str | None = None,
     mod = rack.ssh(host, "cat /proc/driver/nvidia/version 2>/dev/null").stdout.split("  ")
     loaded = mod[1].strip() if len(mod) > 1 else None
     return f"{host}: package {pkg or 'not installed'}, loaded module {loaded or 'none'}"
+
+
+def set_dkms_fault(rack: Rack, host: str, version: str | None) -> str:
+    """Make the module build of driver ``version`` fail on ``host`` from now on (the
+    postinst of its nvidia-kernel-dkms fails with DKMS's error, so dpkg and apt do), as a
+    kernel the module's source does not build for; None: builds succeed again."""
+    rack.host(host)  # unknown host -> clear error
+    if version is None:
+        _ok(rack.ssh(host, f"rm -f {deb.DKMS_FAILS}"), f"removing {deb.DKMS_FAILS} on {host}")
+        return f"{host}: module builds succeed"
+    deb.check_version(version)
+    _ok(rack.ssh(host, f"echo {version} > {deb.DKMS_FAILS}"), f"writing {deb.DKMS_FAILS} on {host}")
+    return f"{host}: the module build of {version} fails (DKMS)"
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """One lab host: overlay root + per-host files + a supervised nspawn.
 
-The overlay's lower dir is the shared unpacked image; everything that makes
-the host itself (hostname, machine-id, SSH host key, authorized_keys,
-resolv.conf, GPU description, installed driver) lands in its upper dir.
+The overlay's lower dir is the shared unpacked image, under the layer of the
+installed fake driver for a GPU host; everything that makes the host itself
+(hostname, machine-id, SSH host key, authorized_keys, resolv.conf, GPU
+description) lands in its upper dir.
 The launcher runs in its own cgroup (v1 name=systemd and the unified
 hierarchy): nspawn with --keep-unit puts the guest under it, and that
 cgroup is how `down` finds and kills exactly this host's processes.
@@ -110,7 +111,9 @@ def spawn_in_cgroups(cmd: list[str], cgroups: list[str], log: Path) -> int:
 
 # --- root filesystem ---------------------------------------------------------
 
-def make_overlay(hdir: Path, lower: Path) -> Path:
+def make_overlay(hdir: Path, lower: Path | str) -> Path:
+    """Mount ``hdir``/root: an overlay of ``lower`` (directories joined by ":", the upper
+    one first) with ``hdir``/upper on top."""
     for d in ("upper", "work", "root"):
         (hdir / d).mkdir(parents=True, exist_ok=True)
     root = hdir / "root"
@@ -157,10 +160,18 @@ def add_driver_source(root: Path, url: str) -> None:
     (root / DRIVER_SOURCE).write_text(f"deb [trusted=yes] {url} ./\n")
 
 
-def install_deb_offline(root: Path, deb: Path) -> None:
-    """dpkg -i into the stopped host's root (the package has no maintainer
-    scripts, so no chroot is needed); its unit loads the module at boot."""
-    run(["dpkg", f"--root={root}", "--force-unsafe-io", "-i", str(deb)])
+def make_driver_layer(layer_dir: Path, lower: Path, debs: list[Path]) -> Path:
+    """The fake driver's packages installed once over the image, into a layer of their own
+    (the upper dir of an overlay on the image) that each GPU host's root puts between its
+    own upper dir and the image: dpkg runs once for the rack. dpkg runs the maintainer
+    scripts chrooted into the root (nvidia-kernel-dkms builds the module the boot unit
+    loads). Returns the layer."""
+    root = make_overlay(layer_dir, lower)
+    try:
+        run(["dpkg", f"--root={root}", "--force-unsafe-io", "-i", *map(str, debs)])
+    finally:
+        run(["umount", str(root)])
+    return layer_dir / "upper"
 
 
 # --- process -----------------------------------------------------------------

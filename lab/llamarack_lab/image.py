@@ -30,7 +30,7 @@ PACKAGES = [
     "debian-archive-keyring",
 ]
 # Bump when prepare() changes in a way that changes the image.
-PREP_VERSION = "4"
+PREP_VERSION = "5"
 GUEST_FILES = Path(__file__).parent / "guest"
 # A non-root SSH user with passwordless sudo, the way most real racks are reached.
 DEPLOY_USER, DEPLOY_UID = "deploy", 1500
@@ -98,6 +98,9 @@ def prepare(root: Path) -> None:
     ssh_dir.mkdir(mode=0o700, exist_ok=True)
     run(["chroot", str(root), "useradd", "--uid", str(DEPLOY_UID), "--user-group", "--create-home",
          "--shell", "/bin/bash", DEPLOY_USER])  # fmt: skip
+    # i386 beside amd64, as on a rack with 32-bit users of the driver's libraries: the fake
+    # driver's set has i386 copies of them.
+    run(["chroot", str(root), "dpkg", "--add-architecture", "i386"])
     sudoers = root / f"etc/sudoers.d/llamarack-lab-{DEPLOY_USER}"
     sudoers.write_text(f"{DEPLOY_USER} ALL=(ALL:ALL) NOPASSWD: ALL\n")
     sudoers.chmod(0o440)

@@ -119,6 +119,11 @@ class LabRack:
     def driver(self, host: str, version: str | None = None, state: str | None = None) -> str:
         return drivermod.set_driver(self.rack, host, version=version, state=state)
 
+    def dkms_fails(self, host: str, version: str | None) -> str:
+        """The module build of driver ``version`` fails on the host from now on (None: builds
+        succeed again): its nvidia-kernel-dkms postinst fails with DKMS's error."""
+        return drivermod.set_dkms_fault(self.rack, host, version)
+
     def gpu_processes(self, host: str, *processes: drivermod.GpuProcess) -> str:
         """What the host's nvidia-smi lists as compute processes from now on, in place of the
         running ones it finds (none given: the running ones again);

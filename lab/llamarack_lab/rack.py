@@ -214,19 +214,22 @@ def _up(rack: Rack, spec, driver_version: str, boot_timeout: float) -> None:
     rack.data["services"] = services.start_all(profiles.GATEWAY)
     rack.save()
 
-    driver_deb = deb.build_deb(driver_version, paths.cache_dir() / "debs")
+    driver_layer = None  # the fake driver, installed once for the GPU hosts
+    if any(profiles.PROFILES[profile].gpus for _, profile, _ in spec):
+        debs = deb.build_set(driver_version, paths.cache_dir() / "debs")
+        driver_layer = hostmod.make_driver_layer(sd / "driver", lower, debs)
     progress(f"starting {len(spec)} hosts")
     for i, (name, profile, ip) in enumerate(spec):
         hdir = sd / "hosts" / name
         h = {"name": name, "ip": ip, "profile": profile, "dir": str(hdir),
              "gateway": name == profiles.GATEWAY_HOST}
         rack.data["hosts"].append(h)
-        root = hostmod.make_overlay(hdir, lower)
+        gpus = bool(profiles.PROFILES[profile].gpus)
+        root = hostmod.make_overlay(hdir, f"{driver_layer}:{lower}" if gpus else lower)
         h["root"] = str(root)
         rack.save()
         h["host_key"] = hostmod.personalize(root, name, ip, profile, pubkey)
-        if profiles.PROFILES[profile].gpus:
-            hostmod.install_deb_offline(root, driver_deb)
+        if gpus:
             hostmod.add_driver_source(root, services.url(profiles.GATEWAY, services.DRIVER_REPO_PATH))
         network.add_host(h, name, i, ip)
         rack.save()
@@ -311,7 +314,7 @@ def down(state_dir: Path | None = None) -> list[str]:
                 pass
     elif not errors:
         # a state dir on someone else's mount: remove what up put there
-        for sub in ("hosts", "image", "lxcfs"):
+        for sub in ("hosts", "image", "driver", "lxcfs"):
             shutil.rmtree(sd / sub, ignore_errors=True)
         for f in ("image.key", "inventory.py", "known_hosts", "lxcfs.log", "lxcfs.pid",
                   "id_ed25519", "id_ed25519.pub", STATE_FILE):

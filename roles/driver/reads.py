@@ -366,17 +366,21 @@ def compute_app(line: str) -> Optional[GpuProcess]:
 
 
 # Packages that make up an NVIDIA driver on Debian (nvidia-driver, libnvidia-*,
-# nvidia-kernel-dkms, libcuda1...), Ubuntu (nvidia-driver-550, nvidia-dkms-550,
-# nvidia-utils-550, libnvidia-compute-550, linux-modules-nvidia-550-*...) and
-# NVIDIA's CUDA repository (cuda-drivers-550, nvidia-open...). The toolkit's
-# packages (nvidia-cuda-toolkit, nvidia-cuda-dev...) are not the driver and
-# stay out: holding them would block toolkit updates for no reason.
+# nvidia-kernel-dkms, libcuda1, the GL/EGL/Vulkan/OpenCL/VDPAU ones: every binary
+# package of nvidia-graphics-drivers, which depend on each other at exactly one
+# version), Ubuntu (nvidia-driver-550, nvidia-dkms-550, nvidia-utils-550,
+# libnvidia-compute-550, linux-modules-nvidia-550-*...) and NVIDIA's CUDA
+# repository (cuda-drivers-550, nvidia-open, nvidia-fabricmanager-550...). The
+# toolkit's packages (nvidia-cuda-toolkit, nvidia-cuda-dev...) are not the driver
+# and stay out: holding them would block toolkit updates for no reason.
 DRIVER_PACKAGE = re.compile(
     r"nvidia-driver.*|nvidia-kernel-.*|nvidia-dkms-.*|nvidia-utils-.*|nvidia-compute-utils-.*"
     r"|nvidia-smi|nvidia-alternative|nvidia-persistenced|nvidia-modprobe|nvidia-firmware-.*"
     r"|nvidia-open(-[0-9].*)?|nvidia-headless-.*|libnvidia-.*|libcuda1|libnvcuvid1|cuda-drivers.*"
     r"|firmware-nvidia-.*|xserver-xorg-video-nvidia.*"
     r"|linux-(modules|objects|signatures)-nvidia-.*"
+    r"|lib(gl1|glx|egl|gles)[0-9]*-nvidia.*|libnvoptix1|libcudadebugger1|nvidia-(egl|vulkan|opencl)-(icd|common)"
+    r"|nvidia-vdpau-driver|nvidia-cuda-mps|nvidia-suspend-common|nvidia-legacy-check|nvidia-fabricmanager.*"
 )
 
 

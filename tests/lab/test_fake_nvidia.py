@@ -159,16 +159,3 @@ def test_module_loader_load_unload_and_no_module_flag(tmp_path):
     assert subprocess.run([*tool, "load"], env=env, capture_output=True).returncode == 1
     assert smi(root)[0] == 9
 
-
-def test_deb_package(tmp_path):
-    pkg = deb.build_deb("535.216.01", tmp_path)
-    fields = subprocess.run(["dpkg-deb", "-f", str(pkg), "Package", "Version"],
-                            capture_output=True, text=True, check=True).stdout
-    assert fields == "Package: nvidia-driver\nVersion: 535.216.01-1\n"
-    files = subprocess.run(["dpkg-deb", "-c", str(pkg)], capture_output=True, text=True,
-                           check=True).stdout
-    for path in ["./usr/bin/nvidia-smi", "./usr/lib/x86_64-linux-gnu/libnvidia-ml.so.535.216.01",
-                 "./lib/systemd/system/nvidia-module.service",
-                 "./usr/lib/llamarack-lab/nvidia-module"]:
-        assert path in files
-    assert "-rwxr-xr-x root/root" in next(l for l in files.splitlines() if "usr/bin/nvidia-smi" in l)

@@ -1,10 +1,11 @@
 #!/usr/bin/python3
 """Fake NVIDIA "kernel module" loader for llamarack lab hosts.
 
-`load`: what modprobe nvidia does at boot: the module built for the
-installed driver package becomes the loaded one, visible in
-/proc/driver/nvidia/version (a tmpfs this script mounts over the guest's
-/proc/driver, private to the guest). Refuses when the lab marked the
+`load`: what modprobe nvidia does at boot: the module that the last
+successful build of nvidia-kernel-dkms installed (its postinst writes
+its version, its prerm removes it, as DKMS does) becomes the loaded one,
+visible in /proc/driver/nvidia/version (a tmpfs this script mounts over
+the guest's /proc/driver, private to the guest). Refuses when the lab marked the
 module as unloadable (/etc/llamarack-lab/nvidia-no-module), like a kernel
 upgrade without a DKMS build, and when the module's branch drives none of
 the host's cards (a 590 module on a V100 alone: the real probe logs "The

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Fake nvidia-smi for llamarack lab hosts (the one allowed test double).
 
-Installed as /usr/bin/nvidia-smi by the lab's `nvidia-driver` package. It
+Installed as /usr/bin/nvidia-smi by the lab's `nvidia-smi` package. It
 prints what a real driver prints, in the real formats (captured from a
 real H200 host with driver 580.159.04; see tests/fixtures/nvidia-smi/):
 
@@ -29,9 +29,9 @@ real H200 host with driver 580.159.04; see tests/fixtures/nvidia-smi/):
   NUMA node) in the real layout of current drivers (tab-separated, the
   header underlined on a terminal, the legend after);
 - the "kernel module" version is read from /proc/driver/nvidia/version,
-  written at boot by the package's nvidia-module.service;
+  written at boot by nvidia-kernel-support's nvidia-module.service;
 - the user-space library version is the suffix of the installed
-  /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.<version> marker.
+  /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.<version> marker (libnvidia-ml1's).
 
 So an upgraded package without a reboot gives the NVML version mismatch,
 and no loaded module gives the "couldn't communicate" failure, with the
