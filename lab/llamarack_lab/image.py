@@ -30,7 +30,7 @@ PACKAGES = [
     "debian-archive-keyring",
 ]
 # Bump when prepare() changes in a way that changes the image.
-PREP_VERSION = "5"
+PREP_VERSION = "6"
 GUEST_FILES = Path(__file__).parent / "guest"
 # A non-root SSH user with passwordless sudo, the way most real racks are reached.
 DEPLOY_USER, DEPLOY_UID = "deploy", 1500
@@ -99,7 +99,9 @@ def prepare(root: Path) -> None:
     run(["chroot", str(root), "useradd", "--uid", str(DEPLOY_UID), "--user-group", "--create-home",
          "--shell", "/bin/bash", DEPLOY_USER])  # fmt: skip
     # i386 beside amd64, as on a rack with 32-bit users of the driver's libraries: the fake
-    # driver's set has i386 copies of them.
+    # driver's set has i386 copies of them. Only the lab's driver repository serves i386
+    # (debian.sources says amd64): the lab does not depend on Debian's i386 indexes, which a
+    # mirror in the middle of a sync can serve torn (apt update then fails every deploy).
     run(["chroot", str(root), "dpkg", "--add-architecture", "i386"])
     sudoers = root / f"etc/sudoers.d/llamarack-lab-{DEPLOY_USER}"
     sudoers.write_text(f"{DEPLOY_USER} ALL=(ALL:ALL) NOPASSWD: ALL\n")

@@ -84,8 +84,8 @@ def nonfree_sources(stanzas: tuple) -> str:
             continue
         lines = ["Types: deb", f"URIs: {stanza['URIs']}", f"Suites: {stanza['Suites']}",
                  "Components: contrib non-free"]  # fmt: skip
-        if "Signed-By" in stanza:
-            lines.append(f"Signed-By: {stanza['Signed-By']}")
+        # the host's own choice of architectures (a host with i386 may fetch amd64 only here)
+        lines += [f"{key}: {stanza[key]}" for key in ("Architectures", "Signed-By") if key in stanza]
         out.append("\n".join(lines) + "\n")
     header = "# Written by llamarack (toolchain_cuda_source = 'debian'): nvidia-cuda-toolkit\n"
     return header + "\n".join(out) if out else ""

@@ -110,6 +110,13 @@ def test_nonfree_sources_copy_the_hosts_archives_and_signed_by():
     assert "Suites: bookworm-security" in text
 
 
+def test_nonfree_sources_keep_the_hosts_architectures():
+    stanzas = tuple({**st, "Architectures": "amd64"} for st in fixture("DebianSources", "debian12"))
+    text = nonfree_sources(stanzas)
+    assert "Components: contrib non-free\nArchitectures: amd64\nSigned-By: " in text
+    assert "Architectures" not in nonfree_sources(fixture("DebianSources", "debian12"))
+
+
 def test_nonfree_sources_not_needed_when_the_host_has_them():
     stanzas = ({"Types": "deb", "URIs": "u", "Suites": "bookworm", "Components": "main contrib non-free"},)
     assert nonfree_sources(stanzas) == ""
