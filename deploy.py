@@ -2,7 +2,7 @@
 
     pyinfra inventory/lab.py deploy.py
 
-Only composes the roles (``llamarack.roles``, the folders under roles/); each
+Only composes the roles (the package ``roles``, the folders under roles/); each
 reads facts and changes only what differs, so a converged host is a chain of
 no-ops. Preflight runs every compatibility rule first: a host that fails one
 gets no other operation. The hosts of group ``gateways`` run preflight's read
@@ -13,14 +13,14 @@ from pathlib import Path
 
 from pyinfra import host
 
-from llamarack.roles.driver.deploy import driver
-from llamarack.roles.gateway.deploy import gateway
-from llamarack.roles.llamacpp.deploy import llamacpp
-from llamarack.roles.model.deploy import model
-from llamarack.roles.preflight.deploy import deployed, gateway_preflight, preflight
-from llamarack.roles.python_env.deploy import converter_env, python_env
-from llamarack.roles.server.deploy import llama_server
-from llamarack.roles.toolchain.deploy import toolchain
+from roles.driver.deploy import driver
+from roles.gateway.deploy import gateway
+from roles.llamacpp.deploy import llamacpp
+from roles.model.deploy import model
+from roles.preflight.deploy import deployed, gateway_preflight, preflight
+from roles.python_env.deploy import converter_env, python_env
+from roles.server.deploy import llama_server
+from roles.toolchain.deploy import toolchain
 from llamarack.settings import settings_for
 
 # Templates here replace the roles' own of the same name (see templates/README.md).

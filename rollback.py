@@ -16,7 +16,7 @@ import os
 from pyinfra import host
 
 from llamarack.cli import ROLLBACK_UNIT_ENV
-from llamarack.roles.server.operations import rollback
+from roles.server.operations import rollback
 from llamarack.settings import settings_for
 
 unit = os.environ.get(ROLLBACK_UNIT_ENV)

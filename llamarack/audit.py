@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 from .facts import FactRead
 from .facts.reading import FactsTogether
-from .roles import ROLES, host_roles
+from roles import ROLES, host_roles
 from .rules import HostFacts
 from .settings import Settings, settings_for
 
@@ -99,7 +99,7 @@ def role_audits(settings: Optional[Settings] = None) -> list:
     ``settings``, those of the roles that host runs (a gateway: the gateway role's, and no
     rollout record). Imported here, not above: they import this module's ``Item``."""
     roles = ROLES if settings is None else host_roles(settings)
-    audits = [importlib.import_module(f"llamarack.roles.{role}.audit") for role in roles]
+    audits = [importlib.import_module(f"roles.{role}.audit") for role in roles]
     if settings is None or not settings.is_gateway:
         audits.append(importlib.import_module("llamarack.rollout_audit"))
     return audits
@@ -117,7 +117,7 @@ def audit_host(name: str, settings: Settings, reads: tuple, answers: dict, templ
                verify: bool = False) -> HostAudit:
     """The audit of one host from the answers to ``audit_reads`` (pure: no host is asked):
     each role's items, in the roles' order."""
-    from .roles.preflight.reads import gather
+    from roles.preflight.reads import gather
 
     fact = Answers(reads, answers)
     seen = Seen(name, settings, gather(settings, read=fact.read), fact, templates, verify)

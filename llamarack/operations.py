@@ -19,7 +19,7 @@ from pyinfra.operations.util.files import generate_color_diff
 
 from . import remote
 from .facts import read
-from llamarack.roles.driver.reads import NvidiaSmi, gpus_record
+from roles.driver.reads import NvidiaSmi, gpus_record
 
 
 @operation()

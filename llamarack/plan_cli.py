@@ -26,9 +26,9 @@ from llamarack.model_shapes import hub_gguf_shape, local_gguf_shape, shape_from_
 from llamarack.card_layout import LAYOUTS, choose_layout, rival_layout, settle
 from llamarack.planner import (AUTO_KV_TYPES, KV_TYPE_BYTES, MIB, Knobs, Ledger, PlanError, check_shapes,
                                context_cap, cublas_prefill, largest_context, ledger, most_layers, plan)  # fmt: skip
-from llamarack.roles.model.plan import artifact_quality, quality_summary
-from llamarack.roles.model.settings import QUANT_TYPES
-from llamarack.roles.server.settings import DEFAULT_RESERVE_MIB
+from roles.model.plan import artifact_quality, quality_summary
+from roles.model.settings import QUANT_TYPES
+from roles.server.settings import DEFAULT_RESERVE_MIB
 from llamarack.secrets import read_token
 from llamarack.settings_fields import loopback_url, remote_url
 from llamarack.split_plan import SPLIT_MODES, Card, Over, SplitLedger, card_knobs

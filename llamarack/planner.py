@@ -42,8 +42,8 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Optional
 
-from llamarack.roles.model.files.gguf_header import GgufError, check_shape
-from llamarack.roles.server.settings import DEFAULT_RESERVE_MIB
+from roles.model.files.gguf_header import GgufError, check_shape
+from roles.server.settings import DEFAULT_RESERVE_MIB
 from llamarack.rules import Failure, parse_compute_cap
 
 MIB = 2**20

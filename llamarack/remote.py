@@ -14,8 +14,8 @@ import shlex
 from functools import lru_cache
 from pathlib import Path
 
-# The roles' folders: ``llamarack/roles`` (a link to ``roles/`` in a checkout).
-ROLES = Path(__file__).resolve().parent / "roles"
+# The roles' folders: the package roles, beside this one (in a checkout and a wheel alike).
+ROLES = Path(__file__).resolve().parent.parent / "roles"
 
 # A command given to ``sudo sh -c`` is one argv string, which Linux caps at
 # 128 KiB (MAX_ARG_STRLEN): every host script must stay well under it.

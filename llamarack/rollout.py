@@ -52,10 +52,10 @@ import gevent
 
 from . import remote
 from .layout import API_KEY_PATH, unit_path
-from .roles.gateway.plan import server_name
-from .roles.server.files import bench_record
-from .roles.server.plan import HEALTH_MARK, RESIDENCY_MARK
-from .roles.server.files.server_idle import UNIT_NAME
+from roles.gateway.plan import server_name
+from roles.server.files import bench_record
+from roles.server.plan import HEALTH_MARK, RESIDENCY_MARK
+from roles.server.files.server_idle import UNIT_NAME
 from .settings import settings_for
 
 SCHEMA = "llamarack-rollout/1"

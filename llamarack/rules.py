@@ -18,11 +18,11 @@ from packaging.version import Version
 
 from llamarack import gpu_table
 from llamarack.facts.ownership import PathOwnership
-from llamarack.roles.driver.reads import DriverState, KernelLog, KernelModule
-from llamarack.roles.model.calibration import HubCounts, calibrates, card_shortfall
-from llamarack.roles.model.reads import ArtifactState
-from llamarack.roles.server.reads import SERVICE_USER_MARK, PasswdEntry
-from llamarack.roles.toolchain.reads import CudaToolkit, GccInstall
+from roles.driver.reads import DriverState, KernelLog, KernelModule
+from roles.model.calibration import HubCounts, calibrates, card_shortfall
+from roles.model.reads import ArtifactState
+from roles.server.reads import SERVICE_USER_MARK, PasswdEntry
+from roles.toolchain.reads import CudaToolkit, GccInstall
 
 from .settings import Settings, private_dirs
 

@@ -25,13 +25,13 @@ from typing import Any, Callable, Literal, Mapping, Optional
 
 from .errors import SettingsError
 from .layout import Layout
-from .roles.driver.settings import DriverSettings
-from .roles.gateway.settings import GatewaySettings
-from .roles.llamacpp.settings import LlamacppSettings
-from .roles.model.settings import ModelSettings
-from .roles.python_env.settings import PythonEnvSettings
-from .roles.server.settings import ServerSettings
-from .roles.toolchain.settings import ToolchainSettings
+from roles.driver.settings import DriverSettings
+from roles.gateway.settings import GatewaySettings
+from roles.llamacpp.settings import LlamacppSettings
+from roles.model.settings import ModelSettings
+from roles.python_env.settings import PythonEnvSettings
+from roles.server.settings import ServerSettings
+from roles.toolchain.settings import ToolchainSettings
 from .settings_fields import (SHARED_DIRS, Section, host_path, loopback_url, number_range, out_of_range, setting,
                               under)
 

@@ -1,4 +1,4 @@
-"""llamarack's roles, one folder each (installed as ``llamarack.roles``).
+"""llamarack's roles, one folder each: the package ``roles``, beside ``llamarack``.
 
 Each ``roles/<role>/`` holds the role's whole story: its settings section
 (``settings.py``: defaults, shapes, meanings), the facts it reads
@@ -9,13 +9,13 @@ operations (``operations.py``), its audit items (``audit.py``: ``ITEMS``,
 point (``deploy.py``), the scripts it runs on a host (``files/``, standard
 library only, each run by ``llamarack.remote.command(name, *args)``) and its
 templates (``templates/``); its ``__init__.py`` only describes it, so that
-importing a plan (as ``llamarack audit`` does) imports no operation. In a
-checkout ``llamarack/roles`` is a link to this folder. Another pyinfra
+importing a plan (as ``llamarack audit`` does) imports no operation. The roles
+import the core (``llamarack``), never the other way round. Another pyinfra
 deploy uses a role the way ``deploy.py`` does:
 
     from pyinfra import host
-    from llamarack.roles.preflight.deploy import preflight
-    from llamarack.roles.server.deploy import llama_server
+    from roles.preflight.deploy import preflight
+    from roles.server.deploy import llama_server
     from llamarack.settings import settings_for
 
     settings = settings_for(host)

@@ -15,9 +15,9 @@ smoke run: it shows the smoke run is a backstop of its own.
 from pyinfra import host
 
 from llamarack.settings import settings_for
-from llamarack.roles.llamacpp.deploy import llamacpp
-from llamarack.roles.preflight.deploy import preflight
-from llamarack.roles.preflight.reads import gather
+from roles.llamacpp.deploy import llamacpp
+from roles.preflight.deploy import preflight
+from roles.preflight.reads import gather
 
 settings = settings_for(host)
 

@@ -13,7 +13,7 @@ transformers (``--data bench_convert_python=python3``).
 
 from pyinfra import host
 
-from llamarack.roles.model.deploy import model
+from roles.model.deploy import model
 from llamarack.settings import settings_for
 
 settings = settings_for(host)

@@ -68,9 +68,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from llamarack.roles.model.reads import GgufShape
-from llamarack.roles.llamacpp.reads import LlamaServerFlags
-from llamarack.roles.driver.reads import NvidiaSmi
+from roles.model.reads import GgufShape
+from roles.llamacpp.reads import LlamaServerFlags
+from roles.driver.reads import NvidiaSmi
 from llamarack.gpu_table import compute_cap as compute_cap_of, planning_memory_mib  # noqa: E402
 from llamarack.layout import Layout  # noqa: E402
 from llamarack.settings import load_settings  # noqa: E402

@@ -14,7 +14,7 @@ set -u
 W=/opt/gpusandbox
 mkdir -p "$W" /var/cache/llamarack-server
 cp bench/gpu/sandbox.py bench/gpu/sandbox-syscalls.json "$W/"
-python3 -c 'import sys; sys.path.insert(0, "."); from llamarack.roles.llamacpp.files.llamacpp_proof import write_smoke_gguf
+python3 -c 'import sys; sys.path.insert(0, "."); from roles.llamacpp.files.llamacpp_proof import write_smoke_gguf
 write_smoke_gguf("/opt/gpusandbox/smoke.gguf")' || exit 1
 [ -d "$W/src" ] || { git clone -q .carry/llama.cpp.git "$W/src" && git -C "$W/src" checkout -q "$(cat .carry/commit)"; } || exit 1
 nvcc=$(ls /usr/local/cuda*/bin/nvcc 2>/dev/null | head -1)

@@ -45,7 +45,7 @@ from llamarack.gpu_table import planning_memory_mib  # noqa: E402
 from llamarack.model_shapes import local_gguf_shape  # noqa: E402
 from llamarack.settings import load_settings  # noqa: E402
 from llamarack.split_plan import Card, plan_split  # noqa: E402
-from llamarack.roles.llamacpp.files.llamacpp_proof import parse_server_help  # noqa: E402
+from roles.llamacpp.files.llamacpp_proof import parse_server_help  # noqa: E402
 from roles.server.plan import MIB, knobs, server_args  # noqa: E402
 from proof import LOAD_LOG_ENV, parse_compute_apps, parse_load_log  # noqa: E402
 

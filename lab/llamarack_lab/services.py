@@ -99,7 +99,7 @@ def converter_lines(m: mirror.Mirror, commit: str | None = None) -> tuple:
 
 def requirement_sets(m: mirror.Mirror) -> list[tuple[tuple, tuple, bool]]:
     """(requirements, constraints, no_deps) of every pip step the lab's python roles run."""
-    from llamarack.roles.python_env.plan import awq_plan, converter_plan
+    from roles.python_env.plan import awq_plan, converter_plan
 
     settings = lab_settings()
     if settings.python_env.python_version != f"{sys.version_info[0]}.{sys.version_info[1]}":

@@ -17,7 +17,7 @@ def _plain(value):
 
 
 class FactValue:
-    """A fact value (a frozen dataclass): ``pyinfra INVENTORY fact llamarack.roles.<role>.reads.X`` and
+    """A fact value (a frozen dataclass): ``pyinfra INVENTORY fact roles.<role>.reads.X`` and
     ``--json`` serialize it through ``to_json``, which pyinfra's encoder looks for."""
 
     def to_json(self):

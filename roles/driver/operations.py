@@ -6,7 +6,7 @@ from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
 from llamarack import remote
-from llamarack.roles.driver.reads import NvidiaDriverPackages
+from roles.driver.reads import NvidiaDriverPackages
 from llamarack.facts import read
 
 

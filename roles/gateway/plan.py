@@ -13,8 +13,8 @@ from typing import Optional
 
 from llamarack import remote
 from llamarack.layout import Layout
-from llamarack.roles.server.files import bench_record
-from llamarack.roles.server.plan import KEY_DIGEST_SALT, _templates
+from roles.server.files import bench_record
+from roles.server.plan import KEY_DIGEST_SALT, _templates
 from llamarack.settings import Settings
 from llamarack.settings_fields import server_name as valid_address
 

@@ -9,7 +9,7 @@ from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
 from llamarack import remote
-from llamarack.roles.llamacpp.reads import _json_object
+from roles.llamacpp.reads import _json_object
 
 from .settings import ADMIN_SOCKET
 
@@ -69,7 +69,7 @@ def reads(settings) -> tuple:
     from pyinfra.facts.server import Command
 
     from llamarack.facts import FactRead
-    from llamarack.roles.server.reads import UnitState
+    from roles.server.reads import UnitState
 
     from .plan import (HAPROXY_CONFIG, PROMETHEUS_CONFIG, PROMETHEUS_KEY, PROMETHEUS_RULES, TARGETS,
                        secret_digest_command)  # fmt: skip

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from llamarack.roles.server.settings import _address
+from roles.server.settings import _address
 from llamarack.settings_fields import Section, host_path, setting
 
 # HAProxy's runtime API, level admin: the audit reads the backends' states there and

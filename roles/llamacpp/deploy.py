@@ -5,7 +5,7 @@ import dataclasses
 from pyinfra import host, logger
 from pyinfra.api import deploy
 
-from llamarack.roles.llamacpp.reads import BuildSeals, LlamacppBuilds
+from roles.llamacpp.reads import BuildSeals, LlamacppBuilds
 from llamarack.facts import read
 from llamarack.rules import HostFacts
 from llamarack.settings import Settings

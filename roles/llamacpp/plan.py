@@ -24,7 +24,7 @@ from typing import Optional
 
 from llamarack import remote
 from llamarack.rules import HostFacts, build_archs
-from llamarack.roles.llamacpp.files.build_seal import inputs_stamp
+from roles.llamacpp.files.build_seal import inputs_stamp
 from llamarack.settings import Settings
 
 from ..toolchain.plan import plan_toolchain

@@ -14,8 +14,8 @@ from pyinfra.api.exceptions import FactProcessError
 from llamarack import remote
 from llamarack.facts.value import FactValue
 from llamarack.layout import Layout
-from llamarack.roles.llamacpp.files.build_seal import inputs_stamp
-from llamarack.roles.llamacpp.files.llamacpp_proof import ServerFlags, parse_server_help
+from roles.llamacpp.files.build_seal import inputs_stamp
+from roles.llamacpp.files.llamacpp_proof import ServerFlags, parse_server_help
 
 # Options only the served unit uses. They are read here, not in the smoke script's
 # parse_server_help: that script's hash is part of every build stamp.

@@ -10,8 +10,8 @@ from llamarack.settings import Settings
 
 from .files.model_quality import kld_problem
 from .plan import plan_from_record, quality_summary
-from llamarack.roles.server.audit import account_item
-from llamarack.roles.server.reads import SystemGroup, SystemUser
+from roles.server.audit import account_item
+from roles.server.reads import SystemGroup, SystemUser
 
 from .reads import ModelArtifact, shape_record_name
 from .sandbox import PIPELINE_HOME, PIPELINE_USER

@@ -9,11 +9,11 @@ from pyinfra.facts.files import File
 from llamarack.errors import ModelSourceError
 from llamarack.facts import FactRead, read, read_together
 from llamarack.operations import refuse
-from llamarack.roles.driver.reads import CharDevices
-from llamarack.roles.model.reads import GgufShape, ModelArtifact, shape_record_name
-from llamarack.roles.server.operations import system_account
-from llamarack.roles.server.plan import device_names
-from llamarack.roles.server.reads import SystemGroup, SystemUser
+from roles.driver.reads import CharDevices
+from roles.model.reads import GgufShape, ModelArtifact, shape_record_name
+from roles.server.operations import system_account
+from roles.server.plan import device_names
+from roles.server.reads import SystemGroup, SystemUser
 from llamarack.secrets import read_token
 from llamarack.settings import Settings
 

@@ -39,7 +39,7 @@ from pyinfra.facts.files import File
 from pyinfra.facts.files import Link
 
 from llamarack import remote
-from llamarack.roles.model.reads import CachedBlobs, ModelArtifact, shape_record_name
+from roles.model.reads import CachedBlobs, ModelArtifact, shape_record_name
 from llamarack.facts import FreeDiskBytes, read
 from llamarack.layout import Layout
 from llamarack.operations import executing, private_upload, refusal, secret_upload

@@ -10,7 +10,7 @@ from pyinfra.facts.server import LinuxDistribution
 from llamarack.facts import FactRead, read, read_together
 from llamarack import __version__
 from llamarack.operations import record_deployment, record_gpus, refuse
-from llamarack.roles.model import calibration
+from roles.model import calibration
 from llamarack.rules import HostFacts, driver_warnings, evaluate, missing_gpus, missing_gpus_warning
 from llamarack.settings import Settings
 

@@ -22,13 +22,13 @@ from pyinfra.facts.server import LinuxDistribution
 
 from llamarack.facts import FactRead, read
 from llamarack.facts.ownership import PathOwners
-from llamarack.roles import host_roles
-from llamarack.roles.driver.reads import (CharDevices, MigStates, NvidiaDriverPackages, NvidiaKernelLog,
+from roles import host_roles
+from roles.driver.reads import (CharDevices, MigStates, NvidiaDriverPackages, NvidiaKernelLog,
                                           NvidiaKernelModule, NvidiaPciCards, NvidiaSmi, RecordedGpus)
-from llamarack.roles.model import calibration
-from llamarack.roles.server.reads import SystemGroup, SystemUser
-from llamarack.roles.toolchain.plan import toolkit_search_homes
-from llamarack.roles.toolchain.reads import CudaToolkits, GccVersions, InstallableGccMajors
+from roles.model import calibration
+from roles.server.reads import SystemGroup, SystemUser
+from roles.toolchain.plan import toolkit_search_homes
+from roles.toolchain.reads import CudaToolkits, GccVersions, InstallableGccMajors
 from llamarack.rules import HostFacts
 from llamarack.settings import Settings, private_dirs
 
@@ -88,7 +88,7 @@ def preflight_reads(settings: Settings) -> tuple[FactRead, ...]:
 def role_reads(settings: Settings) -> tuple[FactRead, ...]:
     """What the roles that run on this host read on a converged host, each role's part
     (``roles/<role>/reads.py``: ``reads(settings)``) in deploy.py's order."""
-    modules = (importlib.import_module(f"llamarack.roles.{role}.reads") for role in host_roles(settings))
+    modules = (importlib.import_module(f"roles.{role}.reads") for role in host_roles(settings))
     return tuple(r for module in modules if hasattr(module, "reads") for r in module.reads(settings))
 
 

@@ -20,7 +20,7 @@ from typing import Optional
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-from llamarack.roles.python_env.reads import canonical
+from roles.python_env.reads import canonical
 from llamarack.settings import Settings
 
 AWQ_IMPORTS = ("import torch, transformers, accelerate", "from awq import AutoAWQForCausalLM")

@@ -14,9 +14,9 @@ from pyinfra.facts.files import Link
 from llamarack.audit import Item, Seen, iso, link_name
 from llamarack.facts import FactRead
 from llamarack.layout import UNIT_NAME, unit_index
-from llamarack.roles.driver.reads import CharDevices, GpuProcesses
-from llamarack.roles.llamacpp.reads import BenchRecord, LlamaServerFlags
-from llamarack.roles.model.reads import GgufShape
+from roles.driver.reads import CharDevices, GpuProcesses
+from roles.llamacpp.reads import BenchRecord, LlamaServerFlags
+from roles.model.reads import GgufShape
 from llamarack.settings import Settings
 
 from .files import bench_record

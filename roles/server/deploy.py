@@ -3,7 +3,7 @@
 from pyinfra import host
 from pyinfra.api import deploy
 
-from llamarack.roles.llamacpp.reads import LlamacppBuilds
+from roles.llamacpp.reads import LlamacppBuilds
 from llamarack.facts import read
 from llamarack.layout import unit_build
 from llamarack.operations import report

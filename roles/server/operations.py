@@ -24,15 +24,15 @@ from pyinfra.operations.util.files import generate_color_diff
 from pyinfra.facts.server import Command
 
 from llamarack import remote
-from llamarack.roles.llamacpp.reads import BenchRecord, BuildSeals, LlamaServerFlags
-from llamarack.roles.driver.reads import CharDevices, RecordedGpus
-from llamarack.roles.model.reads import GgufShape, ModelArtifact
-from llamarack.roles.server.reads import (NOLOGIN, SERVICE_USER_MARK, FoundUnit, ServedUnits, SystemGroup, SystemUser,
+from roles.llamacpp.reads import BenchRecord, BuildSeals, LlamaServerFlags
+from roles.driver.reads import CharDevices, RecordedGpus
+from roles.model.reads import GgufShape, ModelArtifact
+from roles.server.reads import (NOLOGIN, SERVICE_USER_MARK, FoundUnit, ServedUnits, SystemGroup, SystemUser,
                                          active_since, unit_cards)  # fmt: skip
 from llamarack.facts import read
 from llamarack.layout import API_KEY_PATH, UNIT_NAME, unit_build, unit_index, unit_name
 from llamarack.operations import executing, private_upload, put_record, refusal, secret_upload
-from llamarack.roles.server.files.secret_digest import digest
+from roles.server.files.secret_digest import digest
 from llamarack.rules import account_failure
 from llamarack.secrets import read_token
 from llamarack.settings import Settings

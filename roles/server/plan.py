@@ -19,12 +19,12 @@ from typing import Any, Optional
 import jinja2
 
 from llamarack import remote, unitfile
-from llamarack.roles.llamacpp.reads import ServerFlags
+from roles.llamacpp.reads import ServerFlags
 from llamarack.card_layout import Layout, Unit, cards_of, choose_layout, rival_layout, settle
 from llamarack.layout import API_KEY_PATH, unit_index, unit_name, unit_path
 from llamarack.planner import (MIB, Knobs, Plan, PlanError, cublas_prefill,  # noqa: F401 (MIB, PlanError: the role's API)
                                plan)  # fmt: skip
-from llamarack.roles.llamacpp.files.llamacpp_proof import serving_args
+from roles.llamacpp.files.llamacpp_proof import serving_args
 from llamarack.gpu_table import board, planning_memory_mib
 from llamarack.rules import Failure
 from llamarack.settings import Settings

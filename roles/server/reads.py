@@ -275,9 +275,9 @@ def reads(settings) -> tuple:
     from pyinfra.facts.server import Command
 
     from llamarack.facts import FactRead
-    from llamarack.roles.llamacpp.reads import BenchRecord, BuildSeals, LlamacppBuilds, LlamaServerFlags
-    from llamarack.roles.model.reads import GgufShape
-    from llamarack.roles.server.plan import key_digest_command
+    from roles.llamacpp.reads import BenchRecord, BuildSeals, LlamacppBuilds, LlamaServerFlags
+    from roles.model.reads import GgufShape
+    from roles.server.plan import key_digest_command
 
     if not settings.general.runs("server"):
         return ()

@@ -7,7 +7,7 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.server import LinuxDistribution
 from pyinfra.operations import apt
 
-from llamarack.roles.toolchain.reads import CmakeVersion
+from roles.toolchain.reads import CmakeVersion
 from llamarack.facts import DebianSources, read
 from llamarack.operations import apt_install_missing, miniforge_env, put_file
 from llamarack.rules import HostFacts

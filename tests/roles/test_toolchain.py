@@ -11,13 +11,13 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
 
 from tests.support.facts import FACTS as facts
-from llamarack.roles.driver.reads import DriverState, Gpu
-from llamarack.roles.toolchain.reads import GccInstall
+from roles.driver.reads import DriverState, Gpu
+from roles.toolchain.reads import GccInstall
 from llamarack.operations import apt_install_missing
-from llamarack.roles.llamacpp.plan import plan_for_host
-from llamarack.roles.toolchain.deploy import BUILD_PACKAGES
-from llamarack.roles.toolchain.operations import toolkit_takes_host_compiler
-from llamarack.roles.toolchain.plan import nonfree_sources, plan_toolchain
+from roles.llamacpp.plan import plan_for_host
+from roles.toolchain.deploy import BUILD_PACKAGES
+from roles.toolchain.operations import toolkit_takes_host_compiler
+from roles.toolchain.plan import nonfree_sources, plan_toolchain
 from llamarack.rules import HostFacts
 from llamarack.settings import load_settings
 from tests.roles.stackhost import run_op

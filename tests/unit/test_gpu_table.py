@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from llamarack import gpu_table
-from llamarack.roles.driver.reads import NvidiaSmi
+from roles.driver.reads import NvidiaSmi
 
 FACTS = Path(__file__).parents[1] / "facts"
 

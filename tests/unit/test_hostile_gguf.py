@@ -20,10 +20,10 @@ from llamarack.errors import ModelSourceError
 from llamarack.model_shapes import local_gguf_shape, shape_from_config
 from llamarack.plan_cli import plan_command
 from llamarack.planner import MIB, Knobs, PlanError, plan
-from llamarack.roles.llamacpp.files.llamacpp_proof import _gguf_string
-from llamarack.roles.model.files.gguf_header import MAX_LAYERS, read_shape
-from llamarack.roles.model.reads import GgufShape
-from llamarack.roles.server.plan import plan_context
+from roles.llamacpp.files.llamacpp_proof import _gguf_string
+from roles.model.files.gguf_header import MAX_LAYERS, read_shape
+from roles.model.reads import GgufShape
+from roles.server.plan import plan_context
 from llamarack.settings import load_settings
 from tests.unit.test_planner_answers import _synthetic
 from tests.unit.test_server_plan import _gguf_header

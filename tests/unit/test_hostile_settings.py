@@ -14,9 +14,9 @@ from pyinfra_cli.util import parse_cli_arg
 from llamarack.cli import main
 from llamarack.errors import SettingsError
 from llamarack.facts.ownership import PathOwners
-from llamarack.roles.preflight.reads import preflight_reads
+from roles.preflight.reads import preflight_reads
 from llamarack.rules import HostFacts, evaluate, rule_dirs_private
-from llamarack.roles.driver.reads import DriverState
+from roles.driver.reads import DriverState
 from llamarack.settings import all_settings, describe_type, load_settings
 
 VENV = {"python_env_backend": "venv"}

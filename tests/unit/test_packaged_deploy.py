@@ -14,9 +14,9 @@ OTHER_DEPLOY = '''
 from pyinfra import host
 
 import llamarack
-from llamarack.roles.preflight.reads import gather
-from llamarack.roles.server.deploy import llama_server
-from llamarack.roles.server.plan import TEMPLATES
+from roles.preflight.reads import gather
+from roles.server.deploy import llama_server
+from roles.server.plan import TEMPLATES
 from llamarack.settings import settings_for
 
 print("llamarack from", llamarack.__file__, "templates", TEMPLATES)
@@ -37,10 +37,11 @@ def test_the_wheel_carries_the_roles_and_another_deploy_runs_one(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("llamarack-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for role in ("preflight", "driver", "toolchain", "python_env", "llamacpp", "model", "server"):
-        assert f"llamarack/roles/{role}/__init__.py" in names
-    assert "llamarack/roles/server/templates/llama-server.service.j2" in names
-    assert {"llamarack/roles/llamacpp/files/llamacpp_proof.py", "llamarack/roles/model/files/model_fetch.py"} <= names
-    assert not any(n.startswith(("roles/", "tests/")) for n in names)  # nothing at the top level but llamarack
+        assert f"roles/{role}/__init__.py" in names
+    assert "roles/server/templates/llama-server.service.j2" in names
+    assert {"roles/llamacpp/files/llamacpp_proof.py", "roles/model/files/model_fetch.py"} <= names
+    # nothing at the top level but the two packages
+    assert {n.split("/")[0] for n in names if "/" in n and ".dist-info/" not in n} == {"llamarack", "roles"}
     # the lab is its own package (lab/): none of it, its fake driver included, in the product's wheel
     assert not [n for n in names if n.startswith(("lab/", "llamarack_lab/", "llamarack/lab/")) or "fake_nvidia" in n]
     assert "llamarack_lab" not in zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("top_level.txt"))).decode()
@@ -59,7 +60,7 @@ def test_the_wheel_carries_the_roles_and_another_deploy_runs_one(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:]
-    assert f"llamarack from {site}/llamarack/__init__.py templates {site}/llamarack/roles/server/templates" \
+    assert f"llamarack from {site}/llamarack/__init__.py templates {site}/roles/server/templates" \
         in result.stdout  # fmt: skip
     assert "llama-server | Service user llamarack" in result.stdout
     assert not (tmp_path / "root").exists()  # --dry: nothing was made

@@ -23,7 +23,7 @@ import pytest
 from llamarack.model_shapes import shape_from_config
 from llamarack.plan_cli import kv_table
 from llamarack.planner import AUTO_KV_TYPES, MIB, Knobs, PlanError, plan
-from llamarack.roles.model.files.gguf_header import read_shape
+from roles.model.files.gguf_header import read_shape
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 ANSWERS = FIXTURES / "planner/answers.json"

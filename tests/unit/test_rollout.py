@@ -12,7 +12,7 @@ import pytest
 
 from llamarack import hosts, remote, rollout
 from llamarack.audit import HostAudit, Item
-from llamarack.roles.server.plan import HEALTH_MARK, RESIDENCY_MARK
+from roles.server.plan import HEALTH_MARK, RESIDENCY_MARK
 
 SOURCES = {remote.source(n): n for n in remote.names()}
 DATA = '{"python_env_backend": "venv", "llamacpp_backend": "cpu"}'

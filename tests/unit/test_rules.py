@@ -5,10 +5,10 @@ import pytest
 import json
 from pathlib import Path
 
-from llamarack.roles.toolchain.reads import CudaToolkit, GccInstall
-from llamarack.roles.driver.reads import DebPackage
-from llamarack.roles.driver.reads import DriverState, Gpu, KernelModule, NvidiaSmi
-from llamarack.roles.driver.reads import NvidiaDriverPackages
+from roles.toolchain.reads import CudaToolkit, GccInstall
+from roles.driver.reads import DebPackage
+from roles.driver.reads import DriverState, Gpu, KernelModule, NvidiaSmi
+from roles.driver.reads import NvidiaDriverPackages
 from llamarack.rules import RULES, HostFacts, choose_host_compiler, driver_floor, driver_warnings, evaluate, package_driver_version, missing_gpus, missing_gpus_warning
 from llamarack.settings import load_settings
 
@@ -373,7 +373,7 @@ def test_kepler_cards_are_refused_as_unsupported_with_no_driver_fix():
 # Cards nvidia-smi cannot name: the PCI bus and the kernel's log name the cause.
 
 def fixture(fact, case):
-    from llamarack.roles.driver.reads import NvidiaKernelLog, NvidiaPciCards
+    from roles.driver.reads import NvidiaKernelLog, NvidiaPciCards
 
     cls = {"NvidiaPciCards": NvidiaPciCards, "NvidiaKernelLog": NvidiaKernelLog}[fact]
     return cls().process(json.loads((FACTS / f"{fact}/{case}.json").read_text())["output"])
@@ -408,7 +408,7 @@ def test_a_590_driver_on_a_first_run_v100_is_the_ceiling():
     # no record, a .run driver (no packages): the PCI bus names the card, the kernel the branch
     failures = evaluate(settings(), no_module(pci="v100_nouveau", log="legacy_590"))
     assert [f.rule for f in failures] == ["driver-nouveau"]  # nouveau first: the nvidia module never bound
-    from llamarack.roles.driver.reads import PciCard
+    from roles.driver.reads import PciCard
 
     v100 = PciCard("0000:3b:00.0", "0x1DB410DE", None, "Tesla V100 PCIe 16GB", "7.0")  # unbound
     facts = HostFacts(driver=NO_MODULE, module=None, toolkits=(CUDA118,), gcc=GCC11, pci_cards=(v100,),
@@ -429,7 +429,7 @@ def test_no_module_file_for_the_running_kernel_is_the_dkms_cure():
 
 
 def test_a_kepler_card_on_the_bus_is_refused_on_a_first_run():
-    from llamarack.roles.driver.reads import PciCard
+    from roles.driver.reads import PciCard
 
     k80 = PciCard("0000:04:00.0", "0x102D10DE", None, "Tesla K80", "3.7")
     failures = evaluate(settings(), HostFacts(driver=NO_MODULE, module=None, toolkits=(CUDA118,), gcc=GCC11,
@@ -438,7 +438,7 @@ def test_a_kepler_card_on_the_bus_is_refused_on_a_first_run():
 
 
 def test_a_card_in_mig_mode_is_refused_with_what_cuda_sees():
-    from llamarack.roles.driver.reads import MigStates
+    from roles.driver.reads import MigStates
 
     def mig(case):
         return MigStates().process(json.loads((FACTS / f"MigStates/{case}.json").read_text())["output"])
@@ -470,8 +470,8 @@ def awq_settings(**data):
 
 def served(made_from):
     """The served artifact, as its record says the settings ``made_from`` made it."""
-    from llamarack.roles.model.plan import asked_inputs
-    from llamarack.roles.model.reads import ArtifactState
+    from roles.model.plan import asked_inputs
+    from roles.model.reads import ArtifactState
 
     m = made_from.model
     record = {"stamp": "5" * 64, "source": "hf", "files": {}, "repo": m.repo, "revision": m.revision,
@@ -521,7 +521,7 @@ def test_awq_calibration_is_checked_only_when_it_will_run_and_the_shape_is_known
 
 
 def test_awq_calibration_is_counted_from_the_text_with_no_tokenizer(tmp_path):
-    from llamarack.roles.model.files.awq_apply import tokens_at_most
+    from roles.model.files.awq_apply import tokens_at_most
 
     text = tmp_path / "calibration.txt"
     text.write_text("A short text.\n\nAnd another paragraph, é.\n")
@@ -533,8 +533,8 @@ def test_awq_calibration_is_counted_from_the_text_with_no_tokenizer(tmp_path):
 
 
 def test_preflight_reads_the_served_artifact_only_for_awq_calibration_on_the_cards():
-    from llamarack.roles.model.reads import GgufShape, ModelArtifact
-    from llamarack.roles.preflight.reads import gather, preflight_reads
+    from roles.model.reads import GgufShape, ModelArtifact
+    from roles.preflight.reads import gather, preflight_reads
 
     state = served(settings(model_repo="org/llama", model_revision=SHA))
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from llamarack.roles.llamacpp.reads import BuildFlags, parse_build_help
-from llamarack.roles.llamacpp.reads import ServerFlags
+from roles.llamacpp.reads import BuildFlags, parse_build_help
+from roles.llamacpp.reads import ServerFlags
 from llamarack.model_shapes import shape_from_config
 from llamarack.planner import (CUBLAS_OWN_MIB, Knobs, context_cap, cublas_prefill, layers_on_card, ledger,
                                prefill_pool_bytes, sliding_layers)  # fmt: skip
-from llamarack.roles.model.files.gguf_header import GgufError, read_shape
-from llamarack.roles.server.plan import (
+from roles.model.files.gguf_header import GgufError, read_shape
+from roles.server.plan import (
     MIB,
     PlanError,
     knobs,
@@ -22,7 +22,7 @@ from llamarack.roles.server.plan import (
     render_unit,
     server_args,
 )
-from llamarack.roles.server.settings import DEFAULT_RESERVE_MIB
+from roles.server.settings import DEFAULT_RESERVE_MIB
 from llamarack.settings import load_settings
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -404,8 +404,8 @@ def test_which_cards_take_cublas_for_prompts():
 
 
 def test_a_v100_host_plans_the_prefill_pool_and_a_t4_host_does_not():
-    from llamarack.roles.driver.reads import Gpu
-    from llamarack.roles.server.plan import card_compute_cap
+    from roles.driver.reads import Gpu
+    from roles.server.plan import card_compute_cap
 
     v100 = Gpu(0, "Tesla V100-SXM2-16GB", "GPU-1", 16160, "7.0", "550.127.05", "0x1DB110DE")
     t4 = Gpu(1, "Tesla T4", "GPU-2", 15360, "7.5", "550.127.05", "0x1EB810DE")
@@ -432,7 +432,7 @@ def test_eager_module_loading_holds_more_of_the_card():
 
 def _gguf_header(meta: list, tensors: list) -> bytes:
     """A GGUF v3 header (no tensor data), written with the smoke model's own writer helpers."""
-    from llamarack.roles.llamacpp.files.llamacpp_proof import _gguf_kv, _gguf_string
+    from roles.llamacpp.files.llamacpp_proof import _gguf_kv, _gguf_string
 
     infos = b"".join(_gguf_string(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims)
                      + struct.pack("<IQ", kind, 0) for name, dims, kind in tensors)  # fmt: skip
@@ -484,7 +484,7 @@ def test_the_vocabulary_is_read_past_across_chunks_and_long_strings(tmp_path):
     """A real vocabulary (10^5 strings) is skipped from chunks of the file, not read string
     by string: strings of every length, some across a chunk's end, one longer than a chunk,
     and the keys after them still read right, as the whole-metadata reader reads them."""
-    from llamarack.roles.model.files import gguf_header
+    from roles.model.files import gguf_header
 
     tokens = [("t" * (i % 23)) + str(i) for i in range(30000)]
     tokens[7777] = "L" * (3 * gguf_header._SKIP_CHUNK + 5)  # past two chunks at once

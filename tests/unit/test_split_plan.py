@@ -310,7 +310,7 @@ def test_no_card_or_no_layers_serve_from_the_cpu():
 
 
 def test_cards_from_a_hosts_gpu_facts_by_uuid():
-    from llamarack.roles.driver.reads import Gpu
+    from roles.driver.reads import Gpu
 
     gpus = (Gpu(0, "Tesla V100-SXM2-16GB", "GPU-a", 16160, "7.0", "550.127.05", "0x1DB110DE"),
             Gpu(1, "Tesla P40", "GPU-b", 24451, "6.1", "550.127.05", "0x1B3810DE"))  # fmt: skip
