@@ -32,7 +32,7 @@ from typing import Any, Optional
 from .facts import FactRead
 from .facts.reading import FactsTogether
 from roles import ROLES, host_roles
-from .rules import HostFacts
+from roles.preflight.facts import HostFacts
 from .settings import Settings, settings_for
 
 SCHEMA = "llamarack-audit/1"

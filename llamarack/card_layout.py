@@ -30,7 +30,7 @@ from typing import Optional
 from llamarack.gpu_table import planning_memory_mib
 from llamarack.planner import (MIB, Knobs, PlanError, check_shapes, checked_context_cap, kv_candidates,
                                most_layers)  # fmt: skip
-from llamarack.rules import Failure
+from llamarack.errors import Failure
 from llamarack.split_plan import Card, Over, SplitPlan, card_knobs, check_split_mode, plan_split, unquantized_knobs
 
 LAYOUTS = ("auto", "per_card", "split")

@@ -26,6 +26,13 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+
+def parse_compute_cap(text: Optional[str]) -> Optional[tuple[int, int]]:
+    """(7, 0) from "7.0"; None for no value or one that is no number ("[N/A]")."""
+    major, _, minor = (text or "").partition(".")
+    return (int(major), int(minor)) if major.isdigit() and minor.isdigit() else None
+
+
 NVIDIA_VENDOR_ID = 0x10DE
 
 # device id -> (board name as pci.ids has it, chip, compute capability)

@@ -44,7 +44,8 @@ from typing import Optional
 
 from roles.model.files.gguf_header import GgufError, check_shape
 from roles.server.settings import DEFAULT_RESERVE_MIB
-from llamarack.rules import Failure, parse_compute_cap
+from llamarack.errors import Failure
+from llamarack.gpu_table import parse_compute_cap
 
 MIB = 2**20
 # Bytes per stored value of each KV cache type (GGML block size / values per block).

@@ -44,7 +44,7 @@ from llamarack.planner import (CTX_STEP, MIB, N_UBATCH, UNQUANTIZED_KV_TYPES, Kn
                                check_shapes, checked_context_cap, choose, compute_bytes, draft_layers, kv_layer_bytes,
                                kv_sizes, largest_where, model_bytes, plan, prefill_pool_bytes, sliding_count,
                                sliding_layers)  # fmt: skip
-from llamarack.rules import Failure
+from llamarack.errors import Failure
 
 # ggml's GGML_SCHED_MAX_COPIES (ggml/CMakeLists.txt, default 4): the inputs a card's graph
 # keeps, per input, when the scheduler pipelines micro-batches over several cards.

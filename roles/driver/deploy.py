@@ -6,7 +6,7 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import server
 
 from llamarack.operations import record_gpus
-from llamarack.rules import HostFacts
+from roles.preflight.facts import HostFacts
 from llamarack.settings import Settings
 
 from .operations import driver_answers, driver_package_holds

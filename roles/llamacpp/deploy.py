@@ -7,7 +7,7 @@ from pyinfra.api import deploy
 
 from roles.llamacpp.reads import BuildSeals, LlamacppBuilds
 from llamarack.facts import read
-from llamarack.rules import HostFacts
+from roles.preflight.facts import HostFacts
 from llamarack.settings import Settings
 
 from .operations import build, checkout, reprove, seal_build, switch_current

@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
 from llamarack import remote
-from llamarack.rules import HostFacts, build_archs
+from roles.preflight.facts import HostFacts
+from roles.llamacpp.rules import build_archs
 from roles.llamacpp.files.build_seal import inputs_stamp
 from llamarack.settings import Settings
 

@@ -1,5 +1,5 @@
 """What route awq's calibration needs of the host's cards, told before anything is fetched:
-preflight's ``awq-card-memory`` rule (``llamarack/rules.py``).
+preflight's ``awq-card-memory`` rule (``roles/model/rules.py``).
 
 The arithmetic is the AWQ step's own (``files/awq_apply.py``: ``calibration_bytes``), which
 the step runs again on the host before the model loads, with the tokenizer's count of the

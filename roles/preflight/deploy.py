@@ -11,7 +11,9 @@ from llamarack.facts import FactRead, read, read_together
 from llamarack import __version__
 from llamarack.operations import record_deployment, record_gpus, refuse
 from roles.model import calibration
-from llamarack.rules import HostFacts, driver_warnings, evaluate, missing_gpus, missing_gpus_warning
+from roles.preflight.facts import HostFacts
+from roles.driver.rules import driver_warnings, missing_gpus, missing_gpus_warning
+from roles.preflight.rules import evaluate
 from llamarack.settings import Settings
 
 from .reads import DeployedBy, gather, preflight_reads, role_reads

@@ -29,7 +29,7 @@ from roles.model import calibration
 from roles.server.reads import SystemGroup, SystemUser
 from roles.toolchain.plan import toolkit_search_homes
 from roles.toolchain.reads import CudaToolkits, GccVersions, InstallableGccMajors
-from llamarack.rules import HostFacts
+from roles.preflight.facts import HostFacts
 from llamarack.settings import Settings, private_dirs
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llamarack.audit import Item, Seen
 from llamarack.facts import FactRead
-from llamarack.rules import build_archs
+from roles.llamacpp.rules import build_archs
 from llamarack.settings import Settings
 
 from .plan import awq_lock, awq_plan, converter_plan, unmet

@@ -7,7 +7,8 @@ from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 
 from llamarack.operations import apt_install_missing, miniforge_env
-from llamarack.rules import HostFacts, build_archs
+from roles.preflight.facts import HostFacts
+from roles.llamacpp.rules import build_archs
 from llamarack.settings import Settings
 
 from .operations import converter_pins, pip_pins, venv

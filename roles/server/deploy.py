@@ -7,7 +7,7 @@ from roles.llamacpp.reads import LlamacppBuilds
 from llamarack.facts import read
 from llamarack.layout import unit_build
 from llamarack.operations import report
-from llamarack.rules import HostFacts
+from roles.preflight.facts import HostFacts
 from llamarack.settings import Settings
 
 from ..llamacpp.operations import prune_builds

@@ -33,7 +33,7 @@ from llamarack.facts import read
 from llamarack.layout import API_KEY_PATH, UNIT_NAME, unit_build, unit_index, unit_name
 from llamarack.operations import executing, private_upload, put_record, refusal, secret_upload
 from roles.server.files.secret_digest import digest
-from llamarack.rules import account_failure
+from roles.server.rules import account_failure
 from llamarack.secrets import read_token
 from llamarack.settings import Settings
 
@@ -54,7 +54,7 @@ def system_account(user: str, home: str, setting: Optional[str] = None):
     + setting: the setting that names it, for the refusal's fix
 
     Made with ``SERVICE_USER_MARK`` in its GECOS field; an account llamarack did not make is
-    refused, unchanged (``llamarack.rules.account_failure``, which preflight also checks).
+    refused, unchanged (``roles.server.rules.account_failure``, which preflight also checks).
     """
     entry = read(SystemUser, user=user)
     failure = account_failure(user, home, setting, entry, read(SystemGroup, group=user))

@@ -10,7 +10,7 @@ from pyinfra.operations import apt
 from roles.toolchain.reads import CmakeVersion
 from llamarack.facts import DebianSources, read
 from llamarack.operations import apt_install_missing, miniforge_env, put_file
-from llamarack.rules import HostFacts
+from roles.preflight.facts import HostFacts
 from llamarack.settings import Settings
 
 from .operations import toolkit_takes_host_compiler

@@ -10,7 +10,7 @@ from llamarack import remote
 from roles.toolchain.reads import CudaToolkits, GccVersions
 from llamarack.facts import read
 from llamarack.operations import executing
-from llamarack.rules import choose_host_compiler, find_toolkit
+from roles.toolchain.rules import choose_host_compiler, find_toolkit
 
 from .plan import ToolchainPlan
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from llamarack.rules import HostFacts, choose_host_compiler, toolkit_for
+from roles.preflight.facts import HostFacts
+from roles.toolchain.rules import choose_host_compiler, toolkit_for
 from llamarack.settings import Settings
 
 # gcc ceilings (crt/host_config.h) of the toolkits the toolchain role can

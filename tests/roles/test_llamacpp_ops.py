@@ -234,7 +234,7 @@ def test_hosts_sharing_a_ccache_compile_one_at_a_time():
 def test_plan_for_a_cuda_host_uses_the_toolkits_gcc_ceiling():
     from roles.toolchain.reads import CudaToolkit, GccInstall
     from roles.driver.reads import DriverState, Gpu
-    from llamarack.rules import HostFacts
+    from roles.preflight.facts import HostFacts
     from roles.llamacpp.plan import plan_for_host
 
     v100 = Gpu(0, "Tesla V100-SXM2-16GB", "GPU-1", 16384, "7.0", "550.127.05")

@@ -18,7 +18,7 @@ from roles.llamacpp.plan import plan_for_host
 from roles.toolchain.deploy import BUILD_PACKAGES
 from roles.toolchain.operations import toolkit_takes_host_compiler
 from roles.toolchain.plan import nonfree_sources, plan_toolchain
-from llamarack.rules import HostFacts
+from roles.preflight.facts import HostFacts
 from llamarack.settings import load_settings
 from tests.roles.stackhost import run_op
 from tests.support.ophost import fact_key
@@ -31,7 +31,7 @@ def fixture(fact, case):
 
 
 def host_facts(gcc, toolkits=None, installable=(12, 11)):
-    """What preflight hands the toolchain role (llamarack.rules.HostFacts)."""
+    """What preflight hands the toolchain role (roles.preflight.facts.HostFacts)."""
     v100 = Gpu(0, "Tesla V100-SXM2-16GB", "GPU-1", 16384, "7.0", "550.127.05")
     toolkits = fixture("CudaToolkits", "debian_11_8_and_cuda13") if toolkits is None else toolkits
     return HostFacts(DriverState("ok", (v100,)), None, tuple(toolkits), gcc, installable)

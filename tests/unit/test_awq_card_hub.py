@@ -15,7 +15,7 @@ from roles.model.hub import CONFIG_MAX_BYTES, repo_config, repo_files
 from roles.model.plan import asked_inputs
 from roles.model.reads import ArtifactState, GgufShape, ModelArtifact
 from roles.preflight.reads import gather
-from llamarack.rules import evaluate
+from roles.preflight.rules import evaluate
 from llamarack.settings import load_settings
 from tests.support.hub_server import HubServer
 

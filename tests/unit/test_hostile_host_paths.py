@@ -23,7 +23,8 @@ from roles.python_env.plan import LockError, PipStep, awq_lock, awq_plan, locked
 from roles.python_env.reads import PythonEnvPackages, RequirementsFile
 from roles.server.operations import service, system_account
 from roles.server.reads import SERVICE_USER_MARK, PasswdEntry, SystemGroup, SystemUser
-from llamarack.rules import HostFacts, evaluate
+from roles.preflight.facts import HostFacts
+from roles.preflight.rules import evaluate
 from llamarack.settings import load_settings
 from tests.roles.test_server_ops import V100, facts as server_facts, settings as server_settings
 from tests.support.facts import FACTS

@@ -15,7 +15,8 @@ from llamarack.cli import main
 from llamarack.errors import SettingsError
 from llamarack.facts.ownership import PathOwners
 from roles.preflight.reads import preflight_reads
-from llamarack.rules import HostFacts, evaluate, rule_dirs_private
+from roles.preflight.facts import HostFacts
+from roles.preflight.rules import evaluate, rule_dirs_private
 from roles.driver.reads import DriverState
 from llamarack.settings import all_settings, describe_type, load_settings
 

@@ -3,13 +3,17 @@
 import pytest
 
 import json
+import re
 from pathlib import Path
 
 from roles.toolchain.reads import CudaToolkit, GccInstall
 from roles.driver.reads import DebPackage
 from roles.driver.reads import DriverState, Gpu, KernelModule, NvidiaSmi
 from roles.driver.reads import NvidiaDriverPackages
-from llamarack.rules import RULES, HostFacts, choose_host_compiler, driver_floor, driver_warnings, evaluate, package_driver_version, missing_gpus, missing_gpus_warning
+from roles.preflight.rules import RULES, evaluate
+from roles.preflight.facts import HostFacts
+from roles.toolchain.rules import choose_host_compiler
+from roles.driver.rules import driver_floor, driver_warnings, missing_gpus, missing_gpus_warning, package_driver_version
 from llamarack.settings import load_settings
 
 V100 = Gpu(0, "Tesla V100-SXM2-16GB", "GPU-1", 16384, "7.0", "550.127.05")
@@ -549,3 +553,40 @@ def test_preflight_reads_the_served_artifact_only_for_awq_calibration_on_the_car
     assert (facts.served_model, facts.served_shape) == (state, SHAPE_70B)
     assert "awq-card-memory" in [f.rule for f in evaluate(awq, facts)]
     assert gather(cpu, read=read).served_model is None
+
+
+def _codes(function) -> list:
+    """The rule names a rule can return, in source order: the first argument of each
+    ``Failure(...)`` in its body and in the functions of its module it calls."""
+    import ast
+    import inspect
+    import sys
+
+    module = sys.modules[function.__module__]
+    tree = {n.name: n for n in ast.parse(inspect.getsource(module)).body if isinstance(n, ast.FunctionDef)}
+
+    def found(name: str, seen: tuple) -> list:
+        calls = sorted((n for n in ast.walk(tree[name]) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)),
+                       key=lambda n: (n.lineno, n.col_offset))  # fmt: skip
+        out = []
+        for call in calls:
+            if call.func.id == "Failure" and isinstance(call.args[0], ast.Constant):
+                out.append(call.args[0].value)
+            elif call.func.id in tree and call.func.id not in seen:
+                out += found(call.func.id, seen + (call.func.id,))
+        return out
+
+    return list(dict.fromkeys(found(function.__name__, (function.__name__,))))
+
+
+def test_the_docs_list_every_rule_in_the_order_they_run():
+    """docs/deploy.md's table of rules is the code's: every name a rule returns is in it, it
+    names no other, and its rows follow ``RULES`` (each role's rules, as preflight runs them)."""
+    docs = (Path(__file__).resolve().parents[2] / "docs/deploy.md").read_text()
+    table = docs.split("## The rules, in the order they run", 1)[1].split("\n\n", 2)[1]
+    rows = [re.findall(r"`([a-z0-9-]+)`", line.split(" | ")[0]) for line in table.splitlines()[2:]]
+    rows = [r for r in rows if "context-trained" not in r]  # the server role's, once the model is known
+    codes = [_codes(rule) for rule in RULES]
+    assert {c for r in rows for c in r} == {c for cs in codes for c in cs}
+    firsts = [cs[0] for cs in codes]
+    assert [r[0] for r in rows if r[0] in firsts] == firsts
