@@ -21,7 +21,7 @@ from roles.preflight.deploy import deployed, gateway_preflight, preflight
 from roles.python_env.deploy import converter_env, python_env
 from roles.server.deploy import llama_server
 from roles.toolchain.deploy import toolchain
-from llamarack.settings import settings_for
+from roles.settings import settings_for
 
 # Templates here replace the roles' own of the same name (see templates/README.md).
 TEMPLATE_OVERRIDES = (Path(__file__).resolve().parent / "templates",)

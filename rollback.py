@@ -17,7 +17,7 @@ from pyinfra import host
 
 from llamarack.cli import ROLLBACK_UNIT_ENV
 from roles.server.operations import rollback
-from llamarack.settings import settings_for
+from roles.settings import settings_for
 
 unit = os.environ.get(ROLLBACK_UNIT_ENV)
 rollback(name="Put the previous llama-server unit back" + (f" (unit {int(unit)})" if unit else ""),

@@ -33,7 +33,7 @@ from .facts import FactRead
 from .facts.reading import FactsTogether
 from roles import ROLES, host_roles
 from roles.preflight.facts import HostFacts
-from .settings import Settings, settings_for
+from roles.settings import Settings, settings_for
 
 SCHEMA = "llamarack-audit/1"
 SCRIPT_TIMEOUT_S = 120  # the connection and the whole script of one host

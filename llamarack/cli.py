@@ -60,9 +60,11 @@ def main():
 @click.option("--markdown", "form", flag_value="markdown", default=True, help="as docs/settings.md")
 def settings(form):
     """Print every setting with its default."""
+    from roles.settings import Settings
+
     from .settings_docs import group_data_file, markdown_table
 
-    click.echo(group_data_file() if form == "group-data" else markdown_table(), nl=False)
+    click.echo(group_data_file(Settings) if form == "group-data" else markdown_table(Settings), nl=False)
 
 
 @main.command()

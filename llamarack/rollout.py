@@ -56,7 +56,7 @@ from roles.gateway.plan import server_name
 from roles.server.files import bench_record
 from roles.server.plan import HEALTH_MARK, RESIDENCY_MARK
 from roles.server.files.server_idle import UNIT_NAME
-from .settings import settings_for
+from roles.settings import settings_for
 
 SCHEMA = "llamarack-rollout/1"
 GATEWAYS = "gateways"

@@ -11,7 +11,7 @@ from pyinfra.facts.files import FileContents
 
 from .audit import Item, Seen
 from .facts import FactRead
-from .settings import Settings
+from roles.settings import Settings
 
 ITEMS = ("rollout",)
 RECORD = "rollout.json"

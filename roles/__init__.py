@@ -16,7 +16,7 @@ deploy uses a role the way ``deploy.py`` does:
     from pyinfra import host
     from roles.preflight.deploy import preflight
     from roles.server.deploy import llama_server
-    from llamarack.settings import settings_for
+    from roles.settings import settings_for
 
     settings = settings_for(host)
     facts = preflight(settings)

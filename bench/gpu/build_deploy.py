@@ -14,7 +14,7 @@ smoke run: it shows the smoke run is a backstop of its own.
 
 from pyinfra import host
 
-from llamarack.settings import settings_for
+from roles.settings import settings_for
 from roles.llamacpp.deploy import llamacpp
 from roles.preflight.deploy import preflight
 from roles.preflight.reads import gather

@@ -14,7 +14,7 @@ transformers (``--data bench_convert_python=python3``).
 from pyinfra import host
 
 from roles.model.deploy import model
-from llamarack.settings import settings_for
+from roles.settings import settings_for
 
 settings = settings_for(host)
 tool_paths = {"convert_python": host.data.get("bench_convert_python")}

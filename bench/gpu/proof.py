@@ -73,7 +73,7 @@ from roles.llamacpp.reads import LlamaServerFlags
 from roles.driver.reads import NvidiaSmi
 from llamarack.gpu_table import compute_cap as compute_cap_of, planning_memory_mib  # noqa: E402
 from llamarack.layout import Layout  # noqa: E402
-from llamarack.settings import load_settings  # noqa: E402
+from roles.settings import load_settings
 from llamarack.planner import CTX_STEP, Knobs, ledger as planner_ledger  # noqa: E402
 from roles.server.plan import (MIB, PlanError, card_compute_cap, knobs, plan_context, render_unit,  # noqa: E402
                                server_args)  # fmt: skip

@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO / "bench/gpu"))
 from llamarack.card_layout import choose_layout  # noqa: E402
 from llamarack.gpu_table import planning_memory_mib  # noqa: E402
 from llamarack.model_shapes import local_gguf_shape  # noqa: E402
-from llamarack.settings import load_settings  # noqa: E402
+from roles.settings import load_settings
 from llamarack.split_plan import Card, plan_split  # noqa: E402
 from roles.llamacpp.files.llamacpp_proof import parse_server_help  # noqa: E402
 from roles.server.plan import MIB, knobs, server_args  # noqa: E402

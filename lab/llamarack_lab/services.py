@@ -73,7 +73,7 @@ def prepare() -> mirror.Mirror:
 # --- the package index -----------------------------------------------------------
 
 def lab_settings():
-    from llamarack.settings import load_settings
+    from roles.settings import load_settings
 
     from . import LAB_GROUP_DATA
 

@@ -4,7 +4,7 @@ and how the cards are linked (``nvidia-smi topo -m``)."""
 from llamarack.audit import Item, Seen
 from llamarack.facts import FactRead
 from roles.driver.rules import driver_warnings
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from .reads import GpuTopology, topology_summary
 

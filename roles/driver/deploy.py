@@ -7,7 +7,7 @@ from pyinfra.operations import server
 
 from llamarack.operations import record_gpus
 from roles.preflight.facts import HostFacts
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from .operations import driver_answers, driver_package_holds
 

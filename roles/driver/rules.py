@@ -17,7 +17,7 @@ from packaging.version import Version
 from llamarack import gpu_table
 from llamarack.errors import Failure
 from llamarack.gpu_table import parse_compute_cap
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from ..preflight.facts import HostFacts
 from ..toolchain.rules import toolkit_version

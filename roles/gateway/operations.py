@@ -29,7 +29,7 @@ from roles.server.files.secret_digest import digest
 from roles.server.plan import KEY_DIGEST_SALT
 from roles.server.reads import UnitState
 from llamarack.secrets import read_token
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from .plan import (HAPROXY_CONFIG, PROMETHEUS_CONFIG, PROMETHEUS_KEY, PROMETHEUS_RULES, TARGETS, GatewayError,
                    ServingHost, alert_rules, backends_of, haproxy_config, masked, prometheus_config, rack_key,

@@ -15,7 +15,7 @@ from llamarack import remote
 from llamarack.layout import Layout
 from roles.server.files import bench_record
 from roles.server.plan import KEY_DIGEST_SALT, _templates
-from llamarack.settings import Settings
+from roles.settings import Settings
 from llamarack.settings_fields import server_name as valid_address
 
 from .settings import ADMIN_SOCKET

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from llamarack.audit import Item, Seen
 from llamarack.facts import FactRead
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from .files.build_seal import BUILD_INPUTS
 from .plan import plan_for_host, same_build

@@ -8,7 +8,7 @@ from pyinfra.api import deploy
 from roles.llamacpp.reads import BuildSeals, LlamacppBuilds
 from llamarack.facts import read
 from roles.preflight.facts import HostFacts
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from .operations import build, checkout, reprove, seal_build, switch_current
 from .plan import BuildPlan, build_dir_for, plan_for_host, same_build

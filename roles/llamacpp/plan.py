@@ -26,7 +26,7 @@ from llamarack import remote
 from roles.preflight.facts import HostFacts
 from roles.llamacpp.rules import build_archs
 from roles.llamacpp.files.build_seal import inputs_stamp
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from ..toolchain.plan import plan_toolchain
 from .settings import X86_FEATURES

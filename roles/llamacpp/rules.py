@@ -7,7 +7,7 @@ from typing import Optional
 
 from llamarack.errors import Failure
 from llamarack.gpu_table import parse_compute_cap
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from ..preflight.facts import HostFacts
 

@@ -6,7 +6,7 @@ from pyinfra.facts.files import File, Sha256File
 
 from llamarack.audit import Item, Seen
 from llamarack.facts import FactRead
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from .files.model_quality import kld_problem
 from .plan import plan_from_record, quality_summary

@@ -31,7 +31,7 @@ from typing import Mapping, Optional
 from llamarack.errors import ModelSourceError
 from llamarack.facts import FactRead
 from llamarack.secrets import read_token
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from .files import awq_apply
 from .files.gguf_header import check_values

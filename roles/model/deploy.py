@@ -15,13 +15,12 @@ from roles.server.operations import system_account
 from roles.server.plan import device_names
 from roles.server.reads import SystemGroup, SystemUser
 from llamarack.secrets import read_token
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from .hub import HubListing, repo_files
 from .operations import artifact
-from .plan import ModelPlan, plan_from_pinned_record, plan_from_record, plan_model
+from .plan import ModelPlan, draft_settings, plan_from_pinned_record, plan_from_record, plan_model
 from .sandbox import PIPELINE_HOME, PIPELINE_USER
-from .settings import draft_settings
 
 
 def listing_for(settings: Settings) -> Optional[HubListing]:

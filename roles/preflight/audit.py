@@ -7,7 +7,7 @@ from pyinfra.facts.server import LinuxDistribution
 from llamarack.audit import Item, Seen
 from llamarack.facts import FactRead, FreeDiskBytes
 from roles.preflight.rules import evaluate
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from llamarack import __version__
 

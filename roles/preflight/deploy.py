@@ -14,7 +14,7 @@ from roles.model import calibration
 from roles.preflight.facts import HostFacts
 from roles.driver.rules import driver_warnings, missing_gpus, missing_gpus_warning
 from roles.preflight.rules import evaluate
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from .reads import DeployedBy, gather, preflight_reads, role_reads
 

@@ -30,7 +30,7 @@ from roles.server.reads import SystemGroup, SystemUser
 from roles.toolchain.plan import toolkit_search_homes
 from roles.toolchain.reads import CudaToolkits, GccVersions, InstallableGccMajors
 from roles.preflight.facts import HostFacts
-from llamarack.settings import Settings, private_dirs
+from roles.settings import Settings, private_dirs
 
 
 def _private_paths(settings: Settings) -> tuple[str, ...]:

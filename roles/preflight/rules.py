@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Optional
 
 from llamarack.errors import Failure
-from llamarack.settings import Settings, private_dirs
+from roles.settings import Settings, private_dirs
 
 from ..driver import rules as driver
 from ..llamacpp import rules as llamacpp

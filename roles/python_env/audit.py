@@ -5,7 +5,7 @@ from __future__ import annotations
 from llamarack.audit import Item, Seen
 from llamarack.facts import FactRead
 from roles.llamacpp.rules import build_archs
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from .plan import awq_lock, awq_plan, converter_plan, unmet
 from .reads import PythonEnvPackages, RequirementsFile

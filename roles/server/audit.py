@@ -17,7 +17,7 @@ from llamarack.layout import UNIT_NAME, unit_index
 from roles.driver.reads import CharDevices, GpuProcesses
 from roles.llamacpp.reads import BenchRecord, LlamaServerFlags
 from roles.model.reads import GgufShape
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from .files import bench_record
 from .files.wait_healthy import residency

@@ -8,7 +8,7 @@ from llamarack.facts import read
 from llamarack.layout import unit_build
 from llamarack.operations import report
 from roles.preflight.facts import HostFacts
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from ..llamacpp.operations import prune_builds
 from .operations import answers_health, bench, service, system_account

@@ -35,7 +35,7 @@ from llamarack.operations import executing, private_upload, put_record, refusal,
 from roles.server.files.secret_digest import digest
 from roles.server.rules import account_failure
 from llamarack.secrets import read_token
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from .files import bench_record
 from .plan import (KEY_DIGEST_SALT, PlanError, WantedUnit, bench_args, bench_due,  # noqa: F401

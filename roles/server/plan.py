@@ -27,7 +27,7 @@ from llamarack.planner import (MIB, Knobs, Plan, PlanError, cublas_prefill,  # n
 from roles.llamacpp.files.llamacpp_proof import serving_args
 from llamarack.gpu_table import board, planning_memory_mib
 from llamarack.errors import Failure
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from ..llamacpp.plan import serving_inputs
 from .files import bench_record

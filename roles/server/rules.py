@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Optional
 
 from llamarack.errors import Failure
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from ..preflight.facts import HostFacts
 from .reads import SERVICE_USER_MARK, PasswdEntry

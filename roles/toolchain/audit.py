@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llamarack.audit import Item, Seen
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from .plan import plan_toolchain
 

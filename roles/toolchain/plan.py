@@ -11,7 +11,7 @@ from typing import Optional
 
 from roles.preflight.facts import HostFacts
 from roles.toolchain.rules import choose_host_compiler, toolkit_for
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 # gcc ceilings (crt/host_config.h) of the toolkits the toolchain role can
 # install (Debian 12's nvidia-cuda-toolkit, conda's cuda-nvcc), for a first

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 from llamarack.errors import Failure
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from ..llamacpp.rules import arch_digits, build_archs
 from ..preflight.facts import HostFacts

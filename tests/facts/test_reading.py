@@ -167,7 +167,7 @@ def test_each_host_and_each_run_has_its_own_store():
 
 def test_the_together_command_fits_one_argument_under_sudo(reads):
     from roles.preflight.reads import preflight_reads, role_reads
-    from llamarack.settings import load_settings
+    from roles.settings import load_settings
 
     from llamarack.audit import audit_reads
 

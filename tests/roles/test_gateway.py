@@ -28,7 +28,7 @@ from roles.preflight.reads import role_reads
 from roles.server.files.secret_digest import digest
 from roles.server.plan import KEY_DIGEST_SALT
 from roles.server.reads import UnitState
-from llamarack.settings import load_settings, private_dirs
+from roles.settings import load_settings, private_dirs
 from tests.support.ophost import PRIVATE_DIR_SHOWN, fact_key, run_op
 
 HERE = Path(__file__).resolve().parent

@@ -8,7 +8,7 @@ from roles.llamacpp.files.build_seal import BUILD_INPUTS
 from roles.llamacpp.plan import build_dir_for, plan_build
 from roles.llamacpp.reads import Builds, BuildSeals, LlamacppBuilds, Seals
 from roles.llamacpp.operations import build, proof_spec, reprove
-from llamarack.settings import load_settings
+from roles.settings import load_settings
 from tests.support.ophost import fact_key, run_op
 
 SHA = "dccad28c67854048fcdf644803b3f54e152d99a8"

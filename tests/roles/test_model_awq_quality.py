@@ -20,7 +20,7 @@ BASE = {"python_env_backend": "venv", "llamacpp_backend": "cpu", "model_repo": "
 
 
 def settings(**data):
-    from llamarack.settings import load_settings
+    from roles.settings import load_settings
 
     return load_settings("gpu01", {**BASE, **data})
 
@@ -33,7 +33,7 @@ def awq_plan(**data):
 
 
 def test_defaults_are_the_gguf_route_unmeasured_and_autoawqs_quant_config():
-    from llamarack.settings import load_settings
+    from roles.settings import load_settings
 
     m = load_settings("gpu01", {k: v for k, v in BASE.items() if k != "model_quality"}).model
     assert (m.route, m.quality, m.quality_max_kld, m.keep_f16) == ("gguf", False, None, False)
@@ -58,7 +58,7 @@ def test_refused_settings_say_what_was_found_and_what_is_allowed(data, message):
 
 
 def test_the_draft_takes_the_gguf_route_unmeasured():
-    from roles.model.settings import draft_settings
+    from roles.model.plan import draft_settings
 
     s = settings(model_route="awq", model_quality_max_kld=0.5, model_draft_repo="org/small",
                  model_draft_revision="b" * 40)  # fmt: skip

@@ -18,7 +18,7 @@ from roles.model.hub import HubFile, HubListing, repo_files
 from roles.model.operations import artifact
 from roles.model.plan import artifact_stamp, plan_from_pinned_record, plan_from_record, plan_model
 from llamarack import remote
-from llamarack.settings import load_settings
+from roles.settings import load_settings
 from pyinfra.facts.files import File, Link
 from tests.support import fake_systemd_run, ophost
 from tests.support.hub_server import HubServer
@@ -348,7 +348,7 @@ DRAFT = {"model_draft_repo": "org/tiny", "model_draft_revision": SHA, "model_dra
 
 
 def test_the_draft_is_planned_from_the_models_settings_with_its_own_repo_and_quant():
-    from roles.model.settings import draft_settings
+    from roles.model.plan import draft_settings
 
     s = settings(**DRAFT)
     assert draft_settings(settings()) is None

@@ -12,7 +12,7 @@ import pytest
 from llamarack.layout import UNIT_PATH
 from roles.server.operations import answers_health
 from roles.server.plan import HEALTH_MARK
-from llamarack.settings import load_settings
+from roles.settings import load_settings
 from tests.support.ophost import run_op
 
 

@@ -16,7 +16,7 @@ from roles.llamacpp.reads import ServerFlags
 from roles.server.files.secret_digest import digest
 from roles.server.operations import KEY_DIGEST_SALT, key_digest_command, service
 from llamarack.layout import API_KEY_PATH, UNIT_PATH
-from llamarack.settings import load_settings
+from roles.settings import load_settings
 from tests.support.ophost import fact_key, run_op
 
 ROOT = "/opt/lr"

@@ -19,7 +19,7 @@ from roles.toolchain.deploy import BUILD_PACKAGES
 from roles.toolchain.operations import toolkit_takes_host_compiler
 from roles.toolchain.plan import nonfree_sources, plan_toolchain
 from roles.preflight.facts import HostFacts
-from llamarack.settings import load_settings
+from roles.settings import load_settings
 from tests.roles.stackhost import run_op
 from tests.support.ophost import fact_key
 

@@ -16,7 +16,7 @@ from roles.model.plan import asked_inputs
 from roles.model.reads import ArtifactState, GgufShape, ModelArtifact
 from roles.preflight.reads import gather
 from roles.preflight.rules import evaluate
-from llamarack.settings import load_settings
+from roles.settings import load_settings
 from tests.support.hub_server import HubServer
 
 TOKEN = "hf_card_secret"

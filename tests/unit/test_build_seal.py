@@ -152,7 +152,7 @@ def test_the_audit_reports_the_current_build_against_its_seal():
 
 def test_the_check_reports_what_went_into_each_build_and_the_proofs_it_passed_and_failed(tmp_path):
     from roles.llamacpp.plan import plan_build
-    from llamarack.settings import load_settings
+    from roles.settings import load_settings
 
     plan = plan_build(load_settings("gpu01", {"python_env_backend": "venv", "llamacpp_backend": "cpu"}))
     b = tmp_path / "builds"

@@ -67,7 +67,7 @@ def test_residency_on_the_card_and_off_it():
 def test_the_audit_residency_item_on_the_card_off_it_and_on_a_cpu_build():
     from roles.driver.reads import Gpu
     from roles.server.audit import residency_item
-    from llamarack.settings import load_settings
+    from roles.settings import load_settings
 
     h200 = Gpu(0, "NVIDIA H200", UUID, 143771, "9.0", "580.159.04", "0x233510DE")
     cuda = load_settings("gpu01", {"python_env_backend": "venv", "llamacpp_backend": "cuda"})

@@ -24,7 +24,7 @@ from roles.llamacpp.files.llamacpp_proof import _gguf_string
 from roles.model.files.gguf_header import MAX_LAYERS, read_shape
 from roles.model.reads import GgufShape
 from roles.server.plan import plan_context
-from llamarack.settings import load_settings
+from roles.settings import load_settings
 from tests.unit.test_planner_answers import _synthetic
 from tests.unit.test_server_plan import _gguf_header
 

@@ -25,7 +25,7 @@ from roles.server.operations import service, system_account
 from roles.server.reads import SERVICE_USER_MARK, PasswdEntry, SystemGroup, SystemUser
 from roles.preflight.facts import HostFacts
 from roles.preflight.rules import evaluate
-from llamarack.settings import load_settings
+from roles.settings import load_settings
 from tests.roles.test_server_ops import V100, facts as server_facts, settings as server_settings
 from tests.support.facts import FACTS
 from tests.support.ophost import FakeHost, FakeState, fact_key

@@ -18,7 +18,7 @@ from roles.model.files import model_fetch
 from roles.model.hub import HubFile, HubListing, listing_of, repo_files
 from roles.model.plan import plan_from_pinned_record, plan_from_record, plan_model, recorded_url
 from roles.model.reads import ArtifactState
-from llamarack.settings import load_settings
+from roles.settings import load_settings
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 BLOB = "b" * 40

@@ -18,7 +18,8 @@ from roles.preflight.reads import preflight_reads
 from roles.preflight.facts import HostFacts
 from roles.preflight.rules import evaluate, rule_dirs_private
 from roles.driver.reads import DriverState
-from llamarack.settings import all_settings, describe_type, load_settings
+from roles.settings import all_settings, load_settings
+from llamarack.settings import describe_type
 
 VENV = {"python_env_backend": "venv"}
 FACTS = Path(__file__).resolve().parents[1] / "facts/PathOwners"

@@ -22,7 +22,7 @@ from roles.llamacpp.reads import BuildFlags
 from roles.server.audit import unit_item
 from roles.server.reads import FoundUnit
 from roles.server.plan import wanted_units
-from llamarack.settings import load_settings
+from roles.settings import load_settings
 
 CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "configs"
 LLAMA8B = shape_from_config(json.loads((CONFIGS / "llama-3.1-8b-instruct.config.json").read_text()), "Q4_K_M")

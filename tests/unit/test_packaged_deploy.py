@@ -17,7 +17,7 @@ import llamarack
 from roles.preflight.reads import gather
 from roles.server.deploy import llama_server
 from roles.server.plan import TEMPLATES
-from llamarack.settings import settings_for
+from roles.settings import settings_for
 
 print("llamarack from", llamarack.__file__, "templates", TEMPLATES)
 settings = settings_for(host)

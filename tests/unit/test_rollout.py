@@ -349,7 +349,7 @@ def test_the_audit_item_says_where_the_rollout_left_the_host():
 
     from llamarack import rollout_audit
     from llamarack.facts import FactRead
-    from llamarack.settings import load_settings
+    from roles.settings import load_settings
 
     settings = load_settings("lab-a", json.loads(DATA))
     path = "/opt/llamarack/state/rollout.json"

@@ -14,7 +14,7 @@ from roles.preflight.rules import RULES, evaluate
 from roles.preflight.facts import HostFacts
 from roles.toolchain.rules import choose_host_compiler
 from roles.driver.rules import driver_floor, driver_warnings, missing_gpus, missing_gpus_warning, package_driver_version
-from llamarack.settings import load_settings
+from roles.settings import load_settings
 
 V100 = Gpu(0, "Tesla V100-SXM2-16GB", "GPU-1", 16384, "7.0", "550.127.05")
 T4 = Gpu(1, "Tesla T4", "GPU-2", 15360, "7.5", "550.127.05")

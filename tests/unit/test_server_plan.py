@@ -23,7 +23,7 @@ from roles.server.plan import (
     server_args,
 )
 from roles.server.settings import DEFAULT_RESERVE_MIB
-from llamarack.settings import load_settings
+from roles.settings import load_settings
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TINY = FIXTURES / "gguf/tiny-llama-Q4_K_M.head.gguf"

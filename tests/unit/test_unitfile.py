@@ -18,7 +18,7 @@ import pytest
 
 from llamarack import unitfile
 from llamarack.layout import UNIT_NAME
-from llamarack.settings import load_settings
+from roles.settings import load_settings
 from roles.server.plan import render_unit
 
 SYSTEMD = Path("/lib/systemd/systemd")

@@ -2,7 +2,7 @@
 
 from pyinfra import host
 
-from llamarack.settings import settings_for
+from roles.settings import settings_for
 from roles.python_env.deploy import converter_env, python_env
 
 settings = settings_for(host)

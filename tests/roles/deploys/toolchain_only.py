@@ -14,7 +14,7 @@ from pyinfra import host
 from roles.preflight.reads import gather
 from roles.toolchain.deploy import toolchain
 from roles.toolchain.plan import plan_toolchain
-from llamarack.settings import settings_for
+from roles.settings import settings_for
 
 settings = settings_for(host)
 facts = gather(settings)
