@@ -25,7 +25,7 @@ class LazyGroup(click.Group):
     """Subcommands imported only when run: ``llamarack settings`` imports no planner or
     pyinfra connector, and every command works without the lab, its own package."""
 
-    LAZY = {"plan": "llamarack.plan_cli:plan_command", "lab": "llamarack_lab.cli:lab"}
+    LAZY = {"plan": "roles.server.plan_cli:plan_command", "lab": "llamarack_lab.cli:lab"}
     LAB_MISSING = "the lab is its own package, not installed: python3 -m pip install -e lab (in llamarack's checkout)"
 
     def list_commands(self, ctx):

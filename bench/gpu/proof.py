@@ -18,7 +18,7 @@ commands can share the work:
     roofline   device-to-device copy bandwidth (torch), bytes read + written
     bench8b    llama-bench pp512/tg128 with the served flags, and variants
     serve8b    llama-server with the unit's exact ExecStart (the server role's
-               plan_context + server_args + render_unit): /completion decode,
+               planner.plan + server_args + render_unit): /completion decode,
                single-request pp512, aggregate prefill over server_parallel slots
     pinning    served decode under taskset (one CPU, two) with --threads 1, and with
                CUDA graphs off, against llama-bench unpinned and pinned
@@ -74,9 +74,8 @@ from roles.driver.reads import NvidiaSmi
 from llamarack.gpu_table import compute_cap as compute_cap_of, planning_memory_mib  # noqa: E402
 from llamarack.layout import Layout  # noqa: E402
 from roles.settings import load_settings
-from llamarack.planner import CTX_STEP, Knobs, ledger as planner_ledger  # noqa: E402
-from roles.server.plan import (MIB, PlanError, card_compute_cap, knobs, plan_context, render_unit,  # noqa: E402
-                               server_args)  # fmt: skip
+from roles.server.planner import CTX_STEP, Card, Knobs, cublas_prefill, ledger as planner_ledger, plan  # noqa: E402
+from roles.server.plan import MIB, PlanError, knobs, render_unit, server_args  # noqa: E402
 
 V100_PCI_ID = "0x1DB410DE"  # Tesla V100 PCIe 16GB: the card table plans it at 16130 MiB
 HUB_REPO = "bench/llama3-8b-random"
@@ -173,6 +172,16 @@ def reserve_from(needed: list) -> dict:
             "suggested_mib": int(-(-worst * 1.10 // 64) * 64),
             "derivation": "needed = process memory (nvidia-smi) - the planned weights, KV and compute on the card; "
                           "suggested = the largest, +10%, rounded up to 64 MiB"}  # fmt: skip
+
+
+def host_compute_cap(gpus: tuple):
+    """The compute capability a host's one-card plan counts with: that of a card whose prompts
+    go through cuBLAS when the host has one (its prefill pool is the larger need), else the
+    smallest card's; None without cards."""
+    if not gpus:
+        return None
+    smallest = min(gpus, key=lambda g: planning_memory_mib(g.pci_device_id, g.memory_mib))
+    return next((g.compute_cap for g in gpus if cublas_prefill(g.compute_cap)), smallest.compute_cap)
 
 
 def ledger_mib(book) -> dict:
@@ -319,7 +328,7 @@ class Proof:
             card_mib = min((planning_memory_mib(g.pci_device_id, g.memory_mib) for g in gpus), default=None) \
                 if settings.server.gpu_layers != 0 else None  # fmt: skip
             card_desc = [dict(name=g.name, memory_mib=g.memory_mib, pci_device_id=g.pci_device_id) for g in gpus]
-            cap = card_compute_cap(gpus)
+            cap = host_compute_cap(gpus)
         else:
             card_mib = planning_memory_mib(*card)
             cap = compute_cap_of(card[0])
@@ -327,7 +336,8 @@ class Proof:
                           "compute_cap": cap}]  # fmt: skip
         if self.cpu and card is None:
             card_mib = 16130  # the CPU check still plans against a card, as the lab does
-        ctx = plan_context(settings, shape, card_mib, compute_cap=cap)
+        cards = [Card("", card_mib, cap)] if card_mib is not None else []
+        ctx = plan(shape, dataclasses.replace(knobs(settings), compute_cap=cap), cards)
         args = server_args(settings, flags, build_dir, model_dir, ctx, cuda=settings.llamacpp.backend == "cuda")
         unit = render_unit(settings, args, f"llamarack llama-server: {Path(model_dir).name} "
                                            f"({shape['architecture']}, {ctx.note})")  # fmt: skip
@@ -980,7 +990,8 @@ class Proof:
             args = with_arg(args, "--n-gpu-layers", layers)
         if per_slot != p["ctx_per_slot"]:
             args = with_arg(args, "--ctx-size", per_slot * p["parallel"])
-        book = planner_ledger(p["shape"], Knobs(**p["knobs"]), p["card_mib"], layers, p["cache_type"],
+        kn = Knobs(**p["knobs"])
+        book = planner_ledger(p["shape"], kn, [Card("", p["card_mib"], kn.compute_cap)], layers, p["cache_type"],
                               p["cache_type"], per_slot)  # fmt: skip
         past = dict(p, knob=knob, exec_start=args, ledger_mib=ledger_mib(book), gpu_layers=layers,
                     ctx_per_slot=per_slot, ctx_size=per_slot * p["parallel"])  # fmt: skip
@@ -1295,7 +1306,7 @@ def memory_plan_summary(ph: dict):
 
 def cublas_prefill_summary(c: dict) -> dict:
     """The cuBLAS build's prefill pool, measured and as the planner counts it."""
-    from llamarack.planner import prefill_pool_bytes
+    from roles.server.planner import prefill_pool_bytes
 
     shape = {"head_dim_v": c["shape"]["head_dim_k"], "file_type": 15, **c["shape"]}  # the Q4_K_M 8B
     return {

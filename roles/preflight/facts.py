@@ -11,7 +11,7 @@ from ..driver.reads import DriverState, KernelLog, KernelModule
 from ..model.calibration import HubCounts
 from ..model.reads import ArtifactState
 from ..server.reads import PasswdEntry
-from ..toolchain.reads import CudaToolkit, GccInstall
+from ..toolchain.reads import GccInstall
 
 
 @dataclass(frozen=True)

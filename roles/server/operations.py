@@ -481,7 +481,7 @@ def _bench_one(settings: Settings, run: _Run, served: tuple, key: dict, cards: t
     on the measured cards (``run.stop``) are stopped for it and started again, and must answer /health."""
     flags, build_dir, model_dir = served
     cuda, entry, plan = settings.llamacpp.backend == "cuda", run.entry, run.plan
-    args = bench_args(settings, flags, build_dir, model_dir, plan.single or plan, cuda) + \
+    args = bench_args(settings, flags, build_dir, model_dir, plan, cuda) + \
         (bench_split_args(plan) if cuda else [])  # fmt: skip
     measured = {"key": key, "mode": settings.server.bench, "backend": settings.llamacpp.backend, "on_card": cuda,
                 "served": entry["served"], "roofline": entry["roofline"]}  # fmt: skip

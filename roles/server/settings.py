@@ -48,7 +48,7 @@ class ServerSettings(Section):
         listen_address,
     )
     port: int = setting(8080, "TCP port llama-server listens on", between=(1, 65535))
-    # -- the memory plan (llamarack/planner.py) --
+    # -- the memory plan (roles/server/planner.py) --
     ctx_size: Optional[int] = setting(
         None, "context per slot; None means the largest that fits the card", between=(1, MAX_CONTEXT)
     )
@@ -72,7 +72,7 @@ class ServerSettings(Section):
     rope_orig_ctx: Optional[int] = setting(
         None, "YaRN's original context; None: the GGUF's (--yarn-orig-ctx)", between=(1, MAX_CONTEXT)
     )
-    # -- how a host's cards serve (llamarack/card_layout.py) --
+    # -- how a host's cards serve (roles/server/card_layout.py) --
     layout: Literal["auto", "per_card", "split"] = setting(
         "auto",
         "how a host's cards serve: per_card (one llama-server per card, port server_port + N), split (one over "

@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 
 from llamarack.layout import unit_path
-from llamarack.model_shapes import shape_from_config
+from roles.model.shapes import shape_from_config
 from roles.gateway.plan import backends_of, serving_host
 from roles.model.reads import GgufShape
 from roles.server.files import bench_record
@@ -176,7 +176,7 @@ def test_the_record_settles_the_layout_by_the_hosts_total_tg128(tmp_path):
 
 
 def test_a_wanted_context_or_a_card_that_holds_the_trained_one_leaves_nothing_to_settle():
-    from llamarack.card_layout import cards_of, choose_layout, rival_layout
+    from roles.server.card_layout import cards_of, choose_layout, rival_layout
     from roles.server.plan import knobs
 
     for data, shape in (({**CONTESTED, "server_ctx_size": 32768}, LLAMA8B),  # a wanted context: per_card serves it

@@ -10,7 +10,7 @@ from pathlib import Path
 from pyinfra.facts.files import FileContents
 
 from llamarack.layout import unit_path
-from llamarack.model_shapes import shape_from_config
+from roles.model.shapes import shape_from_config
 from roles.driver.reads import CharDevices, NvidiaSmi
 from roles.model.reads import GgufShape
 from roles.server.operations import rollback, service

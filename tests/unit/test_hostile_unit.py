@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from llamarack import unitfile
+from roles.server import unitfile
 from llamarack.audit import HostAudit, Item, as_table, printable
-from llamarack.model_shapes import shape_from_config
+from roles.model.shapes import shape_from_config
 from roles.driver.reads import GpuProcess, GpuProcesses
 from roles.llamacpp.reads import BuildFlags
 from roles.server.audit import unit_item

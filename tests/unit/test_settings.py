@@ -26,7 +26,7 @@ def test_defaults_are_the_reference_recipe():
     assert s.python_env.torch_index_url.endswith("/cu118")
     assert s.llamacpp.backend == "cuda" and s.llamacpp.cuda_archs is None
     assert s.model.quant == "Q4_K_M"
-    # the planner picks the KV types and the layers on the card (llamarack/planner.py)
+    # the planner picks the KV types and the layers on the card (roles/server/planner.py)
     assert (s.server.cache_type_k, s.server.cache_type_v) == ("auto", "auto")
     assert s.server.flash_attn and not s.server.mmap and s.server.gpu_layers is None
     assert (s.server.min_ctx_size, s.server.rope_scaling, s.server.rope_scale) == (4096, "none", 1.0)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from llamarack import unitfile
+from roles.server import unitfile
 from llamarack.layout import UNIT_NAME
 from roles.settings import load_settings
 from roles.server.plan import render_unit
