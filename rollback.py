@@ -15,7 +15,7 @@ import os
 
 from pyinfra import host
 
-from llamarack.cli import ROLLBACK_UNIT_ENV
+from roles.cli import ROLLBACK_UNIT_ENV
 from roles.server.operations import rollback
 from roles.settings import settings_for
 

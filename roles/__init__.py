@@ -24,6 +24,13 @@ deploy uses a role the way ``deploy.py`` does:
         llama_server(settings, facts)
 """
 
+from pathlib import Path
+
+from llamarack import remote
+
+# Each role's host modules (``<role>/files/<name>.py``), found by name: ``remote.command(name)``.
+remote.add_scripts(Path(__file__).resolve().parent)
+
 # The roles, in the order deploy.py runs them.
 ROLES = ("preflight", "driver", "toolchain", "python_env", "llamacpp", "model", "server", "gateway")
 # What a host of the inventory group ``gateways`` runs after preflight's read, and is audited for.

@@ -82,6 +82,7 @@ def lab_settings():
 
 def converter_lines(m: mirror.Mirror, commit: str | None = None) -> tuple:
     """The converter's requirement lines at ``commit`` of the mirror, flattened like the host does."""
+    import roles  # noqa: F401 (the roles' host modules, found by name)
     from llamarack import remote
 
     commit = commit or m.commit

@@ -26,7 +26,7 @@ from llamarack.operations import (apt_install_missing, durable_rename, private_u
                                   show_diff)  # fmt: skip
 from roles.llamacpp.reads import BenchRecord
 from roles.server.files.secret_digest import digest
-from roles.server.plan import KEY_DIGEST_SALT
+from roles.server.reads import KEY_DIGEST_SALT
 from roles.server.reads import UnitState
 from llamarack.secrets import read_token
 from roles.settings import Settings

@@ -9,7 +9,8 @@ from pyinfra.facts.server import LinuxDistribution
 
 from llamarack.facts import FactRead, read, read_together
 from llamarack import __version__
-from llamarack.operations import record_deployment, record_gpus, refuse
+from llamarack.operations import record_deployment, refuse
+from roles.driver.operations import record_gpus
 from roles.model import calibration
 from roles.preflight.facts import HostFacts
 from roles.driver.rules import driver_warnings, missing_gpus, missing_gpus_warning

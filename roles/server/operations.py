@@ -27,8 +27,8 @@ from llamarack import remote
 from roles.llamacpp.reads import BenchRecord, BuildSeals, LlamaServerFlags
 from roles.driver.reads import CharDevices, RecordedGpus
 from roles.model.reads import GgufShape, ModelArtifact
-from roles.server.reads import (NOLOGIN, SERVICE_USER_MARK, FoundUnit, ServedUnits, SystemGroup, SystemUser,
-                                         active_since, unit_cards)  # fmt: skip
+from roles.server.reads import (KEY_DIGEST_SALT, NOLOGIN, SERVICE_USER_MARK, FoundUnit, ServedUnits, SystemGroup,
+                                SystemUser, active_since, key_digest_command, unit_cards)  # fmt: skip
 from llamarack.facts import read
 from llamarack.layout import API_KEY_PATH, UNIT_NAME, unit_build, unit_index, unit_name
 from llamarack.operations import executing, private_upload, put_record, refusal, secret_upload
@@ -38,8 +38,8 @@ from llamarack.secrets import read_token
 from roles.settings import Settings
 
 from .files import bench_record
-from .plan import (KEY_DIGEST_SALT, PlanError, WantedUnit, bench_args, bench_due,  # noqa: F401
-                   bench_entry, bench_split_args, health_url, host_layouts, key_digest_command, parse_pin, pin_holds,
+from .plan import (PlanError, WantedUnit, bench_args, bench_due,  # noqa: F401
+                   bench_entry, bench_split_args, health_url, host_layouts, parse_pin, pin_holds,
                    ref_of, roofline, unit_refs, wanted_units)  # fmt: skip
 from .switch import health_check_script, label, pin_script, retire_script, switch_script
 

@@ -5,22 +5,18 @@ that serves it. Pure functions of settings and facts; the memory arithmetic is
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import itertools
 import json
 import re
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import jinja2
-
-from llamarack import remote
 from llamarack.errors import Failure
 from llamarack.gpu_table import board
 from llamarack.layout import API_KEY_PATH, unit_index, unit_name, unit_path
+from llamarack.templates import template
 from roles.llamacpp.files.llamacpp_proof import serving_args
 from roles.llamacpp.plan import serving_inputs
 from roles.llamacpp.reads import ServerFlags
@@ -169,15 +165,6 @@ def health_url(settings: Settings, port: Optional[int] = None) -> str:
     return f"http://{addr}:{settings.server.port if port is None else port}/health"
 
 
-@functools.lru_cache(maxsize=None)
-def _templates(dirs: tuple) -> jinja2.Environment:
-    """One environment per template search path, kept: jinja2 compiles a template once per
-    environment (4 to 5 ms here), and again only when its file changes (``auto_reload``),
-    where a new environment for each host compiled it for each host of an audit or deploy."""
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(list(dirs)), keep_trailing_newline=True,
-                              undefined=jinja2.StrictUndefined)  # fmt: skip
-
-
 # The driver's character devices a CUDA llama-server opens: the control and card nodes
 # (major 195: ``nvidia-frontend`` before driver 550.40, ``nvidia`` and ``nvidiactl`` from
 # it on), ``nvidia-uvm`` (and its tools node), ``nvidia-caps`` (MIG). ``nvidia-uvm`` is
@@ -212,8 +199,7 @@ def render_unit(settings: Settings, args: list[str], description: str, overrides
     (its health line's); ``visible``: the UUIDs of the cards CUDA shows it, in its device order.
     Every value is escaped for systemd by ``roles.server.unitfile`` (the template only places
     them): ``description`` holds the GGUF's own metadata."""
-    dirs = tuple(str(d) for d in overrides if Path(d).is_dir()) + (str(TEMPLATES),)
-    return _templates(dirs).get_template(UNIT_TEMPLATE).render(
+    return template(UNIT_TEMPLATE, TEMPLATES, overrides).render(
         description=unitfile.text(description),
         health_line=unitfile.comment(HEALTH_MARK + health_url(settings, port)),
         residency_line=unitfile.comment(f"{RESIDENCY_MARK}{','.join(residency_on[0])} {int(residency_on[1])}")
@@ -403,16 +389,6 @@ def residency_checked(settings: Settings) -> bool:
     """Whether a unit planned on cards is checked to serve from them (``server_residency``)."""
     mode = settings.server.residency
     return mode == "on" or (mode == "auto" and settings.llamacpp.backend == "cuda")
-
-
-# A fresh salt for each pyinfra run: what the host prints about its API key
-# (``roles/server/files/secret_digest.py``) is never the same twice, nor a plain hash of the key.
-KEY_DIGEST_SALT = secrets.token_hex(16)
-
-
-def key_digest_command() -> str:
-    """The command that prints the salted digest of the host's API key file, or "missing"."""
-    return remote.command("secret_digest", API_KEY_PATH, KEY_DIGEST_SALT)
 
 
 def parse_pin(lines) -> Optional[dict]:

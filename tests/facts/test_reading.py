@@ -169,7 +169,7 @@ def test_the_together_command_fits_one_argument_under_sudo(reads):
     from roles.preflight.reads import preflight_reads, role_reads
     from roles.settings import load_settings
 
-    from llamarack.audit import audit_reads
+    from roles.audit import audit_reads
 
     settings = load_settings("gpu01", {"llamacpp_backend": "cuda", "python_env_backend": "venv",
                                        "model_draft_repo": "org/draft-GGUF", "model_draft_revision": "a" * 40})  # fmt: skip

@@ -13,7 +13,8 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.server import Command
 
-from llamarack.audit import Answers, Seen, audit_reads, role_audits
+from llamarack.audit import Answers, Seen
+from roles.audit import audit_reads, role_audits
 from llamarack.errors import SettingsError
 from llamarack.facts import FactRead
 from llamarack.facts.reading import Answer
@@ -26,7 +27,7 @@ from roles.gateway.plan import (HAPROXY_CONFIG, TARGETS, GatewayError, alert_rul
 from roles.gateway.reads import ConfiguredServers, HaproxyServers
 from roles.preflight.reads import role_reads
 from roles.server.files.secret_digest import digest
-from roles.server.plan import KEY_DIGEST_SALT
+from roles.server.reads import KEY_DIGEST_SALT
 from roles.server.reads import UnitState
 from roles.settings import load_settings, private_dirs
 from tests.support.ophost import PRIVATE_DIR_SHOWN, fact_key, run_op

@@ -14,7 +14,8 @@ from roles.llamacpp.reads import LlamaServerFlags
 from roles.server.reads import FoundUnit, ServedUnits
 from roles.llamacpp.reads import ServerFlags
 from roles.server.files.secret_digest import digest
-from roles.server.operations import KEY_DIGEST_SALT, key_digest_command, service
+from roles.server.operations import service
+from roles.server.reads import KEY_DIGEST_SALT, key_digest_command
 from llamarack.layout import API_KEY_PATH, UNIT_PATH
 from roles.settings import load_settings
 from tests.support.ophost import fact_key, run_op

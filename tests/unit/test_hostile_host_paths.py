@@ -15,7 +15,8 @@ from pyinfra.api import FileUploadCommand, StringCommand
 from pyinfra.context import ctx_host
 from pyinfra.facts.files import File, Sha1File
 
-from llamarack.operations import UPLOAD_DIR_PREFIX, private_upload, put_file, record_gpus, secret_upload
+from llamarack.operations import UPLOAD_DIR_PREFIX, private_upload, put_file, secret_upload
+from roles.driver.operations import record_gpus
 from roles.driver.reads import DriverState, KernelModule, NvidiaSmi
 from roles.preflight.reads import gather, preflight_reads
 from roles.python_env.operations import converter_pins, pip_pins

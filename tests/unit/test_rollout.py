@@ -1,4 +1,4 @@
-"""llamarack/rollout.py: the order, the batches, each host's states, the stop at a failure
+"""roles/rollout.py: the order, the batches, each host's states, the stop at a failure
 and --resume. The inventory is loaded by pyinfra as the command loads it; only the
 pyinfra boundary (a command on a host, the deploy of one host) is a fake, which answers
 each host script (recognised by its source) from a small model of the rack."""
@@ -10,7 +10,8 @@ import stat
 
 import pytest
 
-from llamarack import hosts, remote, rollout
+from llamarack import hosts, remote
+from roles import rollout
 from llamarack.audit import HostAudit, Item
 from roles.server.plan import HEALTH_MARK, RESIDENCY_MARK
 
@@ -307,7 +308,7 @@ def test_refusals_touch_nothing(here):
 
 
 def test_dry_prints_the_order_and_each_hosts_plan(here, monkeypatch):
-    from llamarack import audit
+    from roles import audit
 
     def audits(chosen, templates=(), verify=False):
         out = []
@@ -347,7 +348,7 @@ def test_the_audit_item_says_where_the_rollout_left_the_host():
 
     from pyinfra.facts.files import FileContents
 
-    from llamarack import rollout_audit
+    from roles import rollout_audit
     from llamarack.facts import FactRead
     from roles.settings import load_settings
 

@@ -34,7 +34,7 @@ the host's own pyinfra connector (``hosts.run_one``): no SSH of its own.
 
 from __future__ import annotations
 
-from . import hosts as hostsmod  # noqa: I001  (first: pyinfra's gevent patching)
+from llamarack import hosts as hostsmod  # noqa: I001  (first: pyinfra's gevent patching)
 
 import collections
 import datetime
@@ -50,13 +50,15 @@ from typing import Callable, Optional
 
 import gevent
 
-from . import remote
-from .layout import API_KEY_PATH, unit_path
-from roles.gateway.plan import server_name
-from roles.server.files import bench_record
-from roles.server.plan import HEALTH_MARK, RESIDENCY_MARK
-from roles.server.files.server_idle import UNIT_NAME
-from roles.settings import settings_for
+from llamarack import remote, upgrade
+from llamarack.layout import API_KEY_PATH, unit_path
+
+from . import audit
+from .gateway.plan import server_name
+from .server.files import bench_record
+from .server.files.server_idle import UNIT_NAME
+from .server.reads import HEALTH_MARK, RESIDENCY_MARK
+from .settings import settings_for
 
 SCHEMA = "llamarack-rollout/1"
 GATEWAYS = "gateways"
@@ -387,10 +389,7 @@ def rack(inventory: str, data: tuple) -> tuple:
 def dry_plan(chosen: dict, order: list, templates: tuple = ()) -> str:
     """The order, and what the deploy would do to each host (``plan-upgrade``'s steps from one
     audit read per host, all at once): nothing is changed."""
-    from . import audit as auditmod
-    from . import upgrade
-
-    audits = {a.name: a for a in auditmod.run(list(chosen.values()), templates)}
+    audits = {a.name: a for a in audit.run(list(chosen.values()), templates)}
     out = []
     for number, batch in enumerate(order):
         out.append("canary:" if number == 0 else f"batch {number}:")

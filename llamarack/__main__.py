@@ -1,5 +1,0 @@
-"""python -m llamarack: the llamarack command."""
-
-from .cli import main
-
-main()

@@ -1,0 +1,5 @@
+"""python -m roles: the llamarack command."""
+
+from .cli import main
+
+main()
