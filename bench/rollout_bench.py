@@ -17,7 +17,7 @@ deployed; each host's llama-server (MainPID, NRestarts) before and after.
   ``bench/deploys/fails_gate.py``, which stops the canary's llama-server after the
   deploy: the rollout stops there, the canary drained, the rest untouched;
 - revert: a fresh rollout back to the base commit (the drained canary included);
-- driver_upgrade: ``llamarack rollout inventory/lab.py bench/deploys/driver_upgrade.py
+- driver_upgrade: ``llamarack rollout inventory/lab.py roles.driver.upgrade.driver_upgrade
   --data nvidia_driver_version=UPGRADE``: each host unheld, its driver upgraded within
   the branch from the lab's apt repository, rebooted, gated;
 - driver_hold: the project's deploy rolled after it (the driver held again, nothing restarted);
@@ -63,7 +63,7 @@ BASELINE_REQUESTS = 5000  # a few seconds of load: enough that the first (cold) 
 CASE_LIMIT_S = 5400  # the load's own bound for one case
 SERVER = "systemctl show -p MainPID -p NRestarts --value llamarack-server.service | tr '\\n' ' '"
 DRIVER = "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u"
-DRIVER_UPGRADE = ROOT / "bench/deploys/driver_upgrade.py"
+DRIVER_UPGRADE = "roles.driver.upgrade.driver_upgrade"  # shipped with llamarack
 
 
 def servers(rack, names: list) -> dict:

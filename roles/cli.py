@@ -1,6 +1,7 @@
-"""The ``llamarack`` program (console script ``roles.cli:main``): the core's command group
-(``llamarack/cli.py``) with the subcommands that run the roles: settings, audit, plan,
-plan-upgrade, rollback, rollout."""
+"""The subcommands of ``llamarack`` that run the roles: settings, audit, plan-upgrade,
+rollback, rollout (and plan, ``server/plan_cli.py``). Each is declared in pyproject.toml
+(entry points ``llamarack.commands``), where the core's command group
+(``llamarack/cli.py``) finds it, and is imported only when run."""
 
 from __future__ import annotations
 
@@ -13,17 +14,10 @@ from pathlib import Path
 
 import click
 
-from llamarack.cli import main
-
-# How `llamarack rollback --unit N` tells rollback.py which unit (it runs under pyinfra).
-ROLLBACK_UNIT_ENV = "LLAMARACK_ROLLBACK_UNIT"
 TEMPLATES = click.option("--templates", type=click.Path(file_okay=False), default=None,
                          help="operator templates the deploy uses (default: ./templates when it exists)")
 
-main.lazy("plan", "roles.server.plan_cli:plan_command")
-
-
-@main.command()
+@click.command()
 @click.option("--group-data", "form", flag_value="group-data", help="as inventory/group_data/all.py")
 @click.option("--markdown", "form", flag_value="markdown", default=True, help="as docs/settings.md")
 def settings(form):
@@ -35,7 +29,7 @@ def settings(form):
     click.echo(group_data_file(Settings) if form == "group-data" else markdown_table(Settings), nl=False)
 
 
-@main.command()
+@click.command()
 @click.argument("inventory")
 @click.option("--limit", multiple=True, metavar="HOST", help="audit only this host (repeatable)")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object (schema llamarack-audit/1)")
@@ -82,7 +76,7 @@ def _audits(inventory, limit, templates, verify=False, data=()) -> list:
     return auditmod.run(chosen, (Path(templates).resolve(),) if templates else (), verify)
 
 
-@main.command("plan-upgrade")
+@click.command("plan-upgrade")
 @click.argument("inventory")
 @click.option("--limit", multiple=True, metavar="HOST", help="only this host (repeatable)")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object (schema llamarack-plan-upgrade/1)")
@@ -105,7 +99,7 @@ def plan_upgrade(inventory, limit, as_json, templates):
     sys.exit(2 if failed else 1 if any(upgrade.host_steps(a) for a in audits) else 0)
 
 
-@main.command()
+@click.command()
 @click.argument("inventory")
 @click.option("--limit", multiple=True, metavar="HOST", help="roll back only this host (repeatable)")
 @click.option("--unit", type=click.IntRange(0, 1023), default=None, metavar="N",
@@ -117,22 +111,21 @@ def rollback(inventory, limit, unit):
     --unit N). Its build and model are switched in as any unit is (restart,
     /health, the unit in place restored if it does not answer), then pinned: a
     deploy with unchanged settings keeps it; changed settings, or a second
-    rollback (forward again), release it. Runs `pyinfra -y INVENTORY rollback.py`.
+    rollback (forward again), release it. Runs `pyinfra -y INVENTORY roles.deploy.rollback`,
+    the rollback that ships with llamarack.
     """
-    from .rollout import HERE, checkout_env, pyinfra_argv
+    from .deploy import ROLLBACK_UNIT_ENV
+    from .rollout import package_env, pyinfra_argv
 
-    deploy_file = HERE / "rollback.py"
-    if not deploy_file.is_file():
-        raise click.ClickException(f"no {deploy_file}: run llamarack rollback from a llamarack checkout")
-    args = pyinfra_argv(inventory, str(deploy_file), *[w for name in limit for w in ("--limit", name)])
-    env = checkout_env()
+    args = pyinfra_argv(inventory, "roles.deploy.rollback", *[w for name in limit for w in ("--limit", name)])
+    env = package_env()
     env.pop(ROLLBACK_UNIT_ENV, None)
     if unit is not None:
         env[ROLLBACK_UNIT_ENV] = str(unit)
     sys.exit(subprocess.run(args, env=env).returncode)
 
 
-@main.command()
+@click.command()
 @click.argument("inventory")
 @click.argument("deploy_file", metavar="[DEPLOY]", required=False)
 @click.option("--canary", metavar="HOST", help="the host rolled first, alone (default: the first serving host)")
@@ -155,7 +148,8 @@ def rollout(inventory, deploy_file, canary, batch, max_fail, resume, dry, idle_t
     (`pyinfra -y INVENTORY DEPLOY --limit HOST`), gated (/health, residency, a
     completion, llama-bench against its record after a new build or model) and
     undrained. The first failure stops the rollout, the failed host drained; --resume
-    goes on from there. DEPLOY: this checkout's deploy.py by default.
+    goes on from there. DEPLOY: a deploy file, or a deploy that ships with llamarack by its
+    name (roles.driver.upgrade.driver_upgrade); roles.deploy.main, the main job, by default.
     Exit status: 0 every host done, 1 a host failed, 2 refused (nothing touched).
     """
     from . import rollout as rolloutmod

@@ -64,7 +64,9 @@ SCHEMA = "llamarack-rollout/1"
 GATEWAYS = "gateways"
 RECORD = "rollout.json"
 COMMAND_TIMEOUT = 120  # a command's own work, beside the waits it is given
-HERE = Path(__file__).resolve().parent.parent  # the checkout: deploy.py beside the package
+# The folder that holds this llamarack's packages (a checkout, or the site-packages of a wheel).
+PACKAGES = Path(__file__).resolve().parent.parent
+DEPLOY = "roles.deploy.main"  # the deploy that ships with llamarack (roles/deploy.py)
 # The host record: written beside, then renamed over (a reader sees a whole record).
 WRITE_RECORD = 'mkdir -p "$1" && printf "%s\\n" "$2" > "$1/$3.new" && mv -f "$1/$3.new" "$1/$3"'
 
@@ -210,10 +212,10 @@ def pyinfra_argv(inventory: str, deploy_file: str, *args: str) -> list:
     return [*([exe] if exe else [sys.executable, "-m", "pyinfra"]), "-y", inventory, deploy_file, *args]
 
 
-def checkout_env() -> dict:
-    """The environment of a deploy run from this checkout: its deploy file imports the
-    llamarack this command runs from, not another install."""
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
+def package_env() -> dict:
+    """The environment of a deploy this command runs: the deploy imports the llamarack this
+    command runs from (its checkout, or its wheel), not another install."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(PACKAGES), os.environ.get("PYTHONPATH")])))
 
 
 class Pyinfra:
@@ -232,7 +234,7 @@ class Pyinfra:
         args = pyinfra_argv(self.inventory, self.deploy_file, "--limit", name,
                             *[w for item in self.data for w in ("--data", item)])  # fmt: skip
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=checkout_env())  # fmt: skip
+                                env=package_env())  # fmt: skip
         tail = collections.deque(maxlen=20)
         for line in proc.stdout:
             self.echo(line.rstrip("\n"))
@@ -428,7 +430,7 @@ def start(request: Request, journal: Optional[Journal], serving: list) -> Journa
         raise ValueError(f"an unfinished rollout is on file ({path}: {left}): go on with --resume, "
                          "or remove the file to start again")  # fmt: skip
     order = batches(serving, request.options.canary, request.options.batch)
-    deploy = request.deploy or str(HERE / "deploy.py")
+    deploy = request.deploy or DEPLOY
     return Journal.new(path, request.inventory, deploy, request.data, request.options, order)
 
 

@@ -358,7 +358,7 @@ def test_the_audit_shows_route_and_quality_and_drifts_above_the_bound():
 def test_plan_shows_the_quality_of_an_artifacts_gguf(tmp_path):
     from click.testing import CliRunner
 
-    from roles.cli import main
+    from llamarack.cli import main
     from tests.unit.test_plan_cli import TINY
 
     (tmp_path / "model.gguf").write_bytes(TINY.read_bytes())

@@ -60,7 +60,7 @@ def test_auto_kv_steps_down_for_the_draft_too():
 def test_plan_cli_counts_a_draft():
     from click.testing import CliRunner
 
-    from roles.cli import main
+    from llamarack.cli import main
 
     args = ["plan", "--config", str(CONFIGS / "llama-3.1-8b-instruct.config.json"), "--gpu", "V100 SXM2 16GB",
             "--kv", "q8_0", "--json"]  # fmt: skip

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from pyinfra_cli.util import parse_cli_arg
 
-from roles.cli import main
+from llamarack.cli import main
 from llamarack.errors import SettingsError
 from llamarack.facts.ownership import PathOwners
 from roles.preflight.reads import preflight_reads

@@ -136,13 +136,29 @@ def test_no_link_stands_in_for_a_package():
     assert links == []
 
 
-def test_the_graph_is_read_whole():
-    """The walk sees what it must: both packages, an edge up from every role, the lazy
-    ``llamarack plan`` among the commands', and a cycle where there is one."""
+def test_the_core_finds_the_roles_commands_where_they_declare_them():
+    """The core's command group names no subcommand: each is an entry point of pyproject.toml
+    (``llamarack.commands``), a click command of the roles."""
+    import pkgutil
+    import tomllib
+
+    import click
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["llamarack.commands"]
+    assert set(declared) == {"settings", "audit", "plan", "plan-upgrade", "rollback", "rollout"}
+    assert all(where.startswith("roles.") and isinstance(pkgutil.resolve_name(where), click.Command)
+               for where in declared.values())  # fmt: skip
+
+
+def test_the_graph_is_read_whole(tmp_path):
+    """The walk sees what it must: both packages, an edge up from every role, a lazy
+    ``"module:attribute"`` string and an import in a function, and a cycle where there is one."""
     mods, edges = graph()
     assert {"llamarack.settings", "roles.server.planner", "roles.cli"} <= set(mods) and len(mods) > 90
     assert {role(m) for m, t, _, _ in edges if t.startswith("llamarack") and m.startswith("roles.")} >= {
         "driver", "toolchain", "python_env", "llamacpp", "model", "server", "gateway", "preflight"}
-    assert ("roles.cli", "roles.server.plan_cli") in {(m, t) for m, t, _, _ in edges}
+    probe = tmp_path / "probe.py"
+    probe.write_text('COMMAND = "roles.server.plan_cli:plan_command"\n\n\ndef f():\n    from roles import audit\n')
+    assert set(imports("llamarack.probe", probe, mods)) == {("roles.server.plan_cli", (), 1), ("roles.audit", (), 5)}
     assert cycles({"a": 0, "b": 0, "c": 0}, {("a", "b", (), 1), ("b", "c", (), 1), ("c", "a", (), 1)}) == [
         ["a", "b", "c"]]

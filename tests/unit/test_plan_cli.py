@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from roles.cli import main
+from llamarack.cli import main
 from roles.model.shapes import HEADER_CHUNK, quant_type, shape_from_config
 from roles.model.files.gguf_header import read_shape
 from tests.support.hub_server import HubServer

@@ -1,0 +1,5 @@
+"""python -m llamarack: the llamarack command."""
+
+from .cli import main
+
+main()

@@ -1,5 +1,0 @@
-"""python -m roles: the llamarack command."""
-
-from .cli import main
-
-main()
