@@ -16,7 +16,7 @@ The JSON (``--json``) is one object, schema ``llamarack-audit/1``:
                       "drift": [ITEM, ...],
                       "items": {ITEM: {"found": ..., "wanted": ..., "drift": bool}}}}}
 
-ITEM is one of each role's ``ITEMS`` (``roles/<role>/audit.py``), in the
+ITEM is one of each role's items (``roles/<role>/audit.py``: ``items``), in the
 roles' order, then ``rollout`` (where ``llamarack rollout`` left the host);
 ``wanted`` is null where the settings ask nothing of the item (the GPUs, the
 free disk). Exit status: 0 no drift, 1 drift on some host, 2 a host unreachable

@@ -4,7 +4,7 @@ Each ``roles/<role>/`` holds the role's whole story: its settings section
 (``settings.py``: defaults, shapes, meanings), the facts it reads
 (``reads.py``, and ``reads(settings)`` there: its part of preflight's one
 read), its plan (``plan.py``: pure functions of settings and facts), its
-operations (``operations.py``), its audit items (``audit.py``: ``ITEMS``,
+operations (``operations.py``), its audit items (``audit.py``:
 ``reads(settings, verify)``, ``items(seen)``), its one ``@deploy`` entry
 point (``deploy.py``), the scripts it runs on a host (``files/``, standard
 library only, each run by ``llamarack.remote.command(name, *args)``) and its

@@ -28,13 +28,13 @@ from .settings import Settings, settings_for
 from .toolchain import audit as toolchain
 
 SCRIPT_TIMEOUT_S = 120  # the connection and the whole script of one host
-# Each role's audit module (``ITEMS``, ``reads``, ``items``).
+# Each role's audit module (``reads``, ``items``).
 ROLE_AUDITS = {"preflight": preflight, "driver": driver, "toolchain": toolchain, "python_env": python_env,
                "llamacpp": llamacpp, "model": model, "server": server, "gateway": gateway}  # fmt: skip
 
 
 def role_audits(settings: Optional[Settings] = None) -> list:
-    """Each role's audit module (``roles/<role>/audit.py``: ``ITEMS``, ``reads``, ``items``),
+    """Each role's audit module (``roles/<role>/audit.py``: ``reads``, ``items``),
     in deploy.py's order, then the rollout's record (``roles/rollout_audit.py``); with
     ``settings``, those of the roles that host runs (a gateway: the gateway role's, and no
     rollout record)."""

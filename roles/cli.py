@@ -17,6 +17,7 @@ import click
 TEMPLATES = click.option("--templates", type=click.Path(file_okay=False), default=None,
                          help="operator templates the deploy uses (default: ./templates when it exists)")
 
+
 @click.command()
 @click.option("--group-data", "form", flag_value="group-data", help="as inventory/group_data/all.py")
 @click.option("--markdown", "form", flag_value="markdown", default=True, help="as docs/settings.md")

@@ -14,7 +14,6 @@ from llamarack.facts import FactRead
 
 from .settings import Settings
 
-ITEMS = ("rollout",)
 RECORD = "rollout.json"
 
 

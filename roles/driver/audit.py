@@ -8,8 +8,6 @@ from roles.settings import Settings
 
 from .reads import GpuTopology, topology_summary
 
-ITEMS = ("driver", "topology")
-
 
 def reads(settings: Settings, verify: bool = False) -> tuple:
     # the rules' reads (preflight's) hold every other driver fact; the topology is the audit's own

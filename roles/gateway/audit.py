@@ -8,8 +8,6 @@ from roles.settings import Settings
 from .plan import BACKEND, HAPROXY_CONFIG
 from .reads import ConfiguredServers, HaproxyServers
 
-ITEMS = ("gateway",)
-
 
 def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
     if not settings.is_gateway:

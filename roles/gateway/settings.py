@@ -65,11 +65,6 @@ class GatewaySettings(Section):
         between=(0.01, 1.0),
     )
 
-    @property
-    def admin_socket(self) -> str:
-        """HAProxy's runtime API (level admin): fixed, ``ADMIN_SOCKET``."""
-        return ADMIN_SOCKET
-
     def problems(self) -> list[str]:
         if self.port == self.stats_port:
             return [f"gateway_stats_port: given {self.stats_port}; allowed: a port other than gateway_port "

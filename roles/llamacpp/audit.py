@@ -13,8 +13,6 @@ from .files.build_seal import BUILD_INPUTS
 from .plan import plan_for_host, same_build
 from .reads import BuildRecord, BuildSeals, LlamacppBuilds
 
-ITEMS = ("build",)
-
 
 def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
     """The builds, the current build's record and seals; ``verify``: its files hashed."""

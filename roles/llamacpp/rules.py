@@ -11,6 +11,7 @@ from roles.settings import Settings
 
 from ..preflight.facts import HostFacts
 
+
 def arch_digits(arch: str) -> str:
     """The compute capability digits of a build arch: "90a" and "80-real" give "90" and "80"."""
     return arch.split("-")[0].rstrip("af")

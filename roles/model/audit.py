@@ -16,8 +16,6 @@ from roles.server.reads import SystemGroup, SystemUser
 from .reads import ModelArtifact, shape_record_name
 from .sandbox import PIPELINE_HOME, PIPELINE_USER
 
-ITEMS = ("pipeline_user", "model")
-
 
 def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
     """The served artifact; ``verify``: its GGUF hashed."""

@@ -11,6 +11,7 @@ from roles.settings import Settings
 from ..preflight.facts import HostFacts
 from .calibration import calibrates, card_shortfall
 
+
 def rule_awq_card_memory(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """Route awq on a CUDA build: the host's smallest card holds what AutoAWQ puts on it while it calibrates
     one decoder layer, counted from the served GGUF of the same checkpoint, else from the checkpoint's

@@ -13,8 +13,6 @@ from llamarack import __version__
 
 from .reads import DeployedBy, preflight_reads
 
-ITEMS = ("gpus", "rules", "disk", "llamarack")
-
 
 def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
     """What the rules read (``gather``; the OS is preflight's own check), and the free disk."""

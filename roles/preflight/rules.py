@@ -21,6 +21,7 @@ from ..server import rules as server
 from ..toolchain import rules as toolchain
 from .facts import HostFacts
 
+
 def rule_dirs_private(s: Settings, facts: HostFacts) -> Optional[Failure]:
     """The directories root runs or builds from (``settings.private_dirs``: the root, toolchain_cuda_home,
     llamacpp_ccache_dir), links resolved, and every existing directory above them are root's (or the

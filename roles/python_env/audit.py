@@ -10,7 +10,6 @@ from roles.settings import Settings
 from .plan import awq_lock, awq_plan, converter_plan, unmet
 from .reads import PythonEnvPackages, RequirementsFile
 
-ITEMS = ("awq_env", "converter_env")
 ENV_PACKAGES = ("torch", "transformers", "accelerate", "autoawq", "numpy")
 
 

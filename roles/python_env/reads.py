@@ -16,6 +16,7 @@ from llamarack import remote
 from llamarack.facts.value import FactValue
 from llamarack.facts import FactRead
 
+
 def canonical(name: str) -> str:
     """PEP 503 name: ``Jinja2``, ``typing_extensions`` -> ``jinja2``, ``typing-extensions``."""
     return re.sub(r"[-_.]+", "-", name).lower()

@@ -26,8 +26,6 @@ from .plan import (MIB, PlanError, WantedUnit, bench_due, parse_pin, pin_holds, 
 from .reads import (NOLOGIN, SERVICE_USER_MARK, FoundUnit, ServedUnits, SystemGroup, SystemUser, active_since,
                     unit_cards)  # fmt: skip
 
-ITEMS = ("service_user", "units", "unit", "service", "health", "residency", "gpu_processes", "bench")
-
 
 def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
     """What the wanted units are planned from (the current build's flags, the served GGUF's

@@ -12,6 +12,7 @@ from roles.settings import Settings
 from ..preflight.facts import HostFacts
 from .reads import SERVICE_USER_MARK, PasswdEntry
 
+
 def account_failure(user: str, home: str, setting: Optional[str], entry: Optional[PasswdEntry],
                     group: Optional[int]) -> Optional[Failure]:
     """Whether the system account ``user`` (home ``home``) may be made (no account, no group of that name)

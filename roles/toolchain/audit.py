@@ -7,8 +7,6 @@ from roles.settings import Settings
 
 from .plan import plan_toolchain
 
-ITEMS = ("toolchain",)
-
 
 def reads(settings: Settings, verify: bool = False) -> tuple:
     return ()  # the rules' reads (preflight's) hold the toolkits and the compilers

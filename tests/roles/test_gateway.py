@@ -25,6 +25,7 @@ from roles.gateway.plan import (HAPROXY_CONFIG, TARGETS, GatewayError, alert_rul
                                           haproxy_config, prometheus_config, rack_key, secret_digest_command,
                                           server_name, serving_host, targets)  # fmt: skip
 from roles.gateway.reads import ConfiguredServers, HaproxyServers
+from roles.gateway.settings import ADMIN_SOCKET
 from roles.preflight.reads import role_reads
 from roles.server.files.secret_digest import digest
 from roles.server.reads import KEY_DIGEST_SALT
@@ -75,7 +76,7 @@ def test_defaults_and_the_gateway_group():
     assert s.is_gateway and not load_settings("gpu01", BASE).is_gateway
     g = s.gateway
     assert (g.port, g.bind, g.tls_cert_file, g.api_key, g.stats_port) == (8000, "0.0.0.0", None, "pass-through", 8404)
-    assert (g.prometheus, g.node_exporter, g.slow_fraction, g.admin_socket) == (
+    assert (g.prometheus, g.node_exporter, g.slow_fraction, ADMIN_SOCKET) == (
         False, False, 0.5, "/run/haproxy/admin.sock")  # fmt: skip
 
 
