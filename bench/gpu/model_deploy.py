@@ -1,4 +1,4 @@
-"""The model role on the borrowed GPU machine (the GPU proof), through pyinfra @local.
+"""The model role on the GPU machine (the GPU proof), through pyinfra @local.
 
     pyinfra -y @local bench/gpu/model_deploy.py --data llamarack_root=... --data model_repo=... ...
 

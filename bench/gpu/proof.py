@@ -1,14 +1,14 @@
 """GPU proof with real-size models: served speed against llama-bench and
 the bandwidth limit, and the memory plan against what the GPU allocates.
 
-Runs on the borrowed GPU machine (H200, CUDA 13, no systemd, no network) from
+Runs on the GPU machine (an H200, CUDA 13, no systemd, no network) from
 a copy of the repo carrying .whl and .carry (``bench/gpu/proof_prepare.sh``
 makes them), through ``bench/gpu/proof.sh``; writes ``$OUT/gpu-proof.json``
 (copied to ``bench/results/gpu-proof.json``).
 
-Phases, in order; each records its results and is skipped by a later call on
-the same machine once done (state under ``--work``), so a lease's 600-second
-commands can share the work:
+Phases, in order; each records its results and is skipped by a later command on
+the same machine once done (state under ``--work``), so commands of at most
+600 seconds each (the machine's limit) can share the work:
 
     machine    GPU, driver, toolkit, CPU (every figure is recorded against these)
     build      the llama.cpp role through pyinfra @local (bench/gpu/build_deploy.py)
@@ -42,7 +42,7 @@ commands can share the work:
 
 ``--cpu-check BUILD`` runs the same code on a CPU machine with a tiny shape
 (``--scale-down``) and a CPU build's bin/ folder, to prove the scripts before
-device time is spent on them.
+they run on the GPU machine.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ from roles.server.plan import MIB, PlanError, knobs, render_unit, server_args  #
 V100_PCI_ID = "0x1DB410DE"  # Tesla V100 PCIe 16GB: the card table plans it at 16130 MiB
 HUB_REPO = "bench/llama3-8b-random"
 T0 = time.time()
-WHAT = ("on the borrowed H200: the llama.cpp role builds, an 8B Llama-3-shaped random checkpoint goes through "
+WHAT = ("on the H200: the llama.cpp role builds, an 8B Llama-3-shaped random checkpoint goes through "
         "the model role @local; llama-bench vs the served unit's command line vs the copy-bandwidth roofline; "
         "the planner's ledger item by item against llama.cpp's load log and nvidia-smi for 3 contexts x 2 KV "
         "types and each planner knob; a Gemma-3-27B-shaped Q4_K_M planned for a V100 16 GB and served with that "
@@ -254,7 +254,7 @@ class Proof:
         self.root = a.root
         self.layout = Layout(a.root)
         self.commit = a.commit
-        self.deadline = T0 + a.budget
+        self.deadline = T0 + a.limit
         self.bg = None
 
     # -- bookkeeping
@@ -1147,7 +1147,7 @@ class Proof:
             if name not in only or self.r["phases"].get(name, {}).get("ok"):
                 continue
             if name != "machine" and self.left() < estimate:
-                self.log(f"{name}: {self.left():.0f}s left, estimate {estimate}s: left for the next call")
+                self.log(f"{name}: {self.left():.0f}s left, estimate {estimate}s: left for the next command")
                 self.r.setdefault("not_run", {})[name] = f"estimate {estimate}s > {self.left():.0f}s left"
                 if name in ("build", "model8b"):
                     break  # the later phases need these
@@ -1382,7 +1382,7 @@ def v100_summary(v: dict) -> dict:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--phases", default=",".join(n for n, _ in Proof.PHASES))
-    ap.add_argument("--budget", type=float, default=560, help="seconds this call may run")
+    ap.add_argument("--limit", type=float, default=560, help="seconds this command may run (the machine's limit is 600)")
     ap.add_argument("--root", default="/tmp/llamarack")
     ap.add_argument("--work", default="/tmp/gpuproof")
     ap.add_argument("--shm", default="/dev/shm/gpuproof")

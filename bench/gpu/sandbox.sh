@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Runs on the lent GPU machine (no systemd): the served unit's sandbox applied by
-# hand (bench/gpu/sandbox.py) to a CUDA llama-server, which must still load onto
-# the card and answer. Carries .carry (bench/gpu/prepare.sh makes it: the lab's
-# llama.cpp mirror and its pinned commit):
+# Runs on the GPU machine (no systemd): the served unit's sandbox applied by hand
+# (bench/gpu/sandbox.py) to a CUDA llama-server, which must still load onto the card
+# and answer. In a copy of the repo with .carry beside it (bench/gpu/prepare.sh makes
+# it: the lab's llama.cpp mirror and its pinned commit):
 #
-#   run(command="bash bench/gpu/sandbox.sh", carry=[".carry"])
+#   bash bench/gpu/sandbox.sh
 #
 # The build is the pinned commit for the card's arch with flash attention's
 # kernels left out (-DGGML_CUDA_FA=OFF: a third of the compile time; the server

@@ -1,6 +1,6 @@
 """The per-card ledger of a layer split against llama.cpp's own accounting, on one H200.
 
-Only one GPU is lent here, so a second device is made of the same card: an ``ggml-rpc-server``
+The machine has one GPU, so a second device is made of the same card: an ``ggml-rpc-server``
 serving CUDA0 on 127.0.0.1 is llama.cpp's device ``RPC0[127.0.0.1:PORT]``, and
 llama-server started with ``--rpc`` splits the layers over RPC0 and CUDA0 exactly as it
 splits them over two cards (llama.cpp puts RPC devices first, so the unit's card 0 is
