@@ -4,21 +4,10 @@
     (the same as: pyinfra -y inventory/lab.py rollback.py [--limit HOST];
     --unit N is LLAMARACK_ROLLBACK_UNIT=N in its environment)
 
-Only composes the server role's ``rollback`` operation (roles/server/operations.py):
-the previous unit's build and model are switched in as any unit is (restart,
-``/health``, the unit in place restored if it does not answer), and pinned so that
-a deploy with unchanged settings keeps it. No preflight: a rollback is what an
-operator reaches for when something is already wrong.
+The checkout's entry to the rollback that ships with llamarack (``roles/deploy.py``:
+``pyinfra -y inventory/lab.py roles.deploy.rollback``).
 """
 
-import os
+from roles.deploy import rollback
 
-from pyinfra import host
-
-from llamarack.cli import ROLLBACK_UNIT_ENV
-from llamarack.roles.server.operations import rollback
-from llamarack.settings import settings_for
-
-unit = os.environ.get(ROLLBACK_UNIT_ENV)
-rollback(name="Put the previous llama-server unit back" + (f" (unit {int(unit)})" if unit else ""),
-         settings=settings_for(host), unit=int(unit) if unit else None)
+rollback()

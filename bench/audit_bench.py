@@ -68,7 +68,7 @@ def script_bytes() -> dict:
     from llamarack.audit import audit_reads
     from llamarack.facts.reading import FactsTogether
     from llamarack.hosts import load
-    from llamarack.settings import settings_for
+    from roles.settings import settings_for
 
     return {h.name: len(FactsTogether().command(reads=audit_reads(settings_for(h))).encode())
             for h in load(str(INVENTORY))}  # fmt: skip

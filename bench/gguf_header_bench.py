@@ -55,8 +55,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from llamarack.roles.model.reads import shape_record_name
-from llamarack.roles.llamacpp.files.llamacpp_proof import _gguf_kv, _gguf_string
+from roles.model.reads import shape_record_name
+from roles.llamacpp.files.llamacpp_proof import _gguf_kv, _gguf_string
 
 from converged_bench import _cpu  # noqa: E402  (this folder's)
 

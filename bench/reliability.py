@@ -68,7 +68,7 @@ from llamarack_lab import rack as rackmod  # noqa: E402
 from llamarack_lab.fake_nvidia import deb  # noqa: E402
 from llamarack_lab.hub_server import HubServer  # noqa: E402
 from llamarack.layout import UNIT_PATH, Layout  # noqa: E402
-from llamarack.roles.model.sandbox import PIPELINE_USER  # noqa: E402
+from roles.model.sandbox import PIPELINE_USER  # noqa: E402
 from tests.lab.deploying import STATE  # noqa: E402
 
 from reliability_report import (  # noqa: E402

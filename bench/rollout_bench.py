@@ -24,7 +24,7 @@ checks 2 s apart, and the requests that fail meanwhile count too.
   which stops the canary's llama-server after the deploy: the rollout stops there, the
   canary drained, the rest untouched;
 - revert_rollout: a fresh rollout back to the base commit (the drained canary included);
-- driver_upgrade: ``llamarack rollout inventory/lab.py bench/deploys/driver_upgrade.py --data
+- driver_upgrade: ``llamarack rollout inventory/lab.py roles.driver.upgrade.driver_upgrade --data
   nvidia_driver_version=UPGRADE``: each host unheld, its driver upgraded within the branch
   from the lab's apt repository, rebooted, gated;
 - driver_hold: the project's deploy rolled after it (the driver held again, nothing restarted).
@@ -91,8 +91,8 @@ THREE_WAY_CHANGE = "server_ctx_size=1024"
 WAYS = ("rollout", "serial", "parallel")
 SERVER = "systemctl show -p MainPID -p NRestarts --value llamarack-server.service | tr '\\n' ' '"
 DRIVER = "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u"
-DRIVER_UPGRADE = ROOT / "bench/deploys/driver_upgrade.py"
-# The gate's llama-bench comparison: the product's default fraction (llamarack.rollout.Options;
+DRIVER_UPGRADE = "roles.driver.upgrade.driver_upgrade"  # shipped with llamarack
+# The gate's llama-bench comparison: the product's default fraction (roles.rollout.Options;
 # not imported here: pyinfra's CLI package patches threading for gevent, and the load's
 # clients are threads). tests/unit/test_rollout_bench.py holds the two equal.
 DEFAULT_BENCH_FRACTION = 0.25
@@ -152,7 +152,7 @@ def gated_notes(output: str) -> dict:
 
 def bench_gate(notes: dict, fraction: float = DEFAULT_BENCH_FRACTION) -> dict:
     """{host: [each figure the gate compared, with what a gate of ``fraction`` says of it]}
-    from the gate's notes (``llamarack.rollout.bench_verdict``'s "TEST NEW t/s (was OLD)")."""
+    from the gate's notes (``roles.rollout.bench_verdict``'s "TEST NEW t/s (was OLD)")."""
     out = {}
     for host, said in notes.items():
         figures = []

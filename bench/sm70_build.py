@@ -22,9 +22,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from llamarack.roles.llamacpp.plan import plan_build
+from roles.llamacpp.plan import plan_build
 from llamarack_lab import services
-from llamarack.settings import load_settings
+from roles.settings import load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 

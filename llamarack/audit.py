@@ -1,12 +1,13 @@
 """``llamarack audit``: what each host runs, against what its settings would deploy.
 
 Each role says what it audits (``roles/<role>/audit.py``: its items, the facts they
-read, and ``items(seen)``: found against wanted); this module reads, for each host,
-every role's facts in one remote command (``FactsTogether``, through the host's own
+read, and ``items(seen)``: found against wanted), and ``roles/audit.py`` reads, for each
+host, every role's facts in one remote command (``FactsTogether``, through the host's own
 pyinfra connector), hosts in parallel, nothing changed. The wanted side is computed by
 the same settings loader and planners the deploy uses (the build stamp, the env pins,
 the model record and its shape record, the unit text, the proof), so "no drift" means
-"a deploy now would change nothing".
+"a deploy now would change nothing". This module is the report: its items, the
+answers a host gave, the JSON and the table.
 
 The JSON (``--json``) is one object, schema ``llamarack-audit/1``:
 
@@ -15,7 +16,7 @@ The JSON (``--json``) is one object, schema ``llamarack-audit/1``:
                       "drift": [ITEM, ...],
                       "items": {ITEM: {"found": ..., "wanted": ..., "drift": bool}}}}}
 
-ITEM is one of each role's ``ITEMS`` (``roles/<role>/audit.py``), in the
+ITEM is one of each role's items (``roles/<role>/audit.py``: ``items``), in the
 roles' order, then ``rollout`` (where ``llamarack rollout`` left the host);
 ``wanted`` is null where the settings ask nothing of the item (the GPUs, the
 free disk). Exit status: 0 no drift, 1 drift on some host, 2 a host unreachable
@@ -24,19 +25,13 @@ or its facts unreadable.
 
 from __future__ import annotations
 
-import importlib
 import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .facts import FactRead
-from .facts.reading import FactsTogether
-from .roles import ROLES, host_roles
-from .rules import HostFacts
-from .settings import Settings, settings_for
 
 SCHEMA = "llamarack-audit/1"
-SCRIPT_TIMEOUT_S = 120  # the connection and the whole script of one host
 
 
 @dataclass
@@ -86,47 +81,11 @@ class Seen:
     the operator templates the deploy uses, and whether files are hashed (``--verify``)."""
 
     name: str
-    settings: Settings
-    facts: HostFacts
+    settings: Any  # the host's settings (roles.settings.Settings)
+    facts: Any  # what the rules read (roles.preflight.facts.HostFacts)
     fact: Answers
     templates: tuple = ()
     verify: bool = False
-
-
-def role_audits(settings: Optional[Settings] = None) -> list:
-    """Each role's audit module (``roles/<role>/audit.py``: ``ITEMS``, ``reads``, ``items``),
-    in deploy.py's order, then the rollout's record (``llamarack/rollout_audit.py``); with
-    ``settings``, those of the roles that host runs (a gateway: the gateway role's, and no
-    rollout record). Imported here, not above: they import this module's ``Item``."""
-    roles = ROLES if settings is None else host_roles(settings)
-    audits = [importlib.import_module(f"llamarack.roles.{role}.audit") for role in roles]
-    if settings is None or not settings.is_gateway:
-        audits.append(importlib.import_module("llamarack.rollout_audit"))
-    return audits
-
-
-def audit_reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
-    """Everything the audit looks at on a host, and nothing else: each role's reads (what the
-    rules read, the deploy's facts the wanted side is planned from, and what is only
-    reported). ``verify``: also the sha256 of every sealed file of the current build and of
-    the served model.gguf."""
-    return tuple(dict.fromkeys(r for module in role_audits(settings) for r in module.reads(settings, verify)))
-
-
-def audit_host(name: str, settings: Settings, reads: tuple, answers: dict, templates: tuple = (),
-               verify: bool = False) -> HostAudit:
-    """The audit of one host from the answers to ``audit_reads`` (pure: no host is asked):
-    each role's items, in the roles' order."""
-    from .roles.preflight.reads import gather
-
-    fact = Answers(reads, answers)
-    seen = Seen(name, settings, gather(settings, read=fact.read), fact, templates, verify)
-    audit = HostAudit(name)
-    for module in role_audits(settings):
-        audit.items.update(module.items(seen))
-    if fact.unreadable:
-        audit.error = "unreadable facts: " + ", ".join(fact.unreadable)
-    return audit
 
 
 def iso(unix: Optional[float]) -> Optional[str]:
@@ -140,44 +99,6 @@ def link_name(link) -> Optional[str]:
     """The last part of a ``Link`` fact's target (a build's or a model's stamp), else None."""
     target = (link or {}).get("link_target")
     return os.path.basename(target.rstrip("/")) if target else None
-
-
-def run(chosen: list, templates: tuple = (), verify: bool = False) -> list[HostAudit]:
-    """Audit each of the pyinfra hosts ``chosen`` (``llamarack.hosts.load``) with one remote
-    command, all at once. A host that cannot be reached comes back with ``reachable`` False;
-    one whose settings fail, with the error. ``verify``: the sha256 of the served model and
-    of every sealed file of the current build."""
-    from .hosts import run_each
-
-    audits, jobs, scripts = {}, {}, {}
-    for host in chosen:
-        try:
-            settings = settings_for(host)
-            reads = audit_reads(settings, verify)
-            together = FactsTogether()
-            scripts[host] = together.command(reads=reads)
-            jobs[host.name] = (settings, reads, together)
-        except Exception as e:  # bad settings: this host only
-            audits[host.name] = HostAudit(host.name, error=f"{type(e).__name__}: {e}")
-    # Each answer is read and planned as it comes, while the slower hosts still work.
-    answered = run_each(scripts, SCRIPT_TIMEOUT_S,
-                        lambda reply: _audit_answer(reply, *jobs[reply.name], templates, verify))
-    audits.update((audit.name, audit) for audit in answered)
-    return [audits[host.name] for host in chosen]
-
-
-def _audit_answer(reply, settings: Settings, reads: tuple, together: FactsTogether, templates: tuple,
-                  verify: bool = False) -> HostAudit:  # fmt: skip
-    if not reply.reachable:
-        return HostAudit(reply.name, reachable=False, error=reply.error)
-    try:
-        answers = together.process(reply.output)
-        if not answers:  # not one section ran: sudo refused, no sh
-            why = reply.stderr[-1] if reply.stderr else "no output"
-            return HostAudit(reply.name, error=f"the command failed: {why}")
-        return audit_host(reply.name, settings, reads, answers, templates, verify)
-    except Exception as e:  # a host whose facts cannot be processed or planned
-        return HostAudit(reply.name, error=f"{type(e).__name__}: {e}")
 
 
 def exit_status(audits: list[HostAudit]) -> int:

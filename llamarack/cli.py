@@ -1,40 +1,38 @@
-"""The ``llamarack`` command: helpers around the pyinfra deploy."""
+"""The ``llamarack`` command's shell: the group its subcommands join. The subcommands are
+the roles' (``roles/cli.py``), declared in pyproject.toml as entry points
+``llamarack.commands``: the core names none of them."""
 
 from __future__ import annotations
 
-import json
-import logging
-import os
 import pkgutil
-import subprocess
-import sys
-from pathlib import Path
+from importlib.metadata import entry_points
 
 import click
 
 from . import __version__
 
 
-# How `llamarack rollback --unit N` tells rollback.py which unit (it runs under pyinfra).
-ROLLBACK_UNIT_ENV = "LLAMARACK_ROLLBACK_UNIT"
-TEMPLATES = click.option("--templates", type=click.Path(file_okay=False), default=None,
-                         help="operator templates the deploy uses (default: ./templates when it exists)")
-
-
 class LazyGroup(click.Group):
-    """Subcommands imported only when run: ``llamarack settings`` imports no planner or
-    pyinfra connector, and every command works without the lab, its own package."""
+    """Subcommands imported only when run: those declared as entry points ``llamarack.commands``
+    (the roles'), and the lab's. ``llamarack settings`` imports no planner or pyinfra connector,
+    and every command works without the lab, its own package."""
 
-    LAZY = {"plan": "llamarack.plan_cli:plan_command", "lab": "llamarack_lab.cli:lab"}
+    LAZY = {"lab": "llamarack_lab.cli:lab"}
+    DECLARED = "llamarack.commands"
     LAB_MISSING = "the lab is its own package, not installed: python3 -m pip install -e lab (in llamarack's checkout)"
 
+    def lazy(self) -> dict:
+        """{subcommand: ``module:attribute``} of every subcommand not imported yet."""
+        return {**{ep.name: ep.value for ep in entry_points(group=self.DECLARED)}, **self.LAZY}
+
     def list_commands(self, ctx):
-        return sorted({*super().list_commands(ctx), *self.LAZY})
+        return sorted({*super().list_commands(ctx), *self.lazy()})
 
     def get_command(self, ctx, name):
-        if name in self.LAZY and name not in self.commands:
+        lazy = self.lazy()
+        if name in lazy and name not in self.commands:
             try:
-                self.add_command(pkgutil.resolve_name(self.LAZY[name]), name)
+                self.add_command(pkgutil.resolve_name(lazy[name]), name)
             except ModuleNotFoundError as e:  # the lab (lab/ in the checkout) is not in the wheel
                 if e.name != "llamarack_lab":
                     raise
@@ -51,147 +49,6 @@ class LazyGroup(click.Group):
 def main():
     """Serve quantized LLMs with llama.cpp on racks of old NVIDIA GPUs.
 
-    The deploy itself is plain pyinfra: `pyinfra inventory/lab.py deploy.py`.
+    The deploy itself is plain pyinfra: `pyinfra INVENTORY roles.deploy.main`
+    (in a checkout: `pyinfra inventory/lab.py deploy.py`).
     """
-
-
-@main.command()
-@click.option("--group-data", "form", flag_value="group-data", help="as inventory/group_data/all.py")
-@click.option("--markdown", "form", flag_value="markdown", default=True, help="as docs/settings.md")
-def settings(form):
-    """Print every setting with its default."""
-    from .settings_docs import group_data_file, markdown_table
-
-    click.echo(group_data_file() if form == "group-data" else markdown_table(), nl=False)
-
-
-@main.command()
-@click.argument("inventory")
-@click.option("--limit", multiple=True, metavar="HOST", help="audit only this host (repeatable)")
-@click.option("--json", "as_json", is_flag=True, help="one JSON object (schema llamarack-audit/1)")
-@TEMPLATES
-@click.option("--verify", is_flag=True,
-              help="recompute the sha256 of the served model.gguf and of every sealed file of the current build")
-@click.option("--debug", is_flag=True, help="the debug log on stderr (each remote command)")
-@click.option("--data", multiple=True, metavar="KEY=VALUE",
-              help="host data, as the deploy's pyinfra --data gave it (the settings to compare with)")
-def audit(inventory, limit, as_json, templates, verify, debug, data):
-    """Compare what each host runs with what its settings would deploy.
-
-    One remote command per host, all hosts in parallel; nothing is changed.
-    Without --verify the files are compared by the signature recorded at their seal
-    (size, mtime, inode); with it, by their sha256.
-    Exit status: 0 no drift, 1 drift, 2 a host unreachable or unreadable.
-    """
-    if debug:
-        logging.basicConfig(level=logging.DEBUG, format="%(message)s")
-    else:
-        logging.getLogger("pyinfra").setLevel(logging.CRITICAL)  # connection chatter; failures are in the report
-    audits = _audits(inventory, limit, templates, verify, data)
-    from . import audit as auditmod
-
-    if as_json:
-        click.echo(json.dumps(auditmod.as_json(audits), indent=1, default=str))
-    else:
-        click.echo(auditmod.as_table(audits, colour=sys.stdout.isatty() and not os.environ.get("NO_COLOR")), nl=False)
-    sys.exit(auditmod.exit_status(audits))
-
-
-def _audits(inventory, limit, templates, verify=False, data=()) -> list:
-    """The audit of each host of ``inventory`` (``--limit``: those only; ``data``: --data items)."""
-    from . import hosts  # first: pyinfra's gevent patching, before anything imports ssl
-
-    from . import audit as auditmod
-
-    if templates is None and Path("templates").is_dir():
-        templates = "templates"
-    try:
-        chosen = hosts.load(inventory, tuple(limit), hosts.parse_data(tuple(data)) or None)
-    except ValueError as e:
-        raise click.UsageError(str(e))
-    return auditmod.run(chosen, (Path(templates).resolve(),) if templates else (), verify)
-
-
-@main.command("plan-upgrade")
-@click.argument("inventory")
-@click.option("--limit", multiple=True, metavar="HOST", help="only this host (repeatable)")
-@click.option("--json", "as_json", is_flag=True, help="one JSON object (schema llamarack-plan-upgrade/1)")
-@TEMPLATES
-def plan_upgrade(inventory, limit, as_json, templates):
-    """What a deploy with this llamarack would do to each host, and why.
-
-    Run it after upgrading llamarack, before deploying: per host, what would be
-    rebuilt, re-proved, remade, installed or restarted. Reads like `llamarack
-    audit` (one remote command per host); nothing is changed. Exit status: 0 nothing
-    would change, 1 something would, 2 a host could not be read.
-    """
-    logging.getLogger("pyinfra").setLevel(logging.CRITICAL)
-    audits = _audits(inventory, limit, templates)
-    from . import audit as auditmod
-    from . import upgrade
-
-    click.echo(json.dumps(upgrade.as_json(audits), indent=1) if as_json else upgrade.as_text(audits), nl=not as_json)
-    failed = auditmod.exit_status(audits) == 2
-    sys.exit(2 if failed else 1 if any(upgrade.host_steps(a) for a in audits) else 0)
-
-
-@main.command()
-@click.argument("inventory")
-@click.option("--limit", multiple=True, metavar="HOST", help="roll back only this host (repeatable)")
-@click.option("--unit", type=click.IntRange(0, 1023), default=None, metavar="N",
-              help="only unit N of a host of several (llamarack-server@N.service; 0: a host's one unit)")
-def rollback(inventory, limit, unit):
-    """Put back, on each host, the unit that served before the last switch.
-
-    On a host of several units, each unit that has a previous one (or only
-    --unit N). Its build and model are switched in as any unit is (restart,
-    /health, the unit in place restored if it does not answer), then pinned: a
-    deploy with unchanged settings keeps it; changed settings, or a second
-    rollback (forward again), release it. Runs `pyinfra -y INVENTORY rollback.py`.
-    """
-    from .rollout import HERE, checkout_env, pyinfra_argv
-
-    deploy_file = HERE / "rollback.py"
-    if not deploy_file.is_file():
-        raise click.ClickException(f"no {deploy_file}: run llamarack rollback from a llamarack checkout")
-    args = pyinfra_argv(inventory, str(deploy_file), *[w for name in limit for w in ("--limit", name)])
-    env = checkout_env()
-    env.pop(ROLLBACK_UNIT_ENV, None)
-    if unit is not None:
-        env[ROLLBACK_UNIT_ENV] = str(unit)
-    sys.exit(subprocess.run(args, env=env).returncode)
-
-
-@main.command()
-@click.argument("inventory")
-@click.argument("deploy_file", metavar="[DEPLOY]", required=False)
-@click.option("--canary", metavar="HOST", help="the host rolled first, alone (default: the first serving host)")
-@click.option("--batch", type=click.IntRange(1), default=1, show_default=True,
-              help="hosts rolled side by side after the canary, in inventory order")
-@click.option("--max-fail", type=click.IntRange(1), default=1, show_default=True,
-              help="stop at this many failed hosts (a failed canary always stops)")
-@click.option("--resume", is_flag=True, help="go on from the rollout on file (.llamarack/rollout-<inventory>.json)")
-@click.option("--dry", is_flag=True, help="print the order and what each host would get; touch nothing")
-@click.option("--idle-timeout", type=click.FloatRange(0), default=600, show_default=True, metavar="S",
-              help="seconds a drained host's streams and units may take to go idle")
-@click.option("--bench-fraction", type=click.FloatRange(0, 1), default=0.25, show_default=True, metavar="F",
-              help="a new build or model's llama-bench may fall this fraction below the record before it")
-@click.option("--data", multiple=True, metavar="KEY=VALUE", help="host data for the deploy, as pyinfra's --data")
-def rollout(inventory, deploy_file, canary, batch, max_fail, resume, dry, idle_timeout, bench_fraction, data):
-    """Roll the deploy through the serving hosts, one batch at a time, behind the gateway.
-
-    The canary first, then batches in inventory order. Each host is drained on every
-    gateway (HAProxy's runtime API) and waited idle, deployed alone
-    (`pyinfra -y INVENTORY DEPLOY --limit HOST`), gated (/health, residency, a
-    completion, llama-bench against its record after a new build or model) and
-    undrained. The first failure stops the rollout, the failed host drained; --resume
-    goes on from there. DEPLOY: this checkout's deploy.py by default.
-    Exit status: 0 every host done, 1 a host failed, 2 refused (nothing touched).
-    """
-    from . import rollout as rolloutmod
-
-    logging.getLogger("pyinfra").setLevel(logging.CRITICAL)  # connection chatter; failures are in the states
-    options = rolloutmod.Options(canary, batch, max_fail, idle_timeout, bench_fraction)
-    templates = (Path("templates").resolve(),) if Path("templates").is_dir() else ()
-    request = rolloutmod.Request(inventory, deploy_file, tuple(data), options, resume, dry, templates)
-    sys.exit(rolloutmod.main(request, echo=click.echo))

@@ -1,4 +1,7 @@
-"""Errors llamarack raises. All are pyinfra errors, so its CLI prints them cleanly."""
+"""Errors llamarack raises (all pyinfra errors, so its CLI prints them cleanly), and ``Failure``:
+what a rule or a plan refuses, in the words every refusal has."""
+
+from dataclasses import dataclass
 
 from pyinfra.api.exceptions import DeployError
 
@@ -15,3 +18,14 @@ class SettingsError(DeployError):
 
 class ModelSourceError(DeployError):
     """The model's source cannot be listed or does not hold what the settings pin."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    rule: str
+    found: str
+    needed: str
+    fix: str
+
+    def message(self, host: str) -> str:
+        return f"{host}: {self.rule}: found {self.found}; needed {self.needed}. Fix: {self.fix}"

@@ -57,100 +57,55 @@ def _unit_suffix(name: str) -> str:
     return "" if index is None else f"@{index}"
 
 
+# Each fixed path under the root, by its name on ``Layout``.
+PATHS = {
+    # llama.cpp
+    "src": "src/llama.cpp", "builds": "builds", "current_build": "builds/current",
+    # python envs and toolkits
+    "converter_requirements": "src/llama.cpp/requirements/requirements-convert_hf_to_gguf.txt",
+    "envs": "envs", "conda": "conda",
+    # models; the draft model's artifact (speculative decoding) is linked as models/draft
+    "models": "models", "staging": "models/.staging", "current_model": "models/current", "draft_model": "models/draft",
+    # the content-addressed cache of downloaded model files: ``<algo>/<hex>`` under blobs, the
+    # names of the artifact records' content ids
+    "cache": "cache", "blob_cache": "cache/blobs",
+    # records: llama-bench's figures for the build and model served (the server role's bench);
+    # the cards of the last good run; the unit the last switch replaced (what ``llamarack
+    # rollback`` puts back); the host's llama-server units (name, port, listen address, slots,
+    # cards: the gateway reads it); the llamarack that last deployed the host
+    "state": "state", "bench_record": "state/bench.json", "gpus_record": "state/gpus.json",
+    "previous_unit": "state/previous.service", "units_record": "state/units.json",
+    "deployed_by": "state/deployed-by.json",
+}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Layout:
-    """The paths under one host's ``llamarack_root``."""
+    """The paths under one host's ``llamarack_root``: ``PATHS`` by name (``layout.builds``),
+    and those of a name or a number."""
 
     root: str
 
-    # llama.cpp
-    @property
-    def src(self) -> str:
-        return f"{self.root}/src/llama.cpp"
-
-    @property
-    def builds(self) -> str:
-        return f"{self.root}/builds"
+    def __getattr__(self, name: str) -> str:
+        if name in PATHS:
+            return f"{self.root}/{PATHS[name]}"
+        raise AttributeError(name)
 
     def build(self, stamp: str) -> str:
         return f"{self.builds}/{stamp}"
 
-    @property
-    def current_build(self) -> str:
-        return f"{self.builds}/current"
-
-    # python envs and toolkits
-    @property
-    def converter_requirements(self) -> str:
-        return f"{self.src}/requirements/requirements-convert_hf_to_gguf.txt"
-
-    @property
-    def envs(self) -> str:
-        return f"{self.root}/envs"
-
     def env(self, name: str) -> str:
         return f"{self.envs}/{name}"
-
-    @property
-    def conda(self) -> str:
-        return f"{self.root}/conda"
-
-    # models
-    @property
-    def models(self) -> str:
-        return f"{self.root}/models"
 
     def model(self, name: str) -> str:
         return f"{self.models}/{name}"
 
-    @property
-    def staging(self) -> str:
-        return f"{self.models}/.staging"
-
-    @property
-    def current_model(self) -> str:
-        return f"{self.models}/current"
-
-    # the content-addressed cache of downloaded model files
-    @property
-    def cache(self) -> str:
-        return f"{self.root}/cache"
-
-    @property
-    def blob_cache(self) -> str:
-        """``<algo>/<hex>`` under it: the names of the artifact records' content ids."""
-        return f"{self.cache}/blobs"
-
-    @property
-    def draft_model(self) -> str:
-        """The link to the draft model's artifact (speculative decoding)."""
-        return f"{self.models}/draft"
-
-    # records
-    @property
-    def state(self) -> str:
-        return f"{self.root}/state"
-
     def state_file(self, name: str) -> str:
         return f"{self.state}/{name}"
-
-    @property
-    def bench_record(self) -> str:
-        """llama-bench's figures for the build and model served (the server role's bench)."""
-        return self.state_file("bench.json")
 
     def bench_part(self, n: int) -> str:
         """The ``n``-th llama-bench measurement of a run, joined into ``bench_record`` (its log: ``bench.<n>.log``)."""
         return self.state_file(f"bench.{int(n)}.json")
-
-    @property
-    def gpus_record(self) -> str:
-        return self.state_file("gpus.json")
-
-    @property
-    def previous_unit(self) -> str:
-        """The unit that served before the last switch (what ``llamarack rollback`` puts back)."""
-        return self.state_file("previous.service")
 
     def previous_unit_of(self, name: str) -> str:
         """``previous_unit`` of the unit ``name`` (``previous@N.service`` for unit N of several)."""
@@ -160,16 +115,6 @@ class Layout:
         """Written by ``llamarack rollback``: the unit it put back over ``name``, and the one it
         replaced (``rollback.json``; ``rollback@N.json`` for unit N of several)."""
         return self.state_file(f"rollback{_unit_suffix(name)}.json")
-
-    @property
-    def units_record(self) -> str:
-        """The host's llama-server units: name, port, listen address, slots, cards (the gateway reads it)."""
-        return self.state_file("units.json")
-
-    @property
-    def deployed_by(self) -> str:
-        """The version of llamarack that last deployed the host (``{"llamarack": "0.1.0"}``)."""
-        return self.state_file("deployed-by.json")
 
 
 def unit_build(root: str, unit_lines) -> Optional[str]:

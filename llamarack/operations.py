@@ -19,7 +19,6 @@ from pyinfra.operations.util.files import generate_color_diff
 
 from . import remote
 from .facts import read
-from llamarack.roles.driver.reads import NvidiaSmi, gpus_record
 
 
 @operation()
@@ -61,29 +60,6 @@ def refuse(reason: str):
     pyinfra then drops the host from the run; the other hosts go on.
     """
     yield refusal(reason)
-
-
-@operation()
-def record_gpus(path: str, gpus=None, recorded=None):
-    """
-    Record the cards of this run, for the rules to fall back on when a later
-    driver hides them (a dropped card, an upgrade waiting for a reboot).
-
-    + path: the JSON record (``Layout.gpus_record``)
-    + gpus: the cards to record (preflight's ``HostFacts.gpus``); None: those
-      nvidia-smi lists when the operation runs (after a reboot earlier in the run)
-    + recorded: what the record holds (preflight read it): no write when equal
-    """
-    if gpus is None:
-        gpus = read(NvidiaSmi).gpus
-    if not gpus:
-        host.noop("the driver lists no GPU: the GPU record is left as it is")
-        return
-    text = gpus_record(gpus)
-    if recorded and gpus_record(recorded) == text:
-        host.noop(f"GPU record already lists {len(gpus)} card(s)")
-        return
-    yield from put_record(path, text)
 
 
 def put_record(path: str, text: str):

@@ -14,26 +14,38 @@ import shlex
 from functools import lru_cache
 from pathlib import Path
 
-# The roles' folders: ``llamarack/roles`` (a link to ``roles/`` in a checkout).
-ROLES = Path(__file__).resolve().parent / "roles"
+# The folders whose ``*/files/*.py`` are host modules: the roles add theirs (``add_scripts``).
+_FOLDERS: list = []
 
 # A command given to ``sudo sh -c`` is one argv string, which Linux caps at
 # 128 KiB (MAX_ARG_STRLEN): every host script must stay well under it.
 MAX_SCRIPT_BYTES = 96 * 1024
 
 
+def add_scripts(folder: Path) -> None:
+    """Find host modules in ``folder``'s ``*/files/`` too (the roles' folder adds itself)."""
+    if folder not in _FOLDERS:
+        _FOLDERS.append(folder)
+        path.cache_clear()
+        source.cache_clear()
+
+
+def _found(pattern: str) -> list:
+    return sorted(f for folder in _FOLDERS for f in folder.glob(pattern))
+
+
 def names() -> list[str]:
     """Every host module of every role, by name."""
-    return sorted(f.stem for f in ROLES.glob("*/files/*.py") if f.stem != "__init__")
+    return sorted(f.stem for f in _found("*/files/*.py") if f.stem != "__init__")
 
 
 @lru_cache(maxsize=None)
 def path(name: str) -> Path:
     """The file of host module ``name`` (e.g. ``"llamacpp_proof"``), in the ``files/`` of
     the role that runs it; names are unique across the roles."""
-    found = [f for f in sorted(ROLES.glob(f"*/files/{name}.py")) if name.isidentifier()]
+    found = [f for f in _found(f"*/files/{name}.py") if name.isidentifier()]
     if len(found) != 1:
-        raise FileNotFoundError(f"no host module {name!r} (or more than one) under {ROLES}/*/files")
+        raise FileNotFoundError(f"no host module {name!r} (or more than one) under {_FOLDERS}/*/files")
     return found[0]
 
 

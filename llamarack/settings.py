@@ -1,11 +1,12 @@
-"""The settings loader: one host's data becomes one frozen, checked ``Settings``.
+"""The settings machinery: one host's data becomes one frozen, checked object of sections.
 
-A setting is a field of a section (a frozen dataclass): the general one here
-(``llamarack_*``) and one per role in ``roles/<role>/settings.py``; its host-data
-key is ``<section prefix>_<field name>`` (``server_port``). ``load_settings``
-rejects bad data before any host is touched, every problem of a host at once,
-naming the host, the key, what was given and what is allowed. Roles receive the
-frozen object and never read ``host.data``.
+A setting is a field of a section (a frozen dataclass of ``settings_fields.setting``
+fields); its host-data key is ``<section prefix>_<field name>`` (``server_port``). A
+host's settings are one frozen object with a field per section, the ``host`` and its
+inventory ``groups`` (the roles' ``Settings``, ``roles/settings.py``). ``load`` rejects bad
+data before any host is touched, every problem of a host at once, naming the host, the
+key, what was given and what is allowed. Roles receive the frozen object and never read
+``host.data``.
 
 The sections stay plain dataclasses rather than pydantic models: pydantic is
 pyinfra's own dependency, not ours, and its errors would have to be rewritten
@@ -18,126 +19,18 @@ import dataclasses
 import difflib
 import functools
 import logging
-import re
 import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping, Optional
 
 from .errors import SettingsError
-from .layout import Layout
-from .roles.driver.settings import DriverSettings
-from .roles.gateway.settings import GatewaySettings
-from .roles.llamacpp.settings import LlamacppSettings, local_git_path
-from .roles.model.settings import ModelSettings
-from .roles.python_env.settings import PythonEnvSettings
-from .roles.server.settings import ServerSettings
-from .roles.toolchain.settings import ToolchainSettings
-from .settings_fields import (SHARED_DIRS, Section, host_path, loopback_url, number_range, out_of_range, setting,
-                              under)
-
-# The roles deploy.py runs after preflight, in order (llamarack_roles picks some).
-ROLE_NAMES = ("driver", "toolchain", "python_env", "llamacpp", "converter_env", "model", "server", "gateway")
+from .settings_fields import number_range, out_of_range
 
 
-def _role_name(value: str) -> Optional[str]:
-    return None if value in ROLE_NAMES else "role names: " + ", ".join(ROLE_NAMES)
-
-
-# The system's own trees: what it runs, or reads its configuration from (/etc/cron.d,
-# /usr/local/bin...). llamarack_root is never in one.
-SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run",
-                "/sbin", "/sys", "/usr", "/var/spool", "/var/lib/dpkg", "/var/lib/apt", "/var/lib/systemd")
-# Directories that hold others' files: llamarack_root may be under one, never one itself.
-SHARED_PARENTS = ("/home", "/mnt", "/media", "/opt", "/root", "/snap", "/srv", "/tmp", "/var", "/var/cache",
-                  "/var/lib", "/var/local", "/var/log", "/var/opt", "/var/tmp")
-
-
-def _root(value: str) -> Optional[str]:
-    if problem := host_path(value):
-        return problem
-    tree = under(value, SYSTEM_TREES)
-    if tree or value in SHARED_PARENTS:
-        return (f"a directory llamarack owns alone, e.g. /opt/llamarack (not {value}: "
-                + (f"the system runs or reads what is under {tree})" if tree else "the system's)"))
-    return None
-
-
-def _service_user(value: str) -> Optional[str]:
-    if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", value):
-        return "a system user name (lowercase letters, digits, - and _)"
-    if value in ("root", "nobody", "daemon", "bin", "sys", "sync", "games", "man", "mail", "www-data"):
-        return f"a user of llama-server's own, e.g. llamarack (not {value}, which the system uses)"
-    return None
-
-
-@dataclass(frozen=True)
-class GeneralSettings(Section):
-    """Where llamarack keeps its state on a host."""
-
-    prefix = "llamarack"
-
-    root: str = setting("/opt/llamarack", "everything llamarack owns on a host lives under this directory", _root)
-    service_user: str = setting("llamarack", "system user that runs llama-server (not root)", _service_user)
-    roles: Optional[tuple[str, ...]] = setting(
-        None,
-        "run only these roles, e.g. server,model (preflight always runs): "
-        + ", ".join(ROLE_NAMES) + "; None runs them all",
-        _role_name,
-    )
-    trusted_network: bool = setting(
-        False,
-        "True allows plain http:// sources (git, pip indexes, conda, the hub and its token, model_url) and a "
-        "git:// llamacpp_git_url: the hosts reach them over a closed network no one else can read or change, "
-        "as the lab's bridge; False needs https:// (or ssh:// for git; http:// or git:// to a loopback address "
-        "is allowed either way)",
-    )
-    allow_shared_dirs: bool = setting(
-        False,
-        "True accepts host paths root runs or builds from (llamarack_root, toolchain_cuda_home, "
-        "llamacpp_ccache_dir, a local llamacpp_git_url) under directories other users can write to (/tmp, "
-        "/var/tmp, /dev/shm, /home...) and skips preflight's check of their owners and modes: only on a throwaway host "
-        "no other user logs in to (tests)",
-    )
-
-    def runs(self, role: str) -> bool:
-        """Whether ``deploy.py`` runs ``role`` (one of ROLE_NAMES) on this host."""
-        return self.roles is None or role in self.roles
-
-    def problems(self) -> list[str]:
-        empty = "llamarack_roles: given []; allowed: at least one role name (None runs them all)"
-        return [empty] if self.roles == () else []
-
-
-@dataclass(frozen=True)
-class Settings:
-    """All of one host's settings, one frozen object per section."""
-
-    host: str
-    general: GeneralSettings
-    driver: DriverSettings
-    toolchain: ToolchainSettings
-    python_env: PythonEnvSettings
-    llamacpp: LlamacppSettings
-    model: ModelSettings
-    server: ServerSettings
-    gateway: GatewaySettings
-    groups: tuple = ()  # the host's inventory groups (settings_for)
-
-    @property
-    def layout(self) -> Layout:
-        """Every path under ``llamarack_root`` (``llamarack.layout``)."""
-        return Layout(self.general.root)
-
-    @property
-    def is_gateway(self) -> bool:
-        """Whether the host is of group ``gateways``: preflight's read and HAProxy only, no llama-server."""
-        return "gateways" in self.groups
-
-
-# Each section: its name on Settings and its class, in the order of Settings' fields: the
-# general one first, then the roles' in the roles' order (preflight has no settings of its own).
-SECTIONS = {name: tp for name, tp in typing.get_type_hints(Settings).items() if name not in ("host", "groups")}
-ROLE_SETTINGS = tuple(SECTIONS.values())
+def sections(settings_type: type) -> dict:
+    """Each section of a host's settings: its name there and its class, in the order of the
+    fields (every field but ``host`` and ``groups``)."""
+    return {name: tp for name, tp in typing.get_type_hints(settings_type).items() if name not in ("host", "groups")}
 
 
 @dataclass(frozen=True)
@@ -156,11 +49,11 @@ class SettingInfo:
 
 
 @functools.cache
-def all_settings() -> tuple[SettingInfo, ...]:
-    """Every setting of every role, in declaration order. Made once per process: the roles'
-    type hints cannot change, and each host's settings are loaded from it (3 ms a host)."""
+def all_settings(settings_type: type) -> tuple[SettingInfo, ...]:
+    """Every setting of every section, in declaration order. Made once per process: the
+    sections' type hints cannot change, and each host's settings are loaded from it (3 ms a host)."""
     infos = []
-    for role in ROLE_SETTINGS:
+    for role in sections(settings_type).values():
         hints = typing.get_type_hints(role)
         for f in dataclasses.fields(role):
             tp = hints[f.name]
@@ -171,10 +64,6 @@ def all_settings() -> tuple[SettingInfo, ...]:
                 raise TypeError(f"{info.key}: every int or float setting, and only those, has between=(low, high)")
             infos.append(info)
     return tuple(infos)
-
-
-def defaults() -> dict[str, Any]:
-    return {info.key: info.default for info in all_settings()}
 
 
 def describe_type(info: SettingInfo) -> str:
@@ -261,62 +150,11 @@ def _scalar_problem(info: SettingInfo, tp: type, value: Any) -> Optional[str]:
     return problem or (info.check(value) if info.check else None)
 
 
-def _setting_values(s: Settings):
-    """(info, value) of every setting of ``s``."""
-    names = {role: name for name, role in SECTIONS.items()}
-    for info in all_settings():
+def setting_values(s: Any):
+    """(info, value) of every setting of the host's settings ``s``."""
+    names = {role: name for name, role in sections(type(s)).items()}
+    for info in all_settings(type(s)):
         yield info, getattr(getattr(s, names[info.role]), info.name)
-
-
-def private_dirs(s: Settings) -> tuple[tuple[str, str], ...]:
-    """(key, path) of each directory root runs or builds from (a setting checked as a host path:
-    the root, toolchain_cuda_home, llamacpp_ccache_dir; and a llamacpp_git_url that is a local
-    repository, whose files the build takes), where one is set: preflight checks on the host that
-    it and every directory above it are root's alone (``rules.rule_dirs_private``)."""
-    dirs = [(info.key, value) for info, value in _setting_values(s) if info.check in (host_path, _root) and value]
-    repository = local_git_path(s.llamacpp.git_url)
-    return tuple(dirs + ([("llamacpp_git_url", repository)] if repository else []))
-
-
-def _plain_http_problems(s: Settings) -> list[str]:
-    """Plain http:// and git:// sources, unless llamarack_trusted_network says no one else is on the way."""
-    if s.general.trusted_network:
-        return []
-    problems = []
-    for info, value in _setting_values(s):
-        for url in value if isinstance(value, tuple) else (value,):
-            if isinstance(url, str) and url.startswith("git://") and not loopback_url(url):
-                problems.append(
-                    f"{info.key}: given {shown(url)}; allowed: an https:// or ssh:// URL: git:// is as plain as "
-                    "http://, so anyone on the way can hand over other code, and a short llamacpp_commit prefix "
-                    "pins little against that (llamarack_trusted_network = True allows it where the hosts reach "
-                    "their sources over a closed network; git:// to a loopback address is allowed)")  # fmt: skip
-            if isinstance(url, str) and url.startswith("http://") and not loopback_url(url):
-                token = (", and the hub token (model_hf_token_file) would travel in clear"
-                         if info.key == "model_hf_endpoint" and s.model.hf_token_file else "")
-                problems.append(
-                    f"{info.key}: given {shown(url)}; allowed: an https:// URL: plain http:// can be read and changed "
-                    f"by anyone on the way{token} (llamarack_trusted_network = True allows it where the hosts "
-                    "reach their sources over a closed network, as in the lab; http:// to a loopback address "
-                    "is allowed)")  # fmt: skip
-    return problems
-
-
-def _shared_dir_problems(s: Settings) -> list[str]:
-    """Host paths root runs or builds from under a directory other users can write to."""
-    if s.general.allow_shared_dirs:
-        return []
-    problems, given = [], {info.key: value for info, value in _setting_values(s)}
-    for key, path in private_dirs(s):
-        shared = under(path, SHARED_DIRS)
-        if shared:
-            whose = "users' homes" if shared in ("/home", "/run/user") else "a directory every user can write to"
-            problems.append(
-                f"{key}: given {shown(given[key])}; allowed: a directory other users cannot write to ({shared} is {whose}: "
-                "a local user could put files there, or the directory itself, before root runs what is "
-                "in it), e.g. under /opt or /srv (llamarack_allow_shared_dirs = True only on a throwaway "
-                "test host)")  # fmt: skip
-    return problems
 
 
 _WARNED: set = set()
@@ -344,13 +182,16 @@ def _warn_unknown(host_name: str, keys, known) -> None:
                 f"{host_name}: {key!r} is no llamarack setting and is ignored; did you mean {like!r}?")
 
 
-def load_settings(host_name: str, data: Mapping[str, Any], groups: tuple = ()) -> Settings:
-    """Build one host's settings from its data (inventory + group data); ``groups``: its
-    inventory groups. A key without a role prefix is pyinfra's or the user's, ignored (a
-    warning when it looks like a setting); one with a prefix that names no setting is an error."""
-    infos = all_settings()
+def load(settings_type: type, host_name: str, data: Mapping[str, Any], groups: tuple = ()) -> Any:
+    """Build one host's settings of ``settings_type`` from its data (inventory + group data);
+    ``groups``: its inventory groups. A key without a section's prefix is pyinfra's or the
+    user's, ignored (a warning when it looks like a setting); one with a prefix that names no
+    setting is an error. Each section's ``problems()`` and those of the whole (``problems()``
+    of ``settings_type``) are refused with the rest."""
+    infos = all_settings(settings_type)
     by_key = {info.key: info for info in infos}
-    prefixes = tuple(f"{role.prefix}_" for role in ROLE_SETTINGS)
+    parts = sections(settings_type)
+    prefixes = tuple(f"{role.prefix}_" for role in parts.values())
     problems: list[str] = []
 
     for key in data:
@@ -362,7 +203,7 @@ def load_settings(host_name: str, data: Mapping[str, Any], groups: tuple = ()) -
             problems.append(f"unknown setting {key!r}{hint}")
     _warn_unknown(host_name, [k for k in data if isinstance(k, str) and not k.startswith(prefixes)], by_key)
 
-    values: dict[type, dict[str, Any]] = {role: {} for role in ROLE_SETTINGS}
+    values: dict[type, dict[str, Any]] = {role: {} for role in parts.values()}
     for info in (info for info in infos if info.key in data):
         value, problem = _coerce(info, data[info.key])
         if problem:
@@ -370,15 +211,10 @@ def load_settings(host_name: str, data: Mapping[str, Any], groups: tuple = ()) -
         else:
             values[info.role][info.name] = value
 
-    sections = {name: role(**values[role]) for name, role in SECTIONS.items()}
-    settings = Settings(host=host_name, groups=tuple(groups), **sections)
-    problems += [problem for section in sections.values() for problem in section.problems()]
-    problems += _plain_http_problems(settings) + _shared_dir_problems(settings)
+    made = {name: role(**values[role]) for name, role in parts.items()}
+    settings = settings_type(host=host_name, groups=tuple(groups), **made)
+    problems += [problem for section in made.values() for problem in section.problems()]
+    problems += settings.problems()
     if problems:
         raise SettingsError(host_name, problems)
     return settings
-
-
-def settings_for(host) -> Settings:
-    """The one place that reads pyinfra host data: build the current host's settings."""
-    return load_settings(host.name, host.data.dict(), tuple(getattr(host, "groups", None) or ()))

@@ -135,6 +135,19 @@ def server_name(value: str) -> bool:
     return "%" not in value
 
 
+def listen_address(value: str) -> Optional[str]:
+    """An IP address a server listens on (llama-server, the gateway's frontend)."""
+    # An IPv6 %scope is no part of it: "::1%$(id)" parses as an address of scope "$(id)".
+    try:
+        ipaddress.ip_address(value)
+        if "%" not in value:
+            return None
+    except ValueError:
+        pass
+    return ("an IP address to listen on: 127.0.0.1 (this host only), 0.0.0.0 (every IPv4 interface), :: "
+            "or one interface's address (no %scope)")
+
+
 def remote_url(value: str) -> Optional[str]:
     """An http(s) URL of a server the hosts download from, with no credentials in it.
     Plain http:// is refused later, unless the network is trusted (``llamarack.settings``)."""

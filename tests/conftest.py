@@ -8,6 +8,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "lab")]
 
+import roles  # noqa: E402,F401 (the roles' host modules, found by name: llamarack.remote)
+
 pytest_plugins = ["llamarack_lab.pytest_plugin"]
 
 

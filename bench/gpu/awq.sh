@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Runs on the device machine (one H200, no network) from a copy of the repo carrying .carry
-# (bench/gpu/prepare.sh) and .awqwhl (bench/gpu/awq_prepare.sh):
+# Runs on the GPU machine (one H200, no network), in a copy of the repo with .carry
+# (bench/gpu/prepare.sh) and .awqwhl (bench/gpu/awq_prepare.sh) beside it, twice, back to back:
 #
-#   run(command="bash bench/gpu/awq.sh", carry=[".carry", ".awqwhl"])   twice, back to back
+#   bash bench/gpu/awq.sh
 #
 # The AWQ route on a random-weights checkpoint of a real shape, and the quality of both routes:
 #   build    llama-quantize and llama-perplexity for sm_90 (in the background, niced, while the
@@ -17,10 +17,11 @@
 #            the plain f16 with --kl-divergence-base, then against it the AWQ f16 (what the scales
 #            alone change) and each Q4_K_M with f16, q8_0 and q4_0 KV
 #   check    $OUT/gpu-awq.json (bench/gpu/awq_report.py) and the logs in $OUT/logs.tar.xz; every
-#            call ends with it, whatever it was given
+#            command ends with it, whatever it was given
 # The steps run in that order (or those named as arguments); each skips what is done (work in
 # AWQ_WORK, /opt/awq, and AWQ_SHM, /dev/shm/awq) and is not started when its estimate passes the
-# call's budget (AWQ_BUDGET, 540 s): the next call on the warm machine does the rest.
+# command's time limit (AWQ_LIMIT, 540 s of the machine's 600): the next command on the warm
+# machine does the rest.
 #
 # Rehearsal on a CPU machine (bench/gpu/README.md): AWQ_CPU=1 with AWQ_CPU_BUILD (a CPU build of
 # both tools), AWQ_CPU_SRC (the pinned source), AWQ_PYTHON (a Python standing for the machine's),
@@ -32,7 +33,7 @@ PY=${AWQ_PYTHON:-python3}
 WHL=${AWQ_WHL:-.awqwhl}
 SHAPE=${AWQ_SHAPE:-llama3-8b}
 DOWN=${AWQ_SCALE_DOWN:-1}
-BUDGET=${AWQ_BUDGET:-540}
+LIMIT=${AWQ_LIMIT:-540}
 CTX=256  # the model role's QUALITY_CTX (roles/model/operations.py)
 FILES=roles/model/files
 DEFERRED=75
@@ -41,22 +42,22 @@ BUILD=
 if [ -n "${AWQ_CPU:-}" ]; then NGL=(); else NGL=(-ngl 999); fi
 . bench/gpu/build_cuda.sh
 
-# room SECONDS WHAT: whether WHAT (about SECONDS at the 8B shape) still fits this call's budget
+# room SECONDS WHAT: whether WHAT (about SECONDS at the 8B shape) still fits this command's time
 room() {
   local used=$(( $(date +%s) - START ))
-  (( used + $1 <= BUDGET )) && return 0
-  echo "awq: ${used} s used of ${BUDGET}; $2 (about $1 s) is left for the next call"
+  (( used + $1 <= LIMIT )) && return 0
+  echo "awq: ${used} s used of ${LIMIT}; $2 (about $1 s) is left for the next command"
   return $DEFERRED
 }
 
 # logged NAME CMD...: CMD with its output in logs/NAME.log (there once CMD succeeded; NAME.log.tmp
 # otherwise), its command line in commands.tsv, its seconds and exit status in steps.tsv; cut
-# 40 s after the budget, before the device's own limit
+# 40 s after LIMIT, before the machine's own 600 s
 logged() {
   local name=$1 log=$W/out/logs/$1.log t0 limit rc
   shift
   t0=$(date +%s)
-  limit=$(( BUDGET + 40 - (t0 - START) ))
+  limit=$(( LIMIT + 40 - (t0 - START) ))
   (( limit > 1 )) || limit=1
   printf '%s\t%s\n' "$name" "$(printf '%q ' "$@")" >> "$W/out/commands.tsv"
   timeout "$limit" "$@" > "$log.tmp" 2>&1

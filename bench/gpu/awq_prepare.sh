@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs here (the CPU machine): makes .awqwhl, what bench/gpu/awq.sh carries to the device
+# Runs here (the CPU machine): makes .awqwhl, what bench/gpu/awq.sh takes to the GPU
 # machine (no network) beside .carry (bench/gpu/prepare.sh):
 #   .awqwhl/*.whl       AutoAWQ 0.2.7 and what it needs beside the machine's own torch, numpy,
 #                       triton, sentencepiece: transformers 4.44.2 (the machine's 5.x is too new
@@ -9,7 +9,7 @@
 #                       pyarrow and pandas stay behind (52 MB): awq.sh stands a stub in for
 #                       datasets where the machine lacks them
 #   .awqwhl/tokenizer/  the tiny model's SentencePiece tokenizer (the random checkpoint's)
-# Then (bench/gpu/README.md): run(command="bash bench/gpu/awq.sh ...", carry=[".carry", ".awqwhl"]).
+# Then, on the GPU machine (bench/gpu/README.md), in the copy with .carry and .awqwhl: bash bench/gpu/awq.sh
 #
 #   bash bench/gpu/awq_prepare.sh [DIR [PYTHON_VERSION]]
 # DIR other than .awqwhl (with PYTHON_VERSION, e.g. 3.11 for a rehearsal here): the same wheels

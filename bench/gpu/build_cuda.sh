@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sourced by the device scripts (residency.sh, split.sh, awq.sh): build_cuda W TARGET [CMAKE_ARG...]
+# Sourced by the GPU machine's scripts (residency.sh, split.sh, awq.sh): build_cuda W TARGET [CMAKE_ARG...]
 # clones the carried llama.cpp mirror at its pinned commit into W/src (once) and builds
 # TARGETs for sm_90 into W/build, the logs in $OUT; nvcc is the machine's. A build with
 # llama-server ends with its --help (the build's first run).

@@ -1,4 +1,4 @@
-"""The build path of deploy.py on a real GPU host, for the borrowed H200 machine.
+"""The build path of deploy.py on a real GPU host: the H200 GPU machine.
 
 That machine has no apt reach and no systemd, so only the roles that need
 neither run: preflight (real nvidia-smi, real toolkit and gcc facts) and the
@@ -14,10 +14,10 @@ smoke run: it shows the smoke run is a backstop of its own.
 
 from pyinfra import host
 
-from llamarack.settings import settings_for
-from llamarack.roles.llamacpp.deploy import llamacpp
-from llamarack.roles.preflight.deploy import preflight
-from llamarack.roles.preflight.reads import gather
+from roles.settings import settings_for
+from roles.llamacpp.deploy import llamacpp
+from roles.preflight.deploy import preflight
+from roles.preflight.reads import gather
 
 settings = settings_for(host)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the device machine (H200, CUDA 13, no systemd, no network), from a
+# Runs on the GPU machine (H200, CUDA 13, no systemd, no network), from a
 # copy of the repo carrying .whl and .carry (bench/gpu/prepare.sh makes them):
 #
 #   bash bench/gpu/build_proof.sh right   the llama.cpp role through pyinfra @local for the

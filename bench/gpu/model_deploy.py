@@ -1,4 +1,4 @@
-"""The model role on the borrowed GPU machine (the GPU proof), through pyinfra @local.
+"""The model role on the GPU machine (the GPU proof), through pyinfra @local.
 
     pyinfra -y @local bench/gpu/model_deploy.py --data llamarack_root=... --data model_repo=... ...
 
@@ -13,8 +13,8 @@ transformers (``--data bench_convert_python=python3``).
 
 from pyinfra import host
 
-from llamarack.roles.model.deploy import model
-from llamarack.settings import settings_for
+from roles.model.deploy import model
+from roles.settings import settings_for
 
 settings = settings_for(host)
 tool_paths = {"convert_python": host.data.get("bench_convert_python")}

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Runs here (the CPU machine): makes what the GPU proof carries to the device
+# Runs here (the CPU machine): makes what the GPU proof takes to the GPU
 # machine, which has no network: .whl (pyinfra and the dependencies its image
 # lacks, for its Python 3.12) and .carry (the lab's llama.cpp mirror and its
-# pinned commit). Both are ignored by git (.git/info/exclude) and named in
-# the device run's carry. Needs the lab's sources: `llamarack lab up` once.
+# pinned commit). Both are ignored by git (.git/info/exclude) and go with the
+# copy of the repo. Needs the lab's sources: `llamarack lab up` once.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || printf '/.whl/\n/.carry/\n' >> .git/info/exclude
 
-# Versions as on this machine, so the device runs the pyinfra the tests ran.
+# Versions as on this machine, so the GPU machine runs the pyinfra the tests ran.
 pkgs=(pyinfra paramiko gevent greenlet zope.event zope.interface cryptography cffi pycparser bcrypt
       pynacl invoke distro typeguard pydantic pydantic-core annotated-types typing-inspection types-paramiko)
 rm -rf .whl && mkdir -p .whl

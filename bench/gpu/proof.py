@@ -1,14 +1,14 @@
 """GPU proof with real-size models: served speed against llama-bench and
 the bandwidth limit, and the memory plan against what the GPU allocates.
 
-Runs on the borrowed GPU machine (H200, CUDA 13, no systemd, no network) from
+Runs on the GPU machine (an H200, CUDA 13, no systemd, no network) from
 a copy of the repo carrying .whl and .carry (``bench/gpu/proof_prepare.sh``
 makes them), through ``bench/gpu/proof.sh``; writes ``$OUT/gpu-proof.json``
 (copied to ``bench/results/gpu-proof.json``).
 
-Phases, in order; each records its results and is skipped by a later call on
-the same machine once done (state under ``--work``), so a lease's 600-second
-commands can share the work:
+Phases, in order; each records its results and is skipped by a later command on
+the same machine once done (state under ``--work``), so commands of at most
+600 seconds each (the machine's limit) can share the work:
 
     machine    GPU, driver, toolkit, CPU (every figure is recorded against these)
     build      the llama.cpp role through pyinfra @local (bench/gpu/build_deploy.py)
@@ -18,7 +18,7 @@ commands can share the work:
     roofline   device-to-device copy bandwidth (torch), bytes read + written
     bench8b    llama-bench pp512/tg128 with the served flags, and variants
     serve8b    llama-server with the unit's exact ExecStart (the server role's
-               plan_context + server_args + render_unit): /completion decode,
+               planner.plan + server_args + render_unit): /completion decode,
                single-request pp512, aggregate prefill over server_parallel slots
     pinning    served decode under taskset (one CPU, two) with --threads 1, and with
                CUDA graphs off, against llama-bench unpinned and pinned
@@ -42,7 +42,7 @@ commands can share the work:
 
 ``--cpu-check BUILD`` runs the same code on a CPU machine with a tiny shape
 (``--scale-down``) and a CPU build's bin/ folder, to prove the scripts before
-device time is spent on them.
+they run on the GPU machine.
 """
 
 from __future__ import annotations
@@ -68,20 +68,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from llamarack.roles.model.reads import GgufShape
-from llamarack.roles.llamacpp.reads import LlamaServerFlags
-from llamarack.roles.driver.reads import NvidiaSmi
+from roles.model.reads import GgufShape
+from roles.llamacpp.reads import LlamaServerFlags
+from roles.driver.reads import NvidiaSmi
 from llamarack.gpu_table import compute_cap as compute_cap_of, planning_memory_mib  # noqa: E402
 from llamarack.layout import Layout  # noqa: E402
-from llamarack.settings import load_settings  # noqa: E402
-from llamarack.planner import CTX_STEP, Knobs, ledger as planner_ledger  # noqa: E402
-from roles.server.plan import (MIB, PlanError, card_compute_cap, knobs, plan_context, render_unit,  # noqa: E402
-                               server_args)  # fmt: skip
+from roles.settings import load_settings
+from roles.server.planner import CTX_STEP, Card, Knobs, cublas_prefill, ledger as planner_ledger, plan  # noqa: E402
+from roles.server.plan import MIB, PlanError, knobs, render_unit, server_args  # noqa: E402
 
 V100_PCI_ID = "0x1DB410DE"  # Tesla V100 PCIe 16GB: the card table plans it at 16130 MiB
 HUB_REPO = "bench/llama3-8b-random"
 T0 = time.time()
-WHAT = ("on the borrowed H200: the llama.cpp role builds, an 8B Llama-3-shaped random checkpoint goes through "
+WHAT = ("on the H200: the llama.cpp role builds, an 8B Llama-3-shaped random checkpoint goes through "
         "the model role @local; llama-bench vs the served unit's command line vs the copy-bandwidth roofline; "
         "the planner's ledger item by item against llama.cpp's load log and nvidia-smi for 3 contexts x 2 KV "
         "types and each planner knob; a Gemma-3-27B-shaped Q4_K_M planned for a V100 16 GB and served with that "
@@ -175,6 +174,16 @@ def reserve_from(needed: list) -> dict:
                           "suggested = the largest, +10%, rounded up to 64 MiB"}  # fmt: skip
 
 
+def host_compute_cap(gpus: tuple):
+    """The compute capability a host's one-card plan counts with: that of a card whose prompts
+    go through cuBLAS when the host has one (its prefill pool is the larger need), else the
+    smallest card's; None without cards."""
+    if not gpus:
+        return None
+    smallest = min(gpus, key=lambda g: planning_memory_mib(g.pci_device_id, g.memory_mib))
+    return next((g.compute_cap for g in gpus if cublas_prefill(g.compute_cap)), smallest.compute_cap)
+
+
 def ledger_mib(book) -> dict:
     """The planner's ledger in MiB, the items llama.cpp's load log names."""
     mib = lambda b: round(b / MIB, 2)  # noqa: E731
@@ -245,7 +254,7 @@ class Proof:
         self.root = a.root
         self.layout = Layout(a.root)
         self.commit = a.commit
-        self.deadline = T0 + a.budget
+        self.deadline = T0 + a.limit
         self.bg = None
 
     # -- bookkeeping
@@ -319,7 +328,7 @@ class Proof:
             card_mib = min((planning_memory_mib(g.pci_device_id, g.memory_mib) for g in gpus), default=None) \
                 if settings.server.gpu_layers != 0 else None  # fmt: skip
             card_desc = [dict(name=g.name, memory_mib=g.memory_mib, pci_device_id=g.pci_device_id) for g in gpus]
-            cap = card_compute_cap(gpus)
+            cap = host_compute_cap(gpus)
         else:
             card_mib = planning_memory_mib(*card)
             cap = compute_cap_of(card[0])
@@ -327,7 +336,8 @@ class Proof:
                           "compute_cap": cap}]  # fmt: skip
         if self.cpu and card is None:
             card_mib = 16130  # the CPU check still plans against a card, as the lab does
-        ctx = plan_context(settings, shape, card_mib, compute_cap=cap)
+        cards = [Card("", card_mib, cap)] if card_mib is not None else []
+        ctx = plan(shape, dataclasses.replace(knobs(settings), compute_cap=cap), cards)
         args = server_args(settings, flags, build_dir, model_dir, ctx, cuda=settings.llamacpp.backend == "cuda")
         unit = render_unit(settings, args, f"llamarack llama-server: {Path(model_dir).name} "
                                            f"({shape['architecture']}, {ctx.note})")  # fmt: skip
@@ -980,7 +990,8 @@ class Proof:
             args = with_arg(args, "--n-gpu-layers", layers)
         if per_slot != p["ctx_per_slot"]:
             args = with_arg(args, "--ctx-size", per_slot * p["parallel"])
-        book = planner_ledger(p["shape"], Knobs(**p["knobs"]), p["card_mib"], layers, p["cache_type"],
+        kn = Knobs(**p["knobs"])
+        book = planner_ledger(p["shape"], kn, [Card("", p["card_mib"], kn.compute_cap)], layers, p["cache_type"],
                               p["cache_type"], per_slot)  # fmt: skip
         past = dict(p, knob=knob, exec_start=args, ledger_mib=ledger_mib(book), gpu_layers=layers,
                     ctx_per_slot=per_slot, ctx_size=per_slot * p["parallel"])  # fmt: skip
@@ -1136,7 +1147,7 @@ class Proof:
             if name not in only or self.r["phases"].get(name, {}).get("ok"):
                 continue
             if name != "machine" and self.left() < estimate:
-                self.log(f"{name}: {self.left():.0f}s left, estimate {estimate}s: left for the next call")
+                self.log(f"{name}: {self.left():.0f}s left, estimate {estimate}s: left for the next command")
                 self.r.setdefault("not_run", {})[name] = f"estimate {estimate}s > {self.left():.0f}s left"
                 if name in ("build", "model8b"):
                     break  # the later phases need these
@@ -1295,7 +1306,7 @@ def memory_plan_summary(ph: dict):
 
 def cublas_prefill_summary(c: dict) -> dict:
     """The cuBLAS build's prefill pool, measured and as the planner counts it."""
-    from llamarack.planner import prefill_pool_bytes
+    from roles.server.planner import prefill_pool_bytes
 
     shape = {"head_dim_v": c["shape"]["head_dim_k"], "file_type": 15, **c["shape"]}  # the Q4_K_M 8B
     return {
@@ -1371,7 +1382,7 @@ def v100_summary(v: dict) -> dict:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--phases", default=",".join(n for n, _ in Proof.PHASES))
-    ap.add_argument("--budget", type=float, default=560, help="seconds this call may run")
+    ap.add_argument("--limit", type=float, default=560, help="seconds this command may run (the machine's limit is 600)")
     ap.add_argument("--root", default="/tmp/llamarack")
     ap.add_argument("--work", default="/tmp/gpuproof")
     ap.add_argument("--shm", default="/dev/shm/gpuproof")

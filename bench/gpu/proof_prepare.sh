@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Runs here (the CPU machine): everything bench/gpu/proof.sh carries to the
-# device machine, which has no network, within the 64 MiB carry limit:
+# Runs here (the CPU machine): everything bench/gpu/proof.sh takes to the GPU
+# machine, which has no network, within the 64 MiB a copy of the repo may weigh:
 #   .whl               pyinfra and the dependencies its image lacks (bench/gpu/prepare.sh)
 #   .carry/llama.cpp.git, .carry/commit   the lab's llama.cpp mirror and the pinned commit (same)
 #   .carry/tokenizer/  the tiny model's SentencePiece tokenizer (1000 pieces): the random
 #                      checkpoints' vocabulary, padded by the converter to the shape's vocab_size
-# Then: run(command="bash bench/gpu/proof.sh", carry=[".whl", ".carry"]).
+# Then, on the GPU machine, in the copy with .whl and .carry: bash bench/gpu/proof.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash bench/gpu/prepare.sh

@@ -179,7 +179,7 @@ def write_gguf(shape: dict, out: Path, gguf_py: Path, name: str) -> dict:
     import numpy as np
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from llamarack.roles.llamacpp.files.llamacpp_proof import smoke_vocab
+    from roles.llamacpp.files.llamacpp_proof import smoke_vocab
 
     tokens, scores, types = smoke_vocab()
     pad = shape["vocab_size"] - len(tokens)

@@ -35,10 +35,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from llamarack.roles.driver.reads import CharDevices, GpuProcesses  # noqa: E402
-from llamarack.roles.llamacpp.files import llamacpp_proof as proof  # noqa: E402
-from llamarack.roles.server.files.wait_healthy import residency  # noqa: E402
-from llamarack.roles.server.plan import device_names  # noqa: E402
+from roles.driver.reads import CharDevices, GpuProcesses  # noqa: E402
+from roles.llamacpp.files import llamacpp_proof as proof  # noqa: E402
+from roles.server.files.wait_healthy import residency  # noqa: E402
+from roles.server.plan import device_names  # noqa: E402
 
 # The unit's flags but the KV cache (the build here leaves out the flash-attention kernels
 # that a quantized V cache needs, to build in half the time).

@@ -1,6 +1,6 @@
 """The served unit's sandbox on a GPU machine without systemd.
 
-The lent GPU machine has no systemd, so the unit's restrictions
+The GPU machine has no systemd, so the unit's restrictions
 (roles/server/templates/llama-server.service.j2) are applied to llama-server
 the way systemd applies them, by hand, and the server must still load a
 model onto the card and answer:
@@ -38,7 +38,7 @@ LockPersonality, RemoveIPC and UMask.
                                                          (llama-server on the GPU: plain,
                                                          sandboxed, sandboxed + MDWE)
 
-``bench/gpu/sandbox.sh`` runs the last on the lent GPU machine.
+``bench/gpu/sandbox.sh`` runs the last on the GPU machine.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Runs on the lent GPU machine (no systemd): the served unit's sandbox applied by
-# hand (bench/gpu/sandbox.py) to a CUDA llama-server, which must still load onto
-# the card and answer. Carries .carry (bench/gpu/prepare.sh makes it: the lab's
-# llama.cpp mirror and its pinned commit):
+# Runs on the GPU machine (no systemd): the served unit's sandbox applied by hand
+# (bench/gpu/sandbox.py) to a CUDA llama-server, which must still load onto the card
+# and answer. In a copy of the repo with .carry beside it (bench/gpu/prepare.sh makes
+# it: the lab's llama.cpp mirror and its pinned commit):
 #
-#   run(command="bash bench/gpu/sandbox.sh", carry=[".carry"])
+#   bash bench/gpu/sandbox.sh
 #
 # The build is the pinned commit for the card's arch with flash attention's
 # kernels left out (-DGGML_CUDA_FA=OFF: a third of the compile time; the server
@@ -14,7 +14,7 @@ set -u
 W=/opt/gpusandbox
 mkdir -p "$W" /var/cache/llamarack-server
 cp bench/gpu/sandbox.py bench/gpu/sandbox-syscalls.json "$W/"
-python3 -c 'import sys; sys.path.insert(0, "."); from llamarack.roles.llamacpp.files.llamacpp_proof import write_smoke_gguf
+python3 -c 'import sys; sys.path.insert(0, "."); from roles.llamacpp.files.llamacpp_proof import write_smoke_gguf
 write_smoke_gguf("/opt/gpusandbox/smoke.gguf")' || exit 1
 [ -d "$W/src" ] || { git clone -q .carry/llama.cpp.git "$W/src" && git -C "$W/src" checkout -q "$(cat .carry/commit)"; } || exit 1
 nvcc=$(ls /usr/local/cuda*/bin/nvcc 2>/dev/null | head -1)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the device machine (one H200, no systemd, no network), from a copy of the repo
+# Runs on the GPU machine (one H200, no systemd, no network), from a copy of the repo
 # carrying .whl and .carry (bench/gpu/prepare.sh makes them):
 #
 #   bash bench/gpu/split.sh build   llama-server, ggml-rpc-server, llama-quantize: CUDA + RPC, sm_90

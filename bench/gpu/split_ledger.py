@@ -1,6 +1,6 @@
 """The per-card ledger of a layer split against llama.cpp's own accounting, on one H200.
 
-Only one GPU is lent here, so a second device is made of the same card: an ``ggml-rpc-server``
+The machine has one GPU, so a second device is made of the same card: an ``ggml-rpc-server``
 serving CUDA0 on 127.0.0.1 is llama.cpp's device ``RPC0[127.0.0.1:PORT]``, and
 llama-server started with ``--rpc`` splits the layers over RPC0 and CUDA0 exactly as it
 splits them over two cards (llama.cpp puts RPC devices first, so the unit's card 0 is
@@ -9,8 +9,8 @@ RPC0 and card 1 is CUDA0; ``--tensor-split`` and ``--main-gpu`` are in that orde
 For the write-up's case, a Gemma-3-27B Q4_K_M (random weights, the real shape) on two
 Tesla V100 SXM2 16GB, for each KV type asked:
 
-- the server role's plan (``split_plan.plan_split`` over the two cards, the arguments
-  ``server_args`` + ``SplitPlan.split_args`` as the unit would have them), and the plan
+- the server role's plan (``planner.plan`` over the two cards, the arguments
+  ``server_args`` + ``Plan.split_args`` as the unit would have them), and the plan
   of one card alone, and ``card_layout.choose_layout``'s answer;
 - llama-server started with those arguments and ``--rpc``: each device's model, KV and
   compute buffers from its load log against the card's ledger item by item, and each
@@ -40,12 +40,12 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench/gpu"))
 
-from llamarack.card_layout import choose_layout  # noqa: E402
+from roles.server.card_layout import choose_layout  # noqa: E402
 from llamarack.gpu_table import planning_memory_mib  # noqa: E402
-from llamarack.model_shapes import local_gguf_shape  # noqa: E402
-from llamarack.settings import load_settings  # noqa: E402
-from llamarack.split_plan import Card, plan_split  # noqa: E402
-from llamarack.roles.llamacpp.files.llamacpp_proof import parse_server_help  # noqa: E402
+from roles.model.shapes import local_gguf_shape  # noqa: E402
+from roles.settings import load_settings
+from roles.server.planner import Card, plan  # noqa: E402
+from roles.llamacpp.files.llamacpp_proof import parse_server_help  # noqa: E402
 from roles.server.plan import MIB, knobs, server_args  # noqa: E402
 from proof import LOAD_LOG_ENV, parse_compute_apps, parse_load_log  # noqa: E402
 
@@ -163,8 +163,8 @@ def serve(build: Path, model_dir: Path, plan, settings, out: Path, tag: str) -> 
 def plans(shape: dict, kv: str) -> dict:
     settings = settings_for(kv)
     kn = knobs(settings)
-    alone = plan_split(shape, kn, cards()[:1])
-    split = plan_split(shape, kn, cards(), split_mode="layer")
+    alone = plan(shape, kn, cards()[:1])
+    split = plan(shape, kn, cards(), split_mode="layer")
     layout = choose_layout(shape, kn, cards(), "auto")
     return {"settings": settings, "split": split, "alone": alone, "layout": layout}
 

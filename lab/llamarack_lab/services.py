@@ -73,7 +73,7 @@ def prepare() -> mirror.Mirror:
 # --- the package index -----------------------------------------------------------
 
 def lab_settings():
-    from llamarack.settings import load_settings
+    from roles.settings import load_settings
 
     from . import LAB_GROUP_DATA
 
@@ -82,6 +82,7 @@ def lab_settings():
 
 def converter_lines(m: mirror.Mirror, commit: str | None = None) -> tuple:
     """The converter's requirement lines at ``commit`` of the mirror, flattened like the host does."""
+    import roles  # noqa: F401 (the roles' host modules, found by name)
     from llamarack import remote
 
     commit = commit or m.commit
@@ -99,7 +100,7 @@ def converter_lines(m: mirror.Mirror, commit: str | None = None) -> tuple:
 
 def requirement_sets(m: mirror.Mirror) -> list[tuple[tuple, tuple, bool]]:
     """(requirements, constraints, no_deps) of every pip step the lab's python roles run."""
-    from llamarack.roles.python_env.plan import awq_plan, converter_plan
+    from roles.python_env.plan import awq_plan, converter_plan
 
     settings = lab_settings()
     if settings.python_env.python_version != f"{sys.version_info[0]}.{sys.version_info[1]}":

@@ -3,12 +3,10 @@ and how the cards are linked (``nvidia-smi topo -m``)."""
 
 from llamarack.audit import Item, Seen
 from llamarack.facts import FactRead
-from llamarack.rules import driver_warnings
-from llamarack.settings import Settings
+from roles.driver.rules import driver_warnings
+from roles.settings import Settings
 
 from .reads import GpuTopology, topology_summary
-
-ITEMS = ("driver", "topology")
 
 
 def reads(settings: Settings, verify: bool = False) -> tuple:

@@ -5,11 +5,10 @@ from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 from pyinfra.operations import server
 
-from llamarack.operations import record_gpus
-from llamarack.rules import HostFacts
-from llamarack.settings import Settings
+from roles.preflight.facts import HostFacts
+from roles.settings import Settings
 
-from .operations import driver_answers, driver_package_holds
+from .operations import driver_answers, driver_package_holds, record_gpus
 
 
 @deploy("llamarack driver")

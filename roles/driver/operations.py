@@ -1,4 +1,4 @@
-"""The driver role's operations: hold the driver packages, check the driver answers."""
+"""The driver role's operations: hold the driver packages, check the driver answers, record the cards."""
 
 import shlex
 
@@ -6,8 +6,10 @@ from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
 from llamarack import remote
-from llamarack.roles.driver.reads import NvidiaDriverPackages
 from llamarack.facts import read
+from llamarack.operations import put_record
+
+from .reads import NvidiaDriverPackages, NvidiaSmi, gpus_record
 
 
 @operation()
@@ -45,3 +47,26 @@ def driver_answers(reason: str):
         f"{{ printf '%s\\n' {shlex.quote(f'{host.name}: driver still fails after {reason}:')} "
         '"$out" >&2; exit 1; }'
     )
+
+
+@operation()
+def record_gpus(path: str, gpus=None, recorded=None):
+    """
+    Record the cards of this run, for the rules to fall back on when a later
+    driver hides them (a dropped card, an upgrade waiting for a reboot).
+
+    + path: the JSON record (``Layout.gpus_record``)
+    + gpus: the cards to record (preflight's ``HostFacts.gpus``); None: those
+      nvidia-smi lists when the operation runs (after a reboot earlier in the run)
+    + recorded: what the record holds (preflight read it): no write when equal
+    """
+    if gpus is None:
+        gpus = read(NvidiaSmi).gpus
+    if not gpus:
+        host.noop("the driver lists no GPU: the GPU record is left as it is")
+        return
+    text = gpus_record(gpus)
+    if recorded and gpus_record(recorded) == text:
+        host.noop(f"GPU record already lists {len(gpus)} card(s)")
+        return
+    yield from put_record(path, text)

@@ -3,12 +3,10 @@ runtime API shows, each with its state, against those its config names, every on
 
 from llamarack.audit import Item, Seen
 from llamarack.facts import FactRead
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from .plan import BACKEND, HAPROXY_CONFIG
 from .reads import ConfiguredServers, HaproxyServers
-
-ITEMS = ("gateway",)
 
 
 def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:

@@ -4,7 +4,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 
 from llamarack.operations import apt_install_missing, report
-from llamarack.settings import Settings, settings_for
+from roles.settings import Settings, settings_for
 
 from .operations import haproxy, node_exporter, prometheus, prometheus_targets
 from .plan import ServingHost, bracketed, local_address, serving_host

@@ -24,12 +24,12 @@ from llamarack.facts import FactRead, read
 from llamarack.facts.reading import FactsTogether
 from llamarack.operations import (apt_install_missing, durable_rename, private_upload, put_text, refusal, secret_upload,
                                   show_diff)  # fmt: skip
-from llamarack.roles.llamacpp.reads import BenchRecord
-from llamarack.roles.server.files.secret_digest import digest
-from llamarack.roles.server.plan import KEY_DIGEST_SALT
-from llamarack.roles.server.reads import UnitState
+from roles.llamacpp.reads import BenchRecord
+from roles.server.files.secret_digest import digest
+from roles.server.reads import KEY_DIGEST_SALT
+from roles.server.reads import UnitState
 from llamarack.secrets import read_token
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from .plan import (HAPROXY_CONFIG, PROMETHEUS_CONFIG, PROMETHEUS_KEY, PROMETHEUS_RULES, TARGETS, GatewayError,
                    ServingHost, alert_rules, backends_of, haproxy_config, masked, prometheus_config, rack_key,

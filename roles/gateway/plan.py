@@ -13,9 +13,10 @@ from typing import Optional
 
 from llamarack import remote
 from llamarack.layout import Layout
-from llamarack.roles.server.files import bench_record
-from llamarack.roles.server.plan import KEY_DIGEST_SALT, _templates
-from llamarack.settings import Settings
+from llamarack.templates import template
+from roles.server.files import bench_record
+from roles.server.reads import KEY_DIGEST_SALT
+from roles.settings import Settings
 from llamarack.settings_fields import server_name as valid_address
 
 from .settings import ADMIN_SOCKET
@@ -179,8 +180,7 @@ def haproxy_config(settings: Settings, backends: list[Backend], key: Optional[st
     if g.api_key == "checked" and key is None:
         raise GatewayError("gateway_api_key = 'checked', but no serving host has a server_api_key_file; "
                            "the fix: set one for the rack, or gateway_api_key = 'pass-through'")  # fmt: skip
-    dirs = tuple(str(d) for d in templates if Path(d).is_dir()) + (str(TEMPLATES),)
-    return _templates(dirs).get_template(HAPROXY_TEMPLATE).render(
+    return template(HAPROXY_TEMPLATE, TEMPLATES, templates).render(
         admin_socket=ADMIN_SOCKET, bind=bracketed(g.bind), port=g.port, stats_port=g.stats_port,
         tls_cert_file=g.tls_cert_file, key_checked=g.api_key == "checked",
         key_quoted=f"'{key}'" if key else None, bearer_quoted=f"'Bearer {key}'" if key else None,

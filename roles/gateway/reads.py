@@ -8,10 +8,17 @@ from typing import Optional
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import File, Sha1File
+from pyinfra.facts.server import Command
 from llamarack import remote
-from llamarack.roles.llamacpp.reads import _json_object
+from llamarack.facts.value import json_object
 
 from .settings import ADMIN_SOCKET
+from llamarack.facts import FactRead
+from roles.server.reads import UnitState
+from .plan import (HAPROXY_CONFIG, PROMETHEUS_CONFIG, PROMETHEUS_KEY, PROMETHEUS_RULES, TARGETS,
+                   secret_digest_command)  # fmt: skip
 
 
 class UnitsRecord(FactBase[Optional[dict]]):
@@ -29,7 +36,7 @@ class UnitsRecord(FactBase[Optional[dict]]):
         return f"cat {shlex.quote(path)} 2>/dev/null; true"
 
     def process(self, output) -> Optional[dict]:
-        return _json_object(output, "units.json")
+        return json_object(output, "units.json")
 
 
 class HaproxyServers(FactBase[Optional[dict]]):
@@ -64,16 +71,6 @@ class HaproxyServers(FactBase[Optional[dict]]):
 
 def reads(settings) -> tuple:
     """What the gateway role reads on a converged host: its part of preflight's one read."""
-    from pyinfra.facts.deb import DebPackages
-    from pyinfra.facts.files import File, Sha1File
-    from pyinfra.facts.server import Command
-
-    from llamarack.facts import FactRead
-    from llamarack.roles.server.reads import UnitState
-
-    from .plan import (HAPROXY_CONFIG, PROMETHEUS_CONFIG, PROMETHEUS_KEY, PROMETHEUS_RULES, TARGETS,
-                       secret_digest_command)  # fmt: skip
-
     if not settings.general.runs("gateway"):
         return ()
     packages = (FactRead.of(DebPackages),) if settings.is_gateway or settings.gateway.node_exporter else ()

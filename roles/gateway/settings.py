@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from llamarack.roles.server.settings import _address
-from llamarack.settings_fields import Section, host_path, setting
+from llamarack.settings_fields import Section, host_path, listen_address, setting
 
 # HAProxy's runtime API, level admin: the audit reads the backends' states there and
 # ``llamarack rollout`` drains and undrains them. Debian's haproxy makes /run/haproxy.
@@ -22,7 +21,7 @@ class GatewaySettings(Section):
 
     port: int = setting(8000, "TCP port of the rack's one endpoint (OpenAI API and /completion)", between=(1, 65535))
     bind: str = setting(
-        "0.0.0.0", "address the endpoint listens on (0.0.0.0: every IPv4 interface, :: every interface)", _address
+        "0.0.0.0", "address the endpoint listens on (0.0.0.0: every IPv4 interface, :: every interface)", listen_address
     )
     tls_cert_file: Optional[str] = setting(
         None,
@@ -65,11 +64,6 @@ class GatewaySettings(Section):
         "(llamacpp:predicted_tokens_seconds, while it generates)",
         between=(0.01, 1.0),
     )
-
-    @property
-    def admin_socket(self) -> str:
-        """HAProxy's runtime API (level admin): fixed, ``ADMIN_SOCKET``."""
-        return ADMIN_SOCKET
 
     def problems(self) -> list[str]:
         if self.port == self.stats_port:

@@ -7,13 +7,11 @@ from typing import Any, Optional
 
 from llamarack.audit import Item, Seen
 from llamarack.facts import FactRead
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from .files.build_seal import BUILD_INPUTS
 from .plan import plan_for_host, same_build
 from .reads import BuildRecord, BuildSeals, LlamacppBuilds
-
-ITEMS = ("build",)
 
 
 def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:

@@ -5,10 +5,10 @@ import dataclasses
 from pyinfra import host, logger
 from pyinfra.api import deploy
 
-from llamarack.roles.llamacpp.reads import BuildSeals, LlamacppBuilds
+from roles.llamacpp.reads import BuildSeals, LlamacppBuilds
 from llamarack.facts import read
-from llamarack.rules import HostFacts
-from llamarack.settings import Settings
+from roles.preflight.facts import HostFacts
+from roles.settings import Settings
 
 from .operations import build, checkout, reprove, seal_build, switch_current
 from .plan import BuildPlan, build_dir_for, plan_for_host, same_build

@@ -11,7 +11,7 @@ from pyinfra.facts.files import FileContents
 
 from llamarack import remote
 from llamarack.facts import read
-from llamarack.roles.llamacpp.reads import BuildSeals, GitHead, LlamacppBuilds
+from roles.llamacpp.reads import BuildSeals, GitHead, LlamacppBuilds
 from llamarack.layout import Layout, unit_build
 from llamarack.operations import private_upload
 

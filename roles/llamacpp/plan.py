@@ -23,9 +23,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
 from llamarack import remote
-from llamarack.rules import HostFacts, build_archs
-from llamarack.roles.llamacpp.files.build_seal import inputs_stamp
-from llamarack.settings import Settings
+from roles.preflight.facts import HostFacts
+from roles.llamacpp.rules import build_archs
+from roles.llamacpp.files.build_seal import inputs_stamp
+from roles.settings import Settings
 
 from ..toolchain.plan import plan_toolchain
 from .settings import X86_FEATURES

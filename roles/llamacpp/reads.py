@@ -12,10 +12,11 @@ from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
 from llamarack import remote
-from llamarack.facts.value import FactValue
+from llamarack.facts.value import FactValue, json_object
 from llamarack.layout import Layout
-from llamarack.roles.llamacpp.files.build_seal import inputs_stamp
-from llamarack.roles.llamacpp.files.llamacpp_proof import ServerFlags, parse_server_help
+from roles.llamacpp.files.build_seal import inputs_stamp
+from roles.llamacpp.files.llamacpp_proof import ServerFlags, parse_server_help
+from llamarack.facts import FactRead
 
 # Options only the served unit uses. They are read here, not in the smoke script's
 # parse_server_help: that script's hash is part of every build stamp.
@@ -158,17 +159,6 @@ class LlamaServerFlags(FactBase[Optional[ServerFlags]]):
             raise FactProcessError(str(e)) from e
 
 
-def _json_object(output, name: str) -> dict:
-    """A record file's JSON object; FactProcessError naming the file when it is not one."""
-    try:
-        record = json.loads("\n".join(output))
-    except ValueError as e:
-        raise FactProcessError(f"unreadable {name}: {e}") from e
-    if not isinstance(record, dict):
-        raise FactProcessError(f"{name} is not an object: {str(record)[:80]!r}")
-    return record
-
-
 class BuildRecord(FactBase[Optional[dict]]):
     """
     Returns the record of the current llama.cpp build (its ``build-info.json``,
@@ -184,7 +174,7 @@ class BuildRecord(FactBase[Optional[dict]]):
         return f"cat {shlex.quote(Layout(root).current_build + '/build-info.json')} 2>/dev/null; true"
 
     def process(self, output) -> Optional[dict]:
-        return _json_object(output, "build-info.json")
+        return json_object(output, "build-info.json")
 
 
 @dataclass(frozen=True)
@@ -273,13 +263,11 @@ class BenchRecord(FactBase[Optional[dict]]):
         return f"cat {shlex.quote(path)} 2>/dev/null; true"
 
     def process(self, output) -> Optional[dict]:
-        return _json_object(output, "bench.json")
+        return json_object(output, "bench.json")
 
 
 def reads(settings) -> tuple:
     """What the llamacpp role reads on a converged host: its part of preflight's one read."""
-    from llamarack.facts import FactRead
-
     if not settings.general.runs("llamacpp"):
         return ()
     root = settings.general.root

@@ -21,7 +21,7 @@ when the served artifact is not the one the settings ask for, nor planned from i
 there, in preflight (``calibration.py``). Hosts need only python3's standard library.
 
 A draft model for speculative decoding (``model_draft_repo``) is made by the same code
-(``settings.draft_settings``) into its own content-addressed directory, and
+(``plan.draft_settings``) into its own content-addressed directory, and
 ``<root>/models/draft`` points at it.
 
 Returns the plan (``<root>/models/current`` points at its directory).

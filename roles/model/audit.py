@@ -6,17 +6,15 @@ from pyinfra.facts.files import File, Sha256File
 
 from llamarack.audit import Item, Seen
 from llamarack.facts import FactRead
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from .files.model_quality import kld_problem
 from .plan import plan_from_record, quality_summary
-from llamarack.roles.server.audit import account_item
-from llamarack.roles.server.reads import SystemGroup, SystemUser
+from roles.server.audit import account_item
+from roles.server.reads import SystemGroup, SystemUser
 
 from .reads import ModelArtifact, shape_record_name
 from .sandbox import PIPELINE_HOME, PIPELINE_USER
-
-ITEMS = ("pipeline_user", "model")
 
 
 def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:

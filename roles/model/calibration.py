@@ -1,5 +1,5 @@
 """What route awq's calibration needs of the host's cards, told before anything is fetched:
-preflight's ``awq-card-memory`` rule (``llamarack/rules.py``).
+preflight's ``awq-card-memory`` rule (``roles/model/rules.py``).
 
 The arithmetic is the AWQ step's own (``files/awq_apply.py``: ``calibration_bytes``), which
 the step runs again on the host before the model loads, with the tokenizer's count of the
@@ -31,7 +31,7 @@ from typing import Mapping, Optional
 from llamarack.errors import ModelSourceError
 from llamarack.facts import FactRead
 from llamarack.secrets import read_token
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from .files import awq_apply
 from .files.gguf_header import check_values
@@ -84,7 +84,7 @@ def counts_of(config: Mapping) -> dict:
     ``text_config`` where it has one, as the step reads it): each of ``NEEDED`` a whole number
     of 1 or more, and each of ``OPTIONAL`` the config gives, in its range (``check_values``,
     as a GGUF's counts are checked); ValueError naming the first missing, or that is not."""
-    from llamarack.model_shapes import CONFIG_KEYS  # here: it imports requests
+    from roles.model.shapes import CONFIG_KEYS  # here: it imports requests
 
     inner = config.get("text_config")
     if inner and not isinstance(inner, Mapping):
@@ -113,7 +113,7 @@ def served_config(settings: Settings, state: Optional[ArtifactState], shape: Opt
     asked = record.get("asked") if isinstance(record.get("asked"), dict) else {}
     if record.get("repo") != m.repo or m.revision not in (record.get("revision"), asked.get("revision")):
         return None
-    from llamarack.model_shapes import CONFIG_KEYS
+    from roles.model.shapes import CONFIG_KEYS
 
     try:
         if plan_from_record(settings, state) is None:

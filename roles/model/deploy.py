@@ -9,19 +9,18 @@ from pyinfra.facts.files import File
 from llamarack.errors import ModelSourceError
 from llamarack.facts import FactRead, read, read_together
 from llamarack.operations import refuse
-from llamarack.roles.driver.reads import CharDevices
-from llamarack.roles.model.reads import GgufShape, ModelArtifact, shape_record_name
-from llamarack.roles.server.operations import system_account
-from llamarack.roles.server.plan import device_names
-from llamarack.roles.server.reads import SystemGroup, SystemUser
+from roles.driver.reads import CharDevices
+from roles.model.reads import GgufShape, ModelArtifact, shape_record_name
+from roles.server.operations import system_account
+from roles.server.plan import device_names
+from roles.server.reads import SystemGroup, SystemUser
 from llamarack.secrets import read_token
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from .hub import HubListing, repo_files
 from .operations import artifact
-from .plan import ModelPlan, plan_from_pinned_record, plan_from_record, plan_model
+from .plan import ModelPlan, draft_settings, plan_from_pinned_record, plan_from_record, plan_model
 from .sandbox import PIPELINE_HOME, PIPELINE_USER
-from .settings import draft_settings
 
 
 def listing_for(settings: Settings) -> Optional[HubListing]:

@@ -39,9 +39,9 @@ from pyinfra.facts.files import File
 from pyinfra.facts.files import Link
 
 from llamarack import remote
-from llamarack.roles.llamacpp.files.llamacpp_proof import runtime_args
-from llamarack.roles.llamacpp.reads import LlamaServerFlags
-from llamarack.roles.model.reads import CachedBlobs, ModelArtifact, shape_record_name
+from roles.llamacpp.files.llamacpp_proof import runtime_args
+from roles.llamacpp.reads import LlamaServerFlags
+from roles.model.reads import CachedBlobs, ModelArtifact, shape_record_name
 from llamarack.facts import FreeDiskBytes, read
 from llamarack.layout import Layout
 from llamarack.operations import executing, private_upload, refusal, secret_upload

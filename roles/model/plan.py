@@ -19,6 +19,7 @@ then moves).
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import hashlib
 import json
@@ -30,7 +31,7 @@ from urllib.parse import quote
 
 from llamarack.errors import ModelSourceError
 from llamarack.layout import Layout
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 # A URL as an artifact's record keeps it (stamp.json is readable by all): without the user and
 # password, the query and the fragment (a signed URL's signature), which only the manifest carries.
@@ -405,3 +406,17 @@ def artifact_quality(gguf: str) -> Optional[dict]:
     except (OSError, ValueError, AttributeError):
         return None
     return quality if isinstance(quality, dict) else None
+
+
+def draft_settings(s: Settings) -> Optional[Settings]:
+    """The settings the model role makes the draft artifact from: the model's, with the
+    draft's source, repository, revision, file and quant; None when no draft is asked.
+    Endpoint, token, include patterns, converter type and retries are the model's; the draft
+    takes the gguf route and is not measured (it only proposes tokens the model checks)."""
+    m = s.model
+    if not m.draft_repo:
+        return None
+    draft = dataclasses.replace(m, source=m.draft_source, repo=m.draft_repo, revision=m.draft_revision,
+                                file=m.draft_file, quant=m.draft_quant, url=None, sha256=None,
+                                route="gguf", quality=False, quality_max_kld=None)  # fmt: skip
+    return dataclasses.replace(s, model=draft)

@@ -15,7 +15,7 @@ from pyinfra.api.exceptions import FactProcessError
 from pyinfra.facts.files import Link
 
 from llamarack import remote
-from llamarack.roles.model.files.model_fetch import BLOB_MTIME_NS
+from roles.model.files.model_fetch import BLOB_MTIME_NS
 from llamarack.facts import FactRead
 from llamarack.facts.value import FactValue
 

@@ -1,17 +1,13 @@
-"""The model role's settings section (host-data keys ``model_*``), and the draft's settings."""
+"""The model role's settings section (host-data keys ``model_*``)."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Optional
+from typing import Literal, Optional
 
 from llamarack.settings_fields import (PATH_PART, Section, control_file, git_revision, remote_url, setting,
                                        sha256_hex)  # fmt: skip
-
-if TYPE_CHECKING:
-    from llamarack.settings import Settings
 
 QUANT_TYPES = (
     "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
@@ -140,17 +136,3 @@ class ModelSettings(Section):
         if self.draft_repo and self.draft_source == "gguf" and not self.draft_file:
             problems.append("model_draft_file: given None; allowed: the draft GGUF's file name in model_draft_repo")
         return problems
-
-
-def draft_settings(s: Settings) -> Optional[Settings]:
-    """The settings the model role makes the draft artifact from: the model's, with the
-    draft's source, repository, revision, file and quant; None when no draft is asked.
-    Endpoint, token, include patterns, converter type and retries are the model's; the draft
-    takes the gguf route and is not measured (it only proposes tokens the model checks)."""
-    m = s.model
-    if not m.draft_repo:
-        return None
-    draft = dataclasses.replace(m, source=m.draft_source, repo=m.draft_repo, revision=m.draft_revision,
-                                file=m.draft_file, quant=m.draft_quant, url=None, sha256=None,
-                                route="gguf", quality=False, quality_max_kld=None)  # fmt: skip
-    return dataclasses.replace(s, model=draft)

@@ -6,14 +6,12 @@ from pyinfra.facts.server import LinuxDistribution
 
 from llamarack.audit import Item, Seen
 from llamarack.facts import FactRead, FreeDiskBytes
-from llamarack.rules import evaluate
-from llamarack.settings import Settings
+from roles.preflight.rules import evaluate
+from roles.settings import Settings
 
 from llamarack import __version__
 
 from .reads import DeployedBy, preflight_reads
-
-ITEMS = ("gpus", "rules", "disk", "llamarack")
 
 
 def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:

@@ -9,11 +9,13 @@ from pyinfra.facts.server import LinuxDistribution
 
 from llamarack.facts import FactRead, read, read_together
 from llamarack import __version__
-from llamarack.operations import record_deployment, record_gpus, refuse
-from llamarack.roles.model import calibration
-from llamarack.rules import (HostFacts, driver_warnings, evaluate, fallen_gpus_warning, missing_gpus,
-                             missing_gpus_warning)  # fmt: skip
-from llamarack.settings import Settings
+from llamarack.operations import record_deployment, refuse
+from roles.driver.operations import record_gpus
+from roles.model import calibration
+from roles.preflight.facts import HostFacts
+from roles.driver.rules import driver_warnings, fallen_gpus_warning, missing_gpus, missing_gpus_warning
+from roles.preflight.rules import evaluate
+from roles.settings import Settings
 
 from .reads import DeployedBy, gather, preflight_reads, role_reads
 

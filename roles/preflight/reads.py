@@ -10,7 +10,6 @@ role asks for it, one more command (the converged benchmark counts them).
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import shlex
@@ -22,15 +21,21 @@ from pyinfra.facts.server import LinuxDistribution
 
 from llamarack.facts import FactRead, read
 from llamarack.facts.ownership import PathOwners
-from llamarack.roles import host_roles
-from llamarack.roles.driver.reads import (CharDevices, MigStates, NvidiaDriverPackages, NvidiaKernelLog,
+from roles import host_roles
+from roles.gateway import reads as gateway
+from roles.llamacpp import reads as llamacpp
+from roles.model import reads as model
+from roles.python_env import reads as python_env
+from roles.server import reads as server
+from roles.toolchain import reads as toolchain
+from roles.driver.reads import (CharDevices, MigStates, NvidiaDriverPackages, NvidiaKernelLog,
                                           NvidiaKernelModule, NvidiaPciCards, NvidiaSmi, RecordedGpus)
-from llamarack.roles.model import calibration
-from llamarack.roles.server.reads import SystemGroup, SystemUser
-from llamarack.roles.toolchain.plan import toolkit_search_homes
-from llamarack.roles.toolchain.reads import CudaToolkits, GccVersions, InstallableGccMajors
-from llamarack.rules import HostFacts
-from llamarack.settings import Settings, private_dirs
+from roles.model import calibration
+from roles.server.reads import SystemGroup, SystemUser
+from roles.toolchain.plan import toolkit_search_homes
+from roles.toolchain.reads import CudaToolkits, GccVersions, InstallableGccMajors
+from roles.preflight.facts import HostFacts
+from roles.settings import Settings, private_dirs
 
 
 def _private_paths(settings: Settings) -> tuple[str, ...]:
@@ -85,11 +90,16 @@ def preflight_reads(settings: Settings) -> tuple[FactRead, ...]:
     return tuple(reads)
 
 
+# Each role's part of the one read (``roles/<role>/reads.py``: ``reads(settings)``); the
+# driver's facts are the rules' own (``preflight_reads``).
+ROLE_READS = {"toolchain": toolchain, "python_env": python_env, "llamacpp": llamacpp, "model": model,
+              "server": server, "gateway": gateway}  # fmt: skip
+
+
 def role_reads(settings: Settings) -> tuple[FactRead, ...]:
-    """What the roles that run on this host read on a converged host, each role's part
-    (``roles/<role>/reads.py``: ``reads(settings)``) in deploy.py's order."""
-    modules = (importlib.import_module(f"llamarack.roles.{role}.reads") for role in host_roles(settings))
-    return tuple(r for module in modules if hasattr(module, "reads") for r in module.reads(settings))
+    """What the roles that run on this host read on a converged host, each role's part in
+    deploy.py's order."""
+    return tuple(r for role in host_roles(settings) if role in ROLE_READS for r in ROLE_READS[role].reads(settings))
 
 
 def gather(settings: Settings, read=read, hub: bool = False) -> HostFacts:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from llamarack.audit import Item, Seen
 from llamarack.facts import FactRead
-from llamarack.rules import build_archs
-from llamarack.settings import Settings
+from roles.llamacpp.rules import build_archs
+from roles.settings import Settings
 
 from .plan import awq_lock, awq_plan, converter_plan, unmet
 from .reads import PythonEnvPackages, RequirementsFile
 
-ITEMS = ("awq_env", "converter_env")
 ENV_PACKAGES = ("torch", "transformers", "accelerate", "autoawq", "numpy")
 
 

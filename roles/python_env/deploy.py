@@ -7,8 +7,9 @@ from pyinfra.api import deploy
 from pyinfra.api.exceptions import DeployError
 
 from llamarack.operations import apt_install_missing, miniforge_env
-from llamarack.rules import HostFacts, build_archs
-from llamarack.settings import Settings
+from roles.preflight.facts import HostFacts
+from roles.llamacpp.rules import build_archs
+from roles.settings import Settings
 
 from .operations import converter_pins, pip_pins, venv
 from .plan import LockError, awq_lock, awq_plan

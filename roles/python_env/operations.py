@@ -7,7 +7,7 @@ from pyinfra.api import StringCommand, operation
 from pyinfra.api.exceptions import OperationError
 
 from llamarack import remote
-from llamarack.roles.python_env.reads import PythonEnvPackages, RequirementsFile
+from roles.python_env.reads import PythonEnvPackages, RequirementsFile
 from llamarack.facts import read
 from llamarack.operations import executing, secret_upload
 

@@ -20,8 +20,8 @@ from typing import Optional
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-from llamarack.roles.python_env.reads import canonical
-from llamarack.settings import Settings
+from roles.python_env.reads import canonical
+from roles.settings import Settings
 
 AWQ_IMPORTS = ("import torch, transformers, accelerate", "from awq import AutoAWQForCausalLM")
 # With model_route = 'awq' the env loads the model's tokenizer too: a SentencePiece one

@@ -10,8 +10,12 @@ from typing import Optional
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import File
 from llamarack import remote
 from llamarack.facts.value import FactValue
+from llamarack.facts import FactRead
+
 
 def canonical(name: str) -> str:
     """PEP 503 name: ``Jinja2``, ``typing_extensions`` -> ``jinja2``, ``typing-extensions``."""
@@ -80,11 +84,6 @@ class RequirementsFile(FactBase[Optional[tuple]]):
 def reads(settings) -> tuple:
     """What the python_env role reads on a converged host (the AWQ env, and the converter's
     when the model role converts): its part of preflight's one read."""
-    from pyinfra.facts.deb import DebPackages
-    from pyinfra.facts.files import File
-
-    from llamarack.facts import FactRead
-
     layout = settings.layout
     found: list = []
     for role, env in (("python_env", "awq"), ("converter_env", "convert")):

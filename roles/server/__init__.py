@@ -6,7 +6,7 @@
     <root>/state/units.json                        the host's units: name, port, listen, slots, cards
 
 A host's cards make one unit per card, or one over the cards that hold the model together
-(``server_layout``, ``llamarack/card_layout.py``); each unit of a host of several cards sees
+(``server_layout``, ``roles/server/card_layout.py``); each unit of a host of several cards sees
 only its own (``CUDA_VISIBLE_DEVICES`` by UUID), and units no longer made are retired. Each
 unit is planned from the GGUF's own header and its cards (``plan.py``): a context that does
 not fit is refused before anything is touched. A changed unit is switched in, restarted and

@@ -14,10 +14,10 @@ from pyinfra.facts.files import Link
 from llamarack.audit import Item, Seen, iso, link_name
 from llamarack.facts import FactRead
 from llamarack.layout import UNIT_NAME, unit_index
-from llamarack.roles.driver.reads import CharDevices, GpuProcesses
-from llamarack.roles.llamacpp.reads import BenchRecord, LlamaServerFlags
-from llamarack.roles.model.reads import GgufShape
-from llamarack.settings import Settings
+from roles.driver.reads import CharDevices, GpuProcesses
+from roles.llamacpp.reads import BenchRecord, LlamaServerFlags
+from roles.model.reads import GgufShape
+from roles.settings import Settings
 
 from .files import bench_record
 from .files.wait_healthy import residency
@@ -25,8 +25,6 @@ from .plan import (MIB, PlanError, WantedUnit, bench_due, parse_pin, pin_holds, 
                    wanted_units)  # fmt: skip
 from .reads import (NOLOGIN, SERVICE_USER_MARK, FoundUnit, ServedUnits, SystemGroup, SystemUser, active_since,
                     unit_cards)  # fmt: skip
-
-ITEMS = ("service_user", "units", "unit", "service", "health", "residency", "gpu_processes", "bench")
 
 
 def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:

@@ -3,12 +3,12 @@
 from pyinfra import host
 from pyinfra.api import deploy
 
-from llamarack.roles.llamacpp.reads import LlamacppBuilds
+from roles.llamacpp.reads import LlamacppBuilds
 from llamarack.facts import read
 from llamarack.layout import unit_build
 from llamarack.operations import report
-from llamarack.rules import HostFacts
-from llamarack.settings import Settings
+from roles.preflight.facts import HostFacts
+from roles.settings import Settings
 
 from ..llamacpp.operations import prune_builds
 from .operations import answers_health, bench, service, system_account

@@ -24,22 +24,22 @@ from pyinfra.operations.util.files import generate_color_diff
 from pyinfra.facts.server import Command
 
 from llamarack import remote
-from llamarack.roles.llamacpp.reads import BenchRecord, BuildSeals, LlamaServerFlags
-from llamarack.roles.driver.reads import CharDevices, RecordedGpus
-from llamarack.roles.model.reads import GgufShape, ModelArtifact
-from llamarack.roles.server.reads import (NOLOGIN, SERVICE_USER_MARK, FoundUnit, ServedUnits, SystemGroup, SystemUser,
-                                         active_since, unit_cards)  # fmt: skip
+from roles.llamacpp.reads import BenchRecord, BuildSeals, LlamaServerFlags
+from roles.driver.reads import CharDevices, RecordedGpus
+from roles.model.reads import GgufShape, ModelArtifact
+from roles.server.reads import (KEY_DIGEST_SALT, NOLOGIN, SERVICE_USER_MARK, FoundUnit, ServedUnits, SystemGroup,
+                                SystemUser, active_since, key_digest_command, unit_cards)  # fmt: skip
 from llamarack.facts import read
 from llamarack.layout import API_KEY_PATH, UNIT_NAME, unit_build, unit_index, unit_name
 from llamarack.operations import executing, private_upload, put_record, refusal, secret_upload
-from llamarack.roles.server.files.secret_digest import digest
-from llamarack.rules import account_failure
+from roles.server.files.secret_digest import digest
+from roles.server.rules import account_failure
 from llamarack.secrets import read_token
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from .files import bench_record
-from .plan import (KEY_DIGEST_SALT, PlanError, WantedUnit, bench_args, bench_due,  # noqa: F401
-                   bench_entry, bench_split_args, health_url, host_layouts, key_digest_command, parse_pin, pin_holds,
+from .plan import (PlanError, WantedUnit, bench_args, bench_due,  # noqa: F401
+                   bench_entry, bench_split_args, health_url, host_layouts, parse_pin, pin_holds,
                    ref_of, roofline, unit_refs, wanted_units)  # fmt: skip
 from .switch import detached, health_check_script, label, pin_script, retire_script, switch_script
 
@@ -54,7 +54,7 @@ def system_account(user: str, home: str, setting: Optional[str] = None):
     + setting: the setting that names it, for the refusal's fix
 
     Made with ``SERVICE_USER_MARK`` in its GECOS field; an account llamarack did not make is
-    refused, unchanged (``llamarack.rules.account_failure``, which preflight also checks).
+    refused, unchanged (``roles.server.rules.account_failure``, which preflight also checks).
     """
     entry = read(SystemUser, user=user)
     failure = account_failure(user, home, setting, entry, read(SystemGroup, group=user))
@@ -482,7 +482,7 @@ def _bench_one(settings: Settings, run: _Run, served: tuple, key: dict, cards: t
     on the measured cards (``run.stop``) are stopped for it and started again, and must answer /health."""
     flags, build_dir, model_dir = served
     cuda, entry, plan = settings.llamacpp.backend == "cuda", run.entry, run.plan
-    args = bench_args(settings, flags, build_dir, model_dir, plan.single or plan, cuda) + \
+    args = bench_args(settings, flags, build_dir, model_dir, plan, cuda) + \
         (bench_split_args(plan) if cuda else [])  # fmt: skip
     measured = {"key": key, "mode": settings.server.bench, "backend": settings.llamacpp.backend, "on_card": cuda,
                 "served": entry["served"], "roofline": entry["roofline"]}  # fmt: skip

@@ -1,37 +1,32 @@
 """What llama-server runs with on one host: the context that fits the card, and the unit
 that serves it. Pure functions of settings and facts; the memory arithmetic is
-``llamarack/planner.py``, the same code that ``llamarack plan`` runs.
+``roles/server/planner.py``, the same code that ``llamarack plan`` runs.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import hashlib
 import itertools
 import json
 import re
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import jinja2
-
-from llamarack import remote, unitfile
-from llamarack.roles.llamacpp.reads import ServerFlags
-from llamarack.card_layout import Layout, Unit, cards_of, choose_layout, rival_layout, settle
+from llamarack.errors import Failure
+from llamarack.gpu_table import board
 from llamarack.layout import API_KEY_PATH, unit_index, unit_name, unit_path
-from llamarack.planner import (MIB, Knobs, Plan, PlanError, cublas_prefill,  # noqa: F401 (MIB, PlanError: the role's API)
-                               plan)  # fmt: skip
-from llamarack.roles.llamacpp.files.llamacpp_proof import bench_args as proof_bench_args
-from llamarack.roles.llamacpp.files.llamacpp_proof import serving_args
-from llamarack.gpu_table import board, planning_memory_mib
-from llamarack.rules import Failure
-from llamarack.settings import Settings
+from llamarack.templates import template
+from roles.llamacpp.files.llamacpp_proof import bench_args as proof_bench_args
+from roles.llamacpp.files.llamacpp_proof import serving_args
+from roles.llamacpp.plan import serving_inputs
+from roles.llamacpp.reads import ServerFlags
+from roles.settings import Settings
 
-from ..llamacpp.plan import serving_inputs
+from . import unitfile
+from .card_layout import Layout, Unit, cards_of, choose_layout, rival_layout, settle
 from .files import bench_record
+from .planner import MIB, Knobs, Plan, PlanError  # noqa: F401 (MIB, PlanError: the role's API)
 from .reads import HEALTH_MARK, RESIDENCY_MARK  # noqa: F401 (the role's API)
 
 # The role's templates; a file of the same name in an override folder (the project's templates/) replaces one.
@@ -49,23 +44,6 @@ def knobs(settings: Settings) -> Knobs:
                  draft_gpu_layers=s.draft_gpu_layers)  # fmt: skip
 
 
-def card_compute_cap(cards: tuple) -> Optional[str]:
-    """The compute capability a host's plan counts with: that of a card whose prompts go
-    through cuBLAS when the host has one (its prefill pool is the larger need), else the
-    smallest card's; None without cards."""
-    if not cards:
-        return None
-    smallest = min(cards, key=lambda g: planning_memory_mib(g.pci_device_id, g.memory_mib))
-    return next((g.compute_cap for g in cards if cublas_prefill(g.compute_cap)), smallest.compute_cap)
-
-
-def plan_context(settings: Settings, shape: dict, card_mib: Optional[int], draft_shape: Optional[dict] = None,
-                 compute_cap: Optional[str] = None) -> Plan:  # fmt: skip
-    """The plan for this host: ``card_mib`` is its smallest GPU's memory, None for CPU serving;
-    ``compute_cap`` the card's (``card_compute_cap``). Raises PlanError naming what would fit."""
-    return plan(shape, dataclasses.replace(knobs(settings), compute_cap=compute_cap), card_mib, draft_shape)
-
-
 def _unbuilt(code: str, given: str, lacks: str, wanted: str, undo: str) -> PlanError:
     """The refusal of a setting whose flag this build's llama-server --help lacks."""
     return PlanError(Failure(code, f"{given}, but this build's llama-server --help {lacks}", wanted,
@@ -77,7 +55,7 @@ def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_di
                 split: tuple = ()) -> list[str]:  # fmt: skip
     """llama-server's command line, spelled as the built binary's --help says; ``port``: the
     unit's (``server_port`` when None), ``split``: a unit's split flags over several cards
-    (``SplitPlan.split_args``). Raises PlanError when a setting needs a flag this build does not have."""
+    (``Plan.split_args``). Raises PlanError when a setting needs a flag this build does not have."""
     s = settings.server
     if s.api_key_file and not flags.has_api_key_file:
         raise _unbuilt("api-key-file", "server_api_key_file set", "has no --api-key-file",
@@ -156,7 +134,7 @@ def bench_args(settings: Settings, flags: ServerFlags, build_dir: str, model_dir
 def bench_split_args(plan: Any) -> list[str]:
     """llama-bench's spelling of a unit's split over several cards (``-sm``, ``-ts`` with
     ``/``, ``-mg``); none for one card."""
-    if plan.single is not None or len(plan.ledger.cards) < 2:
+    if len(plan.ledger.cards) < 2:
         return []
     return ["-sm", plan.split_mode, "-ts", "/".join(map(str, plan.ledger.tensor_split)),
             "-mg", str(plan.ledger.main_gpu)]  # fmt: skip
@@ -183,15 +161,6 @@ def health_url(settings: Settings, port: Optional[int] = None) -> str:
     if ":" in addr:
         addr = f"[{addr}]"
     return f"http://{addr}:{settings.server.port if port is None else port}/health"
-
-
-@functools.lru_cache(maxsize=None)
-def _templates(dirs: tuple) -> jinja2.Environment:
-    """One environment per template search path, kept: jinja2 compiles a template once per
-    environment (4 to 5 ms here), and again only when its file changes (``auto_reload``),
-    where a new environment for each host compiled it for each host of an audit or deploy."""
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(list(dirs)), keep_trailing_newline=True,
-                              undefined=jinja2.StrictUndefined)  # fmt: skip
 
 
 # The driver's character devices a CUDA llama-server opens: the control and card nodes
@@ -226,10 +195,9 @@ def render_unit(settings: Settings, args: list[str], description: str, overrides
     ``devices``: the character device names it may open (``device_names``);
     ``residency_on``: (card UUIDs, planned weights MiB) of a CUDA unit; ``port``: the unit's
     (its health line's); ``visible``: the UUIDs of the cards CUDA shows it, in its device order.
-    Every value is escaped for systemd by ``llamarack.unitfile`` (the template only places
+    Every value is escaped for systemd by ``roles.server.unitfile`` (the template only places
     them): ``description`` holds the GGUF's own metadata."""
-    dirs = tuple(str(d) for d in overrides if Path(d).is_dir()) + (str(TEMPLATES),)
-    return _templates(dirs).get_template(UNIT_TEMPLATE).render(
+    return template(UNIT_TEMPLATE, TEMPLATES, overrides).render(
         description=unitfile.text(description),
         health_line=unitfile.comment(HEALTH_MARK + health_url(settings, port)),
         residency_line=unitfile.comment(f"{RESIDENCY_MARK}{','.join(residency_on[0])} {int(residency_on[1])}")
@@ -280,7 +248,7 @@ def ref_of(settings: Settings, name: str) -> UnitRef:
 class WantedUnit:
     ref: UnitRef
     text: str  # the unit file
-    plan: Any  # planner.Plan (one card, or none) or split_plan.SplitPlan (several)
+    plan: Plan
     cards: tuple  # the UUIDs of its cards, in its device order
 
 
@@ -329,7 +297,7 @@ def bench_entry(layout: Layout, unit: Unit, cuda: bool) -> dict:
     """A unit's entry in the bench record as far as the control machine knows it: its cards
     (UUIDs, and their kind: nvidia-smi's name), the served flags llama-bench runs with.
     ``bench_record.signature`` of it is what a measurement of the unit is found by."""
-    ctx = unit.plan.single or unit.plan
+    ctx = unit.plan
     return {"cards": [layout.cards[i].id for i in unit.cards], "card_names": [layout.cards[i].name for i in unit.cards],
             "served": {"cache_type_k": ctx.cache_type_k, "cache_type_v": ctx.cache_type_v,
                        "gpu_layers": ctx.gpu_layers if cuda else None},
@@ -382,7 +350,7 @@ def wanted_units(settings: Settings, flags: ServerFlags, build_dir: str, model_d
     for ref, unit, uuids in unit_refs(settings, layout, in_place):
         text = _unit_text(settings, flags, (build_dir, model_dir, draft_dir), shape, ref, unit.plan, uuids,
                           len(cards) > 1, templates, devices)  # fmt: skip
-        wanted.append(WantedUnit(ref, text, unit.plan.single or unit.plan, uuids))
+        wanted.append(WantedUnit(ref, text, unit.plan, uuids))
     return layout, tuple(wanted)
 
 
@@ -403,7 +371,7 @@ def _unit_text(settings: Settings, flags: ServerFlags, dirs: tuple, shape: dict,
                uuids: tuple, visible: bool, templates: tuple, devices: tuple) -> str:  # fmt: skip
     """One unit's file: its plan's arguments and split flags, its port, its cards."""
     build_dir, model_dir, draft_dir = dirs
-    ctx, cuda = plan.single or plan, settings.llamacpp.backend == "cuda"
+    ctx, cuda = plan, settings.llamacpp.backend == "cuda"
     args = server_args(settings, flags, build_dir, model_dir, ctx, cuda=cuda, draft_dir=draft_dir, port=ref.port,
                        split=tuple(plan.split_args()))  # fmt: skip
     with_draft = f", draft {Path(draft_dir).name}" if draft_dir else ""
@@ -419,16 +387,6 @@ def residency_checked(settings: Settings) -> bool:
     """Whether a unit planned on cards is checked to serve from them (``server_residency``)."""
     mode = settings.server.residency
     return mode == "on" or (mode == "auto" and settings.llamacpp.backend == "cuda")
-
-
-# A fresh salt for each pyinfra run: what the host prints about its API key
-# (``roles/server/files/secret_digest.py``) is never the same twice, nor a plain hash of the key.
-KEY_DIGEST_SALT = secrets.token_hex(16)
-
-
-def key_digest_command() -> str:
-    """The command that prints the salted digest of the host's API key file, or "missing"."""
-    return remote.command("secret_digest", API_KEY_PATH, KEY_DIGEST_SALT)
 
 
 def parse_pin(lines) -> Optional[dict]:

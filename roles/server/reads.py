@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import secrets
 import shlex
 from dataclasses import dataclass
 from typing import Optional
@@ -10,9 +11,14 @@ from typing import Optional
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
+from pyinfra.facts.files import FileContents, Link
+from pyinfra.facts.server import Command
 from llamarack import remote
 from llamarack.facts.value import FactValue
-from llamarack.layout import UNIT_DIR, UNIT_GLOBS
+from llamarack.layout import API_KEY_PATH, UNIT_DIR, UNIT_GLOBS
+from llamarack.facts import FactRead
+from roles.llamacpp.reads import BenchRecord, BuildSeals, LlamacppBuilds, LlamaServerFlags
+from roles.model.reads import GgufShape
 
 # The unit's first lines: the health URL it names, its cards and planned weights (plan.py writes them).
 HEALTH_MARK = "# llamarack health: "
@@ -268,17 +274,19 @@ def active_since(state: dict) -> Optional[float]:
         return None
 
 
+# A fresh salt for each pyinfra run: what the host prints about its API key
+# (``roles/server/files/secret_digest.py``) is never the same twice, nor a plain hash of the key.
+KEY_DIGEST_SALT = secrets.token_hex(16)
+
+
+def key_digest_command() -> str:
+    """The command that prints the salted digest of the host's API key file, or "missing"."""
+    return remote.command("secret_digest", API_KEY_PATH, KEY_DIGEST_SALT)
+
+
 def reads(settings) -> tuple:
     """What the server role reads on a converged host: its part of preflight's one read.
     Every unit of the host in one fact (``ServedUnits``), however many its cards make."""
-    from pyinfra.facts.files import FileContents, Link
-    from pyinfra.facts.server import Command
-
-    from llamarack.facts import FactRead
-    from llamarack.roles.llamacpp.reads import BenchRecord, BuildSeals, LlamacppBuilds, LlamaServerFlags
-    from llamarack.roles.model.reads import GgufShape
-    from llamarack.roles.server.plan import key_digest_command
-
     if not settings.general.runs("server"):
         return ()
     layout, root = settings.layout, settings.general.root

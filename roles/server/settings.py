@@ -6,22 +6,10 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from llamarack.settings_fields import Section, control_file, setting
+from llamarack.settings_fields import Section, control_file, listen_address, setting
 
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 UNQUANTIZED = {"f16", "bf16", "f32", "auto"}  # KV types llama.cpp's tensor split takes
-
-
-def _address(value: str) -> Optional[str]:
-    # An IPv6 %scope is no part of it: "::1%$(id)" parses as an address of scope "$(id)".
-    try:
-        ipaddress.ip_address(value)
-        if "%" not in value:
-            return None
-    except ValueError:
-        pass
-    return ("an IP address to listen on: 127.0.0.1 (this host only), 0.0.0.0 (every IPv4 interface), :: "
-            "or one interface's address (no %scope)")
 
 
 def _split_mode(value: str) -> Optional[str]:
@@ -57,10 +45,10 @@ class ServerSettings(Section):
         "127.0.0.1",
         "address llama-server listens on; any other than loopback needs server_api_key_file "
         "or server_allow_unauthenticated",
-        _address,
+        listen_address,
     )
     port: int = setting(8080, "TCP port llama-server listens on", between=(1, 65535))
-    # -- the memory plan (llamarack/planner.py) --
+    # -- the memory plan (roles/server/planner.py) --
     ctx_size: Optional[int] = setting(
         None, "context per slot; None means the largest that fits the card", between=(1, MAX_CONTEXT)
     )
@@ -84,7 +72,7 @@ class ServerSettings(Section):
     rope_orig_ctx: Optional[int] = setting(
         None, "YaRN's original context; None: the GGUF's (--yarn-orig-ctx)", between=(1, MAX_CONTEXT)
     )
-    # -- how a host's cards serve (llamarack/card_layout.py) --
+    # -- how a host's cards serve (roles/server/card_layout.py) --
     layout: Literal["auto", "per_card", "split"] = setting(
         "auto",
         "how a host's cards serve: per_card (one llama-server per card, port server_port + N), split (one over "

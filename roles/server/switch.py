@@ -12,7 +12,7 @@ import shlex
 
 from llamarack import remote
 from llamarack.layout import UNIT_DIR, UNIT_GLOBS, UNIT_NAME
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from .plan import HEALTH_MARK, RESIDENCY_MARK, UnitRef
 

@@ -7,17 +7,13 @@ from pyinfra.facts.deb import DebPackages
 
 from llamarack.audit import Item, Seen
 from llamarack.facts import FactRead
-from llamarack.settings import Settings
+from roles.settings import Settings
 
 from .plan import BUILD_PACKAGES, plan_toolchain
-
-ITEMS = ("toolchain",)
-
 
 def reads(settings: Settings, verify: bool = False) -> tuple:
     # the rules' reads (preflight's) hold the toolkits and the compilers; the packages are the role's
     return (FactRead.of(DebPackages),)
-
 
 def items(seen: Seen) -> dict[str, Item]:
     """Drift where a package the role installs is missing (the deploy installs it again), or a

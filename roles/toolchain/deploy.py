@@ -7,11 +7,11 @@ from pyinfra.api.exceptions import DeployError
 from pyinfra.facts.server import LinuxDistribution
 from pyinfra.operations import apt
 
-from llamarack.roles.toolchain.reads import CmakeVersion
+from roles.toolchain.reads import CmakeVersion
 from llamarack.facts import DebianSources, read
 from llamarack.operations import apt_install_missing, miniforge_env, put_file
-from llamarack.rules import HostFacts
-from llamarack.settings import Settings
+from roles.preflight.facts import HostFacts
+from roles.settings import Settings
 
 from .operations import toolkit_takes_host_compiler
 from .plan import BUILD_PACKAGES, conda_cuda_env, nonfree_sources, plan_toolchain, toolkit_search_homes

@@ -7,10 +7,10 @@ from pyinfra.api import StringCommand, operation
 from pyinfra.api.exceptions import OperationError
 
 from llamarack import remote
-from llamarack.roles.toolchain.reads import CudaToolkits, GccVersions
+from roles.toolchain.reads import CudaToolkits, GccVersions
 from llamarack.facts import read
 from llamarack.operations import executing
-from llamarack.rules import choose_host_compiler, find_toolkit
+from roles.toolchain.rules import choose_host_compiler, find_toolkit
 
 from .plan import ToolchainPlan
 

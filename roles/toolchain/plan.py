@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from llamarack.rules import HostFacts, choose_host_compiler, toolkit_for
-from llamarack.settings import Settings
+from roles.preflight.facts import HostFacts
+from roles.toolchain.rules import choose_host_compiler, toolkit_for
+from roles.settings import Settings
 
 # gcc ceilings (crt/host_config.h) of the toolkits the toolchain role can
 # install (Debian 12's nvidia-cuda-toolkit, conda's cuda-nvcc), for a first

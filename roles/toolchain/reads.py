@@ -9,8 +9,10 @@ from typing import Optional
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
+from pyinfra.facts.deb import DebPackages
 from llamarack import remote
 from llamarack.facts.value import FactValue
+from llamarack.facts import FactRead
 
 
 @dataclass(frozen=True)
@@ -166,8 +168,4 @@ class InstallableGccMajors(FactBase[tuple]):
 
 def reads(settings) -> tuple:
     """What the toolchain role reads on a converged host: its part of preflight's one read."""
-    from pyinfra.facts.deb import DebPackages
-
-    from llamarack.facts import FactRead
-
     return (FactRead.of(CmakeVersion), FactRead.of(DebPackages)) if settings.general.runs("toolchain") else ()

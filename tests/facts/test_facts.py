@@ -119,7 +119,7 @@ def test_commands_run_on_a_real_debian_host(tmp_path):
 
 @pytest.mark.parametrize("path", CASES, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_fact_values_serialize_for_pyinfras_cli(path):
-    """``pyinfra INVENTORY fact llamarack.roles.<role>.reads.X`` and ``--json`` print facts with pyinfra's encoder."""
+    """``pyinfra INVENTORY fact roles.<role>.reads.X`` and ``--json`` print facts with pyinfra's encoder."""
     from pyinfra_cli.util import json_encode
 
     case = json.loads(path.read_text())
@@ -129,8 +129,8 @@ def test_fact_values_serialize_for_pyinfras_cli(path):
 
 def test_pyinfra_fact_command_prints_llamarack_facts():
     result = subprocess.run(
-        [sys.executable, "-m", "pyinfra", "@local", "fact", "llamarack.roles.driver.reads.NvidiaSmi",
-         "llamarack.roles.toolchain.reads.GccVersions"],
+        [sys.executable, "-m", "pyinfra", "@local", "fact", "roles.driver.reads.NvidiaSmi",
+         "roles.toolchain.reads.GccVersions"],
         capture_output=True, text=True, timeout=300, cwd=HERE.parents[1],
     )  # fmt: skip
     printed = result.stdout + result.stderr

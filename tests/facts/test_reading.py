@@ -20,7 +20,7 @@ from pyinfra.facts.files import File, Link, Sha1File
 
 from llamarack import remote
 from llamarack.facts import FactRead, FreeDiskBytes, read, read_together
-from llamarack.roles.server.reads import SystemUser
+from roles.server.reads import SystemUser
 from llamarack.facts.reading import MISSING_COMMAND, Answer, FactsTogether, _command_text
 from tests.support.ophost import FakeHost, fact_key
 
@@ -166,10 +166,10 @@ def test_each_host_and_each_run_has_its_own_store():
 
 
 def test_the_together_command_fits_one_argument_under_sudo(reads):
-    from llamarack.roles.preflight.reads import preflight_reads, role_reads
-    from llamarack.settings import load_settings
+    from roles.preflight.reads import preflight_reads, role_reads
+    from roles.settings import load_settings
 
-    from llamarack.audit import audit_reads
+    from roles.audit import audit_reads
 
     settings = load_settings("gpu01", {"llamacpp_backend": "cuda", "python_env_backend": "venv",
                                        "model_draft_repo": "org/draft-GGUF", "model_draft_revision": "a" * 40})  # fmt: skip
@@ -186,10 +186,10 @@ def host_runs(tmp_path):
     import http.server
     import threading
 
-    from llamarack.roles.model.reads import GgufShape
-    from llamarack.roles.server.reads import HttpStatus
-    from llamarack.roles.python_env.reads import PythonEnvPackages, RequirementsFile
-    from llamarack.roles.llamacpp.files import llamacpp_proof
+    from roles.model.reads import GgufShape
+    from roles.server.reads import HttpStatus
+    from roles.python_env.reads import PythonEnvPackages, RequirementsFile
+    from roles.llamacpp.files import llamacpp_proof
 
     env = tmp_path / "env"
     (env / "bin").mkdir(parents=True)
@@ -256,11 +256,11 @@ def twins(tmp_path):
     a last line without its newline, a name with a space and a quote."""
     from pyinfra.facts.files import Directory, File, FileContents
 
-    from llamarack.roles.llamacpp.reads import BenchRecord, BuildRecord, LlamacppBuilds, LlamaServerFlags
+    from roles.llamacpp.reads import BenchRecord, BuildRecord, LlamacppBuilds, LlamaServerFlags
     from llamarack.facts import FreeDiskBytes
-    from llamarack.roles.model.reads import ModelArtifact
-    from llamarack.roles.driver.reads import NvidiaKernelModule
-    from llamarack.roles.driver.reads import RecordedGpus
+    from roles.model.reads import ModelArtifact
+    from roles.driver.reads import NvidiaKernelModule
+    from roles.driver.reads import RecordedGpus
 
     root = tmp_path / "root"
     build = root / "builds" / "498d323e499aa37d"

@@ -110,13 +110,13 @@ def test_the_drafts_kv_is_what_the_planner_counted(lab_rack):
     import shlex
 
     from llamarack import remote
-    from llamarack.planner import MIB, Knobs, ledger
+    from roles.server.planner import MIB, Knobs, ledger
 
     shapes = [json.loads(sh(lab_rack, remote.command("gguf_header", f"{OPT}/models/{link}/model.gguf")))
               for link in ("current", "draft")]  # fmt: skip
     cmdline = server_cmdline(lab_rack)
     ctx, k, v = int(flag(cmdline, "--ctx-size")), flag(cmdline, "--cache-type-k"), flag(cmdline, "--cache-type-v")
-    book = ledger(shapes[0], Knobs(), None, 0, k, v, ctx, shapes[1])
+    book = ledger(shapes[0], Knobs(), [], 0, k, v, ctx, shapes[1])
     again = list(cmdline)
     again[again.index("--port") + 1], again[again.index("--host") + 1] = "18099", "127.0.0.1"
     wait = remote.command("wait_healthy", "http://127.0.0.1:18099/health", UNIT, "60")

@@ -1,4 +1,4 @@
-"""The rollout's driver upgrade (``bench/deploys/driver_upgrade.py``) against the fake driver's
+"""The rollout's driver upgrade (``roles.driver.upgrade.driver_upgrade``) against the fake driver's
 real packaging: the set of Debian's non-free driver (the metapackage at exact versions, i386
 copies of the libraries, a DKMS module package that builds at install; docs/lab.md). Every
 package moves together and the project's deploy holds them all again; a host whose module

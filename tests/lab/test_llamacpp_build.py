@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from llamarack.roles.llamacpp.reads import parse_server_help
+from roles.llamacpp.reads import parse_server_help
 from llamarack_lab import faults, mirror, services
 from llamarack_lab.pytest_plugin import parse_pyinfra_totals
 from tests.lab import deploying

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from llamarack import remote
-from llamarack.planner import Knobs, PlanError, plan
+from roles.server.planner import Card, Knobs, PlanError, plan
 from tests.lab.test_stack_and_model import OPT, UNIT_PATH, URL, deploy, http_get, http_post, server_cmdline, sh
 
 pytestmark = pytest.mark.lab
@@ -70,12 +70,12 @@ def test_partial_offload_is_planned_and_said(lab_rack):
     # a reserve that leaves room for some layers, not all (found with the planner itself)
     def layers(reserve: int) -> int:
         try:
-            return plan(shape, Knobs(reserve_mib=reserve, compute_cap=V100_CC), V100_16_PLANNED).gpu_layers
+            return plan(shape, Knobs(reserve_mib=reserve), [Card("V100", V100_16_PLANNED, V100_CC)]).gpu_layers
         except PlanError:
             return 0
 
     reserve = next(r for r in range(V100_16_PLANNED - 1, 0, -1) if 0 < layers(r) < shape["n_layer"] + 1)
-    expected = plan(shape, Knobs(reserve_mib=reserve, compute_cap=V100_CC), V100_16_PLANNED)
+    expected = plan(shape, Knobs(reserve_mib=reserve), [Card("V100", V100_16_PLANNED, V100_CC)])
     rc, out = deploy(lab_rack, f"server_memory_reserve_mib={reserve}")
     assert rc == 0, out
     unit = sh(lab_rack, f"cat {UNIT_PATH}")

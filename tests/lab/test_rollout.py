@@ -1,7 +1,7 @@
 """``llamarack rollout`` across the lab rack, behind its gateway (lab-gw:8000), under a
 steady bounded load (``bench/loadgen.py``): a llama.cpp bump rolled canary first drops
 no request, a converged rollout restarts nothing, and a driver upgrade within the branch
-(``bench/deploys/driver_upgrade.py``: unhold, apt upgrade from the lab's driver
+(``roles.driver.upgrade.driver_upgrade``, shipped with llamarack: unhold, apt upgrade from the lab's driver
 repository, reboot) rolls host by host and drops no request either. The rack is put back
 on the base commit and the default driver afterwards. The full measurement is
 ``bench/rollout_bench.py``."""
@@ -24,7 +24,7 @@ GATEWAY = "lab-gw"
 INVENTORY = deploying.ROOT / "inventory/lab.py"
 JOURNAL = deploying.ROOT / ".llamarack/rollout-lab.json"
 CURRENT = "readlink /opt/llamarack/builds/current"
-DRIVER_UPGRADE = deploying.ROOT / "bench/deploys/driver_upgrade.py"
+DRIVER_UPGRADE = "roles.driver.upgrade.driver_upgrade"
 # /run is a tmpfs each boot makes anew: the mark is gone after a reboot, and only then.
 MARK, MARKED = "touch /run/lab-rollout-mark", "test -e /run/lab-rollout-mark && echo yes || echo no"
 DRIVER = "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u; apt-mark showhold"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from llamarack import remote
-from llamarack.roles.model.reads import GgufShape, shape_record_name
+from roles.model.reads import GgufShape, shape_record_name
 from llamarack_lab.pytest_plugin import parse_pyinfra_totals
 from tests.lab import deploying
 

@@ -4,7 +4,7 @@ and a ``noop`` for the already-done case). One harness runs them all.
 
 - ``<role>`` is a folder under roles/ (its ``operations.py``), or ``llamarack`` for
   the shared ``llamarack/operations.py``.
-- ``facts``: ``{"llamarack.roles.<role>.reads.X" | "<pyinfra facts module>.X": value}`` for a
+- ``facts``: ``{"roles.<role>.reads.X" | "<pyinfra facts module>.X": value}`` for a
   fact read without arguments, ``{name: {"path=/x": value}}`` for one read with them, as
   pyinfra's own fixtures do. A read the case does not give (another fact, or the fact
   with other arguments) fails it. A value ``{"output": [...]}`` is what the host printed for a llamarack fact,
@@ -31,13 +31,13 @@ CASES = sorted(HERE.glob("*/*.json"))
 
 def operation(name: str):
     role, op = name.split(".")
-    module = "llamarack.operations" if role == "llamarack" else f"llamarack.roles.{role}.operations"
+    module = "llamarack.operations" if role == "llamarack" else f"roles.{role}.operations"
     return getattr(importlib.import_module(module), op)
 
 
 def fact_class(name: str):
     module, cls = name.rsplit(".", 1)
-    if module.startswith("llamarack."):
+    if module.startswith(("llamarack.", "roles.")):
         return getattr(importlib.import_module(module), cls)
     return getattr(importlib.import_module(f"pyinfra.facts.{module}"), cls)
 
@@ -99,7 +99,7 @@ def test_a_fact_read_with_other_arguments_than_the_case_gives_fails_naming_them(
 
 
 def test_any_arguments_is_said_out_loud():
-    from llamarack.roles.llamacpp.reads import GitHead
+    from roles.llamacpp.reads import GitHead
 
     case = json.loads((HERE / "llamacpp.checkout/at_the_pin_even_short.json").read_text())
     value = facts_of(case)[fact_key(GitHead, path="/s")]

@@ -8,12 +8,12 @@ import shlex
 from pathlib import Path
 
 from llamarack.layout import unit_path
-from llamarack.model_shapes import shape_from_config
-from llamarack.roles.gateway.plan import backends_of, serving_host
-from llamarack.roles.model.reads import GgufShape
-from llamarack.roles.server.files import bench_record
-from llamarack.roles.server.operations import bench, service
-from llamarack.roles.server.plan import host_layouts
+from roles.model.shapes import shape_from_config
+from roles.gateway.plan import backends_of, serving_host
+from roles.model.reads import GgufShape
+from roles.server.files import bench_record
+from roles.server.operations import bench, service
+from roles.server.plan import host_layouts
 from tests.roles.test_draft_bench_ops import bench_facts, joined, measured
 from tests.roles.test_server_multicard import (EIGHT, GEMMA27B, MIXED, TWO, converged, outside_preflights_read,
                                                uploads)  # fmt: skip
@@ -91,7 +91,7 @@ def test_a_mixed_host_measures_each_kind_of_card(tmp_path):
 
 
 def test_a_current_record_of_every_unit_is_a_noop_read_in_preflights_one_read(tmp_path):
-    from llamarack.roles.llamacpp.reads import BenchRecord
+    from roles.llamacpp.reads import BenchRecord
 
     s = settings(server_layout="per_card")
     record = record_of(run_op(bench, bench_facts(), settings=s, gpus=EIGHT)[0], tmp_path)
@@ -176,8 +176,8 @@ def test_the_record_settles_the_layout_by_the_hosts_total_tg128(tmp_path):
 
 
 def test_a_wanted_context_or_a_card_that_holds_the_trained_one_leaves_nothing_to_settle():
-    from llamarack.card_layout import cards_of, choose_layout, rival_layout
-    from llamarack.roles.server.plan import knobs
+    from roles.server.card_layout import cards_of, choose_layout, rival_layout
+    from roles.server.plan import knobs
 
     for data, shape in (({**CONTESTED, "server_ctx_size": 32768}, LLAMA8B),  # a wanted context: per_card serves it
                         ({}, LLAMA8B),  # one slot: one card holds the trained 131,072
@@ -196,7 +196,7 @@ def test_a_wanted_context_or_a_card_that_holds_the_trained_one_leaves_nothing_to
 
 
 def test_the_audits_bench_item_checks_every_unit(tmp_path):
-    from llamarack.roles.llamacpp.reads import BenchRecord
+    from roles.llamacpp.reads import BenchRecord
     from tests.roles.test_server_multicard import audit_of
 
     s = settings(server_layout="per_card")

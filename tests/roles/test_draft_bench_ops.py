@@ -5,12 +5,12 @@ import shlex
 
 from pyinfra.facts.files import Link
 
-from llamarack.roles.llamacpp.reads import BenchRecord, LlamaServerFlags
-from llamarack.roles.llamacpp.reads import BuildFlags
+from roles.llamacpp.reads import BenchRecord, LlamaServerFlags
+from roles.llamacpp.reads import BuildFlags
 from llamarack.layout import UNIT_NAME
-from llamarack.roles.server.operations import bench, service
-from llamarack.roles.driver.reads import Gpu
-from llamarack.roles.model.reads import GgufShape
+from roles.server.operations import bench, service
+from roles.driver.reads import Gpu
+from roles.model.reads import GgufShape
 from tests.roles.test_server_ops import ROOT, SHAPE, V100, facts, settings, unit_of
 from tests.support.ophost import fact_key, run_op
 

@@ -1,7 +1,7 @@
 """Driver role: the check after a reboot, run for real (the holds are JSON fixtures in tests/operations/)."""
 
 
-from llamarack.roles.driver.operations import driver_answers
+from roles.driver.operations import driver_answers
 from tests.roles.stackhost import run_op
 
 def test_check_after_reboot_fails_when_nvidia_smi_still_fails(tmp_path):

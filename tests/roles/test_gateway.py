@@ -13,22 +13,24 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.server import Command
 
-from llamarack.audit import Answers, Seen, audit_reads, role_audits
+from llamarack.audit import Answers, Seen
+from roles.audit import audit_reads, role_audits
 from llamarack.errors import SettingsError
 from llamarack.facts import FactRead
 from llamarack.facts.reading import Answer
-from llamarack.roles.gateway import audit, operations
-from llamarack.roles.gateway.files import haproxy_runtime
-from llamarack.roles.gateway.operations import haproxy, node_exporter, prometheus_targets
-from llamarack.roles.gateway.plan import (HAPROXY_CONFIG, TARGETS, GatewayError, alert_rules, backends_of,
+from roles.gateway import audit, operations
+from roles.gateway.files import haproxy_runtime
+from roles.gateway.operations import haproxy, node_exporter, prometheus_targets
+from roles.gateway.plan import (HAPROXY_CONFIG, TARGETS, GatewayError, alert_rules, backends_of,
                                           haproxy_config, prometheus_config, rack_key, secret_digest_command,
                                           server_name, serving_host, targets)  # fmt: skip
-from llamarack.roles.gateway.reads import ConfiguredServers, HaproxyServers
-from llamarack.roles.preflight.reads import role_reads
-from llamarack.roles.server.files.secret_digest import digest
-from llamarack.roles.server.plan import KEY_DIGEST_SALT
-from llamarack.roles.server.reads import UnitState
-from llamarack.settings import load_settings, private_dirs
+from roles.gateway.reads import ConfiguredServers, HaproxyServers
+from roles.gateway.settings import ADMIN_SOCKET
+from roles.preflight.reads import role_reads
+from roles.server.files.secret_digest import digest
+from roles.server.reads import KEY_DIGEST_SALT
+from roles.server.reads import UnitState
+from roles.settings import load_settings, private_dirs
 from tests.support.ophost import PRIVATE_DIR_SHOWN, fact_key, run_op
 
 HERE = Path(__file__).resolve().parent
@@ -74,7 +76,7 @@ def test_defaults_and_the_gateway_group():
     assert s.is_gateway and not load_settings("gpu01", BASE).is_gateway
     g = s.gateway
     assert (g.port, g.bind, g.tls_cert_file, g.api_key, g.stats_port) == (8000, "0.0.0.0", None, "pass-through", 8404)
-    assert (g.prometheus, g.node_exporter, g.slow_fraction, g.admin_socket) == (
+    assert (g.prometheus, g.node_exporter, g.slow_fraction, ADMIN_SOCKET) == (
         False, False, 0.5, "/run/haproxy/admin.sock")  # fmt: skip
 
 
@@ -347,7 +349,7 @@ def test_node_exporter_only_where_asked():
 
 def test_a_gateway_reads_and_is_audited_for_the_gateway_role_only():
     gw, serving = gateway_settings(), load_settings("gpu01", BASE)
-    assert [m.__name__ for m in role_audits(gw)] == ["llamarack.roles.gateway.audit"]
+    assert [m.__name__ for m in role_audits(gw)] == ["roles.gateway.audit"]
     assert audit_reads(gw) == (FactRead.of(HaproxyServers, backend="llamarack"),
                                FactRead.of(ConfiguredServers, path=HAPROXY_CONFIG))  # fmt: skip
     assert [r.fact.__name__ for r in role_reads(gw)] == ["DebPackages", "UnitState", "Command", "File", "Sha1File"]
@@ -399,8 +401,8 @@ def test_the_audit_item_found_against_wanted():
 def test_prometheus_files_are_proved_with_promtool_before_the_switch(rack_records):
     import hashlib
 
-    from llamarack.roles.gateway.operations import prometheus
-    from llamarack.roles.gateway.plan import PROMETHEUS_CONFIG, PROMETHEUS_KEY, PROMETHEUS_RULES
+    from roles.gateway.operations import prometheus
+    from roles.gateway.plan import PROMETHEUS_CONFIG, PROMETHEUS_KEY, PROMETHEUS_RULES
 
     settings = gateway_settings(gateway_prometheus=True)
     rules, config = alert_rules(settings, rack_backends()), prometheus_config(None)

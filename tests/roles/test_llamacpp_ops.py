@@ -4,11 +4,11 @@ import dataclasses
 import json
 
 from llamarack import remote
-from llamarack.roles.llamacpp.files.build_seal import BUILD_INPUTS
-from llamarack.roles.llamacpp.plan import build_dir_for, plan_build
-from llamarack.roles.llamacpp.reads import Builds, BuildSeals, LlamacppBuilds, Seals
-from llamarack.roles.llamacpp.operations import build, proof_spec, reprove
-from llamarack.settings import load_settings
+from roles.llamacpp.files.build_seal import BUILD_INPUTS
+from roles.llamacpp.plan import build_dir_for, plan_build
+from roles.llamacpp.reads import Builds, BuildSeals, LlamacppBuilds, Seals
+from roles.llamacpp.operations import build, proof_spec, reprove
+from roles.settings import load_settings
 from tests.support.ophost import fact_key, run_op
 
 SHA = "dccad28c67854048fcdf644803b3f54e152d99a8"
@@ -143,7 +143,7 @@ def assert_built_anew(commands, plan) -> None:
 
 def test_a_proven_build_is_sealed_once():
     from llamarack import remote
-    from llamarack.roles.llamacpp.operations import seal_build
+    from roles.llamacpp.operations import seal_build
 
     commands, _ = run_op(seal_build, on_host(seals=Seals({}, ("3f1c0a9e52d7b6e4",))), root=ROOT, stamp="3f1c0a9e52d7b6e4")
     assert [str(c) for c in commands] == [remote.command("build_seal", "seal", f"{ROOT}/builds/3f1c0a9e52d7b6e4")]
@@ -184,7 +184,7 @@ def test_stamp_follows_every_build_input_but_not_the_driver_nor_the_proof():
 
 
 def test_a_new_proof_script_changes_the_proof_id_only(monkeypatch):
-    from llamarack.roles.llamacpp import plan as build_plan
+    from roles.llamacpp import plan as build_plan
 
     cuda = dict(archs=("70",), cuda_home="/usr", cuda_version="11.8")
     base = plan_build(settings(), **cuda)
@@ -232,10 +232,10 @@ def test_hosts_sharing_a_ccache_compile_one_at_a_time():
 
 
 def test_plan_for_a_cuda_host_uses_the_toolkits_gcc_ceiling():
-    from llamarack.roles.toolchain.reads import CudaToolkit, GccInstall
-    from llamarack.roles.driver.reads import DriverState, Gpu
-    from llamarack.rules import HostFacts
-    from llamarack.roles.llamacpp.plan import plan_for_host
+    from roles.toolchain.reads import CudaToolkit, GccInstall
+    from roles.driver.reads import DriverState, Gpu
+    from roles.preflight.facts import HostFacts
+    from roles.llamacpp.plan import plan_for_host
 
     v100 = Gpu(0, "Tesla V100-SXM2-16GB", "GPU-1", 16384, "7.0", "550.127.05")
     cuda118 = CudaToolkit("/usr", "/usr/bin/nvcc", "11.8", "11.8.89", 11)

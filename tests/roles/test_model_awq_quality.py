@@ -9,10 +9,10 @@ import pytest
 
 from llamarack import remote
 from llamarack.errors import ModelSourceError, SettingsError
-from llamarack.roles.model.files import awq_apply, model_quality
-from llamarack.roles.model.plan import plan_from_record, plan_model
-from llamarack.roles.llamacpp.reads import ServerFlags
-from llamarack.roles.model.reads import ArtifactState
+from roles.model.files import awq_apply, model_quality
+from roles.model.plan import plan_from_record, plan_model
+from roles.llamacpp.reads import ServerFlags
+from roles.model.reads import ArtifactState
 from tests.roles.test_model_ops import LISTING, SHA, STAMP, commands, on_host
 from tests.support import fake_systemd_run
 
@@ -21,7 +21,7 @@ BASE = {"python_env_backend": "venv", "llamacpp_backend": "cpu", "model_repo": "
 
 
 def settings(**data):
-    from llamarack.settings import load_settings
+    from roles.settings import load_settings
 
     return load_settings("gpu01", {**BASE, **data})
 
@@ -34,7 +34,7 @@ def awq_plan(**data):
 
 
 def test_defaults_are_the_gguf_route_unmeasured_and_autoawqs_quant_config():
-    from llamarack.settings import load_settings
+    from roles.settings import load_settings
 
     m = load_settings("gpu01", {k: v for k, v in BASE.items() if k != "model_quality"}).model
     assert (m.route, m.quality, m.quality_max_kld, m.keep_f16) == ("gguf", False, None, False)
@@ -59,7 +59,7 @@ def test_refused_settings_say_what_was_found_and_what_is_allowed(data, message):
 
 
 def test_the_draft_takes_the_gguf_route_unmeasured():
-    from llamarack.roles.model.settings import draft_settings
+    from roles.model.plan import draft_settings
 
     s = settings(model_route="awq", model_quality_max_kld=0.5, model_draft_repo="org/small",
                  model_draft_revision="b" * 40)  # fmt: skip
@@ -208,7 +208,7 @@ def test_a_measurement_that_lost_its_figure_runs_again(tmp_path):
     the run is made again until its output holds the figure, at most MEASURE_TRIES times."""
     import subprocess
 
-    from llamarack.roles.model.operations import MEASURE_TRIES, _measured
+    from roles.model.operations import MEASURE_TRIES, _measured
 
     runs, log = tmp_path / "runs", tmp_path / "quality-kv-f16.log"
     # a stand-in for llama-perplexity: the figure only on its second run
@@ -347,7 +347,7 @@ MEASURED = {"f16": {"ppl": 12.8765, "ppl_error": 0.9}, "kv": {"q4_0": {"ppl": 13
 
 
 def test_quality_summary_is_one_line_in_kv_order():
-    from llamarack.roles.model.plan import quality_summary
+    from roles.model.plan import quality_summary
 
     assert quality_summary(MEASURED) == ("f16 GGUF PPL 12.8765; f16 KV: PPL 13.1000, KLD 0.021345; "
                                          "q4_0 KV: PPL 13.5000, KLD 0.250000; not measured: kv q8_0")
@@ -357,8 +357,8 @@ def test_quality_summary_is_one_line_in_kv_order():
 def test_the_audit_shows_route_and_quality_and_drifts_above_the_bound():
     from types import SimpleNamespace
 
-    from llamarack.roles.model import audit
-    from llamarack.roles.model.reads import ModelArtifact
+    from roles.model import audit
+    from roles.model.reads import ModelArtifact
 
     s = settings(model_quality_max_kld=0.1)
     plan = plan_model(s, LISTING)
@@ -389,7 +389,7 @@ def test_plan_shows_the_quality_of_an_artifacts_gguf(tmp_path):
 
 
 def test_quality_builds_llama_perplexity_and_a_rack_without_it_keeps_its_builds():
-    from llamarack.roles.llamacpp.plan import QUALITY_TARGET, TARGETS, plan_build
+    from roles.llamacpp.plan import QUALITY_TARGET, TARGETS, plan_build
 
     plain, measured = plan_build(settings(model_quality=False)), plan_build(settings())
     assert plain.targets == TARGETS and measured.targets == TARGETS + (QUALITY_TARGET,)
@@ -399,7 +399,7 @@ def test_quality_builds_llama_perplexity_and_a_rack_without_it_keeps_its_builds(
 
 
 def test_the_awq_route_gives_its_env_the_tokenizer_libraries_and_the_gguf_route_leaves_it_as_it_was():
-    from llamarack.roles.python_env.plan import AWQ_TOKENIZER_REQUIREMENTS, awq_plan
+    from roles.python_env.plan import AWQ_TOKENIZER_REQUIREMENTS, awq_plan
 
     plain, awq = awq_plan(settings(), "/opt/lr/envs/awq"), awq_plan(settings(model_route="awq"), "/opt/lr/envs/awq")
     assert plain.steps[1].requirements + AWQ_TOKENIZER_REQUIREMENTS == awq.steps[1].requirements

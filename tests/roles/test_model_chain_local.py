@@ -27,12 +27,12 @@ from pyinfra.api import FileUploadCommand, StringCommand
 from pyinfra.context import ctx_host
 
 
-from llamarack.roles.model.hub import repo_files
-from llamarack.roles.model.operations import TOKEN_DIR, artifact
-from llamarack.roles.model.reads import CachedBlobs, ModelArtifact, shape_record_name
-from llamarack.roles.model.files.gguf_header import read_shape
-from llamarack.roles.model.plan import plan_from_pinned_record, plan_model
-from llamarack.settings import load_settings
+from roles.model.hub import repo_files
+from roles.model.operations import TOKEN_DIR, artifact
+from roles.model.reads import CachedBlobs, ModelArtifact, shape_record_name
+from roles.model.files.gguf_header import read_shape
+from roles.model.plan import plan_from_pinned_record, plan_model
+from roles.settings import load_settings
 from tests.support import fake_systemd_run
 from tests.support.cache import CACHE, converter_python, llama_cpp_source
 from tests.support.hub_server import HubServer

@@ -11,15 +11,15 @@ import pytest
 from pyinfra.context import ctx_host
 
 from llamarack.errors import ModelSourceError
-from llamarack.roles.model.reads import ArtifactState, CachedBlobs, ModelArtifact, shape_record_name
+from roles.model.reads import ArtifactState, CachedBlobs, ModelArtifact, shape_record_name
 from llamarack.layout import Layout
 from llamarack.facts import FreeDiskBytes
-from llamarack.roles.llamacpp.reads import LlamaServerFlags
-from llamarack.roles.model.hub import HubFile, HubListing, repo_files
-from llamarack.roles.model.operations import artifact
-from llamarack.roles.model.plan import artifact_stamp, plan_from_pinned_record, plan_from_record, plan_model
+from roles.llamacpp.reads import LlamaServerFlags
+from roles.model.hub import HubFile, HubListing, repo_files
+from roles.model.operations import artifact
+from roles.model.plan import artifact_stamp, plan_from_pinned_record, plan_from_record, plan_model
 from llamarack import remote
-from llamarack.settings import load_settings
+from roles.settings import load_settings
 from pyinfra.facts.files import File, Link
 from tests.support import fake_systemd_run, ophost
 from tests.support.hub_server import HubServer
@@ -352,7 +352,7 @@ DRAFT = {"model_draft_repo": "org/tiny", "model_draft_revision": SHA, "model_dra
 
 
 def test_the_draft_is_planned_from_the_models_settings_with_its_own_repo_and_quant():
-    from llamarack.roles.model.settings import draft_settings
+    from roles.model.plan import draft_settings
 
     s = settings(**DRAFT)
     assert draft_settings(settings()) is None
@@ -473,7 +473,7 @@ def test_a_record_without_sizes_needs_the_hub():
 
 
 def test_plan_for_asks_the_hub_only_when_the_record_cannot_say(monkeypatch):
-    import llamarack.roles.model.deploy as role
+    import roles.model.deploy as role
 
     asked = []
     monkeypatch.setattr(role, "listing_for", lambda s: asked.append(s.model.revision) or LISTING)

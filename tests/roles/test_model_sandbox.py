@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 
-from llamarack.roles.model import sandbox
-from llamarack.roles.model.plan import plan_model
+from roles.model import sandbox
+from roles.model.plan import plan_model
 from tests.roles.test_model_ops import LISTING, commands, on_host, settings
 from tests.support import fake_systemd_run
 
@@ -269,7 +269,7 @@ def test_the_token_never_lies_where_the_pipeline_user_writes(tmp_path):
 
 
 def test_the_pipeline_user_is_its_own_account_and_not_llama_servers(monkeypatch):
-    import llamarack.roles.model.deploy as role
+    import roles.model.deploy as role
 
     made, refused = [], []
     monkeypatch.setattr(role, "system_account", lambda **kw: made.append(kw))

@@ -17,11 +17,11 @@ import pytest
 from pyinfra.facts.files import Directory, File
 
 from tests.support.facts import FACTS as facts
-from llamarack.roles.python_env.reads import PythonEnvPackages, RequirementsFile
-from llamarack.roles.python_env.operations import converter_pins, pip_pins
-from llamarack.roles.python_env.plan import awq_plan, converter_plan, unmet
+from roles.python_env.reads import PythonEnvPackages, RequirementsFile
+from roles.python_env.operations import converter_pins, pip_pins
+from roles.python_env.plan import awq_plan, converter_plan, unmet
 from llamarack import remote
-from llamarack.settings import load_settings
+from roles.settings import load_settings
 from tests.roles.stackhost import run_op
 from tests.support.cache import llama_cpp_source
 from tests.support.ophost import fact_key

@@ -10,9 +10,9 @@ import threading
 import pytest
 
 from llamarack.layout import UNIT_PATH
-from llamarack.roles.server.operations import answers_health
-from llamarack.roles.server.plan import HEALTH_MARK
-from llamarack.settings import load_settings
+from roles.server.operations import answers_health
+from roles.server.plan import HEALTH_MARK
+from roles.settings import load_settings
 from tests.support.ophost import run_op
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 from pyinfra.facts.files import FileContents
 
 from llamarack.layout import unit_path
-from llamarack.model_shapes import shape_from_config
-from llamarack.roles.driver.reads import CharDevices, NvidiaSmi
-from llamarack.roles.model.reads import GgufShape
-from llamarack.roles.server.operations import rollback, service
-from llamarack.roles.server.reads import ServedUnits
+from roles.model.shapes import shape_from_config
+from roles.driver.reads import CharDevices, NvidiaSmi
+from roles.model.reads import GgufShape
+from roles.server.operations import rollback, service
+from roles.server.reads import ServedUnits
 from tests.roles.test_server_ops import (ROOT, SHAPE, UNIT, UNIT_SHA1, V100, facts, first_run, found_unit,
                                          settings)  # fmt: skip
 from tests.support.ophost import fact_key, run_op
@@ -164,7 +164,7 @@ def test_diff_shows_each_units_file(caplog):
 
 
 def test_rollback_puts_back_every_unit_with_a_previous_one_or_only_the_one_asked():
-    from llamarack.roles.llamacpp.reads import BuildSeals, Seals
+    from roles.llamacpp.reads import BuildSeals, Seals
 
     old = ["# llamarack health: http://127.0.0.1:8081/health",
            f"ExecStart={ROOT}/builds/b0/bin/llama-server --model {ROOT}/models/m0/model.gguf --port 8081"]
@@ -217,7 +217,7 @@ def outside_preflights_read(op, host: dict, s, cards) -> tuple:
     """(commands, no-op messages, the reads ``op`` made that are not among preflight's one read
     (its own and each role's)) of ``op`` run on a host whose facts are ``host``."""
     from llamarack.facts import FactRead
-    from llamarack.roles.preflight.reads import preflight_reads, role_reads
+    from roles.preflight.reads import preflight_reads, role_reads
 
     read_here = []
 
@@ -248,8 +248,8 @@ def audit_of(s, host: dict, cards) -> dict:
 
     from llamarack.audit import Answers, Seen
     from llamarack.facts import FactRead
-    from llamarack.roles.driver.reads import GpuProcess, GpuProcesses
-    from llamarack.roles.server.audit import items
+    from roles.driver.reads import GpuProcess, GpuProcesses
+    from roles.server.audit import items
 
     units = host[fact_key(ServedUnits, state=f"{ROOT}/state")]
     units = {n: dataclasses.replace(u, state={**u.state, "MainPID": str(100 + i)}, health=200)

@@ -8,15 +8,16 @@ from pathlib import Path
 from pyinfra.facts.files import FileContents, Link
 from pyinfra.facts.server import Command
 
-from llamarack.roles.model.reads import ArtifactState, GgufShape, ModelArtifact
-from llamarack.roles.driver.reads import CharDevices, DriverState, Gpu, NvidiaSmi, RecordedGpus
-from llamarack.roles.llamacpp.reads import LlamaServerFlags
-from llamarack.roles.server.reads import FoundUnit, ServedUnits
-from llamarack.roles.llamacpp.reads import ServerFlags
-from llamarack.roles.server.files.secret_digest import digest
-from llamarack.roles.server.operations import KEY_DIGEST_SALT, key_digest_command, service
+from roles.model.reads import ArtifactState, GgufShape, ModelArtifact
+from roles.driver.reads import CharDevices, DriverState, Gpu, NvidiaSmi, RecordedGpus
+from roles.llamacpp.reads import LlamaServerFlags
+from roles.server.reads import FoundUnit, ServedUnits
+from roles.llamacpp.reads import ServerFlags
+from roles.server.files.secret_digest import digest
+from roles.server.operations import service
+from roles.server.reads import KEY_DIGEST_SALT, key_digest_command
 from llamarack.layout import API_KEY_PATH, UNIT_PATH
-from llamarack.settings import load_settings
+from roles.settings import load_settings
 from tests.support.ophost import fact_key, run_op
 
 ROOT = "/opt/lr"
@@ -296,8 +297,8 @@ def test_two_switches_at_once_run_one_after_the_other(tmp_path, monkeypatch):
     import time
 
     from llamarack import remote
-    from llamarack.roles.server import switch
-    from llamarack.roles.server.plan import UnitRef
+    from roles.server import switch
+    from roles.server.plan import UnitRef
 
     unit = tmp_path / "unit"
     unit.write_text("old\n")
@@ -363,8 +364,8 @@ def test_changed_settings_release_the_rollback_pin_and_switch_to_what_they_want(
 
 
 def test_rollback_switches_the_previous_unit_in_and_pins_it():
-    from llamarack.roles.llamacpp.reads import BuildSeals, Seals
-    from llamarack.roles.server.operations import rollback
+    from roles.llamacpp.reads import BuildSeals, Seals
+    from roles.server.operations import rollback
 
     s = settings()
     current = [f"ExecStart={ROOT}/builds/b1/bin/llama-server --model {ROOT}/models/m1/model.gguf"]
@@ -395,7 +396,7 @@ def test_a_detached_script_finishes_when_the_session_that_started_it_dies(tmp_pa
     import subprocess
     import time
 
-    from llamarack.roles.server import switch
+    from roles.server import switch
 
     monkeypatch.setattr(switch, "DETACHED_DIR", str(tmp_path))
     bin_dir = tmp_path / "bin"
@@ -435,7 +436,7 @@ def test_a_detached_script_finishes_when_the_session_that_started_it_dies(tmp_pa
 def test_a_detached_script_may_not_end_its_own_heredoc():
     import pytest
 
-    from llamarack.roles.server import switch
+    from roles.server import switch
 
     with pytest.raises(ValueError):
         switch.detached(f"echo\n{switch._END}\nrm -rf /", "a test")

@@ -11,15 +11,15 @@ from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File
 
 from tests.support.facts import FACTS as facts
-from llamarack.roles.driver.reads import DriverState, Gpu
-from llamarack.roles.toolchain.reads import GccInstall
+from roles.driver.reads import DriverState, Gpu
+from roles.toolchain.reads import GccInstall
 from llamarack.operations import apt_install_missing
-from llamarack.roles.llamacpp.plan import plan_for_host
-from llamarack.roles.toolchain.plan import BUILD_PACKAGES
-from llamarack.roles.toolchain.operations import toolkit_takes_host_compiler
-from llamarack.roles.toolchain.plan import nonfree_sources, plan_toolchain
-from llamarack.rules import HostFacts
-from llamarack.settings import load_settings
+from roles.llamacpp.plan import plan_for_host
+from roles.toolchain.plan import BUILD_PACKAGES
+from roles.toolchain.operations import toolkit_takes_host_compiler
+from roles.toolchain.plan import nonfree_sources, plan_toolchain
+from roles.preflight.facts import HostFacts
+from roles.settings import load_settings
 from tests.roles.stackhost import run_op
 from tests.support.ophost import fact_key
 
@@ -31,7 +31,7 @@ def fixture(fact, case):
 
 
 def host_facts(gcc, toolkits=None, installable=(12, 11)):
-    """What preflight hands the toolchain role (llamarack.rules.HostFacts)."""
+    """What preflight hands the toolchain role (roles.preflight.facts.HostFacts)."""
     v100 = Gpu(0, "Tesla V100-SXM2-16GB", "GPU-1", 16384, "7.0", "550.127.05")
     toolkits = fixture("CudaToolkits", "debian_11_8_and_cuda13") if toolkits is None else toolkits
     return HostFacts(DriverState("ok", (v100,)), None, tuple(toolkits), gcc, installable)
@@ -124,7 +124,7 @@ def test_nonfree_sources_not_needed_when_the_host_has_them():
 
 def audit_item(s, installed, gcc=None, toolkits=None):
     from llamarack.audit import Seen
-    from llamarack.roles.toolchain.audit import items
+    from roles.toolchain.audit import items
 
     answers = {fact_key(DebPackages): installed}
     seen = Seen("gpu01", s, host_facts(gcc or GccInstall("12.2.0", {}), toolkits), lambda f, **kw: answers[fact_key(f, **kw)])

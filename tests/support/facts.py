@@ -7,14 +7,14 @@ import types
 from pyinfra.api import FactBase
 
 import llamarack.facts
-from llamarack.roles import ROLES
+from roles import ROLES
 
 
 def _modules():
     yield from (importlib.import_module(f"llamarack.facts.{m}") for m in ("ownership", "packages", "system"))
     for role in ROLES:
         try:
-            yield importlib.import_module(f"llamarack.roles.{role}.reads")
+            yield importlib.import_module(f"roles.{role}.reads")
         except ModuleNotFoundError:
             continue
 

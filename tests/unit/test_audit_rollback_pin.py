@@ -8,12 +8,12 @@ import json
 from pyinfra.facts.files import Link
 
 from llamarack.audit import Answers
-from llamarack.roles.server.audit import unit_item, wanted_here
-from llamarack.roles.server.reads import FoundUnit
-from llamarack.roles.driver.reads import CharDevices
+from roles.server.audit import unit_item, wanted_here
+from roles.server.reads import FoundUnit
+from roles.driver.reads import CharDevices
 from llamarack.facts import FactRead
-from llamarack.roles.model.reads import GgufShape
-from llamarack.roles.llamacpp.reads import LlamaServerFlags
+from roles.model.reads import GgufShape
+from roles.llamacpp.reads import LlamaServerFlags
 from tests.roles.test_server_ops import DEVICES_580, FLAGS, ROOT, SHAPE, UNIT, UNIT_SHA1, V100, settings
 
 

@@ -8,15 +8,15 @@ import threading
 
 import pytest
 
-from llamarack.roles.driver.reads import DriverState, Gpu, NvidiaSmi
-from llamarack.roles.model import calibration
-from llamarack.roles.model.deploy import listing_for
-from llamarack.roles.model.hub import CONFIG_MAX_BYTES, repo_config, repo_files
-from llamarack.roles.model.plan import asked_inputs
-from llamarack.roles.model.reads import ArtifactState, GgufShape, ModelArtifact
-from llamarack.roles.preflight.reads import gather
-from llamarack.rules import evaluate
-from llamarack.settings import load_settings
+from roles.driver.reads import DriverState, Gpu, NvidiaSmi
+from roles.model import calibration
+from roles.model.deploy import listing_for
+from roles.model.hub import CONFIG_MAX_BYTES, repo_config, repo_files
+from roles.model.plan import asked_inputs
+from roles.model.reads import ArtifactState, GgufShape, ModelArtifact
+from roles.preflight.reads import gather
+from roles.preflight.rules import evaluate
+from roles.settings import load_settings
 from tests.support.hub_server import HubServer
 
 TOKEN = "hf_card_secret"

@@ -10,7 +10,7 @@ import json
 import shlex
 from pathlib import Path
 
-from llamarack.roles.server.files import bench_record
+from roles.server.files import bench_record
 
 FIXTURE = json.loads((Path(__file__).resolve().parents[1] / "fixtures/llama-bench/cpu-lab-tiny.json").read_text())
 ENTRIES = FIXTURE["entries"]

@@ -9,8 +9,8 @@ import subprocess
 import pytest
 
 from llamarack import remote
-from llamarack.roles.llamacpp.reads import Builds, BuildSeals
-from llamarack.roles.llamacpp.plan import build_dir_for, same_build
+from roles.llamacpp.reads import Builds, BuildSeals
+from roles.llamacpp.plan import build_dir_for, same_build
 
 
 def host_run(*args: str) -> str:
@@ -134,8 +134,8 @@ def test_the_deploy_keeps_an_intact_build_and_builds_a_tampered_one_again_beside
 
 
 def test_the_audit_reports_the_current_build_against_its_seal():
-    from llamarack.roles.llamacpp.audit import build_files
-    from llamarack.roles.llamacpp.reads import Seals
+    from roles.llamacpp.audit import build_files
+    from roles.llamacpp.reads import Seals
 
     stamp = "3f1c0a9e52d7b6e4"
     assert build_files(Seals({stamp: []}), stamp, None) == ("as sealed", False)
@@ -151,8 +151,8 @@ def test_the_audit_reports_the_current_build_against_its_seal():
 
 
 def test_the_check_reports_what_went_into_each_build_and_the_proofs_it_passed_and_failed(tmp_path):
-    from llamarack.roles.llamacpp.plan import plan_build
-    from llamarack.settings import load_settings
+    from roles.llamacpp.plan import plan_build
+    from roles.settings import load_settings
 
     plan = plan_build(load_settings("gpu01", {"python_env_backend": "venv", "llamacpp_backend": "cpu"}))
     b = tmp_path / "builds"

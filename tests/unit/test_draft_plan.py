@@ -5,8 +5,8 @@ as many tokens per sequence as the target context")."""
 import json
 from pathlib import Path
 
-from llamarack.model_shapes import shape_from_config
-from llamarack.planner import MIB, Knobs, ledger, model_bytes, plan
+from roles.model.shapes import shape_from_config
+from roles.server.planner import MIB, Card, Knobs, ledger, model_bytes, plan
 
 CONFIGS = Path(__file__).resolve().parents[1] / "fixtures/configs"
 LLAMA8B_CONFIG = json.loads((CONFIGS / "llama-3.1-8b-instruct.config.json").read_text())
@@ -14,12 +14,13 @@ LLAMA8B = shape_from_config(LLAMA8B_CONFIG, "Q4_K_M")
 # Llama-3.2-1B, the usual draft of the 8B (the same 128256-token vocabulary)
 LLAMA1B = shape_from_config(json.loads((CONFIGS / "llama-3.2-1b-instruct.config.json").read_text()), "Q8_0")
 V100_16 = 16130
+CARD = [Card("Tesla V100", V100_16)]
 
 
 def test_the_draft_counts_its_weights_kv_and_compute_on_the_card():
     knobs = Knobs(parallel=2)
-    alone = ledger(LLAMA8B, knobs, V100_16, 33, "q8_0", "q8_0", 8192)
-    both = ledger(LLAMA8B, knobs, V100_16, 33, "q8_0", "q8_0", 8192, LLAMA1B)
+    alone = ledger(LLAMA8B, knobs, CARD, 33, "q8_0", "q8_0", 8192)
+    both = ledger(LLAMA8B, knobs, CARD, 33, "q8_0", "q8_0", 8192, LLAMA1B)
     d = model_bytes(LLAMA1B, knobs, True, 17, "q8_0", "q8_0", 8192)
     assert both.draft_gpu_layers == 17  # None: every layer of the draft and its output layer
     assert (both.draft_weights_on_card, both.draft_kv_on_card, both.draft_compute_on_card) == (
@@ -32,27 +33,27 @@ def test_the_draft_counts_its_weights_kv_and_compute_on_the_card():
 
 
 def test_the_draft_shrinks_the_largest_context_and_is_said():
-    alone = plan(LLAMA8B, Knobs(cache_type_k="q8_0", cache_type_v="q8_0"), V100_16)
-    both = plan(LLAMA8B, Knobs(cache_type_k="q8_0", cache_type_v="q8_0"), V100_16, LLAMA1B)
+    alone = plan(LLAMA8B, Knobs(cache_type_k="q8_0", cache_type_v="q8_0"), CARD)
+    both = plan(LLAMA8B, Knobs(cache_type_k="q8_0", cache_type_v="q8_0"), CARD, LLAMA1B)
     assert both.ctx_per_slot < alone.ctx_per_slot
     assert both.ledger.total_on_card <= V100_16 * MIB < ledger(
-        LLAMA8B, Knobs(), V100_16, 33, "q8_0", "q8_0", both.ctx_per_slot + 256, LLAMA1B).total_on_card
+        LLAMA8B, Knobs(), CARD, 33, "q8_0", "q8_0", both.ctx_per_slot + 256, LLAMA1B).total_on_card
 
 
 def test_draft_gpu_layers_keep_the_rest_on_the_host_and_cpu_serving_puts_all_there():
-    on_card = ledger(LLAMA8B, Knobs(draft_gpu_layers=0), V100_16, 33, "f16", "f16", 4096, LLAMA1B)
+    on_card = ledger(LLAMA8B, Knobs(draft_gpu_layers=0), CARD, 33, "f16", "f16", 4096, LLAMA1B)
     assert on_card.draft_weights_on_card == on_card.draft_kv_on_card == on_card.draft_compute_on_card == 0
     assert on_card.draft_kv_on_host > 0
-    cpu = ledger(LLAMA8B, Knobs(), None, 0, "f16", "f16", 4096, LLAMA1B)
+    cpu = ledger(LLAMA8B, Knobs(), [], 0, "f16", "f16", 4096, LLAMA1B)
     whole = sum(LLAMA1B["layer_bytes"]) + 2 * LLAMA1B["token_embd_bytes"] + LLAMA1B["output_bytes"]
     assert cpu.draft_weights_on_card == 0 and cpu.draft_weights_on_host == whole
 
 
 def test_auto_kv_steps_down_for_the_draft_too():
     # a context f16 gives alone but not with the draft: auto takes q8_0 for both
-    alone = plan(LLAMA8B, Knobs(), V100_16)
+    alone = plan(LLAMA8B, Knobs(), CARD)
     f16_alone = alone.largest["f16/f16"]
-    both = plan(LLAMA8B, Knobs(ctx_size=f16_alone), V100_16, LLAMA1B)
+    both = plan(LLAMA8B, Knobs(ctx_size=f16_alone), CARD, LLAMA1B)
     assert both.largest["f16/f16"] < f16_alone and both.cache_type_k == "q8_0"
 
 
@@ -69,5 +70,5 @@ def test_plan_cli_counts_a_draft():
     assert both["draft"]["n_layer"] == 16 and alone["draft"] is None
     assert both["ledger"]["draft_gpu_layers"] == 17 and both["ledger"]["draft_kv_on_card"] > 0
     assert both["plan"]["ctx_per_slot"] < alone["plan"]["ctx_per_slot"]
-    assert both["plan"]["ctx_per_slot"] == plan(LLAMA8B, Knobs(cache_type_k="q8_0", cache_type_v="q8_0", compute_cap="7.0"),
-                                                V100_16, LLAMA1B).ctx_per_slot  # fmt: skip
+    assert both["plan"]["ctx_per_slot"] == plan(LLAMA8B, Knobs(cache_type_k="q8_0", cache_type_v="q8_0"),
+                                                [Card("V100", V100_16, "7.0")], LLAMA1B).ctx_per_slot  # fmt: skip

@@ -1,6 +1,6 @@
-"""The driver upgrade's own deploy file (bench/deploys/driver_upgrade.py): docs/rollout.md
-carries its code as the procedure, and the file checks the version's shape before it
-uses it (the lab's rollout test runs it through four hosts with reboots)."""
+"""The driver upgrade's own deploy (roles/driver/upgrade.py, shipped with llamarack):
+docs/rollout.md carries its code as the procedure, and it checks the version's shape
+before it uses it (the lab's rollout test runs it through four hosts with reboots)."""
 
 import re
 from pathlib import Path
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DEPLOY = ROOT / "bench/deploys/driver_upgrade.py"
+DEPLOY = ROOT / "roles/driver/upgrade.py"
 
 
 def _code() -> str:

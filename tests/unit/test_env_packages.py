@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 from llamarack import remote
-from llamarack.roles.python_env.reads import PythonEnvPackages
-from llamarack.roles.python_env.reads import canonical
+from roles.python_env.reads import PythonEnvPackages
+from roles.python_env.reads import canonical
 
 OWN_VIEW = ("import importlib.metadata, json, platform; print(json.dumps({'python': platform.python_version(), "
             "'packages': {d.metadata['Name']: d.version for d in importlib.metadata.distributions() "

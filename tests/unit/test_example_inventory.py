@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from llamarack.errors import SettingsError
-from llamarack.settings import load_settings
+from roles.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 

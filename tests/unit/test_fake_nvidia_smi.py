@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import llamarack_lab.fake_nvidia as fake_nvidia
-from llamarack.roles.driver.reads import NvidiaSmi
+from roles.driver.reads import NvidiaSmi
 
 FAKE = Path(fake_nvidia.__file__).parent / "nvidia_smi.py"
 REAL = Path(__file__).parents[1] / "fixtures/nvidia-smi/h200-driver-580.159.04"
@@ -210,7 +210,7 @@ def test_registered_processes_are_in_q_and_count_in_the_cards_memory(tmp_path):
 
 def test_no_process_registered_prints_nothing_and_the_residency_check_reads_them(tmp_path):
     """The GpuProcesses fact (what the switch's and the audit's residency checks read)."""
-    from llamarack.roles.driver.reads import GpuProcesses
+    from roles.driver.reads import GpuProcesses
 
     apps = "--query-compute-apps=pid,process_name,used_gpu_memory,gpu_uuid"
     for processes in (None, []):  # no file, or set to none
@@ -348,7 +348,7 @@ def fixture(name):
 def test_the_dgx1_topology_is_the_real_matrix_in_the_real_layout(tmp_path):
     """The NVLink mesh of the real DGX-1 captures, in the current drivers' layout (tabs, the
     NUMA columns, the legend's words of the real one)."""
-    from llamarack.roles.driver.reads import GpuTopology
+    from roles.driver.reads import GpuTopology
 
     rc, out = smi(host_root(tmp_path, "v100-sxm2-16gb-x8"), "topo", "-m")
     lines = out.split("\n")
@@ -365,7 +365,7 @@ def test_a_pcie_host_is_phb_node_and_sys_and_the_header_is_underlined_on_a_termi
     import os
     import pty
 
-    from llamarack.roles.driver.reads import GpuTopology, topology_summary
+    from roles.driver.reads import GpuTopology, topology_summary
 
     r = host_root(tmp_path, "rtx3090-p40-x3")
     topology = fact_on(r, GpuTopology)
@@ -381,8 +381,8 @@ def test_a_pcie_host_is_phb_node_and_sys_and_the_header_is_underlined_on_a_termi
 
 
 def test_the_audit_shows_the_links_per_card_pair(tmp_path):
-    from llamarack.roles.driver.audit import topology_found
-    from llamarack.roles.driver.reads import GpuTopology
+    from roles.driver.audit import topology_found
+    from roles.driver.reads import GpuTopology
 
     found = topology_found(fact_on(host_root(tmp_path, "v100-sxm2-16gb-x8"), GpuTopology))
     assert found["summary"].startswith("8 cards; NVLink between 0-1:NV1 0-2:NV1 0-3:NV2 0-4:NV2 1-2:NV2 ")
@@ -397,7 +397,7 @@ def test_the_audit_shows_the_links_per_card_pair(tmp_path):
 # -- a card off the bus ------------------------------------------------------------
 
 def test_a_card_off_the_bus_is_not_listed_and_the_others_are_numbered_without_it(tmp_path):
-    from llamarack.roles.driver.reads import GpuTopology
+    from roles.driver.reads import GpuTopology
     from llamarack_lab import profiles
 
     cards = profiles.gpus_json("lab-x", "v100-sxm2-16gb-x8")
@@ -446,7 +446,7 @@ APPS = ("--query-compute-apps=pid,process_name,used_gpu_memory,gpu_uuid", "--for
 
 
 def test_a_llama_server_is_listed_on_the_cards_its_environment_names(tmp_path):
-    from llamarack.roles.driver.reads import GpuProcesses
+    from roles.driver.reads import GpuProcesses
     from llamarack_lab import profiles
 
     cards = profiles.gpus_json("lab-x", "v100-sxm2-16gb-x8")

@@ -17,7 +17,7 @@ def python_files():
         if path.is_file():
             yield path
             continue
-        # os.walk does not follow links: llamarack/roles is a link to roles/, walked once.
+        # os.walk does not follow links: each file is walked once.
         for folder, dirs, files in os.walk(path):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
             yield from (Path(folder) / f for f in sorted(files) if f.endswith(".py"))

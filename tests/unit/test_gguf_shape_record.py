@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from llamarack import remote
-from llamarack.roles.model.reads import GgufShape, shape_record_name
-from llamarack.roles.model.files.gguf_header import SHAPE_KEYS, read_shape
+from roles.model.reads import GgufShape, shape_record_name
+from roles.model.files.gguf_header import SHAPE_KEYS, read_shape
 
 TINY = Path(__file__).resolve().parents[1] / "fixtures/gguf/tiny-llama-Q4_K_M.head.gguf"
 

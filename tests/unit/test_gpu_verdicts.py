@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from llamarack.roles.driver.reads import GpuProcesses
-from llamarack.roles.llamacpp.files import llamacpp_proof as proof
-from llamarack.roles.server.files.wait_healthy import residency
+from roles.driver.reads import GpuProcesses
+from roles.llamacpp.files import llamacpp_proof as proof
+from roles.server.files.wait_healthy import residency
 
 LOGS = Path(__file__).parents[1] / "fixtures/llama-server/gpu-residency"
 UUID = "GPU-1c315d8b-7c35-20bc-491b-dbfb0494e2cd"
@@ -111,9 +111,9 @@ def test_residency_on_the_card_and_off_it():
 
 
 def test_the_audit_residency_item_on_the_card_off_it_and_on_a_cpu_build():
-    from llamarack.roles.driver.reads import Gpu
-    from llamarack.roles.server.audit import residency_item
-    from llamarack.settings import load_settings
+    from roles.driver.reads import Gpu
+    from roles.server.audit import residency_item
+    from roles.settings import load_settings
 
     h200 = Gpu(0, "NVIDIA H200", UUID, 143771, "9.0", "580.159.04", "0x233510DE")
     cuda = load_settings("gpu01", {"python_env_backend": "venv", "llamacpp_backend": "cuda"})

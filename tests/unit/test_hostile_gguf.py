@@ -17,14 +17,14 @@ from pyinfra.api.exceptions import FactProcessError
 
 from llamarack import remote
 from llamarack.errors import ModelSourceError
-from llamarack.model_shapes import local_gguf_shape, shape_from_config
-from llamarack.plan_cli import plan_command
-from llamarack.planner import MIB, Knobs, PlanError, plan
-from llamarack.roles.llamacpp.files.llamacpp_proof import _gguf_kv, _gguf_string
-from llamarack.roles.model.files.gguf_header import MAX_LAYERS, read_shape
-from llamarack.roles.model.reads import GgufShape
-from llamarack.roles.server.plan import plan_context
-from llamarack.settings import load_settings
+from roles.model.shapes import local_gguf_shape, shape_from_config
+from roles.server.plan_cli import plan_command
+from roles.server.planner import MIB, Card, Knobs, PlanError, plan
+from roles.llamacpp.files.llamacpp_proof import _gguf_kv, _gguf_string
+from roles.model.files.gguf_header import MAX_LAYERS, read_shape
+from roles.model.reads import GgufShape
+from roles.server.plan import knobs
+from roles.settings import load_settings
 from tests.unit.test_planner_answers import _synthetic
 from tests.unit.test_server_plan import _gguf_header
 
@@ -138,7 +138,7 @@ def test_the_crafted_header_without_changes_reads(tmp_path):
     path.write_bytes(crafted())
     shape = GgufShape().process(host_answer(path).splitlines())
     assert (shape["n_layer"], shape["n_head_kv"], shape["head_dim_k"]) == (2, 2, 64)
-    assert plan(shape, Knobs(), 8192).gpu_layers == 3
+    assert plan(shape, Knobs(), [Card("c", 8192)]).gpu_layers == 3
 
 
 def test_odd_tensor_names_are_no_layer_and_no_crash(tmp_path):
@@ -206,12 +206,12 @@ def test_a_crafted_shape_is_the_hosts_refusal_not_a_crash(shape, said):
     settings = load_settings("gpu01", {"python_env_backend": "venv"})
     for card in (16384, None):
         with pytest.raises(PlanError) as e:
-            plan_context(settings, shape, card)
+            plan(shape, knobs(settings), [Card("c", card)] if card else [])
         assert e.value.failure.rule == "model-shape"
         assert re.search(said, e.value.failure.message("gpu01")), e.value.failure.message("gpu01")
     # as a draft model too, beside a sound model
     with pytest.raises(PlanError, match="model-shape") as e:
-        plan(_tiny(), Knobs(), 16384, shape)
+        plan(_tiny(), Knobs(), [Card("c", 16384)], shape)
     assert "found draft model" in e.value.failure.message("gpu01")
 
 
@@ -259,11 +259,11 @@ def test_llamarack_plan_says_what_is_wrong_and_exits_1(tmp_path, source):
 def test_fifty_thousand_layers_plan_in_well_under_a_second(swa):
     """A partial offload over 50,000 layers: the planner tries log2(n) layer counts, each
     ledger two sums over the layers, not n ledgers of n layers each."""
-    from llamarack.plan_cli import kv_table
-    from llamarack.planner import ledger
+    from roles.server.plan_cli import kv_table
+    from roles.server.planner import ledger
 
     shape = _synthetic(50_000, 7, swa)
-    card = int(sum(shape["layer_bytes"]) / MIB * 0.6)
+    card = [Card("c", int(sum(shape["layer_bytes"]) / MIB * 0.6))]
     started = time.process_time()
     p = plan(shape, Knobs(), card)
     table = kv_table(shape, Knobs(), card, [("f16", "f16"), ("q4_0", "q4_0")])
@@ -279,8 +279,8 @@ def test_fifty_thousand_layers_plan_in_well_under_a_second(swa):
 def test_the_most_layers_a_shape_may_have_plan_in_well_under_a_second():
     shape = _synthetic(MAX_LAYERS, 5, "list")
     started = time.process_time()
-    plan(shape, Knobs(), int(sum(shape["layer_bytes"]) / MIB * 0.3))
+    plan(shape, Knobs(), [Card("c", int(sum(shape["layer_bytes"]) / MIB * 0.3))])
     assert time.process_time() - started < 1.0
     with pytest.raises(PlanError) as e:
-        plan(_synthetic(MAX_LAYERS + 1, 5, "none"), Knobs(), 16384)
+        plan(_synthetic(MAX_LAYERS + 1, 5, "none"), Knobs(), [Card("c", 16384)])
     assert f"n_layer (block_count) {MAX_LAYERS + 1} is out of range" in e.value.failure.found

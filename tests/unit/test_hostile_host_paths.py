@@ -15,16 +15,18 @@ from pyinfra.api import FileUploadCommand, StringCommand
 from pyinfra.context import ctx_host
 from pyinfra.facts.files import File, Sha1File
 
-from llamarack.operations import UPLOAD_DIR_PREFIX, private_upload, put_file, record_gpus, secret_upload
-from llamarack.roles.driver.reads import DriverState, KernelModule, NvidiaSmi
-from llamarack.roles.preflight.reads import gather, preflight_reads
-from llamarack.roles.python_env.operations import converter_pins, pip_pins
-from llamarack.roles.python_env.plan import LockError, PipStep, awq_lock, awq_plan, locked_requirements
-from llamarack.roles.python_env.reads import PythonEnvPackages, RequirementsFile
-from llamarack.roles.server.operations import service, system_account
-from llamarack.roles.server.reads import SERVICE_USER_MARK, PasswdEntry, SystemGroup, SystemUser
-from llamarack.rules import HostFacts, evaluate
-from llamarack.settings import load_settings
+from llamarack.operations import UPLOAD_DIR_PREFIX, private_upload, put_file, secret_upload
+from roles.driver.operations import record_gpus
+from roles.driver.reads import DriverState, KernelModule, NvidiaSmi
+from roles.preflight.reads import gather, preflight_reads
+from roles.python_env.operations import converter_pins, pip_pins
+from roles.python_env.plan import LockError, PipStep, awq_lock, awq_plan, locked_requirements
+from roles.python_env.reads import PythonEnvPackages, RequirementsFile
+from roles.server.operations import service, system_account
+from roles.server.reads import SERVICE_USER_MARK, PasswdEntry, SystemGroup, SystemUser
+from roles.preflight.facts import HostFacts
+from roles.preflight.rules import evaluate
+from roles.settings import load_settings
 from tests.roles.test_server_ops import V100, facts as server_facts, settings as server_settings
 from tests.support.facts import FACTS
 from tests.support.ophost import FakeHost, FakeState, fact_key

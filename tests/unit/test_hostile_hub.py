@@ -15,12 +15,12 @@ import re
 import pytest
 
 from llamarack.errors import ModelSourceError, SettingsError
-from llamarack.roles.model import hub
-from llamarack.roles.model.files import model_fetch
-from llamarack.roles.model.hub import HubFile, HubListing, listing_of, repo_files
-from llamarack.roles.model.plan import plan_from_pinned_record, plan_from_record, plan_model, recorded_url
-from llamarack.roles.model.reads import ArtifactState
-from llamarack.settings import load_settings
+from roles.model import hub
+from roles.model.files import model_fetch
+from roles.model.hub import HubFile, HubListing, listing_of, repo_files
+from roles.model.plan import plan_from_pinned_record, plan_from_record, plan_model, recorded_url
+from roles.model.reads import ArtifactState
+from roles.settings import load_settings
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 BLOB = "b" * 40

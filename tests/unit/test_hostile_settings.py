@@ -14,10 +14,12 @@ from pyinfra_cli.util import parse_cli_arg
 from llamarack.cli import main
 from llamarack.errors import SettingsError
 from llamarack.facts.ownership import PathOwners
-from llamarack.roles.preflight.reads import preflight_reads
-from llamarack.rules import HostFacts, evaluate, rule_dirs_private
-from llamarack.roles.driver.reads import DriverState
-from llamarack.settings import all_settings, describe_type, load_settings, private_dirs
+from roles.preflight.reads import preflight_reads
+from roles.preflight.facts import HostFacts
+from roles.preflight.rules import evaluate, rule_dirs_private
+from roles.driver.reads import DriverState
+from roles.settings import all_settings, load_settings, private_dirs
+from llamarack.settings import describe_type
 
 VENV = {"python_env_backend": "venv"}
 FACTS = Path(__file__).resolve().parents[1] / "facts/PathOwners"

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from llamarack import unitfile
+from roles.server import unitfile
 from llamarack.audit import HostAudit, Item, as_table, printable
-from llamarack.model_shapes import shape_from_config
-from llamarack.roles.driver.reads import GpuProcess, GpuProcesses
-from llamarack.roles.llamacpp.reads import BuildFlags
-from llamarack.roles.server.audit import unit_item
-from llamarack.roles.server.reads import FoundUnit
-from llamarack.roles.server.plan import wanted_units
-from llamarack.settings import load_settings
+from roles.model.shapes import shape_from_config
+from roles.driver.reads import GpuProcess, GpuProcesses
+from roles.llamacpp.reads import BuildFlags
+from roles.server.audit import unit_item
+from roles.server.reads import FoundUnit
+from roles.server.plan import wanted_units
+from roles.settings import load_settings
 
 CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "configs"
 LLAMA8B = shape_from_config(json.loads((CONFIGS / "llama-3.1-8b-instruct.config.json").read_text()), "Q4_K_M")

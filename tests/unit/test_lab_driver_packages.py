@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from llamarack.roles.driver.reads import NvidiaDriverPackages
+from roles.driver.reads import NvidiaDriverPackages
 from llamarack_lab.fake_nvidia import deb
 
 OLD, NEW = deb.DEFAULT_VERSION, deb.UPGRADE_VERSION

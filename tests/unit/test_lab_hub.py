@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from llamarack.roles.model.hub import repo_files
+from roles.model.hub import repo_files
 from llamarack_lab import services, tiny_model
 from llamarack_lab.hub_server import HubServer, Repo
 from llamarack_lab.tiny_model import TINY_MODEL_REVISION

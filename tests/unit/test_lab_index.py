@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from llamarack_lab import services, wheels
-from llamarack.settings import load_settings
+from roles.settings import load_settings
 from tests.support.cache import CACHE
 
 SMALL = ["requests==2.32.3", "urllib3<2"]

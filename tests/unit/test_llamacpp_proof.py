@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from llamarack.roles.llamacpp.files import llamacpp_proof as proof
+from roles.llamacpp.files import llamacpp_proof as proof
 from llamarack import remote
 
 GGUF_HEADER = remote.path("gguf_header")
@@ -105,7 +105,7 @@ def test_command_runs_a_host_module_from_its_source(tmp_path):
 
 
 def test_flags_fact_carries_the_args_the_proof_needed():
-    from llamarack.roles.llamacpp.reads import LlamaServerFlags
+    from roles.llamacpp.reads import LlamaServerFlags
 
     fixture = json.loads((Path(__file__).parents[1] / "facts/LlamaServerFlags/pinned_0c1e57098.json").read_text())
     record = {"stamp": "x", "proof": {"variant": "native, no repack", "runtime_args": ["--no-repack"]}}
@@ -119,7 +119,7 @@ def test_flags_fact_refuses_a_record_whose_args_are_not_strings():
     import pytest
     from pyinfra.api.exceptions import FactProcessError
 
-    from llamarack.roles.llamacpp.reads import LlamaServerFlags
+    from roles.llamacpp.reads import LlamaServerFlags
 
     fact = LlamaServerFlags()
     with pytest.raises(FactProcessError):
@@ -127,7 +127,7 @@ def test_flags_fact_refuses_a_record_whose_args_are_not_strings():
 
 
 def test_secret_digest_on_the_host_is_the_control_machine_s(tmp_path):
-    from llamarack.roles.server.files.secret_digest import digest
+    from roles.server.files.secret_digest import digest
 
     secret = tmp_path / "key"
     secret.write_bytes(b"sk-test-123\n")
@@ -146,9 +146,9 @@ def test_each_tool_spells_the_proven_switches_its_own_way():
 
 
 def test_the_proof_computes_a_batch_as_large_as_every_later_tools():
-    from llamarack.roles.model.files.model_quality import KV_TYPES
-    from llamarack.roles.model.operations import QUALITY_CTX
-    from llamarack.roles.server.plan import BENCH_PROMPT
+    from roles.model.files.model_quality import KV_TYPES
+    from roles.model.operations import QUALITY_CTX
+    from roles.server.plan import BENCH_PROMPT
 
     assert proof.PROOF_BATCH >= max(QUALITY_CTX, BENCH_PROMPT)
     assert proof.QUALITY_KV_TYPES == KV_TYPES

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from llamarack.roles.model.hub import repo_files
+from roles.model.hub import repo_files
 from tests.support.hub_server import HubServer
 
 FETCHER = Path(__file__).resolve().parents[2] / "roles" / "model" / "files" / "model_fetch.py"
@@ -455,7 +455,7 @@ def test_a_cache_that_cannot_take_a_file_does_not_stop_the_fetch(hub, repo_dir, 
 def test_an_http_error_names_the_url_without_its_credentials_or_signature():
     import urllib.error
 
-    from llamarack.roles.model.files.model_fetch import _http_error
+    from roles.model.files.model_fetch import _http_error
 
     url = "https://user:s3cret@cdn.example.org/files/model.gguf?X-Amz-Signature=abc123&Expires=9"
     error = _http_error("model.gguf", urllib.error.HTTPError(url, 404, "Not Found", {}, None))

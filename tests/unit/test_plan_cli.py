@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from llamarack.cli import main
-from llamarack.model_shapes import HEADER_CHUNK, quant_type, shape_from_config
-from llamarack.roles.model.files.gguf_header import read_shape
+from roles.model.shapes import HEADER_CHUNK, quant_type, shape_from_config
+from roles.model.files.gguf_header import read_shape
 from tests.support.hub_server import HubServer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

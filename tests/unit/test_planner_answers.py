@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from llamarack.model_shapes import shape_from_config
-from llamarack.plan_cli import kv_table
-from llamarack.planner import AUTO_KV_TYPES, MIB, Knobs, PlanError, plan
-from llamarack.roles.model.files.gguf_header import read_shape
+from roles.model.files.gguf_header import read_shape
+from roles.model.shapes import shape_from_config
+from roles.server.plan_cli import kv_table
+from roles.server.planner import AUTO_KV_TYPES, MIB, Card, Knobs, PlanError, plan
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 ANSWERS = FIXTURES / "planner/answers.json"
@@ -98,12 +98,13 @@ def cases():
 
 def answer(shape: dict, knobs: Knobs, card, draft) -> str:
     """The plan or its refusal, and the KV table, in words and as a digest of all of it."""
+    cards = [Card("c", card, knobs.compute_cap)] if card is not None else []
     try:
-        p = plan(shape, knobs, card, draft)
+        p = plan(shape, knobs, cards, draft)
         said, words = p.as_dict(), f"ctx {p.ctx_per_slot} {p.cache_type_k}/{p.cache_type_v} ngl {p.gpu_layers}"
     except PlanError as e:
         said, words = e.failure.message("h"), f"refused {e.failure.rule}"
-    table = kv_table(shape, knobs, card, [(t, t) for t in AUTO_KV_TYPES], draft) if card is not None else None
+    table = kv_table(shape, knobs, cards, [(t, t) for t in AUTO_KV_TYPES], draft) if card is not None else None
     text = json.dumps({"plan": said, "kv": table}, sort_keys=True)
     return f"{words} {hashlib.sha256(text.encode()).hexdigest()[:16]}"
 

@@ -1,4 +1,4 @@
-"""llamarack/rollout.py: the order, the batches, each host's states, the stop at a failure
+"""roles/rollout.py: the order, the batches, each host's states, the stop at a failure
 and --resume. The inventory is loaded by pyinfra as the command loads it; only the
 pyinfra boundary (a command on a host, the deploy of one host) is a fake, which answers
 each host script (recognised by its source) from a small model of the rack."""
@@ -10,9 +10,10 @@ import stat
 
 import pytest
 
-from llamarack import hosts, remote, rollout
+from llamarack import hosts, remote
+from roles import rollout
 from llamarack.audit import HostAudit, Item
-from llamarack.roles.server.plan import HEALTH_MARK, RESIDENCY_MARK
+from roles.server.plan import HEALTH_MARK, RESIDENCY_MARK
 
 SOURCES = {remote.source(n): n for n in remote.names()}
 DATA = '{"python_env_backend": "venv", "llamacpp_backend": "cpu"}'
@@ -300,7 +301,7 @@ def test_refusals_touch_nothing(here):
 
 
 def test_dry_prints_the_order_and_each_hosts_plan(here, monkeypatch):
-    from llamarack import audit
+    from roles import audit
 
     def audits(chosen, templates=(), verify=False):
         out = []
@@ -340,9 +341,9 @@ def test_the_audit_item_says_where_the_rollout_left_the_host():
 
     from pyinfra.facts.files import FileContents
 
-    from llamarack import rollout_audit
+    from roles import rollout_audit
     from llamarack.facts import FactRead
-    from llamarack.settings import load_settings
+    from roles.settings import load_settings
 
     settings = load_settings("lab-a", json.loads(DATA))
     path = "/opt/llamarack/state/rollout.json"

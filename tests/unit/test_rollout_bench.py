@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llamarack.rollout import Options, bench_verdict
+from roles.rollout import Options, bench_verdict
 from tests.support.fake_llama_server import FakeLlamaServer
 
 _spec = importlib.util.spec_from_file_location("rollout_bench",

@@ -3,16 +3,20 @@
 import pytest
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
-from llamarack.roles.toolchain.reads import CudaToolkit, GccInstall
-from llamarack.roles.driver.reads import DebPackage
-from llamarack.roles.driver.reads import DriverState, Gpu, KernelModule, NvidiaSmi
-from llamarack.roles.driver.reads import NvidiaDriverPackages
-from llamarack.rules import RULES, HostFacts, choose_host_compiler, driver_floor, driver_warnings, evaluate, package_driver_version, missing_gpus, missing_gpus_warning
-from llamarack.rules import fallen_gpus_warning
-from llamarack.settings import load_settings
+from roles.toolchain.reads import CudaToolkit, GccInstall
+from roles.driver.reads import DebPackage
+from roles.driver.reads import DriverState, Gpu, KernelModule, NvidiaSmi
+from roles.driver.reads import NvidiaDriverPackages
+from roles.preflight.rules import RULES, evaluate
+from roles.preflight.facts import HostFacts
+from roles.toolchain.rules import choose_host_compiler
+from roles.driver.rules import driver_floor, driver_warnings, missing_gpus, missing_gpus_warning, package_driver_version
+from roles.driver.rules import fallen_gpus_warning
+from roles.settings import load_settings
 
 V100 = Gpu(0, "Tesla V100-SXM2-16GB", "GPU-1", 16384, "7.0", "550.127.05")
 T4 = Gpu(1, "Tesla T4", "GPU-2", 15360, "7.5", "550.127.05")
@@ -375,7 +379,7 @@ def test_kepler_cards_are_refused_as_unsupported_with_no_driver_fix():
 # Cards nvidia-smi cannot name: the PCI bus and the kernel's log name the cause.
 
 def fixture(fact, case):
-    from llamarack.roles.driver.reads import NvidiaKernelLog, NvidiaPciCards
+    from roles.driver.reads import NvidiaKernelLog, NvidiaPciCards
 
     cls = {"NvidiaPciCards": NvidiaPciCards, "NvidiaKernelLog": NvidiaKernelLog}[fact]
     return cls().process(json.loads((FACTS / f"{fact}/{case}.json").read_text())["output"])
@@ -410,7 +414,7 @@ def test_a_590_driver_on_a_first_run_v100_is_the_ceiling():
     # no record, a .run driver (no packages): the PCI bus names the card, the kernel the branch
     failures = evaluate(settings(), no_module(pci="v100_nouveau", log="legacy_590"))
     assert [f.rule for f in failures] == ["driver-nouveau"]  # nouveau first: the nvidia module never bound
-    from llamarack.roles.driver.reads import PciCard
+    from roles.driver.reads import PciCard
 
     v100 = PciCard("0000:3b:00.0", "0x1DB410DE", None, "Tesla V100 PCIe 16GB", "7.0")  # unbound
     facts = HostFacts(driver=NO_MODULE, module=None, toolkits=(CUDA118,), gcc=GCC11, pci_cards=(v100,),
@@ -464,7 +468,7 @@ def test_a_recorded_card_off_the_bus_is_named_once_as_fallen_with_its_uuid():
 
 
 def test_nvidia_smi_failing_on_a_card_off_the_bus_names_the_card_not_the_driver():
-    from llamarack.roles.driver.reads import PciCard
+    from roles.driver.reads import PciCard
 
     state = smi_fixture("error")  # "Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error"
     v100 = PciCard("0000:3b:00.0", "0x1DB410DE", "nvidia", "Tesla V100 PCIe 16GB", "7.0")
@@ -494,7 +498,7 @@ def test_no_module_file_for_the_running_kernel_is_the_dkms_cure():
 
 
 def test_a_kepler_card_on_the_bus_is_refused_on_a_first_run():
-    from llamarack.roles.driver.reads import PciCard
+    from roles.driver.reads import PciCard
 
     k80 = PciCard("0000:04:00.0", "0x102D10DE", None, "Tesla K80", "3.7")
     failures = evaluate(settings(), HostFacts(driver=NO_MODULE, module=None, toolkits=(CUDA118,), gcc=GCC11,
@@ -503,7 +507,7 @@ def test_a_kepler_card_on_the_bus_is_refused_on_a_first_run():
 
 
 def test_a_card_in_mig_mode_is_refused_with_what_cuda_sees():
-    from llamarack.roles.driver.reads import MigStates
+    from roles.driver.reads import MigStates
 
     def mig(case):
         return MigStates().process(json.loads((FACTS / f"MigStates/{case}.json").read_text())["output"])
@@ -535,8 +539,8 @@ def awq_settings(**data):
 
 def served(made_from):
     """The served artifact, as its record says the settings ``made_from`` made it."""
-    from llamarack.roles.model.plan import asked_inputs
-    from llamarack.roles.model.reads import ArtifactState
+    from roles.model.plan import asked_inputs
+    from roles.model.reads import ArtifactState
 
     m = made_from.model
     record = {"stamp": "5" * 64, "source": "hf", "files": {}, "repo": m.repo, "revision": m.revision,
@@ -586,7 +590,7 @@ def test_awq_calibration_is_checked_only_when_it_will_run_and_the_shape_is_known
 
 
 def test_awq_calibration_is_counted_from_the_text_with_no_tokenizer(tmp_path):
-    from llamarack.roles.model.files.awq_apply import tokens_at_most
+    from roles.model.files.awq_apply import tokens_at_most
 
     text = tmp_path / "calibration.txt"
     text.write_text("A short text.\n\nAnd another paragraph, é.\n")
@@ -598,8 +602,8 @@ def test_awq_calibration_is_counted_from_the_text_with_no_tokenizer(tmp_path):
 
 
 def test_preflight_reads_the_served_artifact_only_for_awq_calibration_on_the_cards():
-    from llamarack.roles.model.reads import GgufShape, ModelArtifact
-    from llamarack.roles.preflight.reads import gather, preflight_reads
+    from roles.model.reads import GgufShape, ModelArtifact
+    from roles.preflight.reads import gather, preflight_reads
 
     state = served(settings(model_repo="org/llama", model_revision=SHA))
 
@@ -614,3 +618,40 @@ def test_preflight_reads_the_served_artifact_only_for_awq_calibration_on_the_car
     assert (facts.served_model, facts.served_shape) == (state, SHAPE_70B)
     assert "awq-card-memory" in [f.rule for f in evaluate(awq, facts)]
     assert gather(cpu, read=read).served_model is None
+
+
+def _codes(function) -> list:
+    """The rule names a rule can return, in source order: the first argument of each
+    ``Failure(...)`` in its body and in the functions of its module it calls."""
+    import ast
+    import inspect
+    import sys
+
+    module = sys.modules[function.__module__]
+    tree = {n.name: n for n in ast.parse(inspect.getsource(module)).body if isinstance(n, ast.FunctionDef)}
+
+    def found(name: str, seen: tuple) -> list:
+        calls = sorted((n for n in ast.walk(tree[name]) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)),
+                       key=lambda n: (n.lineno, n.col_offset))  # fmt: skip
+        out = []
+        for call in calls:
+            if call.func.id == "Failure" and isinstance(call.args[0], ast.Constant):
+                out.append(call.args[0].value)
+            elif call.func.id in tree and call.func.id not in seen:
+                out += found(call.func.id, seen + (call.func.id,))
+        return out
+
+    return list(dict.fromkeys(found(function.__name__, (function.__name__,))))
+
+
+def test_the_docs_list_every_rule_in_the_order_they_run():
+    """docs/deploy.md's table of rules is the code's: every name a rule returns is in it, it
+    names no other, and its rows follow ``RULES`` (each role's rules, as preflight runs them)."""
+    docs = (Path(__file__).resolve().parents[2] / "docs/deploy.md").read_text()
+    table = docs.split("## The rules, in the order they run", 1)[1].split("\n\n", 2)[1]
+    rows = [re.findall(r"`([a-z0-9-]+)`", line.split(" | ")[0]) for line in table.splitlines()[2:]]
+    rows = [r for r in rows if "context-trained" not in r]  # the server role's, once the model is known
+    codes = [_codes(rule) for rule in RULES]
+    assert {c for r in rows for c in r} == {c for cs in codes for c in cs}
+    firsts = [cs[0] for cs in codes]
+    assert [r[0] for r in rows if r[0] in firsts] == firsts

@@ -1,6 +1,5 @@
 """The context planner and the unit: memory arithmetic, refusals, flags."""
 
-import dataclasses
 import json
 import re
 import struct
@@ -8,22 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from llamarack.roles.llamacpp.reads import BuildFlags, parse_build_help
-from llamarack.roles.llamacpp.reads import ServerFlags
-from llamarack.model_shapes import shape_from_config
-from llamarack.planner import (CUBLAS_OWN_MIB, Knobs, context_cap, cublas_prefill, layers_on_card, ledger,
-                               prefill_pool_bytes, sliding_layers)  # fmt: skip
-from llamarack.roles.model.files.gguf_header import GgufError, read_shape
-from llamarack.roles.server.plan import (
+from roles.llamacpp.reads import BuildFlags, parse_build_help
+from roles.llamacpp.reads import ServerFlags
+from roles.model.shapes import shape_from_config
+from roles.server.planner import (CUBLAS_OWN_MIB, Card, Knobs, context_cap, cublas_prefill, layers_on_card, ledger,
+                                  plan, prefill_pool_bytes, sliding_layers)  # fmt: skip
+from roles.model.files.gguf_header import GgufError, read_shape
+from roles.server.plan import (
     MIB,
     PlanError,
     knobs,
-    plan_context,
     render_unit,
     server_args,
 )
-from llamarack.roles.server.settings import DEFAULT_RESERVE_MIB
-from llamarack.settings import load_settings
+from roles.server.settings import DEFAULT_RESERVE_MIB
+from roles.settings import load_settings
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TINY = FIXTURES / "gguf/tiny-llama-Q4_K_M.head.gguf"
@@ -39,6 +37,11 @@ OLD_HELP = ServerFlags(("--no-mmap",), False, False, False)
 
 def settings(**data):
     return load_settings("gpu01", {"python_env_backend": "venv", **data})
+
+
+def plan_context(s, shape: dict, card_mib, draft_shape=None, compute_cap=None):
+    """The server role's plan of ``shape`` on one card of ``card_mib`` (None: served from the CPU)."""
+    return plan(shape, knobs(s), [Card("card", card_mib, compute_cap)] if card_mib is not None else [], draft_shape)
 
 
 def test_header_reader_matches_llama_cpp_own_reader():
@@ -164,8 +167,8 @@ def test_partial_offload_picks_the_most_layers_that_leave_the_minimum_context():
     big = shape_from_config(json.loads((CONFIGS / "gemma-3-27b-it.config.json").read_text()), "Q4_K_M")
     plan = plan_context(settings(), big, 16130)
     assert plan.gpu_layers == 60 and "60 of 63 layers on the card" in plan.note
-    assert ledger(big, knobs(settings()), 16130, 60, "q4_0", "q4_0", 4096).fits()
-    assert not ledger(big, knobs(settings()), 16130, 61, "q4_0", "q4_0", 4096).fits()
+    assert ledger(big, knobs(settings()), [Card("c", 16130)], 60, "q4_0", "q4_0", 4096).fits()
+    assert not ledger(big, knobs(settings()), [Card("c", 16130)], 61, "q4_0", "q4_0", 4096).fits()
     assert plan.ctx_size >= 4096 and plan.cache_type_k == "q4_0"
     # a fixed count that leaves no room is refused with the numbers
     with pytest.raises(PlanError) as e:
@@ -238,7 +241,7 @@ def test_kv_arithmetic_matches_what_llama_cpp_allocates():
     assert set(reported) == {"q4_0", "f16", "q8_0"}
     shape = read_shape(str(TINY))
     for cache_type, mib in reported.items():
-        book = ledger(shape, knobs(settings()), None, 0, cache_type, cache_type, 2048)
+        book = ledger(shape, knobs(settings()), [], 0, cache_type, cache_type, 2048)
         assert round((book.kv_on_card + book.kv_on_host) / MIB, 2) == mib
 
 
@@ -261,7 +264,7 @@ def test_ledger_matches_llama_cpp_load_log(log_name, k, v, per_slot, slots):
     """KV, weights and compute against what llama.cpp itself allocated (README of load-logs)."""
     log = (LOAD_LOGS / f"{log_name}.log").read_text()
     shape = read_shape(str(SMOKE))
-    book = ledger(shape, Knobs(parallel=slots), None, 0, k, v, per_slot)
+    book = ledger(shape, Knobs(parallel=slots), [], 0, k, v, per_slot)
     kv = re.search(r"llama_kv_cache: size = +([0-9.]+) MiB \( *(\d+) cells, +2 layers, +(\d+)/", log)
     assert (int(kv.group(2)), int(kv.group(3))) == (per_slot, slots)  # cells per stream, streams
     assert round((book.kv_on_card + book.kv_on_host) / MIB, 2) == float(kv.group(1))
@@ -304,7 +307,7 @@ def test_the_write_ups_case_gemma_3_27b_q4_k_m_on_a_v100_16gb():
     assert round(shape["size"] / 1e9, 2) == 16.54  # the published Q4_K_M GGUFs: 16.5 GB
     s = settings(server_rope_scaling="yarn", server_rope_scale=2.0, server_ctx_size=262144,
                  server_cache_type_k="q4_0", server_cache_type_v="q4_0")  # fmt: skip
-    book = ledger(shape, dataclasses.replace(knobs(s), compute_cap=V100_CC), 16130, 63, "q4_0", "q4_0", 262144)
+    book = ledger(shape, knobs(s), [Card("c", 16130, V100_CC)], 63, "q4_0", "q4_0", 262144)
     gib = {k: round(getattr(book, k) / 2**30, 2) for k in ("weights_on_card", "weights_on_host", "kv_on_card",
                                                            "compute_on_card", "prefill_pool", "reserve", "total_on_card")}
     # 15.40 GiB on the card: every layer plus the Q6_K output layer (the tied embedding's second
@@ -370,7 +373,7 @@ def test_the_v100_plan_of_the_27b_holds_on_the_cublas_path():
         log = (GPU_LOGS / r["log"]).read_text()
         assert "FORCE_CUBLAS = 1" in log and f"n_ctx                 = {r['ctx_per_slot']}" in log
         k = r["cache_type"]
-        books[name] = book = ledger(shape, Knobs(compute_cap=V100_CC), card, r["gpu_layers"], k, k, r["ctx_per_slot"])
+        books[name] = book = ledger(shape, Knobs(), [Card("c", card, V100_CC)], r["gpu_layers"], k, k, r["ctx_per_slot"])
         seen = _cuda_buffers(log)
         assert abs(book.weights_on_card / MIB - seen[("model", True)]) <= 0.1
         assert abs(book.kv_on_card / MIB - seen[("KV", True)]) <= 0.02
@@ -404,14 +407,14 @@ def test_which_cards_take_cublas_for_prompts():
 
 
 def test_a_v100_host_plans_the_prefill_pool_and_a_t4_host_does_not():
-    from llamarack.roles.driver.reads import Gpu
-    from llamarack.roles.server.plan import card_compute_cap
+    from roles.driver.reads import Gpu
+    from roles.server.card_layout import cards_of
 
     v100 = Gpu(0, "Tesla V100-SXM2-16GB", "GPU-1", 16160, "7.0", "550.127.05", "0x1DB110DE")
     t4 = Gpu(1, "Tesla T4", "GPU-2", 15360, "7.5", "550.127.05", "0x1EB810DE")
-    assert card_compute_cap((v100,)) == card_compute_cap((t4, v100)) == "7.0"  # the pool is the larger need
-    assert card_compute_cap((t4,)) == "7.5" and card_compute_cap(()) is None
     s = settings(server_ctx_size=65536, server_cache_type_k="f16", server_cache_type_v="f16")
+    pools = [c.prefill_pool for c in plan(LLAMA8B, knobs(s), cards_of((t4, v100)), split_mode="layer").ledger.cards]
+    assert pools == [0, 214 * MIB]  # each card by its own capability: the V100's pool, none on the T4
     volta = plan_context(s, LLAMA8B, 16130, compute_cap="7.0").ledger
     turing = plan_context(s, LLAMA8B, 16130, compute_cap="7.5").ledger
     assert volta.prefill_pool == 214 * MIB and turing.prefill_pool == 0
@@ -432,7 +435,7 @@ def test_eager_module_loading_holds_more_of_the_card():
 
 def _gguf_header(meta: list, tensors: list) -> bytes:
     """A GGUF v3 header (no tensor data), written with the smoke model's own writer helpers."""
-    from llamarack.roles.llamacpp.files.llamacpp_proof import _gguf_kv, _gguf_string
+    from roles.llamacpp.files.llamacpp_proof import _gguf_kv, _gguf_string
 
     infos = b"".join(_gguf_string(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims)
                      + struct.pack("<IQ", kind, 0) for name, dims, kind in tensors)  # fmt: skip
@@ -461,7 +464,7 @@ def test_header_reader_takes_sliding_windows_rope_and_tied_embeddings(tmp_path):
     assert sliding_layers(shape) == frozenset({0, 1, 2, 3, 4})
     assert context_cap(shape, Knobs(rope_scaling="yarn", rope_scale=4.0)) == (131072, ("yarn", 4.0, 32768))
     # the tied embedding goes on the card as the output layer, and stays on the host as the input
-    book = ledger(shape, Knobs(), 4096, 7, "f16", "f16", 4096)
+    book = ledger(shape, Knobs(), [Card("c", 4096)], 7, "f16", "f16", 4096)
     assert book.weights_on_card == sum(shape["layer_bytes"]) + shape["output_bytes"] + shape["token_embd_bytes"]
     assert book.weights_on_host == shape["token_embd_bytes"]
     # 1 dense layer at 4096 cells, 5 sliding at pad256(1024 + 512) = 1536
@@ -484,7 +487,7 @@ def test_the_vocabulary_is_read_past_across_chunks_and_long_strings(tmp_path):
     """A real vocabulary (10^5 strings) is skipped from chunks of the file, not read string
     by string: strings of every length, some across a chunk's end, one longer than a chunk,
     and the keys after them still read right, as the whole-metadata reader reads them."""
-    from llamarack.roles.model.files import gguf_header
+    from roles.model.files import gguf_header
 
     tokens = [("t" * (i % 23)) + str(i) for i in range(30000)]
     tokens[7777] = "L" * (3 * gguf_header._SKIP_CHUNK + 5)  # past two chunks at once
@@ -555,7 +558,7 @@ def test_ledger_matches_llama_cpp_on_cuda(case):
     log = (GPU_LOGS / case["log"]).read_text()
     shape = json.loads((GPU_LOGS / f"{case['shape']}.shape.json").read_text())
     k = case["cache_type"]
-    book = ledger(shape, Knobs(parallel=case["parallel"]), 143771, case["gpu_layers"], k, k, case["ctx_per_slot"])
+    book = ledger(shape, Knobs(parallel=case["parallel"]), [Card("c", 143771)], case["gpu_layers"], k, k, case["ctx_per_slot"])
     seen = _cuda_buffers(log)
     mib = lambda b: round(b / MIB, 2)  # noqa: E731
     # to the 0.1 MiB: CUDA pads the rows of a quantized tensor on the card (Gemma: 0.07 MiB)

@@ -8,7 +8,7 @@ from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import _get_group_data
 
 from llamarack.errors import SettingsError
-from llamarack.settings import all_settings, defaults, load_settings
+from roles.settings import Settings, all_settings, load_settings
 from llamarack.ssh import PARAMIKO_CONNECT_KWARGS
 from llamarack.settings_docs import group_data_file, markdown_table
 
@@ -26,14 +26,14 @@ def test_defaults_are_the_reference_recipe():
     assert s.python_env.torch_index_url.endswith("/cu118")
     assert s.llamacpp.backend == "cuda" and s.llamacpp.cuda_archs is None
     assert s.model.quant == "Q4_K_M"
-    # the planner picks the KV types and the layers on the card (llamarack/planner.py)
+    # the planner picks the KV types and the layers on the card (roles/server/planner.py)
     assert (s.server.cache_type_k, s.server.cache_type_v) == ("auto", "auto")
     assert s.server.flash_attn and not s.server.mmap and s.server.gpu_layers is None
     assert (s.server.min_ctx_size, s.server.rope_scaling, s.server.rope_scale) == (4096, "none", 1.0)
 
 
 def test_every_outside_source_is_a_setting():
-    keys = set(defaults())
+    keys = {info.key for info in all_settings()}
     for key in (
         "python_env_conda_installer_url",
         "python_env_conda_installer_sha256",
@@ -114,18 +114,18 @@ def test_every_setting_has_a_one_line_doc():
 
 def test_group_data_all_is_generated_from_the_settings():
     path = ROOT / "inventory/group_data/all.py"
-    assert path.read_text() == group_data_file(), "run: llamarack settings --group-data > " + str(path)
+    assert path.read_text() == group_data_file(Settings), "run: llamarack settings --group-data > " + str(path)
     # read as pyinfra reads it (imported names are not data)
     with ctx_state.use(State()):
         values = _get_group_data(str(path))["all"]
     # besides the settings, only pyinfra's own connect kwargs (tests/unit/test_ssh.py)
     assert values.pop("ssh_paramiko_connect_kwargs") is PARAMIKO_CONNECT_KWARGS
-    assert values == {k: list(v) if isinstance(v, tuple) else v for k, v in defaults().items()}
+    assert values == {k: list(v) if isinstance(v, tuple) else v for k, v in ((i.key, i.default) for i in all_settings())}
 
 
 def test_settings_reference_matches_the_settings():
     page = (ROOT / "docs/settings.md").read_text()
-    assert page == markdown_table(), "run: llamarack settings --markdown > docs/settings.md"
+    assert page == markdown_table(Settings), "run: llamarack settings --markdown > docs/settings.md"
 
 
 def test_roles_subset_from_the_command_line():

@@ -7,7 +7,7 @@ host, the key, the value given and what is allowed.
 import pytest
 
 from llamarack.errors import SettingsError
-from llamarack.settings import load_settings
+from roles.settings import load_settings
 
 VENV = {"python_env_backend": "venv"}
 SHA = "a" * 40

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from llamarack import unitfile
+from roles.server import unitfile
 from llamarack.layout import UNIT_NAME
-from llamarack.settings import load_settings
+from roles.settings import load_settings
 from roles.server.plan import render_unit
 
 SYSTEMD = Path("/lib/systemd/systemd")
@@ -170,7 +170,7 @@ def test_the_unit_passes_verify_but_for_the_missing_binary():
 
 def _char_devices(case: str) -> tuple:
     """The ``CharDevices`` fact of a fixture (real ``/proc/devices`` output)."""
-    from llamarack.roles.driver.reads import CharDevices
+    from roles.driver.reads import CharDevices
 
     fixture = Path(__file__).parents[1] / "facts" / "CharDevices" / f"{case}.json"
     return CharDevices().process(__import__("json").loads(fixture.read_text())["output"])

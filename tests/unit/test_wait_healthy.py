@@ -100,7 +100,7 @@ def test_the_device_rule_names_what_it_keeps_from_the_server():
     allows nvidia-frontend, which 580 no longer registers, so major 195 is denied."""
     import json
 
-    from llamarack.roles.server.files.wait_healthy import denied_names
+    from roles.server.files.wait_healthy import denied_names
 
     devices = "\n".join(json.loads((FIXTURES.parent / "facts/CharDevices/driver_580_h200.json").read_text())["output"])
     old = "DeviceAllow=char-nvidia-frontend rw\nDeviceAllow=char-nvidia-uvm rw\n"

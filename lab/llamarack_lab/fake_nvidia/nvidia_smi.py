@@ -63,7 +63,7 @@ PROC = ROOT + "/proc"
 MIB = 1 << 20
 
 # The 580 branch is the last that supports Maxwell, Pascal and Volta: a later module
-# ignores cards below compute capability 7.5 (llamarack.rules, driver-ceiling).
+# ignores cards below compute capability 7.5 (roles/driver/rules.py, driver-ceiling).
 LEGACY_LAST_BRANCH = 580
 LEGACY_BELOW_CAP = (7, 5)
 

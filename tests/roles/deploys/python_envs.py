@@ -2,8 +2,8 @@
 
 from pyinfra import host
 
-from llamarack.settings import settings_for
-from llamarack.roles.python_env.deploy import converter_env, python_env
+from roles.settings import settings_for
+from roles.python_env.deploy import converter_env, python_env
 
 settings = settings_for(host)
 python_env(settings)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from pyinfra import host
 
-from llamarack.roles.preflight.reads import gather
-from llamarack.roles.toolchain.deploy import toolchain
-from llamarack.roles.toolchain.plan import plan_toolchain
-from llamarack.settings import settings_for
+from roles.preflight.reads import gather
+from roles.toolchain.deploy import toolchain
+from roles.toolchain.plan import plan_toolchain
+from roles.settings import settings_for
 
 settings = settings_for(host)
 facts = gather(settings)

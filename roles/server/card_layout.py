@@ -3,7 +3,7 @@
 - ``per_card``: one unit per card, each planned for its card alone (``planner.plan``).
 - ``split``: units over the fewest cards (two at least) that hold every layer at the
   wanted context, or without one at the minimum (``server_min_ctx_size``), with
-  llama.cpp's layer split (``split_plan.plan_split``).
+  llama.cpp's layer split (``planner.plan`` over those cards).
 - ``auto``: ``per_card`` when every card holds every layer at that context alone;
   otherwise units over the fewest cards that hold every layer.
 
@@ -27,11 +27,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
+from llamarack.errors import Failure
 from llamarack.gpu_table import planning_memory_mib
-from llamarack.planner import (MIB, Knobs, PlanError, check_shapes, checked_context_cap, kv_candidates,
-                               most_layers)  # fmt: skip
-from llamarack.rules import Failure
-from llamarack.split_plan import Card, Over, SplitPlan, card_knobs, check_split_mode, plan_split, unquantized_knobs
+
+from .planner import (MIB, Card, Knobs, Over, Plan, PlanError, check_shapes, checked_context_cap, check_split_mode,
+                      kv_candidates, plan, unquantized_knobs)  # fmt: skip
 
 LAYOUTS = ("auto", "per_card", "split")
 
@@ -49,7 +49,7 @@ class Unit:
     the unit's device order) and its plan."""
 
     cards: tuple
-    plan: SplitPlan
+    plan: Plan
 
     def as_dict(self, host_cards: tuple) -> dict:
         return {"cards": list(self.cards), "card_ids": [host_cards[i].id for i in self.cards],
@@ -84,7 +84,7 @@ def choose_layout(shape: dict, knobs: Knobs, cards, layout: str = "auto", draft:
     if layout not in LAYOUTS:
         raise PlanError(Failure("layout", repr(layout), "one of " + ", ".join(LAYOUTS), "set the layout to auto"))
     if not cards or knobs.gpu_layers == 0:
-        unit = Unit(tuple(range(min(len(cards), 1))), plan_split(shape, knobs, cards[:1], draft))
+        unit = Unit(tuple(range(min(len(cards), 1))), plan(shape, knobs, cards[:1], draft))
         why = "no card: served from the CPU" if not cards else "server_gpu_layers 0: one unit, served from the CPU"
         return Layout(layout, "cpu", (unit,), tuple(range(1, len(cards))), why, cards)
     if layout == "per_card":
@@ -102,14 +102,14 @@ def choose_layout(shape: dict, knobs: Knobs, cards, layout: str = "auto", draft:
         left = left[take:]
     if not groups:  # nothing holds every layer: one unit over every card, the most layers it can
         groups, left = [tuple(order)], []
-    units = tuple(Unit(g, plan_split(shape, knobs, [cards[i] for i in g], draft, split_mode)) for g in groups)
+    units = tuple(Unit(g, plan(shape, knobs, [cards[i] for i in g], draft, split_mode)) for g in groups)
     return _explained(shape, knobs, cards, layout, units, tuple(sorted(left)), need, draft)
 
 
-def _alone(shape: dict, knobs: Knobs, cards: tuple, i: int, draft: Optional[dict]) -> SplitPlan:
+def _alone(shape: dict, knobs: Knobs, cards: tuple, i: int, draft: Optional[dict]) -> Plan:
     """Card ``i``'s plan alone; a refusal names the card."""
     try:
-        return plan_split(shape, knobs, [cards[i]], draft)
+        return plan(shape, knobs, [cards[i]], draft)
     except PlanError as e:
         f = e.failure
         raise PlanError(Failure(f.rule, f"card {i} ({cards[i].name}): {f.found}", f.needed, f.fix)) from None
@@ -127,9 +127,7 @@ def reach(shape: dict, knobs: Knobs, cards: list, draft: Optional[dict], split_m
     ``gpu_layers``) on them, with the most compact KV type ``knobs`` allows."""
     cap, _ = checked_context_cap(shape, knobs)
     layers = shape["n_layer"] + 1 if knobs.gpu_layers is None else min(knobs.gpu_layers, shape["n_layer"] + 1)
-    if len(cards) == 1:
-        knobs = card_knobs(knobs, cards[0])
-    elif split_mode == "tensor":
+    if len(cards) > 1 and split_mode == "tensor":
         knobs = unquantized_knobs(knobs)
     k, v = kv_candidates(knobs)[-1]
     return Over(shape, knobs, tuple(cards), draft, split_mode).largest_context(layers, k, v, cap)
@@ -161,8 +159,8 @@ def _explained(shape: dict, knobs: Knobs, cards: tuple, layout: str, units: tupl
                 f"{c.card_mib:,} MiB at {first.ctx_per_slot:,} tokens, {first.cache_type_k}/{first.cache_type_v} KV)")
     else:
         k, v = kv_candidates(knobs)[-1]
-        alone = n_all if reach(shape, knobs, [big], draft) >= need else most_layers(
-            shape, card_knobs(knobs, big), big.mib, k, v, need, draft)  # fmt: skip
+        alone = n_all if reach(shape, knobs, [big], draft) >= need else Over(shape, knobs, (big,), draft).most_layers(
+            k, v, need)  # fmt: skip
         fullest = max(first.ledger.cards, key=lambda c: c.total / c.card_mib)
         asks = "the layout asks for a split" if layout == "split" else "the llama-bench record measured a split faster"
         head = (f"{_over(units[0])}: "

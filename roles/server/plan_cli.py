@@ -1,10 +1,9 @@
 """``llamarack plan``: what can this card, or this host's cards, serve? Before
 anything is deployed.
 
-The same planner as the server role (``llamarack/planner.py``; over several
-cards ``llamarack/split_plan.py`` and ``llamarack/card_layout.py``), on a shape
-from a GGUF header (a local file, or the hub with HTTP ranges: only the
-header is read) or from a ``config.json`` and a quant.
+The same planner as the server role (``planner.py``, and ``card_layout.py`` for a
+host's cards), on a shape from a GGUF header (a local file, or the hub with HTTP
+ranges: only the header is read) or from a ``config.json`` and a quant.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import json
 import re
 import urllib.parse
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -22,16 +20,16 @@ import click
 
 from llamarack.errors import ModelSourceError
 from llamarack.gpu_table import BOARDS, planning_memory_mib
-from llamarack.model_shapes import hub_gguf_shape, local_gguf_shape, shape_from_config
-from llamarack.card_layout import LAYOUTS, choose_layout, rival_layout, settle
-from llamarack.planner import (AUTO_KV_TYPES, KV_TYPE_BYTES, MIB, Knobs, Ledger, PlanError, check_shapes,
-                               context_cap, cublas_prefill, largest_context, ledger, most_layers, plan)  # fmt: skip
-from llamarack.roles.model.plan import artifact_quality, quality_summary
-from llamarack.roles.model.settings import QUANT_TYPES
-from llamarack.roles.server.settings import DEFAULT_RESERVE_MIB
 from llamarack.secrets import read_token
 from llamarack.settings_fields import loopback_url, remote_url
-from llamarack.split_plan import SPLIT_MODES, Card, Over, SplitLedger, card_knobs
+from roles.model.plan import artifact_quality, quality_summary
+from roles.model.settings import QUANT_TYPES
+from roles.model.shapes import hub_gguf_shape, local_gguf_shape, shape_from_config
+
+from .card_layout import LAYOUTS, choose_layout, rival_layout, settle
+from .planner import (AUTO_KV_TYPES, KV_TYPE_BYTES, MIB, SPLIT_MODES, Card, Knobs, Ledger, Over, PlanError,
+                      check_shapes, context_cap, cublas_prefill, ledger, plan)  # fmt: skip
+from .settings import DEFAULT_RESERVE_MIB
 
 GIB = 2**30
 # Where the ledger alone cannot choose the layout, a host's llama-bench record decides; here is none.
@@ -73,33 +71,20 @@ def token_host(endpoint: str, token_file: Optional[str], trusted_network: bool) 
     return urllib.parse.urlsplit(endpoint).netloc
 
 
-def kv_table(shape: dict, knobs: Knobs, card_mib: int, pairs: list, draft: Optional[dict] = None) -> list:
-    """Per KV type: the largest per-slot context with every layer on the card and,
-    when that is below the minimum, the most layers that fit the minimum and what they allow."""
-    return _kv_rows(shape, knobs, pairs, partial(largest_context, shape, knobs, card_mib, draft=draft),
-                    partial(most_layers, shape, knobs, card_mib, draft=draft))  # fmt: skip
-
-
-def cards_kv_table(shape: dict, knobs: Knobs, cards: tuple, pairs: list, draft: Optional[dict] = None,
-                   split_mode: str = "layer") -> list:  # fmt: skip
-    """``kv_table`` for a unit's cards: every layer over all of them (one card: ``kv_table``)."""
-    if len(cards) == 1:
-        return kv_table(shape, card_knobs(knobs, cards[0]), cards[0].mib, pairs, draft)
+def kv_table(shape: dict, knobs: Knobs, cards, pairs: list, draft: Optional[dict] = None,
+             split_mode: str = "layer") -> list:  # fmt: skip
+    """Per KV type: the largest per-slot context with every layer on ``cards`` and, when that
+    is below the minimum, the most layers that fit the minimum and what they allow."""
     over = Over(shape, knobs, tuple(cards), draft, split_mode)
-    return _kv_rows(shape, knobs, pairs, over.largest_context, over.most_layers)
-
-
-def _kv_rows(shape: dict, knobs: Knobs, pairs: list, largest, most) -> list:
-    """The table's rows from ``largest(layers, k, v, cap)`` and ``most(k, v, ctx)``."""
     cap, _ = context_cap(shape, knobs)
     n_all = shape["n_layer"] + 1
     floor = min(knobs.min_ctx_size, cap)
     rows = []
     for k, v in pairs:
-        row = {"kv": f"{k}/{v}", "all_layers": largest(n_all, k, v, cap), "gpu_layers": n_all}
+        row = {"kv": f"{k}/{v}", "all_layers": over.largest_context(n_all, k, v, cap), "gpu_layers": n_all}
         if row["all_layers"] < floor:
-            fit = most(k, v, floor)
-            row.update(gpu_layers=fit, with_fewer=largest(fit, k, v, cap) if fit else 0)
+            fit = over.most_layers(k, v, floor)
+            row.update(gpu_layers=fit, with_fewer=over.largest_context(fit, k, v, cap) if fit else 0)
         rows.append(row)
     return rows
 
@@ -249,15 +234,15 @@ class _Asked:
 
 def _one_card(asked: _Asked, card: Card) -> tuple:
     """One card: the one-card planner's ledger, table and plan."""
-    shape, knobs, draft = asked.shape, card_knobs(asked.knobs, card), asked.draft
-    table = kv_table(shape, knobs, card.mib, asked.pairs, draft)
+    shape, knobs, draft = asked.shape, asked.knobs, asked.draft
+    table = kv_table(shape, knobs, (card,), asked.pairs, draft)
     try:
-        result, refusal = plan(shape, knobs, card.mib, draft), None
+        result, refusal = plan(shape, knobs, (card,), draft), None
         book = result.ledger
-        layout = choose_layout(shape, asked.knobs, (card,), asked.layout, draft, asked.split_mode).as_dict()
+        layout = choose_layout(shape, knobs, (card,), asked.layout, draft, asked.split_mode).as_dict()
     except PlanError as e:
         result, refusal, layout = None, e.failure.message(card.name), None
-        book = ledger(shape, knobs, card.mib, *asked.fallback(), draft)
+        book = ledger(shape, knobs, (card,), *asked.fallback(), draft)
     report = {"layout": layout, "ledger": book.as_dict(), "kv": table, "plan": result.as_dict() if result else None}
     text = [_card_line(card), *_ledger_lines(book, card.mib, shape["n_layer"] + 1), *_table_lines(table, shape),
             _plan_line(result, refusal)]  # fmt: skip
@@ -276,15 +261,14 @@ def _several(asked: _Asked, cards: tuple) -> tuple:
     except PlanError as e:
         lay, refusal, units = None, e.failure.message(f"{len(cards)} cards"), ()
     first = tuple(cards[i] for i in units[0].cards) if units else cards
-    table = cards_kv_table(shape, knobs, first, asked.pairs, draft, asked.split_mode)
+    table = kv_table(shape, knobs, first, asked.pairs, draft, asked.split_mode)
     report = {"layout": lay.as_dict() if lay else None, "kv": table}
     text = [f"cards: {_cards_words(cards)}"] + ([f"layout: {lay.asked}: {lay.reason}"] if lay else [])
     if units:
-        plan0 = units[0].plan.single or units[0].plan
-        report.update(ledger=plan0.ledger.as_dict(), plan=plan0.as_dict())
+        report.update(ledger=units[0].plan.ledger.as_dict(), plan=units[0].plan.as_dict())
         text += _units_lines(asked, cards, units, table)
     else:
-        book = Over(shape, knobs, cards, draft, asked.split_mode).ledger(*asked.fallback())
+        book = ledger(shape, knobs, cards, *asked.fallback(), draft, asked.split_mode)
         report.update(ledger=book.as_dict(), plan=None)
         text += [f"all {len(cards)} cards:", *_split_lines(book, shape, range(len(cards))), *_table_lines(table, shape),
                  _plan_line(None, refusal)]  # fmt: skip
@@ -302,13 +286,13 @@ def _units_lines(asked: _Asked, cards: tuple, units: tuple, table: list) -> list
             continue
         seen[names, p.note] = n
         lines.append(f"unit {n}: {which} ({', '.join(dict.fromkeys(name for name, _ in names))}):")
-        if p.single is not None:
-            lines += _ledger_lines(p.single.ledger, cards[unit.cards[0]].mib, asked.shape["n_layer"] + 1)
+        if len(unit.cards) == 1:
+            lines += _ledger_lines(p.ledger, cards[unit.cards[0]].mib, asked.shape["n_layer"] + 1)
         else:
             lines += _split_lines(p.ledger, asked.shape, unit.cards)
         if n == 1:
             lines += _table_lines(table, asked.shape)
-        lines.append(_plan_line(p.single or p, None) + "".join(f" {a}" for a in p.split_args()))
+        lines.append(_plan_line(p, None) + "".join(f" {a}" for a in p.split_args()))
     return lines
 
 
@@ -344,7 +328,7 @@ def _card_line(card: Card) -> str:
 
 
 def _ledger_lines(book: Ledger, card_mib: int, n_all: int) -> list:
-    """The one-card ledger."""
+    """A ledger of one card."""
     return [
         f"ledger: ctx {book.ctx_per_slot} per slot x {book.parallel}, {book.cache_type_k}/{book.cache_type_v} KV, "
         f"--n-gpu-layers {book.gpu_layers} of {n_all}:",
@@ -368,7 +352,7 @@ def _ledger_lines(book: Ledger, card_mib: int, n_all: int) -> list:
     ]  # fmt: skip
 
 
-def _split_lines(book: SplitLedger, shape: dict, which) -> list:
+def _split_lines(book: Ledger, shape: dict, which) -> list:
     """A unit's ledger, a column per card (GiB), headed by the host's numbers for them."""
     n = shape["n_layer"]
 

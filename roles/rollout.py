@@ -34,7 +34,7 @@ the host's own pyinfra connector (``hosts.run_one``): no SSH of its own.
 
 from __future__ import annotations
 
-from . import hosts as hostsmod  # noqa: I001  (first: pyinfra's gevent patching)
+from llamarack import hosts as hostsmod  # noqa: I001  (first: pyinfra's gevent patching)
 
 import collections
 import datetime
@@ -50,19 +50,23 @@ from typing import Callable, Optional
 
 import gevent
 
-from . import remote
-from .layout import API_KEY_PATH, unit_path
-from .roles.gateway.plan import server_name
-from .roles.server.files import bench_record
-from .roles.server.plan import HEALTH_MARK, RESIDENCY_MARK
-from .roles.server.files.server_idle import UNIT_NAME
+from llamarack import remote, upgrade
+from llamarack.layout import API_KEY_PATH, unit_path
+
+from . import audit
+from .gateway.plan import server_name
+from .server.files import bench_record
+from .server.files.server_idle import UNIT_NAME
+from .server.reads import HEALTH_MARK, RESIDENCY_MARK
 from .settings import settings_for
 
 SCHEMA = "llamarack-rollout/1"
 GATEWAYS = "gateways"
 RECORD = "rollout.json"
 COMMAND_TIMEOUT = 120  # a command's own work, beside the waits it is given
-HERE = Path(__file__).resolve().parent.parent  # the checkout: deploy.py beside the package
+# The folder that holds this llamarack's packages (a checkout, or the site-packages of a wheel).
+PACKAGES = Path(__file__).resolve().parent.parent
+DEPLOY = "roles.deploy.main"  # the deploy that ships with llamarack (roles/deploy.py)
 # The host record: written beside, then renamed over (a reader sees a whole record).
 WRITE_RECORD = 'mkdir -p "$1" && printf "%s\\n" "$2" > "$1/$3.new" && mv -f "$1/$3.new" "$1/$3"'
 
@@ -208,10 +212,10 @@ def pyinfra_argv(inventory: str, deploy_file: str, *args: str) -> list:
     return [*([exe] if exe else [sys.executable, "-m", "pyinfra"]), "-y", inventory, deploy_file, *args]
 
 
-def checkout_env() -> dict:
-    """The environment of a deploy run from this checkout: its deploy file imports the
-    llamarack this command runs from, not another install."""
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
+def package_env() -> dict:
+    """The environment of a deploy this command runs: the deploy imports the llamarack this
+    command runs from (its checkout, or its wheel), not another install."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(PACKAGES), os.environ.get("PYTHONPATH")])))
 
 
 class Pyinfra:
@@ -230,7 +234,7 @@ class Pyinfra:
         args = pyinfra_argv(self.inventory, self.deploy_file, "--limit", name,
                             *[w for item in self.data for w in ("--data", item)])  # fmt: skip
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=checkout_env())  # fmt: skip
+                                env=package_env())  # fmt: skip
         tail = collections.deque(maxlen=20)
         for line in proc.stdout:
             self.echo(line.rstrip("\n"))
@@ -390,10 +394,7 @@ def rack(inventory: str, data: tuple) -> tuple:
 def dry_plan(chosen: dict, order: list, templates: tuple = ()) -> str:
     """The order, and what the deploy would do to each host (``plan-upgrade``'s steps from one
     audit read per host, all at once): nothing is changed."""
-    from . import audit as auditmod
-    from . import upgrade
-
-    audits = {a.name: a for a in auditmod.run(list(chosen.values()), templates)}
+    audits = {a.name: a for a in audit.run(list(chosen.values()), templates)}
     out = []
     for number, batch in enumerate(order):
         out.append("canary:" if number == 0 else f"batch {number}:")
@@ -432,7 +433,7 @@ def start(request: Request, journal: Optional[Journal], serving: list) -> Journa
         raise ValueError(f"an unfinished rollout is on file ({path}: {left}): go on with --resume, "
                          "or remove the file to start again")  # fmt: skip
     order = batches(serving, request.options.canary, request.options.batch)
-    deploy = request.deploy or str(HERE / "deploy.py")
+    deploy = request.deploy or DEPLOY
     return Journal.new(path, request.inventory, deploy, request.data, request.options, order)
 
 

@@ -9,11 +9,11 @@ import json
 
 from pyinfra.facts.files import FileContents
 
-from .audit import Item, Seen
-from .facts import FactRead
+from llamarack.audit import Item, Seen
+from llamarack.facts import FactRead
+
 from .settings import Settings
 
-ITEMS = ("rollout",)
 RECORD = "rollout.json"
 
 

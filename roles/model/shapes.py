@@ -28,7 +28,7 @@ from urllib.parse import quote
 import requests
 
 from llamarack.errors import ModelSourceError
-from llamarack.roles.model.files.gguf_header import (GGML_BLOCKS, GgufError, check_shape, check_values, read_shape,
+from roles.model.files.gguf_header import (GGML_BLOCKS, GgufError, check_shape, check_values, read_shape,
                                                      shape_of)  # fmt: skip
 
 # ggml type ids (GGML_BLOCKS' keys) by name.
