@@ -102,6 +102,19 @@ def batches(serving: list, canary: Optional[str], size: int) -> list:
     return [[first]] + [rest[i:i + size] for i in range(0, len(rest), max(1, size))]
 
 
+# What says why a deploy failed in its output: a command's own error (apt's "E:", DKMS's
+# "Error!", a script's "error:"), pyinfra's per-host "Error:"; not pyinfra's closing lines.
+_ERROR_LINE = re.compile(r"(^|\s)(E:|Error!|Error:|error:|Traceback)")
+_NOT_WHY = re.compile(r"Error: executed \d+ commands|pyinfra error: No hosts remaining")
+
+
+def deploy_errors(tail: list, most: int = 3) -> list:
+    """The last ``most`` lines of a failed deploy's output that say why, else its last lines."""
+    lines = [ln.strip() for ln in tail if ln.strip()]
+    why = [ln for ln in lines if _ERROR_LINE.search(ln) and not _NOT_WHY.search(ln)]
+    return (why or lines)[-most:]
+
+
 def bench_verdict(before: Optional[dict], after: Optional[dict], fraction: float) -> tuple:
     """(why the new figures fail, or None; what was compared), from ``state/bench.json``
     before and after the deploy: only a record of a new build or model is compared, unit by
@@ -235,7 +248,7 @@ class Pyinfra:
                             *[w for item in self.data for w in ("--data", item)])  # fmt: skip
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=package_env())  # fmt: skip
-        tail = collections.deque(maxlen=20)
+        tail = collections.deque(maxlen=60)  # enough to hold the error of the command that failed
         for line in proc.stdout:
             self.echo(line.rstrip("\n"))
             tail.append(line.rstrip("\n"))
@@ -288,7 +301,7 @@ class Rollout:
         self.move(host, plan, "deploying")
         status, tail = self.boundary.deploy(host.name)
         if status != 0:
-            raise StepFailed(f"the deploy exited {status}: " + " / ".join(line for line in tail[-3:] if line.strip()))
+            raise StepFailed(f"the deploy exited {status}: " + " / ".join(deploy_errors(tail)))
         units = self.units(host, plan)
         notes = self.gate(host, plan, units, before)
         self.move(host, plan, "gated", notes)

@@ -381,3 +381,18 @@ def test_bench_verdicts_unit_by_unit():
     # a unit the record before did not have: nothing to compare it with
     new_unit = {**after, "units": [unit("u@5", 1.0)]}
     assert rollout.bench_verdict(before, new_unit, 0.25) == (None, "the record before has no figures")
+
+
+def test_a_failed_deploy_is_named_by_its_commands_errors_not_pyinfras_last_lines():
+    tail = ["[gpu02] Setting up nvidia-kernel-dkms (550.144.03-1) ...",
+            "[gpu02] Error! Bad return status for module build on kernel: 6.1.0-28-amd64 (x86_64)",
+            "[gpu02] Consult /var/lib/dkms/nvidia-current/550.144.03/build/make.log for more information.",
+            "[gpu02] dpkg: error processing package nvidia-kernel-dkms (--configure):",
+            "[gpu02] E: Sub-process /usr/bin/dpkg returned an error code (1)",
+            "[gpu02] Error: executed 0 commands", "", "--> Disconnecting from hosts...",
+            "--> pyinfra error: No hosts remaining!"]  # fmt: skip
+    why = rollout.deploy_errors(tail)
+    assert why[0].endswith("Error! Bad return status for module build on kernel: 6.1.0-28-amd64 (x86_64)"), why
+    assert why[-1].endswith("E: Sub-process /usr/bin/dpkg returned an error code (1)") and len(why) == 2
+    # no error line: the output's last lines, as before
+    assert rollout.deploy_errors(["a", "b", "c", "d"]) == ["b", "c", "d"]
