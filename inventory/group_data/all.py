@@ -322,7 +322,7 @@ gateway_api_key = 'pass-through'
 # TCP port of HAProxy's own Prometheus endpoint (/metrics) and stats page (/stats)
 gateway_stats_port = 8404
 
-# seconds a unit has to answer the hang check (GET /slots waits for llama-server's main loop): more than one batch's prefill on the slowest card
+# seconds a unit has to answer the hang check (GET /metrics waits for llama-server's main loop): more than one batch's prefill on the slowest card
 gateway_check_timeout = 20
 
 # seconds a backend may stay silent on a request (a long generation that does not stream sends nothing until it ends)

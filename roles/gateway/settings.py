@@ -40,7 +40,7 @@ class GatewaySettings(Section):
     )
     check_timeout: int = setting(
         20,
-        "seconds a unit has to answer the hang check (GET /slots waits for llama-server's main loop): "
+        "seconds a unit has to answer the hang check (GET /metrics waits for llama-server's main loop): "
         "more than one batch's prefill on the slowest card",
         between=(1, 600),
     )

@@ -156,7 +156,7 @@ def test_one_key_for_the_rack_or_none():
 
 def test_the_key_in_the_config_pass_through_and_checked():
     passed = haproxy_config(gateway_settings(), rack_backends(), "k3y")
-    assert "    http-check send meth GET uri /slots hdr Authorization 'Bearer k3y'\n" in passed
+    assert "    http-check send meth GET uri /metrics hdr Authorization 'Bearer k3y'\n" in passed
     assert "acl llamarack_key" not in passed
     checked = haproxy_config(gateway_settings(gateway_api_key="checked"), rack_backends(), "k3y")
     assert "    http-request deny deny_status 401 unless llamarack_public || llamarack_key\n" in checked
@@ -314,7 +314,7 @@ def test_diff_shows_the_config_without_the_key(rack_records, monkeypatch, caplog
     facts = {**haproxy_facts(), fact_key(FileContents, path=HAPROXY_CONFIG): ["global", "    daemon"]}
     with caplog.at_level(logging.INFO, logger="pyinfra"):
         commands, _ = run_op(haproxy, facts, diff=True, settings=gateway_settings(), hosts=keyed)
-    assert "t0ps3cret" in commands[3][2]  # the config itself holds it, for the /slots check
+    assert "t0ps3cret" in commands[3][2]  # the config itself holds it, for the /metrics check
     shown = caplog.text
     assert "Will modify /etc/haproxy/haproxy.cfg" in shown and "Bearer <server_api_key_file>" in shown
     assert "t0ps3cret" not in shown

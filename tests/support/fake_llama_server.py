@@ -6,7 +6,15 @@
 sends them, chunked: ``data: {...}`` and a blank line per event; /completion's last event
 has ``"stop": true``, chat's OpenAI-style chunks end with ``data: [DONE]``; an error once
 the stream began is the event ``data: {"error": {...}}``, and the stream ends there), and
-the API key's 401. Tests set what it answers."""
+the API key's 401 (``/health`` alone is public, as llama-server's own list says).
+
+With ``sleep_idle_seconds`` it sleeps as llama-server's ``--sleep-idle-seconds`` does
+(server-queue.cpp, server-context.cpp): after that long with no task, it frees the model.
+``/health``, ``/props`` (``is_sleeping``), ``/models`` and ``/metrics`` (its cached figures)
+answer without waking it; ``/slots`` and a completion wake it (``wake_delay``: reloading
+the model) and start the idle time again. Awake, ``/metrics`` is a task of the main loop
+that does not start the idle time again, and waits for the loop as ``/slots`` does
+(``hang_loop``). Tests set what it answers."""
 
 from __future__ import annotations
 
@@ -22,7 +30,7 @@ class Behaviour:
     processing: list = field(default_factory=lambda: [False, False])  # one per slot
     deferred: int = 0
     metrics: bool = True
-    hang_slots: float = 0.0  # seconds /slots takes (llama-server's queue stuck)
+    hang_loop: float = 0.0  # seconds a task of the main loop waits (/slots; /metrics awake): the loop stuck
     api_key: str = ""
     completion_delay: float = 0.0
     completion_status: int = 200
@@ -33,6 +41,20 @@ class Behaviour:
     stream_cut: bool = False  # the connection closed after the first token, mid-body
     requests: list = field(default_factory=list)  # (method, path) as they came
     bodies: list = field(default_factory=list)  # the POSTs' JSON bodies, as they came
+    sleep_idle_seconds: float | None = None  # --sleep-idle-seconds; None: never sleeps
+    wake_delay: float = 0.0  # seconds a wake takes (the model loaded again)
+    wakes: int = 0  # how many times a request woke it
+    last_task: float = field(default_factory=time.monotonic)  # when a task last started the idle time again
+
+    def sleeping(self) -> bool:
+        return self.sleep_idle_seconds is not None and time.monotonic() - self.last_task >= self.sleep_idle_seconds
+
+    def task(self) -> None:
+        """A task that needs the model (a slot read, a completion): wakes it, and the idle time starts again."""
+        if self.sleeping():
+            time.sleep(self.wake_delay)
+            self.wakes += 1
+        self.last_task = time.monotonic()
 
 
 def _slot(i: int, processing: bool) -> dict:
@@ -70,9 +92,10 @@ def _chat_events(n: int, end: bool) -> list:
     return events + ([chunk({}, "length", usage=usage), "[DONE]"] if end else [])
 
 
-def _metrics(b: Behaviour) -> str:
+def _metrics(b: Behaviour, asleep: bool = False) -> str:
+    busy = 0 if asleep else sum(1 for p in b.processing if p)
     gauges = {"prompt_tokens_seconds": 120.5, "predicted_tokens_seconds": 33.25,
-              "requests_processing": sum(1 for p in b.processing if p), "requests_deferred": b.deferred,
+              "requests_processing": busy, "requests_deferred": 0 if asleep else b.deferred,
               "n_busy_slots_per_decode": 1}
     out = []
     for name, value in {"prompt_tokens_total": 96, "tokens_predicted_total": 240}.items():
@@ -119,7 +142,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def _authorised(self) -> bool:
         b = self.behaviour
-        if not b.api_key or self.path in ("/health", "/v1/health", "/models", "/v1/models"):
+        if not b.api_key or self.path in ("/health", "/v1/health"):
             return True
         if self.headers.get("Authorization") == f"Bearer {b.api_key}":
             return True
@@ -135,14 +158,22 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self._send(b.health_status, {"status": "ok"} if b.health_status == 200 else
                        {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})
         elif self.path == "/slots":
-            time.sleep(b.hang_slots)
+            b.task()
+            time.sleep(b.hang_loop)
             self._send(200, [_slot(i, p) for i, p in enumerate(b.processing)])
         elif self.path == "/metrics":
             if not b.metrics:
                 self._send(501, {"error": {"code": 501, "message": "This server does not support metrics endpoint. "
                                            "Start it with `--metrics`", "type": "not_supported_error"}})
             else:
-                self._send(200, _metrics(b), "text/plain; version=0.0.4")
+                asleep = b.sleeping()
+                time.sleep(0 if asleep else b.hang_loop)  # asleep: the figures cached when it fell asleep
+                self._send(200, _metrics(b, asleep), "text/plain; version=0.0.4")
+        elif self.path == "/props":
+            self._send(200, {"total_slots": len(b.processing), "model_alias": "tiny", "is_sleeping": b.sleeping(),
+                             "endpoint_slots": True, "endpoint_metrics": b.metrics})
+        elif self.path in ("/models", "/v1/models"):
+            self._send(200, {"object": "list", "data": [{"id": "tiny", "object": "model", "owned_by": "llamacpp"}]})
         else:
             self._send(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
 
@@ -153,6 +184,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         b.bodies.append(request)
         if not self._authorised():
             return
+        b.task()
         time.sleep(b.completion_delay)
         if b.completion_status != 200:
             self._send(b.completion_status, {"error": {"code": b.completion_status, "message": "no",
