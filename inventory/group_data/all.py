@@ -281,6 +281,9 @@ server_repack = True
 # parallel slots; --ctx-size is the context per slot x slots
 server_parallel = 1
 
+# --sleep-idle-seconds: after this many seconds without a request, llama-server frees the model and its cards' memory until a request wakes it (reloading the model); None: it never sleeps
+server_sleep_idle_seconds = None
+
 # file on the control machine holding the API key (never printed; mode 600 or 400)
 server_api_key_file = None
 

@@ -79,6 +79,12 @@ def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_di
             raise _unbuilt("backend-sampling", "server_backend_sampling set", "has no --backend-sampling",
                            "a llama.cpp build that samples on the backend", "unset server_backend_sampling")
         args += ["--backend-sampling"]
+    if s.sleep_idle_seconds is not None:
+        if not getattr(flags, "has_sleep_idle", False):
+            raise _unbuilt("sleep-idle", f"server_sleep_idle_seconds {s.sleep_idle_seconds}",
+                           "has no --sleep-idle-seconds", "a llama.cpp build whose server sleeps while idle",
+                           "unset server_sleep_idle_seconds")
+        args += ["--sleep-idle-seconds", str(s.sleep_idle_seconds)]
     if flags.has_metrics:
         args += ["--metrics"]
     return args
