@@ -242,8 +242,10 @@ def test_a_converged_eight_card_host_reads_everything_in_preflights_one_read():
     assert commands == [] and outside == []
 
 
-def audit_of(s, host: dict, cards) -> dict:
-    """The server role's audit items of a host whose facts are ``host`` (as the deploy read them)."""
+def audit_of(s, host: dict, cards, asleep: tuple = (), off_card: tuple = ()) -> dict:
+    """The server role's audit items of a host whose facts are ``host`` (as the deploy read them);
+    the units of ``asleep`` (their indexes) sleep: their /props says so, and they are on no card,
+    as are those of ``off_card``."""
     from types import SimpleNamespace
 
     from llamarack.audit import Answers, Seen
@@ -252,14 +254,15 @@ def audit_of(s, host: dict, cards) -> dict:
     from roles.server.audit import items
 
     units = host[fact_key(ServedUnits, state=f"{ROOT}/state")]
-    units = {n: dataclasses.replace(u, state={**u.state, "MainPID": str(100 + i)}, health=200)
+    units = {n: dataclasses.replace(u, state={**u.state, "MainPID": str(100 + i)}, health=200, sleeping=i in asleep)
              for i, (n, u) in enumerate(sorted(units.items()))}  # fmt: skip
     fact = Answers((), {})
     fact.values = {FactRead.of(k[0], **dict(k[1])): v for k, v in host.items() if isinstance(k, tuple)}
     fact.values.update({
         FactRead.of(ServedUnits, state=f"{ROOT}/state", health=True): units,
         FactRead.of(GgufShape, path=f"{ROOT}/models/current/model.gguf"): SHAPE,
-        FactRead.of(GpuProcesses): tuple(GpuProcess(100 + i, "llama-server", 700, g.uuid) for i, g in enumerate(cards)),
+        FactRead.of(GpuProcesses): tuple(GpuProcess(100 + i, "llama-server", 700, g.uuid) for i, g in enumerate(cards)
+                                         if i not in asleep + off_card),
         FactRead.of(CharDevices): host[CharDevices]})  # fmt: skip
     return items(Seen("gpu01", s, SimpleNamespace(gpus=cards), fact))
 
@@ -283,6 +286,20 @@ def test_the_audit_lists_every_unit_of_a_host():
         sha1=UNIT_SHA1, running=True, lines=UNIT.rstrip("\n").split("\n"))}), (V100,))  # fmt: skip
     assert {"unit", "service", "health", "residency"} <= set(one) and not one["unit"].drift
     assert not [k for k in one if "@" in k]
+
+
+def test_the_audit_shows_a_sleeping_unit_serving_without_drift():
+    s = settings(server_layout="per_card")
+    host, _ = converged(s, EIGHT)
+    found = audit_of(s, host, EIGHT, asleep=(2,))
+    drift = [k for k, v in found.items() if v.drift and k not in ("service_user", "bench")]
+    assert drift == [], drift
+    assert found["service@2"].found["sleeping"] is True and "sleeping" not in found["service@1"].found
+    assert found["residency@2"].found["why"] == "asleep: it freed its cards; checked once a request wakes it"
+    assert found["health@2"].found == 200
+    # on no card while awake is drift, as before
+    awake = audit_of(s, host, EIGHT, off_card=(2,))
+    assert awake["residency@2"].drift and "sleeping" not in awake["service@2"].found
 
 
 def test_plan_upgrade_says_which_unit_goes_and_which_restarts():
