@@ -8,6 +8,11 @@ has ``"stop": true``, chat's OpenAI-style chunks end with ``data: [DONE]``; an e
 the stream began is the event ``data: {"error": {...}}``, and the stream ends there), and
 the API key's 401 (``/health`` alone is public, as llama-server's own list says).
 
+A chat completion's ``timings`` (its last event, or its body) say how much of its prompt came
+from the server's prompt cache (``cache_n``) and how much was computed (``prompt_n``): a
+word is a token, and the cache holds every prompt it answered with its answer, as
+llama-server's slots and ``--cache-ram`` do.
+
 With ``sleep_idle_seconds`` it sleeps as llama-server's ``--sleep-idle-seconds`` does
 (server-queue.cpp, server-context.cpp): after that long with no task, it frees the model.
 ``/health``, ``/props`` (``is_sleeping``), ``/models`` and ``/metrics`` (its cached figures)
@@ -45,6 +50,7 @@ class Behaviour:
     wake_delay: float = 0.0  # seconds a wake takes (the model loaded again)
     wakes: int = 0  # how many times a request woke it
     last_task: float = field(default_factory=time.monotonic)  # when a task last started the idle time again
+    cached: list = field(default_factory=list)  # the prompts it answered, as tokens (words), with their answers
 
     def sleeping(self) -> bool:
         return self.sleep_idle_seconds is not None and time.monotonic() - self.last_task >= self.sleep_idle_seconds
@@ -78,9 +84,21 @@ def _completion_events(n: int, end: bool) -> list:
     return [json.dumps(e) for e in events] + ([json.dumps(final)] if end else [])
 
 
-def _chat_events(n: int, end: bool) -> list:
+def _timings(b: Behaviour, request: dict, n: int) -> dict:
+    """A chat completion's ``timings``: its prompt's tokens (words) found at the head of a prompt
+    the server answered before (``cache_n``), the rest computed (``prompt_n``). The prompt and
+    its answer are cached."""
+    tokens = [w for m in request.get("messages") or () for w in f"<{m.get('role')}> {m.get('content')}".split()]
+    cache_n = max((next((i for i, (a, c) in enumerate(zip(tokens, old)) if a != c), min(len(tokens), len(old)))
+                   for old in b.cached), default=0)  # fmt: skip
+    b.cached = (b.cached + [tokens + ["<assistant>"] + ["Paris"] * n])[-64:]
+    return {"cache_n": cache_n, "prompt_n": len(tokens) - cache_n, "prompt_ms": 1.5, "predicted_n": n,
+            "predicted_ms": 4.5}
+
+
+def _chat_events(n: int, end: bool, timings: dict | None = None) -> list:
     """/v1/chat/completions' stream: OpenAI-style chunks (the role, a delta per token, the
-    finish reason with the usage), then ``[DONE]``."""
+    finish reason with the usage and the timings), then ``[DONE]``."""
     head = {"created": 1767225600, "id": "chatcmpl-lab", "model": "tiny", "system_fingerprint": "b1-lab",
             "object": "chat.completion.chunk"}
 
@@ -89,7 +107,8 @@ def _chat_events(n: int, end: bool) -> list:
 
     events = [chunk({"role": "assistant", "content": None})] + [chunk({"content": " Paris"}) for _ in range(n)]
     usage = {"completion_tokens": n, "prompt_tokens": 6, "total_tokens": n + 6}
-    return events + ([chunk({}, "length", usage=usage), "[DONE]"] if end else [])
+    return events + ([chunk({}, "length", usage=usage, **({"timings": timings} if timings else {})), "[DONE]"]
+                     if end else [])
 
 
 def _metrics(b: Behaviour, asleep: bool = False) -> str:
@@ -194,7 +213,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if self.path == "/completion":
                 self._stream(_completion_events(n, b.stream_end), 0, b)
             else:
-                self._stream(_chat_events(n, b.stream_end), 1, b)
+                self._stream(_chat_events(n, b.stream_end, _timings(b, request, n)), 1, b)
         elif b.body is not None:
             self._send(200, b.body)
         elif self.path == "/completion":
@@ -203,7 +222,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         elif self.path == "/v1/chat/completions":
             self._send(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": "Paris"},
                                           "finish_reason": "stop"}], "object": "chat.completion",
-                             "usage": {"completion_tokens": 1, "prompt_tokens": 6, "total_tokens": 7}})
+                             "usage": {"completion_tokens": 1, "prompt_tokens": 6, "total_tokens": 7},
+                             "timings": _timings(b, request, 1)})
         else:
             self._send(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
 
