@@ -22,17 +22,20 @@ from .facts import read
 
 
 @operation()
-def report(message: str):
+def report(message):
     """
     Print a line for this host when the run reaches this point; changes nothing.
 
-    + message: what to tell the user (e.g. where the service answers)
+    + message: what to tell the user (e.g. where the service answers), or a function that
+      returns it when the run reaches this point (of what earlier operations made); each of
+      its lines printed with the host's name
 
     Unlike ``python.call``, which always counts as a change, this keeps a
     converged run at "No changes".
     """
     if host.state.is_executing:
-        logger.info(f"{host.print_prefix}{message}")
+        for line in (message() if callable(message) else message).splitlines():
+            logger.info(f"{host.print_prefix}{line}")
     return
     yield  # an operation is a generator, even one that runs no command
 

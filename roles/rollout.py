@@ -9,10 +9,12 @@ printed as it moves:
                ``<root>/state/units.json``) are set to drain on every gateway
                (``haproxy_runtime.py``, run on the gateway host); then, within
                --idle-timeout, no stream is left open to them on any gateway and every
-               unit is idle (``server_idle.py``: /slots, /metrics; "cannot tell" is busy)
+               unit is idle (``server_idle.py``: /metrics, which wakes no sleeping unit;
+               "cannot tell" is busy)
     deploying  DEPLOY runs on that host alone
-    gated      every unit answers /health from its cards (the unit's own health and
-               residency lines, as a switch checks them), gives one real completion,
+    gated      every unit answers /health, gives one real completion, then serves from
+               its cards (the unit's own health and residency lines, as a switch checks
+               them; after the completion, which wakes a unit asleep),
                and, after a new build or model (``state/bench.json`` before and after),
                each measured unit's llama-bench pp512 and tg128 is within
                --bench-fraction of the same unit's figures before
@@ -317,10 +319,13 @@ class Rollout:
             url = marked(lines, HEALTH_MARK) or unit["url"] + "/health"
             cards = marked(lines, RESIDENCY_MARK)  # none on a CPU build: nothing to be resident on
             resident += bool(cards)
-            self.command(host, remote.command("wait_healthy", url, unit["unit"], str(wait), cards),
-                         wait, f"{unit['unit']}: /health" + (" and residency" if cards else ""))  # fmt: skip
+            self.command(host, remote.command("wait_healthy", url, unit["unit"], str(wait), ""), wait,
+                         f"{unit['unit']}: /health")  # fmt: skip
             self.command(host, remote.command("completion_probe", unit["url"], str(self.options.completion_tokens),
                                               str(wait), plan.key_file), wait, f"{unit['unit']}: a completion")
+            if cards:  # after the completion, which wakes a unit asleep (--sleep-idle-seconds): on its cards
+                self.command(host, remote.command("wait_healthy", url, unit["unit"], str(wait), cards), wait,
+                             f"{unit['unit']}: residency")  # fmt: skip
         why, compared = bench_verdict(before, self.read_json(host, plan.bench), self.options.bench_fraction)
         if why:
             raise StepFailed(why)

@@ -281,6 +281,9 @@ server_repack = True
 # parallel slots; --ctx-size is the context per slot x slots
 server_parallel = 1
 
+# --sleep-idle-seconds: after this many seconds without a request, llama-server frees the model and its cards' memory until a request wakes it (reloading the model); None: it never sleeps
+server_sleep_idle_seconds = None
+
 # file on the control machine holding the API key (never printed; mode 600 or 400)
 server_api_key_file = None
 
@@ -322,8 +325,14 @@ gateway_api_key = 'pass-through'
 # TCP port of HAProxy's own Prometheus endpoint (/metrics) and stats page (/stats)
 gateway_stats_port = 8404
 
-# seconds a unit has to answer the hang check (GET /slots waits for llama-server's main loop): more than one batch's prefill on the slowest card
+# seconds a unit has to answer the hang check (GET /metrics waits for llama-server's main loop): more than one batch's prefill on the slowest card
 gateway_check_timeout = 20
+
+# affinity: a returning conversation goes to the unit that holds its prompt cache (by its X-Session-Id header, else its opening), another unit when that one is drained, down or over gateway_balance_factor; leastconn: every request to the unit with the fewest in flight
+gateway_balance = 'affinity'
+
+# with affinity, the most a unit takes, in percent of the mean of requests in flight per unit (HAProxy's hash-balance-factor): a conversation whose unit is at the bound goes to another
+gateway_balance_factor = 300
 
 # seconds a backend may stay silent on a request (a long generation that does not stream sends nothing until it ends)
 gateway_request_timeout = 900

@@ -10,10 +10,12 @@ Runs on the hosts of the inventory group ``gateways`` (they get preflight's read
 this role only). Backend ``llamarack`` holds one server ``<host>_<index>`` per unit
 of each serving host, read from its ``state/units.json`` when the role runs (one
 unit at ``server_port`` without it), weighted by its parallel slots, balanced by
-least connections. A unit is in service while it answers ``/health`` 200 and
-``/slots`` 200 within ``gateway_check_timeout``: a hung llama-server still answers
-``/health``, not ``/slots``. The config is staged, proved with ``haproxy -c`` and
-only then switched in and reloaded. The API key is passed through (docs/gateway.md
-says why). On serving hosts the role installs only prometheus-node-exporter, when
+conversation affinity (``gateway_balance``: a returning conversation to the unit
+that holds its prompt cache) or least connections. A unit is in service while it
+answers ``/health`` 200 and ``/metrics`` 200 within ``gateway_check_timeout``: a
+hung llama-server still answers ``/health``, not ``/metrics``, and neither wakes a
+sleeping one. The config is staged, proved with ``haproxy -c`` and only then
+switched in and reloaded. The API key is passed through (docs/gateway.md says why).
+On serving hosts the role installs only prometheus-node-exporter, when
 ``gateway_node_exporter`` asks for it.
 """

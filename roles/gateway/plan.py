@@ -7,7 +7,7 @@ how units become servers.
 import ipaddress
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -184,8 +184,18 @@ def haproxy_config(settings: Settings, backends: list[Backend], key: Optional[st
         admin_socket=ADMIN_SOCKET, bind=bracketed(g.bind), port=g.port, stats_port=g.stats_port,
         tls_cert_file=g.tls_cert_file, key_checked=g.api_key == "checked",
         key_quoted=f"'{key}'" if key else None, bearer_quoted=f"'Bearer {key}'" if key else None,
-        check_timeout=g.check_timeout, request_timeout=g.request_timeout, backends=backends,
+        check_timeout=g.check_timeout, request_timeout=g.request_timeout, balance=g.balance,
+        balance_factor=g.balance_factor, backends=ring_weights(backends) if g.balance == "affinity" else backends,
     )  # fmt: skip
+
+
+def ring_weights(backends: list[Backend]) -> list[Backend]:
+    """``backends`` weighted for HAProxy's consistent hash: each one's slots scaled so that the
+    largest unit has the highest weight (the ratios stay the slots'). The ring holds a server 16
+    times per unit of weight, and a ring of few points splits conversations unevenly: of 800
+    conversations, four servers of weight 1 took 149 to 268, of weight 16 and more 183 to 218."""
+    top = max((b.weight for b in backends), default=1)
+    return [replace(b, weight=max(1, round(b.weight * MAX_WEIGHT / top))) for b in backends]
 
 
 def masked(text: str, key: Optional[str]) -> str:

@@ -40,9 +40,21 @@ class GatewaySettings(Section):
     )
     check_timeout: int = setting(
         20,
-        "seconds a unit has to answer the hang check (GET /slots waits for llama-server's main loop): "
+        "seconds a unit has to answer the hang check (GET /metrics waits for llama-server's main loop): "
         "more than one batch's prefill on the slowest card",
         between=(1, 600),
+    )
+    balance: Literal["affinity", "leastconn"] = setting(
+        "affinity",
+        "affinity: a returning conversation goes to the unit that holds its prompt cache (by its X-Session-Id "
+        "header, else its opening), another unit when that one is drained, down or over "
+        "gateway_balance_factor; leastconn: every request to the unit with the fewest in flight",
+    )
+    balance_factor: int = setting(
+        300,
+        "with affinity, the most a unit takes, in percent of the mean of requests in flight per unit "
+        "(HAProxy's hash-balance-factor): a conversation whose unit is at the bound goes to another",
+        between=(101, 10000),
     )
     request_timeout: int = setting(
         900,

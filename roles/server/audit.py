@@ -88,11 +88,14 @@ def units_item(found: dict, planned: Optional[tuple], why: Optional[str]) -> Ite
 
 def one_unit(settings: Settings, found: Optional[FoundUnit], wanted: Optional[WantedUnit], why: Optional[str],
              processes: tuple, several: bool) -> dict:  # fmt: skip
-    """One unit's items: its file against the wanted one, its service, /health, residency."""
+    """One unit's items: its file against the wanted one, its service (``sleeping`` while the
+    server sleeps: it serves, and a request wakes it), /health, residency."""
     state = found.state if found else {}
+    asleep = bool(found and found.sleeping)
     service = Item(
         {"active": state.get("ActiveState"), "sub": state.get("SubState"), "pid": int(state.get("MainPID") or 0),
-         "since": iso(active_since(state)), "restarts": int(state.get("NRestarts") or 0)},
+         "since": iso(active_since(state)), "restarts": int(state.get("NRestarts") or 0),
+         **({"sleeping": True} if asleep else {})},
         {"active": "active", "sub": "running"},
         drift=(state.get("ActiveState"), state.get("SubState")) != ("active", "running"),
     )  # fmt: skip
@@ -101,7 +104,7 @@ def one_unit(settings: Settings, found: Optional[FoundUnit], wanted: Optional[Wa
     cards = wanted.cards if wanted else unit_cards(found.lines if found else ())
     weights = (unit.wanted or {}).get("weights_mib")
     return {"unit": unit, "service": service, "health": Item(status, 200, drift=status != 200),
-            "residency": residency_item(settings, cards, processes, service.found["pid"], weights)}
+            "residency": residency_item(settings, cards, processes, service.found["pid"], weights, asleep)}
 
 
 def wanted_here(settings: Settings, fact, gpus: tuple, templates: tuple, found: Optional[dict] = None) -> tuple:
@@ -169,10 +172,12 @@ def exec_start(unit_text: str) -> Optional[str]:
     return next((line.split("=", 1)[1] for line in unit_text.split("\n") if line.startswith("ExecStart=")), None)
 
 
-def residency_item(settings: Settings, cards: tuple, processes: tuple, pid: int, weights_mib: Optional[int]) -> Item:
+def residency_item(settings: Settings, cards: tuple, processes: tuple, pid: int, weights_mib: Optional[int],
+                   asleep: bool = False) -> Item:  # fmt: skip
     """Whether the served process is on its cards (``cards``: their UUIDs; nvidia-smi's
     compute apps) with at least the planned weights: a CUDA unit serving from the CPU
-    answers /health all the same."""
+    answers /health all the same. A server ``asleep`` has freed its cards: it is checked
+    once a request wakes it."""
     if not residency_checked(settings):
         return Item({"backend": settings.llamacpp.backend, "server_residency": settings.server.residency})
     mine = [p for p in processes if p.pid == pid]
@@ -180,6 +185,8 @@ def residency_item(settings: Settings, cards: tuple, processes: tuple, pid: int,
     wanted = {"cards": list(cards), "weights_mib": weights_mib}
     if not pid:
         return Item({**found, "why": "not running"}, wanted)  # the service item says so
+    if asleep:
+        return Item({**found, "why": "asleep: it freed its cards; checked once a request wakes it"}, wanted)
     why = residency(processes, pid, cards, weights_mib or 0)
     return Item({**found, "why": why} if why else found, wanted, drift=why is not None)
 

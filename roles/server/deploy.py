@@ -1,8 +1,12 @@
 """The role's one ``@deploy`` entry point (the role is described in ``__init__.py``)."""
 
+import json
+
 from pyinfra import host
 from pyinfra.api import deploy
+from pyinfra.facts.files import FileContents
 
+from roles.driver.reads import RecordedGpus
 from roles.llamacpp.reads import LlamacppBuilds
 from llamarack.facts import read
 from llamarack.layout import unit_build
@@ -12,6 +16,7 @@ from roles.settings import Settings
 
 from ..llamacpp.operations import prune_builds
 from .operations import answers_health, bench, service, system_account
+from .plan import serving_lines
 from .reads import ServedUnits
 
 
@@ -31,8 +36,8 @@ def llama_server(settings: Settings, facts: HostFacts, templates: tuple = (), re
     system_account(name=f"Service user {user}", user=user, home=settings.general.root, setting="llamarack_service_user")
     # The build current before this run: kept for rollback whatever else was built since.
     previous = read(LlamacppBuilds, root=settings.general.root).current
-    listen = settings.server.listen
-    addr = host.data.get("ssh_hostname") or host.name if listen in ("0.0.0.0", "::") else listen
+    listen, reach = settings.server.listen, host.data.get("ssh_hostname") or host.name
+    addr = reach if listen in ("0.0.0.0", "::") else listen
     url = f"http://{addr}:{settings.server.port}"
     key = "API key required" if settings.server.api_key_file else "no API key"
     served = service(
@@ -66,8 +71,17 @@ def llama_server(settings: Settings, facts: HostFacts, templates: tuple = (), re
         serving=lambda: tuple(unit_build(settings.general.root, u.lines)
                               for u in read(ServedUnits, state=settings.layout.state).values()),
     )
-    report(
-        name="How to reach it",
-        message=f"serving: {url}/v1/chat/completions (OpenAI API), {url}/completion, "
-        f"health at {url}/health ({key})",
-    )
+    report(name="How to reach it", message=lambda: serving(settings, reach, facts.gpus))
+
+
+def serving(settings: Settings, address: str, gpus: tuple) -> str:
+    """The closing lines, read when the run reaches them: every unit the server role recorded
+    (``state/units.json``), with its cards (the run's GPUs; after the driver role's reboot,
+    its record of them)."""
+    lines = read(FileContents, path=settings.layout.units_record)
+    try:
+        record = json.loads("\n".join(lines)) if lines else None
+    except ValueError:
+        record = None
+    cards = gpus or read(RecordedGpus, path=settings.layout.gpus_record) or ()
+    return serving_lines(settings, address, record if isinstance(record, dict) else None, tuple(cards))

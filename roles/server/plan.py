@@ -79,6 +79,12 @@ def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_di
             raise _unbuilt("backend-sampling", "server_backend_sampling set", "has no --backend-sampling",
                            "a llama.cpp build that samples on the backend", "unset server_backend_sampling")
         args += ["--backend-sampling"]
+    if s.sleep_idle_seconds is not None:
+        if not getattr(flags, "has_sleep_idle", False):
+            raise _unbuilt("sleep-idle", f"server_sleep_idle_seconds {s.sleep_idle_seconds}",
+                           "has no --sleep-idle-seconds", "a llama.cpp build whose server sleeps while idle",
+                           "unset server_sleep_idle_seconds")
+        args += ["--sleep-idle-seconds", str(s.sleep_idle_seconds)]
     if flags.has_metrics:
         args += ["--metrics"]
     return args
@@ -151,6 +157,30 @@ def roofline(cards: tuple, shape: dict) -> dict:
     return {"card": slowest.name if slowest else None, "bandwidth_gbs": slowest.bandwidth_gbs if slowest else None,
             "weight_bytes": weights,
             "tokens_per_second": round(slowest.bandwidth_gbs * 1e9 / weights, 1) if slowest else None}  # fmt: skip
+
+
+def serving_lines(settings: Settings, address: str, record: Optional[dict], gpus: tuple) -> str:
+    """Where each unit of the host serves, a line each, with its cards: ``address``, how clients
+    reach the host; ``record``: its units record (``state/units.json``; None: the one unit at
+    ``server_port``); ``gpus``: the run's cards (``Gpu``), by which a unit's UUIDs are named."""
+    units = (record or {}).get("units") or [{"index": 0, "port": settings.server.port, "cards": None}]
+    key = "API key required" if settings.server.api_key_file else "no API key"
+    named = {g.uuid: f"GPU {g.index} ({g.name})" for g in gpus}
+    lines = []
+    for unit in units:
+        listen = unit.get("listen") or settings.server.listen
+        where = address if listen in ("0.0.0.0", "::", "") else listen
+        url = f"http://{f'[{where}]' if ':' in where else where}:{unit['port']}"
+        cards, cpu = unit.get("cards"), settings.llamacpp.backend != "cuda"
+        on = [unit_name(unit["index"]).removesuffix(".service")] if len(units) > 1 else []
+        if cards:
+            on.append("on " + ", ".join(named.get(c, f"card {c}") for c in cards) + (", computing on the CPU" if cpu
+                                                                                     else ""))  # fmt: skip
+        elif cards is not None and cpu:
+            on.append("on the CPU")
+        lines.append(f"serving: {url}/v1/chat/completions (OpenAI API), {url}/completion, health at {url}/health "
+                     f"({key})" + (f": {' '.join(on)}" if on else ""))  # fmt: skip
+    return "\n".join(lines)
 
 
 def health_url(settings: Settings, port: Optional[int] = None) -> str:

@@ -188,6 +188,7 @@ class FoundUnit(FactValue):
     state: dict  # UnitState's properties ({} where systemctl says nothing)
     pin: Optional[tuple] = None  # its rollback pin's lines (``state/rollback[@N].json``), or None
     health: Optional[int] = None  # with ``health``: the status its health URL answers (None: nothing)
+    sleeping: Optional[bool] = None  # with ``health``: whether its /props says it sleeps (None: it does not say)
 
 
 _UNIT_FILE = re.compile(r"llamarack-server(@[0-9]+)?\.service")
@@ -198,21 +199,24 @@ class ServedUnits(FactBase[dict]):
     Returns every llama-server unit file of the host (``llamarack-server.service``,
     ``llamarack-server@N.service``) by name: its sha1 and lines, whether a ``.prev`` is
     beside it, systemd's state of it, its rollback pin under ``state`` (the records'
-    folder) and, with ``health``, the HTTP status of the health URL its first lines name.
+    folder) and, with ``health``, the HTTP status of the health URL its first lines name
+    and whether the server sleeps (``--sleep-idle-seconds``; its ``/props``, which wakes
+    nothing, asked with the host's API key).
     One read for all of a host's units, however many its cards make.
 
     .. code:: python
 
         {"llamarack-server@0.service": FoundUnit(name="llamarack-server@0.service",
             sha1="8c2e...", lines=("# llamarack health: http://127.0.0.1:8080/health", ...),
-            prev=False, state={"ActiveState": "active", ...}, pin=None, health=None)}
+            prev=False, state={"ActiveState": "active", ...}, pin=None, health=None, sleeping=None)}
     """
 
     def command(self, state: str, health: bool = False) -> str:
         check = ""
         if health:
             check = (f"url=$(sed -n {shlex.quote('s|^' + HEALTH_MARK + '||p')} \"$f\" | head -n 1); "
-                     f"echo \"health $({remote.command('http_status')} \"$url\" | tail -n 1)\"; ")  # fmt: skip
+                     f"echo \"health $({remote.command('http_status')} \"$url\" {shlex.quote(API_KEY_PATH)} "
+                     "| tail -n 1)\"; ")  # fmt: skip
         return (f"cd {shlex.quote(UNIT_DIR)} 2>/dev/null || exit 0; "
                 f"for f in {' '.join(UNIT_GLOBS)}; do [ -f \"$f\" ] || continue; "
                 "echo \"unit $f $(sha1sum < \"$f\" | cut -d' ' -f1)\"; "
@@ -234,7 +238,7 @@ class ServedUnits(FactBase[dict]):
             if word == "unit":
                 name, _, sha1 = rest.rpartition(" ")
                 current = units[name] = {"name": name, "sha1": sha1, "line": [], "prev": False, "state": {},
-                                         "pin": [], "health": None}  # fmt: skip
+                                         "pin": [], "health": None, "sleeping": None}  # fmt: skip
             elif not units:
                 raise FactProcessError(f"unexpected llama-server units output: {output!r}")
             elif word == "prev":
@@ -245,9 +249,11 @@ class ServedUnits(FactBase[dict]):
             elif word in ("line", "pin"):
                 current[word].append(rest)
             elif word == "health":
-                current["health"] = int(rest) if rest.strip().isdigit() else None
+                status, _, asleep = rest.strip().partition(" ")
+                current["health"] = int(status) if status.isdigit() else None
+                current["sleeping"] = {"asleep": True, "awake": False}.get(asleep)
         return {name: FoundUnit(u["name"], u["sha1"], tuple(u["line"]), u["prev"], u["state"], tuple(u["pin"]) or None,
-                                u["health"])
+                                u["health"], u["sleeping"])
                 for name, u in units.items() if _UNIT_FILE.fullmatch(name)}  # fmt: skip
 
 

@@ -102,6 +102,12 @@ class ServerSettings(Section):
         "CPU weight repacking (AMX and repacked kernels); False serves with --no-repack",
     )
     parallel: int = setting(1, "parallel slots; --ctx-size is the context per slot x slots", between=(1, 1024))
+    sleep_idle_seconds: Optional[int] = setting(
+        None,
+        "--sleep-idle-seconds: after this many seconds without a request, llama-server frees the model and its "
+        "cards' memory until a request wakes it (reloading the model); None: it never sleeps",
+        between=(1, 1 << 30),
+    )
     api_key_file: Optional[str] = setting(
         None,
         "file on the control machine holding the API key (never printed; mode 600 or 400)",

@@ -62,9 +62,9 @@ def test_the_rack_answers_through_the_gateway(lab_rack):
     chat = post(f"http://{ip}:8000/v1/chat/completions",
                 {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4})  # fmt: skip
     assert chat["choices"][0]["message"]["content"] and chat["usage"]["completion_tokens"] == 4, chat
-    for _ in range(8):
-        post(f"http://{ip}:8000/completion", {"prompt": "hello", "n_predict": 2})
-    # leastconn spreads requests that come one after another over the idle units
+    for i in range(8):
+        post(f"http://{ip}:8000/completion", {"prompt": f"hello from conversation {i}", "n_predict": 2})
+    # conversation affinity (the default) spreads conversations of different openings over the units
     served = deploying.sh(lab_rack, GATEWAY, "echo 'show stat' | python3 -c \"import socket,sys; "
                           "s=socket.socket(socket.AF_UNIX); s.connect('/run/haproxy/admin.sock'); "
                           "s.sendall(sys.stdin.read().encode()); print(s.makefile().read())\"")  # fmt: skip

@@ -22,8 +22,8 @@ from roles.gateway import audit, operations
 from roles.gateway.files import haproxy_runtime
 from roles.gateway.operations import haproxy, node_exporter, prometheus_targets
 from roles.gateway.plan import (HAPROXY_CONFIG, TARGETS, GatewayError, alert_rules, backends_of,
-                                          haproxy_config, prometheus_config, rack_key, secret_digest_command,
-                                          server_name, serving_host, targets)  # fmt: skip
+                                          haproxy_config, prometheus_config, rack_key, ring_weights,
+                                          secret_digest_command, server_name, serving_host, targets)  # fmt: skip
 from roles.gateway.reads import ConfiguredServers, HaproxyServers
 from roles.gateway.settings import ADMIN_SOCKET
 from roles.preflight.reads import role_reads
@@ -78,6 +78,7 @@ def test_defaults_and_the_gateway_group():
     assert (g.port, g.bind, g.tls_cert_file, g.api_key, g.stats_port) == (8000, "0.0.0.0", None, "pass-through", 8404)
     assert (g.prometheus, g.node_exporter, g.slow_fraction, ADMIN_SOCKET) == (
         False, False, 0.5, "/run/haproxy/admin.sock")  # fmt: skip
+    assert (g.balance, g.balance_factor) == ("affinity", 300)
 
 
 @pytest.mark.parametrize("data, expected", [
@@ -89,6 +90,8 @@ def test_defaults_and_the_gateway_group():
     ({"gateway_slow_fraction": 2.0}, "gateway_slow_fraction: given 2.0; allowed: a number from 0.01 to 1"),
     ({"gateway_check_timeout": 0}, "gateway_check_timeout: given 0; allowed: an integer from 1 to 600"),
     ({"gateway_prometheus": "yes"}, "gateway_prometheus: given 'yes'; allowed: true or false"),
+    ({"gateway_balance": "roundrobin"}, "gateway_balance: given 'roundrobin'; allowed: one of 'affinity', 'leastconn'"),
+    ({"gateway_balance_factor": 100}, "gateway_balance_factor: given 100; allowed: an integer from 101 to 10000"),
 ])  # fmt: skip
 def test_bad_gateway_settings_are_refused(data, expected):
     with pytest.raises(SettingsError, match=re.escape(expected)):
@@ -156,7 +159,7 @@ def test_one_key_for_the_rack_or_none():
 
 def test_the_key_in_the_config_pass_through_and_checked():
     passed = haproxy_config(gateway_settings(), rack_backends(), "k3y")
-    assert "    http-check send meth GET uri /slots hdr Authorization 'Bearer k3y'\n" in passed
+    assert "    http-check send meth GET uri /metrics hdr Authorization 'Bearer k3y'\n" in passed
     assert "acl llamarack_key" not in passed
     checked = haproxy_config(gateway_settings(gateway_api_key="checked"), rack_backends(), "k3y")
     assert "    http-request deny deny_status 401 unless llamarack_public || llamarack_key\n" in checked
@@ -164,14 +167,46 @@ def test_the_key_in_the_config_pass_through_and_checked():
         haproxy_config(gateway_settings(gateway_api_key="checked"), rack_backends(), None)
 
 
+def backend_section(text: str) -> list:
+    """The lines of backend ``llamarack`` up to its checks, comments left out."""
+    lines = text.split("\nbackend llamarack\n", 1)[1].split("    option httpchk\n", 1)[0].splitlines()
+    return [line.strip() for line in lines if not line.strip().startswith("#")]
+
+
+def test_affinity_keys_a_conversation_and_bounds_the_imbalance():
+    lines = backend_section(haproxy_config(gateway_settings(gateway_balance_factor=175), rack_backends(), None))
+    assert lines[:4] == ["balance hash var(txn.llamarack_conversation)", "hash-type consistent",
+                         "hash-balance-factor 175", "option http-buffer-request"]  # fmt: skip
+    keys = [line.split(" if ")[0].split(") ", 1)[1] for line in lines if line.startswith("http-request set-var")]
+    assert keys == ["req.fhdr(x-session-id)", "req.body,json_query('$.messages[1].content')",
+                    "req.body,json_query('$.messages[1].content[0].text')",
+                    "req.body,json_query('$.messages[0].content')",
+                    "req.body,json_query('$.messages[0].content[0].text')",
+                    "req.body,json_query('$.prompt'),bytes(0,256)"]  # fmt: skip
+
+
+def test_leastconn_is_still_a_setting():
+    text = haproxy_config(gateway_settings(gateway_balance="leastconn"), rack_backends(), None)
+    assert backend_section(text) == ["balance leastconn"]
+    assert [line.rsplit(" ", 1)[1] for line in text.splitlines() if line.startswith("    server ")] == \
+        ["4", "1", "2"] + ["8"] * 8  # fmt: skip  # weight: the unit's slots
+
+
+def test_affinity_weights_keep_the_slots_ratios_on_a_fine_ring():
+    weights = [b.weight for b in ring_weights(rack_backends())]
+    assert weights == [128, 32, 64] + [256] * 8  # 4, 1, 2 and 8 slots, the largest at HAProxy's highest weight
+    one = [b.weight for b in ring_weights(rack_backends()[1:2])]
+    assert one == [256] and ring_weights([]) == []
+
+
 HAPROXY = shutil.which("haproxy")
 
 
 @pytest.mark.skipif(not HAPROXY, reason="HAProxy is not installed here (apt-get install haproxy)")
-@pytest.mark.parametrize("variant", ["plain", "tls-checked-ipv6"])
+@pytest.mark.parametrize("variant", ["plain", "tls-checked-ipv6", "leastconn"])
 def test_haproxy_accepts_the_rendered_config(tmp_path, variant):
-    data, key = {}, None
-    if variant != "plain":
+    data, key = ({"gateway_balance": "leastconn"} if variant == "leastconn" else {}), None
+    if variant == "tls-checked-ipv6":
         cert = tmp_path / "rack.pem"
         subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=gw",
                         "-keyout", str(tmp_path / "k.pem"), "-out", str(tmp_path / "c.pem")],
@@ -314,7 +349,7 @@ def test_diff_shows_the_config_without_the_key(rack_records, monkeypatch, caplog
     facts = {**haproxy_facts(), fact_key(FileContents, path=HAPROXY_CONFIG): ["global", "    daemon"]}
     with caplog.at_level(logging.INFO, logger="pyinfra"):
         commands, _ = run_op(haproxy, facts, diff=True, settings=gateway_settings(), hosts=keyed)
-    assert "t0ps3cret" in commands[3][2]  # the config itself holds it, for the /slots check
+    assert "t0ps3cret" in commands[3][2]  # the config itself holds it, for the /metrics check
     shown = caplog.text
     assert "Will modify /etc/haproxy/haproxy.cfg" in shown and "Bearer <server_api_key_file>" in shown
     assert "t0ps3cret" not in shown

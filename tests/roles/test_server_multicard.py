@@ -242,8 +242,10 @@ def test_a_converged_eight_card_host_reads_everything_in_preflights_one_read():
     assert commands == [] and outside == []
 
 
-def audit_of(s, host: dict, cards) -> dict:
-    """The server role's audit items of a host whose facts are ``host`` (as the deploy read them)."""
+def audit_of(s, host: dict, cards, asleep: tuple = (), off_card: tuple = ()) -> dict:
+    """The server role's audit items of a host whose facts are ``host`` (as the deploy read them);
+    the units of ``asleep`` (their indexes) sleep: their /props says so, and they are on no card,
+    as are those of ``off_card``."""
     from types import SimpleNamespace
 
     from llamarack.audit import Answers, Seen
@@ -252,14 +254,15 @@ def audit_of(s, host: dict, cards) -> dict:
     from roles.server.audit import items
 
     units = host[fact_key(ServedUnits, state=f"{ROOT}/state")]
-    units = {n: dataclasses.replace(u, state={**u.state, "MainPID": str(100 + i)}, health=200)
+    units = {n: dataclasses.replace(u, state={**u.state, "MainPID": str(100 + i)}, health=200, sleeping=i in asleep)
              for i, (n, u) in enumerate(sorted(units.items()))}  # fmt: skip
     fact = Answers((), {})
     fact.values = {FactRead.of(k[0], **dict(k[1])): v for k, v in host.items() if isinstance(k, tuple)}
     fact.values.update({
         FactRead.of(ServedUnits, state=f"{ROOT}/state", health=True): units,
         FactRead.of(GgufShape, path=f"{ROOT}/models/current/model.gguf"): SHAPE,
-        FactRead.of(GpuProcesses): tuple(GpuProcess(100 + i, "llama-server", 700, g.uuid) for i, g in enumerate(cards)),
+        FactRead.of(GpuProcesses): tuple(GpuProcess(100 + i, "llama-server", 700, g.uuid) for i, g in enumerate(cards)
+                                         if i not in asleep + off_card),
         FactRead.of(CharDevices): host[CharDevices]})  # fmt: skip
     return items(Seen("gpu01", s, SimpleNamespace(gpus=cards), fact))
 
@@ -285,6 +288,20 @@ def test_the_audit_lists_every_unit_of_a_host():
     assert not [k for k in one if "@" in k]
 
 
+def test_the_audit_shows_a_sleeping_unit_serving_without_drift():
+    s = settings(server_layout="per_card")
+    host, _ = converged(s, EIGHT)
+    found = audit_of(s, host, EIGHT, asleep=(2,))
+    drift = [k for k, v in found.items() if v.drift and k not in ("service_user", "bench")]
+    assert drift == [], drift
+    assert found["service@2"].found["sleeping"] is True and "sleeping" not in found["service@1"].found
+    assert found["residency@2"].found["why"] == "asleep: it freed its cards; checked once a request wakes it"
+    assert found["health@2"].found == 200
+    # on no card while awake is drift, as before
+    awake = audit_of(s, host, EIGHT, off_card=(2,))
+    assert awake["residency@2"].drift and "sleeping" not in awake["service@2"].found
+
+
 def test_plan_upgrade_says_which_unit_goes_and_which_restarts():
     from llamarack.upgrade import server_steps
 
@@ -294,3 +311,41 @@ def test_plan_upgrade_says_which_unit_goes_and_which_restarts():
     assert [(step.action, step.what) for step in server_steps(gone, False)] == [("retire", "llamarack-server@3.service")]
     assert [step.what for step in server_steps(audit_of(s, host, EIGHT), True)] == [
         f"llamarack-server@{i}" for i in range(8)]  # a new build or model: every unit restarts
+
+
+def test_the_deploy_ends_by_naming_every_unit_and_its_cards(caplog):
+    """A host reseated with a 3090 and three P40s serves 4 units: the closing lines name each
+    one's address (ports 8080-8083) and cards, read from the units record the run wrote."""
+    import logging
+
+    from llamarack.operations import report
+    from roles.server.deploy import serving
+
+    s = settings(server_listen="0.0.0.0", server_api_key_file=None, server_allow_unauthenticated=True)
+    commands, _ = run_op(service, facts(), settings=s, gpus=MIXED)
+    record = uploads(commands)[f"{ROOT}/state/units.json.new"].rstrip("\n").split("\n")
+    with caplog.at_level(logging.INFO, logger="pyinfra"):
+        run_op(report, {fact_key(FileContents, path=f"{ROOT}/state/units.json"): record},
+               message=lambda: serving(s, "10.77.0.20", MIXED))  # fmt: skip
+    cards = ["GPU 0 (NVIDIA GeForce RTX 3090)", "GPU 1 (Tesla P40)", "GPU 2 (Tesla P40)", "GPU 3 (Tesla P40)"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"[gpu01] serving: http://10.77.0.20:{port}/v1/chat/completions (OpenAI API), http://10.77.0.20:{port}"
+        f"/completion, health at http://10.77.0.20:{port}/health (no API key): llamarack-server@{i} on {cards[i]}"
+        for i, port in enumerate(range(8080, 8084))]  # fmt: skip
+
+
+def test_one_unit_over_several_cards_and_one_on_the_cpu():
+    from roles.server.plan import serving_lines
+
+    two = {"units": [{"index": 0, "unit": "llamarack-server.service", "port": 8080, "listen": "0.0.0.0",
+                      "cards": [g.uuid for g in TWO]}]}  # fmt: skip
+    s = settings(server_listen="0.0.0.0", server_api_key_file=None, server_allow_unauthenticated=True)
+    assert serving_lines(s, "gpu01.rack", two, TWO) == (
+        "serving: http://gpu01.rack:8080/v1/chat/completions (OpenAI API), http://gpu01.rack:8080/completion, "
+        f"health at http://gpu01.rack:8080/health (no API key): on GPU 0 ({TWO[0].name}), GPU 1 ({TWO[1].name})")
+    cpu = settings(llamacpp_backend="cpu")
+    line = serving_lines(cpu, "gpu01.rack", {"units": [{"index": 0, "port": 8080, "cards": []}]}, ())
+    assert line.startswith("serving: http://127.0.0.1:8080/v1/chat/completions") and line.endswith(": on the CPU")
+    assert serving_lines(cpu, "gpu01.rack", None, ()).endswith("/health (no API key)")  # no record: no cards to name
+    planned = serving_lines(cpu, "gpu01.rack", two, TWO)  # a CPU build planned over the host's cards (the lab)
+    assert planned.endswith(f": on GPU 0 ({TWO[0].name}), GPU 1 ({TWO[1].name}), computing on the CPU")

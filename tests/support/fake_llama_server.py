@@ -6,7 +6,20 @@
 sends them, chunked: ``data: {...}`` and a blank line per event; /completion's last event
 has ``"stop": true``, chat's OpenAI-style chunks end with ``data: [DONE]``; an error once
 the stream began is the event ``data: {"error": {...}}``, and the stream ends there), and
-the API key's 401. Tests set what it answers."""
+the API key's 401 (``/health`` alone is public, as llama-server's own list says).
+
+A chat completion's ``timings`` (its last event, or its body) say how much of its prompt came
+from the server's prompt cache (``cache_n``) and how much was computed (``prompt_n``): a
+word is a token, and the cache holds every prompt it answered with its answer, as
+llama-server's slots and ``--cache-ram`` do.
+
+With ``sleep_idle_seconds`` it sleeps as llama-server's ``--sleep-idle-seconds`` does
+(server-queue.cpp, server-context.cpp): after that long with no task, it frees the model.
+``/health``, ``/props`` (``is_sleeping``), ``/models`` and ``/metrics`` (its cached figures)
+answer without waking it; ``/slots`` and a completion wake it (``wake_delay``: reloading
+the model) and start the idle time again. Awake, ``/metrics`` is a task of the main loop
+that does not start the idle time again, and waits for the loop as ``/slots`` does
+(``hang_loop``). Tests set what it answers."""
 
 from __future__ import annotations
 
@@ -22,7 +35,7 @@ class Behaviour:
     processing: list = field(default_factory=lambda: [False, False])  # one per slot
     deferred: int = 0
     metrics: bool = True
-    hang_slots: float = 0.0  # seconds /slots takes (llama-server's queue stuck)
+    hang_loop: float = 0.0  # seconds a task of the main loop waits (/slots; /metrics awake): the loop stuck
     api_key: str = ""
     completion_delay: float = 0.0
     completion_status: int = 200
@@ -33,6 +46,21 @@ class Behaviour:
     stream_cut: bool = False  # the connection closed after the first token, mid-body
     requests: list = field(default_factory=list)  # (method, path) as they came
     bodies: list = field(default_factory=list)  # the POSTs' JSON bodies, as they came
+    sleep_idle_seconds: float | None = None  # --sleep-idle-seconds; None: never sleeps
+    wake_delay: float = 0.0  # seconds a wake takes (the model loaded again)
+    wakes: int = 0  # how many times a request woke it
+    last_task: float = field(default_factory=time.monotonic)  # when a task last started the idle time again
+    cached: list = field(default_factory=list)  # the prompts it answered, as tokens (words), with their answers
+
+    def sleeping(self) -> bool:
+        return self.sleep_idle_seconds is not None and time.monotonic() - self.last_task >= self.sleep_idle_seconds
+
+    def task(self) -> None:
+        """A task that needs the model (a slot read, a completion): wakes it, and the idle time starts again."""
+        if self.sleeping():
+            time.sleep(self.wake_delay)
+            self.wakes += 1
+        self.last_task = time.monotonic()
 
 
 def _slot(i: int, processing: bool) -> dict:
@@ -56,9 +84,21 @@ def _completion_events(n: int, end: bool) -> list:
     return [json.dumps(e) for e in events] + ([json.dumps(final)] if end else [])
 
 
-def _chat_events(n: int, end: bool) -> list:
+def _timings(b: Behaviour, request: dict, n: int) -> dict:
+    """A chat completion's ``timings``: its prompt's tokens (words) found at the head of a prompt
+    the server answered before (``cache_n``), the rest computed (``prompt_n``). The prompt and
+    its answer are cached."""
+    tokens = [w for m in request.get("messages") or () for w in f"<{m.get('role')}> {m.get('content')}".split()]
+    cache_n = max((next((i for i, (a, c) in enumerate(zip(tokens, old)) if a != c), min(len(tokens), len(old)))
+                   for old in b.cached), default=0)  # fmt: skip
+    b.cached = (b.cached + [tokens + ["<assistant>"] + ["Paris"] * n])[-64:]
+    return {"cache_n": cache_n, "prompt_n": len(tokens) - cache_n, "prompt_ms": 1.5, "predicted_n": n,
+            "predicted_ms": 4.5}
+
+
+def _chat_events(n: int, end: bool, timings: dict | None = None) -> list:
     """/v1/chat/completions' stream: OpenAI-style chunks (the role, a delta per token, the
-    finish reason with the usage), then ``[DONE]``."""
+    finish reason with the usage and the timings), then ``[DONE]``."""
     head = {"created": 1767225600, "id": "chatcmpl-lab", "model": "tiny", "system_fingerprint": "b1-lab",
             "object": "chat.completion.chunk"}
 
@@ -67,12 +107,14 @@ def _chat_events(n: int, end: bool) -> list:
 
     events = [chunk({"role": "assistant", "content": None})] + [chunk({"content": " Paris"}) for _ in range(n)]
     usage = {"completion_tokens": n, "prompt_tokens": 6, "total_tokens": n + 6}
-    return events + ([chunk({}, "length", usage=usage), "[DONE]"] if end else [])
+    return events + ([chunk({}, "length", usage=usage, **({"timings": timings} if timings else {})), "[DONE]"]
+                     if end else [])
 
 
-def _metrics(b: Behaviour) -> str:
+def _metrics(b: Behaviour, asleep: bool = False) -> str:
+    busy = 0 if asleep else sum(1 for p in b.processing if p)
     gauges = {"prompt_tokens_seconds": 120.5, "predicted_tokens_seconds": 33.25,
-              "requests_processing": sum(1 for p in b.processing if p), "requests_deferred": b.deferred,
+              "requests_processing": busy, "requests_deferred": 0 if asleep else b.deferred,
               "n_busy_slots_per_decode": 1}
     out = []
     for name, value in {"prompt_tokens_total": 96, "tokens_predicted_total": 240}.items():
@@ -119,7 +161,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def _authorised(self) -> bool:
         b = self.behaviour
-        if not b.api_key or self.path in ("/health", "/v1/health", "/models", "/v1/models"):
+        if not b.api_key or self.path in ("/health", "/v1/health"):
             return True
         if self.headers.get("Authorization") == f"Bearer {b.api_key}":
             return True
@@ -135,14 +177,22 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self._send(b.health_status, {"status": "ok"} if b.health_status == 200 else
                        {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})
         elif self.path == "/slots":
-            time.sleep(b.hang_slots)
+            b.task()
+            time.sleep(b.hang_loop)
             self._send(200, [_slot(i, p) for i, p in enumerate(b.processing)])
         elif self.path == "/metrics":
             if not b.metrics:
                 self._send(501, {"error": {"code": 501, "message": "This server does not support metrics endpoint. "
                                            "Start it with `--metrics`", "type": "not_supported_error"}})
             else:
-                self._send(200, _metrics(b), "text/plain; version=0.0.4")
+                asleep = b.sleeping()
+                time.sleep(0 if asleep else b.hang_loop)  # asleep: the figures cached when it fell asleep
+                self._send(200, _metrics(b, asleep), "text/plain; version=0.0.4")
+        elif self.path == "/props":
+            self._send(200, {"total_slots": len(b.processing), "model_alias": "tiny", "is_sleeping": b.sleeping(),
+                             "endpoint_slots": True, "endpoint_metrics": b.metrics})
+        elif self.path in ("/models", "/v1/models"):
+            self._send(200, {"object": "list", "data": [{"id": "tiny", "object": "model", "owned_by": "llamacpp"}]})
         else:
             self._send(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
 
@@ -153,6 +203,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         b.bodies.append(request)
         if not self._authorised():
             return
+        b.task()
         time.sleep(b.completion_delay)
         if b.completion_status != 200:
             self._send(b.completion_status, {"error": {"code": b.completion_status, "message": "no",
@@ -162,7 +213,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if self.path == "/completion":
                 self._stream(_completion_events(n, b.stream_end), 0, b)
             else:
-                self._stream(_chat_events(n, b.stream_end), 1, b)
+                self._stream(_chat_events(n, b.stream_end, _timings(b, request, n)), 1, b)
         elif b.body is not None:
             self._send(200, b.body)
         elif self.path == "/completion":
@@ -171,7 +222,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         elif self.path == "/v1/chat/completions":
             self._send(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": "Paris"},
                                           "finish_reason": "stop"}], "object": "chat.completion",
-                             "usage": {"completion_tokens": 1, "prompt_tokens": 6, "total_tokens": 7}})
+                             "usage": {"completion_tokens": 1, "prompt_tokens": 6, "total_tokens": 7},
+                             "timings": _timings(b, request, 1)})
         else:
             self._send(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
 

@@ -34,9 +34,9 @@ def _serve(family=socket.AF_INET, host="127.0.0.1"):
     return server
 
 
-def status(url: str, env=None) -> str:
-    r = subprocess.run([sys.executable, "-I", "-S", "-c", remote.source("http_status"), url], capture_output=True,
-                       text=True, timeout=60, env=env)  # fmt: skip
+def status(url: str, env=None, *key_file: str) -> str:
+    r = subprocess.run([sys.executable, "-I", "-S", "-c", remote.source("http_status"), url, *key_file],
+                       capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
     assert r.returncode == 0 and r.stderr == "", r.stderr
     return r.stdout.strip()
 
@@ -73,3 +73,20 @@ def test_a_redirect_is_its_own_answer_and_no_proxy_is_asked():
         assert status(f"http://127.0.0.1:{port}/health", env=proxied) == "200"
     finally:
         server.shutdown()
+
+
+def test_with_the_key_file_it_says_whether_llama_server_sleeps(tmp_path):
+    """The audit's read: /props (with the server's key) says is_sleeping, and asking wakes nothing."""
+    from tests.support.fake_llama_server import Behaviour, FakeLlamaServer
+
+    key = tmp_path / "key"
+    key.write_text("k3y\n")
+    with FakeLlamaServer(Behaviour(api_key="k3y")) as s:
+        assert status(s.url + "/health", None, str(key)) == "200 awake"
+        s.behaviour.sleep_idle_seconds = 0.0  # idle long enough: asleep
+        assert status(s.url + "/health", None, str(key)) == "200 asleep"
+        assert status(s.url + "/health", None, str(tmp_path / "none")) == "200 none"  # no key: /props says 401
+        assert s.behaviour.sleeping() and s.behaviour.wakes == 0
+        s.behaviour.health_status = 503
+        assert status(s.url + "/health", None, str(key)) == "503"  # loading: /props is not asked
+    assert status(s.url + "/health", None, str(key)) == "none"

@@ -137,7 +137,7 @@ def test_server_names_are_the_gateways():
 
 
 LIFE = ["server_idle units", "lab-gw set drain", "lab-gw2 set drain", "lab-gw wait-empty", "lab-gw2 wait-empty",
-        "server_idle idle", "deploy", "server_idle units", "wait_healthy", "completion_probe",
+        "server_idle idle", "deploy", "server_idle units", "wait_healthy", "completion_probe", "wait_healthy",
         "lab-gw set ready", "lab-gw2 set ready", "lab-gw wait-up", "lab-gw2 wait-up"]
 
 
@@ -242,7 +242,23 @@ def test_every_unit_of_a_multi_unit_host_is_drained_and_gated(here):
     gateway = [what for where, what in fake.events if where == "lab-gw" and "lab-a_" in what]
     assert gateway == ["set drain lab-a_0", "set drain lab-a_1", "wait-empty lab-a_0", "wait-empty lab-a_1",
                        "set ready lab-a_0", "set ready lab-a_1", "wait-up lab-a_0", "wait-up lab-a_1"]
-    assert [e[1] for e in fake.events if e[0] == "lab-a"].count("wait_healthy") == 2
+    assert [e[1] for e in fake.events if e[0] == "lab-a"].count("wait_healthy") == 4  # /health, then residency
+
+
+def test_the_gate_checks_residency_after_the_completion_that_wakes_a_sleeping_unit(here):
+    fake, gate = FakeRack(), []
+    plain = fake.run
+
+    def run(host, command, timeout):
+        words = shlex.split(command)
+        if host.name == "lab-a" and len(words) > 2 and SOURCES.get(words[2]) in ("wait_healthy", "completion_probe"):
+            gate.append((SOURCES[words[2]], words[3:][-1] if SOURCES[words[2]] == "wait_healthy" else "-"))
+        return plain(host, command, timeout)
+
+    fake.run = run
+    assert roll(fake) == 0
+    # /health first (no residency), then the completion, then the cards: a unit asleep has woken
+    assert gate == [("wait_healthy", ""), ("completion_probe", "-"), ("wait_healthy", "GPU-1 900")]
 
 
 def test_the_gate_says_residency_was_checked_only_where_it_was(here):

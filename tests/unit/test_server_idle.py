@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 from llamarack import remote
 from tests.support.fake_llama_server import Behaviour, FakeLlamaServer
@@ -51,6 +52,9 @@ def test_idle_when_no_slot_processes_and_nothing_is_deferred(tmp_path):
 def test_a_processing_slot_or_a_deferred_request_is_busy(tmp_path):
     with FakeLlamaServer(Behaviour(processing=[False, True])) as s:
         rc, out = idle(tmp_path / "units.json", s.port, "1")
+    assert rc == 1 and out["units"][0]["busy"] == "1 requests processing"
+    with FakeLlamaServer(Behaviour(processing=[False, True], metrics=False)) as s:  # no --metrics: its /slots say
+        rc, out = idle(tmp_path / "units.json", s.port, "1")
     assert rc == 1 and out["units"][0]["busy"] == "slots 1 processing"
     with FakeLlamaServer(Behaviour(deferred=3)) as s:
         rc, out = idle(tmp_path / "units.json", s.port, "1")
@@ -66,10 +70,10 @@ def test_a_unit_becoming_idle_within_the_timeout(tmp_path):
 
 
 def test_cannot_tell_is_busy(tmp_path):
-    with FakeLlamaServer(Behaviour(hang_slots=6.5)) as s:  # /health answers; /slots hangs past the ask's 5 s
+    with FakeLlamaServer(Behaviour(hang_loop=6.5)) as s:  # /health answers; the main loop hangs past the ask's 5 s
         rc, out = idle(tmp_path / "units.json", s.port, "1")
-    assert rc == 1 and out["units"][0]["busy"] == "/slots answered nothing: cannot tell"
-    with FakeLlamaServer(Behaviour(processing=[])) as s:
+    assert rc == 1 and out["units"][0]["busy"] == "/metrics answered nothing: cannot tell"
+    with FakeLlamaServer(Behaviour(processing=[], metrics=False)) as s:
         rc, out = idle(tmp_path / "units.json", s.port, "1")
     assert rc == 1 and "lists no slot" in out["units"][0]["busy"]
     rc, out = idle(tmp_path / "units.json", 1, "1")  # nothing listens
@@ -83,7 +87,7 @@ def test_without_metrics_the_slots_say_and_the_api_key_is_sent(tmp_path):
         rc, out = idle(tmp_path / "units.json", s.port, "3", str(key))
         assert rc == 0, out
         rc, out = idle(tmp_path / "units.json", s.port, "1")  # no key: 401
-    assert rc == 1 and out["units"][0]["busy"] == "/slots answered 401: cannot tell"
+    assert rc == 1 and out["units"][0]["busy"] == "/metrics answered 401: cannot tell"
 
 
 def test_one_busy_unit_of_two_keeps_the_host_busy(tmp_path):
@@ -94,6 +98,19 @@ def test_one_busy_unit_of_two_keeps_the_host_busy(tmp_path):
             for i, s in enumerate((a, b))]}))
         rc, out = idle(record, 8080, "1")
     assert rc == 1 and [u["busy"] for u in out["units"]] == [None, "1 requests deferred"]
+
+
+def test_a_sleeping_unit_is_idle_and_stays_asleep(tmp_path):
+    """/metrics answers a sleeping server's cached figures without waking it; /slots would."""
+    with FakeLlamaServer(Behaviour(sleep_idle_seconds=0.5, processing=[False, False])) as s:
+        time.sleep(0.7)
+        assert s.behaviour.sleeping()
+        rc, out = idle(tmp_path / "units.json", s.port, "5")
+        assert rc == 0 and out["units"][0]["busy"] is None
+        assert s.behaviour.sleeping() and s.behaviour.wakes == 0
+        assert ("GET", "/slots") not in s.behaviour.requests and ("GET", "/metrics") in s.behaviour.requests
+        urllib.request.urlopen(s.url + "/slots", timeout=10).read()  # the stand-in wakes as llama-server does
+        assert s.behaviour.wakes == 1 and not s.behaviour.sleeping()
 
 
 def test_one_real_completion(tmp_path):

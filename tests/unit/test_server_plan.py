@@ -21,6 +21,7 @@ from roles.server.plan import (
     server_args,
 )
 from roles.server.settings import DEFAULT_RESERVE_MIB
+from llamarack.errors import SettingsError
 from roles.settings import load_settings
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -222,6 +223,31 @@ def test_backend_sampling_is_asked_only_of_a_build_that_has_it():
     with pytest.raises(PlanError) as e:
         server_args(on, NEW_HELP, "/b", "/m", ctx, cuda=True)
     assert e.value.failure.rule == "backend-sampling" and "server_backend_sampling" in e.value.failure.fix
+
+
+def fixture_flags(case: str):
+    """The ``BuildFlags`` of a ``LlamaServerFlags`` fixture's --help."""
+    found = json.loads((Path(__file__).resolve().parents[1] / f"facts/LlamaServerFlags/{case}.json").read_text())
+    return parse_build_help("\n".join(found["output"]))
+
+
+def test_sleep_is_asked_only_of_a_build_that_has_it():
+    flags = fixture_flags("pinned_0c1e57098")
+    assert flags.has_sleep_idle and not fixture_flags("late_2024_no_mmap").has_sleep_idle
+    ctx = plan_context(settings(), LLAMA8B, V100_16)
+    assert "--sleep-idle-seconds" not in server_args(settings(), flags, "/b", "/m", ctx, cuda=True)  # off by default
+    asleep = settings(server_sleep_idle_seconds=300)
+    args = server_args(asleep, flags, "/b", "/m", ctx, cuda=True)
+    assert args[-3:] == ["--sleep-idle-seconds", "300", "--metrics"]
+    assert "--sleep-idle-seconds 300 --metrics" in render_unit(asleep, args, "llamarack llama-server: m")
+    for lacking in (fixture_flags("late_2024_no_mmap"), NEW_HELP):
+        with pytest.raises(PlanError) as e:
+            server_args(asleep, lacking, "/b", "/m", ctx, cuda=True)
+        assert e.value.failure.rule == "sleep-idle" and "unset server_sleep_idle_seconds" in e.value.failure.fix
+        assert "server_sleep_idle_seconds 300, but this build's llama-server --help has no --sleep-idle-seconds" \
+            in e.value.failure.message("gpu01")  # fmt: skip
+    with pytest.raises(SettingsError, match="server_sleep_idle_seconds: given 0; allowed: an integer from 1"):
+        settings(server_sleep_idle_seconds=0)
 
 
 def test_unit_runs_as_the_service_user_with_the_args():

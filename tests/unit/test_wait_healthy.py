@@ -56,27 +56,30 @@ def test_a_live_unit_that_never_answers_times_out(tmp_path):
     assert rc == 1 and "no 200 from http://192.0.2.1:8080/health within 2 s" in err and took < 4.5
 
 
-def residency_check(tmp_path, apps: str, spec: str):
-    """The switch's check after /health, with doubles of systemctl (MainPID 6434) and of
-    nvidia-smi printing ``apps`` in the real driver's --query-compute-apps format."""
+def residency_check(tmp_path, apps: str, spec: str, url: str = "", unit_text: str = ""):
+    """The switch's check after /health, with doubles of systemctl (MainPID 6434, its unit file
+    ``unit_text``) and of nvidia-smi printing ``apps`` in the real driver's --query-compute-apps
+    format; ``url``: the server's /health (none: a local one that answers /health alone)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "systemctl").write_text('#!/bin/sh\n[ "$1" = show ] && printf "MainPID=6434\\nInvocationID=f00d\\n"'
-                                       '\nexit 0\n')  # fmt: skip
+    (tmp_path / "x.service").write_text(unit_text)
+    (bin_dir / "systemctl").write_text('#!/bin/sh\n[ "$1" = show ] && printf "MainPID=6434\\nInvocationID=f00d\\n'
+                                       f'FragmentPath={tmp_path}/x.service\\n"\nexit 0\n')  # fmt: skip
     (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '%s' '{apps}'\n")
     # this start's journal: llama-server's own log on the H200 with its device nodes unopenable
     (bin_dir / "journalctl").write_text(f"#!/bin/sh\ncat {DENIED_LOG}\n")
     for tool in ("systemctl", "nvidia-smi", "journalctl"):
         (bin_dir / tool).chmod(0o755)
-    server, port = serve_health(tmp_path)
+    server, port = serve_health(tmp_path) if not url else (None, None)
     try:
-        r = subprocess.run([sys.executable, str(remote.path("wait_healthy")), f"http://127.0.0.1:{port}/health",
+        r = subprocess.run([sys.executable, str(remote.path("wait_healthy")), url or f"http://127.0.0.1:{port}/health",
                             "x.service", "20", spec], env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
                            capture_output=True, text=True)  # fmt: skip
     finally:
-        server.kill()
-        server.wait()
-    return r.returncode, r.stderr
+        if server:
+            server.kill()
+            server.wait()
+    return r.returncode, r.stderr + r.stdout
 
 
 UUID = "GPU-1c315d8b-7c35-20bc-491b-dbfb0494e2cd"
@@ -93,6 +96,27 @@ def test_a_healthy_cuda_unit_must_also_serve_from_its_cards(tmp_path):
     rc, err = residency_check(tmp_path, H200_APP, f"{UUID} 4460")
     assert rc == 1 and "less than the planned weights (4460 MiB)" in err
     assert residency_check(tmp_path, "", "")[0] == 0  # a CPU unit has no residency line
+
+
+def test_a_sleeping_unit_serves_and_its_residency_waits_for_its_wake(tmp_path):
+    """Asleep (--sleep-idle-seconds), llama-server has freed its cards: its /props, asked with
+    the key its unit names, says so, and the check passes without waking it."""
+    from tests.support.fake_llama_server import Behaviour, FakeLlamaServer
+
+    key = tmp_path / "key"
+    key.write_text("s3cret\n")
+    unit = f"[Service]\nExecStart=/b/bin/llama-server --port 8080 --api-key-file {key} --metrics\n"
+    with FakeLlamaServer(Behaviour(api_key="s3cret", sleep_idle_seconds=0.2)) as s:
+        time.sleep(0.4)
+        rc, out = residency_check(tmp_path, "", f"{UUID} 600", s.url + "/health", unit)
+        assert rc == 0 and "x.service is asleep (--sleep-idle-seconds): its residency is checked once it wakes" in out
+        assert s.behaviour.sleeping() and s.behaviour.wakes == 0 and ("GET", "/props") in s.behaviour.requests
+        s.behaviour.sleep_idle_seconds = None  # awake: on no card is a failure again
+        rc, out = residency_check(tmp_path, "", f"{UUID} 600", s.url + "/health", unit)
+        assert rc == 1 and "does not serve from its cards" in out
+        s.behaviour.sleep_idle_seconds = 0.0  # asleep, but /props needs the key its unit no longer names
+        rc, out = residency_check(tmp_path, "", f"{UUID} 600", s.url + "/health", "[Service]\n")
+        assert rc == 1 and "does not serve from its cards" in out
 
 
 def test_the_device_rule_names_what_it_keeps_from_the_server():

@@ -12,13 +12,18 @@ at LISTEN (the settings' ``server_port`` and ``server_listen``).
 "url"}]} (url: where the unit answers from this host).
 
 ``idle`` waits, at most SECONDS, until every unit is idle twice in a row, half a
-second apart: every entry of its ``/slots`` has ``is_processing`` false, and its
-``/metrics`` gauge ``llamacpp:requests_deferred`` is 0 (a unit started without
-``--metrics`` answers 501 there: its /slots alone then say). Whatever else a
-unit answers (no answer within 5 s, an error status, a body that is not what
-llama-server sends: /health stays 200 while /slots hangs) is "cannot tell",
-which counts as busy. KEY_FILE: the server's API key file (its first line), sent
-as a bearer token: /slots and /metrics ask for it when the server has one. A unit
+second apart: its ``/metrics`` gauges ``llamacpp:requests_processing`` (its slots
+that process a request) and ``llamacpp:requests_deferred`` are 0. /metrics is a
+task of llama-server's main loop, answered once the loop takes it (as /slots is),
+that neither wakes a sleeping server (``--sleep-idle-seconds``) nor starts its
+idle time again: asleep, it answers the figures cached as it fell asleep, 0 and
+0 (server-context.cpp). /slots would wake it. A unit started without
+``--metrics`` answers 501 there: every entry of its ``/slots`` then says, with
+``is_processing``. Whatever else a unit answers (no answer within 5 s, an error
+status, a body that is not what llama-server sends: /health stays 200 while the
+main loop hangs) is "cannot tell", which counts as busy. KEY_FILE: the server's
+API key file (its first line), sent as a bearer token: /metrics and /slots ask
+for it when the server has one. A unit
 systemd has loaded and not running (inactive or failed: a server stopped, or one
 that died) has no process and nothing in flight: idle, without asking it.
 Prints {"idle": bool, "units": [{"index", "port", "busy": why or null}]}.
@@ -36,7 +41,8 @@ import urllib.request
 UNIT = "llamarack-server.service"
 UNIT_NAME = re.compile(r"llamarack-server(@[0-9]+)?\.service")
 ASK_TIMEOUT = 5.0
-DEFERRED = re.compile(r"^llamacpp:requests_deferred(?:\{[^}]*\})?\s+(\S+)\s*$", re.M)
+GAUGE = r"^llamacpp:{}(?:\{{[^}}]*\}})?\s+(\S+)\s*$"
+BUSY_GAUGES = {"requests_processing": "requests processing", "requests_deferred": "requests deferred"}
 
 
 def address(listen: str) -> str:
@@ -84,7 +90,26 @@ def get(url: str, token: str):
 
 
 def busy(base: str, token: str):
-    """Why the unit at ``base`` is busy (or cannot tell), or None when it is idle."""
+    """Why the unit at ``base`` is busy (or cannot tell), or None when it is idle: its
+    /metrics (its /slots where it has none)."""
+    status, body = get(base + "/metrics", token)
+    if status == 501:  # started without --metrics
+        return slots_busy(base, token)
+    if status != 200:
+        return f"/metrics answered {status or 'nothing'}: cannot tell"
+    for gauge, what in BUSY_GAUGES.items():
+        found = re.findall(GAUGE.format(re.escape(gauge)), body, re.M)
+        try:
+            value = float(found[-1])
+        except (IndexError, ValueError):
+            return f"/metrics has no number llamacpp:{gauge}: cannot tell"
+        if value:
+            return f"{value:g} {what}"
+    return None
+
+
+def slots_busy(base: str, token: str):
+    """Why a unit without /metrics is busy (or cannot tell), or None: a slot of its /slots processes."""
     status, body = get(base + "/slots", token)
     if status != 200:
         return f"/slots answered {status or 'nothing'}: cannot tell"
@@ -95,19 +120,7 @@ def busy(base: str, token: str):
         return "/slots is not llama-server's list of slots: cannot tell"
     if not slots:
         return "/slots lists no slot: cannot tell"
-    if processing:
-        return f"slots {', '.join(map(str, processing))} processing"
-    status, body = get(base + "/metrics", token)
-    if status == 501:  # started without --metrics: the slots say it all
-        return None
-    found = DEFERRED.findall(body) if status == 200 else []
-    if not found:
-        return f"/metrics answered {status or 'nothing'} without llamacpp:requests_deferred: cannot tell"
-    try:
-        deferred = float(found[-1])
-    except ValueError:
-        return f"llamacpp:requests_deferred is {found[-1]!r}: cannot tell"
-    return f"{deferred:g} requests deferred" if deferred else None
+    return f"slots {', '.join(map(str, processing))} processing" if processing else None
 
 
 def stopped(unit: str) -> bool:

@@ -9,12 +9,16 @@ no longer active (it crashed and waits to restart), else after SECONDS.
 RESIDENCY ("UUID[,UUID...] WEIGHTS_MIB", a CUDA unit's own line): the unit's
 MainPID must be listed by ``nvidia-smi --query-compute-apps`` on every card,
 holding at least the weights (``residency``, which the audit runs too): a
-CUDA build whose device nodes are denied answers /health from the CPU.
-Exit 0: healthy (and on its cards).
+CUDA build whose device nodes are denied answers /health from the CPU. A
+server asleep (``--sleep-idle-seconds``: it freed the model and the cards'
+memory) serves all the same: its ``/props`` says ``is_sleeping`` (asking does
+not wake it), and its residency is checked once a request has woken it.
+Exit 0: healthy (and on its cards, or asleep).
 """
 
 import collections
 import glob
+import json
 import os
 import re
 import stat
@@ -121,9 +125,24 @@ def _read(path: str) -> str:
         return ""
 
 
-def on_its_cards(unit: str, spec: str):
-    """None when the unit's process is on its cards (``spec``: its residency line), else why:
-    from nvidia-smi's compute apps, this start's journal and the unit's device rule."""
+def asleep(health_url: str, unit_text: str) -> bool:
+    """Whether the server whose /health is ``health_url`` is asleep, as its /props says (with the
+    key its ExecStart's ``--api-key-file`` names, where it names one)."""
+    found = re.search(r"^ExecStart=.*?--api-key-file\s+\"?([^\s\"]+)", unit_text, re.M)
+    token = _read(found.group(1)).split("\n", 1)[0].strip() if found else ""
+    request = urllib.request.Request(health_url.rsplit("/", 1)[0] + "/props",
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})  # fmt: skip
+    try:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=5) as r:
+            return json.loads(r.read()).get("is_sleeping") is True
+    except Exception:
+        return False
+
+
+def on_its_cards(unit: str, spec: str, url: str = ""):
+    """None when the unit's process is on its cards (``spec``: its residency line), or asleep
+    (``url``: its /health), else why: from nvidia-smi's compute apps, this start's journal and
+    the unit's device rule."""
     cards, weights = spec.split()
     shown = subprocess.run(["systemctl", "show", "-p", "MainPID", "-p", "InvocationID", "-p", "FragmentPath", unit],
                            capture_output=True, text=True).stdout  # fmt: skip
@@ -135,11 +154,14 @@ def on_its_cards(unit: str, spec: str):
                    if stat.S_ISCHR(os.stat(n).st_mode))  # fmt: skip
     denied = denied_names(_read(props.get("FragmentPath", "")), _read("/proc/devices"), majors)
     why = residency(compute_apps(), int(props.get("MainPID") or 0), tuple(cards.split(",")), int(weights), log, denied)
+    if why and url and asleep(url, _read(props.get("FragmentPath", ""))):
+        print(f"{unit} is asleep (--sleep-idle-seconds): its residency is checked once it wakes")
+        return None
     return f"{unit} answers /health but does not serve from its cards: {why}" if why else None
 
 
 if __name__ == "__main__":
     status = main(*sys.argv[1:4])
     if status == 0 and len(sys.argv) > 4 and sys.argv[4].strip():
-        status = on_its_cards(sys.argv[2], sys.argv[4]) or 0
+        status = on_its_cards(sys.argv[2], sys.argv[4], sys.argv[1]) or 0
     sys.exit(status)
