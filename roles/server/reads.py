@@ -151,32 +151,6 @@ class UnitState(FactBase[dict]):
         return state
 
 
-class HttpStatus(FactBase[Optional[int]]):
-    """
-    Returns the HTTP status a GET of ``url`` gets from the host itself (5 s at most),
-    or None when nothing answers. ``/health`` of a llama-server: 200 when it
-    serves, 503 while it loads.
-
-    .. code:: python
-
-        200
-    """
-
-    def host_run(self, url: str) -> tuple:
-        return ("http_status", url)
-
-    def command(self, url: str) -> str:
-        return remote.command(*self.host_run(url))
-
-    def process(self, output) -> Optional[int]:
-        word = output[-1].strip() if output else ""
-        if word == "none":
-            return None
-        if not word.isdigit():
-            raise FactProcessError(f"unexpected http_status output: {output!r}")
-        return int(word)
-
-
 @dataclass(frozen=True)
 class FoundUnit(FactValue):
     """One llama-server unit file on a host, and what systemd and the role's records say of it."""
