@@ -47,17 +47,9 @@ class PathOwnership(FactValue):
 
 
 class PathOwners(FactBase[PathOwnership]):
-    """
-    Returns the owner and mode of each path and of every existing directory above it,
+    """Returns the owner and mode of each path and of every existing directory above it,
     links resolved (``readlink -m``: a link into /tmp is judged where it leads), and the
-    uid of the user who deploys (``SUDO_UID`` under sudo).
-
-    .. code:: python
-
-        PathOwnership(deployer_uid=0, paths=(PathChain(path="/opt/llamarack",
-            resolved="/opt/llamarack", dirs=(DirOwner("/opt", 0, "root", "755"),
-            DirOwner("/", 0, "root", "755"))),))
-    """
+    uid of the user who deploys (``SUDO_UID`` under sudo)."""
 
     def command(self, paths: tuple) -> str:
         walk = (

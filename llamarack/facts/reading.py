@@ -1,17 +1,11 @@
 """Each fact read once per run while its host is unchanged, and many facts read in one command.
 
-pyinfra 3 runs a fact's command each time ``host.get_fact`` is called, and the
-roles need some facts in several places (the builds listing in the build's plan,
-the build, the switch and the prune); on a converged host those round trips were
-the whole run. So the roles read facts through ``read``, which keeps what a host
-answered until one of that host's operations executes a command (which may have
-changed anything), and preflight asks for everything the roles will read in one
-remote command, ``read_together``.
-
-The rule that keeps the store right: an operation reads its facts before it
-yields its first command (pyinfra's own operations do the same), so no read
-inside an operation follows a change the store does not know of. A read
-after a command of the same operation calls ``host.get_fact`` itself.
+The roles read facts through ``read``, which keeps what a host answered until one of that
+host's operations executes a command, and preflight asks for everything the roles will read
+in one remote command, ``read_together`` (docs/ARCHITECTURE.md, "Each fact is read once per
+run", says why). The rule that keeps the store right: an operation reads its facts before
+it yields its first command, so no read inside an operation follows a change the store does
+not know of. A read after a command of the same operation calls ``host.get_fact`` itself.
 """
 
 from __future__ import annotations

@@ -6,14 +6,8 @@
     /etc/prometheus/prometheus.yml           with gateway_prometheus: the scrape config
     /etc/prometheus/llamarack-rules.yml      and llamarack's alert rules
 
-Runs on the hosts of the inventory group ``gateways`` (they get preflight's read and
-this role only). Backend ``llamarack`` holds one server ``<host>_<index>`` per unit
-of each serving host, read from its ``state/units.json`` when the role runs (one
-unit at ``server_port`` without it), weighted by its parallel slots, balanced by
-least connections. A unit is in service while it answers ``/health`` 200 and
-``/slots`` 200 within ``gateway_check_timeout``: a hung llama-server still answers
-``/health``, not ``/slots``. The config is staged, proved with ``haproxy -c`` and
-only then switched in and reloaded. The API key is passed through (docs/gateway.md
-says why). On serving hosts the role installs only prometheus-node-exporter, when
-``gateway_node_exporter`` asks for it.
+Runs on the hosts of the inventory group ``gateways`` (they get preflight's read and this
+role only); on serving hosts it installs only prometheus-node-exporter, when
+``gateway_node_exporter`` asks for it. docs/gateway.md says how it routes, checks the units
+and passes the API key through.
 """

@@ -1,17 +1,10 @@
 """The llama.cpp build plan: every input that shapes the binaries, and its stamp.
 
-A build is identified by a stamp, a hash of all its inputs (commit, backend,
-CUDA archs, toolkit, host compiler, cmake flags, targets). Same inputs, same
-stamp: nothing to build. Any input changed: a new build directory. The
-driver version is deliberately not an input: a driver upgrade alone needs a
-restart of the server, not a rebuild (unless it came with a new toolkit,
-which is an input).
-
-How a build is proven (the smoke script, the served quant and runtime flags,
-the CPU fallback ladder) is not an input either: it has its own id
-(``BuildPlan.proof_id``), recorded in ``build-info.json``. A new proof (a
-new llamarack, or new serving flags) re-proves the existing build in place
-(``operations.reprove``); only a build that fails it is built again.
+A build is identified by a stamp, a hash of its inputs (``BUILD_INPUTS`` of
+``files/build_seal.py``); how it is proven has its own id (``BuildPlan.proof_id``):
+docs/ARCHITECTURE.md ("A build's stamp is what goes into it") says why. The driver version
+is deliberately not an input: a driver upgrade alone needs a restart of the server, not a
+rebuild (unless it came with a new toolkit, which is an input).
 """
 
 from __future__ import annotations

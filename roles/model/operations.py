@@ -1,28 +1,13 @@
 """The model pipeline as one pyinfra operation: fetch, convert, quantize, seal, move into place.
 
-Everything happens in ``<root>/models/.staging/<stamp16>/`` and only a sealed
-artifact is renamed to ``<root>/models/<stamp16>``: a failed or interrupted
-run leaves the staging to resume from (partial downloads resume with HTTP
-Range; each step skips when its output exists) and never touches a finished
-artifact. ``models/current`` then switches atomically.
-
-Fetch, convert and quantize run as the pipeline's own unprivileged user, each
-in a transient systemd sandbox (``sandbox.py``: the converter may run a
-checkpoint's own Python). They write only the staging's ``work/`` directory
-(the user's, mode 700) and the blob cache (the user's); the staging itself
-stays root's (mode 710, the user's group may enter it) and holds what root
-writes: the fetch's manifest and every step's log, opened by root's shell
-and handed to the step. Root never opens a path in ``work/`` for writing:
-once the steps are done it takes ``work/`` over (``_take_over``), and only
-then records the GGUF's shape, seals it and moves it into place. The hub
-token never lies where the pipeline user can write (``_fetch``): it goes to
-``/run/llamarack/`` (mode 600, root's), read on the fetch's standard input.
-
-Downloads go through the host's blob cache (``<root>/cache/blobs``, keyed by
-the hub's content hashes): a file the cache holds is hardlinked, not fetched
-again, so an artifact remade for a new llama.cpp commit or quant converts
-from the checkpoint already on the host. Once an artifact is made, the blobs
-that no artifact's record names any more are pruned.
+Everything happens in ``<root>/models/.staging/<stamp16>/`` and only a sealed artifact is
+renamed to ``<root>/models/<stamp16>``: a failed or interrupted run leaves the staging to
+resume from (each step skips when its output exists) and never touches a finished artifact;
+``models/current`` then switches atomically. The steps run as the pipeline's own user, each
+in its sandbox (``sandbox.py``), through the host's blob cache, and root takes over what
+they made before it is sealed (``_take_over``): docs/ARCHITECTURE.md ("The model pipeline's
+sandbox", "The checkpoint is downloaded once per host") says how. The hub token goes to
+``/run/llamarack/`` (mode 600, root's), read on the fetch's standard input (``_fetch``).
 """
 
 from __future__ import annotations

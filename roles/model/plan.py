@@ -1,20 +1,12 @@
 """What the model role will produce on a host: the artifact, its stamp and the steps to it.
 
-Pure functions of the settings and the hub listing (no host, no network), so
-the role and its tests share them.
-
-The artifact is content-addressed: its directory name comes from the stamp,
-a sha256 over everything that decides the bytes of ``model.gguf``: the source
-files' content hashes, and for a converted checkpoint the quant type, the
-converter's output type and the llama.cpp commit. Same inputs, same
-directory: a host that has it does nothing. Other inputs, another directory:
-the old artifact stays until the new one is complete (``models/current``
-then moves).
-
-    <root>/models/<stamp16>/model.gguf       the artifact
-    <root>/models/<stamp16>/stamp.json       its record (inputs, gguf size and sha256)
-    <root>/models/.staging/<stamp16>/        work in progress, moved into place when done
-    <root>/models/current -> <stamp16>
+Pure functions of the settings and the hub listing (no host, no network), so the role and
+its tests share them. The artifact is content-addressed: its directory,
+``<root>/models/<stamp16>``, is named by a sha256 over everything that decides the bytes of
+its ``model.gguf`` (``artifact_stamp``); its ``stamp.json`` records the inputs and the
+settings it was made from (``ModelPlan.record``), which ``plan_from_record`` and
+``plan_from_pinned_record`` plan from without the hub (docs/ARCHITECTURE.md, "The model
+role asks the hub only when it must").
 """
 
 from __future__ import annotations

@@ -44,14 +44,8 @@ def _private_paths(settings: Settings) -> tuple[str, ...]:
 
 
 class DeployedBy(FactBase[Optional[str]]):
-    """
-    Returns the version of llamarack that last deployed the host
-    (``<root>/state/deployed-by.json``, written at the end of every deploy), or None.
-
-    .. code:: python
-
-        "0.1.0"
-    """
+    """Returns the version of llamarack that last deployed the host
+    (``<root>/state/deployed-by.json``, written at the end of every deploy), or None."""
 
     def command(self, path: str) -> str:
         return f"cat {shlex.quote(path)} 2>/dev/null; true"

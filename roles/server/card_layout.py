@@ -1,25 +1,8 @@
-"""How a host's cards serve a model: one llama-server per card, or one over several.
-
-- ``per_card``: one unit per card, each planned for its card alone (``planner.plan``).
-- ``split``: units over the fewest cards (two at least) that hold every layer at the
-  wanted context, or without one at the minimum (``server_min_ctx_size``), with
-  llama.cpp's layer split (``planner.plan`` over those cards).
-- ``auto``: ``per_card`` when every card holds every layer at that context alone;
-  otherwise units over the fewest cards that hold every layer.
-
-Cards are taken largest first (the host's order among equal ones); each unit takes the
-fewest of the cards left that hold every layer, and again while the cards left hold it:
-8 cards and a model that needs 3 make 2 units of 3, and 2 cards stay free (fewer than 3
-do not hold it). With mixed cards a unit may need more cards than the one before. When
-no group of the cards holds every layer, one unit over all of them serves the most
-layers that leave the minimum context, the rest on the host. ``choose_layout`` says
-which, and why.
-
-The ledger alone cannot rank two layouts in one case (``rival_layout``): with no wanted
-context, ``auto`` serves per card as soon as one card holds every layer at the minimum,
-and when each card alone then holds less context than a split of the same cards, the
-ledger offers a trade of context against servers, not an answer. ``settle`` picks
-between them by the host's llama-bench figures (the server role's bench record).
+"""How a host's cards serve a model: one llama-server per card (``per_card``), or one over
+several (``split``), or ``auto`` between them. docs/planning.md ("The layout", "When the
+ledger alone cannot choose") says how the cards are grouped and when the host's llama-bench
+record decides; ``choose_layout`` says which layout, and why, ``rival_layout`` finds the case
+the ledger cannot rank and ``settle`` ranks it by the bench record.
 """
 
 from __future__ import annotations

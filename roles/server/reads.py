@@ -67,17 +67,9 @@ def _system_uids(defs: dict) -> tuple:
 
 
 class SystemUser(FactBase[Optional[PasswdEntry]]):
-    """
-    Returns the passwd entry of ``user`` (through NSS, as ``getent`` sees it) with the
+    """Returns the passwd entry of ``user`` (through NSS, as ``getent`` sees it) with the
     host's system uid range, or None when there is no such user. One user, not
-    pyinfra's ``server.Users``, which reads every account of the host and each one's groups.
-
-    .. code:: python
-
-        PasswdEntry(name="llamarack", uid=999, gid=999, home="/opt/llamarack",
-                    shell="/usr/sbin/nologin", gecos="llamarack service user",
-                    system_uids=(101, 999))
-    """
+    pyinfra's ``server.Users``, which reads every account of the host and each one's groups."""
 
     def command(self, user: str) -> str:
         # getent exits 2 for "no such user": that is an answer, not a failure.
@@ -101,13 +93,7 @@ class SystemUser(FactBase[Optional[PasswdEntry]]):
 
 
 class SystemGroup(FactBase[Optional[int]]):
-    """
-    Returns the gid of the group ``group`` (through NSS), or None when there is no such group.
-
-    .. code:: python
-
-        997
-    """
+    """Returns the gid of the group ``group`` (through NSS), or None when there is no such group."""
 
     def command(self, group: str) -> str:
         return f"getent group {shlex.quote(group)} || true"
@@ -124,17 +110,10 @@ SHOW_PROPERTIES = " ".join(f"--property={p}" for p in ("ActiveState", "SubState"
 
 
 class UnitState(FactBase[dict]):
-    """
-    Returns what systemd says of ``unit`` now: ``systemctl show``'s ActiveState,
+    """Returns what systemd says of ``unit`` now: ``systemctl show``'s ActiveState,
     SubState, MainPID, ActiveEnterTimestamp (Unix seconds, ``@1764640411``: no
     time zone to parse) and NRestarts (a unit systemd does not know shows
-    ActiveState ``inactive`` and MainPID 0).
-
-    .. code:: python
-
-        {"ActiveState": "active", "SubState": "running", "MainPID": "3197",
-         "ActiveEnterTimestamp": "@1764640411", "NRestarts": "0"}
-    """
+    ActiveState ``inactive`` and MainPID 0)."""
 
     requires_command = "systemctl"
 
@@ -168,19 +147,11 @@ _UNIT_FILE = re.compile(r"llamarack-server(@[0-9]+)?\.service")
 
 
 class ServedUnits(FactBase[dict]):
-    """
-    Returns every llama-server unit file of the host (``llamarack-server.service``,
+    """Returns every llama-server unit file of the host (``llamarack-server.service``,
     ``llamarack-server@N.service``) by name: its sha1 and lines, whether a ``.prev`` is
     beside it, systemd's state of it, its rollback pin under ``state`` (the records'
     folder) and, with ``health``, the HTTP status of the health URL its first lines name.
-    One read for all of a host's units, however many its cards make.
-
-    .. code:: python
-
-        {"llamarack-server@0.service": FoundUnit(name="llamarack-server@0.service",
-            sha1="8c2e...", lines=("# llamarack health: http://127.0.0.1:8080/health", ...),
-            prev=False, state={"ActiveState": "active", ...}, pin=None, health=None)}
-    """
+    One read for all of a host's units, however many its cards make."""
 
     def command(self, state: str, health: bool = False) -> str:
         check = ""

@@ -27,14 +27,8 @@ class GccInstall(FactValue):
 
 
 class GccVersions(FactBase[GccInstall]):
-    """
-    Returns the default gcc's version and every versioned gcc-N installed
-    (only those with a matching g++-N: CUDA needs the C++ compiler).
-
-    .. code:: python
-
-        GccInstall(default="12.2.0", versioned={11: "11.3.0", 12: "12.2.0"})
-    """
+    """Returns the default gcc's version and every versioned gcc-N installed
+    (only those with a matching g++-N: CUDA needs the C++ compiler)."""
 
     def command(self) -> str:
         return (
@@ -74,19 +68,12 @@ class CudaToolkit(FactValue):
 
 
 class CudaToolkits(FactBase[list]):
-    """
-    Returns every CUDA toolkit found on the host (``/usr/local/cuda*``, ``/usr``
+    """Returns every CUDA toolkit found on the host (``/usr/local/cuda*``, ``/usr``
     for Debian's nvidia-cuda-toolkit, conda envs under the llamarack root),
     each with its version and the newest gcc its ``crt/host_config.h`` accepts.
 
-    .. code:: python
-
-        [CudaToolkit(home="/usr/local/cuda-11.8", nvcc="/usr/local/cuda-11.8/bin/nvcc",
-                     version="11.8", full_version="11.8.89", max_gcc=11)]
-
     The header is read rather than a table kept here: the toolkit on the host
-    is the authority on which gcc it takes.
-    """
+    is the authority on which gcc it takes."""
 
     def command(self, extra_homes: tuple = ()) -> str:
         # The first glob is the shell's to expand; the homes given are values, quoted.
@@ -148,13 +135,7 @@ class CmakeVersion(FactBase[Optional[str]]):
 
 
 class InstallableGccMajors(FactBase[tuple]):
-    """
-    Returns the majors N for which apt knows a ``gcc-N`` package, newest first.
-
-    .. code:: python
-
-        (12, 11)
-    """
+    """Returns the majors N for which apt knows a ``gcc-N`` package, newest first."""
 
     def command(self) -> str:
         return "apt-cache pkgnames gcc- 2>/dev/null | grep -E '^gcc-[0-9]+$' || true"
