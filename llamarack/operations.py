@@ -160,15 +160,19 @@ def put_text(text: str, dest: str, mode: str = "644"):
     yield f"{remote.argv('chmod', mode, '--', f'{dest}.new')} && {durable_rename(f'{dest}.new', dest)}"
 
 
-def show_diff(path: str, text: str, mask=None) -> None:
+def show_diff(path: str, text: str, mask=None, current=None) -> None:
     """With ``--diff``, print how the file at ``path`` becomes ``text``, as pyinfra's files.put
-    does (the file is read only then); ``mask`` hides a secret in both."""
+    does (the file is read only then, unless its lines are given: ``current``); ``mask`` hides
+    a secret in both."""
     if not getattr(getattr(host.state, "config", None), "DIFF", False):
         return
-    current = read(FileContents, path=path)
     mask = mask or (lambda t: t)
+    if current is None:
+        current = read(FileContents, path=path)
+        old = [line + "\n" for line in mask("\n".join(current or [])).splitlines()]
+    else:
+        old = [line + "\n" for line in current]
     host.log(f"Will {'modify' if current else 'create'} {path}", logger.info)
-    old = [line + "\n" for line in mask("\n".join(current or [])).splitlines()]
     for line in generate_color_diff(old, mask(text).splitlines(keepends=True)):
         logger.info("  %s", line)
     logger.info("")

@@ -209,8 +209,7 @@ def no_module_cause(facts: HostFacts) -> Failure:
                        "/etc/modprobe.d/blacklist-nouveau.conf), update-initramfs -u, then reboot")  # fmt: skip
     fell = next((line for line in log.lines if FELL_OFF_BUS.search(line)), None)
     if fell:
-        return Failure("gpu-on-bus", f"a GPU fell off the bus ({fell})", "every GPU answering on the bus",
-                       "hardware: reseat or power-cycle the card, check its power and cooling, then reboot")
+        return Failure("gpu-on-bus", f"a GPU fell off the bus ({fell})", ON_BUS_NEEDED, ON_BUS_FIX)
     legacy = next((m for line in log.lines if (m := LEGACY_BRANCH.search(line))), None)
     if legacy:
         return Failure("driver-ceiling", f"the driver ignores the card: {legacy.group(0)}",

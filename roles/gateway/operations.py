@@ -9,7 +9,6 @@ over each serving host's own connection (``rack_fact``), once per run for all of
 import hashlib
 import shlex
 import weakref
-from typing import Optional
 
 from pyinfra import host, logger
 from pyinfra.api import StringCommand, operation
@@ -22,18 +21,18 @@ from llamarack import remote
 from llamarack.errors import ModelSourceError
 from llamarack.facts import FactRead, read
 from llamarack.facts.reading import FactsTogether
-from llamarack.operations import (apt_install_missing, durable_rename, private_upload, put_text, refusal, secret_upload,
-                                  show_diff)  # fmt: skip
+from llamarack.operations import apt_install_missing, durable_rename, private_upload, put_text, refusal, show_diff
 from roles.llamacpp.reads import BenchRecord
 from roles.server.files.secret_digest import digest
-from roles.server.reads import KEY_DIGEST_SALT
+from roles.server.operations import put_secret
+from roles.server.reads import KEY_DIGEST_SALT, secret_digest_command
 from roles.server.reads import UnitState
 from llamarack.secrets import read_token
 from roles.settings import Settings
 
 from .plan import (HAPROXY_CONFIG, PROMETHEUS_CONFIG, PROMETHEUS_KEY, PROMETHEUS_RULES, TARGETS, GatewayError,
                    ServingHost, alert_rules, backends_of, haproxy_config, masked, prometheus_config, rack_key,
-                   secret_digest_command, targets)  # fmt: skip
+                   targets)  # fmt: skip
 from .reads import UnitsRecord
 
 NODE_EXPORTER = "prometheus-node-exporter"
@@ -135,19 +134,6 @@ def prometheus_targets(settings: Settings, hosts: tuple, address: str):
     yield from put_text(text, TARGETS, "644")
 
 
-def _prometheus_key(key: Optional[str]):
-    """The rack's key for Prometheus's scrapes of the units (mode 640, group prometheus), or
-    none; returns whether it changed."""
-    found = read(Command, command=secret_digest_command(PROMETHEUS_KEY))
-    if key is not None and found != digest(key.encode(), KEY_DIGEST_SALT):
-        yield from secret_upload(key, PROMETHEUS_KEY, mode="640", group="prometheus")
-        return True
-    if key is None and found != "missing":
-        yield remote.argv("rm", "-f", "--", PROMETHEUS_KEY)
-        return True
-    return False
-
-
 @operation()
 def prometheus(settings: Settings, hosts: tuple):
     """
@@ -165,7 +151,9 @@ def prometheus(settings: Settings, hosts: tuple):
         yield refusal(f"{host.name}: gateway: {e}")
         return
     reload = "systemctl enable -q prometheus && systemctl reload-or-restart prometheus"
-    key_changed = yield from _prometheus_key(key)
+    # the rack's key for the scrapes of the units (mode 640, group prometheus), or none
+    key_changed = yield from put_secret(key, PROMETHEUS_KEY, "640", "prometheus",
+                                        remote.argv("rm", "-f", "--", PROMETHEUS_KEY))
     switched = False
     for text, path, proof in ((rules, PROMETHEUS_RULES, "promtool check rules {}"),
                               (config, PROMETHEUS_CONFIG, "promtool check config {}")):  # fmt: skip

@@ -16,9 +16,8 @@ from llamarack.facts.value import json_object
 
 from .settings import ADMIN_SOCKET
 from llamarack.facts import FactRead
-from roles.server.reads import UnitState
-from .plan import (HAPROXY_CONFIG, PROMETHEUS_CONFIG, PROMETHEUS_KEY, PROMETHEUS_RULES, TARGETS,
-                   secret_digest_command)  # fmt: skip
+from roles.server.reads import UnitState, secret_digest_command
+from .plan import HAPROXY_CONFIG, PROMETHEUS_CONFIG, PROMETHEUS_KEY, PROMETHEUS_RULES, TARGETS
 
 
 class UnitsRecord(FactBase[Optional[dict]]):

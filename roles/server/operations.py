@@ -20,7 +20,6 @@ from typing import Optional
 from pyinfra import host, logger
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.files import FileContents, Link
-from pyinfra.operations.util.files import generate_color_diff
 from pyinfra.facts.server import Command
 
 from llamarack import remote
@@ -28,10 +27,10 @@ from roles.llamacpp.reads import BenchRecord, BuildSeals, LlamaServerFlags
 from roles.driver.reads import CharDevices, RecordedGpus
 from roles.model.reads import GgufShape, ModelArtifact
 from roles.server.reads import (KEY_DIGEST_SALT, NOLOGIN, SERVICE_USER_MARK, FoundUnit, ServedUnits, SystemGroup,
-                                SystemUser, active_since, key_digest_command, unit_cards)  # fmt: skip
+                                SystemUser, active_since, secret_digest_command, unit_cards)  # fmt: skip
 from llamarack.facts import read
 from llamarack.layout import API_KEY_PATH, UNIT_NAME, unit_build, unit_index, unit_name
-from llamarack.operations import executing, private_upload, put_record, refusal, secret_upload
+from llamarack.operations import executing, private_upload, put_record, refusal, secret_upload, show_diff
 from roles.server.files.secret_digest import digest
 from roles.server.rules import account_failure
 from llamarack.secrets import read_token
@@ -161,16 +160,6 @@ def rollback(settings: Settings, unit: Optional[int] = None):
         yield StringCommand(pin_script(settings, ref))
 
 
-def _show_unit_diff(path: str, unit: str, current) -> None:
-    """With ``--diff``, print how a unit file changes, as pyinfra's files.put does."""
-    if not getattr(getattr(host.state, "config", None), "DIFF", False):
-        return
-    host.log(f"Will {'modify' if current else 'create'} {path}", logger.info)
-    for line in generate_color_diff([line + "\n" for line in current or []], unit.splitlines(keepends=True)):
-        logger.info("  %s", line)
-    logger.info("")
-
-
 def _draft(settings: Settings) -> Optional[tuple]:
     """(directory, shape) of the draft model ``models/draft`` points at, when one is asked and read."""
     draft_dir = _linked(settings.layout.draft_model) if settings.model.draft_repo else None
@@ -223,7 +212,7 @@ def _step(settings: Settings, want: WantedUnit, found: Optional[FoundUnit], seal
     held_by = _served_by(settings.general.root, found.lines) if held else None
     changed = found_sha1 != wanted_sha1 and not held
     if changed:
-        _show_unit_diff(want.ref.path, want.text, found.lines if found else None)
+        show_diff(want.ref.path, want.text, current=found.lines if found else ())
     state = found.state if found else {}
     running, since = state.get("SubState") == "running", active_since(state)
     # systemd says whole seconds: the server started in [since, since + 1).
@@ -236,18 +225,26 @@ def _step(settings: Settings, want: WantedUnit, found: Optional[FoundUnit], seal
     return Step(want, pin, held, held_by, changed, running, remade, unproven, bool(before) and before != want.cards)
 
 
+def put_secret(secret: Optional[str], path: str, mode: str, group: Optional[str], remove: str):
+    """The commands that put ``secret`` into ``path`` where the host's salted digest of the
+    file differs, or run ``remove`` where none is wanted and the host has one; returns
+    whether either ran. The API key's file, and the gateway's copy of it for Prometheus."""
+    found = read(Command, command=secret_digest_command(path))
+    if secret is not None and found != digest(secret.encode(), KEY_DIGEST_SALT):
+        yield from secret_upload(secret, path, mode=mode, group=group)
+        return True
+    if secret is None and found != "missing":
+        yield remove
+        return True
+    return False
+
+
 def _api_key(settings: Settings):
     """The API key file as the settings want it (uploaded, or removed when none is set);
     returns whether it changed."""
     key = read_token(settings.server.api_key_file, "server_api_key_file")
-    host_key = read(Command, command=key_digest_command())
-    if key is not None and host_key != digest((key + "\n").encode(), KEY_DIGEST_SALT):
-        yield from secret_upload(key + "\n", API_KEY_PATH, mode="640", group=settings.general.service_user)
-        return True
-    if key is None and host_key != "missing":
-        yield f"rm -f {shlex.quote(API_KEY_PATH)}"
-        return True
-    return False
+    return (yield from put_secret(None if key is None else key + "\n", API_KEY_PATH, "640",
+                                  settings.general.service_user, f"rm -f {shlex.quote(API_KEY_PATH)}"))
 
 
 def _keep_rolled_back(settings: Settings, step: Step, restart: bool):

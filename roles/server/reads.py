@@ -224,9 +224,15 @@ def active_since(state: dict) -> Optional[float]:
 KEY_DIGEST_SALT = secrets.token_hex(16)
 
 
+def secret_digest_command(path: str) -> str:
+    """The command that prints the salted digest of ``path`` on the host, or "missing"
+    (a file that holds the rack's key: never hashed plainly, see ``secret_digest``)."""
+    return remote.command("secret_digest", path, KEY_DIGEST_SALT)
+
+
 def key_digest_command() -> str:
     """The command that prints the salted digest of the host's API key file, or "missing"."""
-    return remote.command("secret_digest", API_KEY_PATH, KEY_DIGEST_SALT)
+    return secret_digest_command(API_KEY_PATH)
 
 
 def reads(settings) -> tuple:
