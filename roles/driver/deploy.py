@@ -13,15 +13,13 @@ from .operations import driver_answers, driver_package_holds, record_gpus
 
 @deploy("llamarack driver")
 def driver(settings: Settings, facts: HostFacts):
-    """
-    Hold (or unhold) the driver packages; reboot once on a library/module mismatch if allowed.
+    """Hold (or unhold) the driver packages; reboot once on a library/module mismatch if allowed.
 
     + settings: the host's settings (``driver_*``)
     + facts: what preflight read (the driver's state)
 
     Returns the reboot operation when one is planned (else None): the server role
-    then checks ``/health`` after it even when the unit did not change.
-    """
+    then checks ``/health`` after it even when the unit did not change."""
     s = settings.driver
     state = facts.driver
     reboot = None

@@ -20,8 +20,7 @@ def serving_hosts() -> tuple[ServingHost, ...]:
 
 @deploy("llamarack gateway")
 def gateway(settings: Settings, templates: tuple = ()):
-    """
-    On a gateway (group ``gateways``): HAProxy in front of every serving unit of the inventory,
+    """On a gateway (group ``gateways``): HAProxy in front of every serving unit of the inventory,
     Prometheus's target list and, with ``gateway_prometheus``, Prometheus with llamarack's
     alert rules. On a serving host: node-exporter when ``gateway_node_exporter`` asks for it.
 
@@ -30,8 +29,7 @@ def gateway(settings: Settings, templates: tuple = ()):
 
     deploy.py calls it last on every host, so its operations come after every serving host's
     (pyinfra orders operations called from the same lines together): the units each host's
-    server role just recorded are those the gateway routes to.
-    """
+    server role just recorded are those the gateway routes to."""
     # First, on every host: the operation the gateway's others wait behind.
     node_exporter(name="prometheus-node-exporter (gateway_node_exporter)", settings=settings)
     if not settings.is_gateway:

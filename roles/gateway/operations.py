@@ -87,8 +87,7 @@ def _stage_prove_switch(text: str, path: str, mode: str, proof: str, reload: str
 
 @operation()
 def haproxy(settings: Settings, hosts: tuple, templates: tuple = ()):
-    """
-    HAProxy's config for the rack (``/etc/haproxy/haproxy.cfg``): one server per serving unit.
+    """HAProxy's config for the rack (``/etc/haproxy/haproxy.cfg``): one server per serving unit.
 
     + settings: the gateway's settings (``gateway_*``)
     + hosts: the serving hosts (``plan.ServingHost``), in inventory order
@@ -96,8 +95,7 @@ def haproxy(settings: Settings, hosts: tuple, templates: tuple = ()):
 
     Staged as ``haproxy.cfg.new`` (mode 600: it holds the rack's key for the hang check),
     proved with ``haproxy -c``, switched and reloaded: a config that fails leaves the old
-    one serving. A host whose config is the one wanted, with HAProxy running, is left alone.
-    """
+    one serving. A host whose config is the one wanted, with HAProxy running, is left alone."""
     try:
         key, backends = rack_key(list(hosts), read_token), rack(hosts)
         text = haproxy_config(settings, backends, key, templates)
@@ -118,14 +116,12 @@ def haproxy(settings: Settings, hosts: tuple, templates: tuple = ()):
 
 @operation()
 def prometheus_targets(settings: Settings, hosts: tuple, address: str):
-    """
-    Prometheus's file_sd target list (``/etc/llamarack/prometheus/targets.json``): every unit's
+    """Prometheus's file_sd target list (``/etc/llamarack/prometheus/targets.json``): every unit's
     ``/metrics``, this gateway's HAProxy endpoint, node-exporter where it is asked.
 
     + settings: the gateway's settings
     + hosts: the serving hosts (``plan.ServingHost``)
-    + address: how others reach this gateway (its ``ssh_hostname``, else its name)
-    """
+    + address: how others reach this gateway (its ``ssh_hostname``, else its name)"""
     try:
         text = targets(settings, address, list(hosts), rack(hosts))
     except GatewayError as e:
@@ -136,14 +132,12 @@ def prometheus_targets(settings: Settings, hosts: tuple, address: str):
 
 @operation()
 def prometheus(settings: Settings, hosts: tuple):
-    """
-    Prometheus on the gateway: its config (a job per kind of target of the file_sd list) and
+    """Prometheus on the gateway: its config (a job per kind of target of the file_sd list) and
     llamarack's alert rules, each proved with ``promtool`` before it is switched in.
 
     + settings: the gateway's settings (``gateway_slow_fraction``)
     + hosts: the serving hosts (``plan.ServingHost``): the units' bench records set the slow
-      generation alert of each
-    """
+      generation alert of each"""
     try:
         key = rack_key(list(hosts), read_token)
         rules, config = alert_rules(settings, rack(hosts)), prometheus_config(key)
@@ -169,12 +163,10 @@ def prometheus(settings: Settings, hosts: tuple):
 
 @operation()
 def node_exporter(settings: Settings):
-    """
-    Debian's prometheus-node-exporter on this host when ``gateway_node_exporter`` asks for it
+    """Debian's prometheus-node-exporter on this host when ``gateway_node_exporter`` asks for it
     (the gateway's target list then names it); nothing otherwise.
 
-    + settings: the host's settings
-    """
+    + settings: the host's settings"""
     if not settings.gateway.node_exporter:
         host.noop("no node-exporter asked (gateway_node_exporter = False)")
         return

@@ -16,13 +16,11 @@ from .plan import BuildPlan, build_dir_for, plan_for_host, same_build
 
 @deploy("llama.cpp build")
 def llamacpp(settings: Settings, facts: HostFacts) -> BuildPlan:
-    """
-    Check out the pinned llama.cpp, build it for this host if its inputs changed,
+    """Check out the pinned llama.cpp, build it for this host if its inputs changed,
     verify the build and make it current.
 
     + settings: the host's settings (llamacpp, toolchain, server cache types, root)
-    + facts: what preflight read (GPUs, toolkits, gcc)
-    """
+    + facts: what preflight read (GPUs, toolkits, gcc)"""
     s = settings.llamacpp
     root, layout = settings.general.root, settings.layout
     plan = plan_for_host(settings, facts)

@@ -113,13 +113,11 @@ class LlamacppBuilds(FactBase[Builds]):
 
 
 class LlamaServerFlags(FactBase[Optional[ServerFlags]]):
-    """
-    Returns the flags record of the current build: the ``llama-server --help``
+    """Returns the flags record of the current build: the ``llama-server --help``
     output saved next to it at build time, and the runtime arguments its smoke
     run needed to compute (``proof.runtime_args`` of ``build-info.json``, e.g.
     ``--no-repack`` on a CPU whose AMX faults). None when there is no current
-    build.
-    """
+    build."""
 
     _SPLIT = "--- llamarack build-info.json ---"
 

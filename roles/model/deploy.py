@@ -62,13 +62,11 @@ def pipeline_user(settings: Settings) -> bool:
 
 @deploy("llamarack model")
 def model(settings: Settings, tool_paths: Optional[dict] = None) -> ModelPlan:
-    """
-    Make the model artifact this host's settings ask for, and point ``models/current`` at it.
+    """Make the model artifact this host's settings ask for, and point ``models/current`` at it.
 
     + settings: the host's settings
     + tool_paths: where the converter python/script and llama-quantize are, when not
-      at the default places under the root (``operations.tools``)
-    """
+      at the default places under the root (``operations.tools``)"""
     plan = plan_for(settings)
     draft = draft_settings(settings)
     draft_plan = plan_for(draft, settings.layout.draft_model) if draft else None

@@ -334,8 +334,7 @@ def _move_into_place(plan: ModelPlan, state, python: str):
 @operation()
 def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Optional[dict] = None,
              link: str = "current", user: str = sandbox.PIPELINE_USER, devices: tuple = ()):
-    """
-    Make the plan's GGUF artifact on the host unless it is already there, sealed and whole.
+    """Make the plan's GGUF artifact on the host unless it is already there, sealed and whole.
 
     + plan: the ``ModelPlan`` (``plan.plan_model``)
     + token_file: file on the control machine holding the hub token, or None
@@ -352,8 +351,7 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
     artifact above the bound is refused: ``models/current`` is not switched to it.
 
     Each step runs as ``user`` in its sandbox and writes a log in the staging directory (it
-    becomes the artifact's), whose path is printed; the token goes up as the module tells.
-    """
+    becomes the artifact's), whose path is printed; the token goes up as the module tells."""
     t = {**tools(plan.root), **(tool_paths or {})}
     d = plan.dir
     if link not in ("current", "draft"):

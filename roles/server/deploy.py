@@ -17,16 +17,14 @@ from .reads import ServedUnits
 
 @deploy("llama-server")
 def llama_server(settings: Settings, facts: HostFacts, templates: tuple = (), rebooted=None):
-    """
-    Run llama-server as a system service and check that it answers.
+    """Run llama-server as a system service and check that it answers.
 
     + settings: the host's settings (``server_*``, ``llamarack_service_user``)
     + facts: what preflight read; where it knew no GPU (a mismatch the driver role reboots
       away), the service reads the record the driver role wrote after the reboot
     + templates: folders whose templates replace the role's own (the project's ``templates/``)
     + rebooted: the driver role's reboot operation, or None; when it rebooted the host and the
-      unit was not switched, ``/health`` is checked anyway: the same unit runs on a new driver
-    """
+      unit was not switched, ``/health`` is checked anyway: the same unit runs on a new driver"""
     user = settings.general.service_user  # no shell; its home, not created, is the llamarack root
     system_account(name=f"Service user {user}", user=user, home=settings.general.root, setting="llamarack_service_user")
     # The build current before this run: kept for rollback whatever else was built since.

@@ -45,16 +45,14 @@ from .switch import detached, health_check_script, label, pin_script, retire_scr
 
 @operation()
 def system_account(user: str, home: str, setting: Optional[str] = None):
-    """
-    A system user (and its group of the same name), with no shell and no home of its own.
+    """A system user (and its group of the same name), with no shell and no home of its own.
 
     + user: the account
     + home: its home (not created)
     + setting: the setting that names it, for the refusal's fix
 
     Made with ``SERVICE_USER_MARK`` in its GECOS field; an account llamarack did not make is
-    refused, unchanged (``roles.server.rules.account_failure``, which preflight also checks).
-    """
+    refused, unchanged (``roles.server.rules.account_failure``, which preflight also checks)."""
     entry = read(SystemUser, user=user)
     failure = account_failure(user, home, setting, entry, read(SystemGroup, group=user))
     if failure:
@@ -80,15 +78,13 @@ def _linked(current: str) -> Optional[str]:
 
 @operation(is_idempotent=False)
 def answers_health(settings: Settings, reason: str):
-    """
-    Fail unless every llama-server unit answers ``/health`` within ``server_health_timeout``.
+    """Fail unless every llama-server unit answers ``/health`` within ``server_health_timeout``.
 
     + settings: the host's settings (``server_health_timeout``)
     + reason: why it is checked (for the messages), e.g. the driver role's reboot
 
     For a server not switched by this run but started anew anyway: after the reboot for a
-    driver upgrade, the unit is the same text, yet it runs on a new driver.
-    """
+    driver upgrade, the unit is the same text, yet it runs on a new driver."""
     yield StringCommand(health_check_script(settings, reason, host_name=host.name))
 
 
@@ -119,15 +115,13 @@ def _rollback_names(found: dict, unit: Optional[int]) -> list:
 
 @operation(is_idempotent=False)
 def rollback(settings: Settings, unit: Optional[int] = None):
-    """
-    Put back, for each unit that has one, the unit that served before its last switch
+    """Put back, for each unit that has one, the unit that served before its last switch
     (``state/previous[@N].service``), switched in as any unit is, then pinned
     (``state/rollback[@N].json``: later deploys keep it while the settings still want the
     unit it replaced; a second rollback, forward again, removes the pin).
 
     + settings: the host's settings (root, ``server_health_timeout``)
-    + unit: only unit N (0 for a host's one unit); None: every unit with a previous one
-    """
+    + unit: only unit N (0 for a host's one unit); None: every unit with a previous one"""
     layout, root = settings.layout, settings.general.root
     found = read(ServedUnits, state=layout.state)
     names = _rollback_names(found, unit)
@@ -308,8 +302,7 @@ def _serves(model_dir: str, build_dir: str, layout, steps: list) -> str:
 
 @operation()
 def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
-    """
-    Serve ``models/current`` with ``builds/current`` under systemd, one unit per unit of
+    """Serve ``models/current`` with ``builds/current`` under systemd, one unit per unit of
     the host's layout (``server_layout``); a host without GPUs serves one unit from the CPU.
 
     + settings: the host's settings (server, general, llamacpp backend)
@@ -319,8 +312,7 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     Refuses (exit 1, nothing touched) when a plan does not fit. Units the layout no longer
     makes are retired first; each unit that changed is switched in (``switch_script``: the
     others go on when one is put back). ``state/units.json`` lists the units. The API key goes
-    to the host as a file (mode 640, group of the service user), never on a command line.
-    """
+    to the host as a file (mode 640, group of the service user), never on a command line."""
     root, layout = settings.general.root, settings.layout
     build_dir, model_dir = _linked(layout.current_build), _linked(layout.current_model)
     flags = read(LlamaServerFlags, root=root)
@@ -371,8 +363,7 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
 
 @operation()
 def bench(settings: Settings, gpus: tuple = ()):
-    """
-    Run llama-bench (pp512, tg128) with the served flags after a new build or model, on
+    """Run llama-bench (pp512, tg128) with the served flags after a new build or model, on
     every distinct unit, and record it in ``<root>/state/bench.json`` beside the roofline
     of each unit's cards.
 
@@ -384,8 +375,7 @@ def bench(settings: Settings, gpus: tuple = ()):
     benchmarks). Each unit is measured on its own cards with its own flags, or shares the
     figures of one llama-bench runs alike (``_measures``). Where the ledger alone cannot
     choose the layout (``host_layouts``), the other layout's units are measured too
-    (``stopped`` only; ``_bench_one`` says how each mode treats the units that serve).
-    """
+    (``stopped`` only; ``_bench_one`` says how each mode treats the units that serve)."""
     mode, layout = settings.server.bench, settings.layout
     # Read before this operation's first command (llamarack.facts.reading's rule).
     record = read(BenchRecord, path=layout.bench_record)

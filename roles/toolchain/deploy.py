@@ -63,13 +63,11 @@ def _conda_toolkit(settings: Settings) -> None:
 
 @deploy("llamarack toolchain")
 def toolchain(settings: Settings, facts: HostFacts):
-    """
-    Install the build packages and, on CUDA builds, the toolkit and a host compiler it accepts.
+    """Install the build packages and, on CUDA builds, the toolkit and a host compiler it accepts.
 
     + settings: the host's settings (``toolchain_*``; ``llamacpp_backend``; the conda
       installer of ``python_env_*`` with source conda)
-    + facts: what preflight read (toolkits, gcc)
-    """
+    + facts: what preflight read (toolkits, gcc)"""
     t = settings.toolchain
     cuda = settings.llamacpp.backend == "cuda"
     cmake = read(CmakeVersion)
