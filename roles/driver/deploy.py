@@ -27,10 +27,8 @@ def driver(settings: Settings, facts: HostFacts):
     # once, before anything runs; the check after the reboot reads nvidia-smi anew.
     if state.state == "mismatch":
         if not s.reboot_on_mismatch:
-            raise DeployError(
-                f"{host.name}: driver library {state.library_version} and loaded module differ "
-                "and driver_reboot_on_mismatch is off (preflight should have refused this host)"
-            )
+            raise DeployError(f"{host.name}: driver library {state.library_version} and loaded module differ and "
+                              "driver_reboot_on_mismatch is off (preflight should have refused this host)")
         reboot = server.reboot(name="Reboot: NVIDIA driver library and loaded module differ", reboot_timeout=600)
         driver_answers(name="NVIDIA driver answers after the reboot",
                        reason="a reboot for the driver library/module mismatch", _if=reboot.did_change)  # fmt: skip
@@ -38,8 +36,6 @@ def driver(settings: Settings, facts: HostFacts):
         record_gpus(name="Record the GPUs the driver lists after the reboot", path=settings.layout.gpus_record,
                     _if=reboot.did_change)  # fmt: skip
 
-    driver_package_holds(
-        name="Hold the NVIDIA driver packages" if s.hold_packages else "Unhold the NVIDIA driver packages",
-        hold=s.hold_packages,
-    )
+    driver_package_holds(name="Hold the NVIDIA driver packages" if s.hold_packages else
+                         "Unhold the NVIDIA driver packages", hold=s.hold_packages)
     return reboot

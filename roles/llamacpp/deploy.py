@@ -42,10 +42,8 @@ def llamacpp(settings: Settings, facts: HostFacts) -> BuildPlan:
     built = build(name=f"Build llama.cpp {plan.stamp} ({plan.backend}{archs}; log: {log})", plan=plan, src=layout.src,
                   root=root, ccache_dir=s.ccache_dir, jobs=s.build_jobs)
     if built.will_change:
-        logger.info(
-            f"{host.print_prefix}llama.cpp build {plan.stamp} needed: a cold build takes minutes "
-            f"(CPU about 11 min, CUDA for one arch about 50 min on 2 cores); follow it with: tail -f {log}"
-        )
+        logger.info(f"{host.print_prefix}llama.cpp build {plan.stamp} needed: a cold build takes minutes (CPU about "
+                    f"11 min, CUDA for one arch about 50 min on 2 cores); follow it with: tail -f {log}")
     else:
         reprove(name=f"Prove llama.cpp build {plan.stamp} again (proof {plan.proof_id}; nothing is rebuilt)",
                 plan=plan, src=layout.src, root=root)

@@ -43,10 +43,8 @@ def python_env(settings: Settings, facts: Optional[HostFacts] = None):
         raise DeployError(f"{host.name}: {e}") from None
     env = _make_env(settings, "awq")
     archs = build_archs(settings, facts) if settings.llamacpp.backend == "cuda" else ()
-    pip_pins(
-        name="AWQ env pins (resolve, install, verify)" + (" from the hash-checked lock" if locked else ""),
-        plan=awq_plan(settings, env, archs, locked=locked),
-    )
+    pip_pins(name="AWQ env pins (resolve, install, verify)" + (" from the hash-checked lock" if locked else ""),
+             plan=awq_plan(settings, env, archs, locked=locked))
 
 
 @deploy("llamarack converter env")
