@@ -203,10 +203,8 @@ def miniforge(installer_url: str, installer_sha256: str, prefix: str):
     part = f"{prefix}.installer.part"
     yield StringCommand(remote.argv("curl", "-fsSL", "--retry", "3", "-o", part, "--", installer_url))
     # Checked before it runs: a wrong or truncated download never executes.
-    yield StringCommand(
-        f"echo {shlex.quote(f'{installer_sha256}  {part}')} | sha256sum -c --quiet - "
-        f"|| {{ rm -f {shlex.quote(part)}; echo 'Miniforge installer: sha256 mismatch' >&2; exit 1; }}"
-    )
+    yield StringCommand(f"echo {shlex.quote(f'{installer_sha256}  {part}')} | sha256sum -c --quiet - "
+                        f"|| {{ rm -f {shlex.quote(part)}; echo 'Miniforge installer: sha256 mismatch' >&2; exit 1; }}")
     yield StringCommand(remote.argv("bash", part, "-b", "-p", prefix))
     yield StringCommand(remote.argv("rm", "-f", "--", part))
 

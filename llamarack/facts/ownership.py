@@ -52,12 +52,10 @@ class PathOwners(FactBase[PathOwnership]):
     uid of the user who deploys (``SUDO_UID`` under sudo)."""
 
     def command(self, paths: tuple) -> str:
-        walk = (
-            f"for p in {remote.argv(*paths)}; do "
-            'r=$(readlink -m -- "$p") || r=$p; echo "path $p $r"; q=$r; '
-            'while :; do if [ -e "$q" ]; then stat -c "dir %u %U %a %n" -- "$q"; fi; '
-            '[ "$q" = / ] && break; q=$(dirname -- "$q") || break; done; done'
-        )
+        walk = (f"for p in {remote.argv(*paths)}; do "
+                'r=$(readlink -m -- "$p") || r=$p; echo "path $p $r"; q=$r; '
+                'while :; do if [ -e "$q" ]; then stat -c "dir %u %U %a %n" -- "$q"; fi; '
+                '[ "$q" = / ] && break; q=$(dirname -- "$q") || break; done; done')
         return 'echo "deployer ${SUDO_UID:-$(id -u)}"' + (f"; {walk}" if paths else "")
 
     def process(self, output) -> PathOwnership:

@@ -15,11 +15,9 @@ class FreeDiskBytes(FactBase[int]):
     gives them (``stat -f``; ``df`` rounds to KiB)."""
 
     def command(self, path: str) -> str:
-        return (
-            f"p={shlex.quote(path)}; "
-            # a dirname that fails (none on the PATH) ends the loop instead of spinning on ""
-            'while [ ! -e "$p" ]; do p=$(dirname "$p") || break; done; stat -f -c "%a %S" "$p"'
-        )
+        return (f"p={shlex.quote(path)}; "
+                # a dirname that fails (none on the PATH) ends the loop instead of spinning on ""
+                'while [ ! -e "$p" ]; do p=$(dirname "$p") || break; done; stat -f -c "%a %S" "$p"')
 
     def process(self, output) -> int:
         fields = output[-1].split() if output else []

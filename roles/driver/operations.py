@@ -38,11 +38,9 @@ def driver_answers(reason: str):
     """Fail unless nvidia-smi answers (after a reboot that should have loaded the new module).
 
     + reason: what should have fixed the driver, for the message"""
-    yield StringCommand(
-        "out=$(nvidia-smi --query-gpu=index,driver_version --format=csv,noheader 2>&1) || "
-        f"{{ printf '%s\\n' {shlex.quote(f'{host.name}: driver still fails after {reason}:')} "
-        '"$out" >&2; exit 1; }'
-    )
+    yield StringCommand("out=$(nvidia-smi --query-gpu=index,driver_version --format=csv,noheader 2>&1) || "
+                        f"{{ printf '%s\\n' {shlex.quote(f'{host.name}: driver still fails after {reason}:')} "
+                        '"$out" >&2; exit 1; }')
 
 
 @operation()

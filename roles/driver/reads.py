@@ -115,14 +115,12 @@ class NvidiaSmi(FactBase[DriverState]):
 
     def command(self) -> str:
         query = "nvidia-smi --query-gpu={} --format=csv,noheader,nounits 2>&1"
-        return (
-            "export LC_ALL=C; "
-            f"if ! command -v nvidia-smi >/dev/null 2>&1; then echo '{_MARK} missing'; exit 0; fi; "
-            f"out=$({query.format(self.FIELDS)}); rc=$?; "
-            'case "$out" in *"is not a valid field"*) '
-            f"out=$({query.format(self.FIELDS_PRE_510)}); rc=$?;; esac; "
-            f'printf "%s\\n" "$out"; echo "{_MARK} exit $rc"'
-        )
+        return ("export LC_ALL=C; "
+                f"if ! command -v nvidia-smi >/dev/null 2>&1; then echo '{_MARK} missing'; exit 0; fi; "
+                f"out=$({query.format(self.FIELDS)}); rc=$?; "
+                'case "$out" in *"is not a valid field"*) '
+                f"out=$({query.format(self.FIELDS_PRE_510)}); rc=$?;; esac; "
+                f'printf "%s\\n" "$out"; echo "{_MARK} exit $rc"')
 
     def process(self, output) -> DriverState:
         lines = [line for line in output if line.strip()]

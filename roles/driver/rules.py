@@ -288,11 +288,9 @@ def rule_gpus_whole(s: Settings, facts: HostFacts) -> Optional[Failure]:
                       + (f"CUDA sees {len(m.instances)} instance(s): {', '.join(m.instances)}" if m.instances
                          else "no MIG instance made: CUDA sees no device")
                       for m in split)  # fmt: skip
-    return Failure(
-        "gpus-whole", found, "whole cards (MIG mode off): llamarack plans a card's whole memory",
-        "turn MIG off on those cards (nvidia-smi -i INDEX -mig 0, then reset the card or reboot), "
-        "or leave them out of this host's inventory",
-    )
+    return Failure("gpus-whole", found, "whole cards (MIG mode off): llamarack plans a card's whole memory",
+                   "turn MIG off on those cards (nvidia-smi -i INDEX -mig 0, then reset the card or reboot), "
+                   "or leave them out of this host's inventory")
 
 
 def missing_gpus(facts: HostFacts) -> tuple:

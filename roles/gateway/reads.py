@@ -61,12 +61,10 @@ def reads(settings) -> tuple:
     packages = (FactRead.of(DebPackages),) if settings.is_gateway or settings.gateway.node_exporter else ()
     if not settings.is_gateway:
         return packages
-    found = packages + (
-        FactRead.of(UnitState, unit="haproxy.service"),
-        FactRead.of(Command, command=secret_digest_command(HAPROXY_CONFIG)),
-        FactRead.of(File, path=TARGETS),
-        FactRead.of(Sha1File, path=TARGETS),
-    )
+    found = packages + (FactRead.of(UnitState, unit="haproxy.service"),
+                        FactRead.of(Command, command=secret_digest_command(HAPROXY_CONFIG)),
+                        FactRead.of(File, path=TARGETS),
+                        FactRead.of(Sha1File, path=TARGETS))
     if settings.gateway.prometheus:
         found += (FactRead.of(Command, command=secret_digest_command(PROMETHEUS_KEY)),
                   FactRead.of(Sha1File, path=PROMETHEUS_RULES), FactRead.of(Sha1File, path=PROMETHEUS_CONFIG))

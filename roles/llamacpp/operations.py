@@ -132,12 +132,10 @@ def proof_spec(plan: BuildPlan, d: str, src: str, env: str, ccache_dir=None, job
             args = with_cpu_features(plan.cmake_args, portable)
             if args == plan.cmake_args:
                 continue
-            rungs.append({
-                "name": name, "serving": {}, "x86_only": True, "cmake_args": list(args),
-                "why": f"the rungs before failed; rebuilt for {name} ({', '.join(portable)})",
-                "configure": configure_command(d, src, env, args, append=True),
-                "build": build_command(d, env, plan.targets, ccache_dir, jobs, append=True),
-            })
+            rungs.append({"name": name, "serving": {}, "x86_only": True, "cmake_args": list(args),
+                          "why": f"the rungs before failed; rebuilt for {name} ({', '.join(portable)})",
+                          "configure": configure_command(d, src, env, args, append=True),
+                          "build": build_command(d, env, plan.targets, ccache_dir, jobs, append=True)})
     return {"build_dir": d, "record": json.loads(plan.record()), "quant": plan.proof["quant"], "serving": serving,
             "rungs": rungs, "timeout": PROOF_TIMEOUT, "reprove": reprove}
 

@@ -124,16 +124,14 @@ def proof_inputs(s: Settings) -> dict:
 
 
 def cmake_args(s: Settings, archs: tuple, cuda_home: Optional[str], host_compiler: Optional[str]) -> tuple:
-    args = [
-        "-DCMAKE_BUILD_TYPE=Release",
-        # Without these the build downloads the web UI (no internet on racks like ours).
-        "-DLLAMA_USE_PREBUILT_UI=OFF",
-        "-DLLAMA_BUILD_UI=OFF",
-        "-DLLAMA_BUILD_TESTS=OFF",
-        "-DLLAMA_BUILD_EXAMPLES=OFF",
-        # The checkout is ours, not a llama.cpp clone with tags: say which commit it is.
-        f"-DLLAMA_BUILD_COMMIT={s.llamacpp.commit[:9]}",
-    ]
+    args = ["-DCMAKE_BUILD_TYPE=Release",
+            # Without these the build downloads the web UI (no internet on racks like ours).
+            "-DLLAMA_USE_PREBUILT_UI=OFF",
+            "-DLLAMA_BUILD_UI=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF",
+            # The checkout is ours, not a llama.cpp clone with tags: say which commit it is.
+            f"-DLLAMA_BUILD_COMMIT={s.llamacpp.commit[:9]}"]
     if s.llamacpp.backend == "cuda":
         args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(archs)}",
                  f"-DCMAKE_CUDA_COMPILER={cuda_home}/bin/nvcc"]  # fmt: skip

@@ -86,13 +86,11 @@ class LlamacppBuilds(FactBase[Builds]):
 
     def command(self, root: str) -> str:
         builds = shlex.quote(Layout(root).builds)
-        return (
-            f"cd {builds} 2>/dev/null || exit 0; "
-            'echo "current $(readlink current 2>/dev/null)"; '
-            'for d in */; do d=${d%/}; [ "$d" = current ] && continue; '
-            'if [ -f "$d/build-info.json" ]; then echo "verified $d $(stat -c %Y "$d/build-info.json")"; '
-            'else echo "partial $d"; fi; done; true'
-        )
+        return (f"cd {builds} 2>/dev/null || exit 0; "
+                'echo "current $(readlink current 2>/dev/null)"; '
+                'for d in */; do d=${d%/}; [ "$d" = current ] && continue; '
+                'if [ -f "$d/build-info.json" ]; then echo "verified $d $(stat -c %Y "$d/build-info.json")"; '
+                'else echo "partial $d"; fi; done; true')
 
     def default(self) -> Builds:
         return Builds(None, {})
@@ -123,10 +121,8 @@ class LlamaServerFlags(FactBase[Optional[ServerFlags]]):
 
     def command(self, root: str) -> str:
         current = Layout(root).current_build
-        return (
-            f"cat {shlex.quote(current + '/server-help.txt')} 2>/dev/null || exit 0; "
-            f"echo {shlex.quote(self._SPLIT)}; cat {shlex.quote(current + '/build-info.json')} 2>/dev/null; true"
-        )
+        return (f"cat {shlex.quote(current + '/server-help.txt')} 2>/dev/null || exit 0; "
+                f"echo {shlex.quote(self._SPLIT)}; cat {shlex.quote(current + '/build-info.json')} 2>/dev/null; true")
 
     def process(self, output) -> Optional[ServerFlags]:
         lines = list(output)

@@ -43,14 +43,12 @@ TOKEN_DIR = "/run/llamarack"
 def tools(root: str) -> dict:
     """Where the other roles put what this one runs (python env, llama.cpp roles)."""
     layout = Layout(root)
-    return {
-        "python": "python3",  # the host's own: the fetcher needs only the standard library
-        "convert_python": f"{layout.env('convert')}/bin/python",
-        "convert_script": f"{layout.src}/convert_hf_to_gguf.py",
-        "quantize": f"{layout.current_build}/bin/llama-quantize",
-        "awq_python": f"{layout.env('awq')}/bin/python",
-        "perplexity": f"{layout.current_build}/bin/llama-perplexity",
-    }
+    return {"python": "python3",  # the host's own: the fetcher needs only the standard library
+            "convert_python": f"{layout.env('convert')}/bin/python",
+            "convert_script": f"{layout.src}/convert_hf_to_gguf.py",
+            "quantize": f"{layout.current_build}/bin/llama-quantize",
+            "awq_python": f"{layout.env('awq')}/bin/python",
+            "perplexity": f"{layout.current_build}/bin/llama-perplexity"}
 
 
 # llama-perplexity's context for the quality runs: the held-out text needs twice as many tokens.

@@ -108,24 +108,22 @@ def gather(settings: Settings, read=read, hub: bool = False) -> HostFacts:
     cuda = settings.llamacpp.backend == "cuda"
     server, user = settings.general.runs("server"), settings.general.service_user
     served_model, served_shape = calibration.served(settings, read)
-    return HostFacts(
-        driver=read(NvidiaSmi),
-        module=read(NvidiaKernelModule),
-        toolkits=tuple(read(CudaToolkits, extra_homes=toolkit_search_homes(settings))) if cuda else (),
-        gcc=read(GccVersions),
-        gcc_installable=read(InstallableGccMajors) if cuda else (),
-        recorded_gpus=read(RecordedGpus, path=settings.layout.gpus_record),
-        # the driver the next boot loads: nvidia-smi cannot say when the module ignores the card
-        driver_packages=tuple(read(NvidiaDriverPackages)),
-        pci_cards=tuple(read(NvidiaPciCards)) if cuda else None,
-        kernel_log=read(NvidiaKernelLog) if cuda else None,
-        mig=tuple(read(MigStates)) if cuda else (),
-        # who may write where root runs and builds: the dirs-private rule
-        path_owners=read(PathOwners, paths=paths) if (paths := _private_paths(settings)) else None,
-        service_user=read(SystemUser, user=user) if server else None,
-        service_group=read(SystemGroup, group=user) if server else None,
-        # route awq on the cards: what the calibration is counted from (the awq-card-memory rule)
-        served_model=served_model,
-        served_shape=served_shape,
-        hub_config=calibration.hub_counts(settings, served_model, served_shape) if hub else None,
-    )
+    return HostFacts(driver=read(NvidiaSmi),
+                     module=read(NvidiaKernelModule),
+                     toolkits=tuple(read(CudaToolkits, extra_homes=toolkit_search_homes(settings))) if cuda else (),
+                     gcc=read(GccVersions),
+                     gcc_installable=read(InstallableGccMajors) if cuda else (),
+                     recorded_gpus=read(RecordedGpus, path=settings.layout.gpus_record),
+                     # the driver the next boot loads: nvidia-smi cannot say when the module ignores the card
+                     driver_packages=tuple(read(NvidiaDriverPackages)),
+                     pci_cards=tuple(read(NvidiaPciCards)) if cuda else None,
+                     kernel_log=read(NvidiaKernelLog) if cuda else None,
+                     mig=tuple(read(MigStates)) if cuda else (),
+                     # who may write where root runs and builds: the dirs-private rule
+                     path_owners=read(PathOwners, paths=paths) if (paths := _private_paths(settings)) else None,
+                     service_user=read(SystemUser, user=user) if server else None,
+                     service_group=read(SystemGroup, group=user) if server else None,
+                     # route awq on the cards: what the calibration is counted from (the awq-card-memory rule)
+                     served_model=served_model,
+                     served_shape=served_shape,
+                     hub_config=calibration.hub_counts(settings, served_model, served_shape) if hub else None)

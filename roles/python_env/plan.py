@@ -103,11 +103,9 @@ def awq_plan(settings: Settings, env: str, gpu_archs: tuple = (), locked: Option
     extra = tuple(u for u in (s.torch_index_url,) if u != s.index_url)
     steps = (
         PipStep((torch,), s.torch_index_url),
-        PipStep(
-            (f"transformers=={s.transformers_version}", f"accelerate=={s.accelerate_version}",
-             *s.autoawq_requirements, *(AWQ_TOKENIZER_REQUIREMENTS if settings.model.route == "awq" else ())),
-            s.index_url,
-        ),  # fmt: skip
+        PipStep((f"transformers=={s.transformers_version}", f"accelerate=={s.accelerate_version}",
+                 *s.autoawq_requirements, *(AWQ_TOKENIZER_REQUIREMENTS if settings.model.route == "awq" else ())),
+                s.index_url),  # fmt: skip
         PipStep((f"autoawq=={s.autoawq_version}",), s.index_url, no_deps=True),
     ) if locked is None else (
         PipStep(tuple(r for r, _ in locked), s.index_url, no_deps=True, extra_index_urls=extra,

@@ -241,18 +241,16 @@ def reads(settings) -> tuple:
     if not settings.general.runs("server"):
         return ()
     layout, root = settings.layout, settings.general.root
-    return (
-        FactRead.of(LlamacppBuilds, root=root),
-        FactRead.of(BuildSeals, root=root),  # a build differing from its seal is pruned
-        FactRead.of(SystemUser, user=settings.general.service_user),
-        FactRead.of(Link, path=layout.current_build),
-        FactRead.of(Link, path=layout.current_model),
-        *([FactRead.of(Link, path=layout.draft_model)] if settings.model.draft_repo else []),
-        FactRead.of(LlamaServerFlags, root=root),
-        FactRead.of(GgufShape, path=f"{layout.current_model}/model.gguf"),  # the units are planned from it
-        # the units: files (the builds they name are kept by the prune), .prev, state, pins
-        FactRead.of(ServedUnits, state=layout.state),
-        FactRead.of(FileContents, path=layout.units_record),  # written only when it differs
-        FactRead.of(Command, command=key_digest_command()),
-        FactRead.of(BenchRecord, path=layout.bench_record),
-    )
+    return (FactRead.of(LlamacppBuilds, root=root),
+            FactRead.of(BuildSeals, root=root),  # a build differing from its seal is pruned
+            FactRead.of(SystemUser, user=settings.general.service_user),
+            FactRead.of(Link, path=layout.current_build),
+            FactRead.of(Link, path=layout.current_model),
+            *([FactRead.of(Link, path=layout.draft_model)] if settings.model.draft_repo else []),
+            FactRead.of(LlamaServerFlags, root=root),
+            FactRead.of(GgufShape, path=f"{layout.current_model}/model.gguf"),  # the units are planned from it
+            # the units: files (the builds they name are kept by the prune), .prev, state, pins
+            FactRead.of(ServedUnits, state=layout.state),
+            FactRead.of(FileContents, path=layout.units_record),  # written only when it differs
+            FactRead.of(Command, command=key_digest_command()),
+            FactRead.of(BenchRecord, path=layout.bench_record))

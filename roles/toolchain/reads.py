@@ -31,13 +31,11 @@ class GccVersions(FactBase[GccInstall]):
     (only those with a matching g++-N: CUDA needs the C++ compiler)."""
 
     def command(self) -> str:
-        return (
-            "command -v gcc >/dev/null 2>&1 && echo \"gcc $(gcc -dumpfullversion)\"; "
-            "for p in /usr/bin/gcc-[0-9]*; do "
-            '[ -x "$p" ] || continue; n=${p#/usr/bin/gcc-}; '
-            '[ -x "/usr/bin/g++-$n" ] || continue; '
-            'echo "gcc-$n $($p -dumpfullversion)"; done; true'
-        )
+        return ("command -v gcc >/dev/null 2>&1 && echo \"gcc $(gcc -dumpfullversion)\"; "
+                "for p in /usr/bin/gcc-[0-9]*; do "
+                '[ -x "$p" ] || continue; n=${p#/usr/bin/gcc-}; '
+                '[ -x "/usr/bin/g++-$n" ] || continue; '
+                'echo "gcc-$n $($p -dumpfullversion)"; done; true')
 
     def process(self, output) -> GccInstall:
         default, versioned = None, {}
@@ -78,19 +76,17 @@ class CudaToolkits(FactBase[list]):
     def command(self, extra_homes: tuple = ()) -> str:
         # The first glob is the shell's to expand; the homes given are values, quoted.
         homes = " ".join(["/usr/local/cuda-*", remote.argv("/usr/local/cuda", "/usr", *extra_homes)])
-        return (
-            "seen=; "
-            f"for home in {homes}; do "
-            'nvcc="$home/bin/nvcc"; [ -x "$nvcc" ] || continue; '
-            'real=$(readlink -f "$nvcc"); case " $seen " in *" $real "*) continue;; esac; '
-            'seen="$seen $real"; '
-            'echo "toolkit $home"; "$nvcc" --version | grep "release"; '
-            'for h in "$home/include/crt/host_config.h" '
-            '"$home/targets/x86_64-linux/include/crt/host_config.h" '
-            '"$home/include/x86_64-linux-gnu/crt/host_config.h"; do '
-            '[ -f "$h" ] && grep -m1 -o "gcc versions later than [0-9]*" "$h" && break; done; '
-            "done; true"
-        )
+        return ("seen=; "
+                f"for home in {homes}; do "
+                'nvcc="$home/bin/nvcc"; [ -x "$nvcc" ] || continue; '
+                'real=$(readlink -f "$nvcc"); case " $seen " in *" $real "*) continue;; esac; '
+                'seen="$seen $real"; '
+                'echo "toolkit $home"; "$nvcc" --version | grep "release"; '
+                'for h in "$home/include/crt/host_config.h" '
+                '"$home/targets/x86_64-linux/include/crt/host_config.h" '
+                '"$home/include/x86_64-linux-gnu/crt/host_config.h"; do '
+                '[ -f "$h" ] && grep -m1 -o "gcc versions later than [0-9]*" "$h" && break; done; '
+                "done; true")
 
     def process(self, output) -> list:
         found: list[dict] = []
