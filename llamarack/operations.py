@@ -91,12 +91,10 @@ def private_upload(src, dest: str):
     + src: the text, or a file-like object (``StringIO``)
     + dest: the file on the host (written as it is: callers upload ``X.new`` and rename)
 
-    Under sudo, pyinfra uploads to a temporary file as the SSH user and copies that as
-    root. Its default name, ``/tmp/pyinfra-<sha1 of dest>``, can be foreseen: a local
-    user who makes that file first owns what root copies (or makes every upload fail).
-    Here it is ``file`` in a directory of a random name that the SSH user makes with
-    mode 700 (``mkdir`` fails on a taken name) and removes after the copy; the file is
-    made mode 600 before SFTP fills it (sftp-server would make it 644)."""
+    Under sudo the upload lands in ``file`` of a directory of a random name the SSH user makes
+    with mode 700 (``mkdir`` fails on a taken name), not at pyinfra's foreseeable
+    ``/tmp/pyinfra-<sha1 of dest>`` (docs/deploy.md, "Who may reach the API"); the file is made
+    mode 600 before SFTP fills it (sftp-server would make it 644)."""
     private = f"{UPLOAD_DIR_PREFIX}{uuid.uuid4().hex}"
     temp = f"{private}/file"
     # As the SSH user (no sudo): the SSH user's upload lands there, root's cp reads it.

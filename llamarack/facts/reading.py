@@ -170,8 +170,7 @@ def read_together(*reads: FactRead) -> None:
     A section whose command did not exit 0 (or whose output its fact could not
     process) is not kept: ``read`` runs that fact alone when a role asks for it, so
     a fact that fails on this host (``systemctl`` where systemd is not running)
-    fails it where the role reads it, not in preflight.
-    """
+    fails it where the role reads it, not in preflight."""
     store = _store()
     wanted = tuple(dict.fromkeys(r for r in reads if r not in store.values))
     if not wanted:

@@ -87,8 +87,7 @@ class DriverState(FactValue):
     In the ``ok`` state, ``message`` holds the lines that are no GPU (a
     driver's warning, "WARNING: infoROM is corrupted at gpu ..."), and
     ``unreadable`` the GPU lines that could not be read (a memory.total of
-    [N/A]): the cards that can be read are kept, a rule refuses the rest.
-    """
+    [N/A]): the cards that can be read are kept, a rule refuses the rest."""
 
     state: str
     gpus: tuple[Gpu, ...] = ()
@@ -163,8 +162,7 @@ def _parse_gpu_line(line: str) -> Optional[Gpu]:
 
     Four layouts: this fact's query (7 fields), its pre-510 query (6, ending
     with the PCI id) and the two earlier queries without the PCI id (6 with
-    compute_cap, 5 without), which old recorded outputs still have.
-    """
+    compute_cap, 5 without), which old recorded outputs still have."""
     values = [v.strip() for v in line.split(",")]
     pci = None
     if values and _PCI_DEVICE_ID.fullmatch(values[-1]) and len(values) in (6, 7):

@@ -120,8 +120,7 @@ def proof_spec(plan: BuildPlan, d: str, src: str, env: str, ccache_dir=None, job
     binary without weight repacking (no AMX or repacked CPU kernels; no
     rebuild), then rebuilds with fewer x86 extensions. Each rebuild reuses the
     build directory, so only ggml's CPU code compiles again. ``reprove``: the
-    build exists (maybe in service) and is never rebuilt in place: no rebuild rungs.
-    """
+    build exists (maybe in service) and is never rebuilt in place: no rebuild rungs."""
     serving = plan.proof["serving"]
     rungs = [{"name": cpu_variant_name(plan.proof["cpu_features"]), "why": "the build as asked", "serving": {}}]
     if plan.proof["cpu_fallback"]:

@@ -99,8 +99,7 @@ def proof_kv_types(s: Settings) -> tuple:
     build has flash-attention kernels for each such pair, so the build
     (cmake flags and stamp) does not depend on the model. The smoke run uses
     q4_0 for an auto side: the quantized kernels are the ones that can be
-    missing. One side auto and the other fixed can mix types: see cmake_args.
-    """
+    missing. One side auto and the other fixed can mix types: see cmake_args."""
     k, v = s.server.cache_type_k, s.server.cache_type_v
     # without flash attention the planner keeps an auto V at f16 (a quantized V needs it)
     return (k if k != "auto" else "q4_0", v if v != "auto" else "q4_0" if s.server.flash_attn else "f16")
@@ -111,8 +110,7 @@ def serving_inputs(s: Settings) -> dict:
 
     On a CUDA build every layer goes to the GPU, so the kernels for the card's
     arch really load; ``server_gpu_layers`` only shapes the served unit. The
-    unit itself serves the KV types its plan chose (``proof_kv_types``).
-    """
+    unit itself serves the KV types its plan chose (``proof_kv_types``)."""
     k, v = proof_kv_types(s)
     return {"cache_type_k": k, "cache_type_v": v, "flash_attn": s.server.flash_attn, "mmap": s.server.mmap,
             "repack": s.server.repack, "gpu_layers": 999 if s.llamacpp.backend == "cuda" else None}  # fmt: skip
@@ -178,8 +176,7 @@ def build_dir_for(stamp: str, builds, seals, now: Optional[float] = None, proof_
     service is never rebuilt in place and the unit keeps running it until its
     successor is proven.
 
-    + builds: the ``LlamacppBuilds`` fact; seals: the ``BuildSeals`` fact
-    """
+    + builds: the ``LlamacppBuilds`` fact; seals: the ``BuildSeals`` fact"""
     good = [name for name in builds.newest_first()
             if same_build(name, stamp, seals) and not seals.tampered(name)
             and not (proof_id and seals.failed.get(name) == proof_id)]

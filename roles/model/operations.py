@@ -346,10 +346,8 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
     Route awq applies AutoAWQ's scales before the convert (``awq.log``). A new quantized
     artifact with ``plan.quality_file`` is measured by llama-perplexity before it is taken
     over (``quality-*.log``), the figures go into its record, and with ``plan.max_kld`` an
-    artifact above the bound is refused: ``models/current`` is not switched to it.
-
-    Each step runs as ``user`` in its sandbox and writes a log in the staging directory (it
-    becomes the artifact's), whose path is printed; the token goes up as the module tells."""
+    artifact above the bound is refused: ``models/current`` is not switched to it. Each step
+    writes a log in the staging directory (it becomes the artifact's), whose path is printed."""
     t = {**tools(plan.root), **(tool_paths or {})}
     d = plan.dir
     if link not in ("current", "draft"):

@@ -129,8 +129,7 @@ class ModelPlan:
         (converting) an unquantized GGUF no bigger than a 16-bit checkpoint (the
         whole checkpoint counts, cached or not), plus the quantized file (at most
         ~8.5 bits per weight for Q8_0: ~0.55 of f16); route awq: the scaled checkpoint too
-        (fp16, no bigger than the checkpoint); measured: 1 GiB more for the saved logits.
-        """
+        (fp16, no bigger than the checkpoint); measured: 1 GiB more for the saved logits."""
         s = self.source_bytes
         need = self.to_download(cached)
         if self.converts:
@@ -246,8 +245,7 @@ def asked_inputs(settings: Settings) -> tuple:
     """The settings that decide which artifact a host serves, as (key, value) pairs.
 
     Not the endpoint (a mirror serves the same bytes) nor the retries. The
-    revision as given: a pinned commit always lists the same files.
-    """
+    revision as given: a pinned commit always lists the same files."""
     m = settings.model
     asked = {"source": m.source, "quant": m.quant}
     if m.source == "url":
@@ -325,8 +323,7 @@ def plan_from_pinned_record(settings: Settings, state) -> Optional[ModelPlan]:
 
     None (the hub is asked) for another quant or outtype, a revision given shorter, a source
     other than hf (a prequantized file's artifact does not change with llama.cpp), and a record
-    made before records carried the files' sizes (a git-sha1 check needs them).
-    """
+    made before records carried the files' sizes (a git-sha1 check needs them)."""
     m = settings.model
     if m.source != "hf" or state is None or not state.record or not FULL_SHA.fullmatch(m.revision or ""):
         return None

@@ -103,8 +103,7 @@ def gather(settings: Settings, read=read, hub: bool = False) -> HostFacts:
       the answers its one command got)
     + hub: also ask the hub, on the control machine, for the checkpoint's config.json
       where route awq calibrates one the served GGUF does not give the shape of
-      (``calibration.hub_counts``): preflight's deploy; the audit never asks the hub
-    """
+      (``calibration.hub_counts``): preflight's deploy; the audit never asks the hub"""
     cuda = settings.llamacpp.backend == "cuda"
     server, user = settings.general.runs("server"), settings.general.service_user
     served_model, served_shape = calibration.served(settings, read)

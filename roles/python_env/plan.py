@@ -207,8 +207,7 @@ def converter_plan(settings: Settings, env: str, lines: tuple, python_version: s
     ``python_env_converter_overrides`` replace the file's lines of the same
     package; lines whose marker is false for the env's Python are dropped;
     torch comes from ``python_env_converter_torch_index_url`` and is held
-    by a constraint while the rest installs.
-    """
+    by a constraint while the rest installs."""
     s = settings.python_env
     wanted: dict[str, str] = {}
     for line in lines:

@@ -22,9 +22,6 @@ class GccInstall(FactValue):
     versioned: dict
     """``{major: full version}`` of every ``/usr/bin/gcc-N`` with its ``g++-N``."""
 
-    def majors_at_most(self, ceiling: int) -> list[int]:
-        return sorted((m for m in self.versioned if m <= ceiling), reverse=True)
-
 
 class GccVersions(FactBase[GccInstall]):
     """Returns the default gcc's version and every versioned gcc-N installed
