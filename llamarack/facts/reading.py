@@ -68,15 +68,10 @@ class Answer:
 
 
 class FactsTogether(FactBase[dict]):
-    """Returns the answers of several facts, their commands run in one shell command
-    (a section each, marked by a random line no fact's output can predict), by
-    position: ``{0: Answer(status=0, value=...), 1: Answer(status=1)}``.
-
-    Each fact's output goes to its own ``process`` on the instance that made its
-    command (some facts keep their arguments there). A fact whose command runs one
-    host module names it (``host_run(**kwargs)``: the module and its arguments): the
-    script holds each module's source once, in a shell variable, and the section
-    runs ``python3 -c "$variable" ARGS``."""
+    """Returns the answers of several facts, their commands run in one shell command (a
+    section each, marked by a random line; docs/ARCHITECTURE.md, "Each fact is read once per
+    run"), by position: ``{0: Answer(status=0, value=...), 1: Answer(status=1)}``. Each
+    fact's output goes to its own ``process`` on the instance that made its command."""
 
     def command(self, reads: tuple) -> str:
         self.marker = f"llamarack-section-{secrets.token_hex(8)}"

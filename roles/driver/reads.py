@@ -244,13 +244,9 @@ class CharDevices(FactBase[tuple]):
 class RecordedGpus(FactBase[tuple]):
     """Returns the GPUs llamarack recorded at the last run where the driver answered (a JSON
     list in the state directory), or ``()``; their ``driver_version`` is empty (not recorded).
-    A driver that has dropped the card, or an upgrade waiting for a reboot, hides the GPU
-    list; the record still says which cards the host has.
-
-    A record that is not whole JSON (truncated by a crash or a full disk, though llamarack
-    writes it beside itself and renames it) counts as none: the run records the cards the
-    driver lists over it. A failure here would stop the host on every run until someone
-    deleted it."""
+    A driver that dropped a card, or an upgrade waiting for a reboot, hides the GPU list; the
+    record still says which cards the host has. A record that is not whole JSON counts as
+    none (the run writes it again), never as a failure that would stop the host every run."""
 
     def command(self, path: str) -> str:
         return f"cat {shlex.quote(path)} 2>/dev/null || true"

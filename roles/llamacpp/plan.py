@@ -91,15 +91,10 @@ def with_cpu_features(args: tuple, features: Optional[tuple]) -> tuple:
 
 
 def proof_kv_types(s: Settings) -> tuple:
-    """The KV types the smoke run proves the build with.
-
-    The build is planned before the model exists (a first run fetches it
-    later), so ``auto`` cannot be resolved here. It never needs to be: auto
-    picks the same type for K and V from f16, q8_0 and q4_0, and every CUDA
-    build has flash-attention kernels for each such pair, so the build
-    (cmake flags and stamp) does not depend on the model. The smoke run uses
-    q4_0 for an auto side: the quantized kernels are the ones that can be
-    missing. One side auto and the other fixed can mix types: see cmake_args."""
+    """The KV types the smoke run proves the build with: an ``auto`` side cannot be resolved
+    before the model exists, and needs not be (docs/planning.md, "Choosing the context"), so
+    it is proven with q4_0, whose quantized kernels are the ones that can be missing. One
+    side auto and the other fixed can mix types: see cmake_args."""
     k, v = s.server.cache_type_k, s.server.cache_type_v
     # without flash attention the planner keeps an auto V at f16 (a quantized V needs it)
     return (k if k != "auto" else "q4_0", v if v != "auto" else "q4_0" if s.server.flash_attn else "f16")
@@ -169,14 +164,11 @@ def same_build(name: Optional[str], stamp: str, seals=None) -> bool:
 
 
 def build_dir_for(stamp: str, builds, seals, now: Optional[float] = None, proof_id: Optional[str] = None) -> str:
-    """The directory under ``builds/`` that serves the build ``stamp``: a proven one whose
-    files match their seal and that did not fail the proof ``proof_id`` (``current``
-    first, else the newest); when there is none and ``builds/<stamp>`` is a proven build
-    (tampered, or failed the proof), a new directory beside it, so the one maybe in
-    service is never rebuilt in place and the unit keeps running it until its
-    successor is proven.
-
-    + builds: the ``LlamacppBuilds`` fact; seals: the ``BuildSeals`` fact"""
+    """The directory under ``builds/`` that serves the build ``stamp`` (``builds``: the
+    ``LlamacppBuilds`` fact, ``seals``: ``BuildSeals``): a proven one that matches its seal and
+    did not fail the proof ``proof_id``, ``current`` first, else the newest; else a new
+    directory beside a ``builds/<stamp>`` that did, which is never rebuilt in place
+    (docs/ARCHITECTURE.md, "A proven build is sealed")."""
     good = [name for name in builds.newest_first()
             if same_build(name, stamp, seals) and not seals.tampered(name)
             and not (proof_id and seals.failed.get(name) == proof_id)]

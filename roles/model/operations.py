@@ -246,17 +246,11 @@ def _measure(plan: ModelPlan, t: dict, user: str, devices: tuple, proven: tuple)
 
 
 def _take_over(plan: ModelPlan):
-    """Once the pipeline user's steps are done, what they made becomes root's: refused (and
-    removed) when the work directory holds anything but files and directories; else the GGUF
-    (and what keep_intermediates keeps) is renamed into the staging, checked again there, owned
-    by root, writable by no one else, no set-id bit; the rest goes. The staging is root's alone
-    from here on.
-
-    Checked again once renamed: the pipeline user may not write the staging (nor, in its
-    sandbox, see it writable), so what is checked there is what is kept, whatever a step
-    still going from a killed run does in the work directory. Only what is kept changes
-    owner: a checkpoint file that goes was a hardlink of a blob of the cache, which stays
-    the pipeline user's (a later fetch links it again)."""
+    """Once the pipeline user's steps are done, what they made becomes root's, as
+    docs/ARCHITECTURE.md ("The model pipeline's sandbox") says: refused (and removed) with a
+    link or a special file; else what is kept is renamed into the staging and checked again
+    there (the pipeline user cannot write the staging: what is checked there is what is kept,
+    whatever a step still going from a killed run does), owned by root, no set-id bit."""
     q, s, work = shlex.quote, plan.staging, _work(plan)
     keep = ["model.gguf"]
     if plan.converts and plan.keep_intermediates:

@@ -313,17 +313,11 @@ _BUMPED = ("llamacpp_commit", "revision")
 
 def plan_from_pinned_record(settings: Settings, state) -> Optional[ModelPlan]:
     """The plan of the artifact the settings ask for, made from the files the served
-    artifact's record names, without asking the hub; else None.
-
-    A full 40-hex ``model_revision`` lists the same files forever, so a record made from that
-    commit with the same ``model_hf_include`` names what a listing would select, with content
-    ids and sizes. When the settings ask what the record says but the llama.cpp commit (a bump,
-    or the same artifact made again: its GGUF truncated or edited), the new artifact is planned
-    from the record; its fetch takes the blob cache's copies or downloads them from the commit.
-
-    None (the hub is asked) for another quant or outtype, a revision given shorter, a source
-    other than hf (a prequantized file's artifact does not change with llama.cpp), and a record
-    made before records carried the files' sizes (a git-sha1 check needs them)."""
+    artifact's record names, without asking the hub, where the settings differ from the
+    record only in the llama.cpp commit and pin the revision by its full sha
+    (docs/ARCHITECTURE.md, "The model role asks the hub only when it must"); else None.
+    A record made before records carried the files' sizes is never planned from (a git-sha1
+    check needs them)."""
     m = settings.model
     if m.source != "hf" or state is None or not state.record or not FULL_SHA.fullmatch(m.revision or ""):
         return None

@@ -169,12 +169,9 @@ def _over(unit: Unit) -> str:
 def rival_layout(shape: dict, knobs: Knobs, cards, chosen: Layout, draft: Optional[dict] = None,
                  split_mode: str = "layer") -> Optional[Layout]:  # fmt: skip
     """The layout the ledger alone cannot rank against ``chosen`` (``auto``'s answer), or None:
-    exactly when ``auto`` chose ``per_card`` with no wanted context (each unit serves the
-    largest context its card holds) and ``split``'s units, every layer on their cards, each
-    give more context than the per-card unit with the least. With a wanted context both serve
-    it and per_card serves more of it; when one card already holds the most the model allows,
-    a split gives nothing more; several cards or mixed were chosen because cards alone do not
-    hold every layer."""
+    ``split``'s units when ``auto`` chose ``per_card`` with no wanted context and each of
+    them gives more context than the per-card unit with the least (docs/planning.md, "When
+    the ledger alone cannot choose", says why only then)."""
     cards = tuple(cards)
     if chosen.asked != "auto" or chosen.chosen != "per_card" or knobs.ctx_size or len(cards) < 2:
         return None
@@ -202,15 +199,10 @@ def trade(chosen: Layout, rival: Layout) -> str:
 
 
 def settle(chosen: Layout, rival: Layout, figures: Optional[dict], source: str) -> tuple:
-    """(the layout served, the other) of ``chosen`` (the ledger's answer) and its ``rival``.
-
-    + figures: each layout's llama-bench tg128 per unit (``{layout.chosen: [t/s, ...]}``), or
-      None when the record does not hold both
-    + source: which record they are, or why there is none (said in the reason)
-
-    The faster is the layout of the larger total tg128 over the host's cards: the sum over
-    its units (a unit generates for its own clients beside the others). Equal totals, or no
-    figures: the ledger's answer. The reason says which, and the figures."""
+    """(the layout served, the other) of ``chosen`` (the ledger's answer) and its ``rival``:
+    the one of the larger total tg128 over its units (``figures``: ``{layout.chosen: [t/s,
+    ...]}``, None when the record does not hold both), else the ledger's answer; the reason
+    says which, and by what (``source``: which record, or why there is none)."""
     said = trade(chosen, rival)
     if not figures:
         return replace(chosen, reason=f"{chosen.reason}; {said}; {source}: {chosen.chosen}, the ledger's answer",

@@ -365,17 +365,15 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
 def bench(settings: Settings, gpus: tuple = ()):
     """Run llama-bench (pp512, tg128) with the served flags after a new build or model, on
     every distinct unit, and record it in ``<root>/state/bench.json`` beside the roofline
-    of each unit's cards.
+    of each unit's cards (docs/planning.md, "llama-bench after a new build or model").
 
     + settings: the host's settings (``server_bench``: stopped, beside or off)
     + gpus: the run's GPUs (``HostFacts.gpus``)
 
-    The record is keyed by the served build's and model's stamps: a host whose record has
-    a figure for every unit's plan does nothing (``bench_due``: a converged run never
-    benchmarks). Each unit is measured on its own cards with its own flags, or shares the
-    figures of one llama-bench runs alike (``_measures``). Where the ledger alone cannot
-    choose the layout (``host_layouts``), the other layout's units are measured too
-    (``stopped`` only; ``_bench_one`` says how each mode treats the units that serve)."""
+    A record with a figure for every unit's plan does nothing (``bench_due``); alike units
+    share one measurement (``_measures``), and the rival layout's units are measured too
+    where the ledger cannot choose (``host_layouts``; ``_bench_one`` says how each mode
+    treats the units that serve)."""
     mode, layout = settings.server.bench, settings.layout
     # Read before this operation's first command (llamarack.facts.reading's rule).
     record = read(BenchRecord, path=layout.bench_record)
