@@ -53,10 +53,7 @@ PATHS = {
     # the content-addressed cache of downloaded model files: ``<algo>/<hex>`` under blobs, the
     # names of the artifact records' content ids
     "cache": "cache", "blob_cache": "cache/blobs",
-    # records: llama-bench's figures for the build and model served (the server role's bench);
-    # the cards of the last good run; the unit the last switch replaced (what ``llamarack
-    # rollback`` puts back); the host's llama-server units (name, port, listen address, slots,
-    # cards: the gateway reads it); the llamarack that last deployed the host
+    # records later runs read back (docs/ARCHITECTURE.md, "State on a host", says what each holds)
     "state": "state", "bench_record": "state/bench.json", "gpus_record": "state/gpus.json",
     "previous_unit": "state/previous.service", "units_record": "state/units.json",
     "deployed_by": "state/deployed-by.json",

@@ -56,10 +56,9 @@ def build(plan: BuildPlan, src: str, root: str, ccache_dir=None, jobs=None):
     + ccache_dir: ccache directory (shared by a rack), None for the default
     + jobs: parallel compile jobs, None for nproc
 
-    The directory counts only once ``build-info.json`` exists: the smoke run
-    (``files/llamacpp_proof.py``) writes it last, after ``--version`` ran, the
-    cubins of every arch were listed and a tiny model computed with the unit's
-    runtime flags. ``current`` is not touched here."""
+    The directory counts only once the smoke run (``files/llamacpp_proof.py``) wrote its
+    ``build-info.json``, last (docs/deploy.md, "A build counts only after it computed");
+    ``current`` is not touched here."""
     builds = read(LlamacppBuilds, root=root)
     if plan.stamp in builds.verified and not read(BuildSeals, root=root).tampered(plan.stamp):
         host.noop(f"llama.cpp build {plan.stamp} exists and was verified")

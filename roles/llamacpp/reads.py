@@ -21,9 +21,7 @@ from llamarack.facts import FactRead
 # Options only the served unit uses. They are read here, not in the smoke script's
 # parse_server_help: that script's hash is part of every build stamp.
 ROPE_FLAGS = ("--rope-scaling", "--rope-scale", "--yarn-orig-ctx")
-# Speculative decoding with a draft model, as llama.cpp spells it since the --draft-max
-# family was removed ("the argument has been removed. use --spec-draft-n-max"). A draft
-# model alone enables nothing there: --spec-type draft-simple does.
+# Speculative decoding with a draft model, as llama.cpp spells it now (docs/planning.md, "Speculative decoding").
 SPEC_DRAFT_FLAGS = ("--spec-type", "draft-simple", "--spec-draft-model", "--spec-draft-n-max",
                     "--spec-draft-n-min", "--spec-draft-ngl", "--spec-draft-type-k", "--spec-draft-type-v")
 

@@ -71,16 +71,13 @@ def _own_tmp(path: str) -> str:
 
 
 def _into_place(tmp: str, path: str) -> str:
-    """``durable_rename`` for an ``_own_tmp`` word: the bytes reach the disk (``sync FILE``
-    is fsync(2)) before the name says the file is complete; a crash leaves no truncated
-    file to seal."""
+    """``durable_rename`` (``llamarack.operations``) for an ``_own_tmp`` word."""
     return f"sync -- {tmp} && mv -f -- {tmp} {shlex.quote(path)}"
 
 
 def _record_shape(gguf: str, python: str) -> str:
-    """Record the GGUF's shape beside it (``gguf_header.py --record``): every later read of
-    its ``GgufShape`` (each audit, each deploy's server plan) answers from the record while
-    the file is the one recorded, instead of reading past its tokenizer again."""
+    """Record the GGUF's shape beside it (``gguf_header.py --record``), which its later
+    ``GgufShape`` reads answer from while the file is the one recorded."""
     return remote.command("gguf_header", "--record", shape_record_name(), gguf, python=python)
 
 

@@ -1,9 +1,6 @@
-"""Where ``llamarack plan`` gets a model's shape: a GGUF header (a local file,
-or read from the hub with HTTP ranges) or a ``config.json`` and a quant.
-
-The shape is the dict ``roles/model/files/gguf_header.py`` makes from a GGUF
-(what the ``GgufShape`` fact returns on a host), so the planner cannot tell
-where it came from.
+"""Where ``llamarack plan`` gets a model's shape: a GGUF header (a local file, or read from
+the hub with HTTP ranges) or a ``config.json`` and a quant; the shape is the dict
+``roles/model/files/gguf_header.py`` makes, as the ``GgufShape`` fact does on a host.
 
 From a ``config.json`` the weights are estimated: the tensors llama.cpp's
 converter writes for the architecture, each counted with the type

@@ -1,11 +1,7 @@
 """Every fact the roles will read on a host, for preflight to read in one remote command
 (the rules' own, and each role's part: ``roles/<role>/reads.py``), and ``gather``: the
-facts the rules look at, as ``HostFacts``.
-
-The roles read their facts through ``llamarack.facts.read``; what preflight
-read here answers them until an operation on the host changes something.
-This list only saves round trips: a fact missing from it is read when a
-role asks for it, one more command (the converged benchmark counts them).
+facts the rules look at, as ``HostFacts``. The list only saves round trips: a fact missing
+from it is read when a role asks for it, one more command (the converged benchmark counts them).
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """Plans for llamarack's Python environments: what is pinned, from where, in which order.
 
-Pure functions of settings (and, for the converter, the requirement lines
-read from the llama.cpp tree); ``operations.pip_pins`` runs a plan with
-``files/pyenv_check.py`` on the host. Why the AWQ env is installed in three
-steps: autoawq 0.2.7 declares ``torch>=2.5.1`` and intel-extension-for-pytorch,
-which the reference torch 2.1.2 cannot meet, and torch < 2.3 breaks with
-numpy 2. So torch goes in first from its own index, the rest with torch and
-numpy held by constraints, and autoawq last with ``--no-deps`` plus the
-requirements it really imports (``python_env_autoawq_requirements``).
+Pure functions of settings (and, for the converter, the requirement lines read from the
+llama.cpp tree); ``operations.pip_pins`` runs a plan with ``files/pyenv_check.py`` on the
+host. The AWQ env goes in three steps (docs/deploy.md, "The roles", says why): torch from
+its own index, the rest with torch and numpy held by constraints, autoawq last with
+``--no-deps`` plus the requirements it really imports (``python_env_autoawq_requirements``).
 """
 
 from __future__ import annotations

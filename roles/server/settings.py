@@ -24,14 +24,9 @@ MAX_LAYERS = 4096
 MAX_CONTEXT = 1 << 24
 
 
-# Card memory the ledger's items do not count: the CUDA context and pools (601-611 MiB
-# beyond llama.cpp's own model, KV and compute buffers in all 14 runs on the lent H200,
-# CUDA 13, driver 580: bench/results/gpu-proof.json), and what the compute estimate
-# misses where it is under llama.cpp's figure (layers on the CPU, a sliding window, a
-# 32K context: up to 52 MiB). cuBLAS's own memory is not here: it is counted with a
-# V100's or P100's prefill pool (planner.prefill_pool_bytes). The process less the
-# planned weights, KV and compute reached 654.5 MiB at most in those runs
-# (tests/unit/test_server_plan.py::test_ledger_matches_llama_cpp_on_cuda); +17.5 MiB.
+# Card memory the ledger's items do not count: the CUDA context and pools, and what the
+# compute estimate misses (654.5 MiB at most measured, +17.5 MiB; docs/planning.md, "Reserve";
+# tests/unit/test_server_plan.py::test_ledger_matches_llama_cpp_on_cuda).
 DEFAULT_RESERVE_MIB = 672
 
 
