@@ -1,11 +1,7 @@
 """The server role's operations: the service user, the units (plan, write, switch), /health,
-``llamarack rollback`` and the bench.
-
-A unit names the build and model directories it serves (``builds/<stamp>``,
-``models/<stamp16>``), not the ``current`` links: the running server keeps its files while a
-later run builds or fetches new ones, and the unit's text changes exactly when what it serves
-changes. Facts are read when an operation runs (pyinfra 3 runs its body at execution time),
-so a first run plans from what the llama.cpp and model roles made earlier in the same run.
+``llamarack rollback`` and the bench. A unit names the build and model directories it serves,
+not the ``current`` links, and is planned when the operation runs (docs/ARCHITECTURE.md, "The
+server operation plans at execution time").
 """
 
 from __future__ import annotations
@@ -39,7 +35,7 @@ from roles.settings import Settings
 from .files import bench_record
 from .plan import (PlanError, WantedUnit, bench_args, bench_due,  # noqa: F401
                    bench_entry, bench_split_args, health_url, host_layouts, parse_pin, pin_holds,
-                   ref_of, roofline, unit_refs, wanted_units)  # fmt: skip
+                   roofline, unit_ref, unit_refs, wanted_units)  # fmt: skip
 from .switch import detached, health_check_script, label, pin_script, retire_script, switch_script
 
 
@@ -136,7 +132,7 @@ def rollback(settings: Settings, unit: Optional[int] = None):
     if tampered:
         yield refusal(f"{host.name}: rollback: build {tampered[0]} differs from its seal; not putting it back")
         return
-    refs = [ref_of(settings, n) for n in targets]
+    refs = [unit_ref(settings, unit_index(n)) for n in targets]
     needed = []
     for ref in refs:
         now = found.get(ref.name)
@@ -287,7 +283,7 @@ def _retired(settings: Settings, found: dict, wanted: tuple, cards: tuple) -> tu
         why = (f"its card{'s' if len(lost) > 1 else ''} {', '.join(lost)} no longer listed by the driver" if lost
                else f"the host now serves {len(wanted)} unit{'s' if len(wanted) > 1 else ''}")  # fmt: skip
         host.log(f"retiring {name}: {why}", logger.warning)
-        gone.append(ref_of(settings, name))
+        gone.append(unit_ref(settings, unit_index(name)))
     return tuple(gone)
 
 
