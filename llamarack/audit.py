@@ -1,26 +1,10 @@
-"""``llamarack audit``: what each host runs, against what its settings would deploy.
+"""``llamarack audit``'s report: its items, the answers a host gave, the JSON and the table.
 
-Each role says what it audits (``roles/<role>/audit.py``: its items, the facts they
-read, and ``items(seen)``: found against wanted), and ``roles/audit.py`` reads, for each
-host, every role's facts in one remote command (``FactsTogether``, through the host's own
-pyinfra connector), hosts in parallel, nothing changed. The wanted side is computed by
-the same settings loader and planners the deploy uses (the build stamp, the env pins,
-the model record and its shape record, the unit text, the proof), so "no drift" means
-"a deploy now would change nothing". This module is the report: its items, the
-answers a host gave, the JSON and the table.
-
-The JSON (``--json``) is one object, schema ``llamarack-audit/1``:
-
-    {"schema": "llamarack-audit/1",
-     "hosts": {NAME: {"reachable": bool, "error": str | null,
-                      "drift": [ITEM, ...],
-                      "items": {ITEM: {"found": ..., "wanted": ..., "drift": bool}}}}}
-
-ITEM is one of each role's items (``roles/<role>/audit.py``: ``items``), in the
-roles' order, then ``rollout`` (where ``llamarack rollout`` left the host);
-``wanted`` is null where the settings ask nothing of the item (the GPUs, the
-free disk). Exit status: 0 no drift, 1 drift on some host, 2 a host unreachable
-or its facts unreadable.
+Each role says what it audits (``roles/<role>/audit.py``: its items, the facts they read,
+and ``items(seen)``: found against wanted, the wanted side from the deploy's own settings
+loader and planners); ``roles/audit.py`` reads every role's facts of a host in one remote
+command. docs/audit.md gives the items, the JSON (schema ``llamarack-audit/1``: ``wanted``
+is null where the settings ask nothing of the item) and the exit status.
 """
 
 from __future__ import annotations

@@ -50,5 +50,4 @@ def main():
     """Serve quantized LLMs with llama.cpp on racks of old NVIDIA GPUs.
 
     The deploy itself is plain pyinfra: `pyinfra INVENTORY roles.deploy.main`
-    (in a checkout: `pyinfra inventory/lab.py deploy.py`).
-    """
+    (in a checkout: `pyinfra inventory/lab.py deploy.py`)."""

@@ -18,7 +18,7 @@ Sources:
   GM206 5.2, GP100 6.0, GP102-GP108 6.1, GV100 7.0, TU10x/TU11x 7.5,
   GA100 8.0, GA102-GA107 8.6, AD10x 8.9, GH100 9.0 (Jetson chips, which are
   not PCI boards, are left out);
-- memory and bandwidth: NVIDIA's data sheets of each board (BOARD_MEMORY).
+- memory and bandwidth: NVIDIA's data sheets of each board.
 """
 
 from __future__ import annotations
@@ -36,8 +36,10 @@ def parse_compute_cap(text: Optional[str]) -> Optional[tuple[int, int]]:
 
 NVIDIA_VENDOR_ID = 0x10DE
 
-# device id -> (board name as pci.ids has it, chip, compute capability)
-_CARDS: dict[int, tuple[str, str, str]] = {
+# device id -> (board name as pci.ids has it, chip, compute capability), and for the boards whose
+# figures are known: memory GB as sold, memory bandwidth GB/s as the data sheet gives it (None:
+# not known) and, where a real driver reported it, the smallest memory.total in MiB.
+_CARDS: dict[int, tuple] = {
     0x137D: ("GeForce 940A", "GM108", "5.0"),
     0x1380: ("GeForce GTX 750 Ti", "GM107", "5.0"),
     0x1381: ("GeForce GTX 750", "GM107", "5.0"),
@@ -48,14 +50,14 @@ _CARDS: dict[int, tuple[str, str, str]] = {
     0x13BA: ("Quadro K2200", "GM107", "5.0"),
     0x13BB: ("Quadro K620", "GM107", "5.0"),
     0x13BC: ("Quadro K1200", "GM107", "5.0"),
-    0x13BD: ("Tesla M10", "GM107", "5.0"),
+    0x13BD: ("Tesla M10", "GM107", "5.0", 32, 332),  # 4 x 8 GB
     0x13C0: ("GeForce GTX 980", "GM204", "5.2"),
     0x13C2: ("GeForce GTX 970", "GM204", "5.2"),
     0x13D8: ("GeForce GTX 960 OEM / 970M", "GM204", "5.2"),
     0x13E7: ("GeForce GTX 980 Engineering Sample", "GM204", "5.2"),
     0x13F0: ("Quadro M5000", "GM204", "5.2"),
     0x13F1: ("Quadro M4000", "GM204", "5.2"),
-    0x13F2: ("Tesla M60", "GM204", "5.2"),
+    0x13F2: ("Tesla M60", "GM204", "5.2", 16, 320),  # 2 x 8 GB
     0x13F3: ("Tesla M6", "GM204", "5.2"),
     0x13FB: ("Quadro M5500", "GM204", "5.2"),
     0x1401: ("GeForce GTX 960", "GM206", "5.2"),
@@ -66,23 +68,23 @@ _CARDS: dict[int, tuple[str, str, str]] = {
     0x1430: ("Quadro M2000", "GM206", "5.2"),
     0x1431: ("Tesla M4", "GM206", "5.2"),
     0x15F0: ("Quadro GP100", "GP100", "6.0"),
-    0x15F7: ("Tesla P100 PCIe 12GB", "GP100", "6.0"),
-    0x15F8: ("Tesla P100 PCIe 16GB", "GP100", "6.0"),
-    0x15F9: ("Tesla P100 SXM2 16GB", "GP100", "6.0"),
+    0x15F7: ("Tesla P100 PCIe 12GB", "GP100", "6.0", 12, 549),
+    0x15F8: ("Tesla P100 PCIe 16GB", "GP100", "6.0", 16, 732, 16280),  # 16280 to 16384 by driver
+    0x15F9: ("Tesla P100 SXM2 16GB", "GP100", "6.0", 16, 732, 16280),
     0x1789: ("GRID M3-3020", "GM107", "5.0"),
     0x17C2: ("GeForce GTX TITAN X", "GM200", "5.2"),
     0x17C8: ("GeForce GTX 980 Ti", "GM200", "5.2"),
     0x17F0: ("Quadro M6000", "GM200", "5.2"),
     0x17F1: ("Quadro M6000 24GB", "GM200", "5.2"),
-    0x17FD: ("Tesla M40", "GM200", "5.2"),
+    0x17FD: ("Tesla M40", "GM200", "5.2", 24, 288),  # 24GB
     0x1AF1: ("A100 NVSwitch", "GA100", "8.0"),
     0x1B00: ("TITAN X", "GP102", "6.1"),
     0x1B01: ("GeForce GTX 1080 Ti 10GB", "GP102", "6.1"),
-    0x1B02: ("TITAN Xp", "GP102", "6.1"),
-    0x1B06: ("GeForce GTX 1080 Ti", "GP102", "6.1"),
+    0x1B02: ("TITAN Xp", "GP102", "6.1", 12, 548),
+    0x1B06: ("GeForce GTX 1080 Ti", "GP102", "6.1", 11, 484),
     0x1B07: ("P102-100", "GP102", "6.1"),
     0x1B30: ("Quadro P6000", "GP102", "6.1"),
-    0x1B38: ("Tesla P40", "GP102", "6.1"),
+    0x1B38: ("Tesla P40", "GP102", "6.1", 24, 346),
     0x1B39: ("Tesla P10", "GP102", "6.1"),
     0x1B80: ("GeForce GTX 1080", "GP104", "6.1"),
     0x1B81: ("GeForce GTX 1070", "GP104", "6.1"),
@@ -93,7 +95,7 @@ _CARDS: dict[int, tuple[str, str, str]] = {
     0x1BAD: ("GeForce GTX 1070 Engineering Sample", "GP104", "6.1"),
     0x1BB0: ("Quadro P5000", "GP104", "6.1"),
     0x1BB1: ("Quadro P4000", "GP104", "6.1"),
-    0x1BB3: ("Tesla P4", "GP104", "6.1"),
+    0x1BB3: ("Tesla P4", "GP104", "6.1", 8, 192),
     0x1BB4: ("Tesla P6", "GP104", "6.1"),
     0x1BC7: ("P104-101", "GP104", "6.1"),
     0x1C02: ("GeForce GTX 1060 3GB", "GP106", "6.1"),
@@ -117,20 +119,20 @@ _CARDS: dict[int, tuple[str, str, str]] = {
     0x1D01: ("GeForce GT 1030", "GP108", "6.1"),
     0x1D02: ("GeForce GT 1010", "GP108", "6.1"),
     0x1D34: ("Quadro P520", "GP108", "6.1"),
-    0x1D81: ("TITAN V", "GV100", "7.0"),
-    0x1DB1: ("Tesla V100 SXM2 16GB", "GV100", "7.0"),
+    0x1D81: ("TITAN V", "GV100", "7.0", 12, 653),
+    0x1DB1: ("Tesla V100 SXM2 16GB", "GV100", "7.0", 16, 900, 16130),  # 16130, 16160 or 16384 by driver
     0x1DB2: ("Tesla V100 DGXS 16GB", "GV100", "7.0"),
     0x1DB3: ("Tesla V100 FHHL 16GB", "GV100", "7.0"),
-    0x1DB4: ("Tesla V100 PCIe 16GB", "GV100", "7.0"),
-    0x1DB5: ("Tesla V100 SXM2 32GB", "GV100", "7.0"),
-    0x1DB6: ("Tesla V100 PCIe 32GB", "GV100", "7.0"),
+    0x1DB4: ("Tesla V100 PCIe 16GB", "GV100", "7.0", 16, 900, 16130),
+    0x1DB5: ("Tesla V100 SXM2 32GB", "GV100", "7.0", 32, 900),
+    0x1DB6: ("Tesla V100 PCIe 32GB", "GV100", "7.0", 32, 900),
     0x1DB7: ("Tesla V100 DGXS 32GB", "GV100", "7.0"),
-    0x1DB8: ("Tesla V100 SXM3 32GB", "GV100", "7.0"),
-    0x1DBA: ("Quadro GV100", "GV100", "7.0"),
-    0x1DF0: ("Tesla PG500-216", "GV100", "7.0"),
+    0x1DB8: ("Tesla V100 SXM3 32GB", "GV100", "7.0", 32, None, 32510),  # 32510 MiB: rapidsai/dask-cuda#859
+    0x1DBA: ("Quadro GV100", "GV100", "7.0", 32, 870),
+    0x1DF0: ("Tesla PG500-216", "GV100", "7.0", 32, 900),  # V100 PCIe 32GB on old drivers
     0x1DF2: ("Tesla PG503-216", "GV100", "7.0"),
-    0x1DF5: ("Tesla V100 SXM2 16GB", "GV100", "7.0"),
-    0x1DF6: ("Tesla V100S PCIe 32GB", "GV100", "7.0"),
+    0x1DF5: ("Tesla V100 SXM2 16GB", "GV100", "7.0", 16, 900, 16130),
+    0x1DF6: ("Tesla V100S PCIe 32GB", "GV100", "7.0", 32, 1134),
     0x1E02: ("TITAN RTX", "TU102", "7.5"),
     0x1E03: ("GeForce RTX 2080 Ti 12GB", "TU102", "7.5"),
     0x1E04: ("GeForce RTX 2080 Ti", "TU102", "7.5"),
@@ -138,7 +140,7 @@ _CARDS: dict[int, tuple[str, str, str]] = {
     0x1E09: ("CMP 50HX", "TU102", "7.5"),
     0x1E2D: ("GeForce RTX 2080 Ti Engineering Sample", "TU102", "7.5"),
     0x1E2E: ("GeForce RTX 2080 Ti 12GB Engineering Sample", "TU102", "7.5"),
-    0x1E30: ("Quadro RTX 6000/8000", "TU102", "7.5"),
+    0x1E30: ("Quadro RTX 6000/8000", "TU102", "7.5", 24, 672),  # the 6000's 24 GB: the smaller
     0x1E36: ("Quadro RTX 6000", "TU102", "7.5"),
     0x1E37: ("Tesla T10 16GB / GRID RTX T10-2/T10-4/T10-8", "TU102", "7.5"),
     0x1E38: ("Tesla T40 24GB", "TU102", "7.5"),
@@ -152,7 +154,7 @@ _CARDS: dict[int, tuple[str, str, str]] = {
     0x1EB0: ("Quadro RTX 5000", "TU104", "7.5"),
     0x1EB1: ("Quadro RTX 4000", "TU104", "7.5"),
     0x1EB4: ("T4G", "TU104", "7.5"),
-    0x1EB8: ("Tesla T4", "TU104", "7.5"),
+    0x1EB8: ("Tesla T4", "TU104", "7.5", 16, 320),
     0x1EBA: ("PG189 SKU600", "TU104", "7.5"),
     0x1EC2: ("GeForce RTX 2070 SUPER", "TU104", "7.5"),
     0x1EC7: ("GeForce RTX 2070 SUPER", "TU104", "7.5"),
@@ -172,13 +174,13 @@ _CARDS: dict[int, tuple[str, str, str]] = {
     0x1FF0: ("T1000 8GB", "TU117", "7.5"),
     0x1FF2: ("T400 4GB", "TU117", "7.5"),
     0x2082: ("CMP 170HX", "GA100", "8.0"),
-    0x20B0: ("A100 SXM4 40GB", "GA100", "8.0"),
-    0x20B1: ("A100 PCIe 40GB", "GA100", "8.0"),
-    0x20B2: ("A100 SXM4 80GB", "GA100", "8.0"),
+    0x20B0: ("A100 SXM4 40GB", "GA100", "8.0", 40, 1555),
+    0x20B1: ("A100 PCIe 40GB", "GA100", "8.0", 40, 1555),
+    0x20B2: ("A100 SXM4 80GB", "GA100", "8.0", 80, 2039),
     0x20B3: ("A100-SXM-64GB", "GA100", "8.0"),
-    0x20B5: ("A100 PCIe 80GB", "GA100", "8.0"),
+    0x20B5: ("A100 PCIe 80GB", "GA100", "8.0", 80, 1935),
     0x20B6: ("PG506-232", "GA100", "8.0"),
-    0x20B7: ("A30 PCIe", "GA100", "8.0"),
+    0x20B7: ("A30 PCIe", "GA100", "8.0", 24, 933),
     0x20B8: ("A100X", "GA100", "8.0"),
     0x20B9: ("A30X", "GA100", "8.0"),
     0x20BB: ("DRIVE A100 PROD", "GA100", "8.0"),
@@ -186,7 +188,7 @@ _CARDS: dict[int, tuple[str, str, str]] = {
     0x20BF: ("GRID A100B", "GA100", "8.0"),
     0x20C2: ("CMP 170HX", "GA100", "8.0"),
     0x20F0: ("A100-PG506-207", "GA100", "8.0"),
-    0x20F1: ("A100 PCIe 40GB", "GA100", "8.0"),
+    0x20F1: ("A100 PCIe 40GB", "GA100", "8.0", 40, 1555),
     0x20F2: ("A100-PG506-217", "GA100", "8.0"),
     0x20F3: ("A800-SXM4-80GB", "GA100", "8.0"),
     0x20F5: ("A800 80GB PCIe", "GA100", "8.0"),
@@ -199,7 +201,7 @@ _CARDS: dict[int, tuple[str, str, str]] = {
     0x2189: ("CMP 30HX", "TU116", "7.5"),
     0x21C4: ("GeForce GTX 1660 SUPER", "TU116", "7.5"),
     0x2203: ("GeForce RTX 3090 Ti", "GA102", "8.6"),
-    0x2204: ("GeForce RTX 3090", "GA102", "8.6"),
+    0x2204: ("GeForce RTX 3090", "GA102", "8.6", 24, 936),
     0x2205: ("GeForce RTX 3080 Ti 20GB", "GA102", "8.6"),
     0x2206: ("GeForce RTX 3080", "GA102", "8.6"),
     0x2207: ("GeForce RTX 3070 Ti", "GA102", "8.6"),
@@ -209,20 +211,20 @@ _CARDS: dict[int, tuple[str, str, str]] = {
     0x2216: ("GeForce RTX 3080 Lite Hash Rate", "GA102", "8.6"),
     0x222B: ("GeForce RTX 3090 Engineering Sample", "GA102", "8.6"),
     0x222F: ("GeForce RTX 3080 11GB / 12GB Engineering Sample", "GA102", "8.6"),
-    0x2230: ("RTX A6000", "GA102", "8.6"),
+    0x2230: ("RTX A6000", "GA102", "8.6", 48, 768),
     0x2231: ("RTX A5000", "GA102", "8.6"),
     0x2232: ("RTX A4500", "GA102", "8.6"),
     0x2233: ("RTX A5500", "GA102", "8.6"),
-    0x2235: ("A40", "GA102", "8.6"),
-    0x2236: ("A10", "GA102", "8.6"),
+    0x2235: ("A40", "GA102", "8.6", 48, 696),
+    0x2236: ("A10", "GA102", "8.6", 24, 600),
     0x2237: ("A10G", "GA102", "8.6"),
     0x2238: ("A10M", "GA102", "8.6"),
     0x2313: ("H100 CNX", "GH100", "9.0"),
     0x2322: ("H800 PCIe", "GH100", "9.0"),
     0x2324: ("H800", "GH100", "9.0"),
-    0x2330: ("H100 SXM5 80GB", "GH100", "9.0"),
-    0x2331: ("H100 PCIe", "GH100", "9.0"),
-    0x2335: ("H200", "GH100", "9.0"),
+    0x2330: ("H100 SXM5 80GB", "GH100", "9.0", 80, 3350, 81559),  # 81559 MiB reported
+    0x2331: ("H100 PCIe", "GH100", "9.0", 80, 2000),
+    0x2335: ("H200", "GH100", "9.0", 141, 4800, 143771),  # 143771 MiB: the real capture
     0x2336: ("H100", "GH100", "9.0"),
     0x2339: ("H100", "GH100", "9.0"),
     0x2414: ("GeForce RTX 3060 Ti", "GA103", "8.6"),
@@ -264,9 +266,9 @@ _CARDS: dict[int, tuple[str, str, str]] = {
     0x25FA: ("RTX A2000 Embedded GPU", "GA107", "8.6"),
     0x25FB: ("RTX A500 Embedded GPU", "GA107", "8.6"),
     0x2681: ("RTX TITAN Ada", "AD102", "8.9"),
-    0x2684: ("GeForce RTX 4090", "AD102", "8.9"),
+    0x2684: ("GeForce RTX 4090", "AD102", "8.9", 24, 1008),
     0x26B1: ("L6000 / RTX 6000 Ada Generation", "AD102", "8.9"),
-    0x26B5: ("L40", "AD102", "8.9"),
+    0x26B5: ("L40", "AD102", "8.9", 48, 864),
     0x26B8: ("L40G", "AD102", "8.9"),
     0x26F5: ("L40 CNX", "AD102", "8.9"),
     0x2704: ("GeForce RTX 4080", "AD103", "8.9"),
@@ -274,53 +276,10 @@ _CARDS: dict[int, tuple[str, str, str]] = {
     0x2786: ("GeForce RTX 4070", "AD104", "8.9"),
     0x27B0: ("RTX 4000 SFF Ada Generation", "AD104", "8.9"),
     0x27B7: ("L16", "AD104", "8.9"),
-    0x27B8: ("L4", "AD104", "8.9"),
+    0x27B8: ("L4", "AD104", "8.9", 24, 300),
     0x2803: ("GeForce RTX 4060 Ti", "AD106", "8.9"),
 }
 
-# device id -> (memory GB as sold, memory bandwidth GB/s as the data sheet
-# gives it, smallest memory.total in MiB a real driver reported or None).
-# Only the boards whose figures are known; other boards have None there.
-BOARD_MEMORY: dict[int, tuple[int, Optional[int], Optional[int]]] = {
-    0x13BD: (32, 332, None),  # Tesla M10 (4 x 8 GB)
-    0x13F2: (16, 320, None),  # Tesla M60 (2 x 8 GB)
-    0x17FD: (24, 288, None),  # Tesla M40 24GB
-    0x15F7: (12, 549, None),  # Tesla P100 PCIe 12GB
-    0x15F8: (16, 732, 16280),  # Tesla P100 PCIe 16GB (16280 to 16384 by driver)
-    0x15F9: (16, 732, 16280),  # Tesla P100 SXM2 16GB
-    0x1B38: (24, 346, None),  # Tesla P40
-    0x1BB3: (8, 192, None),  # Tesla P4
-    0x1B06: (11, 484, None),  # GeForce GTX 1080 Ti
-    0x1B02: (12, 548, None),  # TITAN Xp
-    0x1DB1: (16, 900, 16130),  # Tesla V100 SXM2 16GB (16130, 16160 or 16384 by driver)
-    0x1DB4: (16, 900, 16130),  # Tesla V100 PCIe 16GB
-    0x1DF5: (16, 900, 16130),  # Tesla V100 SXM2 16GB
-    0x1DB5: (32, 900, None),  # Tesla V100 SXM2 32GB
-    0x1DB8: (32, None, 32510),  # Tesla V100 SXM3 32GB (32510 MiB: rapidsai/dask-cuda#859)
-    0x1DB6: (32, 900, None),  # Tesla V100 PCIe 32GB
-    0x1DF0: (32, 900, None),  # Tesla PG500-216 (V100 PCIe 32GB on old drivers)
-    0x1DF6: (32, 1134, None),  # Tesla V100S PCIe 32GB
-    0x1DBA: (32, 870, None),  # Quadro GV100
-    0x1D81: (12, 653, None),  # TITAN V
-    0x1EB8: (16, 320, None),  # Tesla T4
-    0x1E30: (24, 672, None),  # Quadro RTX 6000/8000 (the 6000's 24 GB: the smaller)
-    0x2204: (24, 936, None),  # GeForce RTX 3090
-    0x20B0: (40, 1555, None),  # A100 SXM4 40GB
-    0x20B1: (40, 1555, None),  # A100 PCIe 40GB
-    0x20F1: (40, 1555, None),  # A100 PCIe 40GB
-    0x20B2: (80, 2039, None),  # A100 SXM4 80GB
-    0x20B5: (80, 1935, None),  # A100 PCIe 80GB
-    0x20B7: (24, 933, None),  # A30
-    0x2230: (48, 768, None),  # RTX A6000
-    0x2235: (48, 696, None),  # A40
-    0x2236: (24, 600, None),  # A10
-    0x2684: (24, 1008, None),  # GeForce RTX 4090
-    0x26B5: (48, 864, None),  # L40
-    0x27B8: (24, 300, None),  # L4
-    0x2330: (80, 3350, 81559),  # H100 SXM5 80GB (81559 MiB reported)
-    0x2331: (80, 2000, None),  # H100 PCIe
-    0x2335: (141, 4800, 143771),  # H200 (143771 MiB: the real capture)
-}
 
 # GB as sold are GiB on these boards (HBM stacks and GDDR chips come in
 # powers of two); the driver reserves a little of it, more with ECC on GDDR.
@@ -335,7 +294,7 @@ _UNREPORTED_RESERVE_HBM = 64
 
 @dataclass(frozen=True)
 class Board:
-    """A board of ``_CARDS`` with its ``BOARD_MEMORY`` figures (None where not known)."""
+    """A board of ``_CARDS`` with its memory figures (None where not known)."""
 
     device_id: int
     name: str
@@ -346,10 +305,7 @@ class Board:
     min_reported_mib: Optional[int] = None
 
 
-BOARDS: dict[int, Board] = {
-    dev: Board(dev, name, chip, cap, *BOARD_MEMORY.get(dev, (None, None, None)))
-    for dev, (name, chip, cap) in _CARDS.items()
-}
+BOARDS: dict[int, Board] = {dev: Board(dev, *row) for dev, row in _CARDS.items()}
 
 _PCI_ID = re.compile(r"0x([0-9A-Fa-f]{4})([0-9A-Fa-f]{4})")
 

@@ -1,25 +1,9 @@
 """Where everything llamarack owns lives on a host: the one place host paths are spelled.
 
-    <root>/src/llama.cpp/             the llama.cpp source at the pinned commit
-    <root>/builds/<stamp>/            one build per input set (counts once build-info.json exists)
-    <root>/builds/current -> <stamp>  the build in service
-    <root>/envs/<name>/               python envs (awq, convert) and a conda CUDA toolkit
-    <root>/conda/                     Miniforge (python_env_backend or toolchain_cuda_source conda)
-    <root>/models/<stamp16>/          one sealed model artifact
-    <root>/models/.staging/<stamp16>/ a model being made (root's, mode 710; its work/ is the
-                                      model pipeline user's: roles/model/sandbox.py)
-    <root>/models/current -> <stamp16>
-    <root>/cache/blobs/<algo>/<hex>   downloaded model files by content hash (sha256, git-sha1;
-                                      mode 700, the model pipeline user's), hardlinked into each
-                                      fetch (roles/model/files/model_fetch.py)
-    <root>/state/<name>.json          records later runs read back (gpus.json; units.json: the
-                                      host's llama-server units; rollback.json, and
-                                      previous.service: the unit before the last switch;
-                                      rollback@N.json and previous@N.service: unit N's)
-
-Outside the root: the units and the API key (``UNIT_PATH``, ``unit_path``, ``API_KEY_PATH``).
-A host of one unit runs ``llamarack-server.service``; a host of several runs
-``llamarack-server@N.service`` (N = 0, 1, ...: concrete unit files, not a template).
+Everything under ``llamarack_root`` (docs/ARCHITECTURE.md, "State on a host", draws the
+tree); outside it, the units and the API key (``UNIT_PATH``, ``unit_path``,
+``API_KEY_PATH``). A host of one unit runs ``llamarack-server.service``; a host of several
+runs ``llamarack-server@N.service`` (N = 0, 1, ...: concrete unit files, not a template).
 """
 
 from __future__ import annotations
@@ -69,10 +53,7 @@ PATHS = {
     # the content-addressed cache of downloaded model files: ``<algo>/<hex>`` under blobs, the
     # names of the artifact records' content ids
     "cache": "cache", "blob_cache": "cache/blobs",
-    # records: llama-bench's figures for the build and model served (the server role's bench);
-    # the cards of the last good run; the unit the last switch replaced (what ``llamarack
-    # rollback`` puts back); the host's llama-server units (name, port, listen address, slots,
-    # cards: the gateway reads it); the llamarack that last deployed the host
+    # records later runs read back (docs/ARCHITECTURE.md, "State on a host", says what each holds)
     "state": "state", "bench_record": "state/bench.json", "gpus_record": "state/gpus.json",
     "previous_unit": "state/previous.service", "units_record": "state/units.json",
     "deployed_by": "state/deployed-by.json",

@@ -23,16 +23,14 @@ from .facts import read
 
 @operation()
 def report(message):
-    """
-    Print a line for this host when the run reaches this point; changes nothing.
+    """Print a line for this host when the run reaches this point; changes nothing.
 
     + message: what to tell the user (e.g. where the service answers), or a function that
       returns it when the run reaches this point (of what earlier operations made); each of
       its lines printed with the host's name
 
     Unlike ``python.call``, which always counts as a change, this keeps a
-    converged run at "No changes".
-    """
+    converged run at "No changes"."""
     if host.state.is_executing:
         for line in (message() if callable(message) else message).splitlines():
             logger.info(f"{host.print_prefix}{line}")
@@ -55,13 +53,11 @@ def refusal(reason: str) -> StringCommand:
 
 @operation(is_idempotent=False)
 def refuse(reason: str):
-    """
-    Stop this host: print why on stderr and fail, before anything is changed.
+    """Stop this host: print why on stderr and fail, before anything is changed.
 
     + reason: the message, naming the host, what was found, what is needed and the fix
 
-    pyinfra then drops the host from the run; the other hosts go on.
-    """
+    pyinfra then drops the host from the run; the other hosts go on."""
     yield refusal(reason)
 
 
@@ -75,14 +71,12 @@ def put_record(path: str, text: str):
 
 @operation()
 def record_deployment(path: str, version: str, recorded=None):
-    """
-    Record the version of llamarack that deployed the host, once every role of the run
+    """Record the version of llamarack that deployed the host, once every role of the run
     went through (``llamarack audit`` and ``llamarack plan-upgrade`` show it).
 
     + path: the record (``Layout.deployed_by``)
     + version: this llamarack's version
-    + recorded: the version the record names (preflight read it): no write when equal
-    """
+    + recorded: the version the record names (preflight read it): no write when equal"""
     if recorded == version:
         host.noop(f"deployed by llamarack {version}")
         return
@@ -94,20 +88,16 @@ UPLOAD_DIR_PREFIX = "/tmp/llamarack-upload-"
 
 
 def private_upload(src, dest: str):
-    """
-    The commands that upload ``src`` to ``dest`` on the host, for an operation to yield:
+    """The commands that upload ``src`` to ``dest`` on the host, for an operation to yield:
     every file llamarack puts on a host goes through here.
 
     + src: the text, or a file-like object (``StringIO``)
     + dest: the file on the host (written as it is: callers upload ``X.new`` and rename)
 
-    Under sudo, pyinfra uploads to a temporary file as the SSH user and copies that as
-    root. Its default name, ``/tmp/pyinfra-<sha1 of dest>``, can be foreseen: a local
-    user who makes that file first owns what root copies (or makes every upload fail).
-    Here it is ``file`` in a directory of a random name that the SSH user makes with
-    mode 700 (``mkdir`` fails on a taken name) and removes after the copy; the file is
-    made mode 600 before SFTP fills it (sftp-server would make it 644).
-    """
+    Under sudo the upload lands in ``file`` of a directory of a random name the SSH user makes
+    with mode 700 (``mkdir`` fails on a taken name), not at pyinfra's foreseeable
+    ``/tmp/pyinfra-<sha1 of dest>`` (docs/deploy.md, "Who may reach the API"); the file is made
+    mode 600 before SFTP fills it (sftp-server would make it 644)."""
     private = f"{UPLOAD_DIR_PREFIX}{uuid.uuid4().hex}"
     temp = f"{private}/file"
     # As the SSH user (no sudo): the SSH user's upload lands there, root's cp reads it.
@@ -118,14 +108,12 @@ def private_upload(src, dest: str):
 
 
 def secret_upload(secret: str, dest: str, mode: str = "600", group=None):
-    """
-    The commands that put a secret into ``dest`` on the host, for an operation to yield.
+    """The commands that put a secret into ``dest`` on the host, for an operation to yield.
 
     + secret: the text (never printed, never on a command line)
     + dest: the file on the host; written as ``dest.new``, then renamed over ``dest``
     + mode: its mode, given to the empty ``dest.new`` before the upload fills it
-    + group: its group, or None
-    """
+    + group: its group, or None"""
     q_new = shlex.quote(f"{dest}.new")
     group_args = f" -g {shlex.quote(group)}" if group else ""
     yield (f"install -d -m 755 {shlex.quote(str(Path(dest).parent))} && "
@@ -136,16 +124,14 @@ def secret_upload(secret: str, dest: str, mode: str = "600", group=None):
 
 @operation()
 def put_file(text: str, dest: str, mode: str = "644"):
-    """
-    Put ``text`` into ``dest`` with ``mode`` (owned by root), through ``private_upload``.
+    """Put ``text`` into ``dest`` with ``mode`` (owned by root), through ``private_upload``.
 
     + text: the file's content
     + dest: the file on the host; written as ``dest.new``, then renamed over ``dest``
     + mode: its mode (octal digits, e.g. ``644``)
 
     A file with this content and mode already is left as it is; pyinfra's
-    ``files.put`` would upload through a temporary name anyone can foresee.
-    """
+    ``files.put`` would upload through a temporary name anyone can foresee."""
     yield from put_text(text, dest, mode)
 
 
@@ -163,15 +149,19 @@ def put_text(text: str, dest: str, mode: str = "644"):
     yield f"{remote.argv('chmod', mode, '--', f'{dest}.new')} && {durable_rename(f'{dest}.new', dest)}"
 
 
-def show_diff(path: str, text: str, mask=None) -> None:
+def show_diff(path: str, text: str, mask=None, current=None) -> None:
     """With ``--diff``, print how the file at ``path`` becomes ``text``, as pyinfra's files.put
-    does (the file is read only then); ``mask`` hides a secret in both."""
+    does (the file is read only then, unless its lines are given: ``current``); ``mask`` hides
+    a secret in both."""
     if not getattr(getattr(host.state, "config", None), "DIFF", False):
         return
-    current = read(FileContents, path=path)
     mask = mask or (lambda t: t)
+    if current is None:
+        current = read(FileContents, path=path)
+        old = [line + "\n" for line in mask("\n".join(current or [])).splitlines()]
+    else:
+        old = [line + "\n" for line in current]
     host.log(f"Will {'modify' if current else 'create'} {path}", logger.info)
-    old = [line + "\n" for line in mask("\n".join(current or [])).splitlines()]
     for line in generate_color_diff(old, mask(text).splitlines(keepends=True)):
         logger.info("  %s", line)
     logger.info("")
@@ -185,15 +175,13 @@ def executing() -> bool:
 
 @operation()
 def apt_install_missing(packages: list, cache_time: int = 86400):
-    """
-    Install the apt packages that are missing; refresh the lists only then.
+    """Install the apt packages that are missing; refresh the lists only then.
 
     + packages: package names
     + cache_time: apt-get update runs only if the lists are older than this (seconds)
 
     ``apt.packages(update=True)`` would refresh the lists on every run once
-    they are older than ``cache_time``; here a converged host makes no apt call.
-    """
+    they are older than ``cache_time``; here a converged host makes no apt call."""
     installed = read(DebPackages)
     missing = [p for p in packages if p not in installed]
     if not missing:
@@ -205,38 +193,32 @@ def apt_install_missing(packages: list, cache_time: int = 86400):
 
 @operation()
 def miniforge(installer_url: str, installer_sha256: str, prefix: str):
-    """
-    Install Miniforge under ``prefix`` once, from a sha256-pinned installer.
+    """Install Miniforge under ``prefix`` once, from a sha256-pinned installer.
 
     + installer_url: the Miniforge installer (or a mirror of it)
     + installer_sha256: its sha256; a mismatch stops before the installer runs
-    + prefix: install directory (``<root>/conda``)
-    """
+    + prefix: install directory (``<root>/conda``)"""
     if read(File, path=f"{prefix}/bin/conda"):
         host.noop(f"conda already installed in {prefix}")
         return
     part = f"{prefix}.installer.part"
     yield StringCommand(remote.argv("curl", "-fsSL", "--retry", "3", "-o", part, "--", installer_url))
     # Checked before it runs: a wrong or truncated download never executes.
-    yield StringCommand(
-        f"echo {shlex.quote(f'{installer_sha256}  {part}')} | sha256sum -c --quiet - "
-        f"|| {{ rm -f {shlex.quote(part)}; echo 'Miniforge installer: sha256 mismatch' >&2; exit 1; }}"
-    )
+    yield StringCommand(f"echo {shlex.quote(f'{installer_sha256}  {part}')} | sha256sum -c --quiet - "
+                        f"|| {{ rm -f {shlex.quote(part)}; echo 'Miniforge installer: sha256 mismatch' >&2; exit 1; }}")
     yield StringCommand(remote.argv("bash", part, "-b", "-p", prefix))
     yield StringCommand(remote.argv("rm", "-f", "--", part))
 
 
 @operation()
 def conda_env(conda: str, env: str, specs: list, channels: list, marker: str):
-    """
-    Create a conda env with ``specs`` from ``channels`` only, if ``marker`` is missing.
+    """Create a conda env with ``specs`` from ``channels`` only, if ``marker`` is missing.
 
     + conda: the conda binary
     + env: env prefix
     + specs: package specs (``python=3.10``, ``cuda-nvcc``)
     + channels: channels, in order; nothing else is searched (--override-channels)
-    + marker: a file the env has once complete (``<env>/bin/python``, ``<env>/bin/nvcc``)
-    """
+    + marker: a file the env has once complete (``<env>/bin/python``, ``<env>/bin/nvcc``)"""
     if read(File, path=marker):
         host.noop(f"conda env {env} already has {Path(marker).name}")
         return

@@ -1,11 +1,8 @@
 """How code that runs on the hosts gets there, and how values get into shell commands.
 
-Each role keeps the scripts it runs on a host in ``roles/<role>/files/<name>.py``:
-standard library only, nothing imported from llamarack (its first line says so).
-``command(name, *args)`` runs the module's source with the host's ``python3 -c``,
-so nothing installed on the host drifts from the control machine's copy, and a
-changed script is what the next run uses. The control machine may import these
-modules to share their definitions, never the other way round.
+``command(name, *args)`` runs a role's host module (``roles/<role>/files/<name>.py``,
+standard library only) with the host's ``python3 -c``: nothing installed on the host drifts
+from the control machine's copy (docs/ARCHITECTURE.md, "The code that runs on a host").
 """
 
 from __future__ import annotations

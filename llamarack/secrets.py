@@ -24,10 +24,8 @@ def read_token(path: Optional[str], setting: str = "model_hf_token_file") -> Opt
             # Checked on the file opened, so a swapped path cannot pass the check.
             mode = stat.S_IMODE(os.fstat(f.fileno()).st_mode)
             if mode & 0o077:
-                raise ModelSourceError(
-                    f"{setting}: {path} has mode {mode:04o}: others on this machine may read the "
-                    f"secret; allowed: mode 600 or 400 (the owner only); the fix: chmod 600 {path}"
-                )
+                raise ModelSourceError(f"{setting}: {path} has mode {mode:04o}: others on this machine may read the "
+                                       f"secret; allowed: mode 600 or 400 (the owner only); the fix: chmod 600 {path}")
             token = f.read().strip()
     except OSError as e:
         raise ModelSourceError(f"{setting}: cannot read {path}: {e.strerror}") from None

@@ -1,12 +1,10 @@
 """The settings machinery: one host's data becomes one frozen, checked object of sections.
 
 A setting is a field of a section (a frozen dataclass of ``settings_fields.setting``
-fields); its host-data key is ``<section prefix>_<field name>`` (``server_port``). A
-host's settings are one frozen object with a field per section, the ``host`` and its
-inventory ``groups`` (the roles' ``Settings``, ``roles/settings.py``). ``load`` rejects bad
-data before any host is touched, every problem of a host at once, naming the host, the
-key, what was given and what is allowed. Roles receive the frozen object and never read
-``host.data``.
+fields); its host-data key is ``<section prefix>_<field name>`` (``server_port``). ``load``
+rejects bad data before any host is touched, every problem of a host at once, naming the
+host, the key, what was given and what is allowed (docs/ARCHITECTURE.md, "Every role takes
+the whole Settings").
 
 The sections stay plain dataclasses rather than pydantic models: pydantic is
 pyinfra's own dependency, not ours, and its errors would have to be rewritten

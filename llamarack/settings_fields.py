@@ -23,8 +23,7 @@ def setting(default: Any, doc: str, check: Optional[Callable[[Any], Optional[str
     applied to every element of a tuple. ``choices`` restricts a value to a fixed set
     beyond what a Literal type says. ``between`` is the (lowest, highest) value of a
     number, both included: every int and float setting has one, so no absurd count,
-    size or time reaches a host.
-    """
+    size or time reaches a host."""
     return field(default=default, metadata={"doc": doc, "check": check, "choices": choices, "between": between})
 
 

@@ -1,23 +1,12 @@
 """``llamarack plan-upgrade``: what a deploy with this llamarack would do to each host, and why.
 
-Each host is read exactly as ``llamarack audit`` reads it, and every drifted item
-becomes what the deploy will do about it:
-
-    rebuild     llama.cpp is built again (a build input changed: commit, archs,
-                toolkit, compiler, flags, targets), then the server restarts
-    re-prove    the build is proven again in place by a new proof (a new smoke
-                script, new serving flags): nothing is built; no restart unless
-                the proof needs other runtime flags
-    remake      the model artifact is made again (fetch, convert, quantize)
-    install     a toolkit, a compiler or a Python env is installed or repaired
-    restart     the unit is rewritten and llama-server restarts (its text
-                changed: a new build, model, template or flag)
-    record      a record is written (the llamarack version that deployed the
-                host, a bench), nothing that serves changes
-
-A host with no line is converged: the deploy changes nothing there. The plan
-is as good as the audit's agreement with the deploy: both plan from the
-same settings and planners.
+Each host is read exactly as ``llamarack audit`` reads it, and every drifted item becomes
+what the deploy will do about it (docs/day2.md, "Upgrading llamarack itself"): rebuild
+(llama.cpp: a build input changed), re-prove (the build in place, by a new proof: nothing
+is built), remake (the model artifact), install (a toolkit, a compiler or a Python env),
+restart (the unit's text changed) or record (a record is written; nothing that serves
+changes). A host with no line is converged. The plan is as good as the audit's agreement
+with the deploy: both plan from the same settings and planners.
 """
 
 from __future__ import annotations

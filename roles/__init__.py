@@ -1,31 +1,13 @@
 """llamarack's roles, one folder each: the package ``roles``, beside ``llamarack``.
 
-Each ``roles/<role>/`` holds the role's whole story: its settings section
-(``settings.py``: defaults, shapes, meanings), the facts it reads
-(``reads.py``, and ``reads(settings)`` there: its part of preflight's one
-read), its compatibility rules (``rules.py``, which preflight runs), its plan
-(``plan.py``: pure functions of settings and facts), its
-operations (``operations.py``), its audit items (``audit.py``:
-``reads(settings, verify)``, ``items(seen)``), its one ``@deploy`` entry
-point (``deploy.py``), the scripts it runs on a host (``files/``, standard
-library only, each run by ``llamarack.remote.command(name, *args)``) and its
-templates (``templates/``); its ``__init__.py`` only describes it, so that
-importing a plan (as ``llamarack audit`` does) imports no operation. The roles
-import the core (``llamarack``), never the other way round. Beside the roles:
-``settings.py`` (a host's ``Settings``, every role's section), ``deploy.py``
-(the deploys that ship: ``roles.deploy.main``, ``roles.deploy.rollback``),
-``audit.py``, ``rollout.py`` and ``cli.py`` (the commands). Another pyinfra
-deploy uses a role the way ``roles.deploy.main`` does:
-
-    from pyinfra import host
-    from roles.preflight.deploy import preflight
-    from roles.server.deploy import llama_server
-    from roles.settings import settings_for
-
-    settings = settings_for(host)
-    facts = preflight(settings)
-    if facts:
-        llama_server(settings, facts)
+Each ``roles/<role>/`` holds the role's whole story (its settings, reads, rules, plan,
+operations, audit items, its one ``@deploy``, the scripts it runs on a host and its
+templates); its ``__init__.py`` only describes it, so that importing a plan (as
+``llamarack audit`` does) imports no operation. docs/ARCHITECTURE.md ("One folder per
+role") names each part; the roles import the core (``llamarack``), never the other way
+round. Beside the roles: ``settings.py`` (a host's ``Settings``), ``deploy.py`` (the
+deploys that ship), ``audit.py``, ``rollout.py`` and ``cli.py`` (the commands). How
+another pyinfra deploy uses a role: docs/day2.md ("Using a role from another deploy").
 """
 
 from pathlib import Path

@@ -1,10 +1,8 @@
 """``llamarack audit``: what each host runs, against what its settings would deploy.
 
-Each role says what it audits (``roles/<role>/audit.py``: its items, the facts they read,
-and ``items(seen)``); here every role's reads of a host go in one remote command
+Here every role's reads of a host (``roles/<role>/audit.py``) go in one remote command
 (``FactsTogether``, through the host's own pyinfra connector), hosts in parallel, and each
-role's items are found from the answers. The report itself (``Item``, ``HostAudit``, the
-JSON and the table) is ``llamarack/audit.py``.
+role's items are found from the answers; the report is ``llamarack/audit.py``.
 """
 
 from __future__ import annotations

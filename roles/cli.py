@@ -46,8 +46,7 @@ def audit(inventory, limit, as_json, templates, verify, debug, data):
     One remote command per host, all hosts in parallel; nothing is changed.
     Without --verify the files are compared by the signature recorded at their seal
     (size, mtime, inode); with it, by their sha256.
-    Exit status: 0 no drift, 1 drift, 2 a host unreachable or unreadable.
-    """
+    Exit status: 0 no drift, 1 drift, 2 a host unreachable or unreadable."""
     if debug:
         logging.basicConfig(level=logging.DEBUG, format="%(message)s")
     else:
@@ -88,8 +87,7 @@ def plan_upgrade(inventory, limit, as_json, templates):
     Run it after upgrading llamarack, before deploying: per host, what would be
     rebuilt, re-proved, remade, installed or restarted. Reads like `llamarack
     audit` (one remote command per host); nothing is changed. Exit status: 0 nothing
-    would change, 1 something would, 2 a host could not be read.
-    """
+    would change, 1 something would, 2 a host could not be read."""
     logging.getLogger("pyinfra").setLevel(logging.CRITICAL)
     audits = _audits(inventory, limit, templates)
     from llamarack import audit as auditmod
@@ -113,8 +111,7 @@ def rollback(inventory, limit, unit):
     /health, the unit in place restored if it does not answer), then pinned: a
     deploy with unchanged settings keeps it; changed settings, or a second
     rollback (forward again), release it. Runs `pyinfra -y INVENTORY roles.deploy.rollback`,
-    the rollback that ships with llamarack.
-    """
+    the rollback that ships with llamarack."""
     from .deploy import ROLLBACK_UNIT_ENV
     from .rollout import package_env, pyinfra_argv
 
@@ -151,8 +148,7 @@ def rollout(inventory, deploy_file, canary, batch, max_fail, resume, dry, idle_t
     undrained. The first failure stops the rollout, the failed host drained; --resume
     goes on from there. DEPLOY: a deploy file, or a deploy that ships with llamarack by its
     name (roles.driver.upgrade.driver_upgrade); roles.deploy.main, the main job, by default.
-    Exit status: 0 every host done, 1 a host failed, 2 refused (nothing touched).
-    """
+    Exit status: 0 every host done, 1 a host failed, 2 refused (nothing touched)."""
     from . import rollout as rolloutmod
 
     logging.getLogger("pyinfra").setLevel(logging.CRITICAL)  # connection chatter; failures are in the states

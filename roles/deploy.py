@@ -6,10 +6,7 @@ them by name, nothing to copy.
 
 The checkout's ``deploy.py`` and ``rollback.py`` call them, and ``llamarack rollout`` rolls
 ``roles.deploy.main`` by default (a driver upgrade: ``roles.driver.upgrade.driver_upgrade``).
-Each only composes the roles; each role reads facts and changes only what differs, so a
-converged host is a chain of no-ops. Preflight runs every compatibility rule first: a host
-that fails one gets no other operation. The hosts of group ``gateways`` run preflight's read
-and the gateway role only: HAProxy in front of every serving host's units.
+Each only composes the roles (docs/deploy.md says what each does).
 """
 
 from __future__ import annotations

@@ -1,37 +1,13 @@
 """``llamarack rollout``: a change rolled through the rack host by host, while the gateway
-answers (the command's help gives its options and the order of the hosts).
+answers. docs/rollout.md says the order, each host's states (pending, draining, deploying,
+gated, done, failed), the gate and --resume.
 
-Each serving host (every host outside group ``gateways``) moves through these states,
-printed as it moves:
-
-    pending    not reached yet
-    draining   its units' servers (``<host>_<index>``, its units from
-               ``<root>/state/units.json``) are set to drain on every gateway
-               (``haproxy_runtime.py``, run on the gateway host); then, within
-               --idle-timeout, no stream is left open to them on any gateway and every
-               unit is idle (``server_idle.py``: /metrics, which wakes no sleeping unit;
-               "cannot tell" is busy)
-    deploying  DEPLOY runs on that host alone
-    gated      every unit answers /health, gives one real completion, then serves from
-               its cards (the unit's own health and residency lines, as a switch checks
-               them; after the completion, which wakes a unit asleep),
-               and, after a new build or model (``state/bench.json`` before and after),
-               each measured unit's llama-bench pp512 and tg128 is within
-               --bench-fraction of the same unit's figures before
-    done       set ready on every gateway, and in service there again
-    failed     a step failed: the host stays drained
-
-At a stop the hosts not reached are untouched and batch-mates already under way
-finish. Each move is written to the host's ``<root>/state/rollout.json`` (the audit's
-``rollout`` item) and to ``journal_path`` in the working folder, which --resume goes
-on from; a new rollout is refused while that file holds an unfinished one. A
-converged rollout restarts nothing; each host is still drained, undrained and recorded.
-
-The deploy runs as ``pyinfra -y INVENTORY DEPLOY --limit HOST [--data K=V]``, a
-subprocess: the operator's own command (its output, dry and diff modes, exit status),
-and a fresh pyinfra State per host (pyinfra's API has no public way to run a deploy
-file, and a State runs its operations once). Every other step is one command through
-the host's own pyinfra connector (``hosts.run_one``): no SSH of its own.
+Each move is written to the host's ``<root>/state/rollout.json`` (the audit's ``rollout``
+item) and to ``journal_path`` in the working folder. The deploy runs as ``pyinfra -y
+INVENTORY DEPLOY --limit HOST [--data K=V]``, a subprocess: the operator's own command, and
+a fresh pyinfra State per host (pyinfra's API has no public way to run a deploy file, and a
+State runs its operations once). Every other step is one command through the host's own
+pyinfra connector (``hosts.run_one``): no SSH of its own.
 """
 
 from __future__ import annotations

@@ -66,25 +66,18 @@ class GeneralSettings(Section):
     root: str = setting("/opt/llamarack", "everything llamarack owns on a host lives under this directory", _root)
     service_user: str = setting("llamarack", "system user that runs llama-server (not root)", _service_user)
     roles: Optional[tuple[str, ...]] = setting(
-        None,
-        "run only these roles, e.g. server,model (preflight always runs): "
-        + ", ".join(ROLE_NAMES) + "; None runs them all",
-        _role_name,
-    )
+        None, "run only these roles, e.g. server,model (preflight always runs): " + ", ".join(ROLE_NAMES)
+        + "; None runs them all", _role_name)
     trusted_network: bool = setting(
-        False,
-        "True allows plain http:// sources (git, pip indexes, conda, the hub and its token, model_url) and a "
-        "git:// llamacpp_git_url: the hosts reach them over a closed network no one else can read or change, "
-        "as the lab's bridge; False needs https:// (or ssh:// for git; http:// or git:// to a loopback address "
-        "is allowed either way)",
-    )
+        False, "True allows plain http:// sources (git, pip indexes, conda, the hub and its token, model_url) and a "
+        "git:// llamacpp_git_url: the hosts reach them over a closed network no one else can read or change, as "
+        "the lab's bridge; False needs https:// (or ssh:// for git; http:// or git:// to a loopback address is "
+        "allowed either way)")
     allow_shared_dirs: bool = setting(
-        False,
-        "True accepts host paths root runs or builds from (llamarack_root, toolchain_cuda_home, "
+        False, "True accepts host paths root runs or builds from (llamarack_root, toolchain_cuda_home, "
         "llamacpp_ccache_dir, a local llamacpp_git_url) under directories other users can write to (/tmp, "
-        "/var/tmp, /dev/shm, /home...) and skips preflight's check of their owners and modes: only on a throwaway host "
-        "no other user logs in to (tests)",
-    )
+        "/var/tmp, /dev/shm, /home...) and skips preflight's check of their owners and modes: only on a throwaway "
+        "host no other user logs in to (tests)")
 
     def runs(self, role: str) -> bool:
         """Whether ``deploy.py`` runs ``role`` (one of ROLE_NAMES) on this host."""

@@ -47,25 +47,15 @@ class PathOwnership(FactValue):
 
 
 class PathOwners(FactBase[PathOwnership]):
-    """
-    Returns the owner and mode of each path and of every existing directory above it,
+    """Returns the owner and mode of each path and of every existing directory above it,
     links resolved (``readlink -m``: a link into /tmp is judged where it leads), and the
-    uid of the user who deploys (``SUDO_UID`` under sudo).
-
-    .. code:: python
-
-        PathOwnership(deployer_uid=0, paths=(PathChain(path="/opt/llamarack",
-            resolved="/opt/llamarack", dirs=(DirOwner("/opt", 0, "root", "755"),
-            DirOwner("/", 0, "root", "755"))),))
-    """
+    uid of the user who deploys (``SUDO_UID`` under sudo)."""
 
     def command(self, paths: tuple) -> str:
-        walk = (
-            f"for p in {remote.argv(*paths)}; do "
-            'r=$(readlink -m -- "$p") || r=$p; echo "path $p $r"; q=$r; '
-            'while :; do if [ -e "$q" ]; then stat -c "dir %u %U %a %n" -- "$q"; fi; '
-            '[ "$q" = / ] && break; q=$(dirname -- "$q") || break; done; done'
-        )
+        walk = (f"for p in {remote.argv(*paths)}; do "
+                'r=$(readlink -m -- "$p") || r=$p; echo "path $p $r"; q=$r; '
+                'while :; do if [ -e "$q" ]; then stat -c "dir %u %U %a %n" -- "$q"; fi; '
+                '[ "$q" = / ] && break; q=$(dirname -- "$q") || break; done; done')
         return 'echo "deployer ${SUDO_UID:-$(id -u)}"' + (f"; {walk}" if paths else "")
 
     def process(self, output) -> PathOwnership:

@@ -9,16 +9,8 @@ from llamarack import remote
 
 
 class DebianSources(FactBase[tuple]):
-    """
-    Returns the stanzas of the host's deb822 ``/etc/apt/sources.list.d/debian.sources``
-    (Debian 12's default), each a dict of its fields; ``()`` when the file is absent.
-
-    .. code:: python
-
-        ({"Types": "deb", "URIs": "http://deb.debian.org/debian",
-          "Suites": "bookworm bookworm-updates", "Components": "main",
-          "Signed-By": "/usr/share/keyrings/debian-archive-keyring.gpg"},)
-    """
+    """Returns the stanzas of the host's deb822 ``/etc/apt/sources.list.d/debian.sources``
+    (Debian 12's default), each a dict of its fields; ``()`` when the file is absent."""
 
     def command(self, path: str = "/etc/apt/sources.list.d/debian.sources") -> str:
         return f"cat {remote.argv(path)} 2>/dev/null || true"

@@ -1,17 +1,11 @@
 """Each fact read once per run while its host is unchanged, and many facts read in one command.
 
-pyinfra 3 runs a fact's command each time ``host.get_fact`` is called, and the
-roles need some facts in several places (the builds listing in the build's plan,
-the build, the switch and the prune); on a converged host those round trips were
-the whole run. So the roles read facts through ``read``, which keeps what a host
-answered until one of that host's operations executes a command (which may have
-changed anything), and preflight asks for everything the roles will read in one
-remote command, ``read_together``.
-
-The rule that keeps the store right: an operation reads its facts before it
-yields its first command (pyinfra's own operations do the same), so no read
-inside an operation follows a change the store does not know of. A read
-after a command of the same operation calls ``host.get_fact`` itself.
+The roles read facts through ``read``, which keeps what a host answered until one of that
+host's operations executes a command, and preflight asks for everything the roles will read
+in one remote command, ``read_together`` (docs/ARCHITECTURE.md, "Each fact is read once per
+run", says why). The rule that keeps the store right: an operation reads its facts before
+it yields its first command, so no read inside an operation follows a change the store does
+not know of. A read after a command of the same operation calls ``host.get_fact`` itself.
 """
 
 from __future__ import annotations
@@ -74,17 +68,10 @@ class Answer:
 
 
 class FactsTogether(FactBase[dict]):
-    """
-    Returns the answers of several facts, their commands run in one shell command
-    (a section each, marked by a random line no fact's output can predict), by
-    position: ``{0: Answer(status=0, value=...), 1: Answer(status=1)}``.
-
-    Each fact's output goes to its own ``process`` on the instance that made its
-    command (some facts keep their arguments there). A fact whose command runs one
-    host module names it (``host_run(**kwargs)``: the module and its arguments): the
-    script holds each module's source once, in a shell variable, and the section
-    runs ``python3 -c "$variable" ARGS``.
-    """
+    """Returns the answers of several facts, their commands run in one shell command (a
+    section each, marked by a random line; docs/ARCHITECTURE.md, "Each fact is read once per
+    run"), by position: ``{0: Answer(status=0, value=...), 1: Answer(status=1)}``. Each
+    fact's output goes to its own ``process`` on the instance that made its command."""
 
     def command(self, reads: tuple) -> str:
         self.marker = f"llamarack-section-{secrets.token_hex(8)}"
@@ -178,8 +165,7 @@ def read_together(*reads: FactRead) -> None:
     A section whose command did not exit 0 (or whose output its fact could not
     process) is not kept: ``read`` runs that fact alone when a role asks for it, so
     a fact that fails on this host (``systemctl`` where systemd is not running)
-    fails it where the role reads it, not in preflight.
-    """
+    fails it where the role reads it, not in preflight."""
     store = _store()
     wanted = tuple(dict.fromkeys(r for r in reads if r not in store.values))
     if not wanted:

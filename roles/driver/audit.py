@@ -29,10 +29,8 @@ def items(seen: Seen) -> dict[str, Item]:
 
 def topology_found(topology) -> dict:
     """The links per card pair: NVLinks by pair ("0-1": 2), the PCIe path of the others, a summary line."""
-    return {
-        "summary": topology_summary(topology),  # first: the audit's table shows the start of it
-        "cards": len(topology.cards),
-        "nvlink": {f"{x.first}-{x.second}": x.nvlinks for x in topology.links if x.nvlinks},
-        "pcie": {f"{x.first}-{x.second}": x.link for x in topology.links if not x.nvlinks},
-        "problem": topology.problem or None,
-    }
+    return {"summary": topology_summary(topology),  # first: the audit's table shows the start of it
+            "cards": len(topology.cards),
+            "nvlink": {f"{x.first}-{x.second}": x.nvlinks for x in topology.links if x.nvlinks},
+            "pcie": {f"{x.first}-{x.second}": x.link for x in topology.links if not x.nvlinks},
+            "problem": topology.problem or None}

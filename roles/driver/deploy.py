@@ -13,15 +13,13 @@ from .operations import driver_answers, driver_package_holds, record_gpus
 
 @deploy("llamarack driver")
 def driver(settings: Settings, facts: HostFacts):
-    """
-    Hold (or unhold) the driver packages; reboot once on a library/module mismatch if allowed.
+    """Hold (or unhold) the driver packages; reboot once on a library/module mismatch if allowed.
 
     + settings: the host's settings (``driver_*``)
     + facts: what preflight read (the driver's state)
 
     Returns the reboot operation when one is planned (else None): the server role
-    then checks ``/health`` after it even when the unit did not change.
-    """
+    then checks ``/health`` after it even when the unit did not change."""
     s = settings.driver
     state = facts.driver
     reboot = None
@@ -29,10 +27,8 @@ def driver(settings: Settings, facts: HostFacts):
     # once, before anything runs; the check after the reboot reads nvidia-smi anew.
     if state.state == "mismatch":
         if not s.reboot_on_mismatch:
-            raise DeployError(
-                f"{host.name}: driver library {state.library_version} and loaded module differ "
-                "and driver_reboot_on_mismatch is off (preflight should have refused this host)"
-            )
+            raise DeployError(f"{host.name}: driver library {state.library_version} and loaded module differ and "
+                              "driver_reboot_on_mismatch is off (preflight should have refused this host)")
         reboot = server.reboot(name="Reboot: NVIDIA driver library and loaded module differ", reboot_timeout=600)
         driver_answers(name="NVIDIA driver answers after the reboot",
                        reason="a reboot for the driver library/module mismatch", _if=reboot.did_change)  # fmt: skip
@@ -40,8 +36,6 @@ def driver(settings: Settings, facts: HostFacts):
         record_gpus(name="Record the GPUs the driver lists after the reboot", path=settings.layout.gpus_record,
                     _if=reboot.did_change)  # fmt: skip
 
-    driver_package_holds(
-        name="Hold the NVIDIA driver packages" if s.hold_packages else "Unhold the NVIDIA driver packages",
-        hold=s.hold_packages,
-    )
+    driver_package_holds(name="Hold the NVIDIA driver packages" if s.hold_packages else
+                         "Unhold the NVIDIA driver packages", hold=s.hold_packages)
     return reboot

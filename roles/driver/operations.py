@@ -14,15 +14,13 @@ from .reads import NvidiaDriverPackages, NvidiaSmi, gpus_record
 
 @operation()
 def driver_package_holds(hold: bool = True):
-    """
-    apt-mark hold (or unhold) every installed NVIDIA driver package.
+    """apt-mark hold (or unhold) every installed NVIDIA driver package.
 
     + hold: True holds, False unholds
 
     A held driver cannot move under an unattended upgrade, which would leave
     the old kernel module loaded ("Driver/library version mismatch") or, past
-    the 580 branch, drop Volta and Pascal cards.
-    """
+    the 580 branch, drop Volta and Pascal cards."""
     packages = read(NvidiaDriverPackages)
     if not packages:
         host.noop("no NVIDIA driver package installed")
@@ -37,29 +35,23 @@ def driver_package_holds(hold: bool = True):
 
 @operation(is_idempotent=False)
 def driver_answers(reason: str):
-    """
-    Fail unless nvidia-smi answers (after a reboot that should have loaded the new module).
+    """Fail unless nvidia-smi answers (after a reboot that should have loaded the new module).
 
-    + reason: what should have fixed the driver, for the message
-    """
-    yield StringCommand(
-        "out=$(nvidia-smi --query-gpu=index,driver_version --format=csv,noheader 2>&1) || "
-        f"{{ printf '%s\\n' {shlex.quote(f'{host.name}: driver still fails after {reason}:')} "
-        '"$out" >&2; exit 1; }'
-    )
+    + reason: what should have fixed the driver, for the message"""
+    yield StringCommand("out=$(nvidia-smi --query-gpu=index,driver_version --format=csv,noheader 2>&1) || "
+                        f"{{ printf '%s\\n' {shlex.quote(f'{host.name}: driver still fails after {reason}:')} "
+                        '"$out" >&2; exit 1; }')
 
 
 @operation()
 def record_gpus(path: str, gpus=None, recorded=None):
-    """
-    Record the cards of this run, for the rules to fall back on when a later
+    """Record the cards of this run, for the rules to fall back on when a later
     driver hides them (a dropped card, an upgrade waiting for a reboot).
 
     + path: the JSON record (``Layout.gpus_record``)
     + gpus: the cards to record (preflight's ``HostFacts.gpus``); None: those
       nvidia-smi lists when the operation runs (after a reboot earlier in the run)
-    + recorded: what the record holds (preflight read it): no write when equal
-    """
+    + recorded: what the record holds (preflight read it): no write when equal"""
     if gpus is None:
         gpus = read(NvidiaSmi).gpus
     if not gpus:

@@ -87,8 +87,7 @@ class DriverState(FactValue):
     In the ``ok`` state, ``message`` holds the lines that are no GPU (a
     driver's warning, "WARNING: infoROM is corrupted at gpu ..."), and
     ``unreadable`` the GPU lines that could not be read (a memory.total of
-    [N/A]): the cards that can be read are kept, a rule refuses the rest.
-    """
+    [N/A]): the cards that can be read are kept, a rule refuses the rest."""
 
     state: str
     gpus: tuple[Gpu, ...] = ()
@@ -102,19 +101,11 @@ class DriverState(FactValue):
 
 
 class NvidiaSmi(FactBase[DriverState]):
-    """
-    Returns the driver state and GPU list from ``nvidia-smi --query-gpu``.
-
-    .. code:: python
-
-        DriverState(state="ok", gpus=(Gpu(index=0, name="Tesla V100-SXM2-16GB",
-            uuid="GPU-...", memory_mib=16384, compute_cap="7.0",
-            driver_version="550.127.05", pci_device_id="0x1DB110DE"),))
+    """Returns the driver state and GPU list from ``nvidia-smi --query-gpu``.
 
     The command always exits 0 and ends with ``llamarack: exit N`` (nvidia-smi's
     own exit code), so a broken driver is a fact value, not a failed fact.
-    LC_ALL=C: the CSV and the messages matched here are the C locale's.
-    """
+    LC_ALL=C: the CSV and the messages matched here are the C locale's."""
 
     # pci.device_id last: every driver has it, and the card table reads it
     # when compute_cap is missing (before 510) or [N/A].
@@ -123,14 +114,12 @@ class NvidiaSmi(FactBase[DriverState]):
 
     def command(self) -> str:
         query = "nvidia-smi --query-gpu={} --format=csv,noheader,nounits 2>&1"
-        return (
-            "export LC_ALL=C; "
-            f"if ! command -v nvidia-smi >/dev/null 2>&1; then echo '{_MARK} missing'; exit 0; fi; "
-            f"out=$({query.format(self.FIELDS)}); rc=$?; "
-            'case "$out" in *"is not a valid field"*) '
-            f"out=$({query.format(self.FIELDS_PRE_510)}); rc=$?;; esac; "
-            f'printf "%s\\n" "$out"; echo "{_MARK} exit $rc"'
-        )
+        return ("export LC_ALL=C; "
+                f"if ! command -v nvidia-smi >/dev/null 2>&1; then echo '{_MARK} missing'; exit 0; fi; "
+                f"out=$({query.format(self.FIELDS)}); rc=$?; "
+                'case "$out" in *"is not a valid field"*) '
+                f"out=$({query.format(self.FIELDS_PRE_510)}); rc=$?;; esac; "
+                f'printf "%s\\n" "$out"; echo "{_MARK} exit $rc"')
 
     def process(self, output) -> DriverState:
         lines = [line for line in output if line.strip()]
@@ -173,8 +162,7 @@ def _parse_gpu_line(line: str) -> Optional[Gpu]:
 
     Four layouts: this fact's query (7 fields), its pre-510 query (6, ending
     with the PCI id) and the two earlier queries without the PCI id (6 with
-    compute_cap, 5 without), which old recorded outputs still have.
-    """
+    compute_cap, 5 without), which old recorded outputs still have."""
     values = [v.strip() for v in line.split(",")]
     pci = None
     if values and _PCI_DEVICE_ID.fullmatch(values[-1]) and len(values) in (6, 7):
@@ -204,14 +192,8 @@ class KernelModule(FactValue):
 
 
 class NvidiaKernelModule(FactBase[Optional[KernelModule]]):
-    """
-    Returns the loaded NVIDIA kernel module's version from ``/proc/driver/nvidia/version``,
-    or None when no module is loaded.
-
-    .. code:: python
-
-        KernelModule(version="580.159.04", open=True)
-    """
+    """Returns the loaded NVIDIA kernel module's version from ``/proc/driver/nvidia/version``,
+    or None when no module is loaded."""
 
     def command(self) -> str:
         return "cat /proc/driver/nvidia/version 2>/dev/null || true"
@@ -233,18 +215,11 @@ class CharDevice(FactValue):
 
 
 class CharDevices(FactBase[tuple]):
-    """
-    Returns the character devices the kernel has registered (``/proc/devices``,
+    """Returns the character devices the kernel has registered (``/proc/devices``,
     its "Character devices:" section), as ``CharDevice(major, name)`` in the
     kernel's order. systemd's ``DeviceAllow=char-NAME`` matches these names, and
     the NVIDIA driver's changed in 550.40 (``nvidia-frontend`` became ``nvidia``
-    and ``nvidiactl``), so the served unit allows what the host's driver registered.
-
-    .. code:: python
-
-        (CharDevice(major=195, name="nvidia"), CharDevice(major=195, name="nvidiactl"),
-         CharDevice(major=238, name="nvidia-uvm"))
-    """
+    and ``nvidiactl``), so the served unit allows what the host's driver registered."""
 
     def command(self) -> str:
         return "cat /proc/devices"
@@ -267,17 +242,11 @@ class CharDevices(FactBase[tuple]):
 
 
 class RecordedGpus(FactBase[tuple]):
-    """
-    Returns the GPUs llamarack recorded at the last run where the driver answered (a JSON
+    """Returns the GPUs llamarack recorded at the last run where the driver answered (a JSON
     list in the state directory), or ``()``; their ``driver_version`` is empty (not recorded).
-    A driver that has dropped the card, or an upgrade waiting for a reboot, hides the GPU
-    list; the record still says which cards the host has.
-
-    A record that is not whole JSON (truncated by a crash or a full disk, though llamarack
-    writes it beside itself and renames it) counts as none: the run records the cards the
-    driver lists over it. A failure here would stop the host on every run until someone
-    deleted it.
-    """
+    A driver that dropped a card, or an upgrade waiting for a reboot, hides the GPU list; the
+    record still says which cards the host has. A record that is not whole JSON counts as
+    none (the run writes it again), never as a failure that would stop the host every run."""
 
     def command(self, path: str) -> str:
         return f"cat {shlex.quote(path)} 2>/dev/null || true"
@@ -319,15 +288,8 @@ SMI_PRESENT = "export LC_ALL=C; command -v nvidia-smi >/dev/null 2>&1 || exit 0;
 
 
 class GpuProcesses(FactBase[tuple]):
-    """
-    Returns the processes that hold GPU memory, as ``nvidia-smi --query-compute-apps``
-    lists them; empty when there are none or no working driver (the GPU facts say why).
-
-    .. code:: python
-
-        (GpuProcess(pid=3197, name="/opt/llamarack/builds/.../llama-server",
-                    used_mib=15606, gpu_uuid="GPU-..."),)
-    """
+    """Returns the processes that hold GPU memory, as ``nvidia-smi --query-compute-apps``
+    lists them; empty when there are none or no working driver (the GPU facts say why)."""
 
     def command(self) -> str:
         return (SMI_PRESENT + "nvidia-smi --query-compute-apps=pid,process_name,used_gpu_memory,gpu_uuid "
@@ -393,16 +355,10 @@ class DebPackage(FactValue):
 
 
 class NvidiaDriverPackages(FactBase[tuple]):
-    """
-    Returns the installed NVIDIA driver packages with their version and hold state.
-
-    .. code:: python
-
-        (DebPackage(name="nvidia-driver", version="550.127.05-1", held=True),)
+    """Returns the installed NVIDIA driver packages with their version and hold state.
 
     dpkg's selection state is the first word of ``${Status}``: ``hold`` after
-    ``apt-mark hold``, ``install`` otherwise, so one query answers both.
-    """
+    ``apt-mark hold``, ``install`` otherwise, so one query answers both."""
 
     def requires_command(self) -> str:
         return "dpkg-query"
@@ -442,16 +398,9 @@ class PciCard(FactValue):
 
 
 class NvidiaPciCards(FactBase[tuple]):
-    """
-    Returns the NVIDIA display and 3D controllers on the PCI bus (``/sys/bus/pci/devices``,
+    """Returns the NVIDIA display and 3D controllers on the PCI bus (``/sys/bus/pci/devices``,
     vendor 0x10de, class 0x03xxxx), with the driver bound to each and the card table's
-    name and compute capability: what the host has whether or not a driver answers.
-
-    .. code:: python
-
-        (PciCard(slot="0000:00:06.0", pci_device_id="0x233510DE", driver="nvidia",
-                 name="H200", compute_cap="9.0"),)
-    """
+    name and compute capability: what the host has whether or not a driver answers."""
 
     def command(self) -> str:
         return ('for d in /sys/bus/pci/devices/*; do [ "$(cat "$d/vendor" 2>/dev/null)" = 0x10de ] || continue; '
@@ -520,16 +469,9 @@ class KernelLog(FactValue):
 
 
 class NvidiaKernelLog(FactBase[KernelLog]):
-    """
-    Returns what the kernel said of the NVIDIA driver this boot (``dmesg``, else
+    """Returns what the kernel said of the NVIDIA driver this boot (``dmesg``, else
     ``journalctl -k``: its NVRM and nouveau lines, the last 40) and whether a
-    module file exists for the running kernel: why a module is not loaded.
-
-    .. code:: python
-
-        KernelLog(lines=("NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.",),
-                  module_file="/lib/modules/6.1.0-28-amd64/updates/dkms/nvidia.ko")
-    """
+    module file exists for the running kernel: why a module is not loaded."""
 
     MARK = "llamarack-module-file:"
 
@@ -560,15 +502,9 @@ class MigState(FactValue):
 
 
 class MigStates(FactBase[tuple]):
-    """
-    Returns each card's MIG mode and the MIG devices on it: with MIG on, CUDA sees
+    """Returns each card's MIG mode and the MIG devices on it: with MIG on, CUDA sees
     the instances (20 GB each on an A100 split in two), or nothing when none is made,
-    never the whole card that ``--query-gpu`` lists. ``()`` where the driver cannot say.
-
-    .. code:: python
-
-        (MigState(index=0, mode="Enabled", instances=("3g.20gb", "3g.20gb")),)
-    """
+    never the whole card that ``--query-gpu`` lists. ``()`` where the driver cannot say."""
 
     def command(self) -> str:
         return (SMI_PRESENT + "nvidia-smi --query-gpu=index,mig.mode.current --format=csv,noheader 2>/dev/null; "
@@ -619,18 +555,12 @@ _CARD = re.compile(r"GPU(\d+)")
 
 
 class GpuTopology(FactBase[Topology]):
-    """
-    Returns how each two cards are linked, from ``nvidia-smi topo -m``: NVLink (how many) or
+    """Returns how each two cards are linked, from ``nvidia-smi topo -m``: NVLink (how many) or
     the PCIe path. Whatever the output holds, the answer is a value: what does not read is
     named in ``problem`` (the cards and links that read are kept).
 
-    .. code:: python
-
-        Topology(cards=(0, 1), links=(CardLink(first=0, second=1, link="NV2"),), problem="")
-
     The header is underlined (ANSI) on a terminal; the columns are tab-separated, and
-    columns of network cards and the CPU and NUMA affinity follow the cards'.
-    """
+    columns of network cards and the CPU and NUMA affinity follow the cards'."""
 
     def command(self) -> str:
         return SMI_PRESENT + "nvidia-smi topo -m 2>&1; true"

@@ -69,8 +69,7 @@ def coming_driver_version(facts: HostFacts) -> Optional[str]:
     """The driver the host runs, or will run after its next boot when nvidia-smi cannot say.
 
     Answering: the live one. A mismatch: the NVML library's (older drivers print none: the
-    packages'). Module not bound or no GPU listed: the packages', else the loaded module's.
-    """
+    packages'). Module not bound or no GPU listed: the packages', else the loaded module's."""
     driver, packaged = facts.driver, package_driver_version(facts.driver_packages)
     if driver.state == "ok" and driver.driver_version:
         return driver.driver_version
@@ -92,14 +91,10 @@ def legacy_gpus_past_ceiling(facts: HostFacts) -> tuple[Optional[str], tuple]:
     """(driver version, pre-Turing cards) when the driver is past the last branch
     that supports them; (version, ()) when it is not."""
     version = coming_driver_version(facts)
-    if not version or _major(version) <= LEGACY_DRIVER_LAST_BRANCH:
+    if not version or int(version.split(".")[0]) <= LEGACY_DRIVER_LAST_BRANCH:
         return version, ()
     return version, tuple(g for g in all_known_gpus(facts)
                           if (c := parse_compute_cap(g.compute_cap)) and c < LEGACY_BELOW_CAP)  # fmt: skip
-
-
-def _major(version: str) -> int:
-    return int(version.split(".")[0])
 
 
 def driver_floor(s: Settings) -> str:
@@ -209,8 +204,7 @@ def no_module_cause(facts: HostFacts) -> Failure:
                        "/etc/modprobe.d/blacklist-nouveau.conf), update-initramfs -u, then reboot")  # fmt: skip
     fell = next((line for line in log.lines if FELL_OFF_BUS.search(line)), None)
     if fell:
-        return Failure("gpu-on-bus", f"a GPU fell off the bus ({fell})", "every GPU answering on the bus",
-                       "hardware: reseat or power-cycle the card, check its power and cooling, then reboot")
+        return Failure("gpu-on-bus", f"a GPU fell off the bus ({fell})", ON_BUS_NEEDED, ON_BUS_FIX)
     legacy = next((m for line in log.lines if (m := LEGACY_BRANCH.search(line))), None)
     if legacy:
         return Failure("driver-ceiling", f"the driver ignores the card: {legacy.group(0)}",
@@ -242,8 +236,7 @@ def rule_driver_ceiling(s: Settings, facts: HostFacts) -> Optional[Failure]:
     bind ("NVRM: No NVIDIA GPU found", nvidia-smi cannot reach the driver), beside a T4 it lists
     the T4 only. So the cards are the listed ones plus the recorded ones, and the version is the
     one the host runs or boots next (``coming_driver_version``). Refusing in the mismatch state
-    keeps the host serving on the old module.
-    """
+    keeps the host serving on the old module."""
     version, legacy = legacy_gpus_past_ceiling(facts)
     if not legacy:
         return None
@@ -289,11 +282,9 @@ def rule_gpus_whole(s: Settings, facts: HostFacts) -> Optional[Failure]:
                       + (f"CUDA sees {len(m.instances)} instance(s): {', '.join(m.instances)}" if m.instances
                          else "no MIG instance made: CUDA sees no device")
                       for m in split)  # fmt: skip
-    return Failure(
-        "gpus-whole", found, "whole cards (MIG mode off): llamarack plans a card's whole memory",
-        "turn MIG off on those cards (nvidia-smi -i INDEX -mig 0, then reset the card or reboot), "
-        "or leave them out of this host's inventory",
-    )
+    return Failure("gpus-whole", found, "whole cards (MIG mode off): llamarack plans a card's whole memory",
+                   "turn MIG off on those cards (nvidia-smi -i INDEX -mig 0, then reset the card or reboot), "
+                   "or leave them out of this host's inventory")
 
 
 def missing_gpus(facts: HostFacts) -> tuple:

@@ -13,16 +13,9 @@ class DriverSettings(Section):
 
     prefix = "driver"
 
-    min_version: str = setting(
-        "520.61.05",
-        "lowest driver accepted (the toolkit's own floor applies as well)",
-        dotted_version,
-    )
-    hold_packages: bool = setting(
-        True,
-        "apt-mark hold the installed driver packages so upgrades cannot move them; "
-        "False unholds them (for a planned driver upgrade)",
-    )
-    reboot_on_mismatch: bool = setting(
-        False, "reboot a host whose driver library and loaded module differ, then check again"
-    )
+    min_version: str = setting("520.61.05", "lowest driver accepted (the toolkit's own floor applies as well)",
+                               dotted_version)
+    hold_packages: bool = setting(True, "apt-mark hold the installed driver packages so upgrades cannot move them; "
+                                  "False unholds them (for a planned driver upgrade)")
+    reboot_on_mismatch: bool = setting(False, "reboot a host whose driver library and loaded module differ, then "
+                                       "check again")

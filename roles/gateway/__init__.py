@@ -6,16 +6,9 @@
     /etc/prometheus/prometheus.yml           with gateway_prometheus: the scrape config
     /etc/prometheus/llamarack-rules.yml      and llamarack's alert rules
 
-Runs on the hosts of the inventory group ``gateways`` (they get preflight's read and
-this role only). Backend ``llamarack`` holds one server ``<host>_<index>`` per unit
-of each serving host, read from its ``state/units.json`` when the role runs (one
-unit at ``server_port`` without it), weighted by its parallel slots, balanced by
-conversation affinity (``gateway_balance``: a returning conversation to the unit
-that holds its prompt cache) or least connections. A unit is in service while it
-answers ``/health`` 200 and ``/metrics`` 200 within ``gateway_check_timeout``: a
-hung llama-server still answers ``/health``, not ``/metrics``, and neither wakes a
-sleeping one. The config is staged, proved with ``haproxy -c`` and only then
-switched in and reloaded. The API key is passed through (docs/gateway.md says why).
-On serving hosts the role installs only prometheus-node-exporter, when
-``gateway_node_exporter`` asks for it.
+Runs on the hosts of the inventory group ``gateways`` (they get preflight's read and this
+role only); on serving hosts it installs only prometheus-node-exporter, when
+``gateway_node_exporter`` asks for it. docs/gateway.md says how it routes (conversation
+affinity or least connections), checks the units (``/health`` and ``/metrics``, neither of
+which wakes a sleeping one) and passes the API key through.
 """

@@ -20,18 +20,13 @@ def serving_hosts() -> tuple[ServingHost, ...]:
 
 @deploy("llamarack gateway")
 def gateway(settings: Settings, templates: tuple = ()):
-    """
-    On a gateway (group ``gateways``): HAProxy in front of every serving unit of the inventory,
+    """On a gateway (group ``gateways``): HAProxy in front of every serving unit of the inventory,
     Prometheus's target list and, with ``gateway_prometheus``, Prometheus with llamarack's
     alert rules. On a serving host: node-exporter when ``gateway_node_exporter`` asks for it.
+    deploy.py calls it last on every host (its comment there says why).
 
     + settings: the host's settings (``gateway_*``)
-    + templates: folders whose templates replace the role's own (the project's templates/)
-
-    deploy.py calls it last on every host, so its operations come after every serving host's
-    (pyinfra orders operations called from the same lines together): the units each host's
-    server role just recorded are those the gateway routes to.
-    """
+    + templates: folders whose templates replace the role's own (the project's templates/)"""
     # First, on every host: the operation the gateway's others wait behind.
     node_exporter(name="prometheus-node-exporter (gateway_node_exporter)", settings=settings)
     if not settings.is_gateway:

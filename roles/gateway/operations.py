@@ -9,7 +9,6 @@ over each serving host's own connection (``rack_fact``), once per run for all of
 import hashlib
 import shlex
 import weakref
-from typing import Optional
 
 from pyinfra import host, logger
 from pyinfra.api import StringCommand, operation
@@ -22,18 +21,18 @@ from llamarack import remote
 from llamarack.errors import ModelSourceError
 from llamarack.facts import FactRead, read
 from llamarack.facts.reading import FactsTogether
-from llamarack.operations import (apt_install_missing, durable_rename, private_upload, put_text, refusal, secret_upload,
-                                  show_diff)  # fmt: skip
+from llamarack.operations import apt_install_missing, durable_rename, private_upload, put_text, refusal, show_diff
 from roles.llamacpp.reads import BenchRecord
 from roles.server.files.secret_digest import digest
-from roles.server.reads import KEY_DIGEST_SALT
+from roles.server.operations import put_secret
+from roles.server.reads import KEY_DIGEST_SALT, secret_digest_command
 from roles.server.reads import UnitState
 from llamarack.secrets import read_token
 from roles.settings import Settings
 
 from .plan import (HAPROXY_CONFIG, PROMETHEUS_CONFIG, PROMETHEUS_KEY, PROMETHEUS_RULES, TARGETS, GatewayError,
                    ServingHost, alert_rules, backends_of, haproxy_config, masked, prometheus_config, rack_key,
-                   secret_digest_command, targets)  # fmt: skip
+                   targets)  # fmt: skip
 from .reads import UnitsRecord
 
 NODE_EXPORTER = "prometheus-node-exporter"
@@ -88,8 +87,7 @@ def _stage_prove_switch(text: str, path: str, mode: str, proof: str, reload: str
 
 @operation()
 def haproxy(settings: Settings, hosts: tuple, templates: tuple = ()):
-    """
-    HAProxy's config for the rack (``/etc/haproxy/haproxy.cfg``): one server per serving unit.
+    """HAProxy's config for the rack (``/etc/haproxy/haproxy.cfg``): one server per serving unit.
 
     + settings: the gateway's settings (``gateway_*``)
     + hosts: the serving hosts (``plan.ServingHost``), in inventory order
@@ -97,8 +95,7 @@ def haproxy(settings: Settings, hosts: tuple, templates: tuple = ()):
 
     Staged as ``haproxy.cfg.new`` (mode 600: it holds the rack's key for the hang check),
     proved with ``haproxy -c``, switched and reloaded: a config that fails leaves the old
-    one serving. A host whose config is the one wanted, with HAProxy running, is left alone.
-    """
+    one serving. A host whose config is the one wanted, with HAProxy running, is left alone."""
     try:
         key, backends = rack_key(list(hosts), read_token), rack(hosts)
         text = haproxy_config(settings, backends, key, templates)
@@ -119,14 +116,12 @@ def haproxy(settings: Settings, hosts: tuple, templates: tuple = ()):
 
 @operation()
 def prometheus_targets(settings: Settings, hosts: tuple, address: str):
-    """
-    Prometheus's file_sd target list (``/etc/llamarack/prometheus/targets.json``): every unit's
+    """Prometheus's file_sd target list (``/etc/llamarack/prometheus/targets.json``): every unit's
     ``/metrics``, this gateway's HAProxy endpoint, node-exporter where it is asked.
 
     + settings: the gateway's settings
     + hosts: the serving hosts (``plan.ServingHost``)
-    + address: how others reach this gateway (its ``ssh_hostname``, else its name)
-    """
+    + address: how others reach this gateway (its ``ssh_hostname``, else its name)"""
     try:
         text = targets(settings, address, list(hosts), rack(hosts))
     except GatewayError as e:
@@ -135,29 +130,14 @@ def prometheus_targets(settings: Settings, hosts: tuple, address: str):
     yield from put_text(text, TARGETS, "644")
 
 
-def _prometheus_key(key: Optional[str]):
-    """The rack's key for Prometheus's scrapes of the units (mode 640, group prometheus), or
-    none; returns whether it changed."""
-    found = read(Command, command=secret_digest_command(PROMETHEUS_KEY))
-    if key is not None and found != digest(key.encode(), KEY_DIGEST_SALT):
-        yield from secret_upload(key, PROMETHEUS_KEY, mode="640", group="prometheus")
-        return True
-    if key is None and found != "missing":
-        yield remote.argv("rm", "-f", "--", PROMETHEUS_KEY)
-        return True
-    return False
-
-
 @operation()
 def prometheus(settings: Settings, hosts: tuple):
-    """
-    Prometheus on the gateway: its config (a job per kind of target of the file_sd list) and
+    """Prometheus on the gateway: its config (a job per kind of target of the file_sd list) and
     llamarack's alert rules, each proved with ``promtool`` before it is switched in.
 
     + settings: the gateway's settings (``gateway_slow_fraction``)
     + hosts: the serving hosts (``plan.ServingHost``): the units' bench records set the slow
-      generation alert of each
-    """
+      generation alert of each"""
     try:
         key = rack_key(list(hosts), read_token)
         rules, config = alert_rules(settings, rack(hosts)), prometheus_config(key)
@@ -165,7 +145,9 @@ def prometheus(settings: Settings, hosts: tuple):
         yield refusal(f"{host.name}: gateway: {e}")
         return
     reload = "systemctl enable -q prometheus && systemctl reload-or-restart prometheus"
-    key_changed = yield from _prometheus_key(key)
+    # the rack's key for the scrapes of the units (mode 640, group prometheus), or none
+    key_changed = yield from put_secret(key, PROMETHEUS_KEY, "640", "prometheus",
+                                        remote.argv("rm", "-f", "--", PROMETHEUS_KEY))
     switched = False
     for text, path, proof in ((rules, PROMETHEUS_RULES, "promtool check rules {}"),
                               (config, PROMETHEUS_CONFIG, "promtool check config {}")):  # fmt: skip
@@ -181,12 +163,10 @@ def prometheus(settings: Settings, hosts: tuple):
 
 @operation()
 def node_exporter(settings: Settings):
-    """
-    Debian's prometheus-node-exporter on this host when ``gateway_node_exporter`` asks for it
+    """Debian's prometheus-node-exporter on this host when ``gateway_node_exporter`` asks for it
     (the gateway's target list then names it); nothing otherwise.
 
-    + settings: the host's settings
-    """
+    + settings: the host's settings"""
     if not settings.gateway.node_exporter:
         host.noop("no node-exporter asked (gateway_node_exporter = False)")
         return

@@ -11,11 +11,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
-from llamarack import remote
 from llamarack.layout import Layout
 from llamarack.templates import template
 from roles.server.files import bench_record
-from roles.server.reads import KEY_DIGEST_SALT
 from roles.settings import Settings
 from llamarack.settings_fields import server_name as valid_address
 
@@ -85,12 +83,6 @@ class Backend:
     @property
     def address_port(self) -> str:
         return f"{bracketed(self.address)}:{self.port}"
-
-
-def secret_digest_command(path: str) -> str:
-    """The command that prints the salted digest of ``path`` on the host, or "missing"
-    (a file that holds the rack's key: never hashed plainly, see ``secret_digest``)."""
-    return remote.command("secret_digest", path, KEY_DIGEST_SALT)
 
 
 def bracketed(address: str) -> str:

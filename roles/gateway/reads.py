@@ -16,21 +16,13 @@ from llamarack.facts.value import json_object
 
 from .settings import ADMIN_SOCKET
 from llamarack.facts import FactRead
-from roles.server.reads import UnitState
-from .plan import (HAPROXY_CONFIG, PROMETHEUS_CONFIG, PROMETHEUS_KEY, PROMETHEUS_RULES, TARGETS,
-                   secret_digest_command)  # fmt: skip
+from roles.server.reads import UnitState, secret_digest_command
+from .plan import HAPROXY_CONFIG, PROMETHEUS_CONFIG, PROMETHEUS_KEY, PROMETHEUS_RULES, TARGETS
 
 
 class UnitsRecord(FactBase[Optional[dict]]):
-    """
-    Returns a serving host's record of its llama-server units (``<root>/state/units.json``,
-    written by the server role), or None when there is none.
-
-    .. code:: python
-
-        {"units": [{"index": 0, "unit": "llamarack-server.service", "port": 8080,
-                    "listen": "0.0.0.0", "parallel": 4, "cards": ["GPU-..."]}]}
-    """
+    """Returns a serving host's record of its llama-server units (``<root>/state/units.json``,
+    written by the server role), or None when there is none."""
 
     def command(self, path: str) -> str:
         return f"cat {shlex.quote(path)} 2>/dev/null; true"
@@ -40,15 +32,8 @@ class UnitsRecord(FactBase[Optional[dict]]):
 
 
 class HaproxyServers(FactBase[Optional[dict]]):
-    """
-    Returns the servers of one HAProxy backend as its runtime API shows them (``show stat``
-    on the admin socket), or None when nothing answers there.
-
-    .. code:: python
-
-        {"servers": {"lab-v100-a_0": {"status": "UP", "check": "L7OK", "weight": 4,
-                                      "address": "10.77.0.11:8080"}}}
-    """
+    """Returns the servers of one HAProxy backend as its runtime API shows them (``show stat``
+    on the admin socket), or None when nothing answers there."""
 
     def host_run(self, backend: str) -> tuple:
         return ("haproxy_runtime", "--socket", ADMIN_SOCKET, "--backend", backend, "audit")
@@ -76,12 +61,10 @@ def reads(settings) -> tuple:
     packages = (FactRead.of(DebPackages),) if settings.is_gateway or settings.gateway.node_exporter else ()
     if not settings.is_gateway:
         return packages
-    found = packages + (
-        FactRead.of(UnitState, unit="haproxy.service"),
-        FactRead.of(Command, command=secret_digest_command(HAPROXY_CONFIG)),
-        FactRead.of(File, path=TARGETS),
-        FactRead.of(Sha1File, path=TARGETS),
-    )
+    found = packages + (FactRead.of(UnitState, unit="haproxy.service"),
+                        FactRead.of(Command, command=secret_digest_command(HAPROXY_CONFIG)),
+                        FactRead.of(File, path=TARGETS),
+                        FactRead.of(Sha1File, path=TARGETS))
     if settings.gateway.prometheus:
         found += (FactRead.of(Command, command=secret_digest_command(PROMETHEUS_KEY)),
                   FactRead.of(Sha1File, path=PROMETHEUS_RULES), FactRead.of(Sha1File, path=PROMETHEUS_CONFIG))
@@ -89,14 +72,8 @@ def reads(settings) -> tuple:
 
 
 class ConfiguredServers(FactBase[list]):
-    """
-    Returns the server names of an HAProxy config file (its ``server NAME ...`` lines), in
-    order: what the gateway was configured to route to; empty when there is no file.
-
-    .. code:: python
-
-        ["lab-v100-a_0", "lab-v100-b_0"]
-    """
+    """Returns the server names of an HAProxy config file (its ``server NAME ...`` lines), in
+    order: what the gateway was configured to route to; empty when there is no file."""
 
     def command(self, path: str) -> str:
         return f"awk '$1 == \"server\" {{ print $2 }}' {shlex.quote(path)} 2>/dev/null; true"

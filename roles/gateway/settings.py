@@ -20,15 +20,12 @@ class GatewaySettings(Section):
     prefix = "gateway"
 
     port: int = setting(8000, "TCP port of the rack's one endpoint (OpenAI API and /completion)", between=(1, 65535))
-    bind: str = setting(
-        "0.0.0.0", "address the endpoint listens on (0.0.0.0: every IPv4 interface, :: every interface)", listen_address
-    )
+    bind: str = setting("0.0.0.0", "address the endpoint listens on (0.0.0.0: every IPv4 interface, :: every "
+                        "interface)", listen_address)
     tls_cert_file: Optional[str] = setting(
-        None,
-        "PEM file on the gateway host holding the certificate, its chain and its key (HAProxy's crt): "
-        "set, the endpoint speaks TLS only; None: plain HTTP",
-        lambda value: host_path(value),  # a file HAProxy reads, not a directory root runs from
-    )
+        None, "PEM file on the gateway host holding the certificate, its chain and its key (HAProxy's crt): set, the "
+        "endpoint speaks TLS only; None: plain HTTP",
+        lambda value: host_path(value))  # a file HAProxy reads, not a directory root runs from
     api_key: Literal["pass-through", "checked"] = setting(
         "pass-through",
         "pass-through: the gateway forwards the Authorization header and each llama-server checks the "

@@ -16,13 +16,11 @@ from .plan import BuildPlan, build_dir_for, plan_for_host, same_build
 
 @deploy("llama.cpp build")
 def llamacpp(settings: Settings, facts: HostFacts) -> BuildPlan:
-    """
-    Check out the pinned llama.cpp, build it for this host if its inputs changed,
+    """Check out the pinned llama.cpp, build it for this host if its inputs changed,
     verify the build and make it current.
 
     + settings: the host's settings (llamacpp, toolchain, server cache types, root)
-    + facts: what preflight read (GPUs, toolkits, gcc)
-    """
+    + facts: what preflight read (GPUs, toolkits, gcc)"""
     s = settings.llamacpp
     root, layout = settings.general.root, settings.layout
     plan = plan_for_host(settings, facts)
@@ -44,10 +42,8 @@ def llamacpp(settings: Settings, facts: HostFacts) -> BuildPlan:
     built = build(name=f"Build llama.cpp {plan.stamp} ({plan.backend}{archs}; log: {log})", plan=plan, src=layout.src,
                   root=root, ccache_dir=s.ccache_dir, jobs=s.build_jobs)
     if built.will_change:
-        logger.info(
-            f"{host.print_prefix}llama.cpp build {plan.stamp} needed: a cold build takes minutes "
-            f"(CPU about 11 min, CUDA for one arch about 50 min on 2 cores); follow it with: tail -f {log}"
-        )
+        logger.info(f"{host.print_prefix}llama.cpp build {plan.stamp} needed: a cold build takes minutes (CPU about "
+                    f"11 min, CUDA for one arch about 50 min on 2 cores); follow it with: tail -f {log}")
     else:
         reprove(name=f"Prove llama.cpp build {plan.stamp} again (proof {plan.proof_id}; nothing is rebuilt)",
                 plan=plan, src=layout.src, root=root)

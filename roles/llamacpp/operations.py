@@ -20,15 +20,13 @@ from .plan import PORTABLE_CPU_VARIANTS, BuildPlan, cpu_variant_name, with_cpu_f
 
 @operation()
 def checkout(git_url: str, commit: str, dest: str):
-    """
-    Check out a pinned commit of a git repository, and verify it.
+    """Check out a pinned commit of a git repository, and verify it.
 
     + git_url: repository (or mirror) to fetch from
     + commit: the pinned sha (full, or a prefix of at least 7 digits)
     + dest: work tree on the host (created on first use)
 
-    No-op when ``dest`` already has the commit checked out.
-    """
+    No-op when ``dest`` already has the commit checked out."""
     head = read(GitHead, path=dest)
     if head and head.startswith(commit):
         host.noop(f"{dest} is at {commit[:12]}")
@@ -50,8 +48,7 @@ def checkout(git_url: str, commit: str, dest: str):
 
 @operation()
 def build(plan: BuildPlan, src: str, root: str, ccache_dir=None, jobs=None):
-    """
-    Build llama.cpp into ``<root>/builds/<stamp>``, verify it, and record it.
+    """Build llama.cpp into ``<root>/builds/<stamp>``, verify it, and record it.
 
     + plan: the BuildPlan (inputs and stamp)
     + src: the checked-out source tree
@@ -59,11 +56,9 @@ def build(plan: BuildPlan, src: str, root: str, ccache_dir=None, jobs=None):
     + ccache_dir: ccache directory (shared by a rack), None for the default
     + jobs: parallel compile jobs, None for nproc
 
-    The directory counts only once ``build-info.json`` exists: the smoke run
-    (``files/llamacpp_proof.py``) writes it last, after ``--version`` ran, the
-    cubins of every arch were listed and a tiny model computed with the unit's
-    runtime flags. ``current`` is not touched here.
-    """
+    The directory counts only once the smoke run (``files/llamacpp_proof.py``) wrote its
+    ``build-info.json``, last (docs/deploy.md, "A build counts only after it computed");
+    ``current`` is not touched here."""
     builds = read(LlamacppBuilds, root=root)
     if plan.stamp in builds.verified and not read(BuildSeals, root=root).tampered(plan.stamp):
         host.noop(f"llama.cpp build {plan.stamp} exists and was verified")
@@ -124,8 +119,7 @@ def proof_spec(plan: BuildPlan, d: str, src: str, env: str, ccache_dir=None, job
     binary without weight repacking (no AMX or repacked CPU kernels; no
     rebuild), then rebuilds with fewer x86 extensions. Each rebuild reuses the
     build directory, so only ggml's CPU code compiles again. ``reprove``: the
-    build exists (maybe in service) and is never rebuilt in place: no rebuild rungs.
-    """
+    build exists (maybe in service) and is never rebuilt in place: no rebuild rungs."""
     serving = plan.proof["serving"]
     rungs = [{"name": cpu_variant_name(plan.proof["cpu_features"]), "why": "the build as asked", "serving": {}}]
     if plan.proof["cpu_fallback"]:
@@ -136,12 +130,10 @@ def proof_spec(plan: BuildPlan, d: str, src: str, env: str, ccache_dir=None, job
             args = with_cpu_features(plan.cmake_args, portable)
             if args == plan.cmake_args:
                 continue
-            rungs.append({
-                "name": name, "serving": {}, "x86_only": True, "cmake_args": list(args),
-                "why": f"the rungs before failed; rebuilt for {name} ({', '.join(portable)})",
-                "configure": configure_command(d, src, env, args, append=True),
-                "build": build_command(d, env, plan.targets, ccache_dir, jobs, append=True),
-            })
+            rungs.append({"name": name, "serving": {}, "x86_only": True, "cmake_args": list(args),
+                          "why": f"the rungs before failed; rebuilt for {name} ({', '.join(portable)})",
+                          "configure": configure_command(d, src, env, args, append=True),
+                          "build": build_command(d, env, plan.targets, ccache_dir, jobs, append=True)})
     return {"build_dir": d, "record": json.loads(plan.record()), "quant": plan.proof["quant"], "serving": serving,
             "rungs": rungs, "timeout": PROOF_TIMEOUT, "reprove": reprove}
 
@@ -169,8 +161,7 @@ def _build_env(plan: BuildPlan, root: str, ccache_dir) -> str:
 
 @operation()
 def reprove(plan: BuildPlan, src: str, root: str):
-    """
-    Prove an existing build again, in place, when the proof changed (a new llamarack's
+    """Prove an existing build again, in place, when the proof changed (a new llamarack's
     smoke script, or new serving flags) but what went into the build did not.
 
     + plan: the BuildPlan; ``plan.stamp`` the build directory, ``plan.proof_id`` the proof
@@ -181,8 +172,7 @@ def reprove(plan: BuildPlan, src: str, root: str):
     proof's result in its record and is sealed again; nothing is rebuilt, and the unit
     changes only if the new proof needs other runtime flags. A build that fails it stays
     as it was, ``builds/current`` and the unit are not touched, the run stops for this
-    host, and the next deploy builds it again beside it (``build_dir_for``).
-    """
+    host, and the next deploy builds it again beside it (``build_dir_for``)."""
     seals = read(BuildSeals, root=root)
     if seals.proofs.get(plan.stamp) == plan.proof_id:
         host.noop(f"llama.cpp build {plan.stamp} is proven by proof {plan.proof_id}")
@@ -196,15 +186,13 @@ def reprove(plan: BuildPlan, src: str, root: str):
 
 @operation()
 def seal_build(root: str, stamp: str):
-    """
-    Seal a proven build: its ``manifest.json`` (``files/build_seal.py`` says what it holds).
+    """Seal a proven build: its ``manifest.json`` (``files/build_seal.py`` says what it holds).
 
     + root: the llamarack root
     + stamp: the build directory under ``builds/``
 
     A step of its own after the smoke run: a build proven before llamarack sealed
-    builds, or one cut off between its proof and its seal, is sealed by the next run.
-    """
+    builds, or one cut off between its proof and its seal, is sealed by the next run."""
     seals = read(BuildSeals, root=root)
     if stamp in seals.changed:
         host.noop(f"llama.cpp build {stamp} is sealed")
@@ -214,12 +202,10 @@ def seal_build(root: str, stamp: str):
 
 @operation()
 def switch_current(root: str, stamp: str):
-    """
-    Point ``<root>/builds/current`` at a verified build, atomically (rename of a new link).
+    """Point ``<root>/builds/current`` at a verified build, atomically (rename of a new link).
 
     + root: the llamarack root
-    + stamp: the build to make current
-    """
+    + stamp: the build to make current"""
     builds = read(LlamacppBuilds, root=root)
     if builds.current == stamp:
         host.noop(f"llama.cpp build {stamp} is current")
@@ -231,8 +217,7 @@ def switch_current(root: str, stamp: str):
 
 @operation()
 def prune_builds(root: str, keep: int, previous=None, unit_path=None, serving=None):
-    """
-    Remove old builds, keeping ``current``, the ones the units serve with, the one that
+    """Remove old builds, keeping ``current``, the ones the units serve with, the one that
     served before this run (rollback) and the newest; failed or interrupted build
     directories go too.
 
@@ -243,8 +228,7 @@ def prune_builds(root: str, keep: int, previous=None, unit_path=None, serving=No
     + previous: the build ``current`` named before this run (read when the run was
       planned: by the time this runs, ``current`` may already point elsewhere)
     + unit_path: the llama-server unit; the build its ``ExecStart`` names is in use
-    + serving: or a function, called when this runs, that gives the builds the host's units name
-    """
+    + serving: or a function, called when this runs, that gives the builds the host's units name"""
     builds, seals = read(LlamacppBuilds, root=root), read(BuildSeals, root=root)
     in_use = tuple(serving()) if serving else (unit_build(root, read(FileContents, path=unit_path)),) if unit_path else ()
     must = list(dict.fromkeys(s for s in (builds.current, *in_use) if s))

@@ -1,17 +1,10 @@
 """The llama.cpp build plan: every input that shapes the binaries, and its stamp.
 
-A build is identified by a stamp, a hash of all its inputs (commit, backend,
-CUDA archs, toolkit, host compiler, cmake flags, targets). Same inputs, same
-stamp: nothing to build. Any input changed: a new build directory. The
-driver version is deliberately not an input: a driver upgrade alone needs a
-restart of the server, not a rebuild (unless it came with a new toolkit,
-which is an input).
-
-How a build is proven (the smoke script, the served quant and runtime flags,
-the CPU fallback ladder) is not an input either: it has its own id
-(``BuildPlan.proof_id``), recorded in ``build-info.json``. A new proof (a
-new llamarack, or new serving flags) re-proves the existing build in place
-(``operations.reprove``); only a build that fails it is built again.
+A build is identified by a stamp, a hash of its inputs (``BUILD_INPUTS`` of
+``files/build_seal.py``); how it is proven has its own id (``BuildPlan.proof_id``):
+docs/ARCHITECTURE.md ("A build's stamp is what goes into it") says why. The driver version
+is deliberately not an input: a driver upgrade alone needs a restart of the server, not a
+rebuild (unless it came with a new toolkit, which is an input).
 """
 
 from __future__ import annotations
@@ -98,16 +91,10 @@ def with_cpu_features(args: tuple, features: Optional[tuple]) -> tuple:
 
 
 def proof_kv_types(s: Settings) -> tuple:
-    """The KV types the smoke run proves the build with.
-
-    The build is planned before the model exists (a first run fetches it
-    later), so ``auto`` cannot be resolved here. It never needs to be: auto
-    picks the same type for K and V from f16, q8_0 and q4_0, and every CUDA
-    build has flash-attention kernels for each such pair, so the build
-    (cmake flags and stamp) does not depend on the model. The smoke run uses
-    q4_0 for an auto side: the quantized kernels are the ones that can be
-    missing. One side auto and the other fixed can mix types: see cmake_args.
-    """
+    """The KV types the smoke run proves the build with: an ``auto`` side cannot be resolved
+    before the model exists, and needs not be (docs/planning.md, "Choosing the context"), so
+    it is proven with q4_0, whose quantized kernels are the ones that can be missing. One
+    side auto and the other fixed can mix types: see cmake_args."""
     k, v = s.server.cache_type_k, s.server.cache_type_v
     # without flash attention the planner keeps an auto V at f16 (a quantized V needs it)
     return (k if k != "auto" else "q4_0", v if v != "auto" else "q4_0" if s.server.flash_attn else "f16")
@@ -118,8 +105,7 @@ def serving_inputs(s: Settings) -> dict:
 
     On a CUDA build every layer goes to the GPU, so the kernels for the card's
     arch really load; ``server_gpu_layers`` only shapes the served unit. The
-    unit itself serves the KV types its plan chose (``proof_kv_types``).
-    """
+    unit itself serves the KV types its plan chose (``proof_kv_types``)."""
     k, v = proof_kv_types(s)
     return {"cache_type_k": k, "cache_type_v": v, "flash_attn": s.server.flash_attn, "mmap": s.server.mmap,
             "repack": s.server.repack, "gpu_layers": 999 if s.llamacpp.backend == "cuda" else None}  # fmt: skip
@@ -131,16 +117,14 @@ def proof_inputs(s: Settings) -> dict:
 
 
 def cmake_args(s: Settings, archs: tuple, cuda_home: Optional[str], host_compiler: Optional[str]) -> tuple:
-    args = [
-        "-DCMAKE_BUILD_TYPE=Release",
-        # Without these the build downloads the web UI (no internet on racks like ours).
-        "-DLLAMA_USE_PREBUILT_UI=OFF",
-        "-DLLAMA_BUILD_UI=OFF",
-        "-DLLAMA_BUILD_TESTS=OFF",
-        "-DLLAMA_BUILD_EXAMPLES=OFF",
-        # The checkout is ours, not a llama.cpp clone with tags: say which commit it is.
-        f"-DLLAMA_BUILD_COMMIT={s.llamacpp.commit[:9]}",
-    ]
+    args = ["-DCMAKE_BUILD_TYPE=Release",
+            # Without these the build downloads the web UI (no internet on racks like ours).
+            "-DLLAMA_USE_PREBUILT_UI=OFF",
+            "-DLLAMA_BUILD_UI=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF",
+            # The checkout is ours, not a llama.cpp clone with tags: say which commit it is.
+            f"-DLLAMA_BUILD_COMMIT={s.llamacpp.commit[:9]}"]
     if s.llamacpp.backend == "cuda":
         args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(archs)}",
                  f"-DCMAKE_CUDA_COMPILER={cuda_home}/bin/nvcc"]  # fmt: skip
@@ -180,15 +164,11 @@ def same_build(name: Optional[str], stamp: str, seals=None) -> bool:
 
 
 def build_dir_for(stamp: str, builds, seals, now: Optional[float] = None, proof_id: Optional[str] = None) -> str:
-    """The directory under ``builds/`` that serves the build ``stamp``: a proven one whose
-    files match their seal and that did not fail the proof ``proof_id`` (``current``
-    first, else the newest); when there is none and ``builds/<stamp>`` is a proven build
-    (tampered, or failed the proof), a new directory beside it, so the one maybe in
-    service is never rebuilt in place and the unit keeps running it until its
-    successor is proven.
-
-    + builds: the ``LlamacppBuilds`` fact; seals: the ``BuildSeals`` fact
-    """
+    """The directory under ``builds/`` that serves the build ``stamp`` (``builds``: the
+    ``LlamacppBuilds`` fact, ``seals``: ``BuildSeals``): a proven one that matches its seal and
+    did not fail the proof ``proof_id``, ``current`` first, else the newest; else a new
+    directory beside a ``builds/<stamp>`` that did, which is never rebuilt in place
+    (docs/ARCHITECTURE.md, "A proven build is sealed")."""
     good = [name for name in builds.newest_first()
             if same_build(name, stamp, seals) and not seals.tampered(name)
             and not (proof_id and seals.failed.get(name) == proof_id)]

@@ -21,9 +21,7 @@ from llamarack.facts import FactRead
 # Options only the served unit uses. They are read here, not in the smoke script's
 # parse_server_help: that script's hash is part of every build stamp.
 ROPE_FLAGS = ("--rope-scaling", "--rope-scale", "--yarn-orig-ctx")
-# Speculative decoding with a draft model, as llama.cpp spells it since the --draft-max
-# family was removed ("the argument has been removed. use --spec-draft-n-max"). A draft
-# model alone enables nothing there: --spec-type draft-simple does.
+# Speculative decoding with a draft model, as llama.cpp spells it now (docs/planning.md, "Speculative decoding").
 SPEC_DRAFT_FLAGS = ("--spec-type", "draft-simple", "--spec-draft-model", "--spec-draft-n-max",
                     "--spec-draft-n-min", "--spec-draft-ngl", "--spec-draft-type-k", "--spec-draft-type-v")
 
@@ -53,14 +51,8 @@ def parse_build_help(text: str, proven_args: tuple = ()) -> BuildFlags:
 
 
 class GitHead(FactBase[Optional[str]]):
-    """
-    Returns the full sha checked out in a git work tree, or None when there is
-    no repository there (or no commit checked out).
-
-    .. code:: python
-
-        "dccad28c67854048fcdf644803b3f54e152d99a8"
-    """
+    """Returns the full sha checked out in a git work tree, or None when there is
+    no repository there (or no commit checked out)."""
 
     def command(self, path: str) -> str:
         return f"git -C {shlex.quote(path)} rev-parse --verify --quiet HEAD 2>/dev/null || true"
@@ -88,27 +80,18 @@ class Builds(FactValue):
 
 
 class LlamacppBuilds(FactBase[Builds]):
-    """
-    Returns the verified llama.cpp builds under ``<root>/builds`` and the one
+    """Returns the verified llama.cpp builds under ``<root>/builds`` and the one
     ``current`` points to. A build counts only once its ``build-info.json``
     exists: the build step writes it last, after verification, so a failed
-    or interrupted build is never taken for a good one.
-
-    .. code:: python
-
-        Builds(current="3f1c0a9e52d7b6e4", verified={"3f1c0a9e52d7b6e4": 1764441600},
-               partial=("9d0e4b1c2a3f5e6d",))
-    """
+    or interrupted build is never taken for a good one."""
 
     def command(self, root: str) -> str:
         builds = shlex.quote(Layout(root).builds)
-        return (
-            f"cd {builds} 2>/dev/null || exit 0; "
-            'echo "current $(readlink current 2>/dev/null)"; '
-            'for d in */; do d=${d%/}; [ "$d" = current ] && continue; '
-            'if [ -f "$d/build-info.json" ]; then echo "verified $d $(stat -c %Y "$d/build-info.json")"; '
-            'else echo "partial $d"; fi; done; true'
-        )
+        return (f"cd {builds} 2>/dev/null || exit 0; "
+                'echo "current $(readlink current 2>/dev/null)"; '
+                'for d in */; do d=${d%/}; [ "$d" = current ] && continue; '
+                'if [ -f "$d/build-info.json" ]; then echo "verified $d $(stat -c %Y "$d/build-info.json")"; '
+                'else echo "partial $d"; fi; done; true')
 
     def default(self) -> Builds:
         return Builds(None, {})
@@ -129,22 +112,18 @@ class LlamacppBuilds(FactBase[Builds]):
 
 
 class LlamaServerFlags(FactBase[Optional[ServerFlags]]):
-    """
-    Returns the flags record of the current build: the ``llama-server --help``
+    """Returns the flags record of the current build: the ``llama-server --help``
     output saved next to it at build time, and the runtime arguments its smoke
     run needed to compute (``proof.runtime_args`` of ``build-info.json``, e.g.
     ``--no-repack`` on a CPU whose AMX faults). None when there is no current
-    build.
-    """
+    build."""
 
     _SPLIT = "--- llamarack build-info.json ---"
 
     def command(self, root: str) -> str:
         current = Layout(root).current_build
-        return (
-            f"cat {shlex.quote(current + '/server-help.txt')} 2>/dev/null || exit 0; "
-            f"echo {shlex.quote(self._SPLIT)}; cat {shlex.quote(current + '/build-info.json')} 2>/dev/null; true"
-        )
+        return (f"cat {shlex.quote(current + '/server-help.txt')} 2>/dev/null || exit 0; "
+                f"echo {shlex.quote(self._SPLIT)}; cat {shlex.quote(current + '/build-info.json')} 2>/dev/null; true")
 
     def process(self, output) -> Optional[ServerFlags]:
         lines = list(output)
@@ -163,15 +142,8 @@ class LlamaServerFlags(FactBase[Optional[ServerFlags]]):
 
 
 class BuildRecord(FactBase[Optional[dict]]):
-    """
-    Returns the record of the current llama.cpp build (its ``build-info.json``,
-    written by the smoke run that proved it), or None when there is no current build.
-
-    .. code:: python
-
-        {"stamp": "498d323e499aa37d", "commit": "dccad28c...", "backend": "cuda",
-         "cuda_archs": ["70"], "proof": {"attempts": [{"ok": True, "variant": "native"}], ...}, ...}
-    """
+    """Returns the record of the current llama.cpp build (its ``build-info.json``,
+    written by the smoke run that proved it), or None when there is no current build."""
 
     def command(self, root: str) -> str:
         return f"cat {shlex.quote(Layout(root).current_build + '/build-info.json')} 2>/dev/null; true"
@@ -204,18 +176,11 @@ class Seals(FactValue):
 
 
 class BuildSeals(FactBase[Seals]):
-    """
-    Returns how every proven llama.cpp build under ``<root>/builds`` compares with
+    """Returns how every proven llama.cpp build under ``<root>/builds`` compares with
     its seal (``manifest.json``, written by ``roles/llamacpp/files/build_seal.py`` once
     the smoke run proved the build): the cheap signature of every sealed file
     (size, mtime_ns, inode). With ``sha256`` (a build directory, or ``current``)
-    that build's files are read and hashed as well.
-
-    .. code:: python
-
-        Seals(changed={"3f1c0a9e52d7b6e4": ["build/bin/llama-quantize: size 14328 (sealed: 2514432)"]},
-              unsealed=("9d0e4b1c2a3f5e6d",))
-    """
+    that build's files are read and hashed as well."""
 
     requires_command = "python3"
 
@@ -251,16 +216,8 @@ def _proof_id(value) -> Optional[str]:
 
 
 class BenchRecord(FactBase[Optional[dict]]):
-    """
-    Returns the host's llama-bench record (``<root>/state/bench.json``, written by the
-    server role's bench after a new build or model), or None when there is none.
-
-    .. code:: python
-
-        {"key": {"build": "498d323e499aa37d", "model": "2f0c7e1d9a8b6c5d"}, "mode": "stopped",
-         "backend": "cpu", "pp512": {"tokens_per_second": 1843.2, ...}, "tg128": {...},
-         "roofline": {"card": "Tesla V100-SXM2-16GB", "bandwidth_gbs": 900, ...}, ...}
-    """
+    """Returns the host's llama-bench record (``<root>/state/bench.json``, written by the
+    server role's bench after a new build or model), or None when there is none."""
 
     def command(self, path: str) -> str:
         return f"cat {shlex.quote(path)} 2>/dev/null; true"

@@ -2,22 +2,11 @@
 preflight's ``awq-card-memory`` rule (``roles/model/rules.py``).
 
 The arithmetic is the AWQ step's own (``files/awq_apply.py``: ``calibration_bytes``), which
-the step runs again on the host before the model loads, with the tokenizer's count of the
-calibration tokens: the backstop. Here nothing is fetched to the host and no tokenizer runs:
-
-- the checkpoint's counts (hidden and MLP width, heads, vocabulary) come from the GGUF the
-  host serves, when made from the same checkpoint (``served_config``);
-- else from its ``config.json`` on the hub (``hub_counts``), once per checkpoint for the run,
-  checked against the listing's blob id, only its integer counts taken, each checked for type
-  and range. A hub that cannot answer leaves the rule unable to check (``HubCounts.problem``:
-  preflight warns, the step is the backstop; the model role then reports a hub it cannot list);
-- the calibration tokens are bounded from the text's bytes (``awq_apply.tokens_at_most``:
-  at most one token per byte of each paragraph, plus the few a tokenizer adds, and never
-  more than AutoAWQ's 128 x 512), so the figure is never below what the step counts;
-- the card is the host's smallest, AutoAWQ's device being one of them.
-
-A CPU build hides the cards from the step (it calibrates on the CPU), and route gguf
-calibrates nothing: nothing to check, nothing asked of the hub.
+the step runs again on the host, on the tokenizer's count: the backstop. Here no tokenizer
+runs: the counts come from the served GGUF (``served_config``), else from the checkpoint's
+``config.json`` on the hub (``hub_counts``), the tokens are bounded from the text's bytes,
+and the card is the host's smallest. docs/quality.md ("The card's memory") says where each
+count comes from and what a hub that cannot answer leaves.
 """
 
 from __future__ import annotations

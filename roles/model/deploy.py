@@ -43,14 +43,10 @@ def plan_for(settings: Settings, link: Optional[str] = None) -> ModelPlan:
 
 
 def pipeline_user(settings: Settings) -> bool:
-    """The account fetch, convert and quantize run as (``sandbox.py``), made as the server's
-    user is; False (the host refused) when the settings give llama-server that same name.
-
-    Its own account, not llama-server's: that one reads the API key (its group) and owns
-    the CUDA kernel cache the server loads; a checkpoint's code, were it to leave its
-    sandbox, would find neither. This one owns only the staging's work directory and the
-    blob cache, and can write no served file. It is made before the server role runs,
-    which a run of the model role alone (``llamarack_roles=model``) needs."""
+    """The account fetch, convert and quantize run as (``sandbox.py``; docs/ARCHITECTURE.md
+    says why it is not llama-server's), made as the server's user is, before the server role
+    runs (a run of the model role alone needs it); False (the host refused) when the settings
+    give llama-server that same name."""
     if settings.general.service_user == PIPELINE_USER:
         refuse(name="Model pipeline user", reason=(
             f"{settings.host}: llamarack_service_user: given {PIPELINE_USER!r}, the model pipeline's own "
@@ -62,13 +58,11 @@ def pipeline_user(settings: Settings) -> bool:
 
 @deploy("llamarack model")
 def model(settings: Settings, tool_paths: Optional[dict] = None) -> ModelPlan:
-    """
-    Make the model artifact this host's settings ask for, and point ``models/current`` at it.
+    """Make the model artifact this host's settings ask for, and point ``models/current`` at it.
 
     + settings: the host's settings
     + tool_paths: where the converter python/script and llama-quantize are, when not
-      at the default places under the root (``operations.tools``)
-    """
+      at the default places under the root (``operations.tools``)"""
     plan = plan_for(settings)
     draft = draft_settings(settings)
     draft_plan = plan_for(draft, settings.layout.draft_model) if draft else None

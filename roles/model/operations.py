@@ -1,28 +1,13 @@
 """The model pipeline as one pyinfra operation: fetch, convert, quantize, seal, move into place.
 
-Everything happens in ``<root>/models/.staging/<stamp16>/`` and only a sealed
-artifact is renamed to ``<root>/models/<stamp16>``: a failed or interrupted
-run leaves the staging to resume from (partial downloads resume with HTTP
-Range; each step skips when its output exists) and never touches a finished
-artifact. ``models/current`` then switches atomically.
-
-Fetch, convert and quantize run as the pipeline's own unprivileged user, each
-in a transient systemd sandbox (``sandbox.py``: the converter may run a
-checkpoint's own Python). They write only the staging's ``work/`` directory
-(the user's, mode 700) and the blob cache (the user's); the staging itself
-stays root's (mode 710, the user's group may enter it) and holds what root
-writes: the fetch's manifest and every step's log, opened by root's shell
-and handed to the step. Root never opens a path in ``work/`` for writing:
-once the steps are done it takes ``work/`` over (``_take_over``), and only
-then records the GGUF's shape, seals it and moves it into place. The hub
-token never lies where the pipeline user can write (``_fetch``): it goes to
-``/run/llamarack/`` (mode 600, root's), read on the fetch's standard input.
-
-Downloads go through the host's blob cache (``<root>/cache/blobs``, keyed by
-the hub's content hashes): a file the cache holds is hardlinked, not fetched
-again, so an artifact remade for a new llama.cpp commit or quant converts
-from the checkpoint already on the host. Once an artifact is made, the blobs
-that no artifact's record names any more are pruned.
+Everything happens in ``<root>/models/.staging/<stamp16>/`` and only a sealed artifact is
+renamed to ``<root>/models/<stamp16>``: a failed or interrupted run leaves the staging to
+resume from (each step skips when its output exists) and never touches a finished artifact;
+``models/current`` then switches atomically. The steps run as the pipeline's own user, each
+in its sandbox (``sandbox.py``), through the host's blob cache, and root takes over what
+they made before it is sealed (``_take_over``): docs/ARCHITECTURE.md ("The model pipeline's
+sandbox", "The checkpoint is downloaded once per host") says how. The hub token goes to
+``/run/llamarack/`` (mode 600, root's), read on the fetch's standard input (``_fetch``).
 """
 
 from __future__ import annotations
@@ -58,14 +43,12 @@ TOKEN_DIR = "/run/llamarack"
 def tools(root: str) -> dict:
     """Where the other roles put what this one runs (python env, llama.cpp roles)."""
     layout = Layout(root)
-    return {
-        "python": "python3",  # the host's own: the fetcher needs only the standard library
-        "convert_python": f"{layout.env('convert')}/bin/python",
-        "convert_script": f"{layout.src}/convert_hf_to_gguf.py",
-        "quantize": f"{layout.current_build}/bin/llama-quantize",
-        "awq_python": f"{layout.env('awq')}/bin/python",
-        "perplexity": f"{layout.current_build}/bin/llama-perplexity",
-    }
+    return {"python": "python3",  # the host's own: the fetcher needs only the standard library
+            "convert_python": f"{layout.env('convert')}/bin/python",
+            "convert_script": f"{layout.src}/convert_hf_to_gguf.py",
+            "quantize": f"{layout.current_build}/bin/llama-quantize",
+            "awq_python": f"{layout.env('awq')}/bin/python",
+            "perplexity": f"{layout.current_build}/bin/llama-perplexity"}
 
 
 # llama-perplexity's context for the quality runs: the held-out text needs twice as many tokens.
@@ -88,16 +71,13 @@ def _own_tmp(path: str) -> str:
 
 
 def _into_place(tmp: str, path: str) -> str:
-    """``durable_rename`` for an ``_own_tmp`` word: the bytes reach the disk (``sync FILE``
-    is fsync(2)) before the name says the file is complete; a crash leaves no truncated
-    file to seal."""
+    """``durable_rename`` (``llamarack.operations``) for an ``_own_tmp`` word."""
     return f"sync -- {tmp} && mv -f -- {tmp} {shlex.quote(path)}"
 
 
 def _record_shape(gguf: str, python: str) -> str:
-    """Record the GGUF's shape beside it (``gguf_header.py --record``): every later read of
-    its ``GgufShape`` (each audit, each deploy's server plan) answers from the record while
-    the file is the one recorded, instead of reading past its tokenizer again."""
+    """Record the GGUF's shape beside it (``gguf_header.py --record``), which its later
+    ``GgufShape`` reads answer from while the file is the one recorded."""
     return remote.command("gguf_header", "--record", shape_record_name(), gguf, python=python)
 
 
@@ -263,17 +243,11 @@ def _measure(plan: ModelPlan, t: dict, user: str, devices: tuple, proven: tuple)
 
 
 def _take_over(plan: ModelPlan):
-    """Once the pipeline user's steps are done, what they made becomes root's: refused (and
-    removed) when the work directory holds anything but files and directories; else the GGUF
-    (and what keep_intermediates keeps) is renamed into the staging, checked again there, owned
-    by root, writable by no one else, no set-id bit; the rest goes. The staging is root's alone
-    from here on.
-
-    Checked again once renamed: the pipeline user may not write the staging (nor, in its
-    sandbox, see it writable), so what is checked there is what is kept, whatever a step
-    still going from a killed run does in the work directory. Only what is kept changes
-    owner: a checkpoint file that goes was a hardlink of a blob of the cache, which stays
-    the pipeline user's (a later fetch links it again)."""
+    """Once the pipeline user's steps are done, what they made becomes root's, as
+    docs/ARCHITECTURE.md ("The model pipeline's sandbox") says: refused (and removed) with a
+    link or a special file; else what is kept is renamed into the staging and checked again
+    there (the pipeline user cannot write the staging: what is checked there is what is kept,
+    whatever a step still going from a killed run does), owned by root, no set-id bit."""
     q, s, work = shlex.quote, plan.staging, _work(plan)
     keep = ["model.gguf"]
     if plan.converts and plan.keep_intermediates:
@@ -349,8 +323,7 @@ def _move_into_place(plan: ModelPlan, state, python: str):
 @operation()
 def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Optional[dict] = None,
              link: str = "current", user: str = sandbox.PIPELINE_USER, devices: tuple = ()):
-    """
-    Make the plan's GGUF artifact on the host unless it is already there, sealed and whole.
+    """Make the plan's GGUF artifact on the host unless it is already there, sealed and whole.
 
     + plan: the ``ModelPlan`` (``plan.plan_model``)
     + token_file: file on the control machine holding the hub token, or None
@@ -364,11 +337,8 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
     Route awq applies AutoAWQ's scales before the convert (``awq.log``). A new quantized
     artifact with ``plan.quality_file`` is measured by llama-perplexity before it is taken
     over (``quality-*.log``), the figures go into its record, and with ``plan.max_kld`` an
-    artifact above the bound is refused: ``models/current`` is not switched to it.
-
-    Each step runs as ``user`` in its sandbox and writes a log in the staging directory (it
-    becomes the artifact's), whose path is printed; the token goes up as the module tells.
-    """
+    artifact above the bound is refused: ``models/current`` is not switched to it. Each step
+    writes a log in the staging directory (it becomes the artifact's), whose path is printed."""
     t = {**tools(plan.root), **(tool_paths or {})}
     d = plan.dir
     if link not in ("current", "draft"):

@@ -1,20 +1,12 @@
 """What the model role will produce on a host: the artifact, its stamp and the steps to it.
 
-Pure functions of the settings and the hub listing (no host, no network), so
-the role and its tests share them.
-
-The artifact is content-addressed: its directory name comes from the stamp,
-a sha256 over everything that decides the bytes of ``model.gguf``: the source
-files' content hashes, and for a converted checkpoint the quant type, the
-converter's output type and the llama.cpp commit. Same inputs, same
-directory: a host that has it does nothing. Other inputs, another directory:
-the old artifact stays until the new one is complete (``models/current``
-then moves).
-
-    <root>/models/<stamp16>/model.gguf       the artifact
-    <root>/models/<stamp16>/stamp.json       its record (inputs, gguf size and sha256)
-    <root>/models/.staging/<stamp16>/        work in progress, moved into place when done
-    <root>/models/current -> <stamp16>
+Pure functions of the settings and the hub listing (no host, no network), so the role and
+its tests share them. The artifact is content-addressed: its directory,
+``<root>/models/<stamp16>``, is named by a sha256 over everything that decides the bytes of
+its ``model.gguf`` (``artifact_stamp``); its ``stamp.json`` records the inputs and the
+settings it was made from (``ModelPlan.record``), which ``plan_from_record`` and
+``plan_from_pinned_record`` plan from without the hub (docs/ARCHITECTURE.md, "The model
+role asks the hub only when it must").
 """
 
 from __future__ import annotations
@@ -137,8 +129,7 @@ class ModelPlan:
         (converting) an unquantized GGUF no bigger than a 16-bit checkpoint (the
         whole checkpoint counts, cached or not), plus the quantized file (at most
         ~8.5 bits per weight for Q8_0: ~0.55 of f16); route awq: the scaled checkpoint too
-        (fp16, no bigger than the checkpoint); measured: 1 GiB more for the saved logits.
-        """
+        (fp16, no bigger than the checkpoint); measured: 1 GiB more for the saved logits."""
         s = self.source_bytes
         need = self.to_download(cached)
         if self.converts:
@@ -254,8 +245,7 @@ def asked_inputs(settings: Settings) -> tuple:
     """The settings that decide which artifact a host serves, as (key, value) pairs.
 
     Not the endpoint (a mirror serves the same bytes) nor the retries. The
-    revision as given: a pinned commit always lists the same files.
-    """
+    revision as given: a pinned commit always lists the same files."""
     m = settings.model
     asked = {"source": m.source, "quant": m.quant}
     if m.source == "url":
@@ -323,18 +313,11 @@ _BUMPED = ("llamacpp_commit", "revision")
 
 def plan_from_pinned_record(settings: Settings, state) -> Optional[ModelPlan]:
     """The plan of the artifact the settings ask for, made from the files the served
-    artifact's record names, without asking the hub; else None.
-
-    A full 40-hex ``model_revision`` lists the same files forever, so a record made from that
-    commit with the same ``model_hf_include`` names what a listing would select, with content
-    ids and sizes. When the settings ask what the record says but the llama.cpp commit (a bump,
-    or the same artifact made again: its GGUF truncated or edited), the new artifact is planned
-    from the record; its fetch takes the blob cache's copies or downloads them from the commit.
-
-    None (the hub is asked) for another quant or outtype, a revision given shorter, a source
-    other than hf (a prequantized file's artifact does not change with llama.cpp), and a record
-    made before records carried the files' sizes (a git-sha1 check needs them).
-    """
+    artifact's record names, without asking the hub, where the settings differ from the
+    record only in the llama.cpp commit and pin the revision by its full sha
+    (docs/ARCHITECTURE.md, "The model role asks the hub only when it must"); else None.
+    A record made before records carried the files' sizes is never planned from (a git-sha1
+    check needs them)."""
     m = settings.model
     if m.source != "hf" or state is None or not state.record or not FULL_SHA.fullmatch(m.revision or ""):
         return None

@@ -45,15 +45,9 @@ class ArtifactState(FactValue):
 
 
 class ModelArtifact(FactBase[Optional[ArtifactState]]):
-    """
-    Returns the state of a model artifact directory, or None when it does not exist.
+    """Returns the state of a model artifact directory, or None when it does not exist.
 
-    A directory without ``model.gguf`` and ``stamp.json`` (a leftover) has no stamp.
-
-    .. code:: python
-
-        ArtifactState(stamp="9c4e...", gguf_size=1094112, sealed_size=1094112)
-    """
+    A directory without ``model.gguf`` and ``stamp.json`` (a leftover) has no stamp."""
 
     def command(self, path: str) -> str:
         d, gguf, stamp = (shlex.quote(p) for p in (path, f"{path}/model.gguf", f"{path}/stamp.json"))
@@ -87,25 +81,13 @@ def shape_record_name() -> str:
 
 
 class GgufShape(FactBase[Optional[dict]]):
-    """
-    Returns what the context planner needs from a GGUF file's header, or None
+    """Returns what the context planner needs from a GGUF file's header, or None
     when the file does not exist. Read by the host's python3 running
     ``roles/model/files/gguf_header.py`` (standard library only; the tensors are not read).
     With ``recorded`` (the default), from the shape recorded beside the file when its
     artifact was sealed (``shape_record_name``), as long as the file is the one it was
     recorded from (size, mtime, inode); the same answer as the header's, without reading
-    past a real tokenizer's 10^5 strings.
-
-    .. code:: python
-
-        {"architecture": "llama", "size": 1087936, "file_type": 15, "n_layer": 2,
-         "n_ctx_train": 2048, "n_head": 4, "n_head_kv": 2, "head_dim_k": 64,
-         "head_dim_v": 64, "n_embd": 256, "n_ff": 512, "n_vocab": 1000,
-         "n_swa": 0, "swa_pattern": None, "rope_scaling": None, "rope_scale": None,
-         "rope_orig_ctx": None, "layer_bytes": [333824, 376064],
-         "token_embd_bytes": 144000, "output_bytes": 211024, "tied_embeddings": False,
-         "path": "/opt/llamarack/models/<stamp>/model.gguf"}
-    """
+    past a real tokenizer's 10^5 strings."""
 
     requires_command = "python3"
 
@@ -132,18 +114,12 @@ _BLOB_ID = re.compile(r"(sha256):([0-9a-f]{64})|(git-sha1):([0-9a-f]{40})")
 
 
 class CachedBlobs(FactBase[dict]):
-    """
-    Returns which of the content ids ``ids`` the host's blob cache (``cache``:
+    """Returns which of the content ids ``ids`` the host's blob cache (``cache``:
     ``<root>/cache/blobs``) holds as sound blobs, with each blob's size: those a
     fetch hardlinks instead of downloading (``model_fetch.BlobCache.lookup``: a
     regular file whose mtime is still the one every blob gets on insert; the
     caller compares the size with the one it expects). Ids of another shape are
-    not asked.
-
-    .. code:: python
-
-        {"sha256:5ef2...": 3000000, "git-sha1:c3a1...": 600}
-    """
+    not asked."""
 
     @staticmethod
     def default() -> dict:

@@ -1,38 +1,14 @@
-"""The model pipeline's steps (fetch, convert, quantize) as an unprivileged user, each in a
-transient systemd unit with the served unit's kind of restrictions.
+"""The model pipeline's steps (fetch, convert, quantize, AWQ, the quality runs) as an
+unprivileged user, each in a transient systemd unit with the served unit's kind of
+restrictions: docs/ARCHITECTURE.md ("The model pipeline's sandbox") says why, and what
+each step may reach.
 
-Why: ``convert_hf_to_gguf.py`` calls ``AutoTokenizer.from_pretrained(...,
-trust_remote_code=True)`` for the architectures and tokenizer classes a
-checkpoint's own ``config.json`` and ``tokenizer_config.json`` name: the
-repository's Python then runs with whatever rights the converter has. So
-each step runs as ``PIPELINE_USER`` (a system account that owns nothing but
-the staging's work directory and the blob cache) through
-
-    systemd-run --quiet --wait --pipe --collect --uid=USER -p PROPERTY=VALUE ... -- COMMAND
-
-``--wait`` returns the step's own exit status, ``--pipe`` hands it the
-shell's standard input, output and error (the step's log file, opened by
-root in the root-owned staging), ``--collect`` unloads the unit even when it
-failed, ``--quiet`` keeps systemd-run's own lines out of the log; all four
-are in bookworm's systemd 252. When the command ends, systemd stops every
-process it left behind (the unit's cgroup).
-
-Every step runs confined as the served unit is (``CONFINED``): no privilege, a read-only
-system where only the paths the step names are writable, private ``/tmp`` and ``/dev``.
-Convert and quantize also run with no network (``PrivateNetwork``, ``IPAddressDeny=any``, and
-``RestrictAddressFamilies=AF_UNIX``, which holds where a container's systemd
-cannot make a network namespace) and with the hub libraries offline
-(``HF_HUB_OFFLINE=1``); they write only the work directory, and read the
-checkpoint read-only. The fetch (the standard-library fetcher, no hub code)
-has the network, and writes the llamarack root (permissions then allow the
-work directory and the blob cache only): one mount, so that a cached blob
-can be hardlinked into the fetch (``link(2)`` fails across two mounts).
-
-systemd expands ``${NAME}``, ``$NAME`` and ``$$`` in a transient unit's command
-line (systemd-run of 252 cannot turn that off): every ``$`` of a word is
-written ``$$`` here, so the step runs exactly the words given. Property and
-environment values are fixed words or paths of ``host_path``'s shape
-(checked: systemd-run splits a property's value on spaces).
+Each step runs as ``systemd-run --quiet --wait --pipe --collect --uid=USER -p ... -- COMMAND``
+(bookworm's systemd 252): ``--collect`` unloads the unit even when it failed, ``--quiet``
+keeps systemd-run's own lines out of the step's log, and systemd stops every process the
+step left behind. Every ``$`` of a word is written ``$$`` (systemd expands it in a transient
+unit's command line); property and environment values are fixed words or paths of
+``host_path``'s shape (systemd-run splits a property's value on spaces).
 """
 
 from __future__ import annotations

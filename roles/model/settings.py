@@ -54,8 +54,7 @@ class ModelSettings(Section):
     repo: Optional[str] = setting(None, "hub repository id, e.g. Qwen/Qwen2.5-7B-Instruct", _hub_repo)
     revision: Optional[str] = setting(
         None, "hub commit sha the repository is pinned to; given in full (40 hex digits), a llama.cpp "
-        "bump asks the hub nothing", git_revision
-    )
+        "bump asks the hub nothing", git_revision)
     file: Optional[str] = setting(None, "file name in the repository (source gguf)", _repo_file)
     url: Optional[str] = setting(None, "download URL (source url)", remote_url)
     sha256: Optional[str] = setting(None, "sha256 of the file at url (source url)", sha256_hex)
@@ -76,8 +75,7 @@ class ModelSettings(Section):
     route: Literal["gguf", "awq"] = setting(
         "gguf", "gguf (convert_hf_to_gguf.py, then llama-quantize) or awq (AutoAWQ's scales applied into the "
         "fp16 weights in the AWQ env, calibrated on the host's GPU when it has one, then the same convert "
-        "and llama-quantize); source hf only"
-    )
+        "and llama-quantize); source hf only")
     awq_zero_point: bool = setting(True, "AutoAWQ quant_config zero_point (route awq)")
     awq_q_group_size: int = setting(128, "AutoAWQ quant_config q_group_size (route awq)", _group_size,
                                     between=(32, 128))
@@ -86,21 +84,18 @@ class ModelSettings(Section):
     awq_version: Literal["GEMM", "GEMV"] = setting("GEMM", "AutoAWQ quant_config version (route awq)")
     awq_calibration_file: Optional[str] = setting(
         None, "text file on the control machine AutoAWQ calibrates on (paragraphs split by blank lines; "
-        "route awq); None: the text shipped in roles/model/files/calibration.txt", control_file
-    )
+        "route awq); None: the text shipped in roles/model/files/calibration.txt", control_file)
     # -- the quality of a new artifact: llama-perplexity against its f16 GGUF --
     quality: bool = setting(
         False, "measure a new converted artifact with llama-perplexity on a held-out text: perplexity, and KL "
-        "divergence against its f16 GGUF with f16, q8_0 and q4_0 KV; recorded in its stamp.json (builds llama-perplexity too: one rebuild of llama.cpp when turned on)"
-    )
+        "divergence against its f16 GGUF with f16, q8_0 and q4_0 KV; recorded in its stamp.json (builds "
+        "llama-perplexity too: one rebuild of llama.cpp when turned on)")
     quality_text_file: Optional[str] = setting(
         None, "held-out text file on the control machine the quality is measured on (never the calibration "
-        "text); None: roles/model/files/quality.txt", control_file
-    )
+        "text); None: roles/model/files/quality.txt", control_file)
     quality_max_kld: Optional[float] = setting(
         None, "refuse a new artifact whose mean KL divergence (any KV type measured) is above this; the "
-        "served one stays; None: no bound", between=(0.0, 100.0)
-    )
+        "served one stays; None: no bound", between=(0.0, 100.0))
     keep_f16: bool = setting(False, "keep the f16 GGUF the quality is measured against, beside the artifact")
     # -- the draft model (speculative decoding): fetched, converted and quantized as the model is --
     draft_repo: Optional[str] = setting(

@@ -1,9 +1,6 @@
-"""Where ``llamarack plan`` gets a model's shape: a GGUF header (a local file,
-or read from the hub with HTTP ranges) or a ``config.json`` and a quant.
-
-The shape is the dict ``roles/model/files/gguf_header.py`` makes from a GGUF
-(what the ``GgufShape`` fact returns on a host), so the planner cannot tell
-where it came from.
+"""Where ``llamarack plan`` gets a model's shape: a GGUF header (a local file, or read from
+the hub with HTTP ranges) or a ``config.json`` and a quant; the shape is the dict
+``roles/model/files/gguf_header.py`` makes, as the ``GgufShape`` fact does on a host.
 
 From a ``config.json`` the weights are estimated: the tensors llama.cpp's
 converter writes for the architecture, each counted with the type
@@ -129,19 +126,17 @@ def shape_from_config(config: dict, quant: str, name: str = "config.json") -> di
     pattern = [t == "sliding_attention" for t in layer_types] if layer_types else c.get("sliding_window_pattern")
     rope = c.get("rope_scaling") or {}
     rope_type = rope.get("rope_type") or rope.get("type")
-    shape = {
-        "path": name, "size": sum(layers) + embd + output, "architecture": arch, "file_type": QUANTS[quant][2],
-        "n_layer": n, "n_ctx_train": trained, "n_head": n_head, "n_head_kv": n_kv,
-        "head_dim_k": hd, "head_dim_v": hd, "n_embd": n_embd, "n_ff": n_ff, "n_vocab": vocab,
-        "n_swa": swa or 0, "swa_pattern": pattern if swa else None,
-        # as the converter writes them: a type llama.cpp names (llama3's goes into a tensor), and
-        # the original context for YaRN only
-        "rope_scaling": rope_type if rope_type in ("linear", "yarn") else None,
-        "rope_scale": rope.get("factor") if rope_type in ("linear", "yarn") else None,
-        "rope_orig_ctx": rope.get("original_max_position_embeddings") if rope_type == "yarn" else None,
-        "layer_bytes": layers, "token_embd_bytes": embd, "output_bytes": output, "tied_embeddings": tied,
-        "estimated_from": f"{name} at {quant} (llama-quantize's type rules, ggml block sizes)",
-    }  # fmt: skip
+    shape = {"path": name, "size": sum(layers) + embd + output, "architecture": arch, "file_type": QUANTS[quant][2],
+             "n_layer": n, "n_ctx_train": trained, "n_head": n_head, "n_head_kv": n_kv,
+             "head_dim_k": hd, "head_dim_v": hd, "n_embd": n_embd, "n_ff": n_ff, "n_vocab": vocab,
+             "n_swa": swa or 0, "swa_pattern": pattern if swa else None,
+             # as the converter writes them: a type llama.cpp names (llama3's goes into a tensor), and
+             # the original context for YaRN only
+             "rope_scaling": rope_type if rope_type in ("linear", "yarn") else None,
+             "rope_scale": rope.get("factor") if rope_type in ("linear", "yarn") else None,
+             "rope_orig_ctx": rope.get("original_max_position_embeddings") if rope_type == "yarn" else None,
+             "layer_bytes": layers, "token_embd_bytes": embd, "output_bytes": output, "tied_embeddings": tied,
+             "estimated_from": f"{name} at {quant} (llama-quantize's type rules, ggml block sizes)"}  # fmt: skip
     try:
         check_shape(shape)
     except GgufError as e:

@@ -25,10 +25,8 @@ def items(seen: Seen) -> dict[str, Item]:
             for g in seen.facts.gpus]  # fmt: skip
     failures = evaluate(seen.settings, seen.facts)
     deployer = seen.fact(DeployedBy, path=seen.settings.layout.deployed_by)
-    return {
-        "gpus": Item(gpus),
-        "rules": Item([f.message(seen.name) for f in failures], [], drift=bool(failures)),
-        "disk": Item({"free_bytes": seen.fact(FreeDiskBytes, path=seen.settings.general.root)}),
-        # the version that last deployed the host, against this one: the next deploy records this one
-        "llamarack": Item(deployer, __version__, drift=deployer != __version__),
-    }
+    return {"gpus": Item(gpus),
+            "rules": Item([f.message(seen.name) for f in failures], [], drift=bool(failures)),
+            "disk": Item({"free_bytes": seen.fact(FreeDiskBytes, path=seen.settings.general.root)}),
+            # the version that last deployed the host, against this one: the next deploy records this one
+            "llamarack": Item(deployer, __version__, drift=deployer != __version__)}

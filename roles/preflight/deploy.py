@@ -22,15 +22,13 @@ from .reads import DeployedBy, gather, preflight_reads, role_reads
 
 @deploy("llamarack preflight")
 def preflight(settings: Settings) -> Optional[HostFacts]:
-    """
-    Run the compatibility rules; return the facts they read when the host may be
+    """Run the compatibility rules; return the facts they read when the host may be
     changed (the later roles plan from them rather than read them again), else None.
 
     + settings: the host's settings (all roles: the rules span them)
 
     On success the GPU list is recorded under the llamarack root, so a later
-    run can still tell which cards the host has when the driver hides them.
-    """
+    run can still tell which cards the host has when the driver hides them."""
     # One remote command for every fact the rules and the roles that run will read (reads.py says how long it holds).
     read_together(*preflight_reads(settings), *role_reads(settings))
     failures = _os_failures()
@@ -72,13 +70,11 @@ def _refuse(failures: list[str]) -> None:
 
 @deploy("llamarack preflight (gateway)")
 def gateway_preflight(settings: Settings) -> bool:
-    """
-    Preflight of a gateway (a host of group ``gateways``: HAProxy, no llama-server): the
+    """Preflight of a gateway (a host of group ``gateways``: HAProxy, no llama-server): the
     gateway role's facts in one read, and the OS check; no GPU, driver or toolkit rule
     applies. Returns whether the host may be changed.
 
-    + settings: the host's settings
-    """
+    + settings: the host's settings"""
     read_together(FactRead.of(LinuxDistribution), *role_reads(settings))
     failures = _os_failures()
     if failures:
@@ -88,12 +84,10 @@ def gateway_preflight(settings: Settings) -> bool:
 
 @deploy("llamarack deployed")
 def deployed(settings: Settings):
-    """
-    Last of a run, once every role went through on this host: record the version of
+    """Last of a run, once every role went through on this host: record the version of
     llamarack that deployed it (``Layout.deployed_by``; the audit shows it).
 
-    + settings: the host's settings
-    """
+    + settings: the host's settings"""
     path = settings.layout.deployed_by
     record_deployment(name=f"Record llamarack {__version__} as this host's deployer", path=path,
                       version=__version__, recorded=read(DeployedBy, path=path))

@@ -1,11 +1,7 @@
 """Every fact the roles will read on a host, for preflight to read in one remote command
 (the rules' own, and each role's part: ``roles/<role>/reads.py``), and ``gather``: the
-facts the rules look at, as ``HostFacts``.
-
-The roles read their facts through ``llamarack.facts.read``; what preflight
-read here answers them until an operation on the host changes something.
-This list only saves round trips: a fact missing from it is read when a
-role asks for it, one more command (the converged benchmark counts them).
+facts the rules look at, as ``HostFacts``. The list only saves round trips: a fact missing
+from it is read when a role asks for it, one more command (the converged benchmark counts them).
 """
 
 from __future__ import annotations
@@ -44,14 +40,8 @@ def _private_paths(settings: Settings) -> tuple[str, ...]:
 
 
 class DeployedBy(FactBase[Optional[str]]):
-    """
-    Returns the version of llamarack that last deployed the host
-    (``<root>/state/deployed-by.json``, written at the end of every deploy), or None.
-
-    .. code:: python
-
-        "0.1.0"
-    """
+    """Returns the version of llamarack that last deployed the host
+    (``<root>/state/deployed-by.json``, written at the end of every deploy), or None."""
 
     def command(self, path: str) -> str:
         return f"cat {shlex.quote(path)} 2>/dev/null; true"
@@ -109,29 +99,26 @@ def gather(settings: Settings, read=read, hub: bool = False) -> HostFacts:
       the answers its one command got)
     + hub: also ask the hub, on the control machine, for the checkpoint's config.json
       where route awq calibrates one the served GGUF does not give the shape of
-      (``calibration.hub_counts``): preflight's deploy; the audit never asks the hub
-    """
+      (``calibration.hub_counts``): preflight's deploy; the audit never asks the hub"""
     cuda = settings.llamacpp.backend == "cuda"
     server, user = settings.general.runs("server"), settings.general.service_user
     served_model, served_shape = calibration.served(settings, read)
-    return HostFacts(
-        driver=read(NvidiaSmi),
-        module=read(NvidiaKernelModule),
-        toolkits=tuple(read(CudaToolkits, extra_homes=toolkit_search_homes(settings))) if cuda else (),
-        gcc=read(GccVersions),
-        gcc_installable=read(InstallableGccMajors) if cuda else (),
-        recorded_gpus=read(RecordedGpus, path=settings.layout.gpus_record),
-        # the driver the next boot loads: nvidia-smi cannot say when the module ignores the card
-        driver_packages=tuple(read(NvidiaDriverPackages)),
-        pci_cards=tuple(read(NvidiaPciCards)) if cuda else None,
-        kernel_log=read(NvidiaKernelLog) if cuda else None,
-        mig=tuple(read(MigStates)) if cuda else (),
-        # who may write where root runs and builds: the dirs-private rule
-        path_owners=read(PathOwners, paths=paths) if (paths := _private_paths(settings)) else None,
-        service_user=read(SystemUser, user=user) if server else None,
-        service_group=read(SystemGroup, group=user) if server else None,
-        # route awq on the cards: what the calibration is counted from (the awq-card-memory rule)
-        served_model=served_model,
-        served_shape=served_shape,
-        hub_config=calibration.hub_counts(settings, served_model, served_shape) if hub else None,
-    )
+    return HostFacts(driver=read(NvidiaSmi),
+                     module=read(NvidiaKernelModule),
+                     toolkits=tuple(read(CudaToolkits, extra_homes=toolkit_search_homes(settings))) if cuda else (),
+                     gcc=read(GccVersions),
+                     gcc_installable=read(InstallableGccMajors) if cuda else (),
+                     recorded_gpus=read(RecordedGpus, path=settings.layout.gpus_record),
+                     # the driver the next boot loads: nvidia-smi cannot say when the module ignores the card
+                     driver_packages=tuple(read(NvidiaDriverPackages)),
+                     pci_cards=tuple(read(NvidiaPciCards)) if cuda else None,
+                     kernel_log=read(NvidiaKernelLog) if cuda else None,
+                     mig=tuple(read(MigStates)) if cuda else (),
+                     # who may write where root runs and builds: the dirs-private rule
+                     path_owners=read(PathOwners, paths=paths) if (paths := _private_paths(settings)) else None,
+                     service_user=read(SystemUser, user=user) if server else None,
+                     service_group=read(SystemGroup, group=user) if server else None,
+                     # route awq on the cards: what the calibration is counted from (the awq-card-memory rule)
+                     served_model=served_model,
+                     served_shape=served_shape,
+                     hub_config=calibration.hub_counts(settings, served_model, served_shape) if hub else None)

@@ -48,12 +48,10 @@ def rule_dirs_private(s: Settings, facts: HostFacts) -> Optional[Failure]:
     if not found:
         return None
     user = "" if owners.deployer_uid == 0 else f" (or the deploying user, uid {owners.deployer_uid})"
-    return Failure(
-        "dirs-private", "; ".join(found),
-        f"each of them and every directory above it owned by root{user} and writable by no group or "
-        "other user (a sticky /tmp counts: anyone can make a name in it), since root runs what is there",
-        "; ".join(fixes),
-    )  # fmt: skip
+    return Failure("dirs-private", "; ".join(found),
+                   f"each of them and every directory above it owned by root{user} and writable by no group or "
+                   "other user (a sticky /tmp counts: anyone can make a name in it), since root runs what is there",
+                   "; ".join(fixes))  # fmt: skip
 
 
 RULES = (*driver.RULES, *llamacpp.RULES, *toolchain.RULES, rule_dirs_private, *server.RULES, *model.RULES)

@@ -32,35 +32,29 @@ def _make_env(settings: Settings, name: str) -> str:
 
 @deploy("llamarack python env")
 def python_env(settings: Settings, facts: Optional[HostFacts] = None):
-    """
-    The AWQ env (``<root>/envs/awq``): torch, transformers, accelerate, autoawq at their pins.
+    """The AWQ env (``<root>/envs/awq``): torch, transformers, accelerate, autoawq at their pins.
 
     + settings: the host's settings (``python_env_*``; on CUDA builds the toolkit
       version and the GPUs' archs are verified against torch)
-    + facts: what preflight read (the GPUs); needed on CUDA builds only
-    """
+    + facts: what preflight read (the GPUs); needed on CUDA builds only"""
     try:
         locked = awq_lock(settings)  # python_env_awq_lock_file, read on the control machine
     except LockError as e:
         raise DeployError(f"{host.name}: {e}") from None
     env = _make_env(settings, "awq")
     archs = build_archs(settings, facts) if settings.llamacpp.backend == "cuda" else ()
-    pip_pins(
-        name="AWQ env pins (resolve, install, verify)" + (" from the hash-checked lock" if locked else ""),
-        plan=awq_plan(settings, env, archs, locked=locked),
-    )
+    pip_pins(name="AWQ env pins (resolve, install, verify)" + (" from the hash-checked lock" if locked else ""),
+             plan=awq_plan(settings, env, archs, locked=locked))
 
 
 @deploy("llamarack converter env")
 def converter_env(settings: Settings, requirements_path: str = None):
-    """
-    The env for llama.cpp's ``convert_hf_to_gguf.py`` (``<root>/envs/convert``).
+    """The env for llama.cpp's ``convert_hf_to_gguf.py`` (``<root>/envs/convert``).
 
     + settings: the host's settings (``python_env_*``)
     + requirements_path: the converter's requirements file; default: in the
       llama.cpp checkout under ``<root>/src/llama.cpp``, which may be made
-      earlier in the same run (the file is read when the operation runs)
-    """
+      earlier in the same run (the file is read when the operation runs)"""
     env = _make_env(settings, "convert")
     converter_pins(name="Converter env pins (resolve, install, verify)", settings=settings,
                    requirements_path=requirements_path or settings.layout.converter_requirements, env=env)

@@ -16,13 +16,11 @@ from .plan import EnvPlan, converter_plan, unmet
 
 @operation()
 def venv(env: str, python: str, python_version: str):
-    """
-    Create a venv with ``python``; recreate it if it holds another Python version.
+    """Create a venv with ``python``; recreate it if it holds another Python version.
 
     + env: env directory
     + python: interpreter to create it with (``/usr/bin/python3.11``)
-    + python_version: the ``major.minor`` it must have
-    """
+    + python_version: the ``major.minor`` it must have"""
     current = read(PythonEnvPackages, env=env)
     if current and current.python_version.startswith(python_version + "."):
         host.noop(f"venv {env} already has Python {current.python_version}")
@@ -36,12 +34,10 @@ def venv(env: str, python: str, python_version: str):
 
 @operation()
 def pip_pins(plan: EnvPlan):
-    """
-    Bring an env to its plan: resolve first, install step by step, verify
+    """Bring an env to its plan: resolve first, install step by step, verify
     (``files/pyenv_check.py``); a converged env (every pin and constraint met) costs no pip call.
 
-    + plan: the env's pins, indexes, order and checks (``plan.EnvPlan``)
-    """
+    + plan: the env's pins, indexes, order and checks (``plan.EnvPlan``)"""
     env = read(PythonEnvPackages, env=plan.env)
     if env is not None and not unmet(plan, env.packages, env.python_version):
         host.noop(f"{plan.env} already has {', '.join(plan.require)}")
@@ -60,13 +56,11 @@ def pip_pins(plan: EnvPlan):
 
 @operation()
 def converter_pins(settings, requirements_path: str, env: str):
-    """
-    ``pip_pins`` for llama.cpp's converter env, planned from its requirements file.
+    """``pip_pins`` for llama.cpp's converter env, planned from its requirements file.
 
     + settings: the host's settings (indexes, overrides)
     + requirements_path: ``requirements-convert_hf_to_gguf.txt`` in the llama.cpp tree
-    + env: the converter env's prefix
-    """
+    + env: the converter env's prefix"""
     lines = read(RequirementsFile, path=requirements_path)
     if lines is None:
         if executing():

@@ -1,13 +1,10 @@
 """Plans for llamarack's Python environments: what is pinned, from where, in which order.
 
-Pure functions of settings (and, for the converter, the requirement lines
-read from the llama.cpp tree); ``operations.pip_pins`` runs a plan with
-``files/pyenv_check.py`` on the host. Why the AWQ env is installed in three
-steps: autoawq 0.2.7 declares ``torch>=2.5.1`` and intel-extension-for-pytorch,
-which the reference torch 2.1.2 cannot meet, and torch < 2.3 breaks with
-numpy 2. So torch goes in first from its own index, the rest with torch and
-numpy held by constraints, and autoawq last with ``--no-deps`` plus the
-requirements it really imports (``python_env_autoawq_requirements``).
+Pure functions of settings (and, for the converter, the requirement lines read from the
+llama.cpp tree); ``operations.pip_pins`` runs a plan with ``files/pyenv_check.py`` on the
+host. The AWQ env goes in three steps (docs/deploy.md, "The roles", says why): torch from
+its own index, the rest with torch and numpy held by constraints, autoawq last with
+``--no-deps`` plus the requirements it really imports (``python_env_autoawq_requirements``).
 """
 
 from __future__ import annotations
@@ -103,11 +100,9 @@ def awq_plan(settings: Settings, env: str, gpu_archs: tuple = (), locked: Option
     extra = tuple(u for u in (s.torch_index_url,) if u != s.index_url)
     steps = (
         PipStep((torch,), s.torch_index_url),
-        PipStep(
-            (f"transformers=={s.transformers_version}", f"accelerate=={s.accelerate_version}",
-             *s.autoawq_requirements, *(AWQ_TOKENIZER_REQUIREMENTS if settings.model.route == "awq" else ())),
-            s.index_url,
-        ),  # fmt: skip
+        PipStep((f"transformers=={s.transformers_version}", f"accelerate=={s.accelerate_version}",
+                 *s.autoawq_requirements, *(AWQ_TOKENIZER_REQUIREMENTS if settings.model.route == "awq" else ())),
+                s.index_url),  # fmt: skip
         PipStep((f"autoawq=={s.autoawq_version}",), s.index_url, no_deps=True),
     ) if locked is None else (
         PipStep(tuple(r for r, _ in locked), s.index_url, no_deps=True, extra_index_urls=extra,
@@ -209,8 +204,7 @@ def converter_plan(settings: Settings, env: str, lines: tuple, python_version: s
     ``python_env_converter_overrides`` replace the file's lines of the same
     package; lines whose marker is false for the env's Python are dropped;
     torch comes from ``python_env_converter_torch_index_url`` and is held
-    by a constraint while the rest installs.
-    """
+    by a constraint while the rest installs."""
     s = settings.python_env
     wanted: dict[str, str] = {}
     for line in lines:

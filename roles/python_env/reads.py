@@ -30,15 +30,8 @@ class PythonEnv(FactValue):
 
 
 class PythonEnvPackages(FactBase[Optional[PythonEnv]]):
-    """
-    Returns the Python version of the env at ``env`` and every distribution
-    installed in it, or None when the env has no interpreter yet.
-
-    .. code:: python
-
-        PythonEnv(python_version="3.11.2",
-                  packages={"torch": "2.13.0+cpu", "transformers": "4.44.2", ...})
-    """
+    """Returns the Python version of the env at ``env`` and every distribution
+    installed in it, or None when the env has no interpreter yet."""
 
     def host_run(self, env: str) -> tuple:
         return ("env_packages", env)
@@ -59,15 +52,8 @@ class PythonEnvPackages(FactBase[Optional[PythonEnv]]):
 
 
 class RequirementsFile(FactBase[Optional[tuple]]):
-    """
-    Returns the requirement lines of a pip requirements file, ``-r`` includes
-    followed and option lines dropped; None when the file does not exist.
-
-    .. code:: python
-
-        ("numpy~=2.2.6", "sentencepiece>=0.1.98,<0.3.0", "transformers==4.57.6",
-         "gguf>=0.1.0", "protobuf>=4.21.0,<5.0.0", "torch==2.11.0")
-    """
+    """Returns the requirement lines of a pip requirements file, ``-r`` includes
+    followed and option lines dropped; None when the file does not exist."""
 
     def host_run(self, path: str) -> tuple:
         return ("requirements_flatten", path)

@@ -1,25 +1,8 @@
-"""How a host's cards serve a model: one llama-server per card, or one over several.
-
-- ``per_card``: one unit per card, each planned for its card alone (``planner.plan``).
-- ``split``: units over the fewest cards (two at least) that hold every layer at the
-  wanted context, or without one at the minimum (``server_min_ctx_size``), with
-  llama.cpp's layer split (``planner.plan`` over those cards).
-- ``auto``: ``per_card`` when every card holds every layer at that context alone;
-  otherwise units over the fewest cards that hold every layer.
-
-Cards are taken largest first (the host's order among equal ones); each unit takes the
-fewest of the cards left that hold every layer, and again while the cards left hold it:
-8 cards and a model that needs 3 make 2 units of 3, and 2 cards stay free (fewer than 3
-do not hold it). With mixed cards a unit may need more cards than the one before. When
-no group of the cards holds every layer, one unit over all of them serves the most
-layers that leave the minimum context, the rest on the host. ``choose_layout`` says
-which, and why.
-
-The ledger alone cannot rank two layouts in one case (``rival_layout``): with no wanted
-context, ``auto`` serves per card as soon as one card holds every layer at the minimum,
-and when each card alone then holds less context than a split of the same cards, the
-ledger offers a trade of context against servers, not an answer. ``settle`` picks
-between them by the host's llama-bench figures (the server role's bench record).
+"""How a host's cards serve a model: one llama-server per card (``per_card``), or one over
+several (``split``), or ``auto`` between them. docs/planning.md ("The layout", "When the
+ledger alone cannot choose") says how the cards are grouped and when the host's llama-bench
+record decides; ``choose_layout`` says which layout, and why, ``rival_layout`` finds the case
+the ledger cannot rank and ``settle`` ranks it by the bench record.
 """
 
 from __future__ import annotations
@@ -186,12 +169,9 @@ def _over(unit: Unit) -> str:
 def rival_layout(shape: dict, knobs: Knobs, cards, chosen: Layout, draft: Optional[dict] = None,
                  split_mode: str = "layer") -> Optional[Layout]:  # fmt: skip
     """The layout the ledger alone cannot rank against ``chosen`` (``auto``'s answer), or None:
-    exactly when ``auto`` chose ``per_card`` with no wanted context (each unit serves the
-    largest context its card holds) and ``split``'s units, every layer on their cards, each
-    give more context than the per-card unit with the least. With a wanted context both serve
-    it and per_card serves more of it; when one card already holds the most the model allows,
-    a split gives nothing more; several cards or mixed were chosen because cards alone do not
-    hold every layer."""
+    ``split``'s units when ``auto`` chose ``per_card`` with no wanted context and each of
+    them gives more context than the per-card unit with the least (docs/planning.md, "When
+    the ledger alone cannot choose", says why only then)."""
     cards = tuple(cards)
     if chosen.asked != "auto" or chosen.chosen != "per_card" or knobs.ctx_size or len(cards) < 2:
         return None
@@ -219,15 +199,10 @@ def trade(chosen: Layout, rival: Layout) -> str:
 
 
 def settle(chosen: Layout, rival: Layout, figures: Optional[dict], source: str) -> tuple:
-    """(the layout served, the other) of ``chosen`` (the ledger's answer) and its ``rival``.
-
-    + figures: each layout's llama-bench tg128 per unit (``{layout.chosen: [t/s, ...]}``), or
-      None when the record does not hold both
-    + source: which record they are, or why there is none (said in the reason)
-
-    The faster is the layout of the larger total tg128 over the host's cards: the sum over
-    its units (a unit generates for its own clients beside the others). Equal totals, or no
-    figures: the ledger's answer. The reason says which, and the figures."""
+    """(the layout served, the other) of ``chosen`` (the ledger's answer) and its ``rival``:
+    the one of the larger total tg128 over its units (``figures``: ``{layout.chosen: [t/s,
+    ...]}``, None when the record does not hold both), else the ledger's answer; the reason
+    says which, and by what (``source``: which record, or why there is none)."""
     said = trade(chosen, rival)
     if not figures:
         return replace(chosen, reason=f"{chosen.reason}; {said}; {source}: {chosen.chosen}, the ledger's answer",

@@ -22,16 +22,14 @@ from .reads import ServedUnits
 
 @deploy("llama-server")
 def llama_server(settings: Settings, facts: HostFacts, templates: tuple = (), rebooted=None):
-    """
-    Run llama-server as a system service and check that it answers.
+    """Run llama-server as a system service and check that it answers.
 
     + settings: the host's settings (``server_*``, ``llamarack_service_user``)
     + facts: what preflight read; where it knew no GPU (a mismatch the driver role reboots
       away), the service reads the record the driver role wrote after the reboot
     + templates: folders whose templates replace the role's own (the project's ``templates/``)
     + rebooted: the driver role's reboot operation, or None; when it rebooted the host and the
-      unit was not switched, ``/health`` is checked anyway: the same unit runs on a new driver
-    """
+      unit was not switched, ``/health`` is checked anyway: the same unit runs on a new driver"""
     user = settings.general.service_user  # no shell; its home, not created, is the llamarack root
     system_account(name=f"Service user {user}", user=user, home=settings.general.root, setting="llamarack_service_user")
     # The build current before this run: kept for rollback whatever else was built since.
@@ -40,37 +38,23 @@ def llama_server(settings: Settings, facts: HostFacts, templates: tuple = (), re
     addr = reach if listen in ("0.0.0.0", "::") else listen
     url = f"http://{addr}:{settings.server.port}"
     key = "API key required" if settings.server.api_key_file else "no API key"
-    served = service(
-        name=f"llama-server at {url} ({key})",
-        settings=settings,
-        gpus=facts.gpus,
-        templates=tuple(templates),
-    )
+    served = service(name=f"llama-server at {url} ({key})", settings=settings, gpus=facts.gpus,
+                     templates=tuple(templates))
     if rebooted is not None:
-        answers_health(
-            name="llama-server answers /health after the driver reboot",
-            settings=settings,
-            reason="the reboot for the driver upgrade",
-            _if=[rebooted.did_change, lambda: not served.did_change()],
-        )
+        answers_health(name="llama-server answers /health after the driver reboot", settings=settings,
+                       reason="the reboot for the driver upgrade",
+                       _if=[rebooted.did_change, lambda: not served.did_change()])
     # After a new build or model: llama-bench with the served flags, recorded beside the
     # card's roofline (state/bench.json); a converged run finds its record and does nothing.
-    bench(
-        name=f"llama-bench pp512/tg128 (server_bench = {settings.server.bench!r})",
-        settings=settings,
-        gpus=facts.gpus,
-    )
+    bench(name=f"llama-bench pp512/tg128 (server_bench = {settings.server.bench!r})", settings=settings,
+          gpus=facts.gpus)
     # Old builds go only now, once the unit that serves has answered /health (or was put
     # back): nothing the running server uses is removed before its successor serves. The builds
     # the units name are read when the prune runs.
-    prune_builds(
-        name=f"Prune old llama.cpp builds (keep {settings.llamacpp.keep_builds})",
-        root=settings.general.root,
-        keep=settings.llamacpp.keep_builds,
-        previous=previous,
-        serving=lambda: tuple(unit_build(settings.general.root, u.lines)
-                              for u in read(ServedUnits, state=settings.layout.state).values()),
-    )
+    prune_builds(name=f"Prune old llama.cpp builds (keep {settings.llamacpp.keep_builds})", root=settings.general.root,
+                 keep=settings.llamacpp.keep_builds, previous=previous,
+                 serving=lambda: tuple(unit_build(settings.general.root, u.lines)
+                                       for u in read(ServedUnits, state=settings.layout.state).values()))
     report(name="How to reach it", message=lambda: serving(settings, reach, facts.gpus))
 
 

@@ -1,11 +1,7 @@
 """The server role's operations: the service user, the units (plan, write, switch), /health,
-``llamarack rollback`` and the bench.
-
-A unit names the build and model directories it serves (``builds/<stamp>``,
-``models/<stamp16>``), not the ``current`` links: the running server keeps its files while a
-later run builds or fetches new ones, and the unit's text changes exactly when what it serves
-changes. Facts are read when an operation runs (pyinfra 3 runs its body at execution time),
-so a first run plans from what the llama.cpp and model roles made earlier in the same run.
+``llamarack rollback`` and the bench. A unit names the build and model directories it serves,
+not the ``current`` links, and is planned when the operation runs (docs/ARCHITECTURE.md, "The
+server operation plans at execution time").
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ from typing import Optional
 from pyinfra import host, logger
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.files import FileContents, Link
-from pyinfra.operations.util.files import generate_color_diff
 from pyinfra.facts.server import Command
 
 from llamarack import remote
@@ -28,10 +23,10 @@ from roles.llamacpp.reads import BenchRecord, BuildSeals, LlamaServerFlags
 from roles.driver.reads import CharDevices, RecordedGpus
 from roles.model.reads import GgufShape, ModelArtifact
 from roles.server.reads import (KEY_DIGEST_SALT, NOLOGIN, SERVICE_USER_MARK, FoundUnit, ServedUnits, SystemGroup,
-                                SystemUser, active_since, key_digest_command, unit_cards)  # fmt: skip
+                                SystemUser, active_since, secret_digest_command, unit_cards)  # fmt: skip
 from llamarack.facts import read
 from llamarack.layout import API_KEY_PATH, UNIT_NAME, unit_build, unit_index, unit_name
-from llamarack.operations import executing, private_upload, put_record, refusal, secret_upload
+from llamarack.operations import executing, private_upload, put_record, refusal, secret_upload, show_diff
 from roles.server.files.secret_digest import digest
 from roles.server.rules import account_failure
 from llamarack.secrets import read_token
@@ -40,22 +35,20 @@ from roles.settings import Settings
 from .files import bench_record
 from .plan import (PlanError, WantedUnit, bench_args, bench_due,  # noqa: F401
                    bench_entry, bench_split_args, health_url, host_layouts, parse_pin, pin_holds,
-                   ref_of, roofline, unit_refs, wanted_units)  # fmt: skip
+                   roofline, unit_ref, unit_refs, wanted_units)  # fmt: skip
 from .switch import detached, health_check_script, label, pin_script, retire_script, switch_script
 
 
 @operation()
 def system_account(user: str, home: str, setting: Optional[str] = None):
-    """
-    A system user (and its group of the same name), with no shell and no home of its own.
+    """A system user (and its group of the same name), with no shell and no home of its own.
 
     + user: the account
     + home: its home (not created)
     + setting: the setting that names it, for the refusal's fix
 
     Made with ``SERVICE_USER_MARK`` in its GECOS field; an account llamarack did not make is
-    refused, unchanged (``roles.server.rules.account_failure``, which preflight also checks).
-    """
+    refused, unchanged (``roles.server.rules.account_failure``, which preflight also checks)."""
     entry = read(SystemUser, user=user)
     failure = account_failure(user, home, setting, entry, read(SystemGroup, group=user))
     if failure:
@@ -81,15 +74,13 @@ def _linked(current: str) -> Optional[str]:
 
 @operation(is_idempotent=False)
 def answers_health(settings: Settings, reason: str):
-    """
-    Fail unless every llama-server unit answers ``/health`` within ``server_health_timeout``.
+    """Fail unless every llama-server unit answers ``/health`` within ``server_health_timeout``.
 
     + settings: the host's settings (``server_health_timeout``)
     + reason: why it is checked (for the messages), e.g. the driver role's reboot
 
     For a server not switched by this run but started anew anyway: after the reboot for a
-    driver upgrade, the unit is the same text, yet it runs on a new driver.
-    """
+    driver upgrade, the unit is the same text, yet it runs on a new driver."""
     yield StringCommand(health_check_script(settings, reason, host_name=host.name))
 
 
@@ -120,15 +111,13 @@ def _rollback_names(found: dict, unit: Optional[int]) -> list:
 
 @operation(is_idempotent=False)
 def rollback(settings: Settings, unit: Optional[int] = None):
-    """
-    Put back, for each unit that has one, the unit that served before its last switch
+    """Put back, for each unit that has one, the unit that served before its last switch
     (``state/previous[@N].service``), switched in as any unit is, then pinned
     (``state/rollback[@N].json``: later deploys keep it while the settings still want the
     unit it replaced; a second rollback, forward again, removes the pin).
 
     + settings: the host's settings (root, ``server_health_timeout``)
-    + unit: only unit N (0 for a host's one unit); None: every unit with a previous one
-    """
+    + unit: only unit N (0 for a host's one unit); None: every unit with a previous one"""
     layout, root = settings.layout, settings.general.root
     found = read(ServedUnits, state=layout.state)
     names = _rollback_names(found, unit)
@@ -143,7 +132,7 @@ def rollback(settings: Settings, unit: Optional[int] = None):
     if tampered:
         yield refusal(f"{host.name}: rollback: build {tampered[0]} differs from its seal; not putting it back")
         return
-    refs = [ref_of(settings, n) for n in targets]
+    refs = [unit_ref(settings, unit_index(n)) for n in targets]
     needed = []
     for ref in refs:
         now = found.get(ref.name)
@@ -159,16 +148,6 @@ def rollback(settings: Settings, unit: Optional[int] = None):
     yield StringCommand(detached(switch_script(settings, tuple(refs)), "llamarack: roll llama-server units back"))
     for ref in refs:
         yield StringCommand(pin_script(settings, ref))
-
-
-def _show_unit_diff(path: str, unit: str, current) -> None:
-    """With ``--diff``, print how a unit file changes, as pyinfra's files.put does."""
-    if not getattr(getattr(host.state, "config", None), "DIFF", False):
-        return
-    host.log(f"Will {'modify' if current else 'create'} {path}", logger.info)
-    for line in generate_color_diff([line + "\n" for line in current or []], unit.splitlines(keepends=True)):
-        logger.info("  %s", line)
-    logger.info("")
 
 
 def _draft(settings: Settings) -> Optional[tuple]:
@@ -223,7 +202,7 @@ def _step(settings: Settings, want: WantedUnit, found: Optional[FoundUnit], seal
     held_by = _served_by(settings.general.root, found.lines) if held else None
     changed = found_sha1 != wanted_sha1 and not held
     if changed:
-        _show_unit_diff(want.ref.path, want.text, found.lines if found else None)
+        show_diff(want.ref.path, want.text, current=found.lines if found else ())
     state = found.state if found else {}
     running, since = state.get("SubState") == "running", active_since(state)
     # systemd says whole seconds: the server started in [since, since + 1).
@@ -236,18 +215,26 @@ def _step(settings: Settings, want: WantedUnit, found: Optional[FoundUnit], seal
     return Step(want, pin, held, held_by, changed, running, remade, unproven, bool(before) and before != want.cards)
 
 
+def put_secret(secret: Optional[str], path: str, mode: str, group: Optional[str], remove: str):
+    """The commands that put ``secret`` into ``path`` where the host's salted digest of the
+    file differs, or run ``remove`` where none is wanted and the host has one; returns
+    whether either ran. The API key's file, and the gateway's copy of it for Prometheus."""
+    found = read(Command, command=secret_digest_command(path))
+    if secret is not None and found != digest(secret.encode(), KEY_DIGEST_SALT):
+        yield from secret_upload(secret, path, mode=mode, group=group)
+        return True
+    if secret is None and found != "missing":
+        yield remove
+        return True
+    return False
+
+
 def _api_key(settings: Settings):
     """The API key file as the settings want it (uploaded, or removed when none is set);
     returns whether it changed."""
     key = read_token(settings.server.api_key_file, "server_api_key_file")
-    host_key = read(Command, command=key_digest_command())
-    if key is not None and host_key != digest((key + "\n").encode(), KEY_DIGEST_SALT):
-        yield from secret_upload(key + "\n", API_KEY_PATH, mode="640", group=settings.general.service_user)
-        return True
-    if key is None and host_key != "missing":
-        yield f"rm -f {shlex.quote(API_KEY_PATH)}"
-        return True
-    return False
+    return (yield from put_secret(None if key is None else key + "\n", API_KEY_PATH, "640",
+                                  settings.general.service_user, f"rm -f {shlex.quote(API_KEY_PATH)}"))
 
 
 def _keep_rolled_back(settings: Settings, step: Step, restart: bool):
@@ -296,7 +283,7 @@ def _retired(settings: Settings, found: dict, wanted: tuple, cards: tuple) -> tu
         why = (f"its card{'s' if len(lost) > 1 else ''} {', '.join(lost)} no longer listed by the driver" if lost
                else f"the host now serves {len(wanted)} unit{'s' if len(wanted) > 1 else ''}")  # fmt: skip
         host.log(f"retiring {name}: {why}", logger.warning)
-        gone.append(ref_of(settings, name))
+        gone.append(unit_ref(settings, unit_index(name)))
     return tuple(gone)
 
 
@@ -311,8 +298,7 @@ def _serves(model_dir: str, build_dir: str, layout, steps: list) -> str:
 
 @operation()
 def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
-    """
-    Serve ``models/current`` with ``builds/current`` under systemd, one unit per unit of
+    """Serve ``models/current`` with ``builds/current`` under systemd, one unit per unit of
     the host's layout (``server_layout``); a host without GPUs serves one unit from the CPU.
 
     + settings: the host's settings (server, general, llamacpp backend)
@@ -322,8 +308,7 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     Refuses (exit 1, nothing touched) when a plan does not fit. Units the layout no longer
     makes are retired first; each unit that changed is switched in (``switch_script``: the
     others go on when one is put back). ``state/units.json`` lists the units. The API key goes
-    to the host as a file (mode 640, group of the service user), never on a command line.
-    """
+    to the host as a file (mode 640, group of the service user), never on a command line."""
     root, layout = settings.general.root, settings.layout
     build_dir, model_dir = _linked(layout.current_build), _linked(layout.current_model)
     flags = read(LlamaServerFlags, root=root)
@@ -374,21 +359,17 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
 
 @operation()
 def bench(settings: Settings, gpus: tuple = ()):
-    """
-    Run llama-bench (pp512, tg128) with the served flags after a new build or model, on
+    """Run llama-bench (pp512, tg128) with the served flags after a new build or model, on
     every distinct unit, and record it in ``<root>/state/bench.json`` beside the roofline
-    of each unit's cards.
+    of each unit's cards (docs/planning.md, "llama-bench after a new build or model").
 
     + settings: the host's settings (``server_bench``: stopped, beside or off)
     + gpus: the run's GPUs (``HostFacts.gpus``)
 
-    The record is keyed by the served build's and model's stamps: a host whose record has
-    a figure for every unit's plan does nothing (``bench_due``: a converged run never
-    benchmarks). Each unit is measured on its own cards with its own flags, or shares the
-    figures of one llama-bench runs alike (``_measures``). Where the ledger alone cannot
-    choose the layout (``host_layouts``), the other layout's units are measured too
-    (``stopped`` only; ``_bench_one`` says how each mode treats the units that serve).
-    """
+    A record with a figure for every unit's plan does nothing (``bench_due``); alike units
+    share one measurement (``_measures``), and the rival layout's units are measured too
+    where the ledger cannot choose (``host_layouts``; ``_bench_one`` says how each mode
+    treats the units that serve)."""
     mode, layout = settings.server.bench, settings.layout
     # Read before this operation's first command (llamarack.facts.reading's rule).
     record = read(BenchRecord, path=layout.bench_record)

@@ -193,10 +193,8 @@ def health_url(settings: Settings, port: Optional[int] = None) -> str:
     return f"http://{addr}:{settings.server.port if port is None else port}/health"
 
 
-# The driver's character devices a CUDA llama-server opens: the control and card nodes
-# (major 195: ``nvidia-frontend`` before driver 550.40, ``nvidia`` and ``nvidiactl`` from
-# it on), ``nvidia-uvm`` (and its tools node), ``nvidia-caps`` (MIG). ``nvidia-uvm`` is
-# loaded when a CUDA program first asks for it, so a host may not list it yet.
+# The names of major 195, the control and card nodes: ``nvidia-frontend`` before driver 550.40,
+# ``nvidia`` and ``nvidiactl`` from it on (docs/ARCHITECTURE.md, "The served unit's sandbox").
 MAJOR_195_NAMES = ("nvidia-frontend", "nvidia", "nvidiactl")
 _DEVICE_NAME = re.compile(r"nvidia[a-z0-9_-]*")
 
@@ -267,11 +265,6 @@ class UnitRef:
 def unit_ref(settings: Settings, index: Optional[int]) -> UnitRef:
     name = unit_name(index)
     return UnitRef(index, name, unit_path(name), settings.server.port + (index or 0))
-
-
-def ref_of(settings: Settings, name: str) -> UnitRef:
-    """The unit a file on the host is, by its name (``llamarack-server[@N].service``)."""
-    return unit_ref(settings, unit_index(name))
 
 
 @dataclass(frozen=True)

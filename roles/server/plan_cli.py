@@ -366,16 +366,14 @@ def _split_lines(book: Ledger, shape: dict, which) -> list:
         return (f"{c.first_layer}-{min(last, n - 1)}" if c.first_layer < n else "") + ("+out" if c.output_layer else "")
 
     cs = book.cards
-    lines = [
-        f"ledger: ctx {book.ctx_per_slot} per slot x {book.parallel}, {book.cache_type_k}/{book.cache_type_v} KV, "
-        f"--n-gpu-layers {book.gpu_layers} of {n + 1} over {len(cs)} cards, --tensor-split "
-        f"{','.join(map(str, book.tensor_split))} (GiB per card):",
-        row("", which, lambda i: f"card {i}"),
-        row("layers", cs, span),
-        row("weights", (c.weights for c in cs)),
-        row("KV", (c.kv for c in cs)),
-        row("compute (estimate)", (c.compute for c in cs)),
-    ]
+    lines = [f"ledger: ctx {book.ctx_per_slot} per slot x {book.parallel}, {book.cache_type_k}/{book.cache_type_v} KV, "
+             f"--n-gpu-layers {book.gpu_layers} of {n + 1} over {len(cs)} cards, --tensor-split "
+             f"{','.join(map(str, book.tensor_split))} (GiB per card):",
+             row("", which, lambda i: f"card {i}"),
+             row("layers", cs, span),
+             row("weights", (c.weights for c in cs)),
+             row("KV", (c.kv for c in cs)),
+             row("compute (estimate)", (c.compute for c in cs))]
     if book.pipelined:
         lines.append(row("  of which pipeline", (c.pipeline_copies for c in cs)))
     if any(c.prefill_pool for c in cs):

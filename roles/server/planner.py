@@ -6,67 +6,11 @@ One planner for the server role (``plan.py``, ``card_layout.py``) and ``llamarac
 serves from, in their device order: several cards (llama.cpp's layer split, each card
 with a ledger of its own), one card (n = 1), or none (served from the CPU).
 
-The ledger follows llama.cpp's own placement (src/llama-model.cpp,
-``load_tensors``; src/llama-kv-cache*.cpp; src/llama-context.cpp):
-- ``--n-gpu-layers N`` puts the LAST N of the n_layer + 1 "layers" on the
-  card, the output layer counting as the last one: N = 1 is the output layer
-  only, N = n_layer + 1 is everything. The token embedding always stays on
-  the CPU ("very little benefit to offloading the input layer"); with tied
-  embeddings (no ``output.weight``) llama.cpp loads it a second time as the
-  output layer, on the output layer's device.
-- The KV cache of a layer lives with the layer. Its size per layer is cells x
-  KV heads x (K head size x bytes(K type) + V head size x bytes(V type)), with
-  ggml's block sizes (q4_0: 18 bytes per 32 values, q8_0: 34 per 32, f16: 2).
-  The context is padded to 256 and split among the slots (``--parallel``):
-  each slot gets its own stream of n_ctx / slots cells, itself padded to 256,
-  so total = per-slot x slots. A sliding-window layer keeps only
-  pad256(min(per-slot, window + n_ubatch)) cells per slot
-  (llama-kv-cache-iswa.cpp).
-- The compute buffer (``compute_bytes``, which says how close it comes).
-  ``reserve_mib`` (``server_memory_reserve_mib``) covers the CUDA context
-  and pools (not cuBLAS: the H200 runs it was measured on never used it),
-  and what the estimate misses (tests/fixtures/llama-server/gpu-load-logs).
-- A draft model (speculative decoding) is a second model with its own
-  context (common/speculative.cpp, ``common_speculative_init_result``: "the
-  draft context holds as many tokens per sequence as the target context",
-  n_ctx = the target's, the same slots), its KV types those of
-  ``--spec-draft-type-k/v`` (the unit passes the plan's), its layers placed
-  by ``--spec-draft-ngl`` as the model's are by ``--n-gpu-layers``, and its
-  own compute buffer. Its weights, KV and compute count on the card with the
-  model's.
-- The prefill pool (``prefill_pool_bytes``) of the cards whose prompts go
-  through cuBLAS (a V100, a P100); no buffer line of llama.cpp's log names it.
-
-Over several cards (``--split-mode layer``), read in its source (src/llama-model.cpp
-``load_tensors``, src/llama-context.cpp where the scheduler is made,
-ggml/src/ggml-backend.cpp ``ggml_backend_sched_split_graph``) and in the pinned build's
-``--help``:
-
-- The offloaded layers (the last ``--n-gpu-layers`` G of the n_layer + 1, the output
-  layer last, as on one card) go to the cards in order: the j-th of them to the first
-  card whose running share of ``--tensor-split`` (over the sum) is above j / G
-  (``std::upper_bound`` over the running sums, in float). Shares given as layer counts
-  put exactly that many layers on each card (at a card's boundary both sides are the same
-  float quotient, so that layer goes to the next card), and the output layer on the last
-  card with a share.
-- The token embedding stays on the CPU, as on one card.
-- A layer's KV cache is on its layer's card ("split layers and KV across GPUs").
-- Each card runs the graph of its own layers and has its own compute buffer (the
-  scheduler reserves one per backend): the same feed-forward or attention peak as one card.
-- With every layer on the cards and more than one card, llama.cpp pipelines micro-batches
-  ("pipeline parallelism enabled"): the scheduler keeps GGML_SCHED_MAX_COPIES (4, the
-  build's default) copies of every input of a card's graph: the attention masks, the hidden
-  state handed on from the card before (or from the CPU's embedding), the positions. A
-  card's compute buffer holds 3 more copies of those than one card's.
-- ``--main-gpu`` places nothing with the layer split (the help: "the GPU to use for the
-  model (with split-mode = none), or for intermediate results and KV (with split-mode =
-  row)"); the plan names the card with the output layer as the main one.
-- Every card makes a CUDA context (``reserve_mib``) and, where its prompts go through
-  cuBLAS, a prefill pool of its own (``prefill_pool_bytes``, by that card's capability).
-- A draft model (speculative decoding) is planned whole on the first card: the unit names
-  that card with ``--spec-draft-device`` (by default the draft follows ``--device``).
-
-One card or none is counted as one model (``model_bytes``), several card by card
+The ledger follows llama.cpp's own placement of weights, KV cache, compute buffers, a
+draft model and the cuBLAS prefill pool, on one card and over several: docs/planning.md
+says what each item counts, where in llama.cpp's source it was read and how close it
+comes to llama.cpp's own figures ("The ledger", "Where llama.cpp puts what over several
+cards"). One card or none is counted as one model (``model_bytes``), several card by card
 (``Over``): the two agree to the byte for one card (tests/unit/test_split_plan.py).
 """
 
@@ -348,35 +292,17 @@ def kv_sizes(shape: dict, knobs: Knobs, k: str, v: str, ctx_per_slot: int) -> tu
 
 def compute_bytes(shape: dict, knobs: Knobs, on_gpu: bool, ctx_per_slot: int, swa_per_slot: int,
                   k: str = "f16", v: str = "f16") -> int:  # fmt: skip
-    """The compute buffer llama.cpp reserves for one n_ubatch micro-batch.
-
-    On CUDA (``on_gpu``) with flash attention, the f16 attention mask of one
-    slot's cells (n_ubatch x cells x 2 bytes; a second one for the
-    sliding-window cells) lives through the graph, beside the larger of two
-    peaks, all f32 x n_ubatch:
-
-    - the feed-forward one: the layer's input, its residual and its normed copy
-      (n_embd each) beside the gate, the up projection and their product (n_ff
-      each);
-    - the attention one: the input and its normed copy (n_embd each), Q and the
-      attention's output (heads x head size each), and, for a quantized K or V,
-      that cache's cells converted to f16 for the kernel (cells x KV heads x
-      head size x 2 bytes).
-
-    Equal to llama.cpp's "CUDA0 compute buffer size" to 0.1 MiB for a dense
-    model with every layer on the card, f16 or quantized KV, 2048 to 131072
-    cells (tests/fixtures/llama-server/gpu-load-logs); 10 to 17% under it with
-    layers on the CPU or a sliding window, which the reserve covers
-    (``DEFAULT_RESERVE_MIB``). Without flash attention the f32 scores of every
-    head (n_ubatch x cells x heads x 4) are added.
-
-    On the CPU backend (and for a shape without n_ff): n_ubatch x 4 bytes x
-    (vocabulary + 4 x width) plus the mask, within 3% above llama.cpp's "CPU
-    compute buffer size" (tests/fixtures/llama-server/load-logs).
-    """
+    """The compute buffer llama.cpp reserves for one n_ubatch micro-batch: on CUDA (``on_gpu``)
+    with flash attention, the f16 mask of one slot's cells (a second one for the sliding
+    window) beside the larger of the feed-forward and the attention peaks, all f32; without
+    flash attention every head's f32 scores too; on the CPU backend (or without n_ff), the
+    logits and four widths, and the mask. docs/planning.md ("The ledger") says how close
+    each comes to llama.cpp's own figure."""
     cells = ctx_per_slot + swa_per_slot
     if on_gpu and shape.get("n_ff"):
+        # the layer's input, residual and normed copy (n_embd) beside the gate, up and their product (n_ff)
         ffn = N_UBATCH * 4 * 3 * (shape["n_ff"] + shape["n_embd"])
+        # the input and its normed copy (n_embd), Q and the attention's output; a quantized cache as f16
         attention = N_UBATCH * 4 * 2 * (shape["n_embd"] + shape["n_head"] * shape["head_dim_k"])
         for kind, size in ((k, shape["head_dim_k"]), (v, shape["head_dim_v"])):
             if kind not in UNQUANTIZED_KV_TYPES:
@@ -387,19 +313,10 @@ def compute_bytes(shape: dict, knobs: Knobs, on_gpu: bool, ctx_per_slot: int, sw
     return N_UBATCH * 4 * ((shape.get("n_vocab") or 0) + 4 * (shape.get("n_embd") or 0)) + mask
 
 
-# Where llama.cpp multiplies a prompt's micro-batch by the quantized weights
-# (ggml-cuda/mmq.cu, ggml_cuda_should_use_mmq): cards with int8 MMA (Turing, 7.5,
-# and later) and the dp4a cards without FP16 tensor cores (6.1, 6.2: P40, P4) run
-# its MMQ kernels on the quantized weights, in place. A Volta (7.0, 7.2: V100,
-# TITAN V) hands batches of 64 tokens and more to cuBLAS, and a card without dp4a
-# (before 6.1: P100) every batch past a few tokens: the weight is dequantized to
-# f16 (f32 before 6.0) in ggml's CUDA pool, the batch converted to f16 beside it
-# and, except on Volta, the f16 product too; the pool keeps its largest size for
-# the process's life. Measured on the H200 with a GGML_CUDA_FORCE_CUBLAS build
-# (bench/results/gpu-proof.json, phase cublas; tests/fixtures/llama-server/
-# gpu-load-logs/cublas-pool.json): 204 and 216 MiB more than MMQ's for an 8B
-# after 128- and 512-token prompts, where these products need 116.5 and 130 MiB;
-# the rest is cuBLAS's own (its handle, workspace and kernels), at most:
+# Where a prompt's micro-batch goes through cuBLAS (ggml-cuda/mmq.cu, ggml_cuda_should_use_mmq), the
+# weights are dequantized into ggml's CUDA pool, which keeps its largest size: docs/planning.md
+# ("Prefill pool") says which cards and what was measured. cuBLAS's own handle, workspace and
+# kernels, at most (bench/results/gpu-proof.json, phase cublas):
 CUBLAS_OWN_MIB = 88
 # GGUF general.file_type of unquantized weights (all f32, mostly f16, mostly bf16):
 # cuBLAS multiplies those as they are, on every card.

@@ -67,17 +67,9 @@ def _system_uids(defs: dict) -> tuple:
 
 
 class SystemUser(FactBase[Optional[PasswdEntry]]):
-    """
-    Returns the passwd entry of ``user`` (through NSS, as ``getent`` sees it) with the
+    """Returns the passwd entry of ``user`` (through NSS, as ``getent`` sees it) with the
     host's system uid range, or None when there is no such user. One user, not
-    pyinfra's ``server.Users``, which reads every account of the host and each one's groups.
-
-    .. code:: python
-
-        PasswdEntry(name="llamarack", uid=999, gid=999, home="/opt/llamarack",
-                    shell="/usr/sbin/nologin", gecos="llamarack service user",
-                    system_uids=(101, 999))
-    """
+    pyinfra's ``server.Users``, which reads every account of the host and each one's groups."""
 
     def command(self, user: str) -> str:
         # getent exits 2 for "no such user": that is an answer, not a failure.
@@ -101,13 +93,7 @@ class SystemUser(FactBase[Optional[PasswdEntry]]):
 
 
 class SystemGroup(FactBase[Optional[int]]):
-    """
-    Returns the gid of the group ``group`` (through NSS), or None when there is no such group.
-
-    .. code:: python
-
-        997
-    """
+    """Returns the gid of the group ``group`` (through NSS), or None when there is no such group."""
 
     def command(self, group: str) -> str:
         return f"getent group {shlex.quote(group)} || true"
@@ -124,17 +110,10 @@ SHOW_PROPERTIES = " ".join(f"--property={p}" for p in ("ActiveState", "SubState"
 
 
 class UnitState(FactBase[dict]):
-    """
-    Returns what systemd says of ``unit`` now: ``systemctl show``'s ActiveState,
+    """Returns what systemd says of ``unit`` now: ``systemctl show``'s ActiveState,
     SubState, MainPID, ActiveEnterTimestamp (Unix seconds, ``@1764640411``: no
     time zone to parse) and NRestarts (a unit systemd does not know shows
-    ActiveState ``inactive`` and MainPID 0).
-
-    .. code:: python
-
-        {"ActiveState": "active", "SubState": "running", "MainPID": "3197",
-         "ActiveEnterTimestamp": "@1764640411", "NRestarts": "0"}
-    """
+    ActiveState ``inactive`` and MainPID 0)."""
 
     requires_command = "systemctl"
 
@@ -149,32 +128,6 @@ class UnitState(FactBase[dict]):
         if "ActiveState" not in state:
             raise FactProcessError(f"unexpected systemctl show output: {output!r}")
         return state
-
-
-class HttpStatus(FactBase[Optional[int]]):
-    """
-    Returns the HTTP status a GET of ``url`` gets from the host itself (5 s at most),
-    or None when nothing answers. ``/health`` of a llama-server: 200 when it
-    serves, 503 while it loads.
-
-    .. code:: python
-
-        200
-    """
-
-    def host_run(self, url: str) -> tuple:
-        return ("http_status", url)
-
-    def command(self, url: str) -> str:
-        return remote.command(*self.host_run(url))
-
-    def process(self, output) -> Optional[int]:
-        word = output[-1].strip() if output else ""
-        if word == "none":
-            return None
-        if not word.isdigit():
-            raise FactProcessError(f"unexpected http_status output: {output!r}")
-        return int(word)
 
 
 @dataclass(frozen=True)
@@ -195,21 +148,13 @@ _UNIT_FILE = re.compile(r"llamarack-server(@[0-9]+)?\.service")
 
 
 class ServedUnits(FactBase[dict]):
-    """
-    Returns every llama-server unit file of the host (``llamarack-server.service``,
+    """Returns every llama-server unit file of the host (``llamarack-server.service``,
     ``llamarack-server@N.service``) by name: its sha1 and lines, whether a ``.prev`` is
     beside it, systemd's state of it, its rollback pin under ``state`` (the records'
     folder) and, with ``health``, the HTTP status of the health URL its first lines name
     and whether the server sleeps (``--sleep-idle-seconds``; its ``/props``, which wakes
-    nothing, asked with the host's API key).
-    One read for all of a host's units, however many its cards make.
-
-    .. code:: python
-
-        {"llamarack-server@0.service": FoundUnit(name="llamarack-server@0.service",
-            sha1="8c2e...", lines=("# llamarack health: http://127.0.0.1:8080/health", ...),
-            prev=False, state={"ActiveState": "active", ...}, pin=None, health=None, sleeping=None)}
-    """
+    nothing, asked with the host's API key). One read for all of a host's units, however
+    many its cards make."""
 
     def command(self, state: str, health: bool = False) -> str:
         check = ""
@@ -285,9 +230,15 @@ def active_since(state: dict) -> Optional[float]:
 KEY_DIGEST_SALT = secrets.token_hex(16)
 
 
+def secret_digest_command(path: str) -> str:
+    """The command that prints the salted digest of ``path`` on the host, or "missing"
+    (a file that holds the rack's key: never hashed plainly, see ``secret_digest``)."""
+    return remote.command("secret_digest", path, KEY_DIGEST_SALT)
+
+
 def key_digest_command() -> str:
     """The command that prints the salted digest of the host's API key file, or "missing"."""
-    return remote.command("secret_digest", API_KEY_PATH, KEY_DIGEST_SALT)
+    return secret_digest_command(API_KEY_PATH)
 
 
 def reads(settings) -> tuple:
@@ -296,18 +247,16 @@ def reads(settings) -> tuple:
     if not settings.general.runs("server"):
         return ()
     layout, root = settings.layout, settings.general.root
-    return (
-        FactRead.of(LlamacppBuilds, root=root),
-        FactRead.of(BuildSeals, root=root),  # a build differing from its seal is pruned
-        FactRead.of(SystemUser, user=settings.general.service_user),
-        FactRead.of(Link, path=layout.current_build),
-        FactRead.of(Link, path=layout.current_model),
-        *([FactRead.of(Link, path=layout.draft_model)] if settings.model.draft_repo else []),
-        FactRead.of(LlamaServerFlags, root=root),
-        FactRead.of(GgufShape, path=f"{layout.current_model}/model.gguf"),  # the units are planned from it
-        # the units: files (the builds they name are kept by the prune), .prev, state, pins
-        FactRead.of(ServedUnits, state=layout.state),
-        FactRead.of(FileContents, path=layout.units_record),  # written only when it differs
-        FactRead.of(Command, command=key_digest_command()),
-        FactRead.of(BenchRecord, path=layout.bench_record),
-    )
+    return (FactRead.of(LlamacppBuilds, root=root),
+            FactRead.of(BuildSeals, root=root),  # a build differing from its seal is pruned
+            FactRead.of(SystemUser, user=settings.general.service_user),
+            FactRead.of(Link, path=layout.current_build),
+            FactRead.of(Link, path=layout.current_model),
+            *([FactRead.of(Link, path=layout.draft_model)] if settings.model.draft_repo else []),
+            FactRead.of(LlamaServerFlags, root=root),
+            FactRead.of(GgufShape, path=f"{layout.current_model}/model.gguf"),  # the units are planned from it
+            # the units: files (the builds they name are kept by the prune), .prev, state, pins
+            FactRead.of(ServedUnits, state=layout.state),
+            FactRead.of(FileContents, path=layout.units_record),  # written only when it differs
+            FactRead.of(Command, command=key_digest_command()),
+            FactRead.of(BenchRecord, path=layout.bench_record))

@@ -1,16 +1,10 @@
 """The one way a value gets into a systemd unit file: escaped for what systemd does with it.
 
-A unit file is parsed line by line: a newline in a value starts a new
-setting (``[Service]`` then ``ExecStartPre=+...`` runs as root), a trailing
-backslash joins the next line, ``%`` starts a specifier (``%h`` is a home
-directory), and ``ExecStart=`` splits words on spaces, unquotes ``"..."``
-and ``'...'``, undoes C escapes, and replaces ``$NAME`` from the
-environment (``$$`` is one ``$``). Values come from settings, facts and
-model files (a GGUF's ``general.architecture``), so each kind of line gets
-its own function here, and the template writes nothing else.
-
-See systemd.syntax(7), systemd.unit(5) "Specifiers" and systemd.service(5)
-"Command lines".
+A unit file is parsed line by line: a newline starts a new setting, a trailing backslash
+joins the next line, ``%`` starts a specifier, and ``ExecStart=`` splits, unquotes, unescapes
+and expands ``$NAME``. Each kind of line gets its own function here, and the template writes
+nothing else (docs/ARCHITECTURE.md, "Untrusted values"; systemd.syntax(7), systemd.unit(5)
+"Specifiers", systemd.service(5) "Command lines").
 """
 
 from __future__ import annotations

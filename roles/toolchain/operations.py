@@ -17,15 +17,13 @@ from .plan import ToolchainPlan
 
 @operation()
 def toolkit_takes_host_compiler(plan: ToolchainPlan, extra_homes: tuple = ()):
-    """
-    Check that a toolkit installed in this run is there and accepts the planned host compiler.
+    """Check that a toolkit installed in this run is there and accepts the planned host compiler.
 
     + plan: the run's ``ToolchainPlan`` (planned from the ceiling such a toolkit is known to have)
     + extra_homes: more directories to look for the toolkit in (a conda env)
 
     The plan stands; this only fails the host, before anything is built,
-    when the installed toolkit's own ``crt/host_config.h`` disagrees with it.
-    """
+    when the installed toolkit's own ``crt/host_config.h`` disagrees with it."""
     if not executing():
         yield StringCommand(remote.argv("true", "checked once CUDA", plan.cuda_version, "is installed"))
         return

@@ -76,8 +76,7 @@ def nonfree_sources(stanzas: tuple) -> str:
 
     Same URIs, suites and Signed-By as the host's own stanzas (security
     included: the toolkit's libraries get security updates there too).
-    Returns "" when every stanza already has both components.
-    """
+    Returns "" when every stanza already has both components."""
     out = []
     for stanza in stanzas:
         components = set(stanza.get("Components", "").split())

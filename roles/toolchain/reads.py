@@ -22,28 +22,17 @@ class GccInstall(FactValue):
     versioned: dict
     """``{major: full version}`` of every ``/usr/bin/gcc-N`` with its ``g++-N``."""
 
-    def majors_at_most(self, ceiling: int) -> list[int]:
-        return sorted((m for m in self.versioned if m <= ceiling), reverse=True)
-
 
 class GccVersions(FactBase[GccInstall]):
-    """
-    Returns the default gcc's version and every versioned gcc-N installed
-    (only those with a matching g++-N: CUDA needs the C++ compiler).
-
-    .. code:: python
-
-        GccInstall(default="12.2.0", versioned={11: "11.3.0", 12: "12.2.0"})
-    """
+    """Returns the default gcc's version and every versioned gcc-N installed
+    (only those with a matching g++-N: CUDA needs the C++ compiler)."""
 
     def command(self) -> str:
-        return (
-            "command -v gcc >/dev/null 2>&1 && echo \"gcc $(gcc -dumpfullversion)\"; "
-            "for p in /usr/bin/gcc-[0-9]*; do "
-            '[ -x "$p" ] || continue; n=${p#/usr/bin/gcc-}; '
-            '[ -x "/usr/bin/g++-$n" ] || continue; '
-            'echo "gcc-$n $($p -dumpfullversion)"; done; true'
-        )
+        return ("command -v gcc >/dev/null 2>&1 && echo \"gcc $(gcc -dumpfullversion)\"; "
+                "for p in /usr/bin/gcc-[0-9]*; do "
+                '[ -x "$p" ] || continue; n=${p#/usr/bin/gcc-}; '
+                '[ -x "/usr/bin/g++-$n" ] || continue; '
+                'echo "gcc-$n $($p -dumpfullversion)"; done; true')
 
     def process(self, output) -> GccInstall:
         default, versioned = None, {}
@@ -74,36 +63,27 @@ class CudaToolkit(FactValue):
 
 
 class CudaToolkits(FactBase[list]):
-    """
-    Returns every CUDA toolkit found on the host (``/usr/local/cuda*``, ``/usr``
+    """Returns every CUDA toolkit found on the host (``/usr/local/cuda*``, ``/usr``
     for Debian's nvidia-cuda-toolkit, conda envs under the llamarack root),
     each with its version and the newest gcc its ``crt/host_config.h`` accepts.
 
-    .. code:: python
-
-        [CudaToolkit(home="/usr/local/cuda-11.8", nvcc="/usr/local/cuda-11.8/bin/nvcc",
-                     version="11.8", full_version="11.8.89", max_gcc=11)]
-
     The header is read rather than a table kept here: the toolkit on the host
-    is the authority on which gcc it takes.
-    """
+    is the authority on which gcc it takes."""
 
     def command(self, extra_homes: tuple = ()) -> str:
         # The first glob is the shell's to expand; the homes given are values, quoted.
         homes = " ".join(["/usr/local/cuda-*", remote.argv("/usr/local/cuda", "/usr", *extra_homes)])
-        return (
-            "seen=; "
-            f"for home in {homes}; do "
-            'nvcc="$home/bin/nvcc"; [ -x "$nvcc" ] || continue; '
-            'real=$(readlink -f "$nvcc"); case " $seen " in *" $real "*) continue;; esac; '
-            'seen="$seen $real"; '
-            'echo "toolkit $home"; "$nvcc" --version | grep "release"; '
-            'for h in "$home/include/crt/host_config.h" '
-            '"$home/targets/x86_64-linux/include/crt/host_config.h" '
-            '"$home/include/x86_64-linux-gnu/crt/host_config.h"; do '
-            '[ -f "$h" ] && grep -m1 -o "gcc versions later than [0-9]*" "$h" && break; done; '
-            "done; true"
-        )
+        return ("seen=; "
+                f"for home in {homes}; do "
+                'nvcc="$home/bin/nvcc"; [ -x "$nvcc" ] || continue; '
+                'real=$(readlink -f "$nvcc"); case " $seen " in *" $real "*) continue;; esac; '
+                'seen="$seen $real"; '
+                'echo "toolkit $home"; "$nvcc" --version | grep "release"; '
+                'for h in "$home/include/crt/host_config.h" '
+                '"$home/targets/x86_64-linux/include/crt/host_config.h" '
+                '"$home/include/x86_64-linux-gnu/crt/host_config.h"; do '
+                '[ -f "$h" ] && grep -m1 -o "gcc versions later than [0-9]*" "$h" && break; done; '
+                "done; true")
 
     def process(self, output) -> list:
         found: list[dict] = []
@@ -148,13 +128,7 @@ class CmakeVersion(FactBase[Optional[str]]):
 
 
 class InstallableGccMajors(FactBase[tuple]):
-    """
-    Returns the majors N for which apt knows a ``gcc-N`` package, newest first.
-
-    .. code:: python
-
-        (12, 11)
-    """
+    """Returns the majors N for which apt knows a ``gcc-N`` package, newest first."""
 
     def command(self) -> str:
         return "apt-cache pkgnames gcc- 2>/dev/null | grep -E '^gcc-[0-9]+$' || true"

@@ -47,12 +47,11 @@ def choose_host_compiler(max_gcc: Optional[int], gcc: GccInstall,
     """Pick the gcc major nvcc should use: (major or None for the default gcc, must install).
 
     The system's default gcc is never changed; a versioned gcc-N at or below the toolkit's ceiling
-    is used instead, installed from apt if need be. LookupError when none exists or can be installed.
-    """
+    is used instead, installed from apt if need be. LookupError when none exists or can be installed."""
     if max_gcc is None or (gcc.default and int(gcc.default.split(".")[0]) <= max_gcc):
         return None, False
-    if installed := gcc.majors_at_most(max_gcc):
-        return installed[0], False
+    if installed := [m for m in gcc.versioned if m <= max_gcc]:
+        return max(installed), False
     if candidates := [m for m in installable if m <= max_gcc]:
         return max(candidates), True
     raise LookupError(max_gcc)

@@ -182,12 +182,8 @@ def test_the_together_command_fits_one_argument_under_sudo(reads):
 @pytest.fixture
 def host_runs(tmp_path):
     """Facts that are one host module's run each, on real files here: an env, a
-    requirements file with an include, a GGUF, an HTTP server; and where each is absent."""
-    import http.server
-    import threading
-
+    requirements file with an include, a GGUF; and where each is absent."""
     from roles.model.reads import GgufShape
-    from roles.server.reads import HttpStatus
     from roles.python_env.reads import PythonEnvPackages, RequirementsFile
     from roles.llamacpp.files import llamacpp_proof
 
@@ -200,38 +196,33 @@ def host_runs(tmp_path):
     (tmp_path / "req.txt").write_text("-r base.txt\ntorch==2.13.0  # pinned\n")
     gguf = tmp_path / "model.gguf"
     llamacpp_proof.write_smoke_gguf(str(gguf))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield (
+    return (
         FactRead.of(PythonEnvPackages, env=str(env)),
         FactRead.of(PythonEnvPackages, env=str(tmp_path / "no-env")),
         FactRead.of(RequirementsFile, path=str(tmp_path / "req.txt")),
         FactRead.of(RequirementsFile, path=str(tmp_path / "no.txt")),
         FactRead.of(GgufShape, path=str(gguf)),
         FactRead.of(GgufShape, path=str(tmp_path / "no.gguf")),
-        FactRead.of(HttpStatus, url=f"http://127.0.0.1:{server.server_address[1]}/nothing-here"),
         # /dev: a filesystem nothing writes to while the test runs (the disk's free space moves
         # between the two reads when other jobs write)
         FactRead.of(FreeDiskBytes, path="/dev"),
     )
-    server.shutdown()
 
 
 def test_host_module_runs_read_together_carry_each_source_once_and_get_what_they_get_alone(host_runs):
     together = FactsTogether()
     command = together.command(reads=host_runs)
-    for name in ("env_packages", "requirements_flatten", "gguf_header", "http_status"):
+    for name in ("env_packages", "requirements_flatten", "gguf_header"):
         assert command.count(remote.argv(remote.source(name))) == 1, name  # each read twice or more
     status, lines = sh(command)
     answers = together.process(lines)
     assert status == 0 and sorted(answers) == list(range(len(host_runs)))
     for i, r in enumerate(host_runs[:-1]):
         assert answers[i] == Answer(0, alone(r)), r
-    env, no_env, req, no_req, gguf, no_gguf, http, _ = (answers[i].value for i in range(len(host_runs)))
+    env, no_env, req, no_req, gguf, no_gguf, _ = (answers[i].value for i in range(len(host_runs)))
     assert env.python_version == "3.11.2" and env.packages == {"accelerate": "0.33.0"} and no_env is None
     assert req == ("numpy~=1.26", "torch==2.13.0") and no_req is None
     assert gguf["architecture"] == "llama" and no_gguf is None
-    assert http == 404
 
 
 def test_without_python3_each_host_module_fact_answers_as_it_would_alone(host_runs, tmp_path):
@@ -245,8 +236,8 @@ def test_without_python3_each_host_module_fact_answers_as_it_would_alone(host_ru
                        env={"PATH": str(bin_dir)})  # fmt: skip
     answers = together.process(r.stdout.splitlines())
     assert answers[4] == answers[5] == Answer(0, None)  # GgufShape requires python3: missing, its default
-    assert answers[0] == answers[2] == answers[6] == Answer(127)  # the shell's "not found", not kept
-    assert answers[7].status == 0 and answers[7].value > 0
+    assert answers[0] == answers[2] == Answer(127)  # the shell's "not found", not kept
+    assert answers[6].status == 0 and answers[6].value > 0
 
 
 @pytest.fixture

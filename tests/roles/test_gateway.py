@@ -22,12 +22,13 @@ from roles.gateway import audit, operations
 from roles.gateway.files import haproxy_runtime
 from roles.gateway.operations import haproxy, node_exporter, prometheus_targets
 from roles.gateway.plan import (HAPROXY_CONFIG, TARGETS, GatewayError, alert_rules, backends_of,
-                                          haproxy_config, prometheus_config, rack_key, ring_weights,
-                                          secret_digest_command, server_name, serving_host, targets)  # fmt: skip
+                                          haproxy_config, prometheus_config, rack_key, ring_weights, server_name,
+                                          serving_host, targets)  # fmt: skip
 from roles.gateway.reads import ConfiguredServers, HaproxyServers
 from roles.gateway.settings import ADMIN_SOCKET
 from roles.preflight.reads import role_reads
 from roles.server.files.secret_digest import digest
+from roles.server.reads import secret_digest_command
 from roles.server.reads import KEY_DIGEST_SALT
 from roles.server.reads import UnitState
 from roles.settings import load_settings, private_dirs
