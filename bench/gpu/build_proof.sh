@@ -5,6 +5,8 @@
 #   bash bench/gpu/build_proof.sh right   the llama.cpp role through pyinfra @local for the
 #                                         card's own arch, twice: the smoke run computes on
 #                                         the GPU and is recorded; the second run changes nothing
+#   bash bench/gpu/build_proof.sh quality as right, with model_quality: the proof also runs
+#                                         llama-perplexity (f16 logits, KL divergence per KV type)
 #   bash bench/gpu/build_proof.sh wrong   a build for sm_80 only (80-real: no PTX to JIT),
 #                                         rules bypassed: the smoke run must refuse it and
 #                                         leave builds/current as it was
@@ -16,7 +18,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 ROOT=/tmp/llamarack
 DATA=(--data llamarack_root=$ROOT --data python_env_backend=venv --data 'toolchain_cuda_version="13.0"'
       --data llamacpp_git_url=file://$PWD/.carry/llama.cpp.git --data llamacpp_commit=$(cat .carry/commit)
-      --data llamacpp_build_jobs=16)
+      --data llamacpp_build_jobs=16 --data llamarack_allow_shared_dirs=True)  # /tmp: a throwaway host
 summary=$OUT/summary.txt
 deploy() {  # deploy NAME [extra pyinfra args...]
   local name=$1; shift
@@ -30,6 +32,10 @@ case "${1:-right}" in
     deploy deploy1
     deploy deploy2
     ;;
+  quality)  # with model_quality the build carries llama-perplexity, and the proof runs it too
+    deploy quality1 --data model_quality=True
+    deploy quality2 --data model_quality=True
+    ;;
   wrong)
     at_start=$(readlink $ROOT/builds/current 2>/dev/null)
     deploy wrong_arch --data 'llamacpp_cuda_archs=["80-real"]' --data bench_skip_rules=True
@@ -41,4 +47,5 @@ esac
 B=$ROOT/builds/current
 { ls -la $ROOT/builds/; cat $B/version.txt; grep -c cubin $B/cubins.txt; } >> $summary 2>&1
 cp $B/build-info.json $OUT/build-info.json 2>/dev/null
+mkdir -p $OUT/smoke && cp $B/smoke/*.log $OUT/smoke/ 2>/dev/null  # the smoke run's and each tool's log
 cat $summary

@@ -489,12 +489,12 @@ def tool_runs(build_dir: str, model: dict, flags: ServerFlags, serving: dict, pr
         common = ["-f", text, "-c", str(PROOF_BATCH), "-b", str(PROOF_BATCH), "--chunks", "2",
                   "--kl-divergence-base", logits,
                   *ngl, *runtime_args("llama-perplexity", tuple(proven))]  # fmt: skip
-        runs = [("f16", [perplexity, "-m", model["f16"], *common])]
-        runs += [(kv, [perplexity, "-m", model["path"], *common, "--kl-divergence", "-ctk", kv, "-ctv", kv,
-                       *flags.flash_attn(True)]) for kv in QUALITY_KV_TYPES]  # fmt: skip
-        for name, argv in runs:
-            _run_tool(argv, os.path.join(work, f"perplexity-{name}.log"), timeout,
-                      f"llama-perplexity ({'the f16 logits' if name == 'f16' else 'KL divergence, KV ' + name})")
+        runs = [("base", "the f16 logits", [perplexity, "-m", model["f16"], *common])]
+        runs += [(f"kv-{kv}", f"KL divergence, KV {kv}", [perplexity, "-m", model["path"], *common, "--kl-divergence",
+                                                          "-ctk", kv, "-ctv", kv, *flags.flash_attn(True)])
+                 for kv in QUALITY_KV_TYPES]  # fmt: skip
+        for name, what, argv in runs:  # a log each: perplexity-base.log, perplexity-kv-f16.log, ...
+            _run_tool(argv, os.path.join(work, f"perplexity-{name}.log"), timeout, f"llama-perplexity ({what})")
         ran.append("llama-perplexity")
     bench = f"{build_dir}/bin/llama-bench"
     if os.path.exists(bench):
