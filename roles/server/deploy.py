@@ -69,7 +69,7 @@ def llama_server(settings: Settings, facts: HostFacts, templates: tuple = (), re
         keep=settings.llamacpp.keep_builds,
         previous=previous,
         serving=lambda: tuple(unit_build(settings.general.root, u.lines)
-                              for u in read(ServedUnits, state=settings.layout.state).values()),
+                              for u in read(ServedUnits, state=settings.layout.state, health=True).values()),
     )
     report(name="How to reach it", message=lambda: serving(settings, reach, facts.gpus))
 
