@@ -88,6 +88,8 @@ def server_steps(items: dict, remade: bool) -> list[Step]:
             steps.append(Step("restart", name, "its unit names the new build or model"))
         elif any(items[n].drift for n in (f"service{suffix}", f"health{suffix}") if n in items):
             steps.append(Step("restart", name, "not serving now"))
+        elif f"process{suffix}" in items and items[f"process{suffix}"].drift:
+            steps.append(Step("restart", name, items[f"process{suffix}"].wanted.get("why") or "its process is not its unit's"))
     return steps
 
 

@@ -35,7 +35,8 @@ from . import audit
 from .gateway.plan import server_name
 from .server.files import bench_record
 from .server.files.server_idle import UNIT_NAME
-from .server.reads import HEALTH_MARK, RESIDENCY_MARK
+from .server.plan import process_drift
+from .server.reads import HEALTH_MARK, RESIDENCY_MARK, ServedUnits
 from .settings import settings_for
 
 SCHEMA = "llamarack-rollout/1"
@@ -302,11 +303,25 @@ class Rollout:
             if cards:  # after the completion, which wakes a unit asleep (--sleep-idle-seconds): on its cards
                 self.command(host, remote.command("wait_healthy", url, unit["unit"], str(wait), cards), wait,
                              f"{unit['unit']}: residency")  # fmt: skip
+        self.provenance(host, plan, units)
         why, compared = bench_verdict(before, self.read_json(host, plan.bench), self.options.bench_fraction)
         if why:
             raise StepFailed(why)
         where = "on their cards" if resident == len(units) else "no residency to check (a CPU build)"
         return f"{len(units)} unit(s) healthy, {where}, completing; {compared}"
+
+    def provenance(self, host, plan: HostPlan, units: list) -> None:
+        """Fail unless each unit's process, by its own /props, serves the model and runs the build
+        its unit file names (``process_drift``): a deploy that switched files without a restart."""
+        reply = self.command(host, ServedUnits().command(plan.state_dir, health=True), 0, "read its units")
+        try:
+            found = ServedUnits().process(reply.output)
+        except Exception as e:  # the host's answer is data: unreadable is a failed gate, not a traceback
+            raise StepFailed(f"its units are unreadable: {e}")
+        for unit in units:
+            why = process_drift(found.get(unit["unit"]))
+            if why:
+                raise StepFailed(f"{unit['unit']}: {why}")
 
     def units(self, host, plan: HostPlan) -> list:
         reply = self.command(host, remote.command("server_idle", "units", plan.units_json, str(plan.port),

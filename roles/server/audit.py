@@ -21,8 +21,8 @@ from roles.settings import Settings
 
 from .files import bench_record
 from .files.wait_healthy import residency
-from .plan import (MIB, PlanError, WantedUnit, bench_due, parse_pin, pin_holds, residency_checked, unit_refs,
-                   wanted_units)  # fmt: skip
+from .plan import (MIB, PlanError, WantedUnit, bench_due, parse_pin, pin_holds, process_drift, residency_checked,
+                   unit_model, unit_refs, wanted_units)  # fmt: skip
 from .reads import (NOLOGIN, SERVICE_USER_MARK, FoundUnit, ServedUnits, SystemGroup, SystemUser, active_since,
                     unit_cards)  # fmt: skip
 
@@ -89,7 +89,8 @@ def units_item(found: dict, planned: Optional[tuple], why: Optional[str]) -> Ite
 def one_unit(settings: Settings, found: Optional[FoundUnit], wanted: Optional[WantedUnit], why: Optional[str],
              processes: tuple, several: bool) -> dict:  # fmt: skip
     """One unit's items: its file against the wanted one, its service (``sleeping`` while the
-    server sleeps: it serves, and a request wakes it), /health, residency."""
+    server sleeps: it serves, and a request wakes it), /health, the process (its /props against
+    its file), residency."""
     state = found.state if found else {}
     asleep = bool(found and found.sleeping)
     service = Item(
@@ -104,7 +105,18 @@ def one_unit(settings: Settings, found: Optional[FoundUnit], wanted: Optional[Wa
     cards = wanted.cards if wanted else unit_cards(found.lines if found else ())
     weights = (unit.wanted or {}).get("weights_mib")
     return {"unit": unit, "service": service, "health": Item(status, 200, drift=status != 200),
+            "process": process_item(found),
             "residency": residency_item(settings, cards, processes, service.found["pid"], weights, asleep)}
+
+
+def process_item(found: Optional[FoundUnit]) -> Item:
+    """The running process's own word (its /props) against its unit file: the model it serves
+    and the build it runs (``process_drift``); drift where they differ. Nothing said (no answer,
+    a build without /props): not drift, the health item speaks."""
+    said = (found.props if found else None) or {}
+    why = process_drift(found)
+    wanted = {"model_path": unit_model(found.lines), "built": found.built} if found else None
+    return Item(said or None, {**wanted, **({"why": why} if why else {})} if wanted else None, drift=bool(why))
 
 
 def wanted_here(settings: Settings, fact, gpus: tuple, templates: tuple, found: Optional[dict] = None) -> tuple:

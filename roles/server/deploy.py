@@ -54,7 +54,7 @@ def llama_server(settings: Settings, facts: HostFacts, templates: tuple = (), re
     prune_builds(name=f"Prune old llama.cpp builds (keep {settings.llamacpp.keep_builds})", root=settings.general.root,
                  keep=settings.llamacpp.keep_builds, previous=previous,
                  serving=lambda: tuple(unit_build(settings.general.root, u.lines)
-                                       for u in read(ServedUnits, state=settings.layout.state).values()))
+                                       for u in read(ServedUnits, state=settings.layout.state, health=True).values()))
     report(name="How to reach it", message=lambda: serving(settings, reach, facts.gpus))
 
 

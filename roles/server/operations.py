@@ -35,7 +35,8 @@ from roles.settings import Settings
 from .files import bench_record
 from .plan import (PlanError, WantedUnit, bench_args, bench_due,  # noqa: F401
                    bench_entry, bench_split_args, health_url, host_layouts, parse_pin, pin_holds,
-                   roofline, unit_ref, unit_refs, wanted_units)  # fmt: skip
+                   process_drift, roofline, unit_model, unit_ref, unit_refs,
+                   wanted_units)  # fmt: skip
 from .switch import detached, health_check_script, label, pin_script, retire_script, switch_script
 
 
@@ -86,13 +87,7 @@ def answers_health(settings: Settings, reason: str):
 
 def _served(root: str, unit_lines) -> tuple[Optional[str], Optional[str]]:
     """The build directory name and the model file a unit's ExecStart runs (None where it names none)."""
-    line = next((x for x in unit_lines or () if x.startswith("ExecStart=")), None)
-    try:
-        words = shlex.split(line.split("=", 1)[1]) if line else []
-    except ValueError:
-        words = []
-    model = words[words.index("--model") + 1] if "--model" in words[:-1] else None
-    return unit_build(root, unit_lines), model
+    return unit_build(root, unit_lines), unit_model(unit_lines)
 
 
 def _served_by(root: str, unit_lines) -> str:
@@ -119,7 +114,7 @@ def rollback(settings: Settings, unit: Optional[int] = None):
     + settings: the host's settings (root, ``server_health_timeout``)
     + unit: only unit N (0 for a host's one unit); None: every unit with a previous one"""
     layout, root = settings.layout, settings.general.root
-    found = read(ServedUnits, state=layout.state)
+    found = read(ServedUnits, state=layout.state, health=True)
     names = _rollback_names(found, unit)
     previous = {n: read(FileContents, path=layout.previous_unit_of(n)) for n in names}
     seals = read(BuildSeals, root=root)
@@ -188,9 +183,10 @@ class Step:
     remade: bool  # its model was sealed after it started: only a restart serves the new file
     unproven: bool  # a switch was cut off before its /health check
     moved: bool  # the unit in place serves from other cards
+    stale: Optional[str] = None  # why its running process is not the one its file names (its /props)
 
     def switch(self, key_changed: bool) -> bool:
-        return self.changed or key_changed or self.remade or self.unproven or not self.running
+        return self.changed or key_changed or self.remade or self.unproven or bool(self.stale) or not self.running
 
 
 def _step(settings: Settings, want: WantedUnit, found: Optional[FoundUnit], sealed_at) -> Step:
@@ -211,8 +207,12 @@ def _step(settings: Settings, want: WantedUnit, found: Optional[FoundUnit], seal
     if unproven:
         host.log(f"{want.ref.path} never passed its /health check (an earlier switch was cut off): "
                  "switching again", logger.warning)  # fmt: skip
+    stale = process_drift(found) if running else None
+    if stale:
+        host.log(f"{label(want.ref.name)}: {stale}: restarting it", logger.warning)
     before = unit_cards(found.lines) if found else ()
-    return Step(want, pin, held, held_by, changed, running, remade, unproven, bool(before) and before != want.cards)
+    return Step(want, pin, held, held_by, changed, running, remade, unproven, bool(before) and before != want.cards,
+                stale)  # fmt: skip
 
 
 def put_secret(secret: Optional[str], path: str, mode: str, group: Optional[str], remove: str):
@@ -318,7 +318,7 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
         yield _not_made_yet(root, bool(build_dir and flags), bool(shape))
         return
     draft, cards = _draft(settings), _cards(settings, gpus)
-    found = read(ServedUnits, state=layout.state)
+    found = read(ServedUnits, state=layout.state, health=True)
     try:
         chosen, wanted = wanted_units(settings, flags, build_dir, model_dir, shape, cards, templates, draft=draft,
                                       devices=tuple(read(CharDevices)) if settings.llamacpp.backend == "cuda" else (),
@@ -343,7 +343,7 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
         if step.remade:
             host.log(f"{model_dir} was sealed after {step.want.ref.name} started: restarting it", logger.info)
         if step.held:
-            yield from _keep_rolled_back(settings, step, key_changed or step.unproven or not step.running)
+            yield from _keep_rolled_back(settings, step, key_changed or step.unproven or bool(step.stale) or not step.running)
     switching = [step for step in steps if not step.held and step.switch(key_changed)]
     if switching:
         yield from _switch_to(settings, switching)
@@ -390,7 +390,7 @@ def bench(settings: Settings, gpus: tuple = ()):
         host.noop("llama-bench: the build's flags or the model's header are unreadable; not measured")
         return
     cards, draft = _cards(settings, gpus), _draft(settings)
-    found = read(ServedUnits, state=layout.state)
+    found = read(ServedUnits, state=layout.state, health=True)
     try:
         served, rival = host_layouts(settings, shape, cards, draft[1] if draft else None, record, key["model"])
     except PlanError as e:

@@ -9,6 +9,7 @@ import hashlib
 import itertools
 import json
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -404,6 +405,33 @@ def _unit_text(settings: Settings, flags: ServerFlags, dirs: tuple, shape: dict,
     on = (uuids, ctx.ledger.weights_on_card // MIB) if residency_checked(settings) else None
     return render_unit(settings, args, description, templates, device_names(devices, cuda), on, ref.port,
                        uuids if visible else ())  # fmt: skip
+
+
+def unit_model(unit_lines) -> Optional[str]:
+    """The model file a unit's ExecStart serves (its ``--model``), None where it names none."""
+    line = next((x for x in unit_lines or () if x.startswith("ExecStart=")), None)
+    try:
+        words = shlex.split(line.split("=", 1)[1]) if line else []
+    except ValueError:
+        words = []
+    return words[words.index("--model") + 1] if "--model" in words[:-1] else None
+
+
+def process_drift(found: Any) -> Optional[str]:
+    """Why the process a unit runs is not the one its file names, from the process's own /props
+    (``FoundUnit.props``; None where it said nothing): another model than the unit's ``--model``,
+    or another build than the unit's (build_info ``b<N>-<commit>`` against the commit the unit's
+    build's ``--version`` names). A unit whose files were switched without a restart, or that was
+    restarted by hand from elsewhere, still answers /health: this says so."""
+    said = (found.props or {}) if found else {}
+    model, path = unit_model(found.lines) if found else None, said.get("model_path")
+    if model and isinstance(path, str) and path != model:
+        return f"the process serves {path}, not the unit's {model}: it was not restarted since its unit changed"
+    built, info = found.built if found else None, said.get("build_info")
+    ran = info.rpartition("-")[2] if isinstance(info, str) else ""
+    if built and ran and not (built.startswith(ran) or ran.startswith(built)):
+        return f"the process runs llama.cpp {ran} ({info}), not the unit's build of {built}"
+    return None
 
 
 def residency_checked(settings: Settings) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import shlex
@@ -142,6 +143,8 @@ class FoundUnit(FactValue):
     pin: Optional[tuple] = None  # its rollback pin's lines (``state/rollback[@N].json``), or None
     health: Optional[int] = None  # with ``health``: the status its health URL answers (None: nothing)
     sleeping: Optional[bool] = None  # with ``health``: whether its /props says it sleeps (None: it does not say)
+    props: Optional[dict] = None  # with ``health``: the process's /props: build_info, model_path, total_slots
+    built: Optional[str] = None  # the commit its build's ``--version`` names (``version.txt``), None: unread
 
 
 _UNIT_FILE = re.compile(r"llamarack-server(@[0-9]+)?\.service")
@@ -169,6 +172,9 @@ class ServedUnits(FactBase[dict]):
                 f"systemctl show --timestamp=unix {SHOW_PROPERTIES} -- \"$f\" 2>/dev/null "
                 "| awk '{print \"state \" $0}'; "
                 "awk '{print \"line \" $0}' \"$f\"; "
+                # the commit of the build its ExecStart runs, as that build's --version said it
+                "b=$(sed -n 's|^ExecStart=\"\\{0,1\\}\\([^\" ]*\\)/bin/llama-server.*|\\1|p' \"$f\" | head -n 1); "
+                "[ -z \"$b\" ] || [ ! -f \"$b/version.txt\" ] || sed -n '1s/^/built /p' \"$b/version.txt\"; "
                 f"p=${{f#llamarack-server}}; p={shlex.quote(state)}/rollback${{p%.service}}.json; "
                 "[ ! -f \"$p\" ] || awk '{print \"pin \" $0}' \"$p\"; "
                 f"{check}done")  # fmt: skip
@@ -183,7 +189,8 @@ class ServedUnits(FactBase[dict]):
             if word == "unit":
                 name, _, sha1 = rest.rpartition(" ")
                 current = units[name] = {"name": name, "sha1": sha1, "line": [], "prev": False, "state": {},
-                                         "pin": [], "health": None, "sleeping": None}  # fmt: skip
+                                         "pin": [], "health": None, "sleeping": None, "props": None,
+                                         "built": None}  # fmt: skip
             elif not units:
                 raise FactProcessError(f"unexpected llama-server units output: {output!r}")
             elif word == "prev":
@@ -193,13 +200,30 @@ class ServedUnits(FactBase[dict]):
                 current["state"][key] = value
             elif word in ("line", "pin"):
                 current[word].append(rest)
+            elif word == "built":  # "version: 0.5.0-dev (build 1, commit dccad28c6)", "version: 1 (0c1e57098)"
+                said = re.search(r"[( ]([0-9a-f]{7,40})\)", rest)
+                current["built"] = said.group(1) if said else None
             elif word == "health":
-                status, _, asleep = rest.strip().partition(" ")
+                status, _, rest = rest.strip().partition(" ")
+                asleep, _, said = rest.partition(" ")
                 current["health"] = int(status) if status.isdigit() else None
                 current["sleeping"] = {"asleep": True, "awake": False}.get(asleep)
+                current["props"] = _provenance(said)
         return {name: FoundUnit(u["name"], u["sha1"], tuple(u["line"]), u["prev"], u["state"], tuple(u["pin"]) or None,
-                                u["health"], u["sleeping"])
+                                u["health"], u["sleeping"], u["props"], u["built"])
                 for name, u in units.items() if _UNIT_FILE.fullmatch(name)}  # fmt: skip
+
+
+def _provenance(text: str) -> Optional[dict]:
+    """The process's /props as ``http_status.py`` prints it: a JSON object of strings and
+    numbers, or None (nothing said, or not that shape: the server's answer is data)."""
+    try:
+        said = json.loads(text) if text else None
+    except ValueError:
+        return None
+    if not isinstance(said, dict) or not all(isinstance(v, (str, int)) for v in said.values()):
+        return None
+    return said or None
 
 
 def unit_cards(lines) -> tuple:
@@ -256,7 +280,7 @@ def reads(settings) -> tuple:
             FactRead.of(LlamaServerFlags, root=root),
             FactRead.of(GgufShape, path=f"{layout.current_model}/model.gguf"),  # the units are planned from it
             # the units: files (the builds they name are kept by the prune), .prev, state, pins
-            FactRead.of(ServedUnits, state=layout.state),
+            FactRead.of(ServedUnits, state=layout.state, health=True),
             FactRead.of(FileContents, path=layout.units_record),  # written only when it differs
             FactRead.of(Command, command=key_digest_command()),
             FactRead.of(BenchRecord, path=layout.bench_record))

@@ -43,6 +43,7 @@ REPAIRED_BY = {
     "unit": "llama-server | llama-server at",
     "service": "llama-server | llama-server at",
     "health": "llama-server | llama-server at",
+    "process": "llama-server | llama-server at",
     "residency": "llama-server | llama-server at",
     "bench": "llama-server | llama-bench",
 }
@@ -54,6 +55,23 @@ BUILD_AS_SEALED = (f"python3 -c \"import json, os; m = json.load(open('{SEALED}/
                    "for e in m['files'] if 'mtime_ns' in e))\" | grep -qx True")  # fmt: skip
 
 
+# The process runs another model than its unit file names (a copy of it, so it serves): put
+# in by a drop-in, restarted, then the drop-in removed with a daemon-reload and no restart,
+# as a deploy that switched the unit's files without restarting it leaves a host.
+STALE = "/opt/stale-model.gguf"
+UP = ("timeout 120 sh -c 'until python3 -c \"import urllib.request as u; u.urlopen(\\\"http://127.0.0.1:8080/health\\\")\" "
+      ">/dev/null 2>&1; do sleep 1; done'")  # fmt: skip
+STALE_PROCESS = (f"cp {OPT}/models/current/model.gguf {STALE} && chmod 644 {STALE} && mkdir -p {UNIT}.d && "
+                 f"printf '[Service]\\nExecStart=\\nExecStart=%s\\n' \"$(sed -n 's/^ExecStart=//p' {UNIT} | "
+                 f"sed 's|--model [^ ]*|--model {STALE}|')\" > {UNIT}.d/stale.conf && systemctl daemon-reload && "
+                 f"systemctl restart llamarack-server.service && {UP} && rm -r {UNIT}.d {STALE} && "
+                 "systemctl daemon-reload")  # fmt: skip
+SERVES_ITS_UNIT = (f"{UP} && python3 -c \"import json, urllib.request as u; "
+                   "said = json.load(u.urlopen('http://127.0.0.1:8080/props'))['model_path']; "
+                   f"words = next(x for x in open('{UNIT}') if x.startswith('ExecStart=')).split(); "
+                   "assert said == words[words.index('--model') + 1], said\"")  # fmt: skip
+
+
 def yes(test: str) -> str:
     return f"if {{ {test}; }} >/dev/null 2>&1; then echo yes; else echo no; fi"
 
@@ -63,6 +81,7 @@ def yes(test: str) -> str:
 DRIFTS = {
     "unit edited": (f"echo '# edited by hand' >> {UNIT} && systemctl daemon-reload", {"unit"},
                     f"! grep -q 'edited by hand' {UNIT}", set()),
+    "process not restarted": (STALE_PROCESS, {"process"}, SERVES_ITS_UNIT, set()),
     "service stopped": ("systemctl stop llamarack-server.service", {"service", "health"},
                         "systemctl is-active -q llamarack-server.service", set()),
     "driver hold lost": ("apt-mark unhold $(apt-mark showhold)", {"driver"}, "apt-mark showhold | grep -q .", set()),

@@ -129,8 +129,8 @@ def test_a_card_that_goes_retires_its_unit_and_one_that_comes_back_gets_it_again
     record = json.loads(uploads(commands)[f"{ROOT}/state/units.json.new"])
     assert [u["port"] for u in record["units"]] == [8080, 8081, 8082, 8084, 8085, 8086, 8087]
     # back: its unit again, the same N and port
-    host[fact_key(ServedUnits, state=f"{ROOT}/state")] = {
-        n: f for n, f in host[fact_key(ServedUnits, state=f"{ROOT}/state")].items() if n != "llamarack-server@3.service"}
+    host[fact_key(ServedUnits, state=f"{ROOT}/state", health=True)] = {
+        n: f for n, f in host[fact_key(ServedUnits, state=f"{ROOT}/state", health=True)].items() if n != "llamarack-server@3.service"}
     commands, _ = run_op(service, host, settings=s, gpus=EIGHT)
     assert units_of(commands) == {"llamarack-server@3.service": units["llamarack-server@3.service"]}
 
@@ -168,7 +168,7 @@ def test_rollback_puts_back_every_unit_with_a_previous_one_or_only_the_one_asked
 
     old = ["# llamarack health: http://127.0.0.1:8081/health",
            f"ExecStart={ROOT}/builds/b0/bin/llama-server --model {ROOT}/models/m0/model.gguf --port 8081"]
-    state = {fact_key(ServedUnits, state=f"{ROOT}/state"): {
+    state = {fact_key(ServedUnits, state=f"{ROOT}/state", health=True): {
                  f"llamarack-server@{i}.service": found_unit(f"llamarack-server@{i}.service", lines=old) for i in (0, 1)},
              fact_key(FileContents, path=f"{ROOT}/state/previous@0.service"): None,
              fact_key(FileContents, path=f"{ROOT}/state/previous@1.service"): old,
@@ -228,7 +228,7 @@ def outside_preflights_read(op, host: dict, s, cards) -> tuple:
             return super().__contains__(key)
 
     commands, noops = run_op(op, Recording(host), settings=s, gpus=cards)
-    assert FactRead.of(ServedUnits, state=f"{ROOT}/state") in read_here
+    assert FactRead.of(ServedUnits, state=f"{ROOT}/state", health=True) in read_here
     batched = set(preflight_reads(s) + role_reads(s))
     return commands, noops, [r for r in dict.fromkeys(read_here) if r not in batched]
 
@@ -253,7 +253,7 @@ def audit_of(s, host: dict, cards, asleep: tuple = (), off_card: tuple = ()) -> 
     from roles.driver.reads import GpuProcess, GpuProcesses
     from roles.server.audit import items
 
-    units = host[fact_key(ServedUnits, state=f"{ROOT}/state")]
+    units = host[fact_key(ServedUnits, state=f"{ROOT}/state", health=True)]
     units = {n: dataclasses.replace(u, state={**u.state, "MainPID": str(100 + i)}, health=200, sleeping=i in asleep)
              for i, (n, u) in enumerate(sorted(units.items()))}  # fmt: skip
     fact = Answers((), {})

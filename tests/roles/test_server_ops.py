@@ -1,5 +1,6 @@
 """The server operation's commands, in pyinfra's fixture style: facts in, commands out."""
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -73,7 +74,7 @@ def facts(unit_sha1=None, running=False, key_digest="missing", build="b1", model
         fact_key(Link, path=f"{ROOT}/builds/current"): {"link_target": build} if build else None,
         fact_key(Link, path=f"{ROOT}/models/current"): {"link_target": model} if model else None,
         fact_key(LlamaServerFlags, root=ROOT): FLAGS if build else None,
-        fact_key(ServedUnits, state=f"{ROOT}/state"): units,
+        fact_key(ServedUnits, state=f"{ROOT}/state", health=True): units,
         fact_key(FileContents, path=f"{ROOT}/state/units.json"): units_json.splitlines() if units_json else None,
         fact_key(Command, command=key_digest_command()): key_digest,
         **(served(model, shape, sealed_at) if model else {}),
@@ -370,7 +371,7 @@ def test_rollback_switches_the_previous_unit_in_and_pins_it():
     s = settings()
     current = [f"ExecStart={ROOT}/builds/b1/bin/llama-server --model {ROOT}/models/m1/model.gguf"]
     state = {fact_key(FileContents, path=f"{ROOT}/state/previous.service"): OLD_UNIT,
-             fact_key(ServedUnits, state=f"{ROOT}/state"): {"llamarack-server.service": found_unit(lines=current)},
+             fact_key(ServedUnits, state=f"{ROOT}/state", health=True): {"llamarack-server.service": found_unit(lines=current)},
              fact_key(BuildSeals, root=ROOT): Seals({"b0": []})}  # fmt: skip
     commands, _ = run_op(rollback, state, settings=s)
     check, copy, switch, pin = commands
@@ -440,3 +441,19 @@ def test_a_detached_script_may_not_end_its_own_heredoc():
 
     with pytest.raises(ValueError):
         switch.detached(f"echo\n{switch._END}\nrm -rf /", "a test")
+
+
+def test_a_process_serving_another_model_than_its_unit_is_restarted_through_the_switch():
+    """The unit file is the wanted one and runs, but its process's /props names another model:
+    the files were switched and the process never restarted. The next run restarts it."""
+    s = settings()
+    said = {"build_info": "b1-dccad28c6", "model_path": f"{ROOT}/models/m0/model.gguf", "total_slots": 1}
+    unit = found_unit(sha1=UNIT_SHA1, running=True, lines=UNIT.splitlines())
+    stale = {"llamarack-server.service": dataclasses.replace(unit, health=200, props=said)}
+    commands, noops = first_run(s, unit_sha1=UNIT_SHA1, running=True, units=stale)
+    assert noops == [] and "systemctl restart llamarack-server.service" in commands[-1]
+    assert f"health {UNIT_PATH} 600 || rollback" in commands[-1]
+    # the same process serving the unit's own model is left alone
+    said["model_path"] = f"{ROOT}/models/m1/model.gguf"
+    same = {"llamarack-server.service": dataclasses.replace(unit, health=200, props=dict(said))}
+    assert first_run(s, unit_sha1=UNIT_SHA1, running=True, units=same)[0] == []

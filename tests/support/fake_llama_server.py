@@ -48,6 +48,8 @@ class Behaviour:
     bodies: list = field(default_factory=list)  # the POSTs' JSON bodies, as they came
     sleep_idle_seconds: float | None = None  # --sleep-idle-seconds; None: never sleeps
     wake_delay: float = 0.0  # seconds a wake takes (the model loaded again)
+    model_path: str = "/opt/llamarack/models/m0/model.gguf"  # /props: the process's --model
+    build_info: str = "b1-0c1e57098"  # /props: llama_build_info(), "b<number>-<commit>"
     wakes: int = 0  # how many times a request woke it
     last_task: float = field(default_factory=time.monotonic)  # when a task last started the idle time again
     cached: list = field(default_factory=list)  # the prompts it answered, as tokens (words), with their answers
@@ -190,6 +192,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 self._send(200, _metrics(b, asleep), "text/plain; version=0.0.4")
         elif self.path == "/props":
             self._send(200, {"total_slots": len(b.processing), "model_alias": "tiny", "is_sleeping": b.sleeping(),
+                             "model_path": b.model_path, "build_info": b.build_info,
                              "endpoint_slots": True, "endpoint_metrics": b.metrics})
         elif self.path in ("/models", "/v1/models"):
             self._send(200, {"object": "list", "data": [{"id": "tiny", "object": "model", "owned_by": "llamacpp"}]})

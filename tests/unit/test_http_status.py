@@ -82,10 +82,12 @@ def test_with_the_key_file_it_says_whether_llama_server_sleeps(tmp_path):
     key = tmp_path / "key"
     key.write_text("k3y\n")
     with FakeLlamaServer(Behaviour(api_key="k3y")) as s:
-        assert status(s.url + "/health", None, str(key)) == "200 awake"
+        said = ('{"build_info": "b1-0c1e57098", "model_path": "/opt/llamarack/models/m0/model.gguf", '
+                '"total_slots": 2}')  # the process's own provenance
+        assert status(s.url + "/health", None, str(key)) == f"200 awake {said}"
         s.behaviour.sleep_idle_seconds = 0.0  # idle long enough: asleep
-        assert status(s.url + "/health", None, str(key)) == "200 asleep"
-        assert status(s.url + "/health", None, str(tmp_path / "none")) == "200 none"  # no key: /props says 401
+        assert status(s.url + "/health", None, str(key)) == f"200 asleep {said}"
+        assert status(s.url + "/health", None, str(tmp_path / "none")) == "200 none {}"  # no key: /props says 401
         assert s.behaviour.sleeping() and s.behaviour.wakes == 0
         s.behaviour.health_status = 503
         assert status(s.url + "/health", None, str(key)) == "503"  # loading: /props is not asked

@@ -40,6 +40,7 @@ class FakeRack:
         self.unreachable = set()
         self.broken = set()  # hosts whose connector raises
         self.cpu = set()  # hosts of a CPU build: their units name no cards
+        self.served = {}  # host -> the model its processes' /props name (by default their units')
 
     def run(self, host, command, timeout):
         name, words = host.name, shlex.split(command)
@@ -52,6 +53,8 @@ class FakeRack:
             return hosts.Reply(name, True)
         if words[0] == "cat":
             return self.cat(name, words[1])
+        if words[:2] == ["cd", "/etc/systemd/system"]:  # ServedUnits, with health
+            return hosts.Reply(name, True, self.served_units(name))
         script, args = SOURCES[words[2]], words[3:]
         if script == "haproxy_runtime":
             return self.gateway(name, args)
@@ -69,6 +72,16 @@ class FakeRack:
             cards = [] if name in self.cpu else [f"{RESIDENCY_MARK}GPU-1 900"]
             return hosts.Reply(name, True, [f"{HEALTH_MARK}http://127.0.0.1:8080/health", *cards, "[Unit]"])
         return hosts.Reply(name, False)
+
+    def served_units(self, name) -> list:
+        """``ServedUnits``' output: each unit with its model, its build's commit and its /props."""
+        said = {"build_info": "b1-dccad28c6", "model_path": self.served.get(name, "/opt/llamarack/models/m1/model.gguf")}
+        lines = []
+        for unit in self.units[name]:
+            lines += [f"unit {unit['unit']} 0123", "state ActiveState=active",
+                      "line ExecStart=/opt/llamarack/builds/b1/bin/llama-server --model /opt/llamarack/models/m1/model.gguf",
+                      "built version: 0.5.0-dev (build 1, commit dccad28c6)", f"health 200 awake {json.dumps(said)}"]
+        return lines
 
     def gateway(self, gw, args):
         what = f"{args[0]} {args[1]}" if args[0] == "set" else args[0]
@@ -412,3 +425,15 @@ def test_a_failed_deploy_is_named_by_its_commands_errors_not_pyinfras_last_lines
     assert why[-1].endswith("E: Sub-process /usr/bin/dpkg returned an error code (1)") and len(why) == 2
     # no error line: the output's last lines, as before
     assert rollout.deploy_errors(["a", "b", "c", "d"]) == ["b", "c", "d"]
+
+
+def test_the_gate_fails_a_unit_whose_process_serves_another_model_than_its_file(here):
+    """A deploy that switched the unit's files without restarting it: /health and a completion
+    still pass, the process's /props does not, and the host stays drained."""
+    fake = FakeRack()
+    fake.served["lab-a"] = "/opt/llamarack/models/m0/model.gguf"
+    assert roll(fake) == 1
+    why = journal()["hosts"]["lab-a"]["why"]
+    assert why == ("llamarack-server.service: the process serves /opt/llamarack/models/m0/model.gguf, not the unit's "
+                   "/opt/llamarack/models/m1/model.gguf: it was not restarted since its unit changed"), why
+    assert fake.servers["lab-gw"]["lab-a_0"] == "drain" and fake.touched() == ["lab-a"]

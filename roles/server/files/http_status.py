@@ -6,10 +6,12 @@
 No proxy is asked (the URL is the server's own health URL, made from
 validated settings), and a redirect is not followed: its status is the answer.
 With KEY_FILE (a llama-server's API key file, its first line sent as a bearer
-token; a file that is not there: no key), a status 200 is followed by whether
-that server sleeps (``--sleep-idle-seconds``), as the ``/props`` beside URL
-says (``is_sleeping``; asking does not wake it): ``200 asleep``, ``200 awake``,
-or ``200 none`` when /props does not say.
+token; a file that is not there: no key), a status 200 is followed by what the
+``/props`` beside URL says (asking does not wake a sleeping server): whether
+that server sleeps (``--sleep-idle-seconds``: ``asleep``, ``awake``, or
+``none`` when /props does not say), then the running process's own provenance
+as one JSON object, ``{"build_info", "model_path", "total_slots"}`` (``{}``
+when /props does not answer): ``200 awake {"build_info": "b1-0c1e57098", ...}``.
 """
 
 import json
@@ -37,8 +39,12 @@ def status(url: str, timeout: float = 5.0) -> str:
         return str(e.code)
 
 
-def sleeping(url: str, key_file: str) -> str:
-    """asleep, awake or none: what the /props beside ``url`` says of the server's sleep."""
+PROVENANCE = ("build_info", "model_path", "total_slots")
+
+
+def props(url: str, key_file: str) -> tuple:
+    """(asleep, awake or none; {build_info, model_path, total_slots}): what the /props beside
+    ``url`` says of the server's sleep and of the process itself."""
     try:
         with open(key_file) as f:
             token = f.readline().strip()
@@ -46,10 +52,13 @@ def sleeping(url: str, key_file: str) -> str:
         token = ""
     try:
         with _open(url.rsplit("/", 1)[0] + "/props", token) as r:
-            said = json.loads(r.read()).get("is_sleeping")
+            said = json.loads(r.read())
     except Exception:
-        return "none"
-    return {True: "asleep", False: "awake"}.get(said, "none")
+        return "none", {}
+    if not isinstance(said, dict):
+        return "none", {}
+    sleep = {True: "asleep", False: "awake"}.get(said.get("is_sleeping"), "none")
+    return sleep, {k: said[k] for k in PROVENANCE if isinstance(said.get(k), (str, int)) and not isinstance(said[k], bool)}
 
 
 if __name__ == "__main__":
@@ -58,5 +67,6 @@ if __name__ == "__main__":
     except Exception:
         found = "none"
     if found == "200" and len(sys.argv) > 2:
-        found += " " + sleeping(sys.argv[1], sys.argv[2])
+        sleep, provenance = props(sys.argv[1], sys.argv[2])
+        found += f" {sleep} {json.dumps(provenance, sort_keys=True)}"
     print(found)
