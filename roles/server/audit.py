@@ -188,7 +188,7 @@ def residency_item(settings: Settings, cards: tuple, processes: tuple, pid: int,
                    asleep: bool = False) -> Item:  # fmt: skip
     """Whether the served process is on its cards (``cards``: their UUIDs; nvidia-smi's
     compute apps) with at least the planned weights: a CUDA unit serving from the CPU
-    answers /health all the same. A server ``asleep`` has freed its cards: it is checked
+    answers /health all the same. A server ``asleep`` has freed its weights (not its CUDA context): it is checked
     once a request wakes it."""
     if not residency_checked(settings):
         return Item({"backend": settings.llamacpp.backend, "server_residency": settings.server.residency})
@@ -198,7 +198,7 @@ def residency_item(settings: Settings, cards: tuple, processes: tuple, pid: int,
     if not pid:
         return Item({**found, "why": "not running"}, wanted)  # the service item says so
     if asleep:
-        return Item({**found, "why": "asleep: it freed its cards; checked once a request wakes it"}, wanted)
+        return Item({**found, "why": "asleep: it freed its weights (its CUDA context stays); checked once a request wakes it"}, wanted)
     why = residency(processes, pid, cards, weights_mib or 0)
     return Item({**found, "why": why} if why else found, wanted, drift=why is not None)
 

@@ -295,7 +295,7 @@ def test_the_audit_shows_a_sleeping_unit_serving_without_drift():
     drift = [k for k, v in found.items() if v.drift and k not in ("service_user", "bench")]
     assert drift == [], drift
     assert found["service@2"].found["sleeping"] is True and "sleeping" not in found["service@1"].found
-    assert found["residency@2"].found["why"] == "asleep: it freed its cards; checked once a request wakes it"
+    assert found["residency@2"].found["why"] == "asleep: it freed its weights (its CUDA context stays); checked once a request wakes it"
     assert found["health@2"].found == 200
     # on no card while awake is drift, as before
     awake = audit_of(s, host, EIGHT, off_card=(2,))
