@@ -131,3 +131,14 @@ def test_the_audit_residency_item_on_the_card_off_it_and_on_a_cpu_build():
     assert residency_item(forced, (h200.uuid,), ON_CARD, 6467, 1).found["why"].startswith("CPU fallback")
     never = load_settings("gpu01", {"python_env_backend": "venv", "llamacpp_backend": "cuda", "server_residency": "off"})
     assert residency_item(never, (h200.uuid,), ON_CARD, 6467, 1).found == {"backend": "cuda", "server_residency": "off"}
+
+
+def test_the_residency_check_reads_the_layers_only_from_the_units_log_verbosity():
+    """A real CUDA llama-server serving 1 of 3 layers (bench/gpu/layers.sh on an H100):
+    at llama.cpp's default verbosity its log names no layer count, and the check cannot
+    tell; at the unit's LLAMA_ARG_LOG_VERBOSITY=4 it refuses it."""
+    held = GpuProcesses().process([f"6434, /opt/layers/build/bin/llama-server, 528, {UUID}"])
+    default = (LOGS / "fewer-layers-default.log").read_text()
+    assert "offloaded" not in default and residency(held, 6434, (UUID,), 1, default) is None
+    trace = (LOGS / "fewer-layers-v4.log").read_text()
+    assert residency(held, 6434, (UUID,), 1, trace) == "fewer layers offloaded than planned: 1/3"
