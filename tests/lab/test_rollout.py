@@ -78,7 +78,9 @@ def rollout(*args: str, gate: tuple = ()) -> tuple[int, str, dict]:
 
 def under_load(lab_rack, action):
     url = f"http://{lab_rack.rack.host(GATEWAY)['ip']}:8000"
-    load = loadgen.Load(url, requests=100_000, concurrency=2, time_limit=3600, n_predict=4).start()
+    # paced (each client at most 20 requests a second): a switch's window still meets dozens of
+    # requests, and the builds and conversions the rollout runs keep the lab's two cores
+    load = loadgen.Load(url, requests=100_000, concurrency=2, time_limit=3600, n_predict=4, pace=0.05).start()
     try:
         outcome = action()
     finally:
