@@ -15,6 +15,7 @@ refuses with, in the same words) is in test_preflight_driver.py.
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 
@@ -61,14 +62,16 @@ BUILD_AS_SEALED = (f"python3 -c \"import json, os; m = json.load(open('{SEALED}/
 STALE = "/opt/stale-model.gguf"
 UP = ("timeout 120 sh -c 'until python3 -c \"import urllib.request as u; u.urlopen(\\\"http://127.0.0.1:8080/health\\\")\" "
       ">/dev/null 2>&1; do sleep 1; done'")  # fmt: skip
-STALE_PROCESS = (f"cp {OPT}/models/current/model.gguf {STALE} && chmod 644 {STALE} && mkdir -p {UNIT}.d && "
-                 f"printf '[Service]\\nExecStart=\\nExecStart=%s\\n' \"$(sed -n 's/^ExecStart=//p' {UNIT} | "
-                 f"sed 's|--model [^ ]*|--model {STALE}|')\" > {UNIT}.d/stale.conf && systemctl daemon-reload && "
-                 f"systemctl restart llamarack-server.service && {UP} && rm -r {UNIT}.d {STALE} && "
+STALE_PROCESS = (f"stale={shlex.quote(STALE)} unit={shlex.quote(UNIT)} "
+                 f"model={shlex.quote(OPT + '/models/current/model.gguf')}; "
+                 'cp "$model" "$stale" && chmod 644 "$stale" && mkdir -p "$unit.d" && '
+                 "printf '[Service]\\nExecStart=\\nExecStart=%s\\n' \"$(sed -n 's/^ExecStart=//p' \"$unit\" | "
+                 'sed "s|--model [^ ]*|--model $stale|")" > "$unit.d/stale.conf" && systemctl daemon-reload && '
+                 f'systemctl restart llamarack-server.service && {UP} && rm -r "$unit.d" "$stale" && '
                  "systemctl daemon-reload")  # fmt: skip
 SERVES_ITS_UNIT = (f"{UP} && python3 -c \"import json, urllib.request as u; "
                    "said = json.load(u.urlopen('http://127.0.0.1:8080/props'))['model_path']; "
-                   f"words = next(x for x in open('{UNIT}') if x.startswith('ExecStart=')).split(); "
+                   f"words = next(x for x in open({UNIT!r}) if x.startswith('ExecStart=')).split(); "
                    "assert said == words[words.index('--model') + 1], said\"")  # fmt: skip
 
 
