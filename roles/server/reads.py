@@ -226,6 +226,30 @@ def _provenance(text: str) -> Optional[dict]:
     return said or None
 
 
+class HostMemory(FactBase[Optional[int]]):
+    """
+    Returns the host's memory in MiB as its kernel counts it (``/proc/meminfo``'s
+    ``MemTotal``), or None where the file does not say. A container whose memory is capped
+    sees the cap there (lxcfs: the lab's hosts). The units' host-RAM ledger is planned in
+    it (``roles/server/host_ram.py``).
+
+    .. code:: python
+
+        64298
+    """
+
+    def command(self) -> str:
+        return "grep '^MemTotal:' /proc/meminfo 2>/dev/null || true"
+
+    def process(self, output) -> Optional[int]:
+        words = output[0].split() if output else []
+        if not words:
+            return None
+        if len(words) != 3 or words[0] != "MemTotal:" or not words[1].isdigit() or words[2] != "kB":
+            raise FactProcessError(f"unexpected /proc/meminfo line: {output!r}")
+        return int(words[1]) // 1024
+
+
 def unit_cards(lines) -> tuple:
     """The cards (UUIDs) a unit file serves from: its ``CUDA_VISIBLE_DEVICES``, else its
     residency line's; () for neither."""
@@ -271,16 +295,19 @@ def reads(settings) -> tuple:
     if not settings.general.runs("server"):
         return ()
     layout, root = settings.layout, settings.general.root
-    return (FactRead.of(LlamacppBuilds, root=root),
-            FactRead.of(BuildSeals, root=root),  # a build differing from its seal is pruned
-            FactRead.of(SystemUser, user=settings.general.service_user),
-            FactRead.of(Link, path=layout.current_build),
-            FactRead.of(Link, path=layout.current_model),
-            *([FactRead.of(Link, path=layout.draft_model)] if settings.model.draft_repo else []),
-            FactRead.of(LlamaServerFlags, root=root),
-            FactRead.of(GgufShape, path=f"{layout.current_model}/model.gguf"),  # the units are planned from it
-            # the units: files (the builds they name are kept by the prune), .prev, state, pins
-            FactRead.of(ServedUnits, state=layout.state, health=True),
-            FactRead.of(FileContents, path=layout.units_record),  # written only when it differs
-            FactRead.of(Command, command=key_digest_command()),
-            FactRead.of(BenchRecord, path=layout.bench_record))
+    return (
+        FactRead.of(LlamacppBuilds, root=root),
+        FactRead.of(BuildSeals, root=root),  # a build differing from its seal is pruned
+        FactRead.of(SystemUser, user=settings.general.service_user),
+        FactRead.of(Link, path=layout.current_build),
+        FactRead.of(Link, path=layout.current_model),
+        *([FactRead.of(Link, path=layout.draft_model)] if settings.model.draft_repo else []),
+        FactRead.of(LlamaServerFlags, root=root),
+        FactRead.of(GgufShape, path=f"{layout.current_model}/model.gguf"),  # the units are planned from it
+        # the units: files (the builds they name are kept by the prune), .prev, state, pins
+        FactRead.of(ServedUnits, state=layout.state, health=True),
+        FactRead.of(FileContents, path=layout.units_record),  # written only when it differs
+        FactRead.of(Command, command=key_digest_command()),
+        FactRead.of(BenchRecord, path=layout.bench_record),
+        FactRead.of(HostMemory),  # the host-RAM ledger's MemTotal
+    )
