@@ -38,6 +38,8 @@ class BuildFlags(ServerFlags):
     """``--backend-sampling`` (the sampler chain on the GPU) is in its --help."""
     has_sleep_idle: bool = False
     """``--sleep-idle-seconds`` (the server frees the model while idle) is in its --help."""
+    has_cache_ram: bool = False
+    """``--cache-ram`` (the prompt cache in host RAM, and its limit) is in its --help."""
 
 
 def parse_build_help(text: str, proven_args: tuple = ()) -> BuildFlags:
@@ -47,7 +49,8 @@ def parse_build_help(text: str, proven_args: tuple = ()) -> BuildFlags:
                       has_rope_scaling=all(flag in text for flag in ROPE_FLAGS),
                       has_spec_draft=all(flag in text for flag in SPEC_DRAFT_FLAGS),
                       has_backend_sampling=re.search(r"(^|[\s,])--backend-sampling\b", text, re.M) is not None,
-                      has_sleep_idle=re.search(r"(^|[\s,])--sleep-idle-seconds\b", text, re.M) is not None)  # fmt: skip
+                      has_sleep_idle=re.search(r"(^|[\s,])--sleep-idle-seconds\b", text, re.M) is not None,
+                      has_cache_ram=re.search(r"(^|[\s,])--cache-ram\b", text, re.M) is not None)  # fmt: skip
 
 
 class GitHead(FactBase[Optional[str]]):
