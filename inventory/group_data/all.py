@@ -263,6 +263,15 @@ server_layout = 'auto'
 # llama.cpp's --split-mode for a unit over several cards: layer, or tensor (an unquantized KV cache only)
 server_split_mode = 'layer'
 
+# llama-server's prompt cache in host RAM (--cache-ram, MiB): llama.cpp's default 8192; -1 no limit but the context's tokens, 0 none; lowered where the host's memory does not hold every unit
+server_cache_ram = 8192
+
+# the least --cache-ram (MiB) the planner lowers server_cache_ram to where the host's memory does not hold every unit; below it the host is refused (0: the prompt cache may go)
+server_cache_ram_min = 1024
+
+# host memory (of MemTotal) the units leave to the system, its page cache and the deploy's own steps
+server_host_ram_reserve_mib = 4096
+
 # check after each start, and in the audit, that the served process is on its planned cards (nvidia-smi's compute apps): auto (a CUDA build's units), on (every unit planned on a card, whatever the build: a lab whose fake driver lists the served process), off (never: a driver that cannot list the host's processes, as in some containers)
 server_residency = 'auto'
 

@@ -23,8 +23,8 @@ from .files import bench_record
 from .files.wait_healthy import residency
 from .plan import (MIB, PlanError, WantedUnit, bench_due, parse_pin, pin_holds, process_drift, residency_checked,
                    unit_model, unit_refs, wanted_units)  # fmt: skip
-from .reads import (NOLOGIN, SERVICE_USER_MARK, FoundUnit, ServedUnits, SystemGroup, SystemUser, active_since,
-                    unit_cards)  # fmt: skip
+from .reads import (NOLOGIN, SERVICE_USER_MARK, FoundUnit, HostMemory, ServedUnits, SystemGroup, SystemUser,
+                    active_since, unit_cards)  # fmt: skip
 
 
 def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
@@ -43,6 +43,7 @@ def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
         FactRead.of(BenchRecord, path=layout.bench_record),
         FactRead.of(SystemUser, user=settings.general.service_user),
         FactRead.of(SystemGroup, group=settings.general.service_user),
+        FactRead.of(HostMemory),
     ) + (draft if settings.model.draft_repo else ())  # the draft the unit names
 
 
@@ -82,8 +83,9 @@ def units_item(found: dict, planned: Optional[tuple], why: Optional[str]) -> Ite
         return Item({"units": have}, {"units": None, "why": why}, drift=True)
     layout, wanted = planned
     names = [w.ref.name for w in wanted]
-    return Item({"units": have}, {"units": names, "layout": layout.chosen, "reason": layout.reason},
-                drift=set(have) != set(names))  # fmt: skip
+    memory = {k: v for k, v in wanted[0].memory.as_dict().items() if k != "units"} if wanted[0].memory else None
+    return Item({"units": have}, {"units": names, "layout": layout.chosen, "reason": layout.reason,
+                                  "host_ram": memory}, drift=set(have) != set(names))  # fmt: skip
 
 
 def one_unit(settings: Settings, found: Optional[FoundUnit], wanted: Optional[WantedUnit], why: Optional[str],
@@ -137,7 +139,8 @@ def wanted_here(settings: Settings, fact, gpus: tuple, templates: tuple, found: 
         return wanted_units(settings, flags, f"{layout.builds}/{build_dir}", f"{layout.models}/{model_dir}",
                             shape, gpus, templates, draft=draft, devices=devices,
                             in_place={n: unit_cards(f.lines) for n, f in (found or {}).items()},
-                            bench=fact(BenchRecord, path=layout.bench_record)), None  # fmt: skip
+                            bench=fact(BenchRecord, path=layout.bench_record),
+                            host_mib=fact(HostMemory)), None  # fmt: skip
     except PlanError as e:
         return None, e.failure.message("")
 
@@ -157,7 +160,8 @@ def unit_item(settings: Settings, found: Optional[FoundUnit], wanted: Optional[W
         return Item(found_d, {"sha256": None, "why": why or "the host's layout makes no such unit"}, drift=True)
     plan = wanted.plan
     wanted_d = {"sha256": hashlib.sha256(wanted.text.encode()).hexdigest(), "ctx_size": plan.ctx_size,
-                "weights_mib": plan.ledger.weights_on_card // MIB, "exec_start": exec_start(wanted.text)}
+                "weights_mib": plan.ledger.weights_on_card // MIB, "exec_start": exec_start(wanted.text),
+                "host_ram": wanted.share.as_dict() if wanted.share else None}  # its share of the host's memory
     if several:
         wanted_d.update(port=wanted.ref.port, cards=list(wanted.cards))
     # `llamarack rollback` pinned the unit in place: a deploy keeps it (so it is no drift).

@@ -22,8 +22,8 @@ from llamarack import remote
 from roles.llamacpp.reads import BenchRecord, BuildSeals, LlamaServerFlags
 from roles.driver.reads import CharDevices, RecordedGpus
 from roles.model.reads import GgufShape, ModelArtifact
-from roles.server.reads import (KEY_DIGEST_SALT, NOLOGIN, SERVICE_USER_MARK, FoundUnit, ServedUnits, SystemGroup,
-                                SystemUser, active_since, secret_digest_command, unit_cards)  # fmt: skip
+from roles.server.reads import (KEY_DIGEST_SALT, NOLOGIN, SERVICE_USER_MARK, FoundUnit, HostMemory, ServedUnits,
+                                SystemGroup, SystemUser, active_since, secret_digest_command, unit_cards)  # fmt: skip
 from llamarack.facts import read
 from llamarack.layout import API_KEY_PATH, UNIT_NAME, unit_build, unit_index, unit_name
 from llamarack.operations import executing, private_upload, put_record, refusal, secret_upload, show_diff
@@ -323,12 +323,15 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
         chosen, wanted = wanted_units(settings, flags, build_dir, model_dir, shape, cards, templates, draft=draft,
                                       devices=tuple(read(CharDevices)) if settings.llamacpp.backend == "cuda" else (),
                                       in_place={n: unit_cards(f.lines) for n, f in found.items()},
-                                      bench=lambda: read(BenchRecord, path=layout.bench_record))  # fmt: skip
+                                      bench=lambda: read(BenchRecord, path=layout.bench_record),
+                                      host_mib=read(HostMemory))  # fmt: skip
     except PlanError as e:
         yield refusal(e.failure.message(host.name))
         return
     if chosen.contested and executing():
         logger.info(f"{host.print_prefix}server_layout auto serves {chosen.chosen}: {chosen.contested}")
+    if wanted[0].memory.lowered and executing():
+        logger.warning(f"{host.print_prefix}host memory: {wanted[0].memory.why()}")
     # When the served model's artifact was sealed: read through models/current, as preflight reads it.
     served = read(ModelArtifact, path=layout.current_model)
     sealed_at = (served.record or {}).get("sealed_at") if served else None

@@ -27,6 +27,7 @@ from roles.settings import Settings
 from . import unitfile
 from .card_layout import Layout, Unit, cards_of, choose_layout, rival_layout, settle
 from .files import bench_record
+from .host_ram import HostLedger, HostRam, host_ledger, unit_share
 from .planner import MIB, Knobs, Plan, PlanError  # noqa: F401 (MIB, PlanError: the role's API)
 from .reads import HEALTH_MARK, RESIDENCY_MARK  # noqa: F401 (the role's API)
 
@@ -45,6 +46,13 @@ def knobs(settings: Settings) -> Knobs:
                  draft_gpu_layers=s.draft_gpu_layers)  # fmt: skip
 
 
+def host_ram(settings: Settings, flags: ServerFlags) -> HostRam:
+    """The host-RAM plan's inputs from the ``server_*`` settings; the prompt cache only where
+    this build's llama-server has ``--cache-ram``."""
+    s = settings.server
+    return HostRam(s.cache_ram, s.cache_ram_min, s.host_ram_reserve_mib, getattr(flags, "has_cache_ram", False))
+
+
 def _unbuilt(code: str, given: str, lacks: str, wanted: str, undo: str) -> PlanError:
     """The refusal of a setting whose flag this build's llama-server --help lacks."""
     return PlanError(Failure(code, f"{given}, but this build's llama-server --help {lacks}", wanted,
@@ -53,10 +61,12 @@ def _unbuilt(code: str, given: str, lacks: str, wanted: str, undo: str) -> PlanE
 
 def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_dir: str,
                 ctx: Plan, cuda: bool, draft_dir: Optional[str] = None, port: Optional[int] = None,
-                split: tuple = ()) -> list[str]:  # fmt: skip
+                split: tuple = (), cache_ram: Optional[int] = None) -> list[str]:  # fmt: skip
     """llama-server's command line, spelled as the built binary's --help says; ``port``: the
     unit's (``server_port`` when None), ``split``: a unit's split flags over several cards
-    (``Plan.split_args``). Raises PlanError when a setting needs a flag this build does not have."""
+    (``Plan.split_args``), ``cache_ram``: its ``--cache-ram`` (the host-RAM ledger's;
+    ``server_cache_ram`` when None), written where the build has the prompt cache. Raises
+    PlanError when a setting needs a flag this build does not have."""
     s = settings.server
     if s.api_key_file and not flags.has_api_key_file:
         raise _unbuilt("api-key-file", "server_api_key_file set", "has no --api-key-file",
@@ -65,6 +75,8 @@ def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_di
     args = [f"{build_dir}/bin/llama-server", "--model", f"{model_dir}/model.gguf",
             "--host", s.listen, "--port", str(s.port if port is None else port), "--ctx-size", str(ctx.ctx_size),
             "--parallel", str(ctx.parallel)]  # fmt: skip
+    if getattr(flags, "has_cache_ram", False):  # BuildFlags knows; a bare ServerFlags does not
+        args += ["--cache-ram", str(s.cache_ram if cache_ram is None else cache_ram)]
     # The same runtime flags the build's smoke run computed with, plus any it needed
     # (flags.proven_args, e.g. --no-repack on a CPU whose AMX faults); the KV
     # types and layers the plan chose.
@@ -274,6 +286,12 @@ class WantedUnit:
     text: str  # the unit file
     plan: Plan
     cards: tuple  # the UUIDs of its cards, in its device order
+    memory: Optional[HostLedger] = None  # the host's units against its memory (the same for each unit)
+
+    @property
+    def share(self):
+        """Its own part of the host-RAM ledger (``UnitShare``), or None."""
+        return next((u for u in self.memory.units if u.name == self.ref.name), None) if self.memory else None
 
 
 def host_layouts(settings: Settings, shape: dict, gpus: tuple, draft_shape: Optional[dict] = None,
@@ -356,13 +374,14 @@ def unit_refs(settings: Settings, layout: Layout, in_place: Optional[dict] = Non
 def wanted_units(settings: Settings, flags: ServerFlags, build_dir: str, model_dir: str, shape: dict,
                  cards: tuple, templates: tuple = (), draft: Optional[tuple] = None,
                  devices: tuple = (), in_place: Optional[dict] = None,
-                 bench: Any = None) -> tuple[Layout, tuple]:  # fmt: skip
-    """The host's layout and the units it should run (``WantedUnit``, each with its plan):
-    what the service operation writes and what ``llamarack audit`` compares with the units
-    found. ``cards``: the host's GPUs; ``draft``: (directory, shape) of the draft model when
-    ``model_draft_repo`` is set; ``devices``: the host's ``CharDevices``; ``in_place``: the
-    units on the host (``unit_refs``: a card that goes retires only its own unit);
-    ``bench``: the host's llama-bench record (``host_layouts``). Raises PlanError."""
+                 bench: Any = None, host_mib: Optional[int] = None) -> tuple[Layout, tuple]:  # fmt: skip
+    """The host's layout and the units it should run (``WantedUnit``, each with its plan and
+    the host-RAM ledger): what the service operation writes and what ``llamarack audit``
+    compares with the units found. ``cards``: the host's GPUs; ``draft``: (directory, shape) of
+    the draft model when ``model_draft_repo`` is set; ``devices``: the host's ``CharDevices``;
+    ``in_place``: the units on the host (``unit_refs``: a card that goes retires only its own
+    unit); ``bench``: the host's llama-bench record (``host_layouts``); ``host_mib``: its
+    ``HostMemory`` (None: not checked). Raises PlanError."""
     if settings.model.draft_repo and not draft:
         raise PlanError(Failure(
             "draft-model", "model_draft_repo set, but no draft model under models/draft",
@@ -370,12 +389,26 @@ def wanted_units(settings: Settings, flags: ServerFlags, build_dir: str, model_d
         ))  # fmt: skip
     draft_dir, draft_shape = draft if settings.model.draft_repo else (None, None)
     layout = host_layouts(settings, shape, tuple(cards), draft_shape, bench, Path(model_dir).name)[0]
+    refs = unit_refs(settings, layout, in_place)
+    memory = host_memory(settings, flags, shape, [(ref.name, unit.plan) for ref, unit, _ in refs], draft_shape,
+                         host_mib)  # fmt: skip
     wanted = []
-    for ref, unit, uuids in unit_refs(settings, layout, in_place):
+    for ref, unit, uuids in refs:
         text = _unit_text(settings, flags, (build_dir, model_dir, draft_dir), shape, ref, unit.plan, uuids,
-                          len(cards) > 1, templates, devices)  # fmt: skip
-        wanted.append(WantedUnit(ref, text, unit.plan, uuids))
+                          len(cards) > 1, templates, devices, memory.cache_ram)  # fmt: skip
+        wanted.append(WantedUnit(ref, text, unit.plan, uuids, memory))
     return layout, tuple(wanted)
+
+
+def host_memory(settings: Settings, flags: ServerFlags, shape: dict, plans: list, draft_shape: Optional[dict] = None,
+                host_mib: Optional[int] = None) -> HostLedger:  # fmt: skip
+    """The host-RAM ledger of the host's units (``plans``: (name, Plan) of each) against
+    ``host_mib`` (MemTotal; None: not checked): each unit's share and the ``--cache-ram`` they
+    get. On a CPU build what a plan puts on the cards is in host RAM too. Raises PlanError
+    ("host-memory")."""
+    kn, cuda = knobs(settings), settings.llamacpp.backend == "cuda"
+    shares = [unit_share(name, shape, kn, plan, cuda, draft_shape) for name, plan in plans]
+    return host_ledger(shares, host_mib, host_ram(settings, flags))
 
 
 def unit_indices(unit_cards: list, in_place: dict) -> list:
@@ -392,12 +425,13 @@ def unit_indices(unit_cards: list, in_place: dict) -> list:
 
 
 def _unit_text(settings: Settings, flags: ServerFlags, dirs: tuple, shape: dict, ref: UnitRef, plan: Any,
-               uuids: tuple, visible: bool, templates: tuple, devices: tuple) -> str:  # fmt: skip
-    """One unit's file: its plan's arguments and split flags, its port, its cards."""
+               uuids: tuple, visible: bool, templates: tuple, devices: tuple,
+               cache_ram: Optional[int] = None) -> str:  # fmt: skip
+    """One unit's file: its plan's arguments and split flags, its port, its cards, its --cache-ram."""
     build_dir, model_dir, draft_dir = dirs
     ctx, cuda = plan, settings.llamacpp.backend == "cuda"
     args = server_args(settings, flags, build_dir, model_dir, ctx, cuda=cuda, draft_dir=draft_dir, port=ref.port,
-                       split=tuple(plan.split_args()))  # fmt: skip
+                       split=tuple(plan.split_args()), cache_ram=cache_ram)  # fmt: skip
     with_draft = f", draft {Path(draft_dir).name}" if draft_dir else ""
     # The architecture is the GGUF's own text: cut to a name's length, the plan's note is kept.
     arch = unitfile.clipped(str(shape["architecture"]), ARCH_SHOWN)

@@ -28,6 +28,9 @@ MAX_CONTEXT = 1 << 24
 # compute estimate misses (654.5 MiB at most measured, +17.5 MiB; docs/planning.md, "Reserve";
 # tests/unit/test_server_plan.py::test_ledger_matches_llama_cpp_on_cuda).
 DEFAULT_RESERVE_MIB = 672
+# llama-server's prompt cache limit when --cache-ram is not given (llama.cpp's
+# common/common.h, cache_ram_mib; its --help says "default: 8192").
+DEFAULT_CACHE_RAM_MIB = 8192
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,17 @@ class ServerSettings(Section):
         "over the fewest cards that hold every layer), auto (per_card when one card holds the model, else split)")
     split_mode: str = setting("layer", "llama.cpp's --split-mode for a unit over several cards: layer, or tensor (an "
                               "unquantized KV cache only)", _split_mode)
+    # -- the host's memory (roles/server/host_ram.py) --
+    cache_ram: int = setting(
+        DEFAULT_CACHE_RAM_MIB, "llama-server's prompt cache in host RAM (--cache-ram, MiB): llama.cpp's default 8192; "
+        "-1 no limit but the context's tokens, 0 none; lowered where the host's memory does not hold every unit",
+        between=(-1, MAX_CONTEXT))
+    cache_ram_min: int = setting(
+        1024, "the least --cache-ram (MiB) the planner lowers server_cache_ram to where the host's memory does not "
+        "hold every unit; below it the host is refused (0: the prompt cache may go)", between=(0, MAX_CONTEXT))
+    host_ram_reserve_mib: int = setting(
+        4096, "host memory (of MemTotal) the units leave to the system, its page cache and the deploy's own steps",
+        between=(0, MAX_CONTEXT))
     # -- end of the memory plan --
     residency: Literal["auto", "on", "off"] = setting(
         "auto", "check after each start, and in the audit, that the served process is on its planned cards "

@@ -11,9 +11,8 @@ from pyinfra.facts.server import Command
 
 from roles.model.reads import ArtifactState, GgufShape, ModelArtifact
 from roles.driver.reads import CharDevices, DriverState, Gpu, NvidiaSmi, RecordedGpus
-from roles.llamacpp.reads import LlamaServerFlags
-from roles.server.reads import FoundUnit, ServedUnits
-from roles.llamacpp.reads import ServerFlags
+from roles.llamacpp.reads import BuildFlags, LlamaServerFlags, ServerFlags
+from roles.server.reads import FoundUnit, HostMemory, ServedUnits
 from roles.server.files.secret_digest import digest
 from roles.server.operations import service
 from roles.server.reads import KEY_DIGEST_SALT, key_digest_command
@@ -23,7 +22,9 @@ from tests.support.ophost import fact_key, run_op
 
 ROOT = "/opt/lr"
 SHAPE = json.loads((Path(__file__).resolve().parents[1] / "facts/GgufShape/tiny_q4_k_m.json").read_text())["fact"]
-FLAGS = ServerFlags(("--load-mode", "none"), True, True, True)
+# The pinned build's spelling: its --help has --cache-ram (the prompt cache in host RAM).
+FLAGS = BuildFlags(("--load-mode", "none"), True, True, True, has_cache_ram=True)
+HOST_MIB = 257585  # MemTotal (MiB) of a host of 256 GiB: ample for 8 units at the default --cache-ram
 V100 = Gpu(0, "Tesla V100-SXM2-16GB", "GPU-1", 16384, "7.0", "550.127.05")
 
 
@@ -58,7 +59,7 @@ UNITS_JSON = json.dumps({"units": [{"index": 0, "unit": "llamarack-server.servic
 
 def facts(unit_sha1=None, running=False, key_digest="missing", build="b1", model="m1", shape=SHAPE,
           smi=DriverState("ok", (V100,)), recorded=(), sealed_at=STARTED - 600, prev=False, pin=None,
-          devices=DEVICES_580, units=None, units_json=None):
+          devices=DEVICES_580, units=None, units_json=None, host_mib=HOST_MIB):
     """The facts of a host; ``units``: its unit files (``ServedUnits``), by default the one unit
     of ``unit_sha1`` (none without it), recorded in ``units_json`` (by default: as the unit of
     the one V100 when there is a unit)."""
@@ -77,6 +78,7 @@ def facts(unit_sha1=None, running=False, key_digest="missing", build="b1", model
         fact_key(ServedUnits, state=f"{ROOT}/state", health=True): units,
         fact_key(FileContents, path=f"{ROOT}/state/units.json"): units_json.splitlines() if units_json else None,
         fact_key(Command, command=key_digest_command()): key_digest,
+        fact_key(HostMemory): host_mib,
         **(served(model, shape, sealed_at) if model else {}),
     }
 
