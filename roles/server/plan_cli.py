@@ -27,6 +27,7 @@ from roles.model.settings import QUANT_TYPES
 from roles.model.shapes import hub_gguf_shape, local_gguf_shape, shape_from_config
 
 from .card_layout import LAYOUTS, choose_layout, rival_layout, settle
+from .host_ram import HostLedger, HostRam, plan_host, unit_share
 from .planner import (AUTO_KV_TYPES, KV_TYPE_BYTES, MIB, SPLIT_MODES, Card, Knobs, Ledger, Over, PlanError,
                       check_shapes, context_cap, cublas_prefill, ledger, plan)  # fmt: skip
 from .settings import DEFAULT_RESERVE_MIB
@@ -137,17 +138,27 @@ def _gib(n: float) -> str:
               help="a draft model's config.json, its weights estimated for --draft-quant")
 @click.option("--draft-quant", type=click.Choice(QUANT_TYPES), default="Q8_0", show_default=True)
 @click.option("--draft-gpu-layers", type=click.IntRange(0), help="the draft's layers on the card (default: all)")
+@click.option("--host-ram-mib", type=click.IntRange(1),
+              help="the host's memory (its MemTotal, MiB): the units' host-RAM ledger is checked against it less "
+                   "--host-ram-reserve-mib, their --cache-ram lowered to fit (default: shown, not checked)")
+@click.option("--host-ram-reserve-mib", default=HostRam.reserve_mib, show_default=True, type=click.IntRange(0),
+              help="of the host's memory, left to the system (server_host_ram_reserve_mib)")
+@click.option("--cache-ram", default=HostRam.cache_ram, show_default=True, type=click.IntRange(-1),
+              help="llama-server's prompt cache in host RAM, MiB (server_cache_ram; -1 no limit, 0 none)")
+@click.option("--cache-ram-min", default=HostRam.cache_ram_min, show_default=True, type=click.IntRange(0),
+              help="the least --cache-ram is lowered to where the host's memory does not hold it (server_cache_ram_min)")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def plan_command(gguf, hub_repo, revision, hub_file, hub_endpoint, hub_token_file, trusted_network, config_json,
                  quant, gpu, gpus, layout, split_mode,
                  kv_types, ctx_size, parallel, gpu_layers, min_ctx, rope_scaling, rope_scale, yarn_orig_ctx,
                  reserve_mib, no_flash_attn, draft_gguf, draft_config, draft_quant, draft_gpu_layers,
-                 as_json):  # fmt: skip
+                 host_ram_mib, host_ram_reserve_mib, cache_ram, cache_ram_min, as_json):  # fmt: skip
     """What a model needs on a card and what the card allows: the ledger
     (weights, KV, compute, reserve), the largest context for each KV type, and
     whether every layer fits or only some. With several cards (--gpus, or --gpu
-    repeated), how they serve it (--layout) and each card's ledger. Give GGUF (a
-    local file), or --hub-repo/--revision/--file, or --config with --quant."""
+    repeated), how they serve it (--layout) and each card's ledger. Then each
+    unit's share of the host's memory (--host-ram-mib). Give GGUF (a local file),
+    or --hub-repo/--revision/--file, or --config with --quant."""
     if sum(map(bool, (gguf, hub_repo, config_json))) != 1:
         raise click.UsageError("give one of: a GGUF path, --hub-repo (with --revision and --file), --config")
     sent_to = None
@@ -179,7 +190,10 @@ def plan_command(gguf, hub_repo, revision, hub_file, hub_endpoint, hub_token_fil
     pairs = [(t, t) for t in kv_types if t != "auto"] or [(t, t) for t in AUTO_KV_TYPES]
     pairs = list(dict.fromkeys([(k, "f16") for k, _ in pairs] if no_flash_attn else pairs))
     asked = _Asked(shape, knobs, pairs, draft, layout, split_mode)
-    report, text, refusal = (_one_card(asked, cards[0]) if len(cards) == 1 else _several(asked, cards))
+    report, text, refusal, plans = (_one_card(asked, cards[0]) if len(cards) == 1 else _several(asked, cards))
+    host = (host_ram_mib, HostRam(cache_ram, cache_ram_min, host_ram_reserve_mib))
+    report["host_ram"], more, refusal = _host_ram(asked, host, plans, refusal) if plans else (None, [], refusal)
+    text += more
     cap, rope = context_cap(shape, knobs)
     report.update({
         "card": {**_card_dict(cards[0]), "count": len(cards)}, "cards": [_card_dict(c) for c in cards],
@@ -233,7 +247,8 @@ class _Asked:
 
 
 def _one_card(asked: _Asked, card: Card) -> tuple:
-    """One card: the one-card planner's ledger, table and plan."""
+    """One card: the one-card planner's ledger, table and plan; the report, its lines, a
+    refusal or None, and (name, plan) of its unit."""
     shape, knobs, draft = asked.shape, asked.knobs, asked.draft
     table = kv_table(shape, knobs, (card,), asked.pairs, draft)
     try:
@@ -246,11 +261,12 @@ def _one_card(asked: _Asked, card: Card) -> tuple:
     report = {"layout": layout, "ledger": book.as_dict(), "kv": table, "plan": result.as_dict() if result else None}
     text = [_card_line(card), *_ledger_lines(book, card.mib, shape["n_layer"] + 1), *_table_lines(table, shape),
             _plan_line(result, refusal)]  # fmt: skip
-    return report, text, refusal
+    return report, text, refusal, [("unit 1", result)] if result else []
 
 
 def _several(asked: _Asked, cards: tuple) -> tuple:
-    """Several cards: the layout, each unit's ledger per card, the first unit's table."""
+    """Several cards: the layout, each unit's ledger per card, the first unit's table; the
+    report, its lines, a refusal or None, and (name, plan) of each unit."""
     shape, knobs, draft = asked.shape, asked.knobs, asked.draft
     try:
         lay, refusal = choose_layout(shape, knobs, cards, asked.layout, draft, asked.split_mode), None
@@ -272,7 +288,7 @@ def _several(asked: _Asked, cards: tuple) -> tuple:
         report.update(ledger=book.as_dict(), plan=None)
         text += [f"all {len(cards)} cards:", *_split_lines(book, shape, range(len(cards))), *_table_lines(table, shape),
                  _plan_line(None, refusal)]  # fmt: skip
-    return report, text, refusal
+    return report, text, refusal, [(f"unit {n}", u.plan) for n, u in enumerate(units, 1)]
 
 
 def _units_lines(asked: _Asked, cards: tuple, units: tuple, table: list) -> list:
@@ -402,3 +418,44 @@ def _table_lines(table: list, shape: dict) -> list:
 def _plan_line(result, refusal: Optional[str]) -> str:
     return (f"plan: {result.note}; --ctx-size {result.ctx_size} --parallel {result.parallel} "
             f"--n-gpu-layers {result.gpu_layers}" if result else f"plan refused: {refusal}")  # fmt: skip
+
+
+def _host_ram(asked: _Asked, host: tuple, plans: list, refusal: Optional[str]) -> tuple:
+    """(the host-RAM ledger as a dict, its lines, the refusal: the cards' or the host's) of the
+    units (``plans``: (name, Plan)), planned on their cards, against ``host``: (MemTotal MiB or
+    None, ``HostRam``)."""
+    host_mib, wanted = host
+    shares = [unit_share(name, asked.shape, asked.knobs, p, True, asked.draft) for name, p in plans]
+    book, failure = plan_host(shares, host_mib, wanted)
+    said = failure.message("host") if failure else None
+    return book.as_dict(), _host_lines(book) + ([f"host refused: {said}"] if said else []), refusal or said
+
+
+def _host_lines(book: HostLedger) -> list:
+    """The host-RAM ledger: a row per kind of unit (MiB), the total against the host's memory."""
+    count = len(book.units)
+    if book.budget is None:
+        head = (f"host RAM: {count} unit{'s' if count > 1 else ''}, not checked (--host-ram-mib gives the host's "
+                "MemTotal), MiB:")  # fmt: skip
+    else:
+        head = (f"host RAM: MemTotal {book.host_mib:,} MiB less the {book.asked.reserve_mib:,} MiB reserve: "
+                f"{book.budget / MIB:,.0f} for {count} unit{'s' if count > 1 else ''}, MiB:")  # fmt: skip
+    rows: dict = {}
+    for n, u in enumerate(book.units, 1):
+        rows.setdefault((u.weights, u.kv, u.compute, u.process, u.cache, u.total), []).append(n)
+    lines = [head, f"  {'units':<10}" + "".join(f"{h:>13}" for h in ("weights", "KV", "compute", "process",
+                                                                      "prompt cache", "total"))]  # fmt: skip
+    lines += [f"  {_runs(ns):<10}" + "".join(f"{x / MIB:>13,.1f}" for x in row) for row, ns in rows.items()]
+    verdict = "" if book.budget is None else (": fits" if book.fits() else ": does NOT fit")
+    return lines + [f"  total {book.total / MIB:,.0f} MiB{verdict}; {book.why()}"]
+
+
+def _runs(numbers: list) -> str:
+    """"1-3,5": unit numbers in order, runs of them as first-last."""
+    runs: list = []
+    for n in numbers:
+        if runs and runs[-1][1] == n - 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

@@ -1,7 +1,7 @@
 """The host-RAM ledger (``roles/server/host_ram.py``): each unit's share of its host's memory
 against llama.cpp's own host buffers, ``--cache-ram`` lowered to what fits down to its floor,
 the refusal below it, and where the ledger shows: the units' command lines, the service
-operation, the audit."""
+operation, the audit, ``llamarack plan``."""
 
 import dataclasses
 import json
@@ -9,7 +9,9 @@ import re
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from llamarack.cli import main
 from roles.llamacpp.reads import BuildFlags, ServerFlags
 from roles.model.files.gguf_header import read_shape
 from roles.model.shapes import shape_from_config
@@ -174,3 +176,17 @@ def test_the_audit_shows_each_units_share_and_the_hosts_ledger():
     assert share["total_mib"] == round(share["weights_mib"] + share["kv_mib"] + share["compute_mib"] + PROCESS_MIB
                                        + 8192, 1)  # fmt: skip
 
+
+def test_llamarack_plan_shows_the_host_ram_ledger_and_refuses_a_host_that_cannot_hold_it():
+    config = str(FIXTURES / "configs/llama-3.1-8b-instruct.config.json")
+    args = ["plan", "--config", config, "--gpu", "V100 SXM2 16GB", "--gpus", "8"]
+    out = CliRunner().invoke(main, [*args, "--host-ram-mib", "64298"]).output
+    assert "host RAM: MemTotal 64,298 MiB less the 4,096 MiB reserve: 60,202 for 8 units, MiB:" in out
+    assert re.search(r"\n  1-8 +281\.8 +0\.0 +144\.5 +27\.0 +7,071\.0 +7,524\.3\n", out), out
+    assert "fits; --cache-ram 7071, lowered from 8192" in out
+    refused = CliRunner().invoke(main, [*args, "--host-ram-mib", "12000"])
+    assert refused.exit_code == 1 and "host refused: host: host-memory: found MemTotal 12,000 MiB" in refused.output
+    data = json.loads(CliRunner().invoke(main, [*args, "--host-ram-mib", "12000", "--cache-ram-min", "0",
+                                                "--json"]).output)  # fmt: skip
+    assert data["refused"] is None and data["host_ram"]["lowered"] and data["host_ram"]["units"][7]["unit"] == "unit 8"
+    assert data["host_ram"]["cache_ram"] == data["host_ram"]["units"][0]["cache_ram"] < 1024
