@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Sourced by the GPU machine's scripts (residency.sh, split.sh, awq.sh): build_cuda W TARGET [CMAKE_ARG...]
-# clones the carried llama.cpp mirror at its pinned commit into W/src (once) and builds
+# Sourced by the GPU machine's scripts (residency.sh, split.sh, awq.sh, host_ram.sh): build_cuda W TARGET
+# [CMAKE_ARG...] clones the carried llama.cpp mirror at its pinned commit into W/src (once) and builds
 # TARGETs for sm_90 into W/build, the logs in $OUT; nvcc is the machine's. A build with
-# llama-server ends with its --help (the build's first run).
+# llama-server ends with its --help (the build's first run). random_q4_k_m W SHAPE makes
+# W/model/model.gguf, a random-weights Q4_K_M of bench/gpu/random_model.py's SHAPE (its f16 in
+# /dev/shm), with W/build's llama-quantize.
 nvcc=$(ls /usr/local/cuda*/bin/nvcc 2>/dev/null | head -1)
 
 build_cuda() {
@@ -15,4 +17,16 @@ build_cuda() {
   # shellcheck disable=SC2086 (the targets are words)
   cmake --build "$w/build" --target $targets -j"$(nproc)" > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; return 1; }
   [ ! -x "$w/build/bin/llama-server" ] || "$w/build/bin/llama-server" --help > "$w/build/server-help.txt" 2>&1
+}
+
+random_q4_k_m() {
+  local w=$1 shape=$2
+  [ -f "$w/model/model.gguf" ] && { echo "model: already made"; return 0; }
+  mkdir -p "$w/model"
+  local start=$(date +%s)
+  python3 bench/gpu/random_model.py gguf "$shape" /dev/shm/f16.gguf --gguf-py "$w/src/gguf-py" | tail -c 600 || return 1
+  "$w/build/bin/llama-quantize" /dev/shm/f16.gguf "$w/model/model.gguf.tmp" Q4_K_M > "$OUT/quantize.log" 2>&1 \
+    || { tail -20 "$OUT/quantize.log"; return 1; }
+  rm -f /dev/shm/f16.gguf && mv "$w/model/model.gguf.tmp" "$w/model/model.gguf"
+  echo "model: $(( $(date +%s) - start )) s"
 }

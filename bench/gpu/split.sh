@@ -20,14 +20,7 @@ build() {
 }
 
 model() {
-  [ -f "$W/model/model.gguf" ] && { echo "model: already made"; return 0; }
-  mkdir -p "$W/model"
-  local start=$(date +%s)
-  python3 bench/gpu/random_model.py gguf gemma3-27b /dev/shm/f16.gguf --gguf-py "$W/src/gguf-py" | tail -c 600 || return 1
-  "$W/build/bin/llama-quantize" /dev/shm/f16.gguf "$W/model/model.gguf.tmp" Q4_K_M > "$OUT/quantize.log" 2>&1 \
-    || { tail -20 "$OUT/quantize.log"; return 1; }
-  rm -f /dev/shm/f16.gguf && mv "$W/model/model.gguf.tmp" "$W/model/model.gguf"
-  echo "model: $(( $(date +%s) - start )) s"
+  random_q4_k_m "$W" gemma3-27b
 }
 
 check() {
