@@ -29,10 +29,12 @@ def lab() -> None:
               help="fake NVIDIA driver installed on GPU hosts")
 @click.option("--gateway/--no-gateway", default=True, show_default=True,
               help="boot the gateway host lab-gw (HAProxy, group gateways) after the serving hosts")
-def up(n, gpus, driver_version, gateway):
+@click.option("--memory-mib", type=click.IntRange(64), metavar="MIB",
+              help="cap each serving host's memory (its MemTotal, and the OOM killer's limit); default: the machine's")
+def up(n, gpus, driver_version, gateway, memory_mib):
     """Start a rack of N serving hosts (default: the 4-host default rack) and its gateway."""
     try:
-        rack = rackmod.up(n, gpus, driver_version, gateway=gateway)
+        rack = rackmod.up(n, gpus, driver_version, gateway=gateway, memory_mib=memory_mib)
     except (LabError, ValueError) as e:
         _fail(e)
     for h in rack.hosts:
@@ -93,6 +95,17 @@ def driver(host, version, state, card_off, card_on, cards, dkms_fails, dkms_ok):
         for card, on in ((card_off, False), (card_on, True)):
             if card is not None:
                 click.echo(drivermod.set_card(rack, host, card, on))
+    except LabError as e:
+        _fail(e)
+
+
+@lab.command()
+@click.argument("host")
+@click.argument("mib", type=click.IntRange(0))
+def memory(host, mib):
+    """Cap HOST's memory at MIB MiB (0: the machine's again): its MemTotal, and the OOM killer's limit."""
+    try:
+        click.echo(rackmod.set_memory(rackmod.require_running(), host, mib))
     except LabError as e:
         _fail(e)
 

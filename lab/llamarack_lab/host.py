@@ -6,7 +6,13 @@ installed fake driver for a GPU host; everything that makes the host itself
 description) lands in its upper dir.
 The launcher runs in its own cgroup (v1 name=systemd and the unified
 hierarchy): nspawn with --keep-unit puts the guest under it, and that
-cgroup is how `down` finds and kills exactly this host's processes.
+cgroup is how `down` finds and kills exactly this host's processes. A host
+whose memory is capped (``set_memory_cap``) has its processes moved into a
+memory cgroup of its own (cgroup v1's memory controller) whose limit is the
+cap: the kernel's OOM killer holds the host to it, and lxcfs, whose
+/proc/meminfo the guest mounts over its own, shows it as its MemTotal. What
+the host wrote before (its files are in the state tmpfs) stays charged where
+it was: the cap is on what the host takes from then on.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ from . import image, paths, profiles
 from .util import LabError, run
 
 CGROUP_ROOTS = [Path("/sys/fs/cgroup/systemd"), Path("/sys/fs/cgroup/unified")]
+# cgroup v1's memory controller (a machine of hybrid hierarchies, as the lab needs): each host's
+# memory cgroup, whose limit is the host's memory cap.
+MEMORY_ROOT = Path("/sys/fs/cgroup/memory")
 CGROUP_PARENT = "llamarack-lab"
 SUPERVISOR = Path(__file__).parent / "supervisor.py"
 
@@ -96,6 +105,36 @@ def kill_cgroups(cgroups: list[str], timeout: float = 10) -> list[str]:
     return errors
 
 
+def set_memory_cap(name: str, cgroups: list[str], mib: int | None) -> str:
+    """Cap host ``name``'s memory at ``mib`` MiB (None: no cap): the limit (with swap, where the
+    machine accounts it) of its memory cgroup, made here, into which every process of its
+    ``cgroups`` is moved (the new ones are born there). Returns the memory cgroup, for ``down``."""
+    if not (MEMORY_ROOT / "cgroup.procs").exists():
+        raise LabError(f"no memory controller at {MEMORY_ROOT} (cgroup v1): a host's memory cannot be capped")
+    mem = MEMORY_ROOT / CGROUP_PARENT / name
+    mem.mkdir(parents=True, exist_ok=True)
+    new = mib * 2**20 if mib else -1
+    current = int((mem / "memory.limit_in_bytes").read_text())
+    files = ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"]  # memory+swap is never below memory
+    for f in reversed(files) if new < 0 or new > current else files:
+        if (mem / f).exists():
+            try:
+                (mem / f).write_text(str(new))
+            except OSError as e:
+                raise LabError(f"{mem / f}: {new}: {e} (a cap below what the host holds now?)") from None
+    for _ in range(100):  # until no process of the host is left outside (one may fork meanwhile)
+        outside = set().union(*(cgroup_pids(c) for c in cgroups if Path(c) != mem)) - cgroup_pids(str(mem))
+        if not outside:
+            return str(mem)
+        for pid in outside:
+            try:
+                (mem / "cgroup.procs").write_text(str(pid))
+            except OSError:
+                pass  # gone meanwhile
+        time.sleep(0.02)
+    raise LabError(f"{name}: processes keep appearing outside {mem}")
+
+
 def _join_cgroups(cgroups: list[str]) -> None:
     for c in cgroups:
         Path(c, "cgroup.procs").write_text(str(os.getpid()))
@@ -148,7 +187,37 @@ def personalize(root: Path, name: str, ip: str, profile: str, pubkey: str) -> st
     (lab_etc / "gpus.json").write_text(json.dumps(profiles.gpus_json(name, profile), indent=2) + "\n")
     (lab_etc / "profile").write_text(profile + "\n")
     (root / "var/cache/llamarack-ccache").mkdir(parents=True, exist_ok=True)
+    _lxcfs_meminfo(root)
     return key.with_suffix(".pub").read_text().strip()
+
+
+# The host's /proc/meminfo from lxcfs (bound at /var/lib/lxcfs by the lab), as the image's
+# lxcfs-uptime.service does /proc/uptime: MemTotal is the host's memory cap (``set_memory_cap``),
+# else the machine's. Written into each host's own files, as the rest of personalize's.
+MEMINFO_UNIT = """# llamarack lab: the host's memory as its cap (its memory cgroup's limit): lxcfs
+# (bound at /var/lib/lxcfs by the lab) serves a per-container /proc/meminfo.
+[Unit]
+Description=Container memory from lxcfs (llamarack lab)
+DefaultDependencies=no
+ConditionPathExists=/var/lib/lxcfs/proc/meminfo
+Before=sysinit.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/mount --bind /var/lib/lxcfs/proc/meminfo /proc/meminfo
+
+[Install]
+WantedBy=sysinit.target
+"""
+
+
+def _lxcfs_meminfo(root: Path) -> None:
+    sysd = root / "etc/systemd/system"
+    (sysd / "lxcfs-meminfo.service").write_text(MEMINFO_UNIT)
+    wants = sysd / "sysinit.target.wants"
+    wants.mkdir(exist_ok=True)
+    (wants / "lxcfs-meminfo.service").symlink_to("/etc/systemd/system/lxcfs-meminfo.service")
 
 
 DRIVER_SOURCE = "etc/apt/sources.list.d/llamarack-lab-nvidia.list"

@@ -144,6 +144,11 @@ class LabRack:
         """The host's cards become GPU profile ``profile``'s (a server whose cards were swapped)."""
         return drivermod.reseat(self.rack, host, profile)
 
+    def cap_memory(self, host: str, mib: int | None) -> str:
+        """Cap the host's memory at ``mib`` MiB (None: the machine's again): its /proc/meminfo's
+        MemTotal says so (lxcfs), and the kernel's OOM killer holds the host to it."""
+        return rackmod.set_memory(self.rack, host, mib)
+
     def cards(self, host: str) -> list[dict]:
         """The host's cards as its fake driver knows them (name, uuid, bus_id, links...), in order."""
         return drivermod.host_cards(self.rack, host)

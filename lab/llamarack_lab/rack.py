@@ -161,9 +161,11 @@ def _write_inventory(rack: Rack) -> None:
 
 
 def up(n: int | None = None, gpus: str | None = None,
-       driver_version: str = deb.DEFAULT_VERSION, boot_timeout: float = 90, gateway: bool = True) -> Rack:
-    """Start a rack (N serving hosts, and with ``gateway`` the gateway host after them);
-    on any failure, tear down what was started and raise."""
+       driver_version: str = deb.DEFAULT_VERSION, boot_timeout: float = 90, gateway: bool = True,
+       memory_mib: int | None = None) -> Rack:
+    """Start a rack (N serving hosts, and with ``gateway`` the gateway host after them; each
+    serving host's memory capped at ``memory_mib`` MiB, None: the machine's); on any failure,
+    tear down what was started and raise."""
     spec = profiles.rack_spec(profiles.rack_profiles(n, gpus))
     if gateway:
         spec.append(profiles.gateway_spec(len(spec)))
@@ -178,7 +180,7 @@ def up(n: int | None = None, gpus: str | None = None,
     rack.data["tmpfs_mounted"] = _mount_state_dir(sd)
     try:
         rack.save()
-        _up(rack, spec, driver_version, boot_timeout)
+        _up(rack, spec, driver_version, boot_timeout, memory_mib)
     except BaseException:
         progress("up failed: tearing down what was started")
         down(sd)
@@ -188,7 +190,7 @@ def up(n: int | None = None, gpus: str | None = None,
     return rack
 
 
-def _up(rack: Rack, spec, driver_version: str, boot_timeout: float) -> None:
+def _up(rack: Rack, spec, driver_version: str, boot_timeout: float, memory_mib: int | None = None) -> None:
     sd = rack.state_dir
     paths.CCACHE_DIR.mkdir(parents=True, exist_ok=True)
     if not rack.key_path.exists():
@@ -236,10 +238,23 @@ def _up(rack: Rack, spec, driver_version: str, boot_timeout: float) -> None:
         cmd = hostmod.nspawn_command(name, root, h["netns"], rack.data["lxcfs"]["mount"])
         h.update(hostmod.launch(name, hdir, cmd))
         rack.save()
+        if memory_mib and not h["gateway"]:
+            set_memory(rack, name, memory_mib)
 
     rack.known_hosts.write_text("".join(f"{h['ip']} {h['host_key']}\n" for h in rack.data["hosts"]))
     _write_inventory(rack)
     wait_booted(rack, boot_timeout)
+
+
+def set_memory(rack: Rack, name: str, mib: int | None) -> str:
+    """Cap a host's memory at ``mib`` MiB (None or 0: the machine's again): the kernel holds the
+    host to it (its OOM killer), and the host's /proc/meminfo says it (MemTotal, from lxcfs)."""
+    h = rack.host(name)
+    mem = hostmod.set_memory_cap(h["name"], h["cgroups"], mib or None)
+    h["cgroups"] = [*h["cgroups"], mem] if mem not in h["cgroups"] else h["cgroups"]  # `down` removes it
+    h["memory_mib"] = mib or None
+    rack.save()
+    return f"{h['name']}: memory " + (f"capped at {mib} MiB" if mib else "no longer capped")
 
 
 def wait_booted(rack: Rack, timeout: float = 90, names: list[str] | None = None) -> dict[str, str]:

@@ -8,7 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from .host import CGROUP_PARENT, CGROUP_ROOTS
+from .host import CGROUP_PARENT, CGROUP_ROOTS, MEMORY_ROOT
 from .network import BRIDGE, FWD_CHAIN, NAT_CHAIN
 from . import paths
 
@@ -52,7 +52,7 @@ def machine_snapshot() -> dict:
         "iptables_nat": _iptables("nat"),
         "ip_forward": Path("/proc/sys/net/ipv4/ip_forward").read_text().strip(),
         "mounts": sorted(mounts),
-        "cgroups": sorted(str(r / CGROUP_PARENT) for r in CGROUP_ROOTS
+        "cgroups": sorted(str(r / CGROUP_PARENT) for r in (*CGROUP_ROOTS, MEMORY_ROOT)
                           if (r / CGROUP_PARENT).exists()),
         "processes": lab_processes(),
         "state_dir_exists": Path(state).exists() and any(Path(state).iterdir()),
