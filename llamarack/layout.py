@@ -57,6 +57,8 @@ PATHS = {
     "state": "state", "bench_record": "state/bench.json", "gpus_record": "state/gpus.json",
     "previous_unit": "state/previous.service", "units_record": "state/units.json",
     "deployed_by": "state/deployed-by.json",
+    # the served units' check after each start (their ExecStartPost=): the server role's wait_healthy
+    "unit_check": "libexec/unit_check.py",
 }  # fmt: skip
 
 

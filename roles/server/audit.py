@@ -108,7 +108,8 @@ def one_unit(settings: Settings, found: Optional[FoundUnit], wanted: Optional[Wa
     weights = (unit.wanted or {}).get("weights_mib")
     return {"unit": unit, "service": service, "health": Item(status, 200, drift=status != 200),
             "process": process_item(found),
-            "residency": residency_item(settings, cards, processes, service.found["pid"], weights, asleep)}
+            "residency": residency_item(settings, cards, processes, service.found["pid"], weights, asleep,
+                                        found.refused if found else None)}  # fmt: skip
 
 
 def process_item(found: Optional[FoundUnit]) -> Item:
@@ -189,16 +190,19 @@ def exec_start(unit_text: str) -> Optional[str]:
 
 
 def residency_item(settings: Settings, cards: tuple, processes: tuple, pid: int, weights_mib: Optional[int],
-                   asleep: bool = False) -> Item:  # fmt: skip
+                   asleep: bool = False, refused: Optional[str] = None) -> Item:  # fmt: skip
     """Whether the served process is on its cards (``cards``: their UUIDs; nvidia-smi's
     compute apps) with at least the planned weights: a CUDA unit serving from the CPU
     answers /health all the same. A server ``asleep`` has freed its weights (not its CUDA context): it is checked
-    once a request wakes it."""
+    once a request wakes it. Not running, the unit's check after its last start says why
+    where it refused it (``refused``: a reboot onto a driver that denies its cards)."""
     if not residency_checked(settings):
         return Item({"backend": settings.llamacpp.backend, "server_residency": settings.server.residency})
     mine = [p for p in processes if p.pid == pid]
     found = {"pid": pid, "cards": [p.gpu_uuid for p in mine], "used_mib": sum(p.used_mib or 0 for p in mine)}
     wanted = {"cards": list(cards), "weights_mib": weights_mib}
+    if not pid and refused:
+        return Item({**found, "why": f"refused at its last start: {refused}"}, wanted, drift=True)
     if not pid:
         return Item({**found, "why": "not running"}, wanted)  # the service item says so
     if asleep:

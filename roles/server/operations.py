@@ -15,7 +15,7 @@ from typing import Optional
 
 from pyinfra import host, logger
 from pyinfra.api import QuoteString, StringCommand, operation
-from pyinfra.facts.files import FileContents, Link
+from pyinfra.facts.files import FileContents, Link, Sha256File
 from pyinfra.facts.server import Command
 
 from llamarack import remote
@@ -251,6 +251,18 @@ def _keep_rolled_back(settings: Settings, step: Step, restart: bool):
                                             units=(step.want.ref,), host_name=host.name))  # fmt: skip
 
 
+def _unit_check(settings: Settings, wanted: tuple):
+    """The units' check after each start (their ``ExecStartPost=``): the server role's
+    ``wait_healthy``, put at ``<root>/libexec/unit_check.py`` where a unit runs it and the
+    host's copy differs (or is missing)."""
+    path = settings.layout.unit_check
+    if not any("\nExecStartPost=" in w.text for w in wanted):
+        return
+    source = remote.source("wait_healthy")
+    if read(Sha256File, path=path) != hashlib.sha256(source.encode()).hexdigest():
+        yield from put_record(path, source)
+
+
 def _switch_to(settings: Settings, steps: list):
     """Stage each step's unit and switch to them (``switch_script``), releasing their
     rollback pins; units whose cards moved are all stopped first."""
@@ -340,6 +352,7 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
     recorded = read(FileContents, path=layout.units_record)
     key_changed = yield from _api_key(settings)
     retired = _retired(settings, found, wanted, cards)
+    yield from _unit_check(settings, wanted)
     if retired:
         yield StringCommand(retire_script(settings, retired))
     for step in steps:

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from llamarack.errors import Failure
 from llamarack.gpu_table import board
-from llamarack.layout import API_KEY_PATH, unit_index, unit_name, unit_path
+from llamarack.layout import API_KEY_PATH, UNIT_NAME, unit_index, unit_name, unit_path
 from llamarack.templates import template
 from roles.llamacpp.files.llamacpp_proof import bench_args as proof_bench_args
 from roles.llamacpp.files.llamacpp_proof import serving_args
@@ -231,18 +231,19 @@ ARCH_SHOWN = 64  # characters of general.architecture in Description= (llama.cpp
 
 def render_unit(settings: Settings, args: list[str], description: str, overrides: tuple = (),
                 devices: tuple = (), residency_on: Optional[tuple] = None, port: Optional[int] = None,
-                visible: tuple = ()) -> str:  # fmt: skip
+                visible: tuple = (), name: str = UNIT_NAME) -> str:  # fmt: skip
     """The unit file; ``overrides``: folders whose templates win over the role's own;
     ``devices``: the character device names it may open (``device_names``);
     ``residency_on``: (card UUIDs, planned weights MiB) of a CUDA unit; ``port``: the unit's
     (its health line's); ``visible``: the UUIDs of the cards CUDA shows it, in its device order.
     Every value is escaped for systemd by ``roles.server.unitfile`` (the template only places
     them): ``description`` holds the GGUF's own metadata."""
+    on = f"{','.join(residency_on[0])} {int(residency_on[1])}" if residency_on and residency_on[0] else ""
     return template(UNIT_TEMPLATE, TEMPLATES, overrides).render(
         description=unitfile.text(description),
         health_line=unitfile.comment(HEALTH_MARK + health_url(settings, port)),
-        residency_line=unitfile.comment(f"{RESIDENCY_MARK}{','.join(residency_on[0])} {int(residency_on[1])}")
-        if residency_on and residency_on[0] else "",
+        residency_line=unitfile.comment(RESIDENCY_MARK + on) if on else "",
+        post_start=post_start(settings, health_url(settings, port), name, on) if on else "",
         user=unitfile.value("User", settings.general.service_user),
         exec_start=unitfile.exec_line(args),
         working_directory=unitfile.value("WorkingDirectory", settings.general.root),
@@ -250,6 +251,14 @@ def render_unit(settings: Settings, args: list[str], description: str, overrides
         visible_devices=unitfile.value("Environment", "CUDA_VISIBLE_DEVICES=" + ",".join(map(_card_id, visible)))
         if visible else "",
     )
+
+
+def post_start(settings: Settings, url: str, name: str, on: str) -> str:
+    """The unit's ``ExecStartPost=`` (less its ``+``): the check after each start, boot included,
+    that it answers ``url`` within ``server_health_timeout`` from its cards (``on``: its
+    residency line's "UUID[,UUID...] WEIGHTS_MIB"), the switch's own check."""
+    return unitfile.exec_line(["/usr/bin/python3", "-I", "-S", settings.layout.unit_check, url, name,
+                               str(settings.server.health_timeout), on])  # fmt: skip
 
 
 # What nvidia-smi prints as a card's UUID (GPU-<hex and dashes>, MIG-...): nothing else
@@ -438,7 +447,7 @@ def _unit_text(settings: Settings, flags: ServerFlags, dirs: tuple, shape: dict,
     description = f"llamarack llama-server: {Path(model_dir).name}{with_draft} ({arch}, {ctx.note})"
     on = (uuids, ctx.ledger.weights_on_card // MIB) if residency_checked(settings) else None
     return render_unit(settings, args, description, templates, device_names(devices, cuda), on, ref.port,
-                       uuids if visible else ())  # fmt: skip
+                       uuids if visible else (), ref.name)  # fmt: skip
 
 
 def unit_model(unit_lines) -> Optional[str]:

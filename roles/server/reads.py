@@ -12,7 +12,7 @@ from typing import Optional
 from pyinfra.api import FactBase
 from pyinfra.api.exceptions import FactProcessError
 
-from pyinfra.facts.files import FileContents, Link
+from pyinfra.facts.files import FileContents, Link, Sha256File
 from pyinfra.facts.server import Command
 from llamarack import remote
 from llamarack.facts.value import FactValue
@@ -20,6 +20,7 @@ from llamarack.layout import API_KEY_PATH, UNIT_DIR, UNIT_GLOBS
 from llamarack.facts import FactRead
 from roles.llamacpp.reads import BenchRecord, BuildSeals, LlamacppBuilds, LlamaServerFlags
 from roles.model.reads import GgufShape
+from .files.wait_healthy import REFUSED
 
 # The unit's first lines: the health URL it names, its cards and planned weights (plan.py writes them).
 HEALTH_MARK = "# llamarack health: "
@@ -145,6 +146,7 @@ class FoundUnit(FactValue):
     sleeping: Optional[bool] = None  # with ``health``: whether its /props says it sleeps (None: it does not say)
     props: Optional[dict] = None  # with ``health``: the process's /props: build_info, model_path, total_slots
     built: Optional[str] = None  # the commit its build's ``--version`` names (``version.txt``), None: unread
+    refused: Optional[str] = None  # with ``health``, not running: why its check after its last start refused it
 
 
 _UNIT_FILE = re.compile(r"llamarack-server(@[0-9]+)?\.service")
@@ -164,7 +166,11 @@ class ServedUnits(FactBase[dict]):
         if health:
             check = (f"url=$(sed -n {shlex.quote('s|^' + HEALTH_MARK + '||p')} \"$f\" | head -n 1); "
                      f"echo \"health $({remote.command('http_status')} \"$url\" {shlex.quote(API_KEY_PATH)} "
-                     "| tail -n 1)\"; ")  # fmt: skip
+                     "| tail -n 1)\"; "
+                     # not running: what its check after its last start (ExecStartPost=) said, from the journal
+                     "[ \"$(systemctl is-active -- \"$f\")\" = active ] || { i=$(systemctl show -p InvocationID "
+                     "--value -- \"$f\"); [ -z \"$i\" ] || journalctl \"_SYSTEMD_INVOCATION_ID=$i\" -o cat -q "
+                     f"--no-pager 2>/dev/null | sed -n {shlex.quote('s/^' + REFUSED + '/refused /p')} | tail -n 1; }}; ")  # fmt: skip
         return (f"cd {shlex.quote(UNIT_DIR)} 2>/dev/null || exit 0; "
                 f"for f in {' '.join(UNIT_GLOBS)}; do [ -f \"$f\" ] || continue; "
                 "echo \"unit $f $(sha1sum < \"$f\" | cut -d' ' -f1)\"; "
@@ -190,7 +196,7 @@ class ServedUnits(FactBase[dict]):
                 name, _, sha1 = rest.rpartition(" ")
                 current = units[name] = {"name": name, "sha1": sha1, "line": [], "prev": False, "state": {},
                                          "pin": [], "health": None, "sleeping": None, "props": None,
-                                         "built": None}  # fmt: skip
+                                         "built": None, "refused": None}  # fmt: skip
             elif not units:
                 raise FactProcessError(f"unexpected llama-server units output: {output!r}")
             elif word == "prev":
@@ -200,6 +206,8 @@ class ServedUnits(FactBase[dict]):
                 current["state"][key] = value
             elif word in ("line", "pin"):
                 current[word].append(rest)
+            elif word == "refused":
+                current["refused"] = rest[:500] or None  # the host's words: kept as text, cut to a line's length
             elif word == "built":  # "version: 0.5.0-dev (build 1, commit dccad28c6)", "version: 1 (0c1e57098)"
                 said = re.search(r"[( ]([0-9a-f]{7,40})\)", rest)
                 current["built"] = said.group(1) if said else None
@@ -210,7 +218,7 @@ class ServedUnits(FactBase[dict]):
                 current["sleeping"] = {"asleep": True, "awake": False}.get(asleep)
                 current["props"] = _provenance(said)
         return {name: FoundUnit(u["name"], u["sha1"], tuple(u["line"]), u["prev"], u["state"], tuple(u["pin"]) or None,
-                                u["health"], u["sleeping"], u["props"], u["built"])
+                                u["health"], u["sleeping"], u["props"], u["built"], u["refused"])
                 for name, u in units.items() if _UNIT_FILE.fullmatch(name)}  # fmt: skip
 
 
@@ -310,4 +318,5 @@ def reads(settings) -> tuple:
         FactRead.of(Command, command=key_digest_command()),
         FactRead.of(BenchRecord, path=layout.bench_record),
         FactRead.of(HostMemory),  # the host-RAM ledger's MemTotal
+        FactRead.of(Sha256File, path=layout.unit_check),  # the units' check after each start
     )

@@ -13,10 +13,12 @@ The tests run in order, each from the state the one before left.
 import json
 import re
 import shlex
+import time
 
 import pytest
 
 from llamarack_lab.pytest_plugin import count_remote_work, parse_pyinfra_totals
+from llamarack_lab import rack as rackmod
 from llamarack_lab.fake_nvidia import deb
 from tests.lab import deploying
 
@@ -188,13 +190,64 @@ def test_a_unit_the_driver_does_not_list_on_its_card_is_rolled_back(lab_rack):
         after = units(lab_rack)
         assert after["llamarack-server@1.service"] == before["llamarack-server@1.service"]  # the previous one
         assert "--parallel 2 " in exec_start(after["llamarack-server@0.service"])  # its card lists it: switched
-        deploying.completes(lab_rack, HOST, 8081)
+        # The previous unit's own check after its start refuses it too: off its card, it is not up.
         found = audit(*on)["items"]["residency@1"]
-        assert found.get("drift") and found["found"]["why"].startswith("CPU fallback"), found
+        assert found.get("drift") and "CPU fallback" in found["found"]["why"], found
     finally:
         lab_rack.hide_gpu_processes(HOST, hide=False)
+    serves_within(lab_rack, 8081, 120)  # listed again: its next restart passes its check
     deploy(lab_rack, *on, "server_parallel=2")
     assert "--parallel 2 " in exec_start(units(lab_rack)["llamarack-server@1.service"])
+
+
+REFUSED = "llamarack unit check: "
+
+
+def serves_within(lab_rack, port: int, seconds: float) -> None:
+    """The host's unit on ``port`` completes a request within ``seconds`` (it may be starting)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return deploying.completes(lab_rack, HOST, port)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
+def test_a_unit_off_its_card_after_a_reboot_fails_its_start_and_the_audit_says_why(lab_rack):
+    """A CUDA unit's check after each start (ExecStartPost=) runs at boot too: rebooted onto a
+    driver that no longer lists unit@1's process on its card (the lab's stand-in for a driver
+    whose device names its rule does not allow: the process then serves from the CPU), unit@1
+    fails its start instead of serving, and restarts; its port answers nothing a check could
+    count as up; the audit says why. Unit@0 serves throughout. Listed again, unit@1 comes back
+    by its own restart, with no deploy."""
+    on = ("server_layout=per_card", "server_residency=on", "server_parallel=2")
+    deploy(lab_rack, *on)
+    found = units(lab_rack)
+    assert all("\nExecStartPost=+/usr/bin/python3 -I -S " in u for u in found.values()), found
+    lab_rack.hide_gpu_processes(HOST, units=("llamarack-server@1.service",))
+    try:
+        lab_rack.ssh(HOST, "systemctl reboot")
+        time.sleep(3)
+        rackmod.wait_booted(lab_rack.rack, 120, names=[HOST])
+        serves_within(lab_rack, 8080, 120)
+        journal = ""
+        for _ in range(120):
+            journal = deploying.sh(lab_rack, HOST, "journalctl -b -u llamarack-server@1.service -o cat --no-pager")
+            if REFUSED in journal:
+                break
+            time.sleep(1)
+        assert f"{REFUSED}llamarack-server@1.service answers /health but does not serve from its cards: CPU " \
+               "fallback" in journal, journal[-3000:]  # fmt: skip
+        state = deploying.sh(lab_rack, HOST, "systemctl is-active llamarack-server@1.service || true")
+        assert state != "active", state
+        item = audit(*on)["items"]["residency@1"]
+        assert item.get("drift") and "CPU fallback" in item["found"]["why"], item
+    finally:
+        lab_rack.hide_gpu_processes(HOST, hide=False)
+    serves_within(lab_rack, 8081, 120)
+    assert deploying.sh(lab_rack, HOST, "systemctl is-active llamarack-server@1.service || true") == "active"
 
 
 def test_back_on_one_card_the_host_serves_its_one_unit_again(lab_rack):

@@ -37,7 +37,8 @@ def health_server():
 def run(tmp_path, command: str, active: bool = True) -> subprocess.CompletedProcess:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "systemctl").write_text(f"#!/bin/sh\nexit {0 if active else 3}\n")
+    state = "ActiveState=active\nSubState=running" if active else "ActiveState=failed\nSubState=failed"
+    (bin_dir / "systemctl").write_text(f"#!/bin/sh\nprintf '%s\\n' '{state}'\n")
     (bin_dir / "journalctl").write_text("#!/bin/sh\necho 'llama-server: the journal'\n")
     for f in bin_dir.iterdir():
         f.chmod(0o755)

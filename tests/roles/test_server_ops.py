@@ -6,7 +6,7 @@ import json
 import logging
 from pathlib import Path
 
-from pyinfra.facts.files import FileContents, Link
+from pyinfra.facts.files import FileContents, Link, Sha256File
 from pyinfra.facts.server import Command
 
 from roles.model.reads import ArtifactState, GgufShape, ModelArtifact
@@ -16,6 +16,7 @@ from roles.server.reads import FoundUnit, HostMemory, ServedUnits
 from roles.server.files.secret_digest import digest
 from roles.server.operations import service
 from roles.server.reads import KEY_DIGEST_SALT, key_digest_command
+from llamarack import remote
 from llamarack.layout import API_KEY_PATH, UNIT_PATH
 from roles.settings import load_settings
 from tests.support.ophost import fact_key, run_op
@@ -52,6 +53,8 @@ def found_unit(name="llamarack-server.service", sha1=None, running=False, prev=F
                      None if pin is None else (json.dumps(pin),))  # fmt: skip
 
 
+# The units' check after each start as this llamarack puts it on a host
+CHECK_SHA256 = hashlib.sha256(remote.source("wait_healthy").encode()).hexdigest()
 # state/units.json of a host serving the one V100's unit
 UNITS_JSON = json.dumps({"units": [{"index": 0, "unit": "llamarack-server.service", "port": 8080,
                                     "listen": "127.0.0.1", "parallel": 1, "cards": ["GPU-1"]}]}, indent=1)  # fmt: skip
@@ -59,10 +62,11 @@ UNITS_JSON = json.dumps({"units": [{"index": 0, "unit": "llamarack-server.servic
 
 def facts(unit_sha1=None, running=False, key_digest="missing", build="b1", model="m1", shape=SHAPE,
           smi=DriverState("ok", (V100,)), recorded=(), sealed_at=STARTED - 600, prev=False, pin=None,
-          devices=DEVICES_580, units=None, units_json=None, host_mib=HOST_MIB):
+          devices=DEVICES_580, units=None, units_json=None, host_mib=HOST_MIB, check=CHECK_SHA256):
     """The facts of a host; ``units``: its unit files (``ServedUnits``), by default the one unit
     of ``unit_sha1`` (none without it), recorded in ``units_json`` (by default: as the unit of
-    the one V100 when there is a unit)."""
+    the one V100 when there is a unit); ``check``: the sha256 of the units' check after each
+    start (``libexec/unit_check.py``; by default this llamarack's, None: missing)."""
     if units is None:
         units = {} if unit_sha1 is None else {"llamarack-server.service": found_unit(sha1=unit_sha1, running=running,
                                                                                    prev=prev, pin=pin)}  # fmt: skip
@@ -79,6 +83,7 @@ def facts(unit_sha1=None, running=False, key_digest="missing", build="b1", model
         fact_key(FileContents, path=f"{ROOT}/state/units.json"): units_json.splitlines() if units_json else None,
         fact_key(Command, command=key_digest_command()): key_digest,
         fact_key(HostMemory): host_mib,
+        fact_key(Sha256File, path=f"{ROOT}/libexec/unit_check.py"): check,
         **(served(model, shape, sealed_at) if model else {}),
     }
 
@@ -459,3 +464,25 @@ def test_a_process_serving_another_model_than_its_unit_is_restarted_through_the_
     said["model_path"] = f"{ROOT}/models/m1/model.gguf"
     same = {"llamarack-server.service": dataclasses.replace(unit, health=200, props=dict(said))}
     assert first_run(s, unit_sha1=UNIT_SHA1, running=True, units=same)[0] == []
+
+
+def test_the_units_check_after_each_start_is_put_where_missing_or_changed():
+    """A CUDA unit's ExecStartPost= runs the switch's own check (wait_healthy) from
+    libexec/unit_check.py, as root, outside the sandbox; the host gets that file (mode 644, by
+    a rename) before any unit that names it, and again only when it differs."""
+    assert f"ExecStartPost=+/usr/bin/python3 -I -S {ROOT}/libexec/unit_check.py http://127.0.0.1:8080/health " \
+           "llamarack-server.service 600 " in UNIT  # fmt: skip
+    for check in (None, "0" * 64):
+        commands, _ = first_run(settings(), check=check)
+        install, made, upload, removed, rename = commands[:5]
+        assert install == f"install -d -m 755 {ROOT}/libexec" and made.startswith("umask 077 && mkdir")
+        assert upload == ("upload", f"{ROOT}/libexec/unit_check.py.new", remote.source("wait_healthy"))
+        assert rename.startswith(f"chmod 644 {ROOT}/libexec/unit_check.py.new && ")
+        assert unit_of(commands[5:]) == UNIT  # then the unit that runs it
+    commands, _ = run_op(service, facts(unit_sha1=UNIT_SHA1, running=True, check=None), settings=settings(),
+                         gpus=(V100,))  # fmt: skip
+    put = ("upload", f"{ROOT}/libexec/unit_check.py.new", remote.source("wait_healthy"))
+    assert put in commands  # a converged host missing it gets it back
+    cpu = settings(llamacpp_backend="cpu")
+    commands, _ = run_op(service, facts(check=None), settings=cpu, gpus=(V100,))
+    assert "ExecStartPost" not in unit_of(commands) and put not in commands

@@ -124,6 +124,10 @@ def test_the_audit_residency_item_on_the_card_off_it_and_on_a_cpu_build():
     heavy = residency_item(cuda, (h200.uuid,), ON_CARD, 6434, 4400)
     assert heavy.drift and "less than the planned weights (4400 MiB)" in heavy.found["why"]
     assert not residency_item(cuda, (h200.uuid,), (), 0, 1).drift  # not running: the service item says so
+    # ... unless its check after its last start refused it (the journal's line, ServedUnits' "refused")
+    why = "llamarack-server.service answers /health but does not serve from its cards: CPU fallback: ..."
+    refused = residency_item(cuda, (h200.uuid,), (), 0, 1, refused=why)
+    assert refused.drift and refused.found["why"] == f"refused at its last start: {why}"
     cpu = load_settings("gpu01", {"python_env_backend": "venv", "llamacpp_backend": "cpu"})
     assert residency_item(cpu, (h200.uuid,), (), 6434, None).found == {"backend": "cpu", "server_residency": "auto"}
     # server_residency: on checks a CPU build's units too (a lab's fake driver lists them); off never

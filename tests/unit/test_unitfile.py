@@ -217,5 +217,14 @@ def test_a_cuda_unit_names_its_cards_and_weights_for_the_switch_and_a_cpu_unit_d
     cuda = render_unit(settings(), args, "m", residency_on=(("GPU-1c315d8b-7c35-20bc-491b-dbfb0494e2cd",), 4460))
     assert f"{RESIDENCY_MARK}GPU-1c315d8b-7c35-20bc-491b-dbfb0494e2cd 4460\n" in cuda
     plain = render_unit(settings(), args, "m")
-    assert RESIDENCY_MARK not in plain and cuda.replace(f"{RESIDENCY_MARK}GPU-1c315d8b-7c35-20bc-491b-dbfb0494e2cd 4460\n",
-                                                        "") == plain  # fmt: skip
+    # ... and its check after each start, boot included, as root: the switch's own, from the unit's lines
+    post = [line for line in cuda.split("\n") if line.startswith("ExecStartPost=")]
+    assert post == ["ExecStartPost=+/usr/bin/python3 -I -S /opt/llamarack/libexec/unit_check.py "
+                    "http://127.0.0.1:8080/health llamarack-server.service 600 "
+                    '"GPU-1c315d8b-7c35-20bc-491b-dbfb0494e2cd 4460"'], cuda  # fmt: skip
+    kept = [line for line in cuda.split("\n") if not line.startswith(RESIDENCY_MARK) and line not in post]
+    assert RESIDENCY_MARK not in plain and "ExecStartPost" not in plain
+    assert [line for line in kept if line not in plain.split("\n")] == [
+        "# Started only once it answers /health from its planned cards, at boot as at a switch:",
+        "# else the unit fails (and restarts), and the gateway's check takes it out. \"+\": the",
+        "# check runs as root outside the sandbox (nvidia-smi, this start's journal)."]

@@ -10,10 +10,19 @@ from pathlib import Path
 from llamarack import remote
 
 
-def wait(tmp_path, url, active: bool, seconds="20"):
+# systemctl show's lines of a unit, by what it is doing
+STATES = {"running": "ActiveState=active\nSubState=running",
+          "post-start": "ActiveState=activating\nSubState=start-post",  # its ExecStartPost= is this check
+          "crashed": "ActiveState=activating\nSubState=auto-restart",  # waiting RestartSec= to start again
+          "failed": "ActiveState=failed\nSubState=failed"}
+
+
+def wait(tmp_path, url, active, seconds="20"):
+    """The wait, with a double of systemctl printing the unit's ``STATES`` (``active``: running or crashed)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "systemctl").write_text(f"#!/bin/sh\nexit {0 if active else 3}\n")
+    state = STATES[{True: "running", False: "crashed"}.get(active, active)]
+    (bin_dir / "systemctl").write_text(f"#!/bin/sh\nprintf '%s\\n' '{state}'\n")
     (bin_dir / "systemctl").chmod(0o755)
     started = time.monotonic()
     r = subprocess.run([sys.executable, str(remote.path("wait_healthy")), url, "x.service", seconds],
@@ -26,6 +35,18 @@ def test_a_dead_unit_is_known_at_once_even_at_an_address_nobody_answers(tmp_path
     rc, err, took = wait(tmp_path, "http://192.0.2.1:8080/health", active=False)
     assert rc == 1 and "x.service stopped before http://192.0.2.1:8080/health answered 200" in err
     assert took < 1.5, took
+    assert wait(tmp_path, "http://192.0.2.1:8080/health", active="failed")[0] == 1
+
+
+def test_a_unit_whose_start_waits_on_this_check_is_not_taken_for_dead(tmp_path):
+    """As the unit's ExecStartPost=, the check runs while systemd calls the unit "activating"."""
+    server, port = serve_health(tmp_path)
+    try:
+        rc, err, _ = wait(tmp_path, f"http://127.0.0.1:{port}/health", active="post-start")
+    finally:
+        server.kill()
+        server.wait()
+    assert (rc, err) == (0, "")
 
 
 def serve_health(tmp_path) -> tuple:
@@ -63,7 +84,7 @@ def residency_check(tmp_path, apps: str, spec: str, url: str = "", unit_text: st
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     (tmp_path / "x.service").write_text(unit_text)
-    (bin_dir / "systemctl").write_text('#!/bin/sh\n[ "$1" = show ] && printf "MainPID=6434\\nInvocationID=f00d\\n'
+    (bin_dir / "systemctl").write_text('#!/bin/sh\n[ "$1" = show ] && printf "ActiveState=active\\nMainPID=6434\\nInvocationID=f00d\\n'
                                        f'FragmentPath={tmp_path}/x.service\\n"\nexit 0\n')  # fmt: skip
     (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '%s' '{apps}'\n")
     # this start's journal: llama-server's own log on the H200 with its device nodes unopenable
@@ -133,3 +154,17 @@ def test_the_device_rule_names_what_it_keeps_from_the_server():
     assert denied_names(old, devices, majors) == ("nvidia", "nvidiactl")
     assert denied_names(new, devices, majors) == ()
     assert denied_names("ExecStart=/x\n", devices, majors) == ()  # no device rule: nothing denied by it
+
+
+def test_the_audit_reads_back_why_the_check_refused_a_unit_that_is_not_running():
+    """ServedUnits prints, for a unit not active, the check's refusal from its last start's
+    journal as ``refused <text>`` (the check prints it after ``REFUSED``)."""
+    from roles.server.files.wait_healthy import REFUSED
+    from roles.server.reads import ServedUnits
+
+    command = ServedUnits().command(state="/opt/llamarack/state", health=True)
+    assert "_SYSTEMD_INVOCATION_ID=$i" in command and f"s/^{REFUSED}/refused /p" in command
+    why = "llamarack-server@1.service answers /health but does not serve from its cards: CPU fallback"
+    found = ServedUnits().process(["unit llamarack-server@1.service 0a1b", "state ActiveState=activating",
+                                   "state SubState=auto-restart", "health None", f"refused {why}"])  # fmt: skip
+    assert found["llamarack-server@1.service"].refused == why

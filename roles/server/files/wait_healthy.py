@@ -14,6 +14,10 @@ server asleep (``--sleep-idle-seconds``: it freed the model and the cards'
 memory) serves all the same: its ``/props`` says ``is_sleeping`` (asking does
 not wake it), and its residency is checked once a request has woken it.
 Exit 0: healthy (and on its cards, or asleep).
+
+The unit runs it too, as its ``ExecStartPost=`` (a copy at ``<root>/libexec/unit_check.py``):
+the unit then counts as started only once it answers from its cards, at boot as at a
+switch; a refusal is printed after ``REFUSED`` for the audit to find in the journal.
 """
 
 import collections
@@ -29,6 +33,18 @@ import urllib.request
 from typing import Optional
 
 App = collections.namedtuple("App", "pid name used_mib gpu_uuid")
+# What the check prints before its refusal: the journal line the audit reads back.
+REFUSED = "llamarack unit check: "
+
+
+def alive(unit: str) -> bool:
+    """Whether ``unit`` runs, or is starting (its ``ExecStartPost=``: this check), not waiting
+    to restart after a crash (``activating``/``auto-restart``)."""
+    shown = subprocess.run(["systemctl", "show", "-p", "ActiveState", "-p", "SubState", unit],
+                           capture_output=True, text=True).stdout  # fmt: skip
+    props = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+    state, sub = props.get("ActiveState", ""), props.get("SubState", "")
+    return state in ("active", "reloading") or (state == "activating" and not sub.startswith("auto-restart"))
 
 
 def main(url, unit, seconds):
@@ -36,7 +52,7 @@ def main(url, unit, seconds):
     while time.monotonic() < deadline:
         # First: a unit that died is known at once, without waiting on its address
         # (one the host lacks would hold a connect for the whole timeout).
-        if subprocess.run(["systemctl", "is-active", "-q", unit]).returncode != 0:
+        if not alive(unit):
             return f"{unit} stopped before {url} answered 200 (its journal follows)"
         try:
             # Short: a loading llama-server answers 503 at once; the service is down meanwhile.
@@ -164,4 +180,6 @@ if __name__ == "__main__":
     status = main(*sys.argv[1:4])
     if status == 0 and len(sys.argv) > 4 and sys.argv[4].strip():
         status = on_its_cards(sys.argv[2], sys.argv[4], sys.argv[1]) or 0
-    sys.exit(status)
+    if status != 0:
+        print(REFUSED + str(status), file=sys.stderr, flush=True)
+        sys.exit(1)
