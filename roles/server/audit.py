@@ -22,7 +22,7 @@ from roles.settings import Settings
 from .files import bench_record
 from .files.wait_healthy import residency
 from .plan import (MIB, PlanError, WantedUnit, bench_due, parse_pin, pin_holds, process_drift, residency_checked,
-                   unit_model, unit_refs, wanted_units)  # fmt: skip
+                   unit_model, unit_refs, wanted_units, cache_in_place)  # fmt: skip
 from .reads import (NOLOGIN, SERVICE_USER_MARK, FoundUnit, HostMemory, ServedUnits, SystemGroup, SystemUser,
                     active_since, unit_cards)  # fmt: skip
 
@@ -141,7 +141,7 @@ def wanted_here(settings: Settings, fact, gpus: tuple, templates: tuple, found: 
                             shape, gpus, templates, draft=draft, devices=devices,
                             in_place={n: unit_cards(f.lines) for n, f in (found or {}).items()},
                             bench=fact(BenchRecord, path=layout.bench_record),
-                            host_mib=fact(HostMemory)), None  # fmt: skip
+                            host_mib=fact(HostMemory), kept_cache=cache_in_place(found or {})), None  # fmt: skip
     except PlanError as e:
         return None, e.failure.message("")
 

@@ -188,20 +188,22 @@ def host_compute_bytes(shape: dict, knobs: Knobs, plan: Plan, on_cards: bool) ->
     return compute_bytes(shape, knobs, False, ctx, swa, k, v) + output
 
 
-def host_ledger(shares: list, host_mib: Optional[int], asked: HostRam) -> HostLedger:
+def host_ledger(shares: list, host_mib: Optional[int], asked: HostRam, kept: Optional[int] = None) -> HostLedger:
     """``plan_host``'s ledger; raises PlanError ("host-memory") where it refuses the host."""
-    book, failure = plan_host(shares, host_mib, asked)
+    book, failure = plan_host(shares, host_mib, asked, kept)
     if failure:
         raise PlanError(failure)
     return book
 
 
-def plan_host(shares: list, host_mib: Optional[int], asked: HostRam) -> tuple:
+def plan_host(shares: list, host_mib: Optional[int], asked: HostRam, kept: Optional[int] = None) -> tuple:
     """(ledger, refusal or None) of the host's units (``shares``: ``UnitShare``) against
     ``host_mib`` (MemTotal; None: not checked): their ``--cache-ram`` as asked or, where that
     does not fit, lowered to the largest that does, the same for each unit (a lowered -1
-    becomes a number: a byte limit lets a cache pass the context's cells). Where even
-    ``cache_ram_min`` does not fit, the ledger at it and the "host-memory" refusal."""
+    becomes a number: a byte limit lets a cache pass the context's cells). A lowered value
+    the units in place already run (``kept``) stays while it fits and is no less than
+    ``cache_ram_min``: a card that goes (fewer units, more room each) restarts no other unit.
+    Where even ``cache_ram_min`` does not fit, the ledger at it and the "host-memory" refusal."""
     cache = asked.cache_ram if asked.has_cache_ram else None
     book = HostLedger(tuple(shares), host_mib, asked, None).at(cache)
     if book.fits() is not False:
@@ -209,6 +211,8 @@ def plan_host(shares: list, host_mib: Optional[int], asked: HostRam) -> tuple:
     if cache:  # a prompt cache to lower
         room = book.budget - sum(u.fixed for u in book.units)
         lowered = room // len(book.units) // MIB if room >= 0 else -1
+        if kept is not None and asked.cache_ram_min <= kept <= lowered:
+            lowered = kept
         if lowered >= asked.cache_ram_min:
             return book.at(lowered), None
         book = book.at(asked.cache_ram_min if cache < 0 else min(cache, asked.cache_ram_min))

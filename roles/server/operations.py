@@ -36,7 +36,7 @@ from .files import bench_record
 from .plan import (PlanError, WantedUnit, bench_args, bench_due,  # noqa: F401
                    bench_entry, bench_split_args, health_url, host_layouts, parse_pin, pin_holds,
                    process_drift, roofline, unit_model, unit_ref, unit_refs,
-                   wanted_units)  # fmt: skip
+                   wanted_units, cache_in_place)  # fmt: skip
 from .switch import detached, health_check_script, label, pin_script, retire_script, switch_script
 
 
@@ -336,7 +336,7 @@ def service(settings: Settings, gpus: tuple = (), templates: tuple = ()):
                                       devices=tuple(read(CharDevices)) if settings.llamacpp.backend == "cuda" else (),
                                       in_place={n: unit_cards(f.lines) for n, f in found.items()},
                                       bench=lambda: read(BenchRecord, path=layout.bench_record),
-                                      host_mib=read(HostMemory))  # fmt: skip
+                                      host_mib=read(HostMemory), kept_cache=cache_in_place(found))  # fmt: skip
     except PlanError as e:
         yield refusal(e.failure.message(host.name))
         return

@@ -383,14 +383,16 @@ def unit_refs(settings: Settings, layout: Layout, in_place: Optional[dict] = Non
 def wanted_units(settings: Settings, flags: ServerFlags, build_dir: str, model_dir: str, shape: dict,
                  cards: tuple, templates: tuple = (), draft: Optional[tuple] = None,
                  devices: tuple = (), in_place: Optional[dict] = None,
-                 bench: Any = None, host_mib: Optional[int] = None) -> tuple[Layout, tuple]:  # fmt: skip
+                 bench: Any = None, host_mib: Optional[int] = None,
+                 kept_cache: Optional[int] = None) -> tuple[Layout, tuple]:  # fmt: skip
     """The host's layout and the units it should run (``WantedUnit``, each with its plan and
     the host-RAM ledger): what the service operation writes and what ``llamarack audit``
     compares with the units found. ``cards``: the host's GPUs; ``draft``: (directory, shape) of
     the draft model when ``model_draft_repo`` is set; ``devices``: the host's ``CharDevices``;
     ``in_place``: the units on the host (``unit_refs``: a card that goes retires only its own
     unit); ``bench``: the host's llama-bench record (``host_layouts``); ``host_mib``: its
-    ``HostMemory`` (None: not checked). Raises PlanError."""
+    ``HostMemory`` (None: not checked); ``kept_cache``: the lowered ``--cache-ram`` the units in
+    place run (``cache_in_place``), kept while it fits. Raises PlanError."""
     if settings.model.draft_repo and not draft:
         raise PlanError(Failure(
             "draft-model", "model_draft_repo set, but no draft model under models/draft",
@@ -400,7 +402,7 @@ def wanted_units(settings: Settings, flags: ServerFlags, build_dir: str, model_d
     layout = host_layouts(settings, shape, tuple(cards), draft_shape, bench, Path(model_dir).name)[0]
     refs = unit_refs(settings, layout, in_place)
     memory = host_memory(settings, flags, shape, [(ref.name, unit.plan) for ref, unit, _ in refs], draft_shape,
-                         host_mib)  # fmt: skip
+                         host_mib, kept_cache)  # fmt: skip
     wanted = []
     for ref, unit, uuids in refs:
         text = _unit_text(settings, flags, (build_dir, model_dir, draft_dir), shape, ref, unit.plan, uuids,
@@ -410,14 +412,25 @@ def wanted_units(settings: Settings, flags: ServerFlags, build_dir: str, model_d
 
 
 def host_memory(settings: Settings, flags: ServerFlags, shape: dict, plans: list, draft_shape: Optional[dict] = None,
-                host_mib: Optional[int] = None) -> HostLedger:  # fmt: skip
+                host_mib: Optional[int] = None, kept: Optional[int] = None) -> HostLedger:  # fmt: skip
     """The host-RAM ledger of the host's units (``plans``: (name, Plan) of each) against
     ``host_mib`` (MemTotal; None: not checked): each unit's share and the ``--cache-ram`` they
     get. On a CPU build what a plan puts on the cards is in host RAM too. Raises PlanError
     ("host-memory")."""
     kn, cuda = knobs(settings), settings.llamacpp.backend == "cuda"
     shares = [unit_share(name, shape, kn, plan, cuda, draft_shape) for name, plan in plans]
-    return host_ledger(shares, host_mib, host_ram(settings, flags))
+    return host_ledger(shares, host_mib, host_ram(settings, flags), kept)
+
+
+_CACHE_RAM = re.compile(r"^ExecStart=.* --cache-ram (\d+)(?: |$)")
+
+
+def cache_in_place(found: dict) -> Optional[int]:
+    """The ``--cache-ram`` every unit in place runs (``found``: ``ServedUnits``), None where they
+    differ or one names none: what the host-RAM ledger keeps while it fits."""
+    said = {m.group(1) if m else None for f in found.values()
+            for m in [next(filter(None, map(_CACHE_RAM.match, f.lines)), None)]}  # fmt: skip
+    return int(said.pop()) if len(said) == 1 and None not in said else None
 
 
 def unit_indices(unit_cards: list, in_place: dict) -> list:

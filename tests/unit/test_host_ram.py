@@ -105,6 +105,33 @@ def test_eight_units_on_a_64_gib_host_get_their_prompt_caches_lowered_to_what_fi
     assert unknown.cache_ram == 8192 and unknown.fits() is None and "not checked" in unknown.why()
 
 
+def test_a_lowered_cache_the_units_in_place_run_is_kept_while_it_fits():
+    """A card off the bus leaves 7 units with more room each: the 7 keep the 7,071 MiB they run
+    (a new value would restart every one of them); above what fits, or below the floor, it is not kept."""
+    the_plan = plan(LLAMA8B, Knobs(), [V100])
+    seven = [unit_share(f"llamarack-server@{n}.service", LLAMA8B, Knobs(), the_plan, True) for n in range(7)]
+    assert plan_host(seven, 64298, HostRam())[0].cache_ram > 7071  # planned afresh: more each
+    kept, refusal = plan_host(seven, 64298, HostRam(), kept=7071)
+    assert refusal is None and kept.cache_ram == 7071 and kept.lowered and kept.fits()
+    assert eight(64298)[0].cache_ram == 7071 and plan_host(list(eight(64298)[0].units), 64298, HostRam(),
+                                                           kept=7500)[0].cache_ram == 7071  # fmt: skip
+    assert plan_host(seven, 64298, HostRam(cache_ram_min=2048), kept=1024)[0].cache_ram > 7071
+    assert plan_host(seven, 257585, HostRam(), kept=7071)[0].cache_ram == 8192  # ample: as asked
+
+
+def test_the_cache_the_units_in_place_run_is_read_from_their_command_lines():
+    from roles.server.plan import cache_in_place
+    from roles.server.reads import FoundUnit
+
+    def unit(name, start):
+        return FoundUnit(name, "0", ("[Service]", f"ExecStart=/b/bin/llama-server --port 8080 {start}"), False, {})
+
+    two = {"a": unit("a", "--cache-ram 7071 --metrics"), "b": unit("b", "--cache-ram 7071")}
+    assert cache_in_place(two) == 7071
+    assert cache_in_place({**two, "c": unit("c", "--cache-ram 6000")}) is None  # they differ
+    assert cache_in_place({**two, "c": unit("c", "--metrics")}) is None and cache_in_place({}) is None
+
+
 def test_below_the_floor_the_host_is_refused_with_each_units_share_and_the_fix():
     book, refusal = eight(12000)
     assert refusal.rule == "host-memory" and book.cache_ram == 1024 and not book.fits()
