@@ -44,6 +44,7 @@ class SettingInfo:
     check: Optional[Callable[[Any], Optional[str]]]
     choices: Optional[tuple]
     between: Optional[tuple] = None  # a number's (lowest, highest) value; every int and float setting has one
+    formerly: Optional[tuple] = None  # (an earlier llamarack's value, the value it is now) pairs
 
 
 @functools.cache
@@ -67,7 +68,8 @@ def all_settings(settings_type: type) -> tuple[SettingInfo, ...]:
 def describe_type(info: SettingInfo) -> str:
     """A short human form of a setting's type, for errors and docs."""
     if info.choices:
-        return "one of " + ", ".join(repr(c) for c in info.choices)
+        former = ", ".join(f"{old!r} (now {new!r})" for old, new in info.formerly or ())
+        return "one of " + ", ".join(repr(c) for c in info.choices) + (f"; still taken: {former}" if former else "")
     tp, optional = _unwrap_optional(info.type)
     if typing.get_origin(tp) is tuple:
         text = f"a list of {typing.get_args(tp)[0].__name__}"
@@ -107,9 +109,16 @@ def shown(value: Any) -> str:
     return text if len(text) <= 200 else f"{text[:200]}... ({len(text)} characters in all)"
 
 
+def _current(info: SettingInfo, value: Any) -> Any:
+    """``value``, or what it is now where an earlier llamarack took it (``setting(formerly=)``):
+    of the same type and equal, so that 1 never stands for True."""
+    return next((new for old, new in info.formerly or () if type(value) is type(old) and value == old), value)
+
+
 def _coerce(info: SettingInfo, value: Any) -> tuple[Any, Optional[str]]:
     """Check one value against its setting; return (value, problem or None)."""
     tp, optional = _unwrap_optional(info.type)
+    value = _current(info, value)
     if value is None:
         return value, None if optional else describe_type(info)
     if isinstance(value, (list, tuple)) and len(value) > MAX_LIST_ITEMS:

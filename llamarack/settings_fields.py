@@ -15,7 +15,8 @@ from typing import Any, Callable, ClassVar, Optional
 
 
 def setting(default: Any, doc: str, check: Optional[Callable[[Any], Optional[str]]] = None,
-            choices: Optional[tuple] = None, between: Optional[tuple] = None):  # fmt: skip
+            choices: Optional[tuple] = None, between: Optional[tuple] = None,
+            formerly: Optional[dict] = None):  # fmt: skip
     """A settings field: its default, a one-line meaning and an optional value check.
 
     ``check`` returns None when the value is fine, else a phrase saying what is
@@ -23,8 +24,11 @@ def setting(default: Any, doc: str, check: Optional[Callable[[Any], Optional[str
     applied to every element of a tuple. ``choices`` restricts a value to a fixed set
     beyond what a Literal type says. ``between`` is the (lowest, highest) value of a
     number, both included: every int and float setting has one, so no absurd count,
-    size or time reaches a host."""
-    return field(default=default, metadata={"doc": doc, "check": check, "choices": choices, "between": between})
+    size or time reaches a host. ``formerly`` maps the values an earlier llamarack took
+    to those they are now (a switch that became a choice: {True: "on", False: "off"}),
+    so an inventory written for it still loads, meaning what it meant."""
+    return field(default=default, metadata={"doc": doc, "check": check, "choices": choices, "between": between,
+                                            "formerly": tuple(formerly.items()) if formerly else None})  # fmt: skip
 
 
 def number_range(between: tuple, integer: bool) -> str:

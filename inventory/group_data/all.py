@@ -278,8 +278,8 @@ server_residency = 'auto'
 # flash attention
 server_flash_attn = True
 
-# --backend-sampling: sample on the GPU (llama.cpp marks it experimental; measured on an H200, 8B Q4_K_M: 0.94 of llama-bench's tg128 with it, 0.88-0.92 without)
-server_backend_sampling = False
+# --backend-sampling: sample on the GPU, greedy tokens unchanged (llama.cpp marks it experimental; measured on an H200, 8B Q4_K_M: 0.94 of llama-bench's tg128 with it, 0.88-0.92 without): auto (a CUDA build whose llama-server --help has it), on (refuse a build without it), off (sample on the CPU); docs/planning.md, "Backend sampling", says which samplers still run on the CPU
+server_backend_sampling = 'auto'
 
 # mmap the model file (off: copy weights to the GPU once)
 server_mmap = False

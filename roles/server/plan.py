@@ -87,10 +87,7 @@ def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_di
         args += draft_args(settings, flags, draft_dir, ctx, cuda)
     if s.api_key_file:
         args += ["--api-key-file", API_KEY_PATH]
-    if s.backend_sampling:
-        if not getattr(flags, "has_backend_sampling", False):
-            raise _unbuilt("backend-sampling", "server_backend_sampling set", "has no --backend-sampling",
-                           "a llama.cpp build that samples on the backend", "unset server_backend_sampling")
+    if backend_sampling(settings, flags, cuda):
         args += ["--backend-sampling"]
     if s.sleep_idle_seconds is not None:
         if not getattr(flags, "has_sleep_idle", False):
@@ -101,6 +98,18 @@ def server_args(settings: Settings, flags: ServerFlags, build_dir: str, model_di
     if flags.has_metrics:
         args += ["--metrics"]
     return args
+
+
+def backend_sampling(settings: Settings, flags: ServerFlags, cuda: bool) -> bool:
+    """Whether the unit samples on the backend (``server_backend_sampling``): on, or auto on a
+    CUDA build whose --help has --backend-sampling (on a CPU build the backend is the CPU:
+    nothing to gain). PlanError for on where this build lacks the flag."""
+    mode, built = settings.server.backend_sampling, getattr(flags, "has_backend_sampling", False)
+    if mode == "on" and not built:
+        raise _unbuilt("backend-sampling", "server_backend_sampling 'on'", "has no --backend-sampling",
+                       "a llama.cpp build that samples on the backend",
+                       "set server_backend_sampling = 'auto' (on where the build has it)")  # fmt: skip
+    return mode == "on" or (mode == "auto" and cuda and built)
 
 
 def rope_args(flags: ServerFlags, ctx: Plan) -> list[str]:

@@ -82,9 +82,12 @@ class ServerSettings(Section):
         "build: a lab whose fake driver lists the served process), off (never: a driver that cannot list the "
         "host's processes, as in some containers)")
     flash_attn: bool = setting(True, "flash attention")
-    backend_sampling: bool = setting(
-        False, "--backend-sampling: sample on the GPU (llama.cpp marks it experimental; measured on an H200, 8B "
-        "Q4_K_M: 0.94 of llama-bench's tg128 with it, 0.88-0.92 without)")
+    backend_sampling: Literal["auto", "on", "off"] = setting(
+        "auto", "--backend-sampling: sample on the GPU, greedy tokens unchanged (llama.cpp marks it experimental; "
+        "measured on an H200, 8B Q4_K_M: 0.94 of llama-bench's tg128 with it, 0.88-0.92 without): auto (a CUDA "
+        "build whose llama-server --help has it), on (refuse a build without it), off (sample on the CPU); "
+        "docs/planning.md, \"Backend sampling\", says which samplers still run on the CPU",
+        formerly={True: "on", False: "off"})
     mmap: bool = setting(False, "mmap the model file (off: copy weights to the GPU once)")
     repack: bool = setting(True, "CPU weight repacking (AMX and repacked kernels); False serves with --no-repack")
     parallel: int = setting(1, "parallel slots; --ctx-size is the context per slot x slots", between=(1, 1024))

@@ -211,18 +211,48 @@ def test_args_real_help_fixture_and_cpu_build_and_api_key():
     assert args[args.index("--api-key-file") + 1] == "/etc/llamarack/server-api-key"
 
 
-def test_backend_sampling_is_asked_only_of_a_build_that_has_it():
-    help_fixture = json.loads((Path(__file__).resolve().parents[1]
-                               / "facts/LlamaServerFlags/pinned_0c1e57098.json").read_text())
-    flags = parse_build_help("\n".join(help_fixture["output"]))
+def test_backend_sampling_is_on_by_default_where_a_cuda_build_has_it():
+    flags = fixture_flags("pinned_0c1e57098")
     assert flags.has_backend_sampling  # "-bs, --backend-sampling" in the pinned build's --help
     ctx = plan_context(settings(), LLAMA8B, V100_16)
-    assert "--backend-sampling" not in server_args(settings(), flags, "/b", "/m", ctx, cuda=True)  # off by default
-    on = settings(server_backend_sampling=True)
+    assert settings().server.backend_sampling == "auto"
+    assert server_args(settings(), flags, "/b", "/m", ctx, cuda=True)[-2:] == ["--backend-sampling", "--metrics"]
+    # auto: not on a CPU build (its backend is the CPU), nor with a build whose --help lacks it
+    cpu = plan_context(settings(llamacpp_backend="cpu"), LLAMA8B, None)
+    assert "--backend-sampling" not in server_args(settings(llamacpp_backend="cpu"), flags, "/b", "/m", cpu, cuda=False)
+    for lacking in (NEW_HELP, OLD_HELP, fixture_flags("late_2024_no_mmap")):
+        assert "--backend-sampling" not in server_args(settings(), lacking, "/b", "/m", ctx, cuda=True)
+    off = settings(server_backend_sampling="off")
+    assert "--backend-sampling" not in server_args(off, flags, "/b", "/m", ctx, cuda=True)
+
+
+def test_backend_sampling_on_refuses_a_build_without_it():
+    flags, ctx = fixture_flags("pinned_0c1e57098"), plan_context(settings(), LLAMA8B, V100_16)
+    on = settings(server_backend_sampling="on")
     assert server_args(on, flags, "/b", "/m", ctx, cuda=True)[-2:] == ["--backend-sampling", "--metrics"]
-    with pytest.raises(PlanError) as e:
-        server_args(on, NEW_HELP, "/b", "/m", ctx, cuda=True)
-    assert e.value.failure.rule == "backend-sampling" and "server_backend_sampling" in e.value.failure.fix
+    assert "--backend-sampling" in server_args(on, flags, "/b", "/m", plan_context(on, LLAMA8B, None), cuda=False)
+    for lacking in (NEW_HELP, fixture_flags("late_2024_no_mmap")):
+        with pytest.raises(PlanError) as e:
+            server_args(on, lacking, "/b", "/m", ctx, cuda=True)
+        assert e.value.failure.rule == "backend-sampling" and "server_backend_sampling = 'auto'" in e.value.failure.fix
+        assert "server_backend_sampling 'on', but this build's llama-server --help has no --backend-sampling" \
+            in e.value.failure.message("gpu01")  # fmt: skip
+
+
+def test_backend_sampling_takes_the_switch_it_was():
+    # An inventory written when the setting was a bool still loads and means what it meant.
+    flags, ctx = fixture_flags("pinned_0c1e57098"), plan_context(settings(), LLAMA8B, V100_16)
+    assert settings(server_backend_sampling=True).server.backend_sampling == "on"
+    assert settings(server_backend_sampling=False).server.backend_sampling == "off"
+    assert "--backend-sampling" not in server_args(settings(server_backend_sampling=False), flags, "/b", "/m", ctx,
+                                                   cuda=True)  # fmt: skip
+    with pytest.raises(PlanError):
+        server_args(settings(server_backend_sampling=True), NEW_HELP, "/b", "/m", ctx, cuda=True)
+    # Only the booleans: 1 and 0 are no switch, and the error names every value it takes.
+    for wrong in (1, 0, "true", "yes"):
+        with pytest.raises(SettingsError, match="server_backend_sampling: given .*; allowed: one of 'auto', 'on', "
+                                                "'off'; still taken: True \\(now 'on'\\), False \\(now 'off'\\)"):
+            settings(server_backend_sampling=wrong)
 
 
 def fixture_flags(case: str):
