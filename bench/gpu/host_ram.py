@@ -48,7 +48,7 @@ from roles.model.shapes import local_gguf_shape  # noqa: E402
 from roles.server.plan import knobs, server_args  # noqa: E402
 from roles.server.planner import Card, plan  # noqa: E402
 from roles.settings import load_settings  # noqa: E402
-from proof import LOAD_LOG_ENV, parse_load_log  # noqa: E402
+from proof import LOAD_LOG_ENV, parse_load_log, stop  # noqa: E402
 from split_ledger import get  # noqa: E402
 
 PORT = 8091
@@ -133,11 +133,7 @@ def serve(args, name: str, layers, cache_ram: int) -> dict:
             found["rss_mib"].append({"after": f"prompt {i + 1}", "status": status, **memory(server.pid)})
         return {**found, **_verdict(found, parse_load_log(log.read_text(errors="replace")), cache_ram)}
     finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop(server)
 
 
 def _verdict(found: dict, loaded: dict, cache_ram: int) -> dict:

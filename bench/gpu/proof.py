@@ -203,6 +203,16 @@ def with_arg(args: list, flag: str, value) -> list:
     return out
 
 
+def stop(p) -> None:
+    """End a server: SIGTERM, then SIGKILL after 30 s."""
+    p.terminate()
+    try:
+        p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
 def exec_start(unit: str) -> list:
     line = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
     return shlex.split(line[len("ExecStart="):])
@@ -375,14 +385,6 @@ class Proof:
         p.wait()
         raise RuntimeError(f"llama-server {name} did not answer /health: "
                            + (self.logs / f"server-{name}.log").read_text()[-2000:])  # fmt: skip
-
-    def stop(self, p) -> None:
-        p.terminate()
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
     @staticmethod
     def post(url: str, body: dict, timeout: float = 300) -> dict:
@@ -672,7 +674,7 @@ class Proof:
         except Exception as e:
             return {**shown, "error": f"{type(e).__name__}: {e}"}
         finally:
-            self.stop(proc)
+            stop(proc)
 
     def serve8b(self):
         reps = 5 if not self.cpu else 2
@@ -693,7 +695,7 @@ class Proof:
                                            "median_tps": statistics.median(r["prompt_per_second"] for r in rows)}
             out["memory"] = self.gpu_memory(proc.pid)
         finally:
-            self.stop(proc)
+            stop(proc)
         # Where served decode loses to llama-bench: llama-bench decodes a fixed token and
         # samples nothing; the server copies the logits (128K floats for Llama 3) to the
         # host and runs the sampler chain on the CPU for every token. Variants of the
@@ -796,7 +798,7 @@ class Proof:
                                "per_request_prompt_tps": [round(r["timings"]["prompt_per_second"], 1)
                                                           for r in results]})  # fmt: skip
         finally:
-            self.stop(proc)
+            stop(proc)
         return {"parallel": n, "ctx_size": p["ctx_size"], "exec_start": p["exec_start"], "rounds": rounds,
                 "median_aggregate_tps": statistics.median(r["aggregate_tps"] for r in rounds),
                 "method": f"{n} concurrent /completion requests of 512 distinct random tokens, n_predict 1; "
@@ -816,7 +818,7 @@ class Proof:
                             "ignore_eos": True})  # fmt: skip
             after = self.gpu_memory(proc.pid)
         finally:
-            self.stop(proc)
+            stop(proc)
         text = (self.logs / f"server-{name}.log").read_text(errors="replace")
         log = parse_load_log(text)
         on_gpu = lambda k: k.startswith("CUDA") and "Host" not in k  # noqa: E731
