@@ -40,19 +40,18 @@ exit status, each host's state and deploys (a rollout), its changed operations; 
 host's llama-server (MainPID, NRestarts) and driver before and after. The rack is left on
 the base commit and the default driver (loaded, then a plain deploy without load).
 
-Writes bench/results/rollout.json, with the commit, whether the tree was clean, this
-script's and the load generator's sha256, the machine and a summary per case (against the
-baseline's latencies). Wall times are figures, not bounds: the lab's hosts share this
-machine's cores. ``--three-way-only``: the baseline and three_way alone (a few minutes).
-``--baseline-only``: the quiet baseline again, into an existing result. ``--table``: the
-result as docs/benchmarks.md's table.
+Writes bench/results/rollout.json, stamped by ``bench/provenance.py`` (the commit, whether
+the tree was clean, this script's and the load generator's sha256, the command, the
+machine), with a summary per case (against the baseline's latencies). Wall times are
+figures, not bounds: the lab's hosts share this machine's cores. ``--three-way-only``: the
+baseline and three_way alone (a few minutes). ``--baseline-only``: the quiet baseline
+again, into a result this commit and these scripts wrote (else refused: one result, one
+version of its script). ``--table``: the result as docs/benchmarks.md's table.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import hashlib
 import json
 import os
 import platform
@@ -71,8 +70,10 @@ from llamarack_lab.fake_nvidia import deb  # noqa: E402
 from llamarack_lab import rack as rackmod  # noqa: E402
 from llamarack_lab.pytest_plugin import parse_pyinfra_totals, pyinfra_command  # noqa: E402
 
-from converged_bench import _cpu, _pyinfra_version  # noqa: E402  (this folder's)
+import provenance  # noqa: E402  (this folder's)
+from converged_bench import _cpu, _pyinfra_version  # noqa: E402
 from loadgen import COMPACT_FIELDS, Load  # noqa: E402
+from rollout_report import LABELS, WAYS, cases, summary, table  # noqa: E402, F401 (the result's summary and table)
 
 INVENTORY = ROOT / "inventory/lab.py"
 DEPLOY = ROOT / "deploy.py"
@@ -88,7 +89,6 @@ CASE_LIMIT_S = 5400  # the load's own bound for one case
 # The three-way comparison's change: the unit's command line alone (every llama-server
 # restarts with it; nothing is built or measured); a plain deploy without it puts it back.
 THREE_WAY_CHANGE = "server_ctx_size=1024"
-WAYS = ("rollout", "serial", "parallel")
 SERVER = "systemctl show -p MainPID -p NRestarts --value llamarack-server.service | tr '\\n' ' '"
 DRIVER = "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u"
 DRIVER_UPGRADE = "roles.driver.upgrade.driver_upgrade"  # shipped with llamarack
@@ -256,64 +256,6 @@ def rollout_cases(rack, serving: list, url: str) -> dict:
     return out
 
 
-def cases(result: dict):
-    """(name, record) of each case with a load, in the result's order (``three_way.WAY``)."""
-    for name, v in result.items():
-        if name == "three_way" and isinstance(v, dict):
-            yield from ((f"three_way.{w}", v[w]) for w in WAYS if w in v)
-        elif isinstance(v, dict) and "load" in v:
-            yield name, v
-
-
-def summary(result: dict) -> dict:
-    """Each case's sent, failed, seconds with a failure, failures by reason, p50 and p99 (s),
-    and its latencies against the quiet baseline's."""
-    base = result.get("baseline", {}).get("load", {})
-    out = {}
-    for name, v in cases(result):
-        load = v["load"]
-        out[name] = {k: load.get(k) for k in ("sent", "failed", "seconds_with_failure", "reasons", "p50_s", "p99_s")}
-        out[name]["seconds"] = v.get("seconds")
-        if name != "baseline" and base.get("p50_s") and load.get("p50_s"):
-            out[name].update(p50_x=round(load["p50_s"] / base["p50_s"], 2),
-                             p99_x=round(load["p99_s"] / base["p99_s"], 2))
-    return out
-
-
-LABELS = {
-    "baseline": "quiet baseline",
-    "three_way.rollout": "`llamarack rollout`",
-    "three_way.serial": "`pyinfra --serial` (one host at a time, no drain)",
-    "three_way.parallel": "plain `pyinfra` (every host at once)",
-    "bump_rollout": "llama.cpp bump, canary first",
-    "converged_rollout": "the same rollout, converged",
-    "canary_fails": "canary fails its gate",
-    "revert_rollout": "revert (canary included)",
-    "driver_upgrade": "driver upgrade with reboot",
-    "driver_hold": "the project's deploy after it",
-}
-
-
-def table(result: dict) -> str:
-    """The result as docs/benchmarks.md's table (Markdown)."""
-    def ms(s):
-        return "" if s is None else f"{s * 1000:,.1f}"
-
-    def count(n):
-        return "" if n is None else f"{n:,}"
-
-    rows = ["| case | s | sent | failed | seconds with a failure | p50 ms | p99 ms | restarted |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
-    for name, v in cases(result):
-        load = v["load"]
-        moved = f"{len(v['restarted'])} of {len(v['driver'])}" if "restarted" in v and "driver" in v else ""
-        seconds = v.get("seconds", load.get("seconds"))
-        rows.append(f"| {LABELS.get(name, name)} | {seconds} | {count(load.get('sent'))} | "
-                    f"{count(load.get('failed'))} | {count(load.get('seconds_with_failure'))} | "
-                    f"{ms(load.get('p50_s'))} | {ms(load.get('p99_s'))} | {moved} |")  # fmt: skip
-    return "\n".join(rows) + "\n"
-
-
 def dumps(value, depth: int = 0) -> str:
     """JSON, indent 1, each list of plain values on one line: a request's record is one line,
     not seven."""
@@ -326,30 +268,11 @@ def dumps(value, depth: int = 0) -> str:
     return json.dumps(value)
 
 
-def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def provenance(argv: list) -> dict:
-    """What ran: the commit, whether the tree differed from it, this script's and the load's sha256."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    return {"commit": git("rev-parse", "HEAD"), "tree_clean": not git("status", "--porcelain", "--untracked-files=no"),
-            "script_sha256": sha256(Path(__file__).resolve()), "loadgen_sha256": sha256(ROOT / "bench/loadgen.py"),
-            "command": shlex.join(["python3", "bench/rollout_bench.py", *argv])}  # fmt: skip
-
-
-def header(argv: list, url: str, serving: list) -> dict:
-    """The result's first keys: what ran, where, and the load's shape."""
+def header(url: str, serving: list) -> dict:
+    """The result's first keys: what ran (filled in by ``write``), where, and the load's shape."""
     return {
         "benchmark": "rollout",
-        "when": now(),
-        **provenance(argv),
+        "provenance": None,
         "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()],
                     "python": platform.python_version(), "pyinfra": _pyinfra_version(),
                     "serving_hosts": len(serving), "gateway": GATEWAY},
@@ -359,7 +282,19 @@ def header(argv: list, url: str, serving: list) -> dict:
     }  # fmt: skip
 
 
-def write(result: dict) -> None:
+def same_version(result: dict, argv: list) -> None:
+    """Refuses to add to a result that another commit or version of this script wrote: one
+    result, one version of what measured it."""
+    was, now = result.get("provenance") or {}, provenance.stamp(__file__, argv=argv)
+    if (was.get("commit"), was.get("scripts")) != (now["commit"], now["scripts"]):
+        raise SystemExit(f"{RESULT.name} was written at commit {str(was.get('commit'))[:10]} by other scripts than "
+                         "these: run the whole bench, not --baseline-only")  # fmt: skip
+
+
+def write(result: dict, argv: list, adding: bool = False) -> None:
+    """The result with its stamp (``adding``: a part measured again, the earlier run's stamp kept in ``runs``)."""
+    stamp = provenance.stamp(__file__, argv=argv)
+    result["provenance"] = provenance.joined(result.get("provenance"), stamp) if adding else stamp
     result["summary"] = summary(result)
     RESULT.write_text(dumps(result) + "\n")
     print(json.dumps({k: {"sent": v["sent"], "failed": v["failed"], "seconds_with_failure": v["seconds_with_failure"]}
@@ -387,15 +322,16 @@ def main(argv: list) -> int:
     serving = [h.name for h in rack.hosts if h.name != GATEWAY]
     if args.baseline_only:
         result = json.loads(RESULT.read_text())
-        result["baseline"] = {**under_load(url, seconds=BASELINE_S), "when": now(), **provenance(argv)}
-        write(result)
+        same_version(result, argv)
+        result["baseline"] = {**under_load(url, seconds=BASELINE_S), "when": provenance.now()}
+        write(result, argv, adding=True)
         return 0
-    result = {**header(argv, url, serving), "baseline": under_load(url, seconds=BASELINE_S)}
+    result = {**header(url, serving), "baseline": under_load(url, seconds=BASELINE_S)}
     result["three_way"] = three_way(rack, serving, url)
     if not args.three_way_only:
         result.update(rollout_cases(rack, serving, url))
     JOURNAL.unlink(missing_ok=True)
-    write(result)
+    write(result, argv)
     print(f"{RESULT}; python3 bench/rollout_bench.py --table prints its table")
     return 0
 

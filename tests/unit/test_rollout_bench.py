@@ -159,13 +159,6 @@ def test_the_summary_and_table_take_every_case_in_order(tmp_path, monkeypatch, c
     assert bench.main(["--table"]) == 0 and capsys.readouterr().out.splitlines() == lines
 
 
-def test_what_ran_is_recorded():
-    seen = bench.provenance(["--three-way-only"])
-    assert len(seen["commit"]) == 40 and isinstance(seen["tree_clean"], bool)
-    assert seen["script_sha256"] == bench.sha256(Path(bench.__file__))
-    assert seen["command"] == "python3 bench/rollout_bench.py --three-way-only"
-
-
 class FakeRack:
     hosts = [type("Host", (), {"name": n}) for n in ("a", "b", "lab-gw")]
 
@@ -187,12 +180,28 @@ def test_the_three_way_run_writes_its_result(quick, tmp_path, monkeypatch):
         assert bench.main(["--three-way-only"]) == 0
         result = json.loads(bench.RESULT.read_text())
         assert bench.main(["--baseline-only"]) == 0
-    assert list(result) == ["benchmark", "when", "commit", "tree_clean", "script_sha256", "loadgen_sha256", "command",
-                            "machine", "load", "baseline", "three_way", "summary"]  # fmt: skip
+    assert list(result) == ["benchmark", "provenance", "machine", "load", "baseline", "three_way", "summary"]
+    stamp = result["provenance"]
+    assert stamp["command"] == "python3 bench/rollout_bench.py --three-way-only" and len(stamp["commit"]) == 40
+    assert {"bench/rollout_bench.py", "bench/loadgen.py", "bench/rollout_report.py", "bench/provenance.py"} \
+        <= set(stamp["scripts"])  # fmt: skip
+    assert stamp["scripts"]["bench/rollout_bench.py"] == bench.provenance.sha256(Path(bench.__file__))
     assert result["machine"]["cores"] >= 1 and result["machine"]["serving_hosts"] == 2
     assert result["load"]["requests_fields"] == ["started_s", "status", "latency_s", "reason", "streamed"]
     assert list(result["summary"]) == ["baseline", "three_way.rollout", "three_way.serial", "three_way.parallel"]
     assert all(v["failed"] == 0 and v["sent"] > 0 for v in result["summary"].values())
     again = json.loads(bench.RESULT.read_text())
-    assert again["three_way"] == result["three_way"] and again["baseline"]["when"] >= result["when"]
-    assert again["baseline"]["command"] == "python3 bench/rollout_bench.py --baseline-only"
+    assert again["three_way"] == result["three_way"] and again["baseline"]["when"] >= stamp["started"]
+    assert [r["command"] for r in again["provenance"]["runs"]] == [
+        "python3 bench/rollout_bench.py --three-way-only", "python3 bench/rollout_bench.py --baseline-only"]
+    assert again["provenance"]["mixed"] is False
+
+
+def test_a_baseline_is_not_added_to_another_versions_result(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "RESULT", tmp_path / "rollout.json")
+    stamp = bench.provenance.stamp(bench.__file__)
+    bench.RESULT.write_text(json.dumps({"provenance": {**stamp, "scripts": {**stamp["scripts"],
+                                                                            "bench/loadgen.py": "0" * 64}}}))
+    with pytest.raises(SystemExit, match="run the whole bench"):
+        bench.same_version(json.loads(bench.RESULT.read_text()), ["--baseline-only"])
+    bench.same_version({"provenance": stamp}, ["--baseline-only"])  # the same version: added to
