@@ -17,7 +17,7 @@ converges and takes it down at the end. Records:
 - script_bytes: the size of each host's one command;
 - hosts_unchanged: the hosts' files, unit and server process before and after.
 
-Writes bench/results/audit.json.
+Writes bench/results/audit.json, stamped by ``bench/provenance.py``.
 """
 
 from __future__ import annotations
@@ -35,12 +35,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+import provenance  # noqa: E402  (this folder's)
 from llamarack_lab import rack as rackmod  # noqa: E402
 from llamarack_lab.pytest_plugin import count_remote_work  # noqa: E402
 
-from converged_bench import _cpu, _pyinfra_version, deploy, ssh_fan_out  # noqa: E402  (this folder's)
+from converged_bench import _cpu, _pyinfra_version, deploy, ssh_fan_out  # noqa: E402
 
 INVENTORY = ROOT / "inventory/lab.py"
 # What an audit must not change on a host: llamarack's files, the unit, the server process.
@@ -116,6 +117,7 @@ def main() -> int:
         if brought_up:
             rackmod.down()
     result = {
+        "provenance": provenance.stamp(__file__),
         "date": datetime.date.today().isoformat(),
         "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(),
                     "pyinfra": _pyinfra_version()},  # fmt: skip

@@ -19,7 +19,7 @@ deploy.py``) until it converges, then measures:
 - the load average when the timings start (other work on the machine skews them).
 
 Writes bench/results/converged.json (``converged-<N>hosts.json`` for another N), the
-machine noted; takes down a rack it brought up.
+machine noted, stamped by ``bench/provenance.py``; takes down a rack it brought up.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+import provenance  # noqa: E402  (this folder's)
 from llamarack_lab import rack as rackmod  # noqa: E402
 from llamarack_lab.pytest_plugin import count_remote_work, parse_pyinfra_totals, pyinfra_command  # noqa: E402
 
@@ -146,6 +147,7 @@ def main() -> int:
             rackmod.down()
     median = statistics.median(times)
     result = {
+        "provenance": provenance.stamp(__file__),
         "date": datetime.date.today().isoformat(),
         "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "python": platform.python_version(),
                     "pyinfra": _pyinfra_version()},  # fmt: skip

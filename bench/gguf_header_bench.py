@@ -31,7 +31,7 @@ up, under the lab lock), also ``written_by_gguf_py``: on that host, the pinned l
 own writer (gguf-py, in the converter env) writes a header with Llama-3's tokenizer counts
 (128,256 tokens and types, 280,147 merges), and the host's python3 reads it with both
 readers and from the record: their CPU (bash ``time``) and whether their outputs are the same bytes.
-Writes bench/results/gguf-header.json.
+Writes bench/results/gguf-header.json, stamped by ``bench/provenance.py``.
 """
 
 from __future__ import annotations
@@ -53,7 +53,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+import provenance  # noqa: E402  (this folder's)
 
 from roles.model.reads import shape_record_name
 from roles.llamacpp.files.llamacpp_proof import _gguf_kv, _gguf_string
@@ -228,6 +230,7 @@ def main() -> int:
         models["written_by_gguf_py"] = on_lab_host(args.lab_host, sources)
         print("written_by_gguf_py", json.dumps(models["written_by_gguf_py"]), flush=True)
     result = {
+        "provenance": provenance.stamp(__file__),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpu": _cpu(), "cores": len(os.sched_getaffinity(0)),
                     "python": platform.python_version()},

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Lab benchmark: how fast a rack comes up and goes, and whether pyinfra
-runs scale across hosts. Writes bench/results/lab.json.
+runs scale across hosts. Writes bench/results/lab.json, stamped by
+``bench/provenance.py``.
 
     sudo python3 bench/lab_bench.py [--reps 3] [--skip-cold]
 
@@ -33,8 +34,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+import provenance  # noqa: E402  (this folder's)
 from llamarack_lab import rack as rackmod, trace  # noqa: E402
 from llamarack_lab.pytest_plugin import parse_pyinfra_totals, pyinfra_command  # noqa: E402
 
@@ -180,6 +182,7 @@ def main() -> None:
         t_down, errors = timed(rackmod.down)
         result[f"down_{args.hosts}_hosts"] = stat([t_down])
     result["machine"]["loadavg_at_end"] = open("/proc/loadavg").read().split()[:3]
+    result = {"provenance": provenance.stamp(__file__), **result}
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

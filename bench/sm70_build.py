@@ -3,7 +3,8 @@
 Runs on this machine (no GPU needed to compile) with Debian 12's non-free
 nvidia-cuda-toolkit 11.8.89 and g++-11, exactly the cmake arguments the
 llama.cpp role plans for a V100 host, then lists the cubins with cuobjdump
-as the role's verify step does. Writes bench/results/sm70-build.json.
+as the role's verify step does. Writes bench/results/sm70-build.json, stamped by
+``bench/provenance.py``.
 
     python3 bench/sm70_build.py [--source DIR] [--jobs 2]
 
@@ -22,6 +23,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import provenance  # this folder's (the script's own: first on sys.path)
 from roles.llamacpp.plan import plan_build
 from llamarack_lab import services
 from roles.settings import load_settings
@@ -64,6 +66,7 @@ def main():
     version = subprocess.run([str(build / "bin/llama-server"), "--version"], capture_output=True, text=True)
     stats = subprocess.run(["ccache", "-s"], env=env, capture_output=True, text=True).stdout
     result = {
+        "provenance": provenance.stamp(__file__),
         "what": "llama.cpp CUDA build for sm_70 with the llama.cpp role's cmake arguments",
         "llama_cpp_commit_upstream": "0c1e57098bba43ac29e6e3b677cdceebdd22334f",
         "mirror_commit": mirror.commit,
