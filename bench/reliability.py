@@ -31,7 +31,7 @@ Before each model fault every model artifact but the served one is removed
 (and for the hub's faults the blob cache, so the fetch downloads), so the
 change always has its whole work to do. Writes
 bench/results/reliability.json (every fault's figures and evidence, the
-machine, the command line as it ran). A fault whose evidence does not all
+machine, the command line as it ran), stamped by ``bench/provenance.py``. A fault whose evidence does not all
 hold did not fire (``outcome``: ``not fired``), whatever its run did
 (``reliability_report``); one that fired ``survived`` when all of 4 and 5
 held; ``nothing_lost`` is all but the poller's (a fault whose run restarts
@@ -50,7 +50,6 @@ import os
 import platform
 import re
 import shlex
-import subprocess
 import sys
 import threading
 import time
@@ -59,7 +58,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "lab")]  # this checkout's llamarack and lab, whichever pip installed
+sys.path[:0] = [str(ROOT), str(ROOT / "lab"), str(ROOT / "bench")]  # this checkout's, whichever pip installed
 
 from llamarack_lab import driver as drivermod  # noqa: E402
 from llamarack_lab import faults, mirror, services  # noqa: E402
@@ -71,6 +70,7 @@ from llamarack.layout import UNIT_PATH, Layout  # noqa: E402
 from roles.model.sandbox import PIPELINE_USER  # noqa: E402
 from tests.lab.deploying import STATE  # noqa: E402
 
+import provenance  # noqa: E402
 from reliability_report import (  # noqa: E402
     SCHEMA, count_proof, driver_versions, judge, key_values, line_proof, proof, rejected_packets, summary, table,
     this_command,
@@ -482,12 +482,9 @@ def excerpt(output: str, lines: int = 4) -> list:
 
 def machine() -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", ".", ":!bench/results"],
-                                capture_output=True, text=True).stdout.strip())  # fmt: skip
     return {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "commit": commit + ("+dirty" if dirty else ""), "python": platform.python_version()}  # fmt: skip
+            "python": platform.python_version()}  # fmt: skip
 
 
 def main() -> None:
@@ -549,6 +546,7 @@ def main() -> None:
 def write_report(path: Path, results: list, chosen: list, setup_s: float, started_at: float) -> dict:
     report = {
         "schema": SCHEMA,
+        "provenance": provenance.stamp(__file__, cmd=COMMAND),
         "machine": machine(),
         "command": COMMAND,
         "staging": " ".join(faults.__doc__.split("The staging areas,")[1].split("Everything else")[0].split()),

@@ -170,8 +170,10 @@ def table(report: dict) -> str:
             outcome = "**not survived**: served with gaps, nothing lost" if r.get("nothing_lost") else "**not survived**"
         rows.append(f"| {r['fault']}: {r['what']} | {evidence_cell(r)} | rc {run['rc']} ({run['seconds']} s) "
                     f"| {served} | {rerun} | {outside} | {outcome} |")
-    m = report["machine"]
+    m, stamp = report["machine"], report.get("provenance") or {}
+    commit = (stamp.get("commit") or "")[:10] + ("" if stamp.get("tree") == "clean" else "+dirty") if stamp \
+        else m.get("commit", "?")[:10]  # fmt: skip
     rows.append(f"\n{counts['fired']} fired; {counts['survived']} survived, nothing lost in {counts['nothing_lost']}; "
-                f"{m['cpu']}, {m['cores']} cores, {m['date'][:10]}, commit {m['commit'][:10]}, "
+                f"{m['cpu']}, {m['cores']} cores, {m['date'][:10]}, commit {commit}, "
                 f"{report['total_s']:.0f} s in all; `{report['command']}`")
     return "\n".join(rows)

@@ -260,3 +260,15 @@ def test_the_table_says_when_the_converged_run_changed_the_hosts_state():
     row = report.table(doc).splitlines()[2]
     assert "rc 0 (2.0 s), then 0 changes, **the host's state changed**" in row
     assert report.table(doc).endswith("1 s in all; `python3 bench/reliability.py --reuse`")
+
+
+def test_the_table_names_the_commit_of_the_results_stamp():
+    res = report.judge(result([YES], fault="ssh-cut", what="w", failed_run={"rc": 1, "seconds": 2.0},
+                              during={"requests": 9, "failures": 0, "longest_outage_s": 0.0}, serving_after=True,
+                              rerun={"rc": 0, "seconds": 2.0}, changed_outside_staging=[],
+                              changed_by_the_faults_own_step=[], converged={"rc": 0, "changes": 0}))  # fmt: skip
+    doc = {"faults": [res], "machine": {"cpu": "c", "cores": 2, "date": "2026-01-01"}, "total_s": 1.0,
+           "command": "python3 bench/reliability.py", "provenance": {"commit": "0123456789abcdef", "tree": "clean"}}
+    assert ", commit 0123456789, 1 s in all" in report.table(doc)
+    doc["provenance"]["tree"] = "dirty"
+    assert ", commit 0123456789+dirty, 1 s in all" in report.table(doc)
