@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What upgrading llamarack itself costs a converged rack: a new proof script, no new build.
 
-    python3 bench/tool_upgrade_bench.py     (as root, the 4-host lab rack up and converged)
+    python3 bench/tool_upgrade_bench.py [--from REV]     (as root, the 4-host lab rack up and converged)
 
 The next llamarack is this tree copied with a comment added to its smoke script
 (``roles/llamacpp/files/llamacpp_proof.py``): the proof's id changes, what goes
@@ -12,14 +12,19 @@ into a build does not. Records, for the rack:
   build re-proved in place), and per host whether a build directory was added
   and whether the server restarted (MainPID, NRestarts);
 - second_deploy: the same for the copy's next deploy (nothing to change);
-- back_deploy: this tree's deploy afterwards (its own proof re-proves again).
+- back_deploy: this tree's deploy afterwards (its own proof re-proves again);
+- cross_version (``--from REV``): the rack put on an older llamarack, the tree of commit
+  REV (``git archive``), and deployed with it until it converges; then what this tree's
+  ``plan-upgrade`` says, this tree's deploy and the one after it. A deploy that fails is
+  recorded (``error``), and this tree's deploy puts the rack back.
 
 Wall times are figures, not bounds: the lab's hosts share this machine's 2 cores.
-Writes bench/results/tool-upgrade.json.
+Writes bench/results/tool-upgrade.json, stamped by ``bench/provenance.py``.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -32,12 +37,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+import provenance  # noqa: E402  (this folder's)
 from llamarack_lab import rack as rackmod  # noqa: E402
 from llamarack_lab.pytest_plugin import parse_pyinfra_totals, pyinfra_command  # noqa: E402
 
-from converged_bench import _cpu, _pyinfra_version  # noqa: E402  (this folder's)
+from converged_bench import _cpu, _pyinfra_version  # noqa: E402
 
 PROOF = "roles/llamacpp/files/llamacpp_proof.py"
 HOST_STATE = "systemctl show -p MainPID -p NRestarts llamarack-server.service | tr '\\n' ' '; ls /opt/llamarack/builds"
@@ -82,24 +88,64 @@ def deploy(rack, tree: Path) -> dict:
             "hosts_with_a_new_build_or_restart": sorted(h for h in before if before[h] != after[h])}
 
 
-def main() -> int:
+def older_tree(where: Path, rev: str) -> Path:
+    """The tree of commit ``rev``, as ``git archive`` gives it, under ``where``."""
+    tree = where / "older"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
+
+
+def plan_upgrade(tree: Path) -> list:
+    return run(tree, sys.executable, "-m", "llamarack", "plan-upgrade", "inventory/lab.py")[1].stdout.strip().splitlines()
+
+
+def cross_version(rack, rev: str) -> dict:
+    """The rack moved from commit ``rev``'s llamarack to this one: put on the older one and
+    converged there, then this tree's plan-upgrade, deploy and next deploy."""
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", rev], capture_output=True, text=True,
+                            check=True).stdout.strip()  # fmt: skip
+    out: dict = {"from": commit}
+    steps = (("onto_older", "older"), ("older_converged", "older"), ("plan_upgrade", None),
+             ("upgrade_deploy", "this"), ("next_deploy", "this"))  # fmt: skip
+    with tempfile.TemporaryDirectory() as where:
+        trees = {"older": older_tree(Path(where), commit), "this": ROOT}
+        for name, tree in steps:
+            try:
+                out[name] = plan_upgrade(ROOT) if tree is None else deploy(rack, trees[tree])
+            except SystemExit as e:
+                out["error"] = {"step": name, "said": str(e)[-3000:]}
+                out["put_back"] = deploy(rack, ROOT)
+                break
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--from", dest="older", metavar="REV", help="also move the rack from commit REV's llamarack to this one")
+    args = ap.parse_args(argv)
     rack = rackmod.load()
     if rack is None or not rackmod.healthy(rack):
         raise SystemExit("no healthy lab rack is up: llamarack lab up, then deploy it until it converges")
     with tempfile.TemporaryDirectory() as where:
         tree = copy_with_new_comment(Path(where))
-        _, planned = run(tree, sys.executable, "-m", "llamarack", "plan-upgrade", "inventory/lab.py")
+        planned = plan_upgrade(tree)
         result = {
             "benchmark": "tool-upgrade",
+            "provenance": None,
             "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "machine": {"cpu": _cpu(), "cores": os.cpu_count(), "pyinfra": _pyinfra_version(),
                         "hosts": len(rack.hosts)},
             "change": "a comment added to the smoke script (the proof's id changes; the build inputs do not)",
-            "plan_upgrade": planned.stdout.strip().splitlines(),
+            "plan_upgrade": planned,
             "upgrade_deploy": deploy(rack, tree),
             "second_deploy": deploy(rack, tree),
         }
     result["back_deploy"] = deploy(rack, ROOT)
+    if args.older:
+        result["cross_version"] = cross_version(rack, args.older)
+    result["provenance"] = provenance.stamp(__file__)
     out = ROOT / "bench/results/tool-upgrade.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
