@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs here (the CPU machine): makes what the GPU proof takes to the GPU
 # machine, which has no network: .whl (pyinfra and the dependencies its image
-# lacks, for its Python 3.12) and .carry (the lab's llama.cpp mirror and its
-# pinned commit). Both are ignored by git (.git/info/exclude) and go with the
-# copy of the repo. Needs the lab's sources: `llamarack lab up` once.
+# lacks, for its Python 3.12) and .carry (the lab's llama.cpp mirror, its
+# pinned commit, and this checkout's commit and files: run it again after a
+# commit). Both are ignored by git (.git/info/exclude) and go with the copy of
+# the repo. Needs the lab's sources: `llamarack lab up` once.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || printf '/.whl/\n/.carry/\n' >> .git/info/exclude
@@ -25,4 +26,7 @@ mirror=/var/cache/llamarack/lab/srv/llama.cpp.git
 rm -rf .carry && mkdir -p .carry
 git clone -q --bare --single-branch "$mirror" .carry/llama.cpp.git
 python3 -c 'from llamarack_lab.mirror import LAB_COMMIT; print(LAB_COMMIT)' > .carry/commit
+# This checkout's commit and every tracked file's blob id: the GPU machine's copy has no git, so each
+# result's stamp (bench/provenance.py) names the commit from here and the files the copy changed.
+python3 bench/provenance.py source > .carry/source.json
 du -sh .whl .carry
