@@ -1,7 +1,7 @@
 """GPU proof with real-size models: served speed against llama-bench and
 the bandwidth limit, and the memory plan against what the GPU allocates.
 
-Runs on the GPU machine (an H200, CUDA 13, no systemd, no network) from
+Runs on the GPU machine (an H100 or H200, CUDA 13, no systemd, no network) from
 a copy of the repo carrying .whl and .carry (``bench/gpu/proof_prepare.sh``
 makes them), through ``bench/gpu/proof.sh``; writes ``$OUT/gpu-proof.json``
 (copied to ``bench/results/gpu-proof.json``).
@@ -14,7 +14,13 @@ the same machine once done (state under ``--work``), so commands of at most
     build      the llama.cpp role through pyinfra @local (bench/gpu/build_deploy.py)
     model8b    an 8B Llama-3-shaped random checkpoint (generated while the build
                runs), through the model role @local: the lab's hub server on
-               localhost serves it, the role fetches, converts, quantizes to Q4_K_M
+               localhost serves it, the role fetches, converts, quantizes to Q4_K_M.
+               Where the machine has no systemd, the role's steps run through
+               tests/support/fake_systemd_run.py (no sandbox, no user change), and the
+               phase says so (``systemd_run``). Where the role fails, the phase is not
+               ok; the model is then made by a fallback (random_model.py's f16 GGUF and
+               llama-quantize) so the later phases still run, and the summary says
+               which route made it (``model_8b``)
     roofline   device-to-device copy bandwidth (torch), bytes read + written
     bench8b    llama-bench pp512/tg128 with the served flags, and variants
     serve8b    llama-server with the unit's exact ExecStart (the server role's
@@ -43,6 +49,11 @@ the same machine once done (state under ``--work``), so commands of at most
 ``--cpu-check BUILD`` runs the same code on a CPU machine with a tiny shape
 (``--scale-down``) and a CPU build's bin/ folder, to prove the scripts before
 they run on the GPU machine.
+
+The result is stamped by ``bench/provenance.py``: each command that ran phases into it
+is one of the stamp's ``runs`` (each phase's ``run`` names it). ``--merge A.json
+B.json ...`` merges results of commands on different machines of one kind phase by
+phase into ``OUT/gpu-proof.json``, their runs kept, the summary made again.
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import os
 import random
@@ -66,7 +78,9 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
+
+import provenance  # noqa: E402  (bench/provenance.py)
 
 from roles.model.reads import GgufShape
 from roles.llamacpp.reads import LlamaServerFlags
@@ -80,7 +94,14 @@ from roles.server.plan import MIB, PlanError, knobs, render_unit, server_args  #
 V100_PCI_ID = "0x1DB410DE"  # Tesla V100 PCIe 16GB: the card table plans it at 16130 MiB
 HUB_REPO = "bench/llama3-8b-random"
 T0 = time.time()
-WHAT = ("on the H200: the llama.cpp role builds, an 8B Llama-3-shaped random checkpoint goes through "
+# What ran beside this script (its stamp's scripts): the driver, the deploys it runs @local, the
+# checkpoint writer, and the stand-in for systemd-run where the machine has no systemd.
+RAN_WITH = ("bench/gpu/proof.sh", "bench/gpu/build_deploy.py", "bench/gpu/model_deploy.py", "bench/gpu/random_model.py",
+            "tests/support/fake_systemd_run.py")  # fmt: skip
+FAKE_SYSTEMD_RUN = ("tests/support/fake_systemd_run.py, the unit tests' stand-in for systemd-run (the machine has no "
+                    "systemd): it runs each step's command as systemd would hand it over, with its environment and "
+                    "working directory, but neither as the pipeline user nor in the sandbox")  # fmt: skip
+WHAT = ("on the GPU machine: the llama.cpp role builds, an 8B Llama-3-shaped random checkpoint goes through "
         "the model role @local; llama-bench vs the served unit's command line vs the copy-bandwidth roofline; "
         "the planner's ledger item by item against llama.cpp's load log and nvidia-smi for 3 contexts x 2 KV "
         "types and each planner knob; a Gemma-3-27B-shaped Q4_K_M planned for a V100 16 GB and served with that "
@@ -218,6 +239,30 @@ def exec_start(unit: str) -> list:
     return shlex.split(line[len("ExecStart="):])
 
 
+def done(phase: dict) -> bool:
+    """Whether a phase need not run again: it passed, or its fallback made what the later
+    phases use (the phase itself stays not ok: the product's route failed)."""
+    return bool(phase.get("ok") or (phase.get("fallback") or {}).get("ok"))
+
+
+def lab_env() -> dict:
+    """This environment with this checkout's ``lab/`` on PYTHONPATH: the lab's hub server
+    runs from there (the GPU machine has no lab package installed)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "lab"),
+                                                                      os.environ.get("PYTHONPATH")]))}
+
+
+def systemd_run_path(work: Path):
+    """(how the model role's steps run here, the PATH to run it with): systemd-run where
+    systemd runs; else the unit tests' stand-in, installed under ``work`` and first on PATH."""
+    if shutil.which("systemd-run") and Path("/run/systemd/system").is_dir():
+        return "the machine's systemd-run", None
+    spec = importlib.util.spec_from_file_location("fake_systemd_run", REPO / "tests/support/fake_systemd_run.py")
+    fake = sys.modules.setdefault("fake_systemd_run", importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(fake)  # a module of its name first: its dataclasses look themselves up
+    return FAKE_SYSTEMD_RUN, fake.path_with(fake.install(work / "fake-systemd-run"))
+
+
 def tokens_sha256(tokens) -> str:
     """What a decode generated, short: the first 16 hex digits of the sha256 of its token list."""
     return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]
@@ -266,6 +311,8 @@ class Proof:
         self.commit = a.commit
         self.deadline = T0 + a.limit
         self.bg = None
+        self.earlier = self.r.get("provenance")  # the stamps of the commands that wrote this result before
+        self.stamp = provenance.stamp(__file__, extra=RAN_WITH)
 
     # -- bookkeeping
     def log(self, msg: str) -> None:
@@ -277,6 +324,7 @@ class Proof:
     def save(self) -> None:
         self.r["written"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self.r["what"] = WHAT
+        self.r["provenance"] = provenance.joined(self.earlier, {**self.stamp, "written": provenance.now()})
         text = dumps(self.r) + "\n"
         self.state_file.write_text(text)
         (self.out / "gpu-proof.json").write_text(text)
@@ -318,11 +366,12 @@ class Proof:
         d.update(extra)
         return d
 
-    def pyinfra(self, deploy: str, data: dict, log: str) -> dict:
+    def pyinfra(self, deploy: str, data: dict, log: str, path: str = None) -> dict:
+        """``pyinfra -y @local DEPLOY --data ...`` (``path``: its PATH, where not this one's)."""
         cmd = [sys.executable, "-m", "pyinfra", "-y", "@local", deploy]
         for k, v in data.items():
             cmd += ["--data", f"{k}={json.dumps(v)}"]
-        rc, text, s = self.sh(cmd, log)
+        rc, text, s = self.sh(cmd, log, env={**os.environ, "PATH": path} if path else None)
         return {"rc": rc, "seconds": s, "command": " ".join(shlex.quote(c) for c in cmd[1:])}
 
     def plan(self, root: str = None, card: tuple = None, **overrides) -> dict:
@@ -455,7 +504,8 @@ class Proof:
                 done.write_text(text.strip().splitlines()[-1])
             start = time.time()
             self.hub = subprocess.Popen([sys.executable, "-m", "llamarack_lab.hub_server", "--port", "0",
-                                         f"{HUB_REPO}={hub}"], stdout=subprocess.PIPE, text=True, cwd=REPO)  # fmt: skip
+                                         f"{HUB_REPO}={hub}"], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                                        env=lab_env())  # fmt: skip
             self.hub_line = self.hub.stdout.readline().strip()  # http://127.0.0.1:PORT/api/models/REPO/revision/SHA
             self.hub_scan_seconds = round(time.time() - start, 1)
             self.log(f"hub: {self.hub_line} after {self.hub_scan_seconds}s")
@@ -528,12 +578,14 @@ class Proof:
                              model_hf_endpoint=endpoint, bench_convert_python=self.a.convert_python)  # fmt: skip
             if self.cpu:
                 data["bench_quantize"] = f"{self.a.cpu_check}/llama-quantize"
-            d.update(self.pyinfra(str(REPO / "bench/gpu/model_deploy.py"), data, "deploy-model.log"))
+            d["systemd_run"], path = systemd_run_path(self.work)
+            d.update(self.pyinfra(str(REPO / "bench/gpu/model_deploy.py"), data, "deploy-model.log", path))
         finally:
             self.hub.terminate()
             self.hub.wait()
         cur = Path(os.path.realpath(self.layout.current_model))
         d["ok"] = d["rc"] == 0 and (cur / "model.gguf").exists()
+        d["route"] = "the model role (bench/gpu/model_deploy.py)"
         if d["ok"]:
             d["artifact"] = str(cur)
             d["gguf_bytes"] = (cur / "model.gguf").stat().st_size
@@ -543,9 +595,11 @@ class Proof:
                     tail = f.read_text(errors="replace").strip().splitlines()[-3:]
                     d[f"{step}_log_tail"] = tail
             shutil.rmtree(hub_dir, ignore_errors=True)  # shm back for the V100 shape's f16 GGUF
-        elif not self.cpu and self.left() > 150:
+        elif self.left() > 150:
+            # The role's route failed: the phase stays not ok. The model the later phases
+            # measure is made another way, and every figure from it says so (``route``).
             d["fallback"] = self.direct_8b()
-            d["ok"] = d["fallback"].get("ok", False)
+            d["route"] = "fallback: " + d["fallback"].get("note", "") if d["fallback"].get("ok") else d["route"]
         return d
 
     def direct_8b(self) -> dict:
@@ -556,7 +610,8 @@ class Proof:
         art.mkdir(parents=True, exist_ok=True)
         f16 = art / "model-f16.gguf"
         rc, text, s = self.sh([self.a.gen_python, str(REPO / "bench/gpu/random_model.py"), "gguf", "llama3-8b",
-                               str(f16), "--gguf-py", f"{self.layout.src}/gguf-py"], "gguf8b.log")  # fmt: skip
+                               str(f16), "--gguf-py", f"{self.layout.src}/gguf-py", "--scale-down",
+                               str(self.a.scale_down)], "gguf8b.log")  # fmt: skip
         d = {"f16": {"rc": rc, "seconds": s}}
         if rc:
             return {**d, "ok": False}
@@ -572,7 +627,8 @@ class Proof:
             cur.unlink()
         cur.symlink_to(art)
         return {**d, "ok": True, "artifact": str(art), "gguf_bytes": (art / "model.gguf").stat().st_size,
-                "note": "the model role failed (see deploy-model.log): gguf-py + llama-quantize instead"}
+                "note": "the model role failed (see deploy-model.log): random_model.py's f16 GGUF (gguf-py) and "
+                        "the build's llama-quantize made the model instead"}  # fmt: skip
 
     def roofline(self):
         if self.cpu:
@@ -1146,7 +1202,7 @@ class Proof:
         if "model8b" in only:
             self.start_checkpoint()
         for name, estimate in self.PHASES:
-            if name not in only or self.r["phases"].get(name, {}).get("ok"):
+            if name not in only or done(self.r["phases"].get(name, {})):
                 continue
             if name != "machine" and self.left() < estimate:
                 self.log(f"{name}: {self.left():.0f}s left, estimate {estimate}s: left for the next command")
@@ -1163,6 +1219,7 @@ class Proof:
 
                 res = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-800:]}
             res["phase_seconds"] = round(time.time() - start, 1)
+            res["run"] = len(provenance.runs_of(self.earlier))  # this command's place in the stamp's runs
             if name == "machine":
                 self.r["machine"] = res
                 res = {"ok": "error" not in res, "phase_seconds": res["phase_seconds"]}
@@ -1170,7 +1227,7 @@ class Proof:
             self.r.get("not_run", {}).pop(name, None)
             self.save()
             self.log(f"{name}: ok={res.get('ok')} in {res['phase_seconds']}s")
-            if name in ("build", "model8b") and not res.get("ok"):
+            if name in ("build", "model8b") and not done(res):
                 break
         self.save()
 
@@ -1207,7 +1264,7 @@ def pinning_summary(pin: dict) -> dict:
     """The pinning phase's decode figures, pinned and not."""
     ref = pin["bench"]["unpinned"]["tg128_tps"]
     return {
-        "measured_on": "another H200 machine and its own random 8B (same commit and shape)",
+        "run": pin.get("run"),  # which of the stamp's runs (its machine) measured it
         "llama_bench_tg128_tps": {k: round(b["tg128_tps"], 1) for k, b in pin["bench"].items()
                                   if b.get("tg128_tps")},
         "served_tps_default_sampling": {k: round(x["default_sampling"]["median_tps"], 1)
@@ -1218,9 +1275,26 @@ def pinning_summary(pin: dict) -> dict:
     }  # fmt: skip
 
 
+def model_8b(phase: dict) -> dict:
+    """How the 8B model was made: by the model role, or (the role's route failed) by the
+    fallback, with the size of the GGUF the later phases served."""
+    made = phase if phase.get("ok") else phase.get("fallback") or {}
+    return {"route": phase.get("route"), "made_by_the_role": bool(phase.get("ok")),
+            "systemd_run": phase.get("systemd_run"), "gguf_bytes": made.get("gguf_bytes")}  # fmt: skip
+
+
+def served_label(flags: list) -> str:
+    """The served llama-bench run's name from its own flags: its KV type and flash attention
+    (llama-bench's defaults where a flag is not given)."""
+    value = lambda flag, default: flags[flags.index(flag) + 1] if flag in flags[:-1] else default  # noqa: E731
+    fa = {"1": "on", "0": "off"}.get(value("-fa", "auto"), value("-fa", "auto"))
+    return f"{value('-ctk', 'f16')}_kv_fa_{fa}"
+
+
 def decode_summary(ph: dict) -> dict:
     """The 8B's decode: served against llama-bench's tg128 and the copy-bandwidth roofline."""
-    serve, bench, roof, model = ph["serve8b"], ph["bench8b"], ph.get("roofline", {}), ph.get("model8b", {})
+    serve, bench, roof = ph["serve8b"], ph["bench8b"], ph.get("roofline", {})
+    model = model_8b(ph.get("model8b", {}))
     tg = bench_ts(bench, "served_flags", n_prompt=0, n_gen=128)
     served = round(serve["decode_default_sampling"]["median_tps"], 1)
     d = {"served_exec_start": serve["plan"]["exec_start"], "llama_bench_flags": bench["served_flags"],
@@ -1233,12 +1307,13 @@ def decode_summary(ph: dict) -> dict:
         d.update(copy_bandwidth_GBps=roof["bandwidth_GBps"], weight_bytes=model["gguf_bytes"],
                  roofline_tps=round(limit, 1), llama_bench_roofline_fraction=round(tg / limit, 3) if tg else None,
                  served_roofline_fraction=round(served / limit, 3))  # fmt: skip
+    served_as = served_label(bench["served_flags"])
     d["llama_bench_tg128_variants"] = {
-        "q4_0_kv_fa_on (served)": tg,
+        f"{served_as} (served)": tg,
         "f16_kv_fa_on": bench_ts(bench, "kv_f16_fa_on_off", n_gen=128, flash_attn=1),
         "f16_kv_fa_off": bench_ts(bench, "kv_f16_fa_on_off", n_gen=128, flash_attn=0),
         "q8_0_kv_fa_on": bench_ts(bench, "kv_q8_0", n_gen=128),
-        "q4_0_kv_cuda_graphs_off": bench_ts(bench, "cuda_graphs_off", n_gen=128),
+        f"{served_as}_cuda_graphs_off": bench_ts(bench, "cuda_graphs_off", n_gen=128),
     }  # fmt: skip
     d["served_variants"] = served_variants(serve, tg)
     pin = ph.get("pinning", {})
@@ -1328,6 +1403,8 @@ def summarize(r: dict) -> dict:
            "llamacpp": {"commit": r.get("machine", {}).get("llamacpp_commit"), "version": build.get("version"),
                         "cmake_args": (build.get("build_info") or {}).get("cmake_args"),
                         "build_seconds": build.get("seconds")}}  # fmt: skip
+    if "model8b" in ph:
+        out["model_8b"] = model_8b(ph["model8b"])
     if ph.get("serve8b", {}).get("ok") and ph.get("bench8b", {}).get("ok"):
         out["decode_8b"] = decode_summary(ph)
         out["prefill_8b"] = prefill_summary(ph)
@@ -1381,6 +1458,26 @@ def v100_summary(v: dict) -> dict:
         }  # fmt: skip
     return out
 
+def merge(paths: list) -> dict:
+    """Several commands' results (machines of one kind, each from ``machine,build,model8b``
+    on), phase by phase in order: a later file's phase replaces an earlier one where the
+    earlier is not done. The stamps' runs are kept in order (each phase's ``run`` counted
+    in them), the summary made again."""
+    out, stamps = {"phases": {}}, []
+    for path in paths:
+        r = json.loads(Path(path).read_text())
+        before = len(provenance.runs_of(provenance.merged(stamps))) if stamps else 0
+        for name, phase in r.get("phases", {}).items():
+            if not done(out["phases"].get(name, {})):
+                out["phases"][name] = {**phase, "run": before + phase.get("run", 0)}
+        out.setdefault("machine", r.get("machine"))
+        stamps += [r["provenance"]] if r.get("provenance") else []
+    out.update(what=WHAT, written=provenance.now(), summary=summarize(out))
+    out["not_run"] = {n: "in none of the merged results" for n, _ in Proof.PHASES if n not in out["phases"]}
+    out["provenance"] = {**provenance.merged(stamps), "merged_by": provenance.stamp(__file__)} if stamps else None
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--phases", default=",".join(n for n, _ in Proof.PHASES))
@@ -1399,13 +1496,14 @@ def main(argv=None) -> None:
     ap.add_argument("--contexts", default="2048,4096,8192")
     ap.add_argument("--v100-shape", default="gemma3-27b", help="the shape planned for a V100 16 GB")
     ap.add_argument("--parallel", default="4,8", help="server_parallel values for the aggregate prefill")
-    ap.add_argument("--summarize", metavar="JSON", help="add the derived summary to a results file, and stop")
+    ap.add_argument("--merge", metavar="JSON", nargs="+",
+                    help="merge results files phase by phase into OUT/gpu-proof.json (the summary made again), and stop")
     a = ap.parse_args(argv)
-    if a.summarize:
-        r = json.loads(Path(a.summarize).read_text())
-        r["summary"] = summarize(r)
-        Path(a.summarize).write_text(dumps(r) + "\n")
-        print(json.dumps(r["summary"], indent=1))
+    if a.merge:
+        r = merge(a.merge)
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "gpu-proof.json").write_text(dumps(r) + "\n")
+        print(json.dumps({k: v.get("ok") for k, v in r["phases"].items()}))
         return
     a.contexts = [int(x) for x in a.contexts.split(",")]
     a.parallel = [int(x) for x in a.parallel.split(",") if x]

@@ -12,7 +12,7 @@ set -u
 if [ ! -d /tmp/site/pyinfra ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:$PWD:$PWD/lab PYTHONUNBUFFERED=1
 phases=${1:-machine,build,model8b,roofline,bench8b,serve8b,memory8b,v100}
 python3 bench/gpu/proof.py --phases "$phases" --limit "${2:-560}" --out "$OUT"
 rc=$?
