@@ -17,7 +17,7 @@ case "${1:-check}" in
     ;;
   check)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-    PYTHONPATH=/tmp/site:$PWD python3 bench/gpu/residency.py --build "$W/build" --hold "$W/hold" --out "$W/out"
+    BENCH_COMMAND="bash bench/gpu/residency.sh check" PYTHONPATH=/tmp/site:$PWD python3 bench/gpu/residency.py --build "$W/build" --hold "$W/hold" --out "$W/out"
     cp "$W/out/gpu-residency.json" "$OUT/" && tar -C "$W/out" -cJf "$OUT/logs.tar.xz" logs
     ;;
 esac
