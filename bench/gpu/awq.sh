@@ -27,6 +27,7 @@
 # both tools), AWQ_CPU_SRC (the pinned source), AWQ_PYTHON (a Python standing for the machine's),
 # AWQ_SCALE_DOWN, and OUT.
 set -u
+export BENCH_COMMAND="bash bench/gpu/awq.sh${*:+ $*}"  # in the result's stamp (bench/provenance.py)
 W=${AWQ_WORK:-/opt/awq}
 SHM=${AWQ_SHM:-/dev/shm/awq}
 PY=${AWQ_PYTHON:-python3}

@@ -9,7 +9,9 @@ imports nothing from llamarack).
         Q4_K_M's perplexity and mean KL divergence against the plain f16 GGUF for f16, q8_0
         and q4_0 KV; the AWQ f16's own against the plain f16; each step's seconds and command
 
-The figures are read by the model role's own parsers (roles/model/files/model_quality.py).
+The figures are read by the model role's own parsers (roles/model/files/model_quality.py). The
+result is stamped by ``bench/provenance.py``: awq.sh runs more than once, each command ending
+with this report, so each command's stamp is kept (W/out/provenance.json) in the stamp's runs.
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ROOT / "roles" / "model" / "files"
-sys.path.insert(0, str(FILES))
+sys.path[:0] = [str(FILES), str(ROOT / "bench")]
 import awq_apply  # noqa: E402 (standard library at import)
 import model_quality  # noqa: E402
+import provenance  # noqa: E402 (bench/provenance.py: standard library)
+
+RAN_WITH = ("bench/gpu/awq.sh", "bench/gpu/build_cuda.sh", "bench/gpu/random_model.py")
 
 ROUTES = {"gguf": "plain", "awq": "awq"}
 CAVEAT = ("random weights (N(0, 0.02)) of a real shape, with the tiny model's 1000-piece tokenizer: the "
@@ -123,6 +128,15 @@ def steps(work: Path) -> tuple:
     return timing, commands
 
 
+def stamp(work: Path) -> dict:
+    """This command's stamp joined with those of the commands before it on this machine."""
+    kept = work / "out" / "provenance.json"
+    earlier = json.loads(kept.read_text()) if kept.is_file() else None
+    joined = provenance.joined(earlier, provenance.stamp(__file__, extra=RAN_WITH))
+    kept.write_text(json.dumps(joined, indent=1) + "\n")
+    return joined
+
+
 def report(a) -> dict:
     work, shm, logs = Path(a.work), Path(a.shm), Path(a.work) / "out" / "logs"
     timing, commands = steps(work)
@@ -135,7 +149,7 @@ def report(a) -> dict:
             "machine": machine(work / "src"), "shape": _last_json(_read(logs / "model.log")), "scale_down": a.scale_down,
             "shape_name": a.shape, "calibration": calibration(logs, shm),
             "bytes": {k: _size(p) for k, p in files.items()}, "quality": quality(logs, a.ctx),
-            "steps": timing, "commands": commands, "failed_logs": failed}  # fmt: skip
+            "steps": timing, "commands": commands, "failed_logs": failed, "provenance": stamp(work)}  # fmt: skip
 
 
 def main(argv=None) -> int:

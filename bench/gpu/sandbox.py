@@ -34,11 +34,13 @@ LockPersonality, RemoveIPC and UMask.
     python3 bench/gpu/sandbox.py --make-list            (here: writes SYSCALLS)
     python3 bench/gpu/sandbox.py run [--mdwe] -- CMD...  (as root: CMD sandboxed)
     python3 bench/gpu/sandbox.py probe                   (what a sandboxed process may do)
-    python3 bench/gpu/sandbox.py serve --bin DIR --model GGUF --out DIR
+    python3 bench/gpu/sandbox.py serve --bin DIR --model GGUF --out DIR --repo DIR [--built TEXT]
                                                          (llama-server on the GPU: plain,
                                                          sandboxed, sandboxed + MDWE)
 
-``bench/gpu/sandbox.sh`` runs the last on the GPU machine.
+``bench/gpu/sandbox.sh`` runs the last on the GPU machine (from a copy of this script that
+a sandboxed user can read): OUT/gpu-sandbox.json, stamped by the checkout's
+``bench/provenance.py`` (``--repo``), ``--built`` saying how the server was built.
 """
 
 from __future__ import annotations
@@ -58,6 +60,20 @@ import sys
 from pathlib import Path
 
 SYSCALLS = Path(__file__).resolve().parent / "sandbox-syscalls.json"
+WHAT = ("the served unit's sandbox applied by hand (bench/gpu/sandbox.py) to a CUDA llama-server on the GPU machine "
+        "(no systemd): plain, sandboxed, sandboxed + MemoryDenyWriteExecute")  # fmt: skip
+NOT_REPRODUCED = ("DevicePolicy/DeviceAllow (cgroup device filter), ProtectKernel*/ControlGroups/Clock/Hostname/Proc, "
+                  "RestrictNamespaces, LockPersonality, RemoveIPC, UMask")  # fmt: skip
+RAN_WITH = ("bench/gpu/sandbox.sh", "bench/gpu/sandbox-syscalls.json")
+
+
+def stamped(results: dict, repo: Path) -> dict:
+    """The result with its stamp, by the checkout's bench/provenance.py (this script may run
+    from a copy outside it)."""
+    sys.path.insert(0, str(repo / "bench"))
+    import provenance
+
+    return {**results, "provenance": provenance.stamp(repo / "bench/gpu/sandbox.py", extra=RAN_WITH, root=repo)}
 CACHE_DIR = "/var/cache/llamarack-server"
 
 PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_MDWE = 22, 24, 38, 65
@@ -280,6 +296,8 @@ def main(argv=None) -> None:
     srv.add_argument("--bin", required=True)
     srv.add_argument("--model", required=True)
     srv.add_argument("--out", type=Path, required=True)
+    srv.add_argument("--repo", type=Path, required=True, help="the checkout this script comes from")
+    srv.add_argument("--built", help="how the llama-server was built (recorded)")
     a = ap.parse_args(argv)
     if a.make_list:
         SYSCALLS.write_text(json.dumps(make_list(), indent=1) + "\n")
@@ -291,7 +309,8 @@ def main(argv=None) -> None:
         print(json.dumps(probe()))
         return
     if a.what == "serve":
-        results = serve(a.bin, a.model, a.out)
+        results = {"what": WHAT, "built": a.built, "not_reproduced": NOT_REPRODUCED, **serve(a.bin, a.model, a.out)}
+        results = stamped(results, a.repo.resolve())
         (a.out / "gpu-sandbox.json").write_text(json.dumps(results, indent=1) + "\n")
         print(json.dumps({k: v.get("ok", v) for k, v in results.items()}))
         return

@@ -23,7 +23,11 @@ cmake -S "$W/src" -B "$W/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAK
   -DCMAKE_CUDA_COMPILER="$nvcc" -DGGML_CUDA_FA=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
 cmake --build "$W/build" --target llama-server -j"$(nproc)" > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-echo "build: $(( $(date +%s) - start )) s"
+seconds=$(( $(date +%s) - start ))
+echo "build: $seconds s"
 chmod -R a+rX "$W"
-{ uname -r; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; "$nvcc" --version | tail -1; } > "$OUT/machine.txt"
-python3 "$W/sandbox.py" serve --bin "$W/build/bin" --model "$W/smoke.gguf" --out "$OUT"
+built="the carried llama.cpp commit $(cut -c1-8 .carry/commit), -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+-DGGML_CUDA_FA=OFF, target llama-server ($seconds s on $(nproc) cores, $("$nvcc" --version | tail -1)); the server ran \
+with --flash-attn off, the smoke GGUF of roles/llamacpp/files/llamacpp_proof.py, every layer on the card"
+BENCH_COMMAND="bash bench/gpu/sandbox.sh" python3 "$W/sandbox.py" serve --bin "$W/build/bin" --model "$W/smoke.gguf" \
+  --out "$OUT" --repo "$PWD" --built "$built"

@@ -25,7 +25,7 @@ model() {
 
 check() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
-  PYTHONPATH=/tmp/site:$PWD python3 bench/gpu/split_ledger.py --build "$W/build" --model-dir "$W/model" --out "$W/out" "$@" || return 1
+  BENCH_COMMAND="bash bench/gpu/split.sh check${*:+ $*}" PYTHONPATH=/tmp/site:$PWD python3 bench/gpu/split_ledger.py --build "$W/build" --model-dir "$W/model" --out "$W/out" "$@" || return 1
   cp "$W/out/gpu-split.json" "$OUT/" && tar -C "$W/out" -cJf "$OUT/logs.tar.xz" logs
 }
 

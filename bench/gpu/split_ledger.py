@@ -20,7 +20,7 @@ Tesla V100 SXM2 16GB, for each KV type asked:
   between the two devices here is loopback TCP, not NVLink or PCIe, so no claim is made
   about a split's speed from it.
 
-Writes OUT/gpu-split.json and OUT/logs/.
+Writes OUT/gpu-split.json (stamped by ``bench/provenance.py``) and OUT/logs/.
 """
 
 from __future__ import annotations
@@ -37,9 +37,11 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
+RAN_WITH = ("bench/gpu/split.sh", "bench/gpu/build_cuda.sh", "bench/gpu/random_model.py")
 sys.path.insert(0, str(REPO / "bench/gpu"))
 
+import provenance  # noqa: E402  (bench/provenance.py)
 from roles.server.card_layout import choose_layout  # noqa: E402
 from llamarack.gpu_table import planning_memory_mib  # noqa: E402
 from roles.model.shapes import local_gguf_shape  # noqa: E402
@@ -193,6 +195,7 @@ def main() -> int:
         if not a.plan_only:
             entry["served"] = serve(a.build, a.model_dir, p["split"], p["settings"], a.out, kv)
         result["kv"][kv] = entry
+        result["provenance"] = provenance.stamp(__file__, extra=RAN_WITH)
         (a.out / "gpu-split.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(json.dumps({kv: {"one_card": e["one_card"], "ctx": e["split"]["ctx_per_slot"],
                            "cards": e.get("served", {}).get("cards")} for kv, e in result["kv"].items()}, indent=1))

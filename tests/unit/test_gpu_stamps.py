@@ -1,0 +1,46 @@
+"""The GPU machine's scripts stamp their results (bench/provenance.py): the sandbox check
+from its copy outside the checkout, the AWQ report once per command that ran, the split
+and residency checks with their shell drivers."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"gpu_{name}", ROOT / f"bench/gpu/{name}.py")
+    module = sys.modules.setdefault(f"gpu_{name}", importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_sandbox_result_is_stamped_by_the_checkout_it_came_from(monkeypatch):
+    monkeypatch.setenv("BENCH_COMMAND", "bash bench/gpu/sandbox.sh")
+    result = load("sandbox").stamped({"plain": {"ok": True}}, ROOT)
+    stamp = result["provenance"]
+    assert result["plain"] == {"ok": True} and stamp["command"] == "bash bench/gpu/sandbox.sh"
+    assert {"bench/gpu/sandbox.py", "bench/gpu/sandbox.sh", "bench/gpu/sandbox-syscalls.json"} <= set(stamp["scripts"])
+
+
+def test_each_awq_command_is_one_run_of_the_stamp(tmp_path, monkeypatch):
+    report = load("awq_report")
+    (tmp_path / "out").mkdir()
+    monkeypatch.setenv("BENCH_COMMAND", "bash bench/gpu/awq.sh")
+    report.stamp(tmp_path)
+    stamp = report.stamp(tmp_path)
+    assert len(stamp["runs"]) == 2 and stamp["mixed"] is False
+    assert json.loads((tmp_path / "out/provenance.json").read_text()) == stamp
+    assert {"bench/gpu/awq_report.py", "bench/gpu/awq.sh"} <= set(stamp["scripts"])
+
+
+@pytest.mark.parametrize("script, driver", [("split.sh", "split_ledger.py"), ("residency.sh", "residency.py"),
+                                            ("awq.sh", "awq_report.py"), ("sandbox.sh", "sandbox.py")])
+def test_each_shell_driver_names_its_command_to_the_stamp(script, driver):
+    text = (ROOT / "bench/gpu" / script).read_text()
+    assert 'BENCH_COMMAND="bash bench/gpu/' + script in text and driver in text
+    assert f'"bench/gpu/{script}"' in (ROOT / "bench/gpu" / driver).read_text()  # hashed in its stamp
