@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (H200, CUDA 13, no systemd, no network), from a
-# copy of the repo carrying .whl and .carry (bench/gpu/prepare.sh makes them):
+# Runs on the GPU machine (CUDA 13, no systemd, no network), from a copy of the repo carrying
+# .whl and .carry (bench/gpu/prepare.sh makes them):
 #
 #   bash bench/gpu/build_proof.sh right   the llama.cpp role through pyinfra @local for the
 #                                         card's own arch, twice: the smoke run computes on
@@ -11,23 +11,33 @@
 #                                         rules bypassed: the smoke run must refuse it and
 #                                         leave builds/current as it was
 #
-# Results land in $OUT (summary.txt, the deploy logs, the build records).
+# Each is one command (the first build is most of the machine's 600 s); run `wrong` after
+# `right` on the same warm machine, so builds/current holds the right build when the wrong
+# one is refused. Results land in $OUT: gpu-build-proof.json (bench/gpu/build_report.py: both
+# cases so far on this machine, stamped), summary.txt, the deploy logs, the build records.
 set -u
+what=${1:-right}
+case "$what" in right|quality|wrong) ;; *) echo "usage: bash bench/gpu/build_proof.sh right|quality|wrong" >&2; exit 2 ;; esac
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 ROOT=/tmp/llamarack
-DATA=(--data llamarack_root=$ROOT --data python_env_backend=venv --data 'toolchain_cuda_version="13.0"'
-      --data llamacpp_git_url=file://$PWD/.carry/llama.cpp.git --data llamacpp_commit=$(cat .carry/commit)
-      --data llamacpp_build_jobs=16 --data llamarack_allow_shared_dirs=True)  # /tmp: a throwaway host
+JOBS=$(nproc)
+# A throwaway machine: the root may be under /tmp (llamarack_allow_shared_dirs).
+DATA=(--data llamarack_root=$ROOT --data llamarack_allow_shared_dirs=True --data python_env_backend=venv
+      --data 'toolchain_cuda_version="13.0"' --data llamacpp_git_url=file://$PWD/.carry/llama.cpp.git
+      --data llamacpp_commit=$(cat .carry/commit) --data llamacpp_build_jobs=$JOBS)
 summary=$OUT/summary.txt
 deploy() {  # deploy NAME [extra pyinfra args...]
-  local name=$1; shift
+  local name=$1 rc; shift
   local start=$(date +%s)
   python3 -m pyinfra -y @local bench/gpu/build_deploy.py "${DATA[@]}" "$@" > $OUT/$name.log 2>&1
-  echo "$name rc=$? s=$(( $(date +%s) - start ))" | tee -a $summary
+  rc=$?
+  printf '%s\t%s\t%s\n' "$name" "$rc" "$(( $(date +%s) - start ))" >> $OUT/steps.tsv
+  echo "$name rc=$rc s=$(( $(date +%s) - start ))" | tee -a $summary
 }
 { nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader; nproc; } >> $summary 2>&1
-case "${1:-right}" in
+at_start=$(readlink $ROOT/builds/current 2>/dev/null)
+case "$what" in
   right)
     deploy deploy1
     deploy deploy2
@@ -37,10 +47,8 @@ case "${1:-right}" in
     deploy quality2 --data model_quality=True
     ;;
   wrong)
-    at_start=$(readlink $ROOT/builds/current 2>/dev/null)
     deploy wrong_arch --data 'llamacpp_cuda_archs=["80-real"]' --data bench_skip_rules=True
     echo "builds/current at start: ${at_start:-none}; at end: $(readlink $ROOT/builds/current 2>/dev/null || echo none)" | tee -a $summary
-    grep -E "cannot compute|died with|no kernel image|CUDA error|smoke run" $OUT/wrong_arch.log | head -20 >> $summary
     for log in $ROOT/builds/*/smoke/server-*.log; do echo "== $log"; tail -n 15 "$log"; done > $OUT/smoke-logs.txt 2>&1
     ;;
 esac
@@ -48,4 +56,8 @@ B=$ROOT/builds/current
 { ls -la $ROOT/builds/; cat $B/version.txt; grep -c cubin $B/cubins.txt; } >> $summary 2>&1
 cp $B/build-info.json $OUT/build-info.json 2>/dev/null
 mkdir -p $OUT/smoke && cp $B/smoke/*.log $OUT/smoke/ 2>/dev/null  # the smoke run's and each tool's log
+if [ "$what" != quality ]; then  # quality's result (gpu-build-proof-tools.json) is not yet made by a script
+  BENCH_COMMAND="bash bench/gpu/build_proof.sh $what" python3 bench/gpu/build_report.py "$what" --root $ROOT \
+    --out "$OUT" --jobs "$JOBS" --at-start "$at_start" > /dev/null || exit 1
+fi
 cat $summary
