@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (one H200, no network), in a copy of the repo with .carry
+# Runs on the GPU machine (one GPU, no network), in a copy of the repo with .carry
 # (bench/gpu/prepare.sh) and .awqwhl (bench/gpu/awq_prepare.sh) beside it, twice, back to back:
 #
 #   bash bench/gpu/awq.sh

@@ -1,4 +1,4 @@
-"""The build path of deploy.py on a real GPU host: the H200 GPU machine.
+"""The build path of deploy.py on a real GPU host: the GPU machine.
 
 That machine has no apt reach and no systemd, so only the roles that need
 neither run: preflight (real nvidia-smi, real toolkit and gcc facts) and the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (H200, CUDA 13, no systemd, no network), in a copy of the
+# Runs on the GPU machine (one GPU, CUDA 13, no systemd, no network), in a copy of the
 # repo with .whl and .carry beside it (bench/gpu/proof_prepare.sh makes them):
 #
 #   bash bench/gpu/proof.sh [PHASES] [LIMIT_S]

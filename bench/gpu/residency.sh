@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (H200, no systemd, no network), from a copy of the repo
+# Runs on the GPU machine (one GPU, no systemd, no network), from a copy of the repo
 # carrying .whl and .carry (bench/gpu/prepare.sh makes them):
 #
 #   bash bench/gpu/residency.sh build    llama-server and a memory holder, CUDA, sm_90 (once per machine)

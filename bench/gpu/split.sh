@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (one H200, no systemd, no network), from a copy of the repo
+# Runs on the GPU machine (one GPU, no systemd, no network), from a copy of the repo
 # carrying .whl and .carry (bench/gpu/prepare.sh makes them):
 #
 #   bash bench/gpu/split.sh build   llama-server, ggml-rpc-server, llama-quantize: CUDA + RPC, sm_90
 #   bash bench/gpu/split.sh model   a random-weights Gemma-3-27B Q4_K_M (its f16 in /dev/shm)
 #   bash bench/gpu/split.sh check   bench/gpu/split_ledger.py: $OUT/gpu-split.json
 #
-# One card stands for two: an rpc-server on the same H200 is a second device of llama.cpp's
+# One card stands for two: an rpc-server on the same card is a second device of llama.cpp's
 # own (RPC0), so llama-server splits the layers over two devices and prints each one's
 # buffers, which split_ledger.py sets against the per-card ledger of a 2x V100 16 GB plan.
 set -u

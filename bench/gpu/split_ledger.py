@@ -1,4 +1,4 @@
-"""The per-card ledger of a layer split against llama.cpp's own accounting, on one H200.
+"""The per-card ledger of a layer split against llama.cpp's own accounting, on one GPU.
 
 The machine has one GPU, so a second device is made of the same card: an ``ggml-rpc-server``
 serving CUDA0 on 127.0.0.1 is llama.cpp's device ``RPC0[127.0.0.1:PORT]``, and
@@ -181,12 +181,13 @@ def main() -> int:
     a = ap.parse_args()
     (a.out / "logs").mkdir(parents=True, exist_ok=True)
     shape = local_gguf_shape(str(a.model_dir / "model.gguf"))
-    result = {"date": time.strftime("%Y-%m-%d"), "machine": {"host": platform.node(), "gpu": subprocess.run(
-        ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-        capture_output=True, text=True).stdout.strip() if not a.plan_only else None},
-        "model": {"shape": "gemma3-27b (random weights)", "quant": "Q4_K_M", "n_layer": shape["n_layer"],
-                  "file_bytes": (a.model_dir / "model.gguf").stat().st_size},
-        "cards": "2x Tesla V100 SXM2 16GB (planned); served on one H200 as RPC0 + CUDA0", "kv": {}}  # fmt: skip
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip() if not a.plan_only else None  # fmt: skip
+    result = {"date": time.strftime("%Y-%m-%d"), "machine": {"host": platform.node(), "gpu": gpu},
+              "model": {"shape": "gemma3-27b (random weights)", "quant": "Q4_K_M", "n_layer": shape["n_layer"],
+                        "file_bytes": (a.model_dir / "model.gguf").stat().st_size},
+              "cards": f"2x Tesla V100 SXM2 16GB (planned); served on one {(gpu or 'GPU').split(',')[0]} as RPC0 + CUDA0",
+              "kv": {}}  # fmt: skip
     for kv in a.kv.split(","):
         p = plans(shape, kv)
         entry = {"one_card": {"gpu_layers": p["alone"].gpu_layers, "ctx_per_slot": p["alone"].ctx_per_slot,
