@@ -24,7 +24,8 @@ each case (``CASES``: the layers on the card, the ``--cache-ram``):
 code on a machine without a card (a CPU build of the pinned source and the lab's tiny model,
 ``--ctx 2048 --prompt-tokens 1900``).
 
-Writes OUT/gpu-host-ram.json (``--cpu``: OUT/cpu-host-ram.json) and OUT/logs/.
+Writes OUT/gpu-host-ram.json (``--cpu``: OUT/cpu-host-ram.json), stamped by
+``bench/provenance.py``, and OUT/logs/.
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
 sys.path.insert(0, str(REPO / "bench/gpu"))
 
+import provenance  # noqa: E402  (bench/provenance.py)
 from roles.llamacpp.reads import parse_build_help  # noqa: E402
 from roles.model.shapes import local_gguf_shape  # noqa: E402
 from roles.server.plan import knobs, server_args  # noqa: E402
@@ -52,6 +54,8 @@ from proof import LOAD_LOG_ENV, parse_load_log, stop  # noqa: E402
 from split_ledger import get  # noqa: E402
 
 PORT = 8091
+# What ran beside this script on the GPU machine (--cpu runs it alone, here).
+RAN_WITH = ("bench/gpu/host_ram.sh", "bench/gpu/build_cuda.sh", "bench/gpu/random_model.py")
 # name: (layers on the card, None: all of them; --cache-ram MiB)
 CASES = {"cache0": (None, 0), "cache2048": (None, 2048), "unlimited": (None, -1), "layers20-cache2048": (20, 2048)}
 CPU_CASES = {"cache0": (None, 0), "cache8": (None, 8), "unlimited": (None, -1)}
@@ -173,6 +177,7 @@ def main() -> int:
     name = "cpu-host-ram.json" if a.cpu else "gpu-host-ram.json"
     for case in (a.cases.split(",") if a.cases else cases):
         result["cases"][case] = serve(a, case, *cases[case])
+        result["provenance"] = provenance.stamp(__file__, extra=() if a.cpu else RAN_WITH)
         (a.out / name).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({c: {k: e.get(k) for k in ("rss_minus_ledger_mib", "within_ledger", "beyond_buffers_mib")}
                       for c, e in result["cases"].items()}, indent=1))  # fmt: skip

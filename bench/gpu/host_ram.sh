@@ -18,8 +18,8 @@ case "${1:-check}" in
   check)
     shift $(( $# > 0 ? 1 : 0 ))
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-    PYTHONPATH=/tmp/site:$PWD python3 bench/gpu/host_ram.py --build "$W/build" --model-dir "$W/model" --out "$W/out" "$@" \
-      || exit 1
+    BENCH_COMMAND="bash bench/gpu/host_ram.sh check${*:+ $*}" PYTHONPATH=/tmp/site:$PWD \
+      python3 bench/gpu/host_ram.py --build "$W/build" --model-dir "$W/model" --out "$W/out" "$@" || exit 1
     cp "$W/out/gpu-host-ram.json" "$OUT/" && tar -C "$W/out" -cJf "$OUT/logs.tar.xz" logs
     ;;
   *) echo "usage: bash bench/gpu/host_ram.sh build|model|check [host_ram.py options]" >&2; exit 2 ;;

@@ -2,7 +2,8 @@
 the smoke model (3 layers with the output layer) planned with every layer on the card,
 served with ``--n-gpu-layers 1``, once at llama.cpp's default log verbosity and once with
 the unit's ``LLAMA_ARG_LOG_VERBOSITY=4``. ``wait_healthy.residency`` reads the load log
-and nvidia-smi as a switch does. Writes gpu-layers.json into --out.
+and nvidia-smi as a switch does. Writes gpu-layers.json into --out, stamped by
+``bench/provenance.py``.
 
     python3 bench/gpu/layers.py --build DIR --out DIR
 """
@@ -14,11 +15,19 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
 
-from roles.llamacpp.files.llamacpp_proof import write_smoke_gguf
-from roles.server.files.wait_healthy import OFFLOADED, compute_apps, residency
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+import provenance  # noqa: E402  (bench/provenance.py)
+from roles.llamacpp.files.llamacpp_proof import write_smoke_gguf  # noqa: E402
+from roles.server.files.wait_healthy import OFFLOADED, compute_apps, residency  # noqa: E402
+
+RAN_WITH = ("bench/gpu/layers.sh", "bench/gpu/build_cuda.sh")
 
 
 def serve(build: str, model: str, layers: int, env: dict, log_path: str) -> dict:
@@ -69,6 +78,7 @@ def main() -> None:
     found["machine"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                                       capture_output=True, text=True).stdout.strip()
     found["date"] = time.strftime("%Y-%m-%d")
+    found["provenance"] = provenance.stamp(__file__, extra=RAN_WITH)
     with open(f"{a.out}/gpu-layers.json", "w") as f:
         json.dump(found, f, indent=1)
     print(json.dumps(found, indent=1))

@@ -12,4 +12,4 @@ mkdir -p "$W"
 start=$(date +%s)
 build_cuda "$W" llama-server || exit 1
 echo "build: $(( $(date +%s) - start )) s"
-PYTHONPATH=$PWD python3 bench/gpu/layers.py --build "$W/build" --out "$OUT"
+BENCH_COMMAND="bash bench/gpu/layers.sh" PYTHONPATH=$PWD python3 bench/gpu/layers.py --build "$W/build" --out "$OUT"

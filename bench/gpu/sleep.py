@@ -1,7 +1,7 @@
 """A sleeping llama-server on the card (``--sleep-idle-seconds``): the GPU memory its process
 holds awake, asleep and woken again, how long it takes to fall asleep, that /health,
 /metrics and /props leave it asleep, and the wake latency of a completion against an awake
-one. Writes gpu-sleep.json into --out.
+one. Writes gpu-sleep.json into --out, stamped by ``bench/provenance.py``.
 
     python3 bench/gpu/sleep.py --build DIR --model GGUF --out DIR
 """
@@ -14,10 +14,17 @@ import os
 import platform
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import provenance  # noqa: E402  (bench/provenance.py: standard library)
 
 SLEEP_S = 5
+RAN_WITH = ("bench/gpu/sleep.sh", "bench/gpu/build_cuda.sh", "bench/gpu/random_model.py")
 
 
 def get(url: str, body=None, timeout: float = 120):
@@ -102,6 +109,7 @@ def main() -> None:
                          capture_output=True, text=True).stdout.strip()
     found["machine"] = {"gpu": smi, "cpu": platform.processor() or platform.machine(), "date": time.strftime("%Y-%m-%d")}
     found["model_bytes"] = os.path.getsize(a.model)
+    found["provenance"] = provenance.stamp(__file__, extra=RAN_WITH)
     with open(os.path.join(a.out, "gpu-sleep.json"), "w") as f:
         json.dump(found, f, indent=1)
     print(json.dumps(found, indent=1))

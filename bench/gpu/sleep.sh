@@ -18,4 +18,4 @@ python3 bench/gpu/random_model.py gguf llama3-8b /dev/shm/f16.gguf --scale-down 
   || { tail -20 "$OUT/quantize.log"; exit 1; }
 rm -f /dev/shm/f16.gguf
 echo "model: $(( $(date +%s) - start )) s"
-python3 bench/gpu/sleep.py --build "$W/build" --model /dev/shm/q4.gguf --out "$OUT"
+BENCH_COMMAND="bash bench/gpu/sleep.sh" python3 bench/gpu/sleep.py --build "$W/build" --model /dev/shm/q4.gguf --out "$OUT"

@@ -1,6 +1,6 @@
 """The GPU machine's scripts stamp their results (bench/provenance.py): the sandbox check
-from its copy outside the checkout, the AWQ report once per command that ran, the split
-and residency checks with their shell drivers."""
+from its copy outside the checkout, the AWQ report once per command that ran, the split,
+residency, layers, sleep and host-RAM checks with their shell drivers."""
 
 import importlib.util
 import json
@@ -39,8 +39,16 @@ def test_each_awq_command_is_one_run_of_the_stamp(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("script, driver", [("split.sh", "split_ledger.py"), ("residency.sh", "residency.py"),
-                                            ("awq.sh", "awq_report.py"), ("sandbox.sh", "sandbox.py")])
+                                            ("awq.sh", "awq_report.py"), ("sandbox.sh", "sandbox.py"),
+                                            ("layers.sh", "layers.py"), ("sleep.sh", "sleep.py"),
+                                            ("host_ram.sh", "host_ram.py")])
 def test_each_shell_driver_names_its_command_to_the_stamp(script, driver):
     text = (ROOT / "bench/gpu" / script).read_text()
     assert 'BENCH_COMMAND="bash bench/gpu/' + script in text and driver in text
     assert f'"bench/gpu/{script}"' in (ROOT / "bench/gpu" / driver).read_text()  # hashed in its stamp
+
+
+@pytest.mark.parametrize("script", ["layers.py", "sleep.py", "host_ram.py"])
+def test_each_new_gpu_check_writes_its_stamp_into_its_result(script):
+    text = (ROOT / "bench/gpu" / script).read_text()
+    assert '["provenance"] = provenance.stamp(__file__, extra=' in text and "import provenance" in text
