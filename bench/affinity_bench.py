@@ -20,8 +20,9 @@ Each case sets the gateway's ``gateway_balance`` by a deploy of the gateway alon
 audit finds every backend UP, and runs the load with openings of its own (a case finds no
 cache of the one before). The rack is left on the default (affinity).
 
-Writes bench/results/affinity.json: the commit, whether the tree was clean, this script's
-sha256, the machine, the load's shape and, per case, every turn's record and the summary:
+Writes bench/results/affinity.json, stamped by ``bench/provenance.py`` (the commit, the tree's
+state, the scripts' sha256, the command, the machine): the machine's load average, the load's
+shape and, per case, every turn's record and the summary:
 turns sent and failed, the returning turns' cached share (all their cached prefix tokens over
 all their prefix tokens, and the share of turns with 80% or more), and the time to first
 token (p50, p90) of first and returning turns. With ``--url`` the load goes to that gateway
@@ -31,12 +32,9 @@ as it is configured (one case, named ``as-is``), and nothing is deployed.
 from __future__ import annotations
 
 import argparse
-import datetime
-import hashlib
 import http.client
 import json
 import os
-import platform
 import random
 import subprocess
 import sys
@@ -51,6 +49,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "lab"), str(ROOT / "bench")]
 
+import provenance  # noqa: E402  (this folder's)
 from loadgen import body_lines, check_address, no_answer, percentile  # noqa: E402  (this folder's)
 
 INVENTORY = ROOT / "inventory/lab.py"
@@ -233,23 +232,10 @@ def set_balance(balance: str) -> dict:
     return {"balance": balance, "deploy_s": round(time.monotonic() - started, 1)}
 
 
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def header(argv: list, url: str, args: argparse.Namespace) -> dict:
-    """What ran, where, and the load's shape."""
-    def git(*words: str) -> str:
-        return subprocess.run(["git", *words], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())  # fmt: skip
-    return {"benchmark": "affinity", "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "commit": git("rev-parse", "HEAD"), "tree_clean": not git("status", "--porcelain", "--untracked-files=no"),
-            "script_sha256": sha256(Path(__file__).resolve()),
-            "command": " ".join(["python3", "bench/affinity_bench.py", *argv]),
-            "machine": {"cpu": cpu, "cores": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()],
-                        "python": platform.python_version()},
+    """What ran, where (the shared stamp), and the load's shape."""
+    return {"benchmark": "affinity", "provenance": provenance.stamp(__file__, argv=argv),
+            "load_average": [round(x, 2) for x in os.getloadavg()],
             "load": {"url": url, "api": "/v1/chat/completions (streamed)", "conversations": args.conversations,
                      "concurrency": args.concurrency, "turns": args.turns, "max_tokens": MAX_TOKENS,
                      "think_s": THINK_S, "turn_fields": list(Turn.__dataclass_fields__)}}  # fmt: skip

@@ -50,3 +50,12 @@ def test_affinity_serves_returning_turns_from_the_cache_and_leastconn_does_not(t
         assert summary["failed"] == 0 and summary["returning_turns"] == 60, summary
         shares[balance] = summary["cached_share"]
     assert shares["affinity"] == 1.0 and shares["leastconn"] < 0.8, shares
+
+
+def test_the_result_carries_the_shared_stamp():
+    args = bench.parse(["--conversations", "4"])
+    head = bench.header(["--conversations", "4"], "http://10.0.0.9:8000", args)
+    stamp = head["provenance"]
+    assert stamp["command"] == "python3 bench/affinity_bench.py --conversations 4" and stamp["commit"]
+    assert {"bench/affinity_bench.py", "bench/loadgen.py", "bench/provenance.py"} <= set(stamp["scripts"])
+    assert head["load"]["conversations"] == 4 and "commit" not in head
