@@ -61,11 +61,11 @@ def tools_row(r: dict) -> str:
     proof = q.get("proof") or {}
     switches = ", ".join(proof.get("runtime_args") or []) or "no runtime switch needed"
     tools = " and ".join(proof.get("tools") or []) or "no tool"
-    devices = "; ".join(proof.get("devices_used") or ["no device named"])
+    devices = "; ".join(proof.get("devices_used") or proof.get("devices") or ["no device named"])
     parts = [f"{tools} with the server, the rung \"{proof.get('variant')}\" ({switches}), on {devices}: "
              f"{proof.get('offloaded')} layers, {num(proof.get('gpu_mib'))} MiB"]  # fmt: skip
-    if q.get("bench_pp512_tokens_per_second"):
-        parts.append(f"llama-bench pp512 {num(q['bench_pp512_tokens_per_second'])} t/s")
+    parts += [f"llama-bench {key[len('bench_'):-len('_tokens_per_second')]} {num(tps)} t/s" for key, tps in q.items()
+              if key.startswith("bench_pp") and key.endswith("_tokens_per_second")]  # fmt: skip
     if q.get("kl_divergence"):
         parts.append("KLD " + ", ".join(f"{k['kv']} {k['mean_kld']:.4f}" for k in q["kl_divergence"])
                      + " (the smoke model is random: these say the runs computed, nothing of quality)")

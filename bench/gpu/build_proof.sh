@@ -14,7 +14,8 @@
 # Each is one command (the first build is most of the machine's 600 s); run `wrong` after
 # `right` on the same warm machine, so builds/current holds the right build when the wrong
 # one is refused. Results land in $OUT: gpu-build-proof.json (bench/gpu/build_report.py: both
-# cases so far on this machine, stamped), summary.txt, the deploy logs, the build records.
+# cases so far on this machine, stamped; `quality`: gpu-build-proof-tools.json, each tool's
+# figures from its log), summary.txt, the deploy logs, the build records, the tools' logs.
 set -u
 what=${1:-right}
 case "$what" in right|quality|wrong) ;; *) echo "usage: bash bench/gpu/build_proof.sh right|quality|wrong" >&2; exit 2 ;; esac
@@ -56,8 +57,6 @@ B=$ROOT/builds/current
 { ls -la $ROOT/builds/; cat $B/version.txt; grep -c cubin $B/cubins.txt; } >> $summary 2>&1
 cp $B/build-info.json $OUT/build-info.json 2>/dev/null
 mkdir -p $OUT/smoke && cp $B/smoke/*.log $OUT/smoke/ 2>/dev/null  # the smoke run's and each tool's log
-if [ "$what" != quality ]; then  # quality's result (gpu-build-proof-tools.json) is not yet made by a script
-  BENCH_COMMAND="bash bench/gpu/build_proof.sh $what" python3 bench/gpu/build_report.py "$what" --root $ROOT \
-    --out "$OUT" --jobs "$JOBS" --at-start "$at_start" > /dev/null || exit 1
-fi
+BENCH_COMMAND="bash bench/gpu/build_proof.sh $what" python3 bench/gpu/build_report.py "$what" --root $ROOT --out "$OUT" \
+  --jobs "$JOBS" --at-start "$at_start" > /dev/null || exit 1
 cat $summary

@@ -1,6 +1,7 @@
-"""The build proof's result, from what bench/gpu/build_proof.sh left: gpu-build-proof.json.
+"""The build proof's results, from what bench/gpu/build_proof.sh left: gpu-build-proof.json
+(``right``, ``wrong``) and gpu-build-proof-tools.json (``quality``).
 
-    python3 bench/gpu/build_report.py right|wrong --root ROOT --out OUT --jobs N [--at-start LINK]
+    python3 bench/gpu/build_report.py right|wrong|quality --root ROOT --out OUT --jobs N [--at-start LINK]
 
 ``build_proof.sh right`` deploys the llama.cpp role twice and ``build_proof.sh wrong`` once
 for an arch the card cannot run; each ends with this report for its case: each deploy's
@@ -13,6 +14,13 @@ The two cases are two commands (each near the machine's 600 s): the result is ke
 the machine (``--state``), so the second command on the same warm machine adds its case
 to the first's, and each command's stamp (``bench/provenance.py``) is one of the
 stamp's ``runs``. A case missing from the result ran on no machine that kept it.
+
+``build_proof.sh quality`` deploys the build with ``model_quality`` twice: its proof then runs
+every tool the deploy runs afterwards on the smoke model, and this report adds, beside the
+deploys and the proof's record, each tool's figures from the logs the proof kept
+(``builds/current/smoke/``): the mean KL divergence and perplexity with each KV type
+(``perplexity-kv-<type>.log``, read by the model role's own ``model_quality``), the base's
+perplexity (``perplexity-base.log``) and llama-bench's pp (``bench.log``).
 """
 
 from __future__ import annotations
@@ -27,15 +35,22 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import provenance  # noqa: E402  (bench/provenance.py)
+from roles.model.files.model_quality import parse_kld, parse_perplexity  # noqa: E402
 
 RAN_WITH = ("bench/gpu/build_proof.sh", "bench/gpu/build_deploy.py")
 WHAT = ("the llama.cpp role (bench/gpu/build_deploy.py through pyinfra @local) builds for the card's arch and its "
         "smoke run computes on the GPU before the switch, and a second deploy changes nothing; a build for sm_80 "
         "only (80-real, no PTX), with the rules bypassed, is refused by the smoke run with llama.cpp's own error "
         "and builds/current stays")  # fmt: skip
+TOOLS_WHAT = ("the build proof runs every llama.cpp tool the deploy runs afterwards, on the smoke model, with the "
+              "proven rung's runtime switches and one batch: the server, llama-bench pp and, with model_quality "
+              "(the build then carries llama-perplexity), llama-perplexity for the f16 logits and the quant's KL "
+              "divergence with each KV type, all on the card")  # fmt: skip
+RESULTS = {"right": "gpu-build-proof.json", "wrong": "gpu-build-proof.json", "quality": "gpu-build-proof-tools.json"}
+BENCH_PP = re.compile(r"\|\s*pp(\d+)\s*\|\s*([\d.]+)\s*±")  # llama-bench's table: | ... | pp512 | 1234.56 ± 7.8 |
 WRONG_SETTINGS = {"llamacpp_cuda_archs": ["80-real"], "bench_skip_rules": True}
 REFUSAL = re.compile(r"cannot compute|died with|no kernel image|CUDA error|smoke run")
 
@@ -93,6 +108,31 @@ def wrong(a) -> dict:
             "output": [" ".join(x.split())[:300] for x in text.splitlines() if REFUSAL.search(x)][:20]}  # fmt: skip
 
 
+def tool_figures(smoke: Path) -> dict:
+    """What each tool's log in the proof's ``smoke`` folder says (nothing for a log it did not leave)."""
+    read = lambda name: (smoke / name).read_text(errors="replace") if (smoke / name).is_file() else ""  # noqa: E731
+    base = parse_perplexity(read("perplexity-base.log")) or {}
+    klds = []
+    for log in sorted(smoke.glob("perplexity-kv-*.log")):
+        kld = parse_kld(log.read_text(errors="replace")) or {}
+        klds.append({"kv": log.stem[len("perplexity-kv-"):], "mean_kld": kld.get("kld"), "ppl_base": base.get("ppl"),
+                     "ppl_quant": kld.get("ppl")})  # fmt: skip
+    pp = BENCH_PP.findall(read("bench.log"))
+    return {"kl_divergence": klds, **({f"bench_pp{pp[-1][0]}_tokens_per_second": float(pp[-1][1])} if pp else {})}
+
+
+def quality(a) -> dict:
+    ran = steps(a.out)
+    build = build_record(a.root)
+    first = {**ran.get("quality1", {}), "jobs": a.jobs, "stamp": build.get("stamp"), "build_before": a.at_start or None}
+    if build.get("stamp") and a.at_start and not a.at_start.endswith(build["stamp"]):
+        tools = (build.get("proof") or {}).get("tools") or []
+        first["note"] = "a new build stamp" + (": llama-perplexity among the targets" if "llama-perplexity" in tools
+                                                else "")  # fmt: skip
+    return {"first_deploy": first, "second_deploy": ran.get("quality2"), "proof": build.get("proof"),
+            **tool_figures(a.root / "builds/current/smoke")}  # fmt: skip
+
+
 def machine() -> dict:
     gpu = [f.strip() for f in sh("nvidia-smi", "--query-gpu=name,compute_cap,memory.total,driver_version",
                                  "--format=csv,noheader").split("\n")[0].split(",")]  # fmt: skip
@@ -105,22 +145,26 @@ def machine() -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("case", choices=("right", "wrong"))
+    ap.add_argument("case", choices=tuple(RESULTS))
     ap.add_argument("--root", type=Path, required=True, help="the llamarack root the deploys used")
     ap.add_argument("--out", type=Path, required=True, help="this command's OUT (steps.tsv, the deploys' logs)")
     ap.add_argument("--jobs", type=int, required=True)
     ap.add_argument("--at-start", help="where builds/current pointed before the deploy (wrong)")
-    ap.add_argument("--state", type=Path, default=Path("/tmp/buildproof/gpu-build-proof.json"))
+    ap.add_argument("--state", type=Path, default=Path("/tmp/buildproof"), help="where the machine keeps the results")
     a = ap.parse_args(argv)
-    result = json.loads(a.state.read_text()) if a.state.is_file() else {"what": WHAT}
+    kept = a.state / RESULTS[a.case]
+    result = json.loads(kept.read_text()) if kept.is_file() else {"what": TOOLS_WHAT if a.case == "quality" else WHAT}
     if "machine" not in result:  # the first command's machine: the state is kept on it
         result["machine"] = machine()
-    result[f"{a.case}_arch"] = right(a) if a.case == "right" else wrong(a)
+    if a.case == "quality":
+        result["quality"] = quality(a)
+    else:
+        result[f"{a.case}_arch"] = right(a) if a.case == "right" else wrong(a)
     result["provenance"] = provenance.joined(result.get("provenance"), provenance.stamp(__file__, extra=RAN_WITH))
     text = json.dumps(result, indent=1) + "\n"
-    a.state.parent.mkdir(parents=True, exist_ok=True)
-    a.state.write_text(text)
-    (a.out / "gpu-build-proof.json").write_text(text)
+    a.state.mkdir(parents=True, exist_ok=True)
+    kept.write_text(text)
+    (a.out / RESULTS[a.case]).write_text(text)
     print(text, end="")
     return 0
 

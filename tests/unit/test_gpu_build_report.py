@@ -1,6 +1,7 @@
 """bench/gpu/build_report.py: the build proof's result made by its script from what
 build_proof.sh left (each deploy's status, seconds and changes, the role's build record,
-the refusal of the wrong arch), both cases of one warm machine in one result, stamped."""
+the refusal of the wrong arch), both cases of one warm machine in one result, stamped; and
+the tools' result of a build with model_quality, each tool's figures from its own log."""
 
 import importlib.util
 import json
@@ -12,6 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("gpu_build_report", ROOT / "bench/gpu/build_report.py")
 report = sys.modules.setdefault("gpu_build_report", importlib.util.module_from_spec(_spec))
 _spec.loader.exec_module(report)
+
+sys.path.insert(0, str(ROOT / "bench"))
+import benchmarks_doc_gpu as gpu  # noqa: E402  (bench/)
 
 TOTALS = "    Grand total          1          {}          0          0\n"
 
@@ -26,14 +30,15 @@ def command_out(tmp_path: Path, name: str, deploys: dict) -> Path:
     return out
 
 
-def built(root: Path, stamp: str) -> None:
+def built(root: Path, stamp: str, proof: dict = None) -> Path:
     build = root / "builds" / stamp
     build.mkdir(parents=True)
     (build / "build-info.json").write_text(json.dumps({"stamp": stamp, "cuda_archs": ["90"], "cmake_args": ["-D"],
-                                                       "proof": {"devices_used": ["CUDA0"], "tokens": 8}}))
+                                                       "proof": proof or {"devices_used": ["CUDA0"], "tokens": 8}}))
     (build / "cubins.txt").write_text("a.sm_90.cubin\nb.sm_90.cubin\n")
     (build / "version.txt").write_text("version: 1 (abc)\n")
     os.symlink(stamp, root / "builds/current")
+    return build
 
 
 def test_both_cases_of_one_machine_make_one_stamped_result(tmp_path, monkeypatch):
@@ -41,7 +46,7 @@ def test_both_cases_of_one_machine_make_one_stamped_result(tmp_path, monkeypatch
     monkeypatch.setattr(report, "machine", lambda: {"gpu": "NVIDIA H100 (compute capability 9.0, 81559 MiB)"})
     built(root, "2b5f9fcb7c40fa23")
     out = command_out(tmp_path, "one", {"deploy1": (0, 398, "-", "built\n"), "deploy2": (0, 3, "-", "nothing\n")})
-    common = ["--root", str(root), "--jobs", "16", "--state", str(state)]
+    common = ["--root", str(root), "--jobs", "16", "--state", str(state.parent)]
     monkeypatch.setenv("BENCH_COMMAND", "bash bench/gpu/build_proof.sh right")
     assert report.main(["right", "--out", str(out), *common]) == 0
     refusal = ("[@local] llama.cpp build 1b8c cannot compute, refusing it\n"
@@ -69,3 +74,35 @@ def test_both_cases_of_one_machine_make_one_stamped_result(tmp_path, monkeypatch
 def test_the_driver_passes_the_settings_this_tree_accepts():
     text = (ROOT / "bench/gpu/build_proof.sh").read_text()
     assert "--data llamarack_allow_shared_dirs=True" in text and "ROOT=/tmp/llamarack" in text
+
+
+def test_the_quality_case_reads_each_tools_figures_from_its_log(tmp_path, monkeypatch):
+    root, state = tmp_path / "root", tmp_path / "state"
+    monkeypatch.setattr(report, "machine", lambda: {"gpu": "NVIDIA H100 (compute capability 9.0, 81559 MiB)"})
+    proof = {"variant": "native", "runtime_args": [], "batch": 512, "tools": ["llama-perplexity", "llama-bench"],
+             "devices_used": ["CUDA0 (NVIDIA H100 80GB HBM3)"], "gpu_mib": 602, "offloaded": "3/3"}
+    smoke = built(root, "7c1d0e5a9b3f2468", proof) / "smoke"
+    smoke.mkdir()
+    (smoke / "perplexity-base.log").write_text("Final estimate: PPL = 303.0368 +/- 12.34567\n")
+    for kv, kld in (("f16", "0.004494"), ("q4_0", "0.007396")):
+        (smoke / f"perplexity-kv-{kv}.log").write_text(f"Mean PPL(Q)                   : 296.141369 ±   9.876543\n"
+                                                       f"Mean    KLD:   {kld} ±   0.000123\n")
+    (smoke / "bench.log").write_text("| model | size | params | backend | ngl | test | t/s |\n"
+                                     "| llama ?B Q4_K - Medium | 1.23 MiB | 1.23 M | CUDA | 99 | pp512 | "
+                                     "160409.19 ± 1234.56 |\n")  # fmt: skip
+    out = command_out(tmp_path, "q", {"quality1": (0, 310, "5", "built\n"), "quality2": (0, 2, "-", "nothing\n")})
+    monkeypatch.setenv("BENCH_COMMAND", "bash bench/gpu/build_proof.sh quality")
+    assert report.main(["quality", "--out", str(out), "--root", str(root), "--jobs", "16", "--state", str(state),
+                        "--at-start", "2b5f9fcb7c40fa23"]) == 0  # fmt: skip
+    result = json.loads((out / "gpu-build-proof-tools.json").read_text())
+    assert not (out / "gpu-build-proof.json").exists() and (state / "gpu-build-proof-tools.json").is_file()
+    q = result["quality"]
+    assert q["first_deploy"]["note"] == "a new build stamp: llama-perplexity among the targets"
+    assert q["second_deploy"] == {"rc": 0, "seconds": 2, "changed_operations": 0} and q["proof"] == proof
+    assert q["kl_divergence"] == [{"kv": "f16", "mean_kld": 0.004494, "ppl_base": 303.0368, "ppl_quant": 296.141369},
+                                  {"kv": "q4_0", "mean_kld": 0.007396, "ppl_base": 303.0368, "ppl_quant": 296.141369}]
+    assert q["bench_pp512_tokens_per_second"] == 160409.19
+    assert result["provenance"]["command"] == "bash bench/gpu/build_proof.sh quality"
+    row = gpu.tools_row(result)
+    assert "on CUDA0 (NVIDIA H100 80GB HBM3): 3/3 layers, 602 MiB; llama-bench pp512 160,409 t/s; KLD f16 0.0045" in row
+    assert "`quality`: first deploy 310 s (rc 0; a new build stamp: llama-perplexity among the targets)" in row
