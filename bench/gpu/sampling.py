@@ -38,11 +38,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench/gpu"))
+sys.path.insert(0, str(REPO / "bench"))
+
+import provenance  # noqa: E402  (bench/provenance.py: standard library)
 
 from roles.llamacpp.reads import parse_build_help  # noqa: E402
 from roles.model.shapes import local_gguf_shape  # noqa: E402
 from roles.server.plan import bench_args, knobs, render_unit, server_args  # noqa: E402
 from roles.server.planner import Card, plan  # noqa: E402
+
+# What else ran to make the result: its provenance names their sha256 too.
+RAN_WITH = ("bench/gpu/sampling.sh", "bench/gpu/build_cuda.sh", "bench/gpu/random_model.py")
 from roles.settings import load_settings  # noqa: E402
 from proof import exec_start, parse_bench_json, stop, tokens_sha256  # noqa: E402
 from split_ledger import get  # noqa: E402
@@ -287,6 +293,7 @@ def main() -> int:
         found["verdicts"] = verdicts(found)
     except Exception as e:  # what was measured before it is kept
         found["error"] = f"{type(e).__name__}: {e}"[-2000:]
+    found["provenance"] = provenance.stamp(__file__, extra=RAN_WITH)
     write(a.out, found)
     print(json.dumps(found.get("verdicts") or found.get("error"), indent=1))
     return 1 if "error" in found else 0

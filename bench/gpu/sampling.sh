@@ -24,7 +24,7 @@ echo "build: $(( $(date +%s) - start )) s"
 wait "$f16" || { tail -20 "$OUT/gguf.log"; exit 1; }
 random_q4_k_m "$W" llama3-8b || exit 1
 echo "model: $(( $(date +%s) - start )) s"
-PYTHONPATH=/tmp/site:$PWD python3 bench/gpu/sampling.py --build "$W/build" --model-dir "$W/model" --out "$W/out" \
+BENCH_COMMAND="bash bench/gpu/sampling.sh" PYTHONPATH=/tmp/site:$PWD python3 bench/gpu/sampling.py --build "$W/build" --model-dir "$W/model" --out "$W/out" \
   --commit "$(cat .carry/commit)"
 rc=$?
 cp "$W/out/gpu-sampling.json" "$OUT/" 2>/dev/null
