@@ -47,11 +47,12 @@ from roles.model.shapes import local_gguf_shape  # noqa: E402
 from roles.server.plan import bench_args, knobs, render_unit, server_args  # noqa: E402
 from roles.server.planner import Card, plan  # noqa: E402
 
-# What else ran to make the result: its provenance names their sha256 too.
-RAN_WITH = ("bench/gpu/sampling.sh", "bench/gpu/build_cuda.sh", "bench/gpu/random_model.py")
 from roles.settings import load_settings  # noqa: E402
 from proof import exec_start, parse_bench_json, stop, tokens_sha256  # noqa: E402
 from split_ledger import get  # noqa: E402
+
+# What else ran to make the result: its provenance names their sha256 too.
+RAN_WITH = ("bench/gpu/sampling.sh", "bench/gpu/build_cuda.sh", "bench/gpu/random_model.py")
 
 PROMPTS = ("The history of the rack server begins with", "Once upon a time, in a data centre far away,",
            "def fibonacci(n):", "Q: What is the capital of France?\nA:")  # fmt: skip
