@@ -46,7 +46,6 @@ from roles.llamacpp.reads import parse_build_help  # noqa: E402
 from roles.model.shapes import local_gguf_shape  # noqa: E402
 from roles.server.plan import bench_args, knobs, render_unit, server_args  # noqa: E402
 from roles.server.planner import Card, plan  # noqa: E402
-
 from roles.settings import load_settings  # noqa: E402
 from proof import exec_start, parse_bench_json, stop, tokens_sha256  # noqa: E402
 from split_ledger import get  # noqa: E402
