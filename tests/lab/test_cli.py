@@ -29,4 +29,4 @@ def test_driver_needs_a_rack(tmp_path, monkeypatch):
 
 
 def test_commands():
-    assert sorted(lab.commands) == ["down", "driver", "ssh", "status", "up"]
+    assert sorted(lab.commands) == ["down", "driver", "memory", "ssh", "status", "up"]
