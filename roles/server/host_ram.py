@@ -19,8 +19,10 @@ Each unit's share (``UnitShare``), read in llama.cpp's source as the cards' ledg
   takes a new task, the state of its last prompt (its KV cells, the draft's too) is copied
   into host RAM, the oldest dropped while the cache would pass ``--cache-ram`` MiB
   (llama.cpp's default 8,192); 0 keeps none; -1 has no byte limit but a token one, the
-  context's cells, so at most the KV cache of the whole context.
-- **the process**: ``PROCESS_MIB``, llama-server's own resident memory beyond those.
+  context's cells, enforced only after a new prompt state is saved (``update`` after
+  ``alloc``): at most twice the KV cache of the whole context.
+- **the process**: ``PROCESS_MIB`` (``PROCESS_CUDA_MIB`` for a CUDA build), llama-server's own
+  resident memory beyond those.
 
 The host's units fit when their shares together are at most MemTotal less the reserve.
 When they do not, every unit's ``--cache-ram`` is lowered to the largest that fits, the
@@ -46,10 +48,14 @@ from .settings import DEFAULT_CACHE_RAM_MIB
 # (bench/results/cpu-host-ram.json): VmRSS after ten distinct 1,900-token prompts, less the
 # ledger's buffers (llama.cpp's own CPU buffers to 0.02 MiB), was 24.6 MiB with the prompt
 # cache off; with --cache-ram 8 and -1 the process stayed 2.8 and 0.7 MiB under the ledger with
-# this figure (an evicted prompt state's pages are kept a while). A CUDA build's runtime holds
-# more on the host: the GPU measurement (bench/gpu/host_ram.sh, ``beyond_buffers_mib``) says
-# how much.
+# this figure (an evicted prompt state's pages are kept a while).
 PROCESS_MIB = 27
+# A CUDA build's: its runtime, driver and cuBLAS libraries and their host allocations. Measured
+# on an H100 (driver 580.159.04, CUDA 13, the pinned commit built for sm_90) with
+# bench/gpu/host_ram.sh: a random-weights Llama-3-8B Q4_K_M, every layer on the card, 8,192
+# cells, the prompt cache off: VmRSS 710.6 MiB, 404.3 beyond llama.cpp's CUDA_Host buffers
+# (bench/results/gpu-host-ram.json, ``beyond_buffers_mib``); +4%.
+PROCESS_CUDA_MIB = 420
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,7 @@ class UnitShare:
     kv: int
     compute: int
     process: int
-    context_kv: int  # the KV cache of the whole context (model and draft): what -1 lets the cache hold
+    context_kv: int  # the KV cache of the whole context (model and draft): -1 lets the cache hold twice it
     cache_ram: Optional[int]  # its --cache-ram MiB; None: the build has no prompt cache
 
     @property
@@ -80,7 +86,7 @@ class UnitShare:
         """What its prompt cache can reach."""
         if not self.cache_ram:
             return 0
-        return self.context_kv if self.cache_ram < 0 else self.cache_ram * MIB
+        return 2 * self.context_kv if self.cache_ram < 0 else self.cache_ram * MIB
 
     @property
     def fixed(self) -> int:
@@ -170,7 +176,8 @@ def unit_share(name: str, shape: dict, knobs: Knobs, plan: Plan, on_cards: bool,
     compute = sum(host_compute_bytes(s, knobs, plan, cards) for s in (shape, draft) if s is not None)
     return UnitShare(
         name, book.weights_on_host + (0 if on_cards else book.weights_on_card) + draft_weights,
-        book.kv_on_host + (0 if on_cards else book.kv_on_card) + draft_kv, compute, PROCESS_MIB * MIB,
+        book.kv_on_host + (0 if on_cards else book.kv_on_card) + draft_kv, compute,
+        (PROCESS_CUDA_MIB if on_cards else PROCESS_MIB) * MIB,
         book.kv_on_host + book.kv_on_card + book.draft_kv_on_host + book.draft_kv_on_card, cache_ram,
     )  # fmt: skip
 
