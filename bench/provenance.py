@@ -124,9 +124,13 @@ def from_carry(root: Path) -> Optional[dict]:
 
 
 def source(root: Path = ROOT) -> dict:
-    """The commit and the state of the tree: by git, else by the carried record, else unknown."""
-    return from_git(root) or from_carry(root) or {"commit": None, "commit_from": "unknown: no git, no " + CARRIED,
-                                                  "tree": "unknown", "changed": []}  # fmt: skip
+    """The commit and the state of the tree: by git, else by the carried record, else unknown.
+    Where both say and differ (a copy whose git is older than the checkout it came from), the
+    one the tree's files agree with more."""
+    found = [f for f in (from_git(root), from_carry(root)) if f]
+    if not found:
+        return {"commit": None, "commit_from": "unknown: no git, no " + CARRIED, "tree": "unknown", "changed": []}
+    return min(found, key=lambda f: f.get("changed_count", len(f["changed"])))
 
 
 def _relative(path: Path, root: Path) -> str:

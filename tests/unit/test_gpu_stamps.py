@@ -52,3 +52,20 @@ def test_each_shell_driver_names_its_command_to_the_stamp(script, driver):
 def test_each_new_gpu_check_writes_its_stamp_into_its_result(script):
     text = (ROOT / "bench/gpu" / script).read_text()
     assert '["provenance"] = provenance.stamp(__file__, extra=' in text and "import provenance" in text
+
+
+def test_a_copy_whose_git_is_older_than_its_carry_is_stamped_by_the_carry(monkeypatch, tmp_path):
+    """The GPU machine's copy can hold a git of an older commit: its files agree with the
+    carried record (every tracked file's blob id at the checkout's commit), not with that git."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import provenance
+
+    stale = {"commit": "3389e28", "commit_from": "git", "tree": "dirty", "changed": ["a"] * 20, "changed_count": 75}
+    carried = {"commit": "ccd67c8", "commit_from": ".carry/source.json", "tree": "clean", "changed": []}
+    monkeypatch.setattr(provenance, "from_git", lambda root: stale)
+    monkeypatch.setattr(provenance, "from_carry", lambda root: carried)
+    assert provenance.source(tmp_path)["commit"] == "ccd67c8"
+    monkeypatch.setattr(provenance, "from_carry", lambda root: None)
+    assert provenance.source(tmp_path)["commit"] == "3389e28"  # git alone says
+    monkeypatch.setattr(provenance, "from_git", lambda root: None)
+    assert provenance.source(tmp_path)["commit"] is None
