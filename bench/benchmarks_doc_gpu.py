@@ -162,6 +162,29 @@ def sleep_body(r: dict) -> str:
             f"time), {secs(r.get('awake_completion_s'), 3)} awake.")  # fmt: skip
 
 
+def sampling_body(r: dict) -> str:
+    v, on, off = r.get("verdicts") or {}, *((r.get("servers") or {}).get(k) or {} for k in ("on", "off"))
+    tg = next((row.get("avg_ts") for row in (r.get("llama_bench") or {}).get("rows", []) if row.get("n_gen")), None)
+    speed = lambda s, kind: ((s.get("decode") or {}).get(kind) or {}).get("median_tps")  # noqa: E731
+    yes = lambda key, said: said if v.get(key) else f"**not {said}**"  # noqa: E731
+    cases = (on.get("cases") or {})
+    cpu = sorted(name for name, c in cases.items() if c.get("placement") != "backend")
+    placed = v.get("placement_as_the_source_says") or {}
+    return (f"With `--backend-sampling` (the default unit: `server_backend_sampling` `auto`) and without (`off`): "
+            f"greedy tokens {yes('greedy_identical', 'identical')}; seeded sampling ("
+            f"{', '.join(f'{k} {x}' for k, x in (r.get('seeded') or {}).items())}) "
+            f"{yes('seeded_reproducible_with_flag', 'reproducible')} with the flag and "
+            f"{yes('seeded_identical_with_and_without', 'identical with and without it')}. Served decode (128 "
+            f"tokens, median of 5) over `llama-bench` tg128 ({num(tg, 1)} tokens/s): greedy "
+            f"{v.get('served_over_tg128_greedy_on')} with the flag ({num(speed(on, 'greedy'), 1)} tokens/s), "
+            f"{v.get('served_over_tg128_greedy_off')} without ({num(speed(off, 'greedy'), 1)}); the default "
+            f"sampling chain {v.get('served_over_tg128_default_sampling_on')} and "
+            f"{v.get('served_over_tg128_default_sampling_off')}. Requests whose chain leaves the card ("
+            f"{', '.join(cpu)}) were {yes('fallback_requests_answered', 'all answered')}; where each chain ran, by "
+            f"the server's own `sampler chain` line, {sum(placed.values())} of {len(placed)} as llama.cpp's source "
+            "says.")  # fmt: skip
+
+
 # --- the GPU proof --------------------------------------------------------------------------
 
 PAIRS = (("weights", "model_gpu"), ("weights_host", "model_host"), ("kv", "kv_gpu"), ("kv_host", "kv_host"))
@@ -379,4 +402,5 @@ def gpu_sections() -> dict:
             "gpu_proof": one("gpu-proof", proof_body), "gpu_split": one("gpu-split", split_body),
             "gpu_awq": one("gpu-awq", awq_body), "gpu_sandbox": one("gpu-sandbox", sandbox_body),
             "gpu_layers": one("gpu-layers", layers_body), "gpu_sleep": one("gpu-sleep", sleep_body),
+            "gpu_sampling": one("gpu-sampling", sampling_body),
             "host_ram": host_ram}  # fmt: skip
