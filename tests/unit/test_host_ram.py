@@ -218,3 +218,25 @@ def test_llamarack_plan_shows_the_host_ram_ledger_and_refuses_a_host_that_cannot
                                                 "--json"]).output)  # fmt: skip
     assert data["refused"] is None and data["host_ram"]["lowered"] and data["host_ram"]["units"][7]["unit"] == "unit 8"
     assert data["host_ram"]["cache_ram"] == data["host_ram"]["units"][0]["cache_ram"] < 1024
+
+
+def test_a_cuda_units_resident_memory_on_the_h100_is_within_its_share():
+    """bench/results/gpu-host-ram.json: each llama-server's peak VmRSS (its prompt cache
+    filled) against its share. A result measured before the ledger counted a CUDA build's own
+    memory (its ``process_mib`` 27, the CPU build's) is held to the share as the ledger counts it
+    now, from the same items: PROCESS_CUDA_MIB, and -1 at twice the context's KV."""
+    from roles.server.host_ram import UnitShare
+
+    result = json.loads((Path(__file__).resolve().parents[2] / "bench/results/gpu-host-ram.json").read_text())
+    assert result["build"] == "cuda" and len(result["cases"]) == 4
+    for name, case in result["cases"].items():
+        u, peak = case["ledger"], max(x["VmHWM"] for x in case["rss_mib"])
+        if u["process_mib"] != PROCESS_MIB:
+            assert case["within_ledger"], (name, case["rss_minus_ledger_mib"])
+            continue
+        context_kv = u["prompt_cache_mib"] if u["cache_ram"] == -1 else 0  # then -1 counted it once
+        share = UnitShare(name, u["weights_mib"] * MIB, u["kv_mib"] * MIB, u["compute_mib"] * MIB,
+                          PROCESS_CUDA_MIB * MIB, int(context_kv * MIB), u["cache_ram"])  # fmt: skip
+        assert peak <= share.total / MIB, (name, peak, share.total / MIB)
+    beyond = result["cases"]["cache0"]["beyond_buffers_mib"]
+    assert beyond <= PROCESS_CUDA_MIB <= beyond * 1.05  # the figure, with its margin
