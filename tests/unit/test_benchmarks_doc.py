@@ -178,7 +178,10 @@ def test_the_host_ram_result_renders_each_case_against_its_share():
     over = copy.deepcopy(COMMITTED("cpu-host-ram"))
     over["cases"]["cache8"]["within_ledger"] = False
     assert "| -2.8 **over its share** |" in gpu.host_ram_body(over)
-    assert "No result `gpu-host-ram.json` yet" in gpu.host_ram(COMMITTED)
+    both = gpu.host_ram(COMMITTED)
+    assert "A CPU build" in both and "A CUDA build" in both  # the GPU machine's result beside this one's
+    assert "No result `gpu-host-ram.json` yet" in gpu.host_ram(lambda name: None if name == "gpu-host-ram"
+                                                                 else COMMITTED(name))  # fmt: skip
 
 
 def test_an_affinity_result_renders_each_case():
