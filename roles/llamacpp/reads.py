@@ -48,9 +48,14 @@ def parse_build_help(text: str, proven_args: tuple = ()) -> BuildFlags:
     return BuildFlags(**{f.name: getattr(base, f.name) for f in fields(base)},
                       has_rope_scaling=all(flag in text for flag in ROPE_FLAGS),
                       has_spec_draft=all(flag in text for flag in SPEC_DRAFT_FLAGS),
-                      has_backend_sampling=re.search(r"(^|[\s,])--backend-sampling\b", text, re.M) is not None,
-                      has_sleep_idle=re.search(r"(^|[\s,])--sleep-idle-seconds\b", text, re.M) is not None,
-                      has_cache_ram=re.search(r"(^|[\s,])--cache-ram\b", text, re.M) is not None)  # fmt: skip
+                      has_backend_sampling=_has_option(text, "--backend-sampling"),
+                      has_sleep_idle=_has_option(text, "--sleep-idle-seconds"),
+                      has_cache_ram=_has_option(text, "--cache-ram"))  # fmt: skip
+
+
+def _has_option(text: str, option: str) -> bool:
+    """Whether --help ``text`` lists ``option`` as an option of its own (not a prefix of another)."""
+    return re.search(rf"(^|[\s,]){re.escape(option)}\b", text, re.M) is not None
 
 
 class GitHead(FactBase[Optional[str]]):

@@ -22,6 +22,7 @@ The tests run in order, each from the state the one before left.
 import json
 import random
 import re
+import shlex
 import time
 import urllib.request
 
@@ -46,7 +47,7 @@ PROMPT = 1900  # tokens: a prompt state of the tiny Llama (1 KiB per token, f16)
 def units(lab_rack) -> dict:
     """{unit name: its file} on the host."""
     names = deploying.sh(lab_rack, HOST, f"cd {UNITS} && ls llamarack-server*.service 2>/dev/null || true").split()
-    return {n: deploying.sh(lab_rack, HOST, f"cat {UNITS}/{n}") for n in names}
+    return {n: deploying.sh(lab_rack, HOST, f"cat {shlex.quote(f'{UNITS}/{n}')}") for n in names}
 
 
 def cache_ram(unit: str):
@@ -163,7 +164,8 @@ def test_shown_once_a_host_left_to_llama_cpps_default_prompt_cache_is_oom_killed
         return any(restarts for _, restarts in processes(lab_rack).values())
 
     rounds = flood(lab_rack, rounds=200, until=killed)
-    journal = deploying.sh(lab_rack, HOST, f"journalctl --since @{since} -u 'llamarack-server@*' --no-pager")
+    journal = deploying.sh(lab_rack, HOST, f"journalctl --since {shlex.quote('@' + since)} "
+                           "-u 'llamarack-server@*' --no-pager")  # fmt: skip
     assert "status=9/KILL" in journal, journal[-3000:]
     print(f"OOM-killed after {rounds} rounds of 8 prompts ({time.monotonic() - start:.0f} s): "
           + "; ".join(line for line in journal.splitlines() if "status=9/KILL" in line))
