@@ -62,8 +62,8 @@ def serving(lab_rack):
 # llama-bench run of the tiny model during a rollout measures that contention, not the
 # build (the bump's tg128 fell to 5% of the record before in a run here; the bump changes
 # only a README), so the rollout of a new build takes no bench figure (--bench-fraction 1:
-# docs/rollout.md says why). The others run with the default gate: with no new build there
-# is no figure to compare. The gate's arithmetic is tested in tests/unit/test_rollout.py.
+# docs/rollout.md says why), nor does the one back to the base commit. The others run with
+# the default gate: with no new build there is no figure to compare. The gate's arithmetic is tested in tests/unit/test_rollout.py.
 LAB_GATE = ("--bench-fraction", "1")
 
 
@@ -126,7 +126,8 @@ def test_a_driver_upgrade_rolls_with_reboots_and_drops_no_request(lab_rack, serv
         assert deploying.sh(lab_rack, h, DRIVER).strip() == deb.UPGRADE_VERSION, h
 
     # The project's deploy, rolled: the driver held again; a second driver rollout reboots nothing.
-    rc, out, hosts = rollout()
+    # It also takes every host from the bump back to the base commit: a new build, so LAB_GATE.
+    rc, out, hosts = rollout(gate=LAB_GATE)
     assert rc == 0 and set(v["state"] for v in hosts.values()) == {"done"}, out[-6000:]
     held = sorted(name.removesuffix(":amd64") for name in deb.package_names())  # every package of the driver
     assert all(sorted(deploying.sh(lab_rack, h, DRIVER).split()) == sorted([deb.UPGRADE_VERSION, *held])
