@@ -138,7 +138,8 @@ def test_a_paced_rollout_renders_its_table_without_the_old_versions_notes():
     text = doc.rollout_body(r)
     assert text.splitlines()[2] == "| quiet baseline | 60.0 | 240 | 0 | 0 | 10.0 | 100.0 |  |"
     assert "not the paced one" not in text and "mixes" not in text
-    old = doc.rollout_body(COMMITTED("rollout"))
+    # an unstamped result of an earlier script: a closed loop, its baseline measured again later
+    old = doc.rollout_body({"load": {"n_predict": 8}, "baseline": {**r["baseline"], "when": "2026-11-30T10:00:00"}})
     assert "not the paced one above" in old and "the result mixes two versions" in old
 
 
