@@ -181,6 +181,9 @@ def rollout(*args: str, env: dict | None = None, gate: tuple = ()) -> dict:
     notes = gated_notes(r.stdout)
     return {"command": shlex.join(["llamarack", *argv[3:]]).replace(str(ROOT) + "/", ""),
             "returncode": r.returncode, "states": {h: v["state"] for h, v in hosts.items()},
+            # the stage (every host, none drained), then each host's seconds from drained to done
+            "staged": {h: bool(v.get("staged")) for h, v in hosts.items()},
+            "drained_s": {h: v.get("drained_s") for h, v in hosts.items()},
             "why": {h: v["why"] for h, v in hosts.items() if v["state"] == "failed"},
             "deploys": deployed, "changed_operations": sum(totals), "gated": notes,
             **({"bench_gate": bench_gate(notes)} if gate else {}), "tail": r.stdout.splitlines()[-12:]}  # fmt: skip

@@ -52,14 +52,15 @@ def table(result: dict) -> str:
     def count(n):
         return "" if n is None else f"{n:,}"
 
-    rows = ["| case | s | sent | failed | seconds with a failure | p50 ms | p99 ms | restarted |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    rows = ["| case | s | sent | failed | seconds with a failure | p50 ms | p99 ms | restarted | longest drained s |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     for name, v in cases(result):
         load = v["load"]
         moved = f"{len(v['restarted'])} of {len(v['driver'])}" if "restarted" in v and "driver" in v else ""
         seconds = v.get("seconds", load.get("seconds"))
+        drained = [s for s in (v.get("drained_s") or {}).values() if s is not None]
         rows.append(f"| {LABELS.get(name, name)} | {seconds} | {count(load.get('sent'))} | "
                     f"{count(load.get('failed'))} | {count(load.get('seconds_with_failure'))} | "
-                    f"{ms(load.get('p50_s'))} | {ms(load.get('p99_s'))} | {moved} |")  # fmt: skip
+                    f"{ms(load.get('p50_s'))} | {ms(load.get('p99_s'))} | {moved} | {max(drained, default='')} |")  # fmt: skip
     return "\n".join(rows) + "\n"
 

@@ -137,11 +137,16 @@ def rollback(inventory, limit, unit):
               help="seconds a drained host's streams and units may take to go idle")
 @click.option("--bench-fraction", type=click.FloatRange(0, 1), default=0.25, show_default=True, metavar="F",
               help="a new build or model's llama-bench may fall this fraction below the record before it")
+@click.option("--stage/--no-stage", default=True, show_default=True,
+              help="llamarack's deploy: make every host's build and model first, all at once, none drained")
 @click.option("--data", multiple=True, metavar="KEY=VALUE", help="host data for the deploy, as pyinfra's --data")
-def rollout(inventory, deploy_file, canary, batch, max_fail, resume, dry, idle_timeout, bench_fraction, data):
+def rollout(inventory, deploy_file, canary, batch, max_fail, resume, dry, idle_timeout, bench_fraction, stage, data):
     """Roll the deploy through the serving hosts, one batch at a time, behind the gateway.
 
-    The canary first, then batches in inventory order. Each host is drained on every
+    llamarack's own deploy is staged first: every host runs roles.deploy.stage (its build
+    and model made beside what it serves, and proven), all at once, none drained; a host
+    whose stage fails is never drained. Then the canary, then batches in inventory order.
+    Each host is drained on every
     gateway (HAProxy's runtime API) and waited idle, deployed alone
     (`pyinfra -y INVENTORY DEPLOY --limit HOST`), gated (/health, residency, a
     completion, llama-bench against its record after a new build or model) and
@@ -152,7 +157,7 @@ def rollout(inventory, deploy_file, canary, batch, max_fail, resume, dry, idle_t
     from . import rollout as rolloutmod
 
     logging.getLogger("pyinfra").setLevel(logging.CRITICAL)  # connection chatter; failures are in the states
-    options = rolloutmod.Options(canary, batch, max_fail, idle_timeout, bench_fraction)
+    options = rolloutmod.Options(canary, batch, max_fail, idle_timeout, bench_fraction, stage=stage)
     templates = (Path("templates").resolve(),) if Path("templates").is_dir() else ()
     request = rolloutmod.Request(inventory, deploy_file, tuple(data), options, resume, dry, templates)
     sys.exit(rolloutmod.main(request, echo=click.echo))

@@ -3,6 +3,7 @@ them by name, nothing to copy.
 
     pyinfra -y INVENTORY roles.deploy.main            the main job: every role, in order
     pyinfra -y INVENTORY roles.deploy.rollback        what ``llamarack rollback`` runs
+    pyinfra -y INVENTORY roles.deploy.stage           what ``llamarack rollout`` stages first
 
 The checkout's ``deploy.py`` and ``rollback.py`` call them, and ``llamarack rollout`` rolls
 ``roles.deploy.main`` by default (a driver upgrade: ``roles.driver.upgrade.driver_upgrade``).
@@ -25,7 +26,8 @@ from .preflight.deploy import deployed, gateway_preflight, preflight
 from .python_env.deploy import converter_env, python_env
 from .server.deploy import llama_server
 from .server.operations import rollback as put_back
-from .settings import settings_for
+from .preflight.facts import HostFacts
+from .settings import Settings, settings_for
 from .toolchain.deploy import toolchain
 
 # How `llamarack rollback --unit N` tells the rollback which unit (it runs under pyinfra).
@@ -48,17 +50,7 @@ def main(templates: Optional[tuple] = None) -> None:
         # The driver role's reboot (None when none is planned): the server role checks
         # /health after it even when the unit did not change.
         rebooted = driver(settings, facts) if runs("driver") else None
-        if runs("toolchain"):
-            toolchain(settings, facts)
-        if runs("python_env"):
-            python_env(settings, facts)
-        if runs("llamacpp"):
-            llamacpp(settings, facts)
-        # The converter's requirements come from the llama.cpp checkout above.
-        if runs("converter_env"):
-            converter_env(settings)
-        if runs("model"):
-            model(settings)
+        make(settings, facts)
         if runs("server"):
             llama_server(settings, facts, templates=tuple(templates), rebooted=rebooted)
         deployed(settings)
@@ -66,6 +58,39 @@ def main(templates: Optional[tuple] = None) -> None:
     # every serving host's, so the gateways route to the units the server role just recorded.
     if facts and runs("gateway"):
         gateway(settings, templates=tuple(templates))
+
+
+# What a stage makes beside what the host serves: every role of the main job that builds or
+# fetches, none that switches, restarts or reboots (driver, server, gateway).
+STAGED_ROLES = ("toolchain", "python_env", "llamacpp", "converter_env", "model")
+
+
+def stage() -> None:
+    """Make this host's next build and model beside what it serves, and prove them: the main
+    job's preflight and its making roles (``STAGED_ROLES``; ``llamarack_roles`` narrows them
+    further), never the driver, the units or the gateway. ``builds/current`` and
+    ``models/current`` then name what the next deploy switches the units to; the units serve
+    on, unchanged, until it does (docs/rollout.md, "Stage, then switch")."""
+    settings = settings_for(host)
+    facts = None if settings.is_gateway else preflight(settings)
+    if facts:
+        make(settings, facts)
+
+
+def make(settings: Settings, facts: HostFacts) -> None:
+    """The making roles (``STAGED_ROLES``) that ``llamarack_roles`` picks, in order."""
+    runs = settings.general.runs
+    if runs("toolchain"):
+        toolchain(settings, facts)
+    if runs("python_env"):
+        python_env(settings, facts)
+    if runs("llamacpp"):
+        llamacpp(settings, facts)
+    # The converter's requirements come from the llama.cpp checkout above.
+    if runs("converter_env"):
+        converter_env(settings)
+    if runs("model"):
+        model(settings)
 
 
 def rollback(unit: Optional[int] = None) -> None:

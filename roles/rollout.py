@@ -1,6 +1,11 @@
 """``llamarack rollout``: a change rolled through the rack host by host, while the gateway
-answers. docs/rollout.md says the order, each host's states (pending, draining, deploying,
-gated, done, failed), the gate and --resume.
+answers. docs/rollout.md says the stage, the order, each host's states (pending, staging,
+staged, draining, deploying, gated, done, failed), the gate and --resume.
+
+Llamarack's own deploy is staged first: every host not done yet runs ``roles.deploy.stage``
+(its build and model made beside what it serves, and proven), all at once and none drained;
+only a staged host is drained, so its drained window holds the switch, the gate and the
+undrain, not a build or a conversion.
 
 Each move is written to the host's ``<root>/state/rollout.json`` (the audit's ``rollout``
 item) and to ``journal_path`` in the working folder. The deploy runs as ``pyinfra -y
@@ -46,6 +51,7 @@ COMMAND_TIMEOUT = 120  # a command's own work, beside the waits it is given
 # The folder that holds this llamarack's packages (a checkout, or the site-packages of a wheel).
 PACKAGES = Path(__file__).resolve().parent.parent
 DEPLOY = "roles.deploy.main"  # the deploy that ships with llamarack (roles/deploy.py)
+STAGE = "roles.deploy.stage"  # its making roles alone: what a rollout of it stages first
 # The host record: written beside, then renamed over (a reader sees a whole record).
 WRITE_RECORD = 'mkdir -p "$1" && printf "%s\\n" "$2" > "$1/$3.new" && mv -f "$1/$3.new" "$1/$3"'
 
@@ -64,10 +70,26 @@ class Options:
     idle_timeout: float = 600.0  # each wait of a drained host: its streams on the gateways, then its units
     bench_fraction: float = 0.25
     completion_tokens: int = 4
+    stage: bool = True  # llamarack's own deploy: stage every host before any is drained
 
     def __post_init__(self):
         if self.batch < 1 or self.max_fail < 1 or not 0 <= self.bench_fraction <= 1:
             raise ValueError(f"batch and max_fail at least 1, bench_fraction within 0..1: {self}")
+
+
+def stages(deploy: str) -> bool:
+    """Whether a rollout of ``deploy`` can stage first: llamarack's own deploy (``DEPLOY``, or
+    the checkout's ``deploy.py``, which runs it), whose making roles ``STAGE`` runs alone.
+    Another deploy's work is its own: it is done inside each host's drained window."""
+    return deploy == DEPLOY or Path(deploy).resolve() == PACKAGES / "deploy.py"
+
+
+def stage_line(options: Options, deploy: str) -> str:
+    """Whether the rollout stages, and why not, in a line."""
+    if options.stage and stages(deploy):
+        return f"stage: every host not done yet, all at once, none drained ({STAGE}), then the order below"
+    why = "--no-stage" if not options.stage else f"{deploy} is not llamarack's deploy ({DEPLOY})"
+    return f"no stage ({why}): each host makes its change inside its drained window"
 
 
 def batches(serving: list, canary: Optional[str], size: int) -> list:
@@ -131,6 +153,10 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def seconds_between(start: str, end: str) -> int:
+    return int((datetime.datetime.fromisoformat(end) - datetime.datetime.fromisoformat(start)).total_seconds())
+
+
 def journal_path(inventory: str) -> Path:
     """Where the rollout of ``inventory`` is recorded for --resume (in the working folder)."""
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(inventory).stem) or "inventory"
@@ -148,7 +174,8 @@ class Journal:
     def new(cls, path: Path, inventory: str, deploy: str, data: tuple, options: Options, order: list) -> "Journal":
         journal = cls(path, {"schema": SCHEMA, "inventory": inventory, "deploy": deploy, "data": list(data),
                              "options": asdict(options), "order": order, "started": now(),
-                             "hosts": {n: {"state": "pending", "why": None, "at": None} for b in order for n in b}})
+                             "hosts": {n: {"state": "pending", "why": None, "at": None, "staged": False}
+                                       for b in order for n in b}})  # fmt: skip
         journal.save()
         return journal
 
@@ -165,12 +192,27 @@ class Journal:
     def state(self, name: str) -> str:
         return self.data["hosts"][name]["state"]
 
+    def staged(self, name: str) -> bool:
+        """Whether ``name``'s stage succeeded in this rollout (a record without the key: no)."""
+        return bool(self.data["hosts"][name].get("staged"))
+
     def unfinished(self) -> bool:
         return {h["state"] for h in self.data["hosts"].values()} not in ({"done"}, {"pending"})
 
     def move(self, name: str, state: str, why: Optional[str] = None) -> None:
-        self.data["hosts"][name] = {"state": state, "why": why, "at": now()}
+        """Record ``name``'s new state; whether it was staged stays, and from draining to done
+        the seconds it was drained (``drained_s``)."""
+        entry, at = self.data["hosts"][name], now()
+        entry.update(state=state, why=why, at=at, staged=self.staged(name) or state == "staged")
+        if state == "draining":
+            entry["drained_at"], entry["drained_s"] = at, None
+        elif state == "done" and entry.get("drained_at"):
+            entry["drained_s"] = seconds_between(entry["drained_at"], at)
         self.save()
+
+    def drained(self) -> dict:
+        """{host: the seconds it was drained} of the hosts this rollout took from drained to done."""
+        return {n: h["drained_s"] for n, h in self.data["hosts"].items() if h.get("drained_s") is not None}
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -221,15 +263,18 @@ class Pyinfra:
     def run(self, host, command: str, timeout: float):
         return hostsmod.run_one(host, command, int(timeout))
 
-    def deploy(self, name: str) -> tuple:
-        """(exit status, the output's last lines) of the deploy limited to host ``name``."""
-        args = pyinfra_argv(self.inventory, self.deploy_file, "--limit", name,
+    def deploy(self, name: str, deploy_file: Optional[str] = None) -> tuple:
+        """(exit status, the output's last lines) of the deploy (``deploy_file``, else the
+        rollout's) limited to host ``name``. Another deploy (the stage, which runs on every
+        host at once) has its lines marked with the host's name."""
+        args = pyinfra_argv(self.inventory, deploy_file or self.deploy_file, "--limit", name,
                             *[w for item in self.data for w in ("--data", item)])  # fmt: skip
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=package_env())  # fmt: skip
         tail = collections.deque(maxlen=60)  # enough to hold the error of the command that failed
+        mark = f"{name} (stage) | " if deploy_file else ""
         for line in proc.stdout:
-            self.echo(line.rstrip("\n"))
+            self.echo(mark + line.rstrip("\n"))
             tail.append(line.rstrip("\n"))
         return proc.wait(), list(tail)
 
@@ -239,28 +284,69 @@ class Rollout:
     (``journal``'s order), drained and undrained on ``gateways``, through ``boundary``."""
 
     def __init__(self, boundary, chosen: dict, gateways: list, journal: Journal, options: Options,
-                 echo: Callable = print):  # fmt: skip
+                 echo: Callable = print, stage: Optional[str] = None):  # fmt: skip
         self.boundary, self.hosts, self.gateways = boundary, chosen, gateways
         self.journal, self.options, self.echo = journal, options, echo
         self.started = journal.data.get("started") or now()
+        self.stage_deploy = stage  # the deploy that stages each host first; None: no stage
 
     def run(self) -> int:
-        """Roll every batch not done yet; stop after a failed canary or ``max_fail`` failures.
-        The number of failed hosts."""
-        failed = []
-        for number, batch in enumerate(self.journal.data["order"]):
-            todo = [n for n in batch if self.journal.state(n) != "done"]
+        """Stage every host not done yet (``stage``), then roll every batch not done yet, its
+        hosts staged; stop after a failed canary or ``max_fail`` failures, a failed stage
+        included. The number of failed hosts."""
+        order = self.journal.data["order"]
+        unstaged = self.stage()
+        failed = list(unstaged)
+        stop = bool(failed) and (order[0][0] in failed or len(failed) >= self.options.max_fail)
+        for number, batch in enumerate(order):
+            if stop:
+                break
+            todo = [n for n in batch if self.journal.state(n) != "done" and n not in unstaged]
             if not todo:
                 continue
             gevent.joinall([gevent.spawn(self.roll, name) for name in todo])
             failed += [n for n in todo if self.journal.state(n) == "failed"]
-            if failed and (number == 0 or len(failed) >= self.options.max_fail):
-                left = [n for b in self.journal.data["order"] for n in b if self.journal.state(n) == "pending"]
-                self.echo(f"rollout stopped: {', '.join(failed)} failed (left drained); "
-                          f"untouched: {', '.join(left) or 'none'}; go on with --resume")
-                return len(failed)
-        self.echo(f"rollout done{': ' + ', '.join(failed) + ' failed (left drained)' if failed else ''}")
+            stop = bool(failed) and ((number == 0 and failed[-1] in batch) or len(failed) >= self.options.max_fail)
+        if not stop:
+            drained = ", ".join(f"{n} {s} s" for n, s in self.journal.drained().items())
+            self.echo(f"rollout done{': ' + self.failures(failed, unstaged) if failed else ''}"
+                      + (f" (drained: {drained})" if drained else ""))  # fmt: skip
+            return len(failed)
+        left = [n for b in order for n in b if self.journal.state(n) in ("pending", "staged")]
+        self.echo(f"rollout stopped: {self.failures(failed, unstaged)}; untouched: {', '.join(left) or 'none'}; "
+                  "go on with --resume")  # fmt: skip
         return len(failed)
+
+    @staticmethod
+    def failures(failed: list, unstaged: list) -> str:
+        drained = [n for n in failed if n not in unstaged]
+        return "; ".join(filter(None, [drained and f"{', '.join(drained)} failed (left drained)",
+                                       unstaged and f"{', '.join(unstaged)} failed to stage (serving on, "
+                                                    "not drained)"]))  # fmt: skip
+
+    def stage(self) -> list:
+        """Run the stage deploy on every host not done and not staged yet, all at once and none
+        drained; the hosts whose stage failed (each left serving what it served)."""
+        todo = [n for b in self.journal.data["order"] for n in b
+                if self.journal.state(n) != "done" and not self.journal.staged(n)]  # fmt: skip
+        if not self.stage_deploy or not todo:
+            return []
+        self.echo(f"stage: {', '.join(todo)}, all at once, none drained: each makes its build and model beside "
+                  "what it serves, and proves them")  # fmt: skip
+        gevent.joinall([gevent.spawn(self.stage_one, name) for name in todo])
+        return [n for n in todo if not self.journal.staged(n)]
+
+    def stage_one(self, name: str) -> None:
+        host = self.hosts[name]
+        try:
+            plan = HostPlan.of(host)
+            self.move(host, plan, "staging")
+            status, tail = self.boundary.deploy(name, self.stage_deploy)
+            if status != 0:
+                raise StepFailed(f"its stage exited {status}, nothing drained: " + " / ".join(deploy_errors(tail)))
+            self.move(host, plan, "staged")
+        except Exception as e:  # as roll's: this host fails, the others go on
+            self.move(host, None, "failed", str(e) if isinstance(e, StepFailed) else f"{type(e).__name__}: {e}")
 
     def roll(self, name: str) -> None:
         host = self.hosts[name]
@@ -454,6 +540,7 @@ def main(request: Request, echo: Callable = print, boundary=None) -> int:
         if request.dry:
             order = batches(list(serving), request.options.canary, request.options.batch)
             echo(f"gateways: {', '.join(g.name for g in gateways) or 'none (nothing to drain)'}")
+            echo(stage_line(request.options, request.deploy or DEPLOY))
             echo(dry_plan(serving, order, request.templates).rstrip("\n"))
             return 0
         journal = start(request, Journal.load(journal_path(request.inventory)), list(serving))
@@ -469,5 +556,7 @@ def main(request: Request, echo: Callable = print, boundary=None) -> int:
         echo(f"no host in group {GATEWAYS}: nothing to drain; each host is still waited idle, deployed and gated")
     echo("order: " + " | ".join(", ".join(b) for b in data["order"]))
     boundary = boundary or Pyinfra(request.inventory, data["deploy"], tuple(data["data"]), echo)
-    failed = Rollout(boundary, serving, gateways, journal, options, echo).run()
+    stage = STAGE if options.stage and stages(data["deploy"]) else None
+    echo(stage_line(options, data["deploy"]))
+    failed = Rollout(boundary, serving, gateways, journal, options, echo, stage).run()
     return 1 if failed else 0

@@ -1,7 +1,8 @@
 """The audit's ``rollout`` item: where ``llamarack rollout`` left the host
-(``<root>/state/rollout.json``, written at each move: pending, draining, deploying,
-gated, done, failed). Drift while the host is anywhere but done: it is drained on the
-gateway, or its deploy or gate failed. A host never rolled has no record and no drift."""
+(``<root>/state/rollout.json``, written at each move: pending, staging, staged, draining,
+deploying, gated, done, failed). Drift while the host is anywhere but done: it is staged and
+not switched yet, drained on the gateway, or its stage, deploy or gate failed. A host never
+rolled has no record and no drift."""
 
 from __future__ import annotations
 

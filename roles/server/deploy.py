@@ -32,8 +32,11 @@ def llama_server(settings: Settings, facts: HostFacts, templates: tuple = (), re
       unit was not switched, ``/health`` is checked anyway: the same unit runs on a new driver"""
     user = settings.general.service_user  # no shell; its home, not created, is the llamarack root
     system_account(name=f"Service user {user}", user=user, home=settings.general.root, setting="llamarack_service_user")
-    # The build current before this run: kept for rollback whatever else was built since.
-    previous = read(LlamacppBuilds, root=settings.general.root).current
+    # The build that served before this run (else the one current then): kept for rollback
+    # whatever else was built since. A staged host's current build is already the new one.
+    root = settings.general.root
+    served = [unit_build(root, u.lines) for u in read(ServedUnits, state=settings.layout.state, health=True).values()]
+    previous = next(filter(None, served), None) or read(LlamacppBuilds, root=root).current
     listen, reach = settings.server.listen, host.data.get("ssh_hostname") or host.name
     addr = reach if listen in ("0.0.0.0", "::") else listen
     url = f"http://{addr}:{settings.server.port}"

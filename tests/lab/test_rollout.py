@@ -9,6 +9,7 @@ on the base commit and the default driver afterwards. The full measurement is
 import importlib.util
 import json
 import re
+import shlex
 import subprocess
 import sys
 
@@ -88,6 +89,21 @@ def under_load(lab_rack, action):
     return outcome, load.wait()
 
 
+# A row of pyinfra's closing table: the operation, then its hosts, success, error, no change.
+ROW = r"^\s*{}.*?\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s*$"
+# The seconds a host may stay drained while the rollout of a bump switches it: the deploy in
+# its window builds and converts nothing, its stage did (8 s each in a run here; the bench's
+# figures: docs/benchmarks.md).
+DRAINED_S = 30
+
+
+def window_rows(out: str, operation: str) -> list:
+    """The closing-table rows of the operations ``operation`` (a pattern) names in the deploys
+    of the drained windows (the stage's lines are marked ``HOST (stage) | ``)."""
+    window = "\n".join(line for line in out.splitlines() if "(stage) | " not in line)
+    return re.findall(ROW.format(operation), window, re.M)
+
+
 def test_a_bump_rolls_canary_first_and_drops_no_request(lab_rack, serving, bump):
     builds = {h: deploying.sh(lab_rack, h, CURRENT) for h in serving}
     (rc, out, hosts), load = under_load(lab_rack, lambda: rollout("--data", f"llamacpp_commit={bump}", gate=LAB_GATE))
@@ -97,6 +113,22 @@ def test_a_bump_rolls_canary_first_and_drops_no_request(lab_rack, serving, bump)
     assert moved == serving  # canary (the first) first, each once, in inventory order
     assert load["failed"] == 0 and load["ok"] > 0, load
     assert all(deploying.sh(lab_rack, h, CURRENT) != builds[h] for h in serving)  # a new build serves
+    # Staged first, every host while it served: no host drained before the last was staged,
+    # and no deploy inside a drained window built llama.cpp or made the model.
+    staged = [out.index(f" {h}: staged\n") for h in serving]
+    assert max(staged) < out.index(": draining\n"), out[-6000:]
+    stage = [line for line in out.splitlines() if "(stage) | " in line]
+    assert any("llama.cpp build | Build llama.cpp " in line for line in stage), out[-6000:]
+    assert not any(re.search(r"(llama-server|llamarack driver|llamarack gateway) \| ", line) for line in stage)
+    for operation in (r"llama\.cpp build \| Build llama\.cpp ", r"llamarack model \| Model [0-9a-f]{16} "):
+        rows = window_rows(out, operation)
+        assert len(rows) == len(serving) and {r[1] for r in rows} == {"-"}, (operation, rows)
+    drained = {h: v["drained_s"] for h, v in hosts.items()}
+    assert all(0 <= s <= DRAINED_S for s in drained.values()), drained
+    # the build that served before stays, the rollback's target, though the stage made another current
+    kept = "cd /opt/llamarack/builds && test -d {} && echo kept"
+    assert all(deploying.sh(lab_rack, h, kept.format(shlex.quote(builds[h].strip()))).strip() == "kept"
+               for h in serving)  # fmt: skip
 
 
 def test_a_converged_rollout_restarts_nothing(lab_rack, serving, bump):

@@ -136,7 +136,7 @@ def test_a_paced_rollout_renders_its_table_without_the_old_versions_notes():
          "baseline": {"seconds": 60.0, "load": {"sent": 240, "failed": 0, "seconds_with_failure": 0, "p50_s": 0.01,
                                                 "p99_s": 0.1}}}  # fmt: skip
     text = doc.rollout_body(r)
-    assert text.splitlines()[2] == "| quiet baseline | 60.0 | 240 | 0 | 0 | 10.0 | 100.0 |  |"
+    assert text.splitlines()[2] == "| quiet baseline | 60.0 | 240 | 0 | 0 | 10.0 | 100.0 |  |  |"
     assert "not the paced one" not in text and "mixes" not in text
     # an unstamped result of an earlier script: a closed loop, its baseline measured again later
     old = doc.rollout_body({"load": {"n_predict": 8}, "baseline": {**r["baseline"], "when": "2026-11-30T10:00:00"}})

@@ -121,6 +121,9 @@ def test_a_fresh_venv_runs_the_deploy_rollback_rollout_and_driver_upgrade_from_t
 
     deploy = run(str(venv / "bin/python"), "-m", "pyinfra", "inventory.py", "roles.deploy.main", "--dry")
     assert deploy.returncode == 0 and "llamarack preflight" in deploy.stdout, deploy.stdout[-3000:]
+    # the rollout's stage, by its name: the same preflight (which refuses this machine: no driver)
+    stage = run(str(venv / "bin/python"), "-m", "pyinfra", "inventory.py", "roles.deploy.stage", "--dry")
+    assert stage.returncode == 0 and "llamarack preflight" in stage.stdout, stage.stdout[-3000:]
     # the rollback reads the host and finds nothing to put back: its refusal, and nothing changed
     rollback = run(str(venv / "bin/llamarack"), "rollback", "inventory.py")
     assert rollback.returncode != 0 and "rollback: no previous unit" in rollback.stdout, rollback.stdout[-3000:]

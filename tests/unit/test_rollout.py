@@ -94,7 +94,10 @@ class FakeRack:
             self.servers[gw].update({n: args[1] for n in names})
         return hosts.Reply(gw, True)
 
-    def deploy(self, name):
+    def deploy(self, name, deploy_file=None):
+        if deploy_file is not None:  # the stage: it makes, it switches nothing
+            self.events.append((name, "stage"))
+            return (1, ["    [x]  Error: the build failed"]) if self.fail.get(name) == "stage" else (0, [])
         self.events.append((name, "deploy"))
         if self.fail.get(name) == "deploy":
             return 1, ["--> pyinfra error: something"]
@@ -121,8 +124,8 @@ def here(tmp_path, monkeypatch):
     return tmp_path
 
 
-def roll(fake, printed=None, inventory="inventory.py", **kwargs):
-    request = rollout.Request(inventory, "deploy.py", options=rollout.Options(**kwargs.pop("options", {})),
+def roll(fake, printed=None, inventory="inventory.py", deploy="deploy.py", **kwargs):
+    request = rollout.Request(inventory, deploy, options=rollout.Options(**kwargs.pop("options", {})),
                               **kwargs)  # fmt: skip
     return rollout.main(request, echo=(printed if printed is not None else []).append, boundary=fake)
 
@@ -437,3 +440,59 @@ def test_the_gate_fails_a_unit_whose_process_serves_another_model_than_its_file(
     assert why == ("llamarack-server.service: the process serves /opt/llamarack/models/m0/model.gguf, not the unit's "
                    "/opt/llamarack/models/m1/model.gguf: it was not restarted since its unit changed"), why
     assert fake.servers["lab-gw"]["lab-a_0"] == "drain" and fake.touched() == ["lab-a"]
+
+
+STAGED = ["staging", "staged", "draining", "deploying", "gated", "done"]
+
+
+def test_llamaracks_deploy_stages_every_host_before_any_is_drained(here):
+    fake, printed = FakeRack(), []
+    assert roll(fake, printed, deploy=None) == 0
+    stages = [i for i, e in enumerate(fake.events) if e[1] == "stage"]
+    drains = [i for i, e in enumerate(fake.events) if e[1].startswith("set drain")]
+    assert sorted(fake.events[i][0] for i in stages) == sorted(fake.units)  # each host staged once
+    assert max(stages) < min(drains)  # all of them before the first drain
+    assert [e[0] for e in fake.events if e[1] == "deploy"] == list(fake.units)  # then rolled as before
+    for host in fake.units:
+        assert states(printed, host) == STAGED and fake.timeline(host) == ["stage", *LIFE]
+    hosts_ = journal()["hosts"]
+    assert all(h["staged"] and isinstance(h["drained_s"], int) and h["drained_s"] >= 0 for h in hosts_.values())
+    assert printed[-1].startswith("rollout done (drained: lab-a ")
+
+
+def test_a_host_that_fails_its_stage_is_never_drained_and_the_others_go_on(here):
+    fake, printed = FakeRack(), []
+    fake.fail["lab-c"] = "stage"
+    assert roll(fake, printed, deploy=None, options={"max_fail": 2}) == 1
+    assert states(printed, "lab-c") == ["staging", "failed"]
+    assert not any(e[1].endswith(" lab-c_0") for e in fake.events)  # never drained on a gateway
+    assert "deploy" not in fake.timeline("lab-c")
+    assert fake.records["lab-c"]["why"].startswith("its stage exited 1, nothing drained: [x]  Error: the build failed")
+    assert all(states(printed, h) == STAGED for h in fake.units if h != "lab-c")
+    assert printed[-1].startswith("rollout done: lab-c failed to stage (serving on, not drained)")
+
+
+def test_a_canary_that_fails_its_stage_stops_the_rollout_with_nothing_drained(here):
+    fake, printed = FakeRack(), []
+    fake.fail["lab-a"] = "stage"
+    assert roll(fake, printed, deploy=None) == 1
+    assert [e for e in fake.events if e[1] == "deploy" or e[1].startswith("set ")] == []  # nothing drained, nothing deployed
+    assert fake.servers["lab-gw"]["lab-a_0"] == "ready"
+    assert printed[-1].startswith("rollout stopped: lab-a failed to stage (serving on, not drained); untouched: "
+                                  "lab-b, lab-c, lab-d, lab-e")  # fmt: skip
+    # --resume stages again only the host whose stage failed, then rolls every host
+    fake.fail.clear()
+    fake.events.clear()
+    assert roll(fake, printed, deploy=None, resume=True) == 0
+    assert [e[0] for e in fake.events if e[1] == "stage"] == ["lab-a"]
+    assert [e[0] for e in fake.events if e[1] == "deploy"] == list(fake.units)
+
+
+def test_another_deploy_is_not_staged_and_no_stage_turns_it_off(here):
+    for deploy, options, why in (("deploy.py", {}, "deploy.py is not llamarack's deploy (roles.deploy.main)"),
+                                 (None, {"stage": False}, "--no-stage")):
+        fake, printed = FakeRack(), []
+        assert roll(fake, printed, deploy=deploy, options=options) == 0
+        assert not any(e[1] == "stage" for e in fake.events)
+        assert f"no stage ({why}): each host makes its change inside its drained window" in printed
+        os.unlink(".llamarack/rollout-inventory.json")

@@ -137,7 +137,7 @@ def test_the_summary_and_table_take_every_case_in_order(tmp_path, monkeypatch, c
     result = {"benchmark": "rollout", "baseline": {"load": {**load(240, 0, 0, 0.01, 0.1), "seconds": 60.0}},
               "three_way": {"change": "server_ctx_size=1024",
                             "rollout": {"seconds": 80.5, "load": load(1300, 0, 0, 0.012, 0.2),
-                                        "restarted": ["a", "b"], "driver": hosts},
+                                        "restarted": ["a", "b"], "driver": hosts, "drained_s": {"a": 12, "b": 9}},
                             "serial": {"seconds": 30.0, "load": load(500, 5, 5, 0.01, 0.3), "restarted": ["a", "b"],
                                        "driver": hosts},
                             "parallel": {"seconds": 20.0, "load": load(300, 2474, 36, 0.02, 0.5),
@@ -151,8 +151,8 @@ def test_the_summary_and_table_take_every_case_in_order(tmp_path, monkeypatch, c
                                              "reasons": {"HTTP 503": 2474}, "p50_s": 0.02, "p99_s": 0.5,
                                              "seconds": 20.0, "p50_x": 2.0, "p99_x": 5.0}  # fmt: skip
     lines = bench.table(result).splitlines()
-    assert lines[3] == "| `llamarack rollout` | 80.5 | 1,300 | 0 | 0 | 12.0 | 200.0 | 2 of 2 |"
-    assert lines[5] == "| plain `pyinfra` (every host at once) | 20.0 | 300 | 2,474 | 36 | 20.0 | 500.0 | 2 of 2 |"
+    assert lines[3] == "| `llamarack rollout` | 80.5 | 1,300 | 0 | 0 | 12.0 | 200.0 | 2 of 2 | 12 |"
+    assert lines[5] == "| plain `pyinfra` (every host at once) | 20.0 | 300 | 2,474 | 36 | 20.0 | 500.0 | 2 of 2 |  |"
     assert lines[2].startswith("| quiet baseline | 60.0 | 240 | 0 | 0 |") and len(lines) == 7
     monkeypatch.setattr(bench, "RESULT", tmp_path / "rollout.json")
     bench.RESULT.write_text(bench.dumps(result))
