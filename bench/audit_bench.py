@@ -66,7 +66,7 @@ def audit(*args: str) -> tuple[float, float, dict, str]:
 
 def script_bytes() -> dict:
     """{host: bytes of the one command the audit runs there}, from its settings."""
-    from llamarack.audit import audit_reads
+    from roles.audit import audit_reads
     from llamarack.facts.reading import FactsTogether
     from llamarack.hosts import load
     from roles.settings import settings_for

@@ -348,7 +348,8 @@ FAULTS = [  # the quick ones first
           [], [], setup=truncate_record, may_change=(GPU_RECORD,), expect_fail=False, evidence=truncated_evidence),
     Fault("sigkill-at-switch", "pyinfra SIGKILLed while the unit switch runs (a new context)",
           ["server_ctx_size=1024", "llamarack_roles=server"], [], inject=kill_at_switch, restarts=True,
-          may_change=(UNIT_PATH, UNIT_PATH + ".prev"), evidence=switch_evidence),
+          # the switch itself, detached, goes on to its end: the new unit, and the one before it kept
+          may_change=(UNIT_PATH, UNIT_PATH + ".prev", Layout(faults.ROOT).previous_unit), evidence=switch_evidence),
     Fault("health-fails", "a new unit that never answers /health (listens on an address the host lacks)",
           ["server_listen=10.99.99.99"], [], restarts=True, evidence=health_evidence),
     Fault("host-unreachable", "one host refuses SSH at the start; the other must go on",

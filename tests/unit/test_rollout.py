@@ -352,6 +352,12 @@ def test_dry_prints_the_order_and_each_hosts_plan(here, monkeypatch):
     assert "    restart   llama-server: its unit names the new build or model\nbatch 1:" in text
     assert "batch 1:\n  lab-a: nothing changes" in text and "batch 2:\n  lab-e: nothing changes" in text
     assert fake.events == [] and not (here / ".llamarack").exists()
+    assert "no stage (deploy.py is not llamarack's deploy (roles.deploy.main))" in text  # a deploy file of its own
+    printed.clear()
+    assert roll(fake, printed, dry=True, deploy=None) == 0
+    assert printed[1] == ("stage: every host not done yet, all at once, none drained (roles.deploy.stage), then the "
+                          "order below")  # fmt: skip
+    assert fake.events == [] and not (here / ".llamarack").exists()
 
 
 def test_the_deploy_is_pyinfra_limited_to_the_host(here, monkeypatch):
@@ -366,6 +372,12 @@ def test_the_deploy_is_pyinfra_limited_to_the_host(here, monkeypatch):
     assert status == 3
     assert printed == tail == ["arg: -y", "arg: inventory.py", "arg: deploy.py", "arg: --limit", "arg: lab-a",
                                "arg: --data", "arg: llamacpp_commit=abc"]
+    # the stage: its own deploy, with the same data; its lines marked with the host (all run at once)
+    printed.clear()
+    status, tail = rollout.Pyinfra("inventory.py", "deploy.py", ("llamacpp_commit=abc",), printed.append).deploy(
+        "lab-a", rollout.STAGE)
+    assert tail[2] == "arg: roles.deploy.stage" and tail[-1] == "arg: llamacpp_commit=abc"
+    assert printed == [f"lab-a (stage) | {line}" for line in tail]
 
 
 def test_the_audit_item_says_where_the_rollout_left_the_host():
