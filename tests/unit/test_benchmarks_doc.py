@@ -36,6 +36,15 @@ def test_every_place_of_the_template_is_rendered_and_every_result_is_named():
     assert all(f"`{p.name}`" in page for p in doc.RESULTS.glob("*.json")), "a result the page does not name"
 
 
+# An audit result as an earlier script wrote it: no stamp.
+UNSTAMPED_AUDIT = {"date": "2026-12-05", "machine": {"cpu": "AMD EPYC", "cores": 2, "python": "3.11.7"}, "hosts": 5,
+                   "audit_s": {"median": 1.465, "runs": [1.735, 1.65, 1.65, 1.465, 1.405, 1.422, 1.301]},
+                   "ssh_true_fan_out_s": {"median": 0.395}, "audit_control_cpu_s": 0.807,
+                   "remote_commands_per_host": {"lab-v100-a": 1, "lab-gw": 1},
+                   "script_bytes": {"lab-v100-a": 47621, "lab-gw": 8509},
+                   "hosts_unchanged": {"lab-v100-a": True, "lab-gw": True}}  # fmt: skip
+
+
 def stamp(**over) -> dict:
     return {"schema": "llamarack-bench-provenance/1", "commit": "0123456789abcdef" * 2 + "01234567",
             "commit_from": "git", "tree": "clean", "changed": [], "command": "python3 bench/audit_bench.py --reuse",
@@ -61,7 +70,7 @@ def test_a_stamped_result_names_its_command_commit_machine_and_scripts():
 
 
 def test_an_unstamped_result_says_so_and_a_missing_one_renders_no_figure():
-    line = doc.source("audit", COMMITTED("audit"))
+    line = doc.source("audit", UNSTAMPED_AUDIT)
     assert line == f"Result `audit.json` ({doc.NOT_STAMPED}: no commit or script recorded): AMD EPYC, 2 cores, 2026-12-05."
     assert doc.section("audit", None, doc.audit_body) == "No result `audit.json` yet: its script writes it."
 
@@ -150,7 +159,7 @@ def test_each_committed_result_is_read_by_a_section(name):
 
 
 def test_the_stamp_is_read_from_results_written_by_the_scripts(tmp_path):
-    (tmp_path / "audit.json").write_text(json.dumps({**COMMITTED("audit"), "provenance": stamp()}))
+    (tmp_path / "audit.json").write_text(json.dumps({**UNSTAMPED_AUDIT, "provenance": stamp()}))
     page = doc.render(doc.Results(tmp_path), "{{ audit }}")
     assert page.startswith("Result `audit.json`: `python3 bench/audit_bench.py --reuse`, at commit `0123456789`")
     assert "took 1.47 s (median of 7; 1.30 to 1.74 s)" in page
