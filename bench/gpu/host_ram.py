@@ -89,7 +89,7 @@ def ledger(args, layers, cache_ram: int) -> dict:
     words = [str(args.model_dir / "model.gguf"), "--gpu", str(args.card_mib), "--ctx", str(args.ctx), "--kv", "f16",
              "--cache-ram", str(cache_ram), "--cache-ram-min", "0", "--host-ram-mib", str(mem_total_mib()), "--json"]
     if layers is not None or args.cpu:  # a CPU build: the plan of no layer on the card, every part in host RAM
-        words += ["--gpu-layers", str(0 if args.cpu else layers)]
+        words += ["--gpu-layers", str(0 if args.cpu else layers)] + (["--cpu-build"] if args.cpu else [])
     run = subprocess.run([sys.executable, "-c", "from roles.server.plan_cli import plan_command; plan_command()",
                           *words], capture_output=True, text=True, cwd=REPO)  # fmt: skip
     if run.returncode:

@@ -147,12 +147,15 @@ def _gib(n: float) -> str:
               help="llama-server's prompt cache in host RAM, MiB (server_cache_ram; -1 no limit, 0 none)")
 @click.option("--cache-ram-min", default=HostRam.cache_ram_min, show_default=True, type=click.IntRange(0),
               help="the least --cache-ram is lowered to where the host's memory does not hold it (server_cache_ram_min)")
+@click.option("--cpu-build", is_flag=True,
+              help="the units run a CPU build (llamacpp_backend = 'cpu'): every part of them, and a CPU process, in "
+                   "the host's memory")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def plan_command(gguf, hub_repo, revision, hub_file, hub_endpoint, hub_token_file, trusted_network, config_json,
                  quant, gpu, gpus, layout, split_mode,
                  kv_types, ctx_size, parallel, gpu_layers, min_ctx, rope_scaling, rope_scale, yarn_orig_ctx,
                  reserve_mib, no_flash_attn, draft_gguf, draft_config, draft_quant, draft_gpu_layers,
-                 host_ram_mib, host_ram_reserve_mib, cache_ram, cache_ram_min, as_json):  # fmt: skip
+                 host_ram_mib, host_ram_reserve_mib, cache_ram, cache_ram_min, cpu_build, as_json):  # fmt: skip
     """What a model needs on a card and what the card allows: the ledger
     (weights, KV, compute, reserve), the largest context for each KV type, and
     whether every layer fits or only some. With several cards (--gpus, or --gpu
@@ -191,7 +194,7 @@ def plan_command(gguf, hub_repo, revision, hub_file, hub_endpoint, hub_token_fil
     pairs = list(dict.fromkeys([(k, "f16") for k, _ in pairs] if no_flash_attn else pairs))
     asked = _Asked(shape, knobs, pairs, draft, layout, split_mode)
     report, text, refusal, plans = (_one_card(asked, cards[0]) if len(cards) == 1 else _several(asked, cards))
-    host = (host_ram_mib, HostRam(cache_ram, cache_ram_min, host_ram_reserve_mib))
+    host = (host_ram_mib, HostRam(cache_ram, cache_ram_min, host_ram_reserve_mib), not cpu_build)
     report["host_ram"], more, refusal = _host_ram(asked, host, plans, refusal) if plans else (None, [], refusal)
     text += more
     cap, rope = context_cap(shape, knobs)
@@ -423,9 +426,9 @@ def _plan_line(result, refusal: Optional[str]) -> str:
 def _host_ram(asked: _Asked, host: tuple, plans: list, refusal: Optional[str]) -> tuple:
     """(the host-RAM ledger as a dict, its lines, the refusal: the cards' or the host's) of the
     units (``plans``: (name, Plan)), planned on their cards, against ``host``: (MemTotal MiB or
-    None, ``HostRam``)."""
-    host_mib, wanted = host
-    shares = [unit_share(name, asked.shape, asked.knobs, p, True, asked.draft) for name, p in plans]
+    None, ``HostRam``, whether what the plan puts on the cards stays there: a CUDA build)."""
+    host_mib, wanted, on_cards = host
+    shares = [unit_share(name, asked.shape, asked.knobs, p, on_cards, asked.draft) for name, p in plans]
     book, failure = plan_host(shares, host_mib, wanted)
     said = failure.message("host") if failure else None
     return book.as_dict(), _host_lines(book) + ([f"host refused: {said}"] if said else []), refusal or said

@@ -218,6 +218,14 @@ def test_llamarack_plan_shows_the_host_ram_ledger_and_refuses_a_host_that_cannot
                                                 "--json"]).output)  # fmt: skip
     assert data["refused"] is None and data["host_ram"]["lowered"] and data["host_ram"]["units"][7]["unit"] == "unit 8"
     assert data["host_ram"]["cache_ram"] == data["host_ram"]["units"][0]["cache_ram"] < 1024
+    # a CPU build: the weights and KV the plan puts on the card are in host RAM, beside a CPU process
+    cpu = json.loads(CliRunner().invoke(main, [*args, "--gpu-layers", "0", "--cpu-build", "--json"]).output)
+    cuda = json.loads(CliRunner().invoke(main, [*args, "--gpu-layers", "0", "--json"]).output)
+    assert cpu["host_ram"]["units"][0]["process_mib"] == PROCESS_MIB and cuda["host_ram"]["units"][0]["process_mib"] \
+        == PROCESS_CUDA_MIB  # fmt: skip
+    full = json.loads(CliRunner().invoke(main, [*args, "--cpu-build", "--json"]).output)["host_ram"]["units"][0]
+    on_card = json.loads(CliRunner().invoke(main, [*args, "--json"]).output)["host_ram"]["units"][0]
+    assert full["weights_mib"] > 4000 > on_card["weights_mib"]  # an 8B Q4_K_M, all in host RAM on a CPU build
 
 
 def test_a_cuda_units_resident_memory_on_the_h100_is_within_its_share():
