@@ -180,14 +180,19 @@ def test_the_build_tools_layers_and_sleep_results_render_their_figures():
 
 
 def test_the_host_ram_result_renders_each_case_against_its_share():
-    text = gpu.host_ram_body(COMMITTED("cpu-host-ram"))
-    row = "| cache8 | 8 | 44.0 (1.0 + 2.0 + 6.0 + 27.0 + 8.0) | 1.02 + 2.00 + 6.01 | 24.7 / 41.2 (41.2) | -2.8 |"
+    r = COMMITTED("cpu-host-ram")
+    text = gpu.host_ram_body(r)
+    # the ledger's and llama.cpp's figures are the plan's and the log's; the resident memory is the run's own
+    c = r["cases"]["cache8"]
+    rss = f"{c['rss_mib'][0]['VmRSS']} / {c['rss_mib'][-1]['VmRSS']} ({c['rss_mib'][-1]['VmHWM']})"
+    row = f"| cache8 | 8 | 44.0 (1.0 + 2.0 + 6.0 + 27.0 + 8.0) | 1.02 + 2.00 + 6.01 | {rss} | {c['rss_minus_ledger_mib']} |"
     assert row in text
     assert "within 0.02 MiB of the ledger's weights, KV and compute" in text
-    assert "With the prompt cache off (cache0), VmRSS was 24.6 MiB beyond them" in text
+    beyond = r["cases"]["cache0"]["beyond_buffers_mib"]
+    assert f"With the prompt cache off (cache0), VmRSS was {beyond} MiB beyond them" in text
     over = copy.deepcopy(COMMITTED("cpu-host-ram"))
     over["cases"]["cache8"]["within_ledger"] = False
-    assert "| -2.8 **over its share** |" in gpu.host_ram_body(over)
+    assert f"| {c['rss_minus_ledger_mib']} **over its share** |" in gpu.host_ram_body(over)
     both = gpu.host_ram(COMMITTED)
     assert "A CPU build" in both and "A CUDA build" in both  # the GPU machine's result beside this one's
     assert "No result `gpu-host-ram.json` yet" in gpu.host_ram(lambda name: None if name == "gpu-host-ram"
