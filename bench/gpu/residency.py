@@ -58,8 +58,8 @@ from roles.server.files.wait_healthy import compute_apps, denied_names, residenc
 from roles.server.plan import device_names, render_unit  # noqa: E402
 from roles.settings import load_settings  # noqa: E402
 
-# The unit's flags but the KV cache (the build here leaves out the flash-attention kernels
-# that a quantized V cache needs, to build in half the time).
+# The unit's flags but the KV cache: f16, flash attention off (what is proven is where the
+# process runs, not its kernels; the build is the one the other GPU scripts share).
 ARGS = ["--cache-type-k", "f16", "--cache-type-v", "f16", "--n-gpu-layers", "999", "--flash-attn", "off",
         "--load-mode", "none"]
 DENY = ("/dev/nvidia0", "/dev/nvidiactl")

@@ -11,7 +11,7 @@ mkdir -p "$W"
 case "${1:-check}" in
   build)
     start=$(date +%s)
-    build_cuda "$W" llama-server -DGGML_CUDA_FA=OFF || exit 1
+    build_cuda "$W" llama-server || exit 1
     "$nvcc" -o "$W/hold" bench/gpu/hold.cu || exit 1
     echo "build: $(( $(date +%s) - start )) s"
     ;;
