@@ -134,7 +134,46 @@ def host_lines(a: HostAudit, refusal: str = "refused by preflight", nothing: str
 
 
 def as_text(audits: list[HostAudit]) -> str:
-    return "\n".join(line for a in audits for line in host_lines(a)) + "\n"
+    lines = [line for a in audits for line in host_lines(a)]
+    made = builds_made(audits)
+    return "\n".join(lines + (["builds:"] + [f"  {b['line']}" for b in made] if made else [])) + "\n"
+
+
+def builds_made(audits: list[HostAudit]) -> list[dict]:
+    """The llama.cpp builds the deploy will make, one entry per build: on which host it is
+    compiled (roles/llamacpp/ship.py: once per build key, by the first host of the run that
+    reaches it, or by none where a host already holds it) and who receives it, with the bytes
+    each receiving host gets (estimated from the sealed build it serves now)."""
+    groups: dict = {}
+    for a in audits:
+        item = a.items.get("build") if a.reachable and not a.error and not refused(a) else None
+        if item is not None:
+            w = item.wanted or {}
+            groups.setdefault(w.get("ship") or f"{w.get('stamp')}@{a.name}", []).append((a.name, item))
+    made = []
+    for key, members in groups.items():
+        need = [name for name, item in members if item.drift and any(s.action == "rebuild" for s in build_steps(item))
+                and not (item.wanted or {}).get("held")]  # fmt: skip
+        if not need:
+            continue
+        wanted = members[0][1].wanted or {}
+        holders = [name for name, item in members if (item.wanted or {}).get("held")]
+        size = max((item.found or {}).get("bytes") or 0 for _, item in members)
+        entry = {"stamp": wanted.get("stamp"), "shared": bool(wanted.get("ship")), "hosts": need,
+                 "compiles": 0 if holders else 1 if wanted.get("ship") else len(need),
+                 "source": holders[0] if holders else None, "bytes_each": size or None}  # fmt: skip
+        each = f"about {size / 2**20:.0f} MiB each (the size of the build served now)" if size else "size known once built"
+        if not wanted.get("ship"):
+            entry["line"] = f"{entry['stamp']}: compiled on each of {', '.join(need)} (not shipped)"
+        elif holders:
+            entry["line"] = (f"{entry['stamp']}: nothing compiles; {', '.join(need)} receive it from {holders[0]}, "
+                             f"which holds it, through this machine: {each}")  # fmt: skip
+        else:
+            entry["line"] = (f"{entry['stamp']}: compiled once, by the first of {', '.join(need)} to reach it"
+                             + (f"; the other {len(need) - 1} receive it through this machine: {each}"
+                                if len(need) > 1 else ""))  # fmt: skip
+        made.append(entry)
+    return made
 
 
 def refused(audit: HostAudit) -> list:
@@ -147,4 +186,5 @@ def as_json(audits: list[HostAudit]) -> dict:
     return {"schema": "llamarack-plan-upgrade/1",
             "hosts": {a.name: {"error": a.error if (a.error or not a.reachable) else None, "refused": refused(a),
                                "steps": [] if refused(a) else [asdict(s) for s in host_steps(a)]}
-                      for a in audits}}
+                      for a in audits},
+            "builds": builds_made(audits)}

@@ -130,6 +130,9 @@ llamacpp_build_jobs = None
 # rebuild even when the build inputs are unchanged
 llamacpp_force_rebuild = False
 
+# make each build once in a run and ship it, sealed, through the control machine to the other hosts that need the same build (same inputs; for -march=native also the same CPU flags); False compiles on every host
+llamacpp_ship_builds = True
+
 # builds kept for rollback, the current one included
 llamacpp_keep_builds = 2
 

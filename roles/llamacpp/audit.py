@@ -11,14 +11,15 @@ from roles.settings import Settings
 
 from .files.build_seal import BUILD_INPUTS
 from .plan import plan_for_host, same_build
-from .reads import BuildRecord, BuildSeals, LlamacppBuilds
+from .reads import BuildRecord, BuildSeals, CpuFlags, LlamacppBuilds
+from .ship import build_key
 
 
 def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
     """The builds, the current build's record and seals; ``verify``: its files hashed."""
     root = settings.general.root
     found = (FactRead.of(LlamacppBuilds, root=root), FactRead.of(BuildSeals, root=root),
-             FactRead.of(BuildRecord, root=root))  # fmt: skip
+             FactRead.of(BuildRecord, root=root), FactRead.of(CpuFlags))  # fmt: skip
     return found + ((FactRead.of(BuildSeals, root=root, sha256="current"),) if verify else ())
 
 
@@ -33,7 +34,12 @@ def items(seen: Seen) -> dict[str, Item]:
     found = {"stamp": current, "commit": record.get("commit"), "cuda_archs": record.get("cuda_archs"),
              "proof": record.get("proof_id"), "smoke": proof.get("variant"),
              "smoke_tokens_per_second": proof.get("tokens_per_second"), "files": files}  # fmt: skip
-    wanted = {"stamp": plan.stamp, "commit": settings.llamacpp.commit, "proof": plan.proof_id, "files": "as sealed"}
+    found["bytes"] = seals.bytes.get(current) if seals and current else None
+    wanted = {"stamp": plan.stamp, "commit": settings.llamacpp.commit, "proof": plan.proof_id, "files": "as sealed",
+              # hosts of the same key share one compile (ship.py); None: compiled on this host
+              "ship": build_key(plan.stamp, plan.cmake_args, fact(CpuFlags)) if settings.llamacpp.ship_builds else None,
+              "held": [name for name in (builds.newest_first() if builds else ()) if same_build(name, plan.stamp, seals)
+                       and seals and name in seals.changed and not seals.tampered(name)]}  # fmt: skip
     same = same_build(current, plan.stamp, seals)
     if seals and current and seals.failed.get(current) == plan.proof_id:
         found["proof_failed"] = plan.proof_id  # the next deploy builds it again beside it

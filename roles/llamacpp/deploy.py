@@ -5,12 +5,13 @@ import dataclasses
 from pyinfra import host, logger
 from pyinfra.api import deploy
 
-from roles.llamacpp.reads import BuildSeals, LlamacppBuilds
+from roles.llamacpp.reads import BuildSeals, CpuFlags, LlamacppBuilds
 from llamarack.facts import read
 from roles.preflight.facts import HostFacts
 from roles.settings import Settings
 
 from .operations import build, checkout, reprove, seal_build, switch_current
+from .ship import build_key
 from .plan import BuildPlan, build_dir_for, plan_for_host, same_build
 
 
@@ -34,16 +35,18 @@ def llamacpp(settings: Settings, facts: HostFacts) -> BuildPlan:
                else f"failed proof {plan.proof_id}" if seals.failed.get(current) == plan.proof_id else None)
         if why:
             logger.warning(f"{host.print_prefix}llama.cpp build {current} {why}: building it again as {where}")
+    key = build_key(plan.stamp, plan.cmake_args, read(CpuFlags)) if s.ship_builds else None
     plan = dataclasses.replace(plan, stamp=where)
 
     checkout(name=f"llama.cpp source at {s.commit[:12]}", git_url=s.git_url, commit=s.commit, dest=layout.src)
     archs = f", sm_{'/'.join(plan.cuda_archs)}" if plan.cuda_archs else ""
     log = f"{layout.build(plan.stamp)}/build.log"
     built = build(name=f"Build llama.cpp {plan.stamp} ({plan.backend}{archs}; log: {log})", plan=plan, src=layout.src,
-                  root=root, ccache_dir=s.ccache_dir, jobs=s.build_jobs)
+                  root=root, ccache_dir=s.ccache_dir, jobs=s.build_jobs, key=key)
     if built.will_change:
         logger.info(f"{host.print_prefix}llama.cpp build {plan.stamp} needed: a cold build takes minutes (CPU about "
-                    f"11 min, CUDA for one arch about 50 min on 2 cores); follow it with: tail -f {log}")
+                    f"11 min, CUDA for one arch about 50 min on 2 cores); follow it with: tail -f {log}"
+                    + (" (made once in the run: the other hosts of the same build receive it)" if key else ""))
     else:
         reprove(name=f"Prove llama.cpp build {plan.stamp} again (proof {plan.proof_id}; nothing is rebuilt)",
                 plan=plan, src=layout.src, root=root)

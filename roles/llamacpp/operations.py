@@ -6,7 +6,8 @@ import json
 import shlex
 
 from pyinfra import host
-from pyinfra.api import StringCommand, operation
+from pyinfra.api import FunctionCommand, StringCommand, operation
+from pyinfra.context import ctx_host
 from pyinfra.facts.files import FileContents
 
 from llamarack import remote
@@ -15,6 +16,7 @@ from roles.llamacpp.reads import BuildSeals, GitHead, LlamacppBuilds
 from llamarack.layout import Layout, unit_build
 from llamarack.operations import private_upload
 
+from . import ship
 from .plan import PORTABLE_CPU_VARIANTS, BuildPlan, cpu_variant_name, with_cpu_features
 
 
@@ -47,7 +49,7 @@ def checkout(git_url: str, commit: str, dest: str):
 
 
 @operation()
-def build(plan: BuildPlan, src: str, root: str, ccache_dir=None, jobs=None):
+def build(plan: BuildPlan, src: str, root: str, ccache_dir=None, jobs=None, key=None):
     """Build llama.cpp into ``<root>/builds/<stamp>``, verify it, and record it.
 
     + plan: the BuildPlan (inputs and stamp)
@@ -55,40 +57,56 @@ def build(plan: BuildPlan, src: str, root: str, ccache_dir=None, jobs=None):
     + root: the llamarack root
     + ccache_dir: ccache directory (shared by a rack), None for the default
     + jobs: parallel compile jobs, None for nproc
+    + key: what hosts must share to share this build (``ship.build_key``); None: built here
 
     The directory counts only once the smoke run (``files/llamacpp_proof.py``) wrote its
     ``build-info.json``, last (docs/deploy.md, "A build counts only after it computed");
-    ``current`` is not touched here."""
+    ``current`` is not touched here. With ``key``, the build is made once in the run and
+    received by the other hosts of the same key (``ship.py``); a host that holds it sealed
+    is a source."""
     builds = read(LlamacppBuilds, root=root)
-    if plan.stamp in builds.verified and not read(BuildSeals, root=root).tampered(plan.stamp):
+    seals = read(BuildSeals, root=root) if plan.stamp in builds.verified else None
+    if seals is not None and not seals.tampered(plan.stamp):
+        if key and plan.stamp in seals.changed:
+            # the Host itself, not pyinfra's proxy for whichever host is current
+            ship.for_state(host.state).hold(key, ctx_host.get(), Layout(root).build(plan.stamp))
         host.noop(f"llama.cpp build {plan.stamp} exists and was verified")
         return
+    commands = build_commands(plan, src, root, ccache_dir, jobs)
+    if not key:
+        yield from commands
+        return
+    spec = proof_spec(plan, Layout(root).build(plan.stamp), src, _build_env(plan, root, None), reprove=True)
+    yield FunctionCommand(ship.obtain, (key, root, plan.stamp, commands, spec), {})
 
+
+def build_commands(plan: BuildPlan, src: str, root: str, ccache_dir=None, jobs=None) -> list:
+    """The commands that compile, check and prove the build ``plan`` here."""
     d = Layout(root).build(plan.stamp)
     q_d = shlex.quote(d)
     env = _build_env(plan, root, ccache_dir)
 
-    yield f"rm -rf {q_d} && mkdir -p {q_d}"
-    yield configure_command(d, src, env, plan.cmake_args)
-    # Progress: one line per finished percent step goes to build.log as it
-    # happens (`tail -f` it, or run pyinfra with -vvv to see it live).
-    yield build_command(d, env, plan.targets, ccache_dir, jobs)
-    yield f"ln -sfn build/bin {q_d}/bin"
-    yield (f"{q_d}/bin/llama-server --version > {q_d}/version.txt 2>&1"
-           f" && grep -q {shlex.quote(plan.commit[:9])} {q_d}/version.txt"
-           f" || {{ echo 'llama-server --version failed or names another commit:' >&2;"
-           f" cat {q_d}/version.txt >&2; exit 1; }}")  # fmt: skip
+    commands = [f"rm -rf {q_d} && mkdir -p {q_d}", configure_command(d, src, env, plan.cmake_args),
+                # Progress: one line per finished percent step goes to build.log as it
+                # happens (`tail -f` it, or run pyinfra with -vvv to see it live).
+                build_command(d, env, plan.targets, ccache_dir, jobs),
+                f"ln -sfn build/bin {q_d}/bin",
+                (f"{q_d}/bin/llama-server --version > {q_d}/version.txt 2>&1"
+                 f" && grep -q {shlex.quote(plan.commit[:9])} {q_d}/version.txt"
+                 f" || {{ echo 'llama-server --version failed or names another commit:' >&2;"
+                 f" cat {q_d}/version.txt >&2; exit 1; }}")]  # fmt: skip
     if plan.backend == "cuda":
         cuobjdump = shlex.quote(f"{plan.cuda_home}/bin/cuobjdump")
-        yield f"{cuobjdump} --list-elf {q_d}/build/bin/libggml-cuda.so > {q_d}/cubins.txt"
+        commands.append(f"{cuobjdump} --list-elf {q_d}/build/bin/libggml-cuda.so > {q_d}/cubins.txt")
         for arch in (a.split("-")[0] for a in plan.cuda_archs):
-            yield (f"grep -q 'sm_{arch}\\.cubin' {q_d}/cubins.txt || {{ echo 'the build holds no sm_{arch}"
-                   f" code (no kernel image for this GPU); refusing it' >&2; exit 1; }}")  # fmt: skip
-    yield (f"{q_d}/bin/llama-server --help > {q_d}/server-help.txt 2>&1"
-           f" && grep -q -e '--load-mode' -e '--no-mmap' {q_d}/server-help.txt")  # fmt: skip
-    yield from private_upload(json.dumps(proof_spec(plan, d, src, env, ccache_dir, jobs), indent=1, sort_keys=True),
-                              f"{d}/proof-spec.json")
-    yield StringCommand(remote.command("llamacpp_proof", f"{d}/proof-spec.json"))
+            commands.append(f"grep -q 'sm_{arch}\\.cubin' {q_d}/cubins.txt || {{ echo 'the build holds no sm_{arch}"
+                            f" code (no kernel image for this GPU); refusing it' >&2; exit 1; }}")  # fmt: skip
+    commands.append(f"{q_d}/bin/llama-server --help > {q_d}/server-help.txt 2>&1"
+                    f" && grep -q -e '--load-mode' -e '--no-mmap' {q_d}/server-help.txt")  # fmt: skip
+    commands += private_upload(json.dumps(proof_spec(plan, d, src, env, ccache_dir, jobs), indent=1, sort_keys=True),
+                               f"{d}/proof-spec.json")  # fmt: skip
+    commands.append(StringCommand(remote.command("llamacpp_proof", f"{d}/proof-spec.json")))
+    return commands
 
 
 def configure_command(d: str, src: str, env: str, cmake_args: tuple, append: bool = False) -> str:

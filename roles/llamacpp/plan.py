@@ -124,7 +124,11 @@ def cmake_args(s: Settings, archs: tuple, cuda_home: Optional[str], host_compile
             "-DLLAMA_BUILD_TESTS=OFF",
             "-DLLAMA_BUILD_EXAMPLES=OFF",
             # The checkout is ours, not a llama.cpp clone with tags: say which commit it is.
-            f"-DLLAMA_BUILD_COMMIT={s.llamacpp.commit[:9]}"]
+            f"-DLLAMA_BUILD_COMMIT={s.llamacpp.commit[:9]}",
+            # The binaries find their libraries beside them ($ORIGIN), not at the absolute
+            # path of the build directory: a build shipped to another host (ship.py) runs
+            # from wherever it is unpacked and proven.
+            "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON"]
     if s.llamacpp.backend == "cuda":
         args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(archs)}",
                  f"-DCMAKE_CUDA_COMPILER={cuda_home}/bin/nvcc"]  # fmt: skip

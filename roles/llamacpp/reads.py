@@ -74,6 +74,25 @@ class GitHead(FactBase[Optional[str]]):
         return text
 
 
+class CpuFlags(FactBase[Optional[str]]):
+    """Returns the CPU's ``flags`` line of ``/proc/cpuinfo`` (its words, sorted), None where
+    there is none (not x86, or no procfs): what a build for the host's own CPU
+    (``-march=native``) depends on, so only hosts with the same flags share one."""
+
+    def command(self) -> str:
+        return "grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true"
+
+    def process(self, output) -> Optional[str]:
+        text = "\n".join(output).strip()
+        head, sep, flags = text.partition(":")
+        if not sep or head.strip() != "flags":
+            return None
+        words = flags.split()
+        if not all(re.fullmatch(r"[a-z0-9_.]+", w) for w in words):
+            raise FactProcessError(f"unexpected /proc/cpuinfo flags: {text[:200]!r}")
+        return " ".join(sorted(words))
+
+
 @dataclass(frozen=True)
 class Builds(FactValue):
     current: Optional[str]
@@ -177,6 +196,8 @@ class Seals(FactValue):
     """``{name: proof id}``: the proof each build passed (None: before proofs had ids)."""
     failed: dict = field(default_factory=dict)
     """``{name: proof id}`` of a build that failed that proof when re-proved."""
+    bytes: dict = field(default_factory=dict)
+    """``{name: bytes}``: the size of each sealed build's sealed files, from its seal."""
 
     def tampered(self, stamp: str) -> bool:
         """A file of the build differs from its seal (size, mtime, inode; gone or added)."""
@@ -212,7 +233,8 @@ class BuildSeals(FactBase[Seals]):
             return Seals(changed, unsealed, {"name": deep["name"], "changed": list(deep["changed"])} if deep else None,
                          stamps={k: inputs_stamp(v["inputs"]) for k, v in builds.items() if v.get("inputs")},
                          proofs={k: _proof_id(v.get("proof_id")) for k, v in builds.items()},
-                         failed={k: _proof_id(v["proof_failed"]) for k, v in builds.items() if v.get("proof_failed")})
+                         failed={k: _proof_id(v["proof_failed"]) for k, v in builds.items() if v.get("proof_failed")},
+                         bytes={k: int(v["bytes"]) for k, v in builds.items() if v.get("sealed") and "bytes" in v})
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise FactProcessError(f"unreadable build seal report: {e}") from e
 
@@ -240,4 +262,4 @@ def reads(settings) -> tuple:
         return ()
     root = settings.general.root
     return (FactRead.of(LlamacppBuilds, root=root), FactRead.of(BuildSeals, root=root),
-            FactRead.of(GitHead, path=settings.layout.src))  # fmt: skip
+            FactRead.of(GitHead, path=settings.layout.src), FactRead.of(CpuFlags))  # fmt: skip

@@ -76,6 +76,10 @@ class LlamacppSettings(Section):
     ccache_dir: Optional[str] = setting(None, "ccache directory, e.g. one shared by the rack over NFS", host_path)
     build_jobs: Optional[int] = setting(None, "parallel compile jobs; None means nproc", between=(1, 1024))
     force_rebuild: bool = setting(False, "rebuild even when the build inputs are unchanged")
+    ship_builds: bool = setting(
+        True, "make each build once in a run and ship it, sealed, through the control machine to the other "
+        "hosts that need the same build (same inputs; for -march=native also the same CPU flags); "
+        "False compiles on every host")
     keep_builds: int = setting(2, "builds kept for rollback, the current one included", between=(1, 100))
     cpu_features: Optional[tuple[str, ...]] = setting(
         None, "x86 extensions ggml's CPU code is built with, each named (they build on each other: "

@@ -68,6 +68,7 @@ def test_every_fact_has_fixtures():
         # real output on the first 100 bytes of the tiny GGUF (an interrupted copy)
         (facts.GgufShape, ['{"error": "truncated GGUF header", "path": "/tmp/trunc.gguf"}']),
         (facts.GgufShape, ["Traceback (most recent call last):"]),
+        (facts.CpuFlags, ["flags\t\t: fpu sse2 $(reboot)"]),
     ],
 )
 def test_unexpected_output_is_a_fact_process_error(fact, output):

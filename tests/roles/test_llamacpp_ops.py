@@ -250,3 +250,46 @@ def test_plan_for_a_cuda_host_uses_the_toolkits_gcc_ceiling():
     fresh_plan = plan_for_host(settings(toolchain_cuda_source="debian"), fresh)
     assert (fresh_plan.cuda_home, fresh_plan.host_compiler) == ("/usr", "/usr/bin/g++-11")
     assert fresh_plan.stamp == plan.stamp
+
+
+def test_a_shared_build_is_one_step_that_compiles_or_receives_when_the_run_reaches_it():
+    """With a key (ship.build_key) the build is one FunctionCommand: ship.obtain decides at run
+    time whether this host compiles (the same commands as a build of its own) or receives."""
+    from pyinfra.api import FunctionCommand
+    from pyinfra.context import ctx_host
+
+    from roles.llamacpp import ship
+    from roles.llamacpp.operations import build_commands
+    from tests.support.ophost import FakeHost, FakeState
+
+    plan = plan_build(settings(llamacpp_backend="cpu"))
+    fake = FakeHost(on_host(Builds(None, {})), state=FakeState(True, False))
+    with ctx_host.use(fake):
+        (step,) = list(build._inner(plan=plan, src="/s", root=ROOT, key="k1"))
+        own = build_commands(plan, "/s", ROOT)
+    assert isinstance(step, FunctionCommand) and step.function is ship.obtain
+    key, root, name, commands, spec = step.args
+    assert (key, root, name) == ("k1", ROOT, plan.stamp)
+    assert [str(c) for c in commands][:6] == [str(c) for c in own][:6]  # the uploads' private names differ
+    # a received build is re-proven here: no rebuild rung (its source is not on this host)
+    assert spec["reprove"] and not any("configure" in r for r in spec["rungs"])
+
+
+def test_a_host_holding_the_sealed_build_is_a_source_for_the_run():
+    from pyinfra.context import ctx_host
+
+    from roles.llamacpp import ship
+    from tests.support.ophost import FakeHost, FakeState
+
+    plan = plan_build(settings(llamacpp_backend="cpu"))
+    fake = FakeHost(on_host(Builds(plan.stamp, {plan.stamp: 1}), Seals({plan.stamp: []})), state=FakeState(True, False))
+    with ctx_host.use(fake):
+        assert list(build._inner(plan=plan, src="/s", root=ROOT, key="k2")) == []
+    assert fake.noops == [f"llama.cpp build {plan.stamp} exists and was verified"]
+    (holder,) = ship.for_state(fake.state).holders["k2"]
+    assert holder.host is fake and holder.build_dir == f"{ROOT}/builds/{plan.stamp}"
+    # an unsealed build (proven before seals) cannot be checked on arrival: no source
+    other = FakeHost(on_host(Builds(plan.stamp, {plan.stamp: 1}), Seals({}, (plan.stamp,))), state=FakeState(True, False))
+    with ctx_host.use(other):
+        list(build._inner(plan=plan, src="/s", root=ROOT, key="k3"))
+    assert not ship.for_state(other.state).holders["k3"]

@@ -80,3 +80,32 @@ def test_a_new_header_reader_records_the_shape_again_and_remakes_nothing():
     changed = host(model=Item({**model, "shape_recorded": False}, {**model, "quant": "Q8_0", "shape_recorded": True},
                               drift=True))
     assert steps(changed) == [("remake", "model artifact"), ("restart", "llama-server")]
+
+
+def rebuilding(name: str, ship, held=(), mib: int = 20) -> HostAudit:
+    wanted = {**BUILD, "stamp": "77aa", "inputs_changed": ["commit"], "ship": ship, "held": list(held)}
+    audit = host(build=Item({**BUILD, "bytes": mib * 2**20}, wanted, drift=True))
+    return HostAudit(name, items=audit.items)
+
+
+def test_a_bump_says_which_build_compiles_once_and_who_receives_it_with_the_bytes():
+    audits = [rebuilding(n, "77aa-cpu1") for n in ("lab-v100-a", "lab-v100-b", "lab-t4")]
+    (made,) = as_json(audits)["builds"]
+    assert made["compiles"] == 1 and made["hosts"] == ["lab-v100-a", "lab-v100-b", "lab-t4"]
+    assert made["bytes_each"] == 20 * 2**20 and made["source"] is None
+    assert ("builds:\n  77aa: compiled once, by the first of lab-v100-a, lab-v100-b, lab-t4 to reach it; the other 2 "
+            "receive it through this machine: about 20 MiB each") in as_text(audits)  # fmt: skip
+
+
+def test_hosts_of_other_cpus_compile_their_own_and_a_holder_compiles_nothing():
+    audits = [rebuilding("a", "77aa-cpu1"), rebuilding("b", "77aa-cpu2"),
+              rebuilding("c", "77aa-cpu2", held=["77aa"]), rebuilding("d", None)]  # fmt: skip
+    made = {tuple(m["hosts"]): m for m in as_json(audits)["builds"]}
+    assert made[("a",)]["compiles"] == 1
+    assert made[("b",)]["compiles"] == 0 and made[("b",)]["source"] == "c"  # c holds it: b receives it from c
+    assert made[("d",)]["compiles"] == 1 and not made[("d",)]["shared"]
+    assert "77aa: compiled on each of d (not shipped)" in as_text(audits)
+
+
+def test_a_converged_rack_makes_no_build():
+    assert as_json([host()])["builds"] == [] and "builds:" not in as_text([host()])

@@ -16,7 +16,7 @@ proof (``BuildPlan.proof_id``), and sealing is no part of the proof.
 ``build-info.json``) under BUILDS_DIR:
 
     {"builds": {"3f1c0a9e52d7b6e4": {"sealed": true, "changed": [], "inputs": {"commit": ...},
-                                     "proof_id": "5a0c9e1f2b3d4c6e", "proof_failed": null},
+                                     "proof_id": "5a0c9e1f2b3d4c6e", "proof_failed": null, "bytes": 21088256},
                 "9d0e4b1c2a3f5e6d": {"sealed": false, "changed": [], ...}},
      "sha256": {"name": "3f1c0a9e52d7b6e4", "changed": ["build/bin/llama-quantize: sha256 ..."]}}
 
@@ -25,7 +25,8 @@ the control side stamps them (``inputs_stamp``), so the same inputs give the
 same stamp whatever the directory is called, and a build made when stamps
 also covered its proof is still found. ``proof_id`` names the proof that proved it (None: a build proven
 before proofs were versioned); ``proof_failed`` the proof it last failed
-when re-proved (``proof-failed.json``).
+when re-proved (``proof-failed.json``); ``bytes`` the sealed files' size in all, from the
+seal (what shipping the build to another host carries).
 
 ``changed`` compares the cheap signature (size, mtime_ns, inode; a
 symlink's target) and names files gone or added. ``--sha256 NAME`` (NAME a
@@ -167,7 +168,8 @@ def check(builds_dir: str, deep_name=None) -> dict:
         except ValueError:
             report["builds"][name] = {"sealed": True, "changed": [f"{MANIFEST}: unreadable"], **identity(d)}
             continue
-        report["builds"][name] = {"sealed": True, "changed": changes(d, manifest), **identity(d)}
+        report["builds"][name] = {"sealed": True, "changed": changes(d, manifest), **identity(d),
+                                  "bytes": sum(e.get("size") or 0 for e in manifest.get("files", []))}
         if deep_name is not None:
             target = os.path.basename(os.path.realpath(os.path.join(builds_dir, deep_name)))
             if target == name:

@@ -1,0 +1,226 @@
+"""One compile per build in a run: the first host that needs a build makes it, the others
+that need the same build receive it, sealed, through the control machine.
+
+In one pyinfra run, the hosts whose build step must make build S take S in turn (a lock per
+S on the control machine; hosts of other builds go on at once). The first one compiles and
+proves S as before (``operations.build``), seals it, packs the sealed files
+(``files/build_ship.py pack``) and the control machine fetches the tar into a private
+directory of this run, checking the sha256 the host printed. Each later host receives that
+tar instead of compiling: it checks the tar's sha256, unpacks it beside its builds, checks
+every file against the seal it carries, proves it on its own cards (the smoke run, as a
+re-proof: no rebuild rung), seals it as its own and only then moves it into ``builds/``. A
+host that already holds a sealed S (from an earlier run) is a source too: the first host
+needing S fetches S from it and compiles nothing.
+
+A build is shared only between hosts that share its ``key``: its stamp, and for a build whose
+CPU code is the building host's own (``llamacpp_cpu_features`` unset: ``-march=native``)
+also that CPU's flags, so native code never reaches a CPU it was not made for.
+
+A refused shipment (damaged, or failing the receiver's proof) leaves the host as it was,
+still serving its current build; the host then builds for itself. docs/deploy.md
+("One compile per build") says where builds are made and why.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Optional
+
+import gevent.lock
+from pyinfra import logger
+from pyinfra.api import StringCommand
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
+from pyinfra.context import ctx_host
+
+from llamarack import remote
+from llamarack.layout import Layout
+from llamarack.operations import private_upload
+
+from .files.build_seal import sha256
+
+SHIP_TIMEOUT = 3600  # seconds a pack, fetch or receive of one build may take
+
+
+@dataclass(frozen=True)
+class Shipment:
+    """A build's tar on the control machine."""
+
+    path: str
+    sha256: str
+    bytes: int
+    source: str  # the host it came from
+
+
+@dataclass
+class Holder:
+    host: object  # a pyinfra Host
+    build_dir: str
+
+
+class Shipping:
+    """One run's builds on the move (``for_state``): who holds each, what was fetched."""
+
+    def __init__(self):
+        self._dir: Optional[str] = None
+        self.locks = defaultdict(gevent.lock.Semaphore)
+        self.holders = defaultdict(list)
+        self.shipped: dict = {}
+        self.log: list = []  # (key, what, host, bytes) of every compile and shipment
+
+    @property
+    def dir(self) -> str:
+        if self._dir is None:
+            self._dir = tempfile.mkdtemp(prefix="llamarack-builds-")  # mode 700
+            atexit.register(shutil.rmtree, self._dir, True)
+        return self._dir
+
+    def hold(self, key: str, host, build_dir: str) -> None:
+        """``host`` holds a proven, sealed build of ``key`` in ``build_dir`` (found when planned)."""
+        if all(h.host is not host for h in self.holders[key]):
+            self.holders[key].append(Holder(host, build_dir))
+
+
+_RUNS: dict = {}
+
+
+def for_state(state) -> Shipping:
+    return _RUNS.setdefault(id(state), Shipping())
+
+
+def build_key(stamp: str, cmake_args: tuple, cpu_flags: Optional[str]) -> Optional[str]:
+    """What hosts must share to share a build: the stamp, and the CPU where the code is native.
+    None: not shared (a native build on a host whose CPU flags were not read)."""
+    native = not any(a.startswith("-DGGML_NATIVE=OFF") for a in cmake_args)
+    if not native:
+        return stamp
+    if not cpu_flags:
+        return None
+    return f"{stamp}-{hashlib.sha256(cpu_flags.encode()).hexdigest()[:12]}"
+
+
+def _arguments(state, host) -> dict:
+    """The connector arguments a deploy's command on ``host`` gets (``_sudo`` and the like)."""
+    with ctx_host.use(host):
+        arguments, _ = pop_global_arguments(state, host, {})
+    return {k: v for k, v in arguments.items() if k in CONNECTOR_ARGUMENT_KEYS}
+
+
+def _run(state, host, commands, timeout: Optional[int] = None) -> tuple:
+    """Run pyinfra commands (``StringCommand``s, uploads) on ``host`` as its deploy would;
+    (ok, the last command's stdout lines)."""
+    base = _arguments(state, host) | ({"_timeout": timeout} if timeout else {})
+    lines: list = []
+    for command in commands:
+        command = StringCommand(command) if isinstance(command, str) else command
+        result = command.execute(state, host, dict(base))
+        ok, output = result if isinstance(result, tuple) else (result, None)
+        if output is not None:
+            lines = list(output.stdout_lines)
+            if not ok:
+                for line in output.stderr_lines[-20:]:
+                    logger.warning(f"{host.print_prefix}{line}")
+        if not ok:
+            return False, lines
+    return True, lines
+
+
+def fetch(state, holder: Holder, key: str, shipping: Shipping) -> Optional[Shipment]:
+    """Pack ``holder``'s build and bring the tar here, checked against the sha256 it printed."""
+    host = holder.host
+    remote_tar = f"{holder.build_dir}.ship.tar"
+    pack = remote.command("build_ship", "pack", holder.build_dir, remote_tar)
+    ok, lines = _run(state, host, [pack], SHIP_TIMEOUT)
+    try:
+        told = json.loads(lines[-1]) if ok and lines else None
+    except ValueError:
+        told = None
+    local = os.path.join(shipping.dir, f"{key}.tar")
+    try:
+        if not told or not host.get_file(remote_tar, local, **_arguments(state, host)):
+            return None
+        if sha256(local) != told.get("sha256"):
+            logger.warning(f"{host.print_prefix}llama.cpp build {key}: its tar changed between the pack and "
+                           "the fetch; not shipped")  # fmt: skip
+            return None
+    finally:
+        _run(state, host, [f"rm -f {shlex.quote(remote_tar)}"])
+    shipment = Shipment(local, told["sha256"], int(told["bytes"]), host.name)
+    shipping.log.append((key, "shipped from", host.name, shipment.bytes))
+    return shipment
+
+
+def receive(state, host, shipment: Shipment, root: str, name: str, spec: dict) -> bool:
+    """Take ``shipment`` in on ``host`` as ``builds/<name>``: checked, proven here, sealed."""
+    layout = Layout(root)
+    incoming = f"{layout.builds}/.incoming-{name}"
+    tar = f"{incoming}.tar"
+    q_in, q_tar, q_final = shlex.quote(incoming), shlex.quote(tar), shlex.quote(layout.build(name))
+    spec = dict(spec, build_dir=incoming)
+    with open(shipment.path, "rb") as f:
+        commands = [
+            f"mkdir -p {shlex.quote(layout.builds)}",
+            *private_upload(f, tar),
+            StringCommand(remote.command("build_ship", "receive", tar, shipment.sha256, incoming), "&&",
+                          f"ln -sfn build/bin {q_in}/bin"),  # fmt: skip
+            *private_upload(json.dumps(spec, indent=1, sort_keys=True), f"{incoming}/proof-spec.json"),
+            StringCommand(remote.command("llamacpp_proof", f"{incoming}/proof-spec.json"), "&&",
+                          remote.command("build_seal", "seal", incoming), "&&",
+                          f"rm -rf {q_final} && mv -T {q_in} {q_final} && rm -f {q_tar}"),  # fmt: skip
+        ]
+        ok, _ = _run(state, host, commands, SHIP_TIMEOUT)
+    if not ok:
+        _run(state, host, [f"rm -rf {q_in} {q_tar}"])
+        logger.warning(f"{host.print_prefix}llama.cpp build {name} from {shipment.source} refused here "
+                       "(the build it serves is unchanged); building it here instead")  # fmt: skip
+    return ok
+
+
+def obtain(state, host, key: str, root: str, name: str, build_commands: list, spec: dict) -> bool:
+    """The build step of ``host`` for build ``key``, run when the deploy reaches it (a
+    ``FunctionCommand``): receive the build where this run or a host of the rack has it,
+    else compile it here (``build_commands``) and hold it for the next host. Only finding
+    or making the build takes turns; hosts receive it side by side."""
+    shipping = for_state(state)
+    with shipping.locks[key]:
+        shipment = shipping.shipped.get(key)
+        for holder in [] if shipment else list(shipping.holders[key]):
+            try:
+                shipment = fetch(state, holder, key, shipping)
+            except Exception as e:  # the source's connection failed (paramiko, a timeout): try the next
+                logger.warning(f"{host.print_prefix}llama.cpp build {name}: no copy from {holder.host.name} "
+                               f"({type(e).__name__}: {e})")  # fmt: skip
+                shipment = None
+            if shipment:
+                shipping.shipped[key] = shipment
+                break
+        if not shipment:
+            return compile_here(state, host, key, root, name, build_commands)
+    logger.info(f"{host.print_prefix}llama.cpp build {name}: receiving it from {shipment.source} "
+                f"({shipment.bytes / 2**20:.0f} MiB), not compiling it")  # fmt: skip
+    if receive(state, host, shipment, root, name, spec):
+        shipping.log.append((key, "received", host.name, shipment.bytes))
+        return True
+    with shipping.locks[key]:  # the next host fetches again, from a source that may be this one
+        if shipping.shipped.get(key) is shipment:
+            del shipping.shipped[key]
+    return compile_here(state, host, key, root, name, build_commands)
+
+
+def compile_here(state, host, key: str, root: str, name: str, build_commands: list) -> bool:
+    """Compile and prove the build on ``host`` (its own commands), seal it, and hold it for the run."""
+    ok, _ = _run(state, host, build_commands)
+    if not ok:
+        return False
+    for_state(state).log.append((key, "compiled", host.name, 0))
+    d = Layout(root).build(name)
+    if _run(state, host, [remote.command("build_seal", "seal", d)])[0]:
+        for_state(state).hold(key, host, d)
+    return True
