@@ -38,6 +38,7 @@ import gevent.lock
 from pyinfra import logger
 from pyinfra.api import StringCommand
 from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
+from pyinfra.api.util import print_host_combined_output
 from pyinfra.context import ctx_host
 
 from llamarack import remote
@@ -124,9 +125,8 @@ def _run(state, host, commands, timeout: Optional[int] = None) -> tuple:
         ok, output = result if isinstance(result, tuple) else (result, None)
         if output is not None:
             lines = list(output.stdout_lines)
-            if not ok:
-                for line in output.stderr_lines[-20:]:
-                    logger.warning(f"{host.print_prefix}{line}")
+            if not ok and not state.print_output:  # what pyinfra shows of a failed command
+                print_host_combined_output(host, output)
         if not ok:
             return False, lines
     return True, lines
