@@ -74,7 +74,6 @@ class Shipping:
         self.locks = defaultdict(gevent.lock.Semaphore)
         self.holders = defaultdict(list)
         self.shipped: dict = {}
-        self.log: list = []  # (key, what, host, bytes) of every compile and shipment
 
     @property
     def dir(self) -> str:
@@ -153,7 +152,6 @@ def fetch(state, holder: Holder, key: str, shipping: Shipping) -> Optional[Shipm
     finally:
         _run(state, host, [f"rm -f {shlex.quote(remote_tar)}"])
     shipment = Shipment(local, told["sha256"], int(told["bytes"]), host.name)
-    shipping.log.append((key, "shipped from", host.name, shipment.bytes))
     return shipment
 
 
@@ -206,7 +204,6 @@ def obtain(state, host, key: str, root: str, name: str, build_commands: list, sp
     logger.info(f"{host.print_prefix}llama.cpp build {name}: receiving it from {shipment.source} "
                 f"({shipment.bytes / 2**20:.0f} MiB), not compiling it")  # fmt: skip
     if receive(state, host, shipment, root, name, spec):
-        shipping.log.append((key, "received", host.name, shipment.bytes))
         return True
     with shipping.locks[key]:  # the next host fetches again, from a source that may be this one
         if shipping.shipped.get(key) is shipment:
@@ -219,7 +216,6 @@ def compile_here(state, host, key: str, root: str, name: str, build_commands: li
     ok, _ = _run(state, host, build_commands)
     if not ok:
         return False
-    for_state(state).log.append((key, "compiled", host.name, 0))
     d = Layout(root).build(name)
     if _run(state, host, [remote.command("build_seal", "seal", d)])[0]:
         for_state(state).hold(key, host, d)
