@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What a converged deploy and an audit of the lab rack cost: time, remote commands and fact reads per host.
 
-    python3 bench/converged_bench.py [--reps 5] [--reuse] [--hosts N]     (as root)
+    python3 bench/converged_bench.py [--reps 5] [--reuse] [--hosts N] [--state-on-disk DIR]   (as root)
 
 Brings up the default 4-host rack (``--hosts N``: N hosts cycling the same
 profiles, deployed through the rack's own inventory; ``--reuse``: the rack
@@ -70,31 +70,6 @@ def audit(*args: str) -> tuple[float, str]:
     return elapsed, r.stderr
 
 
-# What hosts have alike, byte for byte: the envs' wheels (pip writes them at install
-# time: --ignore-time), the llama.cpp checkout, the Debian packages and apt's lists.
-# Not the builds or the models: their files' times and inodes are what the deploy checks.
-SHARED = ("opt/llamarack/envs", "opt/llamarack/src", "usr", "var/lib/apt", "var/cache/apt")
-
-
-def deploy_in_batches(rack, size: int) -> float:
-    """The first deploy, ``size`` hosts at a time; after each batch the hosts' identical
-    files (the same wheels, build and model on every host) are hardlinked, so a rack
-    bigger than the lab's memory holds fits. Only storage is shared: no converged run
-    writes those files. Returns the seconds of the deploys alone."""
-    names = [h.name for h in rack.hosts]
-    spent = 0.0
-    for i in range(0, len(names), size):
-        limit = [word for name in names[i:i + size] for word in ("--limit", name)]
-        spent += deploy(*limit)[0]
-        shared = [p for pattern in SHARED for p in sorted((rack.state_dir / "hosts").glob(f"*/upper/{pattern}"))]
-        subprocess.run(["hardlink", "--quiet", "--ignore-time", "--respect-name", "--minimum-size", "4096",
-                        *map(str, shared)], check=True)  # fmt: skip
-        # The running hosts' overlays hold the replaced inodes through their dentry cache:
-        # the tmpfs gets the space back only once the kernel drops those entries.
-        Path("/proc/sys/vm/drop_caches").write_text("2\n")
-    return spent
-
-
 def ssh_fan_out(rack) -> float:
     """Wall time of ``ssh HOST true`` to every host at once: the floor any remote audit pays."""
     started = time.monotonic()
@@ -110,11 +85,12 @@ def main() -> int:
     ap.add_argument("--keep-log", action="store_true", help="keep the --debug run's output (not committed)")
     ap.add_argument("--reuse", action="store_true", help="use the rack that is up")
     ap.add_argument("--hosts", type=int, default=4, help="hosts in the rack (default 4: the README's)")
-    ap.add_argument("--batch", type=int, default=0,
-                    help="first deploy N hosts at a time, then hardlink the hosts' identical files "
-                         "(a converged host holds 3.3 GB, the lab's tmpfs 18 GB: 16 hosts fit only so; "
-                         "give the tmpfs 20 GB: mount -o remount,size=20G /run/llamarack-lab)")
+    ap.add_argument("--state-on-disk", metavar="DIR",
+                    help="keep the rack's state in DIR on disk, not the lab's tmpfs (75%% of the memory: "
+                         "a converged host holds about 2 GB, so 16 hosts do not fit there)")
     args = ap.parse_args()
+    if args.state_on_disk:
+        os.environ.update(LLAMARACK_LAB_DIR=args.state_on_disk, LLAMARACK_LAB_TMPFS="0")
     rack = rackmod.load()
     if rack is not None and not args.reuse:
         raise SystemExit("a lab rack is up: run 'llamarack lab down' first, or pass --reuse")
@@ -128,10 +104,7 @@ def main() -> int:
     up_s = time.monotonic() - started if brought_up else None
     try:
         hosts = [h.name for h in rack.hosts]
-        if args.batch:
-            first_s = deploy_in_batches(rack, args.batch)
-        else:
-            first_s, _ = deploy()
+        first_s, _ = deploy()
         second_s, out = deploy()
         totals = parse_pyinfra_totals(out)
         if totals["success"] or totals["error"]:
@@ -155,7 +128,7 @@ def main() -> int:
                     "pyinfra": _pyinfra_version()},  # fmt: skip
         "hosts": len(hosts),
         "serving_hosts": len(rack.serving),
-        "first_deploy_batches": args.batch or None,
+        "lab_state": "disk" if args.state_on_disk else "tmpfs",
         "lab_up_s": round(up_s, 2) if up_s is not None else None,
         "first_deploy_s": round(first_s, 1),
         "second_deploy_s": round(second_s, 2),

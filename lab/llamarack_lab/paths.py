@@ -2,8 +2,11 @@
 
 The state dir holds everything of a running rack (host overlays, keys,
 rack.json, inventory) on a tmpfs the lab mounts itself: the disk is slow
-for many small files and /run here is not a tmpfs. The cache dir is on
-persistent disk and keeps the packed image and the shared ccache.
+for many small files and /run here is not a tmpfs. The tmpfs may have 75% of
+the machine's memory: a rack bigger than that holds (16 converged hosts are
+about 30 GB) keeps its state on disk instead, with ``LLAMARACK_LAB_TMPFS=0``
+and ``LLAMARACK_LAB_DIR`` a directory there. The cache dir is on persistent
+disk and keeps the packed image and the shared ccache.
 """
 
 from __future__ import annotations
@@ -20,6 +23,11 @@ GUEST_CCACHE_DIR = "/var/cache/llamarack-ccache"
 
 def state_dir() -> Path:
     return Path(os.environ.get("LLAMARACK_LAB_DIR", DEFAULT_STATE_DIR))
+
+
+def state_on_tmpfs() -> bool:
+    """False with ``LLAMARACK_LAB_TMPFS=0``: the state dir is used where it is, on its own filesystem."""
+    return os.environ.get("LLAMARACK_LAB_TMPFS", "1") != "0"
 
 
 def cache_dir() -> Path:

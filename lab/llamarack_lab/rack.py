@@ -123,6 +123,9 @@ def _mount_state_dir(sd: Path) -> bool:
     sd.mkdir(parents=True, exist_ok=True)
     if is_mountpoint(sd):
         return False
+    if not paths.state_on_tmpfs():
+        sd.chmod(0o700)
+        return False
     run(["mount", "-t", "tmpfs", "-o", "mode=0700,size=75%", "llamarack-lab", str(sd)])
     return True
 
