@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from llamarack import hosts as hostsmod  # noqa: I001  (first: pyinfra's gevent patching)
 
+import atexit
 import collections
 import datetime
 import json
@@ -27,6 +28,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -38,6 +40,7 @@ from llamarack.layout import API_KEY_PATH, unit_path
 
 from . import audit
 from .gateway.plan import server_name
+from .llamacpp.ship import SHIP_DIR_ENV
 from .server.files import bench_record
 from .server.files.server_idle import UNIT_NAME
 from .server.plan import process_drift
@@ -259,6 +262,15 @@ class Pyinfra:
 
     def __init__(self, inventory: str, deploy_file: str, data: tuple, echo: Callable = print):
         self.inventory, self.deploy_file, self.data, self.echo = inventory, deploy_file, tuple(data), echo
+        self._builds_dir: Optional[str] = None
+
+    def builds_dir(self) -> str:
+        """The directory the stage's runs share builds through (``ship.SHIP_DIR_ENV``): one
+        compile per build across them. Private to this command, removed when it ends."""
+        if self._builds_dir is None:
+            self._builds_dir = tempfile.mkdtemp(prefix="llamarack-rollout-builds-")
+            atexit.register(shutil.rmtree, self._builds_dir, True)
+        return self._builds_dir
 
     def run(self, host, command: str, timeout: float):
         return hostsmod.run_one(host, command, int(timeout))
@@ -269,8 +281,9 @@ class Pyinfra:
         host at once) has its lines marked with the host's name."""
         args = pyinfra_argv(self.inventory, deploy_file or self.deploy_file, "--limit", name,
                             *[w for item in self.data for w in ("--data", item)])  # fmt: skip
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env=package_env())  # fmt: skip
+        # the stage's runs (one per host, all at once) make each build once between them
+        env = package_env() | ({SHIP_DIR_ENV: self.builds_dir()} if deploy_file else {})
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         tail = collections.deque(maxlen=60)  # enough to hold the error of the command that failed
         mark = f"{name} (stage) | " if deploy_file else ""
         for line in proc.stdout:
@@ -496,6 +509,8 @@ def dry_plan(chosen: dict, order: list, templates: tuple = ()) -> str:
         out += [f"  {line}" for name in batch for line in upgrade.host_lines(
             audits[name], "refused by preflight (the deploy would fail it)",
             "nothing changes (drained, deployed, gated and undrained all the same)")]
+    made = upgrade.builds_made(list(audits.values()))
+    out += (["builds:"] + [f"  {b['line']}" for b in made]) if made else []
     return "\n".join(out) + "\n"
 
 

@@ -24,6 +24,7 @@ still serving its current build; the host then builds for itself. docs/deploy.md
 from __future__ import annotations
 
 import atexit
+import fcntl
 import hashlib
 import json
 import os
@@ -31,7 +32,8 @@ import shlex
 import shutil
 import tempfile
 from collections import defaultdict
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from typing import Optional
 
 import gevent.lock
@@ -66,11 +68,19 @@ class Holder:
     build_dir: str
 
 
-class Shipping:
-    """One run's builds on the move (``for_state``): who holds each, what was fetched."""
+# A directory that several pyinfra runs share: ``llamarack rollout`` sets it for its stage, whose
+# runs are one per host. Their turns are then file locks there, and a build one run made is
+# published there (its tar and a note) for the others to receive.
+SHIP_DIR_ENV = "LLAMARACK_SHIP_DIR"
 
-    def __init__(self):
-        self._dir: Optional[str] = None
+
+class Shipping:
+    """One run's builds on the move (``for_state``): who holds each, what was fetched; with
+    ``shared`` (``SHIP_DIR_ENV``) also what the other runs sharing that directory made."""
+
+    def __init__(self, shared: Optional[str] = None):
+        self.shared = shared if shared and os.path.isdir(shared) else None
+        self._dir: Optional[str] = self.shared
         self.locks = defaultdict(gevent.lock.Semaphore)
         self.holders = defaultdict(list)
         self.shipped: dict = {}
@@ -87,12 +97,55 @@ class Shipping:
         if all(h.host is not host for h in self.holders[key]):
             self.holders[key].append(Holder(host, build_dir))
 
+    @contextmanager
+    def turn(self, key: str):
+        """This run's turn at ``key``: against its other hosts, and the other runs sharing the directory."""
+        with self.locks[key]:
+            if not self.shared:
+                yield
+                return
+            fd = os.open(os.path.join(self.shared, f"{key}.lock"), os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        gevent.sleep(1)  # another run compiles it: the other hosts of this one go on
+                yield
+            finally:
+                os.close(fd)
+
+    def published(self, key: str) -> Optional[Shipment]:
+        """The build another run sharing the directory made and published, if any."""
+        if not self.shared:
+            return None
+        try:
+            with open(os.path.join(self.shared, f"{key}.json")) as f:
+                note = json.load(f)
+            shipment = Shipment(os.path.join(self.shared, f"{key}.tar"), str(note["sha256"]), int(note["bytes"]),
+                                str(note["source"]))  # fmt: skip
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return shipment if os.path.isfile(shipment.path) else None
+
+    def publish(self, key: str, shipment: Shipment) -> None:
+        """Tell the other runs sharing the directory where ``key``'s tar is (written last)."""
+        self.shipped[key] = shipment
+        if self.shared:
+            note = os.path.join(self.shared, f"{key}.json")
+            with open(note + ".new", "w") as f:
+                json.dump(asdict(shipment), f)
+            os.replace(note + ".new", note)
+
 
 _RUNS: dict = {}
 
 
 def for_state(state) -> Shipping:
-    return _RUNS.setdefault(id(state), Shipping())
+    if id(state) not in _RUNS:
+        _RUNS[id(state)] = Shipping(os.environ.get(SHIP_DIR_ENV))
+    return _RUNS[id(state)]
 
 
 def build_key(stamp: str, cmake_args: tuple, cpu_flags: Optional[str]) -> Optional[str]:
@@ -143,12 +196,13 @@ def fetch(state, holder: Holder, key: str, shipping: Shipping) -> Optional[Shipm
         told = None
     local = os.path.join(shipping.dir, f"{key}.tar")
     try:
-        if not told or not host.get_file(remote_tar, local, **_arguments(state, host)):
+        if not told or not host.get_file(remote_tar, local + ".part", **_arguments(state, host)):
             return None
-        if sha256(local) != told.get("sha256"):
+        if sha256(local + ".part") != told.get("sha256"):
             logger.warning(f"{host.print_prefix}llama.cpp build {key}: its tar changed between the pack and "
                            "the fetch; not shipped")  # fmt: skip
             return None
+        os.replace(local + ".part", local)
     finally:
         _run(state, host, [f"rm -f {shlex.quote(remote_tar)}"])
     shipment = Shipment(local, told["sha256"], int(told["bytes"]), host.name)
@@ -183,24 +237,14 @@ def receive(state, host, shipment: Shipment, root: str, name: str, spec: dict) -
 
 def obtain(state, host, key: str, root: str, name: str, build_commands: list, spec: dict) -> bool:
     """The build step of ``host`` for build ``key``, run when the deploy reaches it (a
-    ``FunctionCommand``): receive the build where this run or a host of the rack has it,
-    else compile it here (``build_commands``) and hold it for the next host. Only finding
-    or making the build takes turns; hosts receive it side by side."""
+    ``FunctionCommand``): receive the build where this run, a run sharing its directory or a
+    host of the rack has it, else compile it here (``build_commands``) and hold it for the
+    next host. Only finding or making the build takes turns; hosts receive it side by side."""
     shipping = for_state(state)
-    with shipping.locks[key]:
-        shipment = shipping.shipped.get(key)
-        for holder in [] if shipment else list(shipping.holders[key]):
-            try:
-                shipment = fetch(state, holder, key, shipping)
-            except Exception as e:  # the source's connection failed (paramiko, a timeout): try the next
-                logger.warning(f"{host.print_prefix}llama.cpp build {name}: no copy from {holder.host.name} "
-                               f"({type(e).__name__}: {e})")  # fmt: skip
-                shipment = None
-            if shipment:
-                shipping.shipped[key] = shipment
-                break
+    with shipping.turn(key):
+        shipment = shipping.shipped.get(key) or shipping.published(key) or from_holders(state, host, key, name)
         if not shipment:
-            return compile_here(state, host, key, root, name, build_commands)
+            return compile_here(state, host, key, root, name, build_commands, publish=True)
     logger.info(f"{host.print_prefix}llama.cpp build {name}: receiving it from {shipment.source} "
                 f"({shipment.bytes / 2**20:.0f} MiB), not compiling it")  # fmt: skip
     if receive(state, host, shipment, root, name, spec):
@@ -211,12 +255,33 @@ def obtain(state, host, key: str, root: str, name: str, build_commands: list, sp
     return compile_here(state, host, key, root, name, build_commands)
 
 
-def compile_here(state, host, key: str, root: str, name: str, build_commands: list) -> bool:
-    """Compile and prove the build on ``host`` (its own commands), seal it, and hold it for the run."""
+def from_holders(state, host, key: str, name: str) -> Optional[Shipment]:
+    """The build fetched from the first host of this run that holds it and gives it; published."""
+    shipping = for_state(state)
+    for holder in list(shipping.holders[key]):
+        try:
+            shipment = fetch(state, holder, key, shipping)
+        except Exception as e:  # the source's connection failed (paramiko, a timeout): try the next
+            logger.warning(f"{host.print_prefix}llama.cpp build {name}: no copy from {holder.host.name} "
+                           f"({type(e).__name__}: {e})")  # fmt: skip
+            continue
+        if shipment:
+            shipping.publish(key, shipment)
+            return shipment
+    return None
+
+
+def compile_here(state, host, key: str, root: str, name: str, build_commands: list, publish: bool = False) -> bool:
+    """Compile and prove the build on ``host`` (its own commands), seal it, and hold it for the
+    run; with ``publish``, where other runs share the directory, fetch it for them now (they
+    cannot reach this host through this run)."""
+    shipping = for_state(state)
     ok, _ = _run(state, host, build_commands)
     if not ok:
         return False
     d = Layout(root).build(name)
     if _run(state, host, [remote.command("build_seal", "seal", d)])[0]:
-        for_state(state).hold(key, host, d)
+        shipping.hold(key, host, d)
+        if publish and shipping.shared:
+            from_holders(state, host, key, name)
     return True

@@ -118,6 +118,11 @@ def test_a_bump_rolls_canary_first_and_drops_no_request(lab_rack, serving, bump)
     assert max(staged) < out.index(": draining\n"), out[-6000:]
     stage = [line for line in out.splitlines() if "(stage) | " in line]
     assert any("llama.cpp build | Build llama.cpp " in line for line in stage), out[-6000:]
+    # One compile in all: the stage's runs (one per host) compiled the bump on one host, the
+    # others received it, and every host serves the same binaries.
+    assert sum("not compiling it" in line for line in stage) == len(serving) - 1, out[-6000:]
+    binaries = "cd /opt/llamarack/builds/current/build/bin && sha256sum *"
+    assert len({deploying.sh(lab_rack, h, binaries) for h in serving}) == 1
     assert not any(re.search(r"(llama-server|llamarack driver|llamarack gateway) \| ", line) for line in stage)
     for operation in (r"llama\.cpp build \| Build llama\.cpp ", r"llamarack model \| Model [0-9a-f]{16} "):
         rows = window_rows(out, operation)

@@ -119,3 +119,34 @@ def test_a_build_is_shared_by_its_stamp_and_for_native_code_by_the_cpu_too():
     assert build_key("3f1c", native, "fpu sse2") != build_key("3f1c", native, "fpu sse2 avx512f")
     assert build_key("3f1c", native, "fpu sse2").startswith("3f1c-")
     assert build_key("3f1c", native, None) is None  # no flags read: native code is not shipped
+
+
+def test_runs_sharing_a_directory_take_turns_and_receive_what_the_first_published(tmp_path):
+    """The stage's runs (one process per host) share ``LLAMARACK_SHIP_DIR``: a file lock per
+    build is their turn, and the tar's note written last says where the build is."""
+    import gevent
+
+    from roles.llamacpp.ship import Shipment, Shipping
+
+    first, second = Shipping(str(tmp_path)), Shipping(str(tmp_path))  # as two processes hold it
+    made = Shipment(str(tmp_path / "k.tar"), "ab" * 32, 3, "lab-v100-b")
+    order = []
+
+    def compiles():
+        with first.turn("k"):
+            order.append("first compiles")
+            assert second.published("k") is None
+            gevent.sleep(1.5)
+            (tmp_path / "k.tar").write_bytes(b"tar")
+            first.publish("k", made)
+
+    def waits():
+        gevent.sleep(0.2)
+        with second.turn("k"):
+            order.append("second's turn")
+            return second.published("k")
+
+    runs = [gevent.spawn(compiles), gevent.spawn(waits)]
+    gevent.joinall(runs, raise_error=True)
+    assert order == ["first compiles", "second's turn"] and runs[1].value == made
+    assert Shipping(None).published("k") is None and Shipping(str(tmp_path / "gone")).shared is None

@@ -508,3 +508,28 @@ def test_another_deploy_is_not_staged_and_no_stage_turns_it_off(here):
         assert not any(e[1] == "stage" for e in fake.events)
         assert f"no stage ({why}): each host makes its change inside its drained window" in printed
         os.unlink(".llamarack/rollout-inventory.json")
+
+
+def test_the_stages_runs_share_one_builds_directory_and_the_switches_do_not(monkeypatch):
+    """One pyinfra per host in the stage: they make each build once through a directory of
+    this command's (roles/llamacpp/ship.py); a switch's run makes nothing, and gets none."""
+    import roles.rollout as rollout_mod
+
+    seen = []
+
+    class Proc:
+        stdout = iter(["ok\n"])
+
+        def __init__(self, args, env, **kwargs):
+            seen.append(env.get(rollout_mod.SHIP_DIR_ENV))
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(rollout_mod.subprocess, "Popen", Proc)
+    boundary = rollout_mod.Pyinfra("inventory/lab.py", "deploy.py", (), echo=lambda line: None)
+    for name in ("a", "b"):
+        boundary.deploy(name, rollout_mod.STAGE)
+    boundary.deploy("a")
+    assert seen[0] and seen[0] == seen[1] and seen[2] is None
+    assert oct(os.stat(seen[0]).st_mode & 0o777) == "0o700"
