@@ -14,6 +14,8 @@ http, and serves without an API key. For a real rack, start from
 with sudo and uses https sources.
 """
 
+import os
+
 # Two V100 16 GB hosts, one V100 32 GB, one T4: a typical mixed rack.
 v100 = [
     ("lab-v100-a", {"ssh_hostname": "10.77.0.11"}),
@@ -36,7 +38,10 @@ gateways = [
 # envs install (a PyPI simple index; torch is this machine's 2.13.0 CPU
 # wheel) and a hub with a tiny real Llama model, pinned to its content
 # hash. The rest are the defaults of group_data/all.py. The rack shares one
-# ccache, so a build compiles once.
+# ccache, so a build compiles once; with LLAMARACK_LAB_CCACHE=own in the
+# environment each host has only its own (ccache's default directory, empty
+# at `lab up`), as on a real rack.
+_ccache = None if os.environ.get("LLAMARACK_LAB_CCACHE") == "own" else "/var/cache/llamarack-ccache"
 lab = (
     v100 + t4 + gateways,
     {
@@ -47,7 +52,7 @@ lab = (
         "ssh_strict_host_key_checking": "off",
         "llamacpp_backend": "cpu",
         "python_env_backend": "venv",
-        "llamacpp_ccache_dir": "/var/cache/llamarack-ccache",
+        "llamacpp_ccache_dir": _ccache,
         # The sources are plain http on the lab's closed bridge; a real rack uses https.
         "llamarack_trusted_network": True,
         "llamacpp_git_url": "http://10.77.0.1:8470/llama.cpp.git",

@@ -1,6 +1,7 @@
 """The production inventory example loads with pyinfra's own CLI and every host's settings validate."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -14,9 +15,10 @@ from roles.settings import load_settings
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def inventory_data(path: str) -> dict:
-    """{host: data} as ``pyinfra INVENTORY debug-inventory`` prints it (group_data/all.py included)."""
-    out = subprocess.run([sys.executable, "-m", "pyinfra", path, "debug-inventory"], cwd=ROOT,
+def inventory_data(path: str, **env: str) -> dict:
+    """{host: data} as ``pyinfra INVENTORY debug-inventory`` prints it (group_data/all.py
+    included), with ``env`` added to the environment."""
+    out = subprocess.run([sys.executable, "-m", "pyinfra", path, "debug-inventory"], cwd=ROOT, env=os.environ | env,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=True, timeout=120).stdout  # fmt: skip
     blocks = re.findall(r"^\[(\S+)\] *\n--> Groups: [^\n]*\n--> Data:\n(\{.*?\n\})", out, re.M | re.S)
     return {name: json.loads(data) for name, data in blocks}
@@ -48,3 +50,10 @@ def test_lab_inventory_is_valid_for_every_host():
         with pytest.raises(SettingsError, match="llamacpp_git_url: given 'http://10.77.0.1:8470/llama.cpp.git'; "
                                                 "allowed: an https:// URL"):
             load_settings(name, untrusted)
+
+
+def test_the_lab_inventory_gives_each_host_its_own_ccache_when_asked():
+    """LLAMARACK_LAB_CCACHE=own: no ccache shared by the rack (each host's own default), as on a real rack."""
+    hosts = inventory_data("inventory/lab.py", LLAMARACK_LAB_CCACHE="own")
+    assert sorted(hosts) == ["lab-gw", "lab-t4", "lab-v100-32", "lab-v100-a", "lab-v100-b"]
+    assert all(load_settings(name, data).llamacpp.ccache_dir is None for name, data in hosts.items())
