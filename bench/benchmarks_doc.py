@@ -141,7 +141,9 @@ def converged(results: Results) -> str:
     rows += [converged_row(n, r) for n, r in named if r is not None]
     notes = [f"`{n}.json`: " + ", ".join(x for x in (
         r.get("lab_up_s") and f"`lab up` {secs(r['lab_up_s'], 1)}",
-        r.get("lab_state") == "disk" and "the rack's state on disk (the lab's tmpfs does not hold it)")
+        r.get("lab_state") == "disk" and "the rack's state on disk (the lab's tmpfs does not hold it)",
+        r.get("load_average_at_timing") and f"load average {r['load_average_at_timing'][0]:g} on {r['machine']['cores']} cores when "
+                                            "the timings began (they move with it)")
         if x) + "." for n, r in named if r and (r.get("lab_up_s") or r.get("lab_state") == "disk")]  # fmt: skip
     text = "\n".join(source(n, r) for n, r in named) + "\n\n" + "\n".join(rows)
     return text + ("\n\n" + " ".join(notes) if notes else "")
