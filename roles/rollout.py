@@ -37,10 +37,10 @@ import gevent
 
 from llamarack import remote, upgrade
 from llamarack.layout import API_KEY_PATH, unit_path
+from llamarack.ship import SHIP_DIR_ENV
 
 from . import audit
 from .gateway.plan import server_name
-from .llamacpp.ship import SHIP_DIR_ENV
 from .server.files import bench_record
 from .server.files.server_idle import UNIT_NAME
 from .server.plan import process_drift

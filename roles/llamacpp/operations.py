@@ -7,12 +7,12 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import FunctionCommand, StringCommand, operation
-from pyinfra.context import ctx_host
 from pyinfra.facts.files import FileContents
 
 from llamarack import remote
 from llamarack.facts import read
 from roles.llamacpp.reads import BuildSeals, GitHead, LlamacppBuilds
+from llamarack import ship as shipping
 from llamarack.layout import Layout, unit_build
 from llamarack.operations import private_upload
 
@@ -62,14 +62,13 @@ def build(plan: BuildPlan, src: str, root: str, ccache_dir=None, jobs=None, key=
     The directory counts only once the smoke run (``files/llamacpp_proof.py``) wrote its
     ``build-info.json``, last (docs/deploy.md, "A build counts only after it computed");
     ``current`` is not touched here. With ``key``, the build is made once in the run and
-    received by the other hosts of the same key (``ship.py``); a host that holds it sealed
+    received by the other hosts of the same key (``ship.py``, ``llamarack/ship``); a host that holds it sealed
     is a source."""
     builds = read(LlamacppBuilds, root=root)
     seals = read(BuildSeals, root=root) if plan.stamp in builds.verified else None
     if seals is not None and not seals.tampered(plan.stamp):
         if key and plan.stamp in seals.changed:
-            # the Host itself, not pyinfra's proxy for whichever host is current
-            ship.for_state(host.state).hold(key, ctx_host.get(), Layout(root).build(plan.stamp))
+            shipping.hold(key, Layout(root).build(plan.stamp))
         host.noop(f"llama.cpp build {plan.stamp} exists and was verified")
         return
     commands = build_commands(plan, src, root, ccache_dir, jobs)

@@ -278,7 +278,7 @@ def test_a_shared_build_is_one_step_that_compiles_or_receives_when_the_run_reach
 def test_a_host_holding_the_sealed_build_is_a_source_for_the_run():
     from pyinfra.context import ctx_host
 
-    from roles.llamacpp import ship
+    from llamarack import ship
     from tests.support.ophost import FakeHost, FakeState
 
     plan = plan_build(settings(llamacpp_backend="cpu"))
@@ -287,7 +287,7 @@ def test_a_host_holding_the_sealed_build_is_a_source_for_the_run():
         assert list(build._inner(plan=plan, src="/s", root=ROOT, key="k2")) == []
     assert fake.noops == [f"llama.cpp build {plan.stamp} exists and was verified"]
     (holder,) = ship.for_state(fake.state).holders["k2"]
-    assert holder.host is fake and holder.build_dir == f"{ROOT}/builds/{plan.stamp}"
+    assert holder.host is fake and holder.path == f"{ROOT}/builds/{plan.stamp}"
     # an unsealed build (proven before seals) cannot be checked on arrival: no source
     other = FakeHost(on_host(Builds(plan.stamp, {plan.stamp: 1}), Seals({}, (plan.stamp,))), state=FakeState(True, False))
     with ctx_host.use(other):

@@ -1,4 +1,4 @@
-"""Shipping a build (roles/llamacpp/files/build_ship.py) on real files, run as the hosts run
+"""Shipping a build (llamarack/ship/files/artifact_ship.py --kind build) on real files, run as the hosts run
 it (``python3 -c SOURCE``): what is packed, and what a receiving host refuses."""
 
 import hashlib
@@ -39,7 +39,7 @@ def sealed(tmp_path):
 
 
 def pack(build, tar) -> dict:
-    return json.loads(host_run("build_ship", "pack", str(build), str(tar)).stdout)
+    return json.loads(host_run("artifact_ship", "pack", "--kind", "build", str(build), str(tar)).stdout)
 
 
 def test_a_build_is_packed_with_its_seal_and_sealed_files_only(sealed, tmp_path):
@@ -55,7 +55,7 @@ def test_a_build_is_packed_with_its_seal_and_sealed_files_only(sealed, tmp_path)
 def test_a_received_build_has_every_file_as_sealed(sealed, tmp_path):
     told = pack(sealed, tmp_path / "b.tar")
     dest = tmp_path / "host2/.incoming-x"
-    host_run("build_ship", "receive", str(tmp_path / "b.tar"), told["sha256"], str(dest))
+    host_run("artifact_ship", "receive", "--kind", "build", str(tmp_path / "b.tar"), told["sha256"], str(dest))
     assert (dest / "build/bin/llama-server").read_bytes() == (sealed / "build/bin/llama-server").read_bytes()
     assert os.access(dest / "build/bin/llama-server", os.X_OK)
     assert os.readlink(dest / "build/bin/libggml-base.so") == "libggml-base.so.0"
@@ -68,19 +68,19 @@ def test_a_tar_damaged_in_transit_is_refused_and_nothing_is_left(sealed, tmp_pat
     data[data.find(b"\x7fELF") + 100] ^= 0xFF  # one byte of the first binary (the library)
     (tmp_path / "b.tar").write_bytes(data)
     dest = tmp_path / "host2/.incoming-x"
-    r = host_run("build_ship", "receive", str(tmp_path / "b.tar"), told["sha256"], str(dest), ok=False)
+    r = host_run("artifact_ship", "receive", "--kind", "build", str(tmp_path / "b.tar"), told["sha256"], str(dest), ok=False)
     assert "damaged in transit" in r.stderr and not dest.exists()
     # the same byte flipped with the sha256 sent along (a bad source): the seal refuses it
-    r = host_run("build_ship", "receive", str(tmp_path / "b.tar"), hashlib.sha256(data).hexdigest(), str(dest), ok=False)
+    r = host_run("artifact_ship", "receive", "--kind", "build", str(tmp_path / "b.tar"), hashlib.sha256(data).hexdigest(), str(dest), ok=False)
     assert "libggml-base.so.0: sha256 differs from the seal" in r.stderr and not dest.exists()
 
 
 def test_a_build_whose_files_left_their_seal_is_not_packed(sealed, tmp_path):
     (sealed / "build/bin/llama-server").write_bytes(b"#!/bin/sh\necho replaced\n")
-    r = host_run("build_ship", "pack", str(sealed), str(tmp_path / "b.tar"), ok=False)
+    r = host_run("artifact_ship", "pack", "--kind", "build", str(sealed), str(tmp_path / "b.tar"), ok=False)
     assert "llama-server" in r.stderr and not (tmp_path / "b.tar").exists()
     os.remove(sealed / "manifest.json")
-    assert "no readable seal" in host_run("build_ship", "pack", str(sealed), str(tmp_path / "b.tar"), ok=False).stderr
+    assert "no readable seal" in host_run("artifact_ship", "pack", "--kind", "build", str(sealed), str(tmp_path / "b.tar"), ok=False).stderr
 
 
 def hostile_tar(path, member: tarfile.TarInfo, data: bytes = b"") -> str:
@@ -95,11 +95,11 @@ def hostile_tar(path, member: tarfile.TarInfo, data: bytes = b"") -> str:
 
 
 @pytest.mark.parametrize("name, kind, link, why", [
-    ("../../etc/cron.d/x", tarfile.REGTYPE, "", "not a file or link inside the build"),
-    ("/etc/passwd", tarfile.REGTYPE, "", "not a file or link inside the build"),
-    ("build/bin/lib.so", tarfile.SYMTYPE, "/etc/shadow", "links outside the build"),
-    ("build/bin/lib.so", tarfile.SYMTYPE, "../../../../root", "links outside the build"),
-    ("build/bin/dev", tarfile.CHRTYPE, "", "not a file or link inside the build"),
+    ("../../etc/cron.d/x", tarfile.REGTYPE, "", "not a file or link inside the artifact"),
+    ("/etc/passwd", tarfile.REGTYPE, "", "not a file or link inside the artifact"),
+    ("build/bin/lib.so", tarfile.SYMTYPE, "/etc/shadow", "links outside the artifact"),
+    ("build/bin/lib.so", tarfile.SYMTYPE, "../../../../root", "links outside the artifact"),
+    ("build/bin/dev", tarfile.CHRTYPE, "", "not a file or link inside the artifact"),
     ("build/bin/extra", tarfile.REGTYPE, "", "in the tar but not in the seal"),
 ])  # fmt: skip
 def test_a_tar_reaching_outside_the_build_or_past_its_seal_is_refused(tmp_path, name, kind, link, why):
@@ -107,7 +107,7 @@ def test_a_tar_reaching_outside_the_build_or_past_its_seal_is_refused(tmp_path, 
     member.type, member.linkname = kind, link
     sha = hostile_tar(tmp_path / "h.tar", member, b"x" if kind == tarfile.REGTYPE else b"")
     dest = tmp_path / "host2/.incoming-x"
-    r = host_run("build_ship", "receive", str(tmp_path / "h.tar"), sha, str(dest), ok=False)
+    r = host_run("artifact_ship", "receive", "--kind", "build", str(tmp_path / "h.tar"), sha, str(dest), ok=False)
     assert why in r.stderr and not dest.exists()
     assert not (tmp_path / "etc").exists()
 
@@ -126,7 +126,7 @@ def test_runs_sharing_a_directory_take_turns_and_receive_what_the_first_publishe
     build is their turn, and the tar's note written last says where the build is."""
     import gevent
 
-    from roles.llamacpp.ship import Shipment, Shipping
+    from llamarack.ship import Shipment, Shipping
 
     first, second = Shipping(str(tmp_path)), Shipping(str(tmp_path))  # as two processes hold it
     made = Shipment(str(tmp_path / "k.tar"), "ab" * 32, 3, "lab-v100-b")
