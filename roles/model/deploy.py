@@ -84,8 +84,10 @@ def model(settings: Settings, tool_paths: Optional[dict] = None) -> ModelPlan:
     # As PIPELINE_USER, the operation's default. A URL may carry a signed query: name only its host.
     artifact(name=f"Model {plan.name} ({settings.model.source}: "
              f"{settings.model.repo or urlsplit(settings.model.url).hostname})",
-             plan=plan, token_file=token_file, tool_paths=tool_paths, devices=devices)  # fmt: skip
+             plan=plan, token_file=token_file, tool_paths=tool_paths, devices=devices,
+             ship_artifacts=settings.model.ship_artifacts)  # fmt: skip
     if draft_plan:
         artifact(name=f"Draft model {draft_plan.name} ({draft.model.source}: {draft.model.repo})",
-                 plan=draft_plan, token_file=token_file, tool_paths=tool_paths, link="draft")  # fmt: skip
+                 plan=draft_plan, token_file=token_file, tool_paths=tool_paths, link="draft",
+                 ship_artifacts=settings.model.ship_artifacts)  # fmt: skip
     return plan

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Optional
 
 from pyinfra import host, logger
-from pyinfra.api import operation
+from pyinfra.api import FunctionCommand, operation
 from pyinfra.facts.files import File
 from pyinfra.facts.files import Link
 
-from llamarack import remote
+from llamarack import remote, ship as shipping
 from roles.llamacpp.files.llamacpp_proof import runtime_args
 from roles.llamacpp.reads import LlamaServerFlags
 from roles.model.reads import CachedBlobs, ModelArtifact, shape_record_name
@@ -32,7 +32,7 @@ from llamarack.layout import Layout
 from llamarack.operations import executing, private_upload, refusal, secret_upload
 from llamarack.secrets import read_token
 
-from . import sandbox
+from . import sandbox, ship
 from .files.model_quality import KV_TYPES, kld_problem
 from .plan import ModelPlan, text_sha256
 
@@ -301,9 +301,10 @@ def _seal(plan: ModelPlan, python: str):
     yield "rm -rf " + " ".join(q(p) for p in scratch) + f" {q(s)}/*.gguf.tmp.*"
 
 
-def _move_into_place(plan: ModelPlan, state, python: str):
-    """Rename the sealed staging to the artifact's directory, then prune the blob cache."""
-    q, s, d = shlex.quote, plan.staging, plan.dir
+def _move_into_place(plan: ModelPlan, state, python: str, sealed: Optional[str] = None):
+    """Rename the sealed staging (or ``sealed``: a received artifact) to the artifact's
+    directory, then prune the blob cache."""
+    q, s, d = shlex.quote, sealed or plan.staging, plan.dir
     # rename(2) of the whole directory: the artifact appears complete or not at all.
     # mv -T refuses to move into an existing non-empty directory: never overwrite.
     if state is None:
@@ -322,7 +323,8 @@ def _move_into_place(plan: ModelPlan, state, python: str):
 
 @operation()
 def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Optional[dict] = None,
-             link: str = "current", user: str = sandbox.PIPELINE_USER, devices: tuple = ()):
+             link: str = "current", user: str = sandbox.PIPELINE_USER, devices: tuple = (),
+             ship_artifacts: bool = False):
     """Make the plan's GGUF artifact on the host unless it is already there, sealed and whole.
 
     + plan: the ``ModelPlan`` (``plan.plan_model``)
@@ -333,6 +335,8 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
     + user: the unprivileged system user fetch, convert and quantize run as (it must exist)
     + devices: the GPU's character device names (``/proc/devices``) the AWQ and quality runs
       may open (a CUDA host); () runs them on the CPU
+    + ship_artifacts: make the artifact once in the run and ship it to the other hosts that
+      need it (``ship.py``); a host that holds it, sealed, is a source
 
     Route awq applies AutoAWQ's scales before the convert (``awq.log``). A new quantized
     artifact with ``plan.quality_file`` is measured by llama-perplexity before it is taken
@@ -349,6 +353,8 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
     state, linked = read(ModelArtifact, path=d), read(Link, path=current)
     flags = read(LlamaServerFlags, root=plan.root) if plan.measures else None  # the build's proven switches
     if state is not None and state.complete_for(plan.stamp):
+        if ship_artifacts:
+            shipping.hold(ship.key(plan), d)
         problem = kld_problem((state.record or {}).get("quality"), plan.max_kld, f"{host.name}: model {plan.name}")
         if problem and link == "current":
             yield refusal(problem)
@@ -375,17 +381,19 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
                           "unquantized GGUF, quantized GGUF and 1 GiB). "
                           "Fix: free space or move llamarack_root to a bigger disk")  # fmt: skip
             return
-        yield from _staging(plan, user)
-        yield from _fetch(plan, t["python"], token_file, cached, fetched, user)
+        make = [*_staging(plan, user), *_fetch(plan, t["python"], token_file, cached, fetched, user)]
         if plan.applies_awq:
-            yield from _awq(plan, t, user, devices)
+            make += _awq(plan, t, user, devices)
         if plan.converts:
-            yield from _convert(plan, t, user)
+            make += _convert(plan, t, user)
         if plan.measures:
-            yield from _measure(plan, t, user, devices, flags.proven_args if flags else ())
-        yield from _take_over(plan)
-        yield from _seal(plan, t["python"])
-        yield from _move_into_place(plan, state, t["python"])
+            make += _measure(plan, t, user, devices, flags.proven_args if flags else ())
+        make += [*_take_over(plan), *_seal(plan, t["python"]), *_move_into_place(plan, state, t["python"])]
+        if not ship_artifacts:
+            yield from make
+        else:
+            place = list(_move_into_place(plan, state, t["python"], sealed=ship.incoming(plan)))
+            yield FunctionCommand(ship.obtain, (plan, make, t["python"], place), {})
         if plan.measures and plan.max_kld is not None:
             # the bound, on the figures just recorded: refused, the link stays where it is
             yield remote.command("model_quality", "check", "--stamp", f"{d}/stamp.json", "--max-kld",

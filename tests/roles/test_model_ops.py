@@ -485,3 +485,43 @@ def test_plan_for_asks_the_hub_only_when_the_record_cannot_say(monkeypatch):
         with ctx_host.use(ophost.FakeHost({current: served(plan)})):
             got = role.plan_for(settings(**data))
         assert asked == listed and got.stamp == plan_model(settings(**data), LISTING).stamp
+
+
+def test_shipped_the_artifact_is_made_once_in_the_run_or_received_in_one_step():
+    """With ``ship_artifacts`` the pipeline's commands are one FunctionCommand: ``ship.obtain``
+    decides at run time to make them here or to receive the artifact sealed; the received
+    one is moved into place as a made one is, then the link switches."""
+    from pyinfra.api import FunctionCommand
+
+    from roles.model import ship
+    from tests.support.ophost import FakeHost, FakeState
+
+    fake = FakeHost(on_host(PLAN, None, free=100 << 30), state=FakeState(True, False))
+    with ctx_host.use(fake):
+        step, link = list(artifact._inner(plan=PLAN, ship_artifacts=True))
+    assert isinstance(step, FunctionCommand) and step.function is ship.obtain
+    plan, make, python, place = step.args
+    made, _ = ophost.run_op(artifact, on_host(PLAN, None, free=100 << 30), plan=PLAN)  # without shipping
+    assert plan is PLAN and python == "python3"
+    assert [ophost._plain(c) for c in make] == made[:-1]  # the same pipeline, all but the link's switch
+    assert place == [f"chmod 755 {ship.incoming(PLAN)} && mv -T {ship.incoming(PLAN)} {PLAN.dir}",
+                     remote.command("model_fetch", "prune-cache", "--cache", BLOBS, "--models", "/opt/lr/models")]
+    assert link.startswith(f"ln -sfn {PLAN.name} ")
+
+
+def test_a_host_holding_the_artifact_sealed_is_a_source_for_the_run():
+    from llamarack import ship as shipping
+    from tests.support.ophost import FakeHost, FakeState
+
+    fake = FakeHost(on_host(PLAN, DONE, link=PLAN.name, record=True), state=FakeState(True, False))
+    with ctx_host.use(fake):
+        assert list(artifact._inner(plan=PLAN, ship_artifacts=True)) == []
+    (holder,) = shipping.for_state(fake.state).holders[f"model-{PLAN.name}"]
+    assert holder.host is fake and holder.path == PLAN.dir
+    # without shipping, or with an artifact that is not whole, nothing is held
+    for facts, ship_artifacts in ((on_host(PLAN, DONE, link=PLAN.name, record=True), False),
+                                  (on_host(PLAN, None, free=100 << 30), True)):  # fmt: skip
+        other = FakeHost(facts, state=FakeState(True, False))
+        with ctx_host.use(other):
+            list(artifact._inner(plan=PLAN, ship_artifacts=ship_artifacts))
+        assert not shipping.for_state(other.state).holders[f"model-{PLAN.name}"]
