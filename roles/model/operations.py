@@ -135,10 +135,11 @@ def _staging(plan: ModelPlan, user: str):
         yield f"chmod 644 {q(f'{s}/{name}')}"
 
 
-def _fetch(plan: ModelPlan, python: str, token_file: Optional[str], cached: dict, fetched: bool, user: str):
+def _fetch(plan: ModelPlan, python: str, token_file: Optional[str], cached: dict, fetched: bool, user: str,
+           announce: bool = True):
     """Fetch the source files into the work directory through the blob cache, as the pipeline
     user in its sandbox, unless a GGUF was made from them already; the hub token goes up
-    only for a fetch that runs."""
+    only for a fetch that runs. ``announce``: say so now (``fetch_note``), not when it runs."""
     q, s, work = shlex.quote, plan.staging, _work(plan)
     words = [python, "-c", remote.source("model_fetch"), "fetch", "--manifest", f"{s}/manifest.json", "--dest",
              f"{work}/hf" if plan.converts else work, "--retries", str(plan.retries),
@@ -159,10 +160,15 @@ def _fetch(plan: ModelPlan, python: str, token_file: Optional[str], cached: dict
         after = f"rm -f {q(token_path)}"
     else:
         run = f"{sandbox.fetch(words, user, plan.root, work)} < /dev/null"
-    if executing():
-        logger.info(f"{host.print_prefix}model {plan.name}: {plan.describe_fetch(cached)}; follow each step "
-                    f"with: tail -f {s}/fetch.log (then convert.log, quantize.log)")  # fmt: skip
+    if announce and executing():
+        logger.info(host.print_prefix + fetch_note(plan, cached))
     yield _logged(run, f"{s}/fetch.log", after)
+
+
+def fetch_note(plan: ModelPlan, cached: dict) -> str:
+    """What a fetch that runs says first: what it fetches, and where to follow it."""
+    return (f"model {plan.name}: {plan.describe_fetch(cached)}; follow each step with: tail -f "
+            f"{plan.staging}/fetch.log (then convert.log, quantize.log)")
 
 
 def _convert(plan: ModelPlan, t: dict, user: str):
@@ -381,7 +387,8 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
                           "unquantized GGUF, quantized GGUF and 1 GiB). "
                           "Fix: free space or move llamarack_root to a bigger disk")  # fmt: skip
             return
-        make = [*_staging(plan, user), *_fetch(plan, t["python"], token_file, cached, fetched, user)]
+        make = [*_staging(plan, user),
+                *_fetch(plan, t["python"], token_file, cached, fetched, user, announce=not ship_artifacts)]
         if plan.applies_awq:
             make += _awq(plan, t, user, devices)
         if plan.converts:
@@ -393,7 +400,8 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
             yield from make
         else:
             place = list(_move_into_place(plan, state, t["python"], sealed=ship.incoming(plan)))
-            yield FunctionCommand(ship.obtain, (plan, make, t["python"], place), {})
+            note = None if fetched else fetch_note(plan, cached)  # said by the host that makes it
+            yield FunctionCommand(ship.obtain, (plan, make, t["python"], place, note), {})
         if plan.measures and plan.max_kld is not None:
             # the bound, on the figures just recorded: refused, the link stays where it is
             yield remote.command("model_quality", "check", "--stamp", f"{d}/stamp.json", "--max-kld",

@@ -15,7 +15,9 @@ it was, serving what it served; the host then makes the artifact itself.
 from __future__ import annotations
 
 import shlex
+from typing import Optional
 
+from pyinfra import logger
 from pyinfra.api import StringCommand
 
 from llamarack import remote, ship
@@ -55,11 +57,14 @@ def receive(state, host, shipment: ship.Shipment, plan: ModelPlan, python: str, 
     return ok
 
 
-def obtain(state, host, plan: ModelPlan, make: list, python: str, place: list) -> bool:
+def obtain(state, host, plan: ModelPlan, make: list, python: str, place: list, note: Optional[str] = None) -> bool:
     """The artifact step of ``host`` (a ``FunctionCommand``'s work): receive the artifact where
-    the run has it, else make it here (``make``: the pipeline's commands) and hold it."""
+    the run has it, else make it here (``make``: the pipeline's commands; ``note``: what its
+    fetch says first) and hold it."""
 
     def make_here() -> bool:
+        if note:
+            logger.info(host.print_prefix + note)
         return ship.run(state, host, make)[0]
 
     return ship.obtain(state, host, key(plan), "model", f"model {plan.name}", plan.dir, make_here,

@@ -52,6 +52,10 @@ def test_demo_deploy_serves_on_every_host(lab_rack):
     # fresh one, three of four receive).
     needed = len(re.findall(r"llama\.cpp build \S+ needed: ", out))
     assert 0 <= needed - out.count("not compiling it") <= 1, out[-6000:]
+    # And at most one host asked the hub for the checkpoint and made the model: the others
+    # received it, sealed (on a fresh rack the four serve one quantize log, with its timings).
+    assert out.count("follow each step with") <= 1, out[-6000:]
+    assert out.count("not making it") >= out.count("follow each step with") * 3, out[-6000:]
 
 
 def test_demo_second_run_changes_nothing(lab_rack):

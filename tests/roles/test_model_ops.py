@@ -500,7 +500,8 @@ def test_shipped_the_artifact_is_made_once_in_the_run_or_received_in_one_step():
     with ctx_host.use(fake):
         step, link = list(artifact._inner(plan=PLAN, ship_artifacts=True))
     assert isinstance(step, FunctionCommand) and step.function is ship.obtain
-    plan, make, python, place = step.args
+    plan, make, python, place, note = step.args
+    assert note.startswith(f"model {PLAN.name}: ") and "follow each step with: tail -f" in note
     made, _ = ophost.run_op(artifact, on_host(PLAN, None, free=100 << 30), plan=PLAN)  # without shipping
     assert plan is PLAN and python == "python3"
     assert [ophost._plain(c) for c in make] == made[:-1]  # the same pipeline, all but the link's switch
