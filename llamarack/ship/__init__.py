@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import atexit
 import fcntl
-import hashlib
 import json
 import os
 import shlex
@@ -43,6 +42,8 @@ from pyinfra.api.util import print_host_combined_output
 from pyinfra.context import ctx_host
 
 from llamarack import remote
+
+from .files.artifact_ship import sha256_file as sha256
 
 remote.add_scripts(Path(__file__).resolve().parent.parent)  # files/artifact_ship.py
 
@@ -65,14 +66,6 @@ class Shipment:
 class Holder:
     host: object  # a pyinfra Host
     path: str  # the artifact's directory there
-
-
-def sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class Shipping:

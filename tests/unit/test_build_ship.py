@@ -6,19 +6,12 @@ import io
 import json
 import os
 import shutil
-import subprocess
 import tarfile
 
 import pytest
 
-from llamarack import remote
+from tests.support.host_module import host_run
 from roles.llamacpp.ship import build_key
-
-
-def host_run(script: str, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run(["sh", "-c", remote.command(script, *args)], capture_output=True, text=True, timeout=60)
-    assert (r.returncode == 0) == ok, r.stderr
-    return r
 
 
 @pytest.fixture
