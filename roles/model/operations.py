@@ -327,6 +327,19 @@ def _move_into_place(plan: ModelPlan, state, python: str, sealed: Optional[str] 
                          "--models", plan.models_dir, python=python)
 
 
+def _pipeline(plan: ModelPlan, state, t: dict, fetch, user: str, devices: tuple, proven: tuple) -> list:
+    """The commands that make the artifact here, from its staging to its place (``fetch``:
+    the fetch's commands); each step skips what a cut run already made."""
+    make = [*_staging(plan, user), *fetch]
+    if plan.applies_awq:
+        make += _awq(plan, t, user, devices)
+    if plan.converts:
+        make += _convert(plan, t, user)
+    if plan.measures:
+        make += _measure(plan, t, user, devices, proven)
+    return make + [*_take_over(plan), *_seal(plan, t["python"]), *_move_into_place(plan, state, t["python"])]
+
+
 @operation()
 def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Optional[dict] = None,
              link: str = "current", user: str = sandbox.PIPELINE_USER, devices: tuple = (),
@@ -387,15 +400,8 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
                           "unquantized GGUF, quantized GGUF and 1 GiB). "
                           "Fix: free space or move llamarack_root to a bigger disk")  # fmt: skip
             return
-        make = [*_staging(plan, user),
-                *_fetch(plan, t["python"], token_file, cached, fetched, user, announce=not ship_artifacts)]
-        if plan.applies_awq:
-            make += _awq(plan, t, user, devices)
-        if plan.converts:
-            make += _convert(plan, t, user)
-        if plan.measures:
-            make += _measure(plan, t, user, devices, flags.proven_args if flags else ())
-        make += [*_take_over(plan), *_seal(plan, t["python"]), *_move_into_place(plan, state, t["python"])]
+        fetch = _fetch(plan, t["python"], token_file, cached, fetched, user, announce=not ship_artifacts)
+        make = _pipeline(plan, state, t, fetch, user, devices, flags.proven_args if flags else ())
         if not ship_artifacts:
             yield from make
         else:
