@@ -12,6 +12,7 @@ must change nothing.
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 import urllib.request
@@ -173,7 +174,8 @@ def test_a_model_gone_from_a_host_is_received_from_one_that_holds_it(lab_rack):
     lost, holder, model = "lab-v100-a", "lab-v100-b", "/opt/llamarack/models/current"
     name = deploying.sh(lab_rack, holder, f"readlink {model}")
     assert deploying.sh(lab_rack, lost, f"readlink {model}") == name
-    deploying.sh(lab_rack, lost, f"systemctl stop llamarack-server.service && rm -rf /opt/llamarack/models/{name}")
+    deploying.sh(lab_rack, lost, "systemctl stop llamarack-server.service && rm -rf -- "
+                                 + shlex.quote(f"/opt/llamarack/models/{name}"))  # fmt: skip
     rc, out = deploying.deploy(lab_rack, f"{lost},{holder}", "model_ship_artifacts=true")
     assert rc == 0, out[-6000:]
     assert f"model {name}: receiving it from {holder} (" in out and "not making it" in out, out[-6000:]
