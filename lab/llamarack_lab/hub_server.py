@@ -35,7 +35,9 @@ The hub process takes the same faults as options (``--drop-after PATH=BYTES[xTIM
 ``--corrupt PATH``).
 
 ``requests`` records what was asked and sent (method, path, range, whether
-auth was present and right, bytes of body sent); never the token itself.
+auth was present and right, bytes of body sent); never the token itself. The
+hub process also prints each record, once answered, as a JSON line (``hub.log``
+in the lab's state dir): what a bench counts the hub's bytes from.
 """
 
 from __future__ import annotations
@@ -44,10 +46,10 @@ import hashlib
 import json
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 from urllib.parse import parse_qs, unquote, urlsplit
 
 # huggingface.co's default .gitattributes sends these to LFS; bigger files go there too.
@@ -135,6 +137,8 @@ class HubServer:
         self._corrupt: set[str] = set()
         # path -> absolute URL: answer 302 there (huggingface.co sends LFS files to a CDN)
         self.redirects: dict[str, str] = {}
+        # called with each request's record once it is answered (the process prints it)
+        self.answered: Optional[Callable[[Logged], None]] = None
         self._lock = threading.Lock()
         hub = self
 
@@ -204,6 +208,12 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format, *args):  # quiet: tests read hub.requests instead
         pass
 
+    def handle_one_request(self):
+        self._entry = None
+        super().handle_one_request()
+        if self._entry is not None and self.server_hub.answered:
+            self.server_hub.answered(self._entry)
+
     def _auth(self) -> str:
         given = self.headers.get("Authorization")
         if given is None:
@@ -224,6 +234,7 @@ class _Handler(BaseHTTPRequestHandler):
                        user_agent=self.headers.get("User-Agent", ""))  # fmt: skip
         with hub._lock:
             hub.requests.append(entry)
+        self._entry = entry
         if hub.token and entry.auth != "ok":
             return self._json(entry, 401, {"error": "Invalid credentials in Authorization header"})
 
@@ -350,6 +361,7 @@ def main(argv=None) -> None:
         server.corrupt(path)
     for repo in server.repos.values():
         print(f"{server.url}/api/models/{repo.repo_id}/revision/{repo.sha}", flush=True)
+    server.answered = lambda entry: print(json.dumps(asdict(entry)), flush=True)
     server.httpd.serve_forever()
 
 

@@ -161,3 +161,8 @@ def test_the_hub_process_takes_its_faults_as_options(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+    # each answered request, printed as a JSON line: what a bench counts the hub's bytes from
+    records = [json.loads(line) for line in proc.stdout.read().splitlines()]
+    assert [(r["path"].rsplit("/", 1)[1], r["range"], r["sent"]) for r in records] == [
+        ("a.safetensors", None, 4096), ("a.safetensors", "bytes=4096-", 0), ("a.safetensors", "bytes=4096-", 6144),
+        ("b.safetensors", None, 1000)]  # fmt: skip
