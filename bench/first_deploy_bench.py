@@ -8,8 +8,10 @@ The lab's hosts share one ccache, which a real rack rarely has: here each host h
 For each way, a fresh rack of the README's shape (4 serving hosts and the gateway) gets the
 README's deploy once (``pyinfra -y inventory/lab.py deploy.py``):
 
-- ``per_host``: ``--data llamacpp_ship_builds=false``, every host compiles its build;
-- ``once``: the defaults: one host compiles each build, the others receive it sealed.
+- ``per_host``: ``llamacpp_ship_builds=false model_ship_artifacts=false``: every host compiles
+  its build and fetches, converts and quantizes its model;
+- ``once``: ``llamacpp_ship_builds=true model_ship_artifacts=true``: one host compiles each
+  build and makes each model artifact, the others receive them sealed.
 
 Counted from the hosts and the lab's own records, not from the deploy's words:
 
@@ -19,7 +21,7 @@ Counted from the hosts and the lab's own records, not from the deploy's words:
   the serving hosts' served models (a shipped artifact would carry its maker's logs);
 - hub bytes: the body bytes of the model files the lab's hub sent during the deploy (its
   ``hub.log`` records), against the checkpoint's size;
-- bytes shipped: the builds' "receiving it from HOST (N MiB)" lines of the deploy;
+- bytes shipped: the deploy's "receiving it from HOST (N MiB)" lines, builds and models apart;
 - wall time of the deploy, and the load average before it (other work skews it).
 
 Writes bench/results/first-deploy.json, the machine noted, stamped by ``bench/provenance.py``.
@@ -44,7 +46,11 @@ import provenance  # noqa: E402  (this folder's)
 from llamarack_lab import rack as rackmod, services  # noqa: E402
 from llamarack_lab.pytest_plugin import pyinfra_command  # noqa: E402
 
-WAYS = {"per_host": ("--data", "llamacpp_ship_builds=false"), "once": ()}
+WAYS = {"per_host": ("--data", "llamacpp_ship_builds=false", "--data", "model_ship_artifacts=false"),
+        "once": ("--data", "llamacpp_ship_builds=true", "--data", "model_ship_artifacts=true")}
+# "[host] llama.cpp ...: receiving it from lab-v100-32 (20 MiB), not compiling it" (``llamarack.ship``)
+RECEIVED = re.compile(r"^\s*\[(\S+)\].*?(llama\.cpp|model) [^:]*: receiving it from (\S+) \((\d+) MiB\)", re.M)
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 BUILD = "/opt/llamarack/builds/current"
 MODEL = "/opt/llamarack/models/current"
 
@@ -89,7 +95,9 @@ def measure(way: str) -> dict:
             raise SystemExit(f"{way}: deploy failed (rc {r.returncode}):\n{r.stdout[-4000:]}")
         hosts = {name: host_state(rack, name) for name in serving}
         served = hub_records(rack)[before:]
-        shipped = [int(m) for m in re.findall(r"receiving it from \S+ \((\d+) MiB\)", r.stdout)]
+        received = {(host, what): (source, int(mib)) for host, what, source, mib in RECEIVED.findall(ANSI.sub("", r.stdout))}
+        builds = [mib for (_, what), (_, mib) in received.items() if what == "llama.cpp"]
+        models = [mib for (_, what), (_, mib) in received.items() if what == "model"]
         return {
             "deploy_s": round(wall, 1),
             "load_average_before": [round(x, 2) for x in load],
@@ -99,9 +107,13 @@ def measure(way: str) -> dict:
             "quantizations": len({h["logs"].get("quantize.log") for h in hosts.values()} - {None}),
             "hub_model_bytes": model_bytes(served),
             "checkpoint_bytes": checkpoint_bytes(),
-            "builds_received": len(shipped),
-            "bytes_shipped_mib": sum(shipped),
-            "per_host": {name: {"compiled": h["compiled"], "made_model": bool(h["logs"])} for name, h in hosts.items()},
+            "builds_received": len(builds),
+            "build_mib_shipped": sum(builds),
+            "models_received": len(models),
+            "model_mib_shipped": sum(models),
+            "per_host": {name: {"compiled": h["compiled"],
+                                "build_from": received.get((name, "llama.cpp"), (None,))[0],
+                                "model_from": received.get((name, "model"), (None,))[0]} for name, h in hosts.items()},
         }
     finally:
         rackmod.down()
