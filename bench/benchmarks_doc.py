@@ -289,6 +289,19 @@ def reliability_body(r: dict) -> str:
     return text + ("\n\nNot survived in this run: " + "; ".join(notes) + "." if notes else "")
 
 
+def first_deploy_body(r: dict) -> str:
+    ways = r["ways"]
+    rows = ["| way | compiles | conversions | quantizations | hub bytes (checkpoint: "
+            f"{num(next(iter(ways.values()))['checkpoint_bytes'])}) | builds received (MiB) | models received (MiB) | "
+            "deploy | load average before |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for name, w in ways.items():
+        rows.append(f"| `{name}` | {w['compiles']} of {w['serving_hosts']} | {w['conversions']} | {w['quantizations']} | "
+                    f"{num(w['hub_model_bytes'])} | {w['builds_received']} ({num(w['build_mib_shipped'])}) | "
+                    f"{w['models_received']} ({num(w['model_mib_shipped'])}) | {secs(w['deploy_s'], 1)} | "
+                    f"{w['load_average_before'][0]:g} |")  # fmt: skip
+    return "\n".join(rows)
+
+
 # --- the page -------------------------------------------------------------------------------
 
 
@@ -297,7 +310,7 @@ def lab_sections() -> dict:
     return {"converged": converged, "audit": one("audit", audit_body),
             "tool_upgrade": one("tool-upgrade", tool_upgrade_body), "lab": one("lab", lab_body),
             "gguf_header": one("gguf-header", gguf_header_body), "rollout": one("rollout", rollout_body),
-            "affinity": one("affinity", affinity_body),
+            "affinity": one("affinity", affinity_body), "first_deploy": one("first-deploy", first_deploy_body),
             "reliability": one("reliability", reliability_body)}  # fmt: skip
 
 
