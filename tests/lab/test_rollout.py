@@ -127,7 +127,8 @@ def test_a_bump_rolls_canary_first_and_drops_no_request(lab_rack, serving, bump)
     # whose blob cache holds the checkpoint where one does; the others received it.
     assert sum("not making it" in line for line in stage) == len(serving) - 1, out[-6000:]
     fetched = [line for line in stage if "in the host's blob cache" in line]  # the maker's fetch line
-    assert len(fetched) == 1 and "(0.00 GB to download)" in fetched[0], fetched
+    counts = re.search(r"(\d+) file\(s\), [^,]*, (\d+) of them in the host's blob cache", fetched[0]) if fetched else None
+    assert len(fetched) == 1 and counts and counts[1] == counts[2], fetched  # every file from its cache
     made = "cd /opt/llamarack/models/current && sha256sum quantize.log model.gguf"
     assert len({deploying.sh(lab_rack, h, made) for h in serving}) == 1
     assert not any(re.search(r"(llama-server|llamarack driver|llamarack gateway) \| ", line) for line in stage)
