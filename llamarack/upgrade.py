@@ -135,8 +135,14 @@ def host_lines(a: HostAudit, refusal: str = "refused by preflight", nothing: str
 
 def as_text(audits: list[HostAudit]) -> str:
     lines = [line for a in audits for line in host_lines(a)]
-    made = builds_made(audits)
-    return "\n".join(lines + (["builds:"] + [f"  {b['line']}" for b in made] if made else [])) + "\n"
+    return "\n".join(lines + made_lines(audits)) + "\n"
+
+
+def made_lines(audits: list[HostAudit]) -> list:
+    """The ``builds:`` and ``models:`` the deploy makes and ships, a line each (none: none)."""
+    builds, models = builds_made(audits), models_made(audits)
+    return (["builds:"] + [f"  {b['line']}" for b in builds] if builds else []) + \
+        (["models:"] + [f"  {m['line']}" for m in models] if models else [])  # fmt: skip
 
 
 def builds_made(audits: list[HostAudit]) -> list[dict]:
@@ -176,6 +182,38 @@ def builds_made(audits: list[HostAudit]) -> list[dict]:
     return made
 
 
+def models_made(audits: list[HostAudit]) -> list[dict]:
+    """The model artifacts the deploy will make, one entry per artifact (its stamp where the
+    served record plans it, else the settings' model): with ``model_ship_artifacts`` made once
+    (``llamarack/ship``: on a host whose blob cache holds the checkpoint where one does, else by
+    the first host to reach it) and received by the others, with the bytes each gets
+    (estimated from the GGUF it serves now); else made on each."""
+    groups: dict = {}
+    for a in audits:
+        item = a.items.get("model") if a.reachable and not a.error and not refused(a) else None
+        if item is not None and item.drift and model_step(item).action == "remake":
+            w = item.wanted or {}
+            label = w.get("stamp") or f"{w.get('repo')}@{w.get('revision')} {w.get('quant')}"
+            groups.setdefault((label, bool(w.get("ship"))), []).append((a.name, item))
+    made = []
+    for (label, ship), members in groups.items():
+        need = [name for name, _ in members]
+        maker = next((name for name, item in members if item.wanted.get("cache_holds")), None)
+        size = max((item.found or {}).get("bytes") or 0 for _, item in members)
+        each = f"about {size / 2**20:.0f} MiB each (the size of the GGUF served now)" if size else "size known once made"
+        entry = {"model": label, "shared": ship, "hosts": need, "makes": 1 if ship else len(need),
+                 "maker": maker if ship else None, "bytes_each": size or None}  # fmt: skip
+        if not ship:
+            entry["line"] = f"{label}: made on each of {', '.join(need)} (not shipped)"
+        else:
+            where = (f"on {maker}, whose blob cache holds the checkpoint (the hub is asked for none of it)" if maker
+                     else f"by the first of {', '.join(need)} to reach it (the checkpoint is fetched once)")
+            rest = f"; the other {len(need) - 1} receive it through this machine: {each}" if len(need) > 1 else ""
+            entry["line"] = f"{label}: made once, {where}{rest}"
+        made.append(entry)
+    return made
+
+
 def refused(audit: HostAudit) -> list:
     """The preflight rules that would refuse the host (the deploy then changes nothing there)."""
     rules = audit.items.get("rules")
@@ -187,4 +225,4 @@ def as_json(audits: list[HostAudit]) -> dict:
             "hosts": {a.name: {"error": a.error if (a.error or not a.reachable) else None, "refused": refused(a),
                                "steps": [] if refused(a) else [asdict(s) for s in host_steps(a)]}
                       for a in audits},
-            "builds": builds_made(audits)}
+            "builds": builds_made(audits), "models": models_made(audits)}

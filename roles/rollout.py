@@ -509,8 +509,7 @@ def dry_plan(chosen: dict, order: list, templates: tuple = ()) -> str:
         out += [f"  {line}" for name in batch for line in upgrade.host_lines(
             audits[name], "refused by preflight (the deploy would fail it)",
             "nothing changes (drained, deployed, gated and undrained all the same)")]
-    made = upgrade.builds_made(list(audits.values()))
-    out += (["builds:"] + [f"  {b['line']}" for b in made]) if made else []
+    out += upgrade.made_lines(list(audits.values()))
     return "\n".join(out) + "\n"
 
 

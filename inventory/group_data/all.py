@@ -183,8 +183,8 @@ model_keep_intermediates = False
 # times a dropped download is resumed (HTTP Range) before the run fails
 model_fetch_retries = 5
 
-# make each model artifact once in a run (fetch, AWQ, convert, quantize, quality) and ship it, sealed, through the control machine to the other hosts that need the same artifact (a receiving host keeps no intermediates, and no checkpoint in its blob cache: a later remake there fetches it again); False makes it on every host
-model_ship_artifacts = False
+# make each model artifact once in a run (fetch, AWQ, convert, quantize, quality), on a host whose blob cache holds the checkpoint where one does, and ship it, sealed, through the control machine to the other hosts that need the same artifact (a receiving host keeps no intermediates and no checkpoint); False makes it on every host
+model_ship_artifacts = True
 
 # gguf (convert_hf_to_gguf.py, then llama-quantize) or awq (AutoAWQ's scales applied into the fp16 weights in the AWQ env, calibrated on the host's GPU when it has one, then the same convert and llama-quantize); source hf only
 model_route = 'gguf'

@@ -16,6 +16,11 @@ Several pyinfra runs can share one directory (``SHIP_DIR_ENV``: ``llamarack roll
 for its stage, whose runs are one per host): their turns are then file locks there too, and
 an artifact one run made is published there (its tar and a note) for the others.
 
+A host can be a preferred maker of ``key`` (``prefer``, while planned: a model step whose
+blob cache holds the checkpoint makes the artifact without asking the hub). A host that
+is not then leaves the turn to the preferred ones of its run that run the same step, and
+of the runs sharing its directory while their run lives, until they have made it or failed.
+
 A refused shipment leaves the host as it was; the role then makes the artifact there.
 """
 
@@ -78,6 +83,9 @@ class Shipping:
         self.locks = defaultdict(gevent.lock.Semaphore)
         self.holders = defaultdict(list)
         self.shipped: dict = {}
+        self.preferred = defaultdict(list)  # key -> hosts of this run preferred to make it
+        self.settled = defaultdict(set)  # key -> names of the hosts whose step for it is over, made or not
+        self.markers: dict = {}  # (key, host name) -> an open file locked while it is preferred
 
     @property
     def dir(self) -> str:
@@ -90,6 +98,43 @@ class Shipping:
         """``host`` holds a proven, sealed artifact of ``key`` in ``path``."""
         if all(h.host is not host for h in self.holders[key]):
             self.holders[key].append(Holder(host, path))
+
+    def prefer(self, key: str, host) -> None:
+        """``host`` should make ``key`` rather than another host (it has what makes it cheap).
+        Runs sharing the directory see it by a file lock held until its step is over."""
+        if any(p is host for p in self.preferred[key]):
+            return
+        self.preferred[key].append(host)
+        if self.shared:
+            fd = os.open(os.path.join(self.shared, f"{key}.maker.{host.name}"), os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self.markers[(key, host.name)] = fd
+            except BlockingIOError:  # another run plans the same host: its own lock stands
+                os.close(fd)
+
+    def settle(self, key: str, host) -> None:
+        """``host``'s step for ``key`` is over (made, received or failed)."""
+        self.settled[key].add(host.name)
+        fd = self.markers.pop((key, host.name), None)
+        if fd is not None:
+            os.close(fd)  # releases the lock
+
+    def pending_makers(self, key: str, host) -> list:
+        """The preferred makers of ``key`` whose step ``host`` waits for: this run's that run the
+        same operation now and are not done, and those of live runs sharing the directory."""
+        if any(p is host for p in self.preferred[key]):
+            return []
+        names = [p.name for p in self.preferred[key]
+                 if p.name not in self.settled[key] and _executing(p) is not None and _executing(p) == _executing(host)]
+        if self.shared:
+            mine = {name for (k, name) in self.markers if k == key}
+            prefix = f"{key}.maker."
+            for entry in sorted(os.listdir(self.shared)):
+                if entry.startswith(prefix) and entry[len(prefix):] not in mine | {host.name}:
+                    if _locked(os.path.join(self.shared, entry)):
+                        names.append(entry[len(prefix):])
+        return names
 
     @contextmanager
     def turn(self, key: str):
@@ -133,6 +178,26 @@ class Shipping:
             os.replace(note + ".new", note)
 
 
+def _executing(host):
+    """The operation ``host`` runs now (pyinfra's ``Host.executing_op_hash``), or None."""
+    return getattr(host, "executing_op_hash", None)
+
+
+def _locked(path: str) -> bool:
+    """Whether another open file description holds a lock on ``path`` (a live preferred maker)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
 _RUNS: dict = {}
 
 
@@ -146,6 +211,12 @@ def hold(key: str, path: str) -> None:
     """While planned: the host being planned holds ``key``'s artifact, proven and sealed, at ``path``."""
     host = ctx_host.get()
     for_state(host.state).hold(key, host, path)
+
+
+def prefer(key: str) -> None:
+    """While planned: the host being planned should make ``key`` if the run must make it."""
+    host = ctx_host.get()
+    for_state(host.state).prefer(key, host)
 
 
 def _arguments(state, host) -> dict:
@@ -226,10 +297,14 @@ def obtain(state, host, key: str, kind: str, what: str, path: str, make: Callabl
     and sealed) and hold it for the next host. Only finding or making takes turns; hosts
     receive side by side. A refused shipment is said, and the host makes it itself."""
     shipping = for_state(state)
-    with shipping.turn(key):
-        shipment = shipping.shipped.get(key) or shipping.published(key) or from_holders(state, host, key, kind, what)
-        if not shipment:
-            return _made(state, host, key, kind, what, path, make, publish=True)
+    try:
+        _wait_for_makers(shipping, host, key, what)
+        with shipping.turn(key):
+            shipment = shipping.shipped.get(key) or shipping.published(key) or from_holders(state, host, key, kind, what)
+            if not shipment:
+                return _made(state, host, key, kind, what, path, make, publish=True)
+    finally:
+        shipping.settle(key, host)
     logger.info(f"{host.print_prefix}{what}: receiving it from {shipment.source} "
                 f"({shipment.bytes / 2**20:.0f} MiB), not {verb} it")  # fmt: skip
     if receive(shipment):
@@ -240,6 +315,20 @@ def obtain(state, host, key: str, kind: str, what: str, path: str, make: Callabl
         if shipping.shipped.get(key) is shipment:
             del shipping.shipped[key]
     return _made(state, host, key, kind, what, path, make)
+
+
+def _wait_for_makers(shipping: Shipping, host, key: str, what: str) -> None:
+    """Leave ``key``'s turn to its preferred makers (``Shipping.pending_makers``) until they are done."""
+    gevent.sleep(0)  # the hosts this operation started together reach their step first
+    said = False
+    while not (shipping.shipped.get(key) or shipping.published(key)):
+        names = shipping.pending_makers(key, host)
+        if not names:
+            return
+        if not said:
+            logger.info(f"{host.print_prefix}{what}: waiting for {', '.join(names)}, which makes it from its cache")
+            said = True
+        gevent.sleep(1)
 
 
 def _made(state, host, key, kind, what, path, make: Callable, publish: bool = False) -> bool:

@@ -9,18 +9,19 @@ from llamarack.facts import FactRead
 from roles.settings import Settings
 
 from .files.model_quality import kld_problem
-from .plan import plan_from_record, quality_summary
+from .plan import plan_from_pinned_record, plan_from_record, quality_summary
 from roles.server.audit import account_item
 from roles.server.reads import SystemGroup, SystemUser
 
-from .reads import ModelArtifact, shape_record_name
+from .reads import BlobCacheIndex, ModelArtifact, shape_record_name
 from .sandbox import PIPELINE_HOME, PIPELINE_USER
 
 
 def reads(settings: Settings, verify: bool = False) -> tuple[FactRead, ...]:
-    """The served artifact; ``verify``: its GGUF hashed."""
+    """The served artifact, the blob cache's index; ``verify``: the GGUF hashed."""
     current = settings.layout.current_model
     return (FactRead.of(ModelArtifact, path=current), FactRead.of(File, path=f"{current}/{shape_record_name()}"),
+            FactRead.of(BlobCacheIndex, cache=settings.layout.blob_cache),
             FactRead.of(SystemUser, user=PIPELINE_USER), FactRead.of(SystemGroup, group=PIPELINE_USER)) + \
         ((FactRead.of(Sha256File, path=f"{current}/model.gguf"),) if verify else ())  # fmt: skip
 
@@ -47,5 +48,18 @@ def items(seen: Seen) -> dict[str, Item]:
     drift = plan_from_record(settings, served) is None or not found["shape_recorded"] or \
         bool(kld_problem(record.get("quality"), bound, "model")) or \
         (seen.verify and not (wanted["sha256"] and found["sha256"] == wanted["sha256"]))  # fmt: skip
+    wanted.update(made(settings, served, fact(BlobCacheIndex, cache=settings.layout.blob_cache)))
+    found["bytes"] = served.gguf_size if served else None
     pipeline = account_item(fact(SystemUser, user=PIPELINE_USER), fact(SystemGroup, group=PIPELINE_USER), PIPELINE_HOME)
     return {"pipeline_user": pipeline, "model": Item(found, wanted, drift=drift)}
+
+
+def made(settings: Settings, served, index) -> dict:
+    """What plan-upgrade says of the artifact the deploy makes (``llamarack.upgrade.models_made``):
+    its stamp where the served record plans it without the hub, whether it is made once and
+    shipped (``model_ship_artifacts``), and whether this host's blob cache (``index``) holds
+    its checkpoint (such a host is the run's preferred maker: ``roles/model/ship.py``)."""
+    plan = plan_from_record(settings, served) or plan_from_pinned_record(settings, served)
+    index = index or {}
+    holds = bool(plan and plan.blob_ids and not plan.to_download(index))
+    return {"stamp": plan.name if plan else None, "ship": settings.model.ship_artifacts, "cache_holds": holds}

@@ -405,6 +405,8 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
         if not ship_artifacts:
             yield from make
         else:
+            if fetched or (plan.blob_ids and not plan.to_download(cached)):
+                shipping.prefer(ship.key(plan))  # made here without asking the hub
             place = list(_move_into_place(plan, state, t["python"], sealed=ship.incoming(plan)))
             note = None if fetched else fetch_note(plan, cached)  # said by the host that makes it
             yield FunctionCommand(ship.obtain, (plan, make, t["python"], place, note), {})

@@ -151,6 +151,15 @@ class CachedBlobs(FactBase[dict]):
         return blobs
 
 
+class BlobCacheIndex(CachedBlobs):
+    """Returns every sound blob of the host's blob cache (``cache``) with its size, as
+    ``CachedBlobs`` reads the ones it is asked for: whether the cache holds a checkpoint."""
+
+    def command(self, cache: str) -> str:  # type: ignore[override]
+        return (f"cd {shlex.quote(cache)} 2>/dev/null || exit 0; "
+                "find . -mindepth 2 -maxdepth 2 -type f -printf '%P %s %T@\\n'; true")
+
+
 def reads(settings) -> tuple:
     """What the model role reads on a converged host: its part of preflight's one read."""
     if not settings.general.runs("model"):

@@ -72,10 +72,10 @@ class ModelSettings(Section):
     fetch_retries: int = setting(5, "times a dropped download is resumed (HTTP Range) before the run fails",
                                  between=(1, 100))
     ship_artifacts: bool = setting(
-        False, "make each model artifact once in a run (fetch, AWQ, convert, quantize, quality) and ship it, "
-        "sealed, through the control machine to the other hosts that need the same artifact (a receiving host "
-        "keeps no intermediates, and no checkpoint in its blob cache: a later remake there fetches it again); "
-        "False makes it on every host")
+        True, "make each model artifact once in a run (fetch, AWQ, convert, quantize, quality), on a host whose "
+        "blob cache holds the checkpoint where one does, and ship it, sealed, through the control machine to "
+        "the other hosts that need the same artifact (a receiving host keeps no intermediates and no "
+        "checkpoint); False makes it on every host")
     # -- the quantization route, and AutoAWQ's quant_config for route awq --
     route: Literal["gguf", "awq"] = setting(
         "gguf", "gguf (convert_hf_to_gguf.py, then llama-quantize) or awq (AutoAWQ's scales applied into the "

@@ -123,6 +123,14 @@ def test_a_bump_rolls_canary_first_and_drops_no_request(lab_rack, serving, bump)
     assert sum("not compiling it" in line for line in stage) == len(serving) - 1, out[-6000:]
     binaries = "cd /opt/llamarack/builds/current/build/bin && sha256sum *"
     assert len({deploying.sh(lab_rack, h, binaries) for h in serving}) == 1
+    # One model artifact in all (the bump converts again): one stage run made it, on a host
+    # whose blob cache holds the checkpoint where one does; the others received it.
+    assert sum("not making it" in line for line in stage) == len(serving) - 1, out[-6000:]
+    fetched = [line for line in stage if "in the host's blob cache" in line]  # the maker's fetch line
+    counts = re.search(r"(\d+) file\(s\), [^,]*, (\d+) of them in the host's blob cache", fetched[0]) if fetched else None
+    assert len(fetched) == 1 and counts and counts[1] == counts[2], fetched  # every file from its cache
+    made = "cd /opt/llamarack/models/current && sha256sum quantize.log model.gguf"
+    assert len({deploying.sh(lab_rack, h, made) for h in serving}) == 1
     assert not any(re.search(r"(llama-server|llamarack driver|llamarack gateway) \| ", line) for line in stage)
     for operation in (r"llama\.cpp build \| Build llama\.cpp ", r"llamarack model \| Model [0-9a-f]{16} "):
         rows = window_rows(out, operation)

@@ -1,5 +1,9 @@
 """Day 2: a llama.cpp bump across a converged host, through the real deploy.py.
 
+The rack made its model once, on one host, and shipped it to the others
+(``model_ship_artifacts``): that host keeps the checkpoint in its blob cache, the
+receivers keep none. The bump goes to that host.
+
 A new commit rebuilds llama.cpp, converts and quantizes the model again with
 the new converter and llama-quantize, and restarts the server on both, with
 the checkpoint taken from the host's blob cache. The lab pins the model's
@@ -26,8 +30,7 @@ from tests.lab import deploying
 
 pytestmark = pytest.mark.lab
 
-HOST = "lab-v100-32"
-URL = "http://10.77.0.13:8080"  # inventory/lab.py's address of HOST
+ADDRESSES = {"lab-v100-a": "10.77.0.11", "lab-v100-b": "10.77.0.12", "lab-v100-32": "10.77.0.13"}  # inventory/lab.py's
 OPT = "/opt/llamarack"
 BLOBS = f"{OPT}/cache/blobs"
 UNIT = "/etc/systemd/system/llamarack-server.service"
@@ -56,27 +59,31 @@ int main(int argc, char ** argv) {
 
 
 def deploy(lab_rack, *data: str):
-    return deploying.deploy(lab_rack, HOST, *data)
+    return deploying.deploy(lab_rack, SEEN["host"], *data)
 
 
-def sh(lab_rack, command: str) -> str:
-    return deploying.sh(lab_rack, HOST, command)
+def sh(lab_rack, command: str, host: str = "") -> str:
+    return deploying.sh(lab_rack, host or SEEN["host"], command)
+
+
+def url() -> str:
+    return f"http://{ADDRESSES[SEEN['host']]}:8080"
 
 
 def health() -> int:
-    with urllib.request.urlopen(f"{URL}/health", timeout=30) as r:
+    with urllib.request.urlopen(f"{url()}/health", timeout=30) as r:
         return r.status
 
 
 def completion(tokens: int) -> dict:
-    request = urllib.request.Request(f"{URL}/completion", data=json.dumps({"prompt": "hello", "n_predict": tokens}).encode(),
+    request = urllib.request.Request(f"{url()}/completion", data=json.dumps({"prompt": "hello", "n_predict": tokens}).encode(),
                                      headers={"Content-Type": "application/json"})  # fmt: skip
     with urllib.request.urlopen(request, timeout=60) as r:
         return json.loads(r.read())
 
 
-def record(lab_rack, model: str = "current") -> dict:
-    return json.loads(sh(lab_rack, f"cat {OPT}/models/{model}/stamp.json"))
+def record(lab_rack, model: str = "current", host: str = "") -> dict:
+    return json.loads(sh(lab_rack, f"cat {OPT}/models/{model}/stamp.json", host))
 
 
 def serving(lab_rack) -> dict:
@@ -106,19 +113,30 @@ def hub():
         yield server
 
 
-def test_a_converged_host_has_its_checkpoint_in_the_blob_cache(lab_rack):
-    rc, out = deploy(lab_rack)
+def cached(lab_rack, host: str, files: dict) -> list:
+    """The modes of ``files``' blobs (content ids) in ``host``'s blob cache, "none" for each it lacks."""
+    paths = " ".join(f"{BLOBS}/{cid.replace(':', '/')}" for cid in files.values())
+    return sh(lab_rack, f"for f in {paths}; do stat -c %a $f 2>/dev/null || echo none; done", host).split()
+
+
+def test_the_host_that_made_the_model_has_its_checkpoint_in_the_blob_cache(lab_rack):
+    rc, out = deploying.deploy(lab_rack, ",".join(ADDRESSES))
     assert rc == 0, out[-6000:]
+    files = record(lab_rack, host="lab-v100-a")["files"]
+    modes = {host: cached(lab_rack, host, files) for host in ADDRESSES}
+    # Every file the artifact was made from is in its maker's cache under its content id,
+    # read-only (a host that received the artifact keeps none of them).
+    makers = [host for host, m in modes.items() if m == ["444"] * len(files)]
+    assert makers, modes
+    print("\nblob caches:", modes)
+    SEEN["host"] = makers[0]
+    assert sh(lab_rack, f"stat -c %a {BLOBS}") == "700"
     rc, out = deploy(lab_rack)
     assert rc == 0 and parse_pyinfra_totals(out)["success"] == 0, out[-6000:]
     stamp = record(lab_rack)
     SEEN.update(model=sh(lab_rack, f"readlink {OPT}/models/current"), build=sh(lab_rack, f"readlink {OPT}/builds/current"),
                 serving=serving(lab_rack), files=stamp["files"])  # fmt: skip
-    # Every file the artifact was made from is in the cache under its content id, read-only.
-    for path, cid in stamp["files"].items():
-        algo, hexdigest = cid.split(":")
-        assert sh(lab_rack, f"stat -c '%a %s' {BLOBS}/{algo}/{hexdigest}").startswith("444 "), (path, cid)
-    assert sh(lab_rack, f"stat -c %a {BLOBS}") == "700"
+    assert stamp["files"] == files
 
 
 def test_a_llamacpp_bump_rebuilds_and_converts_again_without_downloading(lab_rack, lab_mirror, hub):

@@ -526,3 +526,52 @@ def test_a_host_holding_the_artifact_sealed_is_a_source_for_the_run():
         with ctx_host.use(other):
             list(artifact._inner(plan=PLAN, ship_artifacts=ship_artifacts))
         assert not shipping.for_state(other.state).holders[f"model-{PLAN.name}"]
+
+
+@pytest.mark.parametrize("facts, preferred", [
+    (dict(cached=CACHED_ALL), True),  # its blob cache holds the whole checkpoint: no hub
+    (dict(made=("work/model-f16.gguf",)), True),  # a cut run left its conversion: past the fetch
+    (dict(cached={PLAN.files[0].content_id: PLAN.files[0].size}), False),  # part of it
+    (dict(), False),
+])  # fmt: skip
+def test_a_host_that_can_make_the_artifact_without_the_hub_is_its_preferred_maker(facts, preferred):
+    from llamarack import ship as shipping
+    from tests.support.ophost import FakeHost, FakeState
+
+    fake = FakeHost(on_host(PLAN, None, free=100 << 30, **facts), state=FakeState(True, False))
+    with ctx_host.use(fake):
+        list(artifact._inner(plan=PLAN, ship_artifacts=True))
+    assert shipping.for_state(fake.state).preferred[f"model-{PLAN.name}"] == ([fake] if preferred else [])
+
+
+def test_the_blob_cache_index_lists_the_sound_blobs_with_their_sizes(tmp_path):
+    """``BlobCacheIndex``'s command run on a real cache: a blob written to since it was cached
+    (its mtime moved) is not sound; a missing cache is an empty one."""
+    import os
+    import subprocess
+
+    from roles.model.files.model_fetch import BLOB_MTIME_NS
+    from roles.model.reads import BlobCacheIndex
+
+    sound, stale = tmp_path / "sha256" / ("a" * 64), tmp_path / "git-sha1" / ("b" * 40)
+    for blob, body in ((sound, b"weights"), (stale, b"edited")):
+        blob.parent.mkdir(exist_ok=True)
+        blob.write_bytes(body)
+    os.utime(sound, ns=(BLOB_MTIME_NS, BLOB_MTIME_NS))
+    fact = BlobCacheIndex()
+    for cache, want in ((tmp_path, {"sha256:" + "a" * 64: 7}), (tmp_path / "none", {})):
+        out = subprocess.run(["bash", "-c", fact.command(cache=str(cache))], capture_output=True, text=True, check=True)
+        assert fact.process(out.stdout.splitlines()) == want
+
+
+def test_the_audit_names_the_artifact_a_bump_makes_and_whether_the_cache_holds_its_checkpoint():
+    from roles.model.audit import made
+
+    plan = plan_model(settings(), LISTING)
+    bumped = settings(llamacpp_commit="b" * 40)
+    wanted = plan_from_pinned_record(bumped, served(plan))
+    assert wanted.stamp != plan.stamp
+    assert made(bumped, served(plan), CACHED_ALL) == {"stamp": wanted.name, "ship": True, "cache_holds": True}
+    assert made(bumped, served(plan), {plan.files[0].content_id: plan.files[0].size})["cache_holds"] is False
+    assert made(settings(), served(plan), CACHED_ALL)["stamp"] == plan.name  # converged: the one served
+    assert made(settings(model_ship_artifacts=False), None, None) == {"stamp": None, "ship": False, "cache_holds": False}

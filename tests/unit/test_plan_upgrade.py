@@ -109,3 +109,30 @@ def test_hosts_of_other_cpus_compile_their_own_and_a_holder_compiles_nothing():
 
 def test_a_converged_rack_makes_no_build():
     assert as_json([host()])["builds"] == [] and "builds:" not in as_text([host()])
+
+
+def remaking(name: str, ship: bool = True, holds: bool = False, mib: int = 3) -> HostAudit:
+    """A host whose model the deploy remakes (a llama.cpp bump plans the artifact ``5e1f`` from
+    the served record), its blob cache holding the checkpoint or not."""
+    found = {"stamp": "9f", "repo": "lab/tiny", "revision": "ab" * 20, "quant": "Q4_K_M", "untouched": True,
+             "shape_recorded": True, "bytes": mib * 2**20}  # fmt: skip
+    wanted = {**found, "stamp": "5e1f", "ship": ship, "cache_holds": holds}
+    del wanted["bytes"]
+    return HostAudit(name, items=host(model=Item(found, wanted, drift=True)).items)
+
+
+def test_a_bump_says_which_host_makes_the_model_from_its_cache_and_who_receives_it():
+    audits = [remaking("lab-v100-a"), remaking("lab-v100-32", holds=True), remaking("lab-t4")]
+    (made,) = as_json(audits)["models"]
+    assert made == {"model": "5e1f", "shared": True, "hosts": ["lab-v100-a", "lab-v100-32", "lab-t4"], "makes": 1,
+                    "maker": "lab-v100-32", "bytes_each": 3 * 2**20, "line": made["line"]}  # fmt: skip
+    assert ("models:\n  5e1f: made once, on lab-v100-32, whose blob cache holds the checkpoint (the hub is asked for "
+            "none of it); the other 2 receive it through this machine: about 3 MiB each") in as_text(audits)
+
+
+def test_without_a_cache_or_shipping_the_model_is_made_by_the_first_or_by_each():
+    (made,) = as_json([remaking("a"), remaking("b")])["models"]
+    assert made["maker"] is None and "made once, by the first of a, b to reach it" in made["line"]
+    (each,) = as_json([remaking("a", ship=False, holds=True), remaking("b", ship=False)])["models"]
+    assert each["makes"] == 2 and each["line"] == "5e1f: made on each of a, b (not shipped)"
+    assert as_json([host()])["models"] == [] and "models:" not in as_text([host()])
