@@ -250,6 +250,11 @@ def rollout_body(r: dict) -> str:
     if "when" in r.get("baseline", {}) and not r.get("provenance"):
         text += (f" Its baseline was measured again on {r['baseline']['when'][:10]}, into the result, by "
                  "another version of the script: the result mixes two versions.")  # fmt: skip
+    staged = [(name, v["stage_received"]) for name, v in r.items()
+              if isinstance(v, dict) and v.get("stage_received") and any(v["stage_received"].values())]  # fmt: skip
+    if staged:
+        text += "\n\nReceived in the stage from the host that made it (the others made nothing): " + "; ".join(
+            f"{name}: {n['builds']} build(s), {n['models']} model(s)" for name, n in staged) + "."
     return text
 
 

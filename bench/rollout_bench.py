@@ -36,7 +36,8 @@ the figures their gate compared and what the default gate would have said (``ben
 Per case: the load's summary (sent, failed, seconds with a failure, failures by reason, p50,
 p99, the streams' first token) and every request's record (``requests``, each
 ``loadgen.COMPACT_FIELDS``); the action's window on the load's clock (``action_s``), its
-exit status, each host's state and deploys (a rollout), its changed operations; each
+exit status, each host's state and deploys (a rollout), how many of its stage's hosts received
+their build and model from the one that made it, its changed operations; each
 host's llama-server (MainPID, NRestarts) and driver before and after. The rack is left on
 the base commit and the default driver (loaded, then a plain deploy without load).
 
@@ -179,11 +180,15 @@ def rollout(*args: str, env: dict | None = None, gate: tuple = ()) -> dict:
     deployed = {h: len(re.findall(rf"^\S+ {re.escape(h)}: deploying$", r.stdout, re.M)) for h in hosts}
     totals = [int(v) if v != "-" else 0 for v in re.findall(r"^\s*Grand total\s+\S+\s+(\S+)", r.stdout, re.M)]
     notes = gated_notes(r.stdout)
+    stage = [line for line in r.stdout.splitlines() if "(stage) | " in line]
     return {"command": shlex.join(["llamarack", *argv[3:]]).replace(str(ROOT) + "/", ""),
             "returncode": r.returncode, "states": {h: v["state"] for h, v in hosts.items()},
             # the stage (every host, none drained), then each host's seconds from drained to done
             "staged": {h: bool(v.get("staged")) for h, v in hosts.items()},
             "drained_s": {h: v.get("drained_s") for h, v in hosts.items()},
+            # the stage's hosts that received a build or a model another made ("... not compiling it")
+            "stage_received": {"builds": sum("not compiling it" in line for line in stage),
+                               "models": sum("not making it" in line for line in stage)},
             "why": {h: v["why"] for h, v in hosts.items() if v["state"] == "failed"},
             "deploys": deployed, "changed_operations": sum(totals), "gated": notes,
             **({"bench_gate": bench_gate(notes)} if gate else {}), "tail": r.stdout.splitlines()[-12:]}  # fmt: skip
