@@ -312,7 +312,7 @@ def main(argv=None) -> None:
         results = {"what": WHAT, "built": a.built, "not_reproduced": NOT_REPRODUCED, **serve(a.bin, a.model, a.out)}
         results = stamped(results, a.repo.resolve())
         (a.out / "gpu-sandbox.json").write_text(json.dumps(results, indent=1) + "\n")
-        print(json.dumps({k: v.get("ok", v) for k, v in results.items()}))
+        print(json.dumps({k: v.get("ok", v) if isinstance(v, dict) else v for k, v in results.items()}))
         return
     ap.print_help()
     sys.exit(2)
