@@ -45,21 +45,22 @@ def items(seen: Seen) -> dict[str, Item]:
         found["sha256"] = fact(Sha256File, path=f"{current}/model.gguf")
         wanted["sha256"] = (record.get("gguf") or {}).get("sha256")
     # plan_from_record plans only an untouched artifact
-    drift = plan_from_record(settings, served) is None or not found["shape_recorded"] or \
+    planned = plan_from_record(settings, served)
+    drift = planned is None or not found["shape_recorded"] or \
         bool(kld_problem(record.get("quality"), bound, "model")) or \
         (seen.verify and not (wanted["sha256"] and found["sha256"] == wanted["sha256"]))  # fmt: skip
-    wanted.update(made(settings, served, fact(BlobCacheIndex, cache=settings.layout.blob_cache)))
+    wanted.update(made(settings, served, fact(BlobCacheIndex, cache=settings.layout.blob_cache), planned))
     found["bytes"] = served.gguf_size if served else None
     pipeline = account_item(fact(SystemUser, user=PIPELINE_USER), fact(SystemGroup, group=PIPELINE_USER), PIPELINE_HOME)
     return {"pipeline_user": pipeline, "model": Item(found, wanted, drift=drift)}
 
 
-def made(settings: Settings, served, index) -> dict:
+def made(settings: Settings, served, index, planned=None) -> dict:
     """What plan-upgrade says of the artifact the deploy makes (``llamarack.upgrade.models_made``):
-    its stamp where the served record plans it without the hub, whether it is made once and
-    shipped (``model_ship_artifacts``), and whether this host's blob cache (``index``) holds
-    its checkpoint (such a host is the run's preferred maker: ``roles/model/ship.py``)."""
-    plan = plan_from_record(settings, served) or plan_from_pinned_record(settings, served)
-    index = index or {}
-    holds = bool(plan and plan.blob_ids and not plan.to_download(index))
-    return {"stamp": plan.name if plan else None, "ship": settings.model.ship_artifacts, "cache_holds": holds}
+    its stamp where the served record plans it without the hub (``planned``: ``plan_from_record``'s
+    plan, where the caller has it), whether it is made once and shipped (``model_ship_artifacts``),
+    and whether this host's blob cache (``index``) holds its checkpoint (such a host is the run's
+    preferred maker: ``roles/model/ship.py``)."""
+    plan = planned or plan_from_record(settings, served) or plan_from_pinned_record(settings, served)
+    return {"stamp": plan.name if plan else None, "ship": settings.model.ship_artifacts,
+            "cache_holds": bool(plan and plan.cache_holds(index or {}))}

@@ -405,7 +405,7 @@ def artifact(plan: ModelPlan, token_file: Optional[str] = None, tool_paths: Opti
         if not ship_artifacts:
             yield from make
         else:
-            if fetched or (plan.blob_ids and not plan.to_download(cached)):
+            if fetched or plan.cache_holds(cached):
                 shipping.prefer(ship.key(plan))  # made here without asking the hub
             place = list(_move_into_place(plan, state, t["python"], sealed=ship.incoming(plan)))
             note = None if fetched else fetch_note(plan, cached)  # said by the host that makes it

@@ -122,6 +122,11 @@ class ModelPlan:
         hardlinked into the fetch and takes no new space, as ``model_fetch.check_disk`` counts."""
         return sum(f.size or 0 for f in self.files if f.size is None or cached.get(f.content_id) != f.size)
 
+    def cache_holds(self, cached: Mapping[str, int]) -> bool:
+        """Whether the blob cache (``cached``, as ``to_download`` takes it) holds the whole
+        checkpoint: the artifact is made there without asking the hub."""
+        return bool(self.blob_ids) and not self.to_download(cached)
+
     def disk_needed(self, cached: Mapping[str, int] = MappingProxyType({})) -> int:
         """Bytes the staging needs at its peak, with 1 GiB to spare.
 
