@@ -7,18 +7,24 @@
 #                                         the GPU and is recorded; the second run changes nothing
 #   bash bench/gpu/build_proof.sh quality as right, with model_quality: the proof also runs
 #                                         llama-perplexity (f16 logits, KL divergence per KV type)
+#   bash bench/gpu/build_proof.sh ship    one portable build (ggml's CPU baseline, the card's arch as
+#                                         real SASS) made by one run and published to a directory
+#                                         runs share (LLAMARACK_SHIP_DIR); a second run with a root
+#                                         of its own receives it, checks its seal, proves it on the
+#                                         card and switches to it, compiling nothing
 #   bash bench/gpu/build_proof.sh wrong   a build for sm_80 only (80-real: no PTX to JIT),
 #                                         rules bypassed: the smoke run must refuse it and
 #                                         leave builds/current as it was
 #
 # Each is one command (the first build is most of the machine's 600 s); run `wrong` after
 # `right` on the same warm machine, so builds/current holds the right build when the wrong
-# one is refused. Results land in $OUT: gpu-build-proof.json (bench/gpu/build_report.py: both
+# one is refused. `ship` writes gpu-ship-proof.json (the artifact's cubins and CPU code checked
+# by the report itself). Results land in $OUT: gpu-build-proof.json (bench/gpu/build_report.py: both
 # cases so far on this machine, stamped; `quality`: gpu-build-proof-tools.json, each tool's
 # figures from its log), summary.txt, the deploy logs, the build records, the tools' logs.
 set -u
 what=${1:-right}
-case "$what" in right|quality|wrong) ;; *) echo "usage: bash bench/gpu/build_proof.sh right|quality|wrong" >&2; exit 2 ;; esac
+case "$what" in right|quality|ship|wrong) ;; *) echo "usage: bash bench/gpu/build_proof.sh right|quality|ship|wrong" >&2; exit 2 ;; esac
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 ROOT=/tmp/llamarack
@@ -46,6 +52,15 @@ case "$what" in
   quality)  # with model_quality the build carries llama-perplexity, and the proof runs it too
     deploy quality1 --data model_quality=True
     deploy quality2 --data model_quality=True
+    ;;
+  ship)  # ggml's CPU baseline (x86-64-v3 without AVX-512) in the stamp: a build other hosts may take
+    export LLAMARACK_SHIP_DIR=/tmp/buildproof-ship RECEIVER=/tmp/llamarack-receiver
+    rm -rf $LLAMARACK_SHIP_DIR $RECEIVER && mkdir -p $LLAMARACK_SHIP_DIR && chmod 700 $LLAMARACK_SHIP_DIR
+    PORTABLE='llamacpp_cpu_features=["sse42","avx","avx2","bmi2","fma","f16c"]'
+    deploy maker --data "$PORTABLE"
+    deploy maker_again --data "$PORTABLE"
+    deploy receiver --data "$PORTABLE" --data llamarack_root=$RECEIVER
+    deploy receiver_again --data "$PORTABLE" --data llamarack_root=$RECEIVER
     ;;
   wrong)
     deploy wrong_arch --data 'llamacpp_cuda_archs=["80-real"]' --data bench_skip_rules=True

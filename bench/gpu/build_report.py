@@ -26,6 +26,7 @@ perplexity (``perplexity-base.log``) and llama-bench's pp (``bench.log``).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -49,7 +50,15 @@ TOOLS_WHAT = ("the build proof runs every llama.cpp tool the deploy runs afterwa
               "proven rung's runtime switches and one batch: the server, llama-bench pp and, with model_quality "
               "(the build then carries llama-perplexity), llama-perplexity for the f16 logits and the quant's KL "
               "divergence with each KV type, all on the card")  # fmt: skip
-RESULTS = {"right": "gpu-build-proof.json", "wrong": "gpu-build-proof.json", "quality": "gpu-build-proof-tools.json"}
+SHIP_WHAT = ("one portable build (ggml's CPU baseline in its stamp, the card's arch as real SASS) is compiled once "
+             "by the llama.cpp role and published to a directory pyinfra runs share (LLAMARACK_SHIP_DIR, as a "
+             "rollout's stage does); a second run with a root of its own receives it as a receiving host does: "
+             "the tar checked, every file against the seal, the smoke run on the card, then sealed and switched in, "
+             "nothing compiled; the artifact itself is checked here: its cubins (cuobjdump --list-elf) and its CPU "
+             "code (no AVX-512 register in ggml's CPU library)")  # fmt: skip
+RESULTS = {"right": "gpu-build-proof.json", "wrong": "gpu-build-proof.json", "quality": "gpu-build-proof-tools.json",
+           "ship": "gpu-ship-proof.json"}  # fmt: skip
+RECEIVED = re.compile(r"receiving it from|not compiling it|refused here|compiling it here|waiting for")
 BENCH_PP = re.compile(r"\|\s*pp(\d+)\s*\|\s*([\d.]+)\s*±")  # llama-bench's table: | ... | pp512 | 1234.56 ± 7.8 |
 WRONG_SETTINGS = {"llamacpp_cuda_archs": ["80-real"], "bench_skip_rules": True}
 REFUSAL = re.compile(r"cannot compute|died with|no kernel image|CUDA error|smoke run")
@@ -133,6 +142,51 @@ def quality(a) -> dict:
             **tool_figures(a.root / "builds/current/smoke")}  # fmt: skip
 
 
+def artifact(build: Path) -> dict:
+    """The build's own files, checked: the CUDA library's cubins and ggml's CPU code."""
+    libs = lambda pattern: [p for p in sorted(build.glob(pattern)) if not p.is_symlink()]  # noqa: E731
+    cuda = next(iter(libs("bin/libggml-cuda.so*")), None)
+    elf = sh("cuobjdump", "--list-elf", str(cuda)) if cuda else ""
+    cpu = {}
+    for lib in libs("bin/libggml-cpu*.so*"):  # AVX-512 code names zmm registers
+        asm = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(lib)], capture_output=True, text=True).stdout
+        cpu[lib.name] = {"instructions": len(re.findall(r"^\s+[0-9a-f]+:\t", asm, re.M)),
+                         "avx512_zmm": len(re.findall(r"%zmm\d", asm)), "avx2_ymm": len(re.findall(r"%ymm\d", asm))}
+    return {"cuda_library": cuda.name if cuda else None, "cubins": elf.count(".cubin"),
+            "cubin_archs": sorted(set(re.findall(r"\.(sm_\d+a?)\.cubin", elf))), "cuobjdump_head": elf.splitlines()[:3],
+            "cpu_code": cpu}  # fmt: skip
+
+
+def same_files(a: Path, b: Path) -> dict:
+    """Whether two builds' bin/ hold the same files, byte for byte (sha256 of each)."""
+    digest = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()  # noqa: E731
+    files = lambda d: {p.name: digest(p) for p in sorted(d.glob("bin/*")) if p.is_file()}  # noqa: E731
+    fa, fb = files(a), files(b)
+    return {"files": len(fa), "identical": bool(fa) and fa == fb,
+            "differ": sorted(n for n in fa.keys() | fb.keys() if fa.get(n) != fb.get(n))}  # fmt: skip
+
+
+def ship(a) -> dict:
+    ran = steps(a.out)
+    maker, receiver = build_record(a.root), build_record(a.receiver)
+    notes = [json.loads(p.read_text()) for p in sorted(a.ship_dir.glob("*.json"))] if a.ship_dir.is_dir() else []
+    log = a.out / "receiver.log"
+    said = [" ".join(x.split())[:300] for x in (log.read_text(errors="replace").splitlines() if log.is_file() else [])
+            if RECEIVED.search(x)]  # fmt: skip
+    current = lambda root: (root / "builds/current").resolve()  # noqa: E731
+    return {"maker": {**ran.get("maker", {}), "jobs": a.jobs, **{k: maker.get(k) for k in (
+                "stamp", "cuda_archs", "cmake_args", "version")}, "proof": maker.get("proof")},
+            "maker_again": ran.get("maker_again"),
+            "shipped": [{k: n.get(k) for k in ("sha256", "bytes", "source")} for n in notes],
+            "receiver": {**ran.get("receiver", {}), "stamp": receiver.get("stamp"), "said": said,
+                         "proof": receiver.get("proof")},
+            "receiver_again": ran.get("receiver_again"),
+            "same_files": same_files(current(a.root), current(a.receiver)),
+            "artifact": artifact(current(a.receiver)),
+            "cmake_cache": {"maker": (current(a.root) / "build/CMakeCache.txt").is_file(),  # compiled there
+                            "receiver": (current(a.receiver) / "build/CMakeCache.txt").is_file()}}  # fmt: skip
+
+
 def machine() -> dict:
     gpu = [f.strip() for f in sh("nvidia-smi", "--query-gpu=name,compute_cap,memory.total,driver_version",
                                  "--format=csv,noheader").split("\n")[0].split(",")]  # fmt: skip
@@ -149,15 +203,20 @@ def main(argv=None) -> int:
     ap.add_argument("--root", type=Path, required=True, help="the llamarack root the deploys used")
     ap.add_argument("--out", type=Path, required=True, help="this command's OUT (steps.tsv, the deploys' logs)")
     ap.add_argument("--jobs", type=int, required=True)
+    ap.add_argument("--receiver", type=Path, default=Path("/tmp/llamarack-receiver"), help="the receiver's root (ship)")
+    ap.add_argument("--ship-dir", type=Path, default=Path("/tmp/buildproof-ship"), help="the runs' shared directory")
     ap.add_argument("--at-start", help="where builds/current pointed before the deploy (wrong)")
     ap.add_argument("--state", type=Path, default=Path("/tmp/buildproof"), help="where the machine keeps the results")
     a = ap.parse_args(argv)
     kept = a.state / RESULTS[a.case]
-    result = json.loads(kept.read_text()) if kept.is_file() else {"what": TOOLS_WHAT if a.case == "quality" else WHAT}
+    what = {"quality": TOOLS_WHAT, "ship": SHIP_WHAT}.get(a.case, WHAT)
+    result = json.loads(kept.read_text()) if kept.is_file() else {"what": what}
     if "machine" not in result:  # the first command's machine: the state is kept on it
         result["machine"] = machine()
     if a.case == "quality":
         result["quality"] = quality(a)
+    elif a.case == "ship":
+        result["ship"] = ship(a)
     else:
         result[f"{a.case}_arch"] = right(a) if a.case == "right" else wrong(a)
     result["provenance"] = provenance.joined(result.get("provenance"), provenance.stamp(__file__, extra=RAN_WITH))
