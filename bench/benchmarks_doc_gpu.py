@@ -76,10 +76,33 @@ def tools_row(r: dict) -> str:
             f"| {'; '.join(parts)} |")  # fmt: skip
 
 
+def ship_row(r: dict) -> str:
+    sh = r.get("ship") or {}
+    maker, receiver, art = sh.get("maker") or {}, sh.get("receiver") or {}, sh.get("artifact") or {}
+    shipped = (sh.get("shipped") or [{}])[0]
+    same = sh.get("same_files") or {}
+    cpu = "; ".join(f"{name}: {num(c['instructions'])} instructions, {c['avx512_zmm']} naming an AVX-512 register, "
+                    f"{num(c['avx2_ymm'])} an AVX2 one" for name, c in (art.get("cpu_code") or {}).items())  # fmt: skip
+    devices = "; ".join((receiver.get("proof") or {}).get("devices_used") or ["no device named"])
+    cache = sh.get("cmake_cache") or {}
+    files = "byte for byte the same" if same.get("identical") else "differing: " + ", ".join(same.get("differ") or [])
+    variant = (maker.get("proof") or {}).get("variant")
+    return (f"| `gpu-ship-proof.json` | one portable build made by the role, published, received by a second "
+            f"root | made in {secs(maker.get('seconds'), 0)} (rc {maker.get('rc')}) on {maker.get('jobs')} jobs, "
+            f"CPU rung \"{variant}\"; the tar {num((shipped.get('bytes') or 0) / 2**20)} "
+            f"MiB; received in {secs(receiver.get('seconds'), 0)} (rc {receiver.get('rc')}), CMake cache there: "
+            f"{'yes' if cache.get('receiver') else 'no (nothing compiled)'}, its smoke run on {devices}; "
+            f"{same.get('files')} files {files}; "
+            f"second runs {(sh.get('maker_again') or {}).get('changed_operations')} and "
+            f"{(sh.get('receiver_again') or {}).get('changed_operations')} changes; {art.get('cubins')} cubins, all "
+            f"{', '.join(art.get('cubin_archs') or ['none'])}; {cpu} |")  # fmt: skip
+
+
 def builds(results: Results) -> str:
     named = [("sm70-build", results("sm70-build"), sm70_row), ("gpu-build-proof", results("gpu-build-proof"),
                                                                   build_proof_row),
-             ("gpu-build-proof-tools", results("gpu-build-proof-tools"), tools_row)]  # fmt: skip
+             ("gpu-build-proof-tools", results("gpu-build-proof-tools"), tools_row),
+             ("gpu-ship-proof", results("gpu-ship-proof"), ship_row)]  # fmt: skip
     rows = ["| result | what | figures |", "| --- | --- | --- |"] + [row(r) for _, r, row in named if r]
     return "\n".join(source(n, r) for n, r, _ in named) + "\n\n" + "\n".join(rows)
 

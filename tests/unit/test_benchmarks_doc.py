@@ -172,9 +172,9 @@ def test_the_stamp_is_read_from_results_written_by_the_scripts(tmp_path):
 
 def test_the_build_tools_layers_and_sleep_results_render_their_figures():
     page = doc.DOC.read_text()
-    assert ("on CUDA0 (NVIDIA H100 80GB HBM3): 3/3 layers, 602 MiB; llama-bench pp512 160,409 t/s; KLD f16 0.0045, "
-            "q8_0 0.0044, q4_0 0.0074") in page  # fmt: skip
-    assert "`right`: first deploy 279 s (rc 0), second 2 s (rc 0); `quality`: first deploy 310 s (rc 0" in page
+    assert ("on CUDA0 (NVIDIA H100 80GB HBM3): 3/3 layers, 602 MiB; llama-bench pp512 215,514 t/s; KLD f16 0.0045, "
+            "q4_0 0.0074, q8_0 0.0044") in page  # fmt: skip
+    assert "`quality`: first deploy 312 s (rc 0; a new build stamp: llama-perplexity among the targets), second 3 s" in page
     assert ('`--n-gpu-layers 1` at verbosity 4: `offloaded 1/3 layers to GPU`; the check refused it: "fewer layers '
             'offloaded than planned: 1/3" (528 MiB on the card)') in page  # fmt: skip
     assert "`--n-gpu-layers 1` at llama.cpp's default verbosity: no layer line in the log; the check passed it" in page

@@ -6,6 +6,7 @@ the tools' result of a build with model_quality, each tool's figures from its ow
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -106,3 +107,64 @@ def test_the_quality_case_reads_each_tools_figures_from_its_log(tmp_path, monkey
     row = gpu.tools_row(result)
     assert "on CUDA0 (NVIDIA H100 80GB HBM3): 3/3 layers, 602 MiB; llama-bench pp512 160,409 t/s; KLD f16 0.0045" in row
     assert "`quality`: first deploy 310 s (rc 0; a new build stamp: llama-perplexity among the targets)" in row
+
+
+CUOBJDUMP = "".join(f"ELF file    {i}: libggml-cuda.so.0.25.{i}.sm_90.cubin\n" for i in range(1, 4))  # the H100's
+
+
+def shipped_build(root: Path, cpu_flags: list, compiled: bool) -> Path:
+    """A build as the role leaves it (bin -> build/bin), its CPU library compiled here with ``cpu_flags``."""
+    build = built(root, "4fa7460a72c1e963")
+    (build / "build/bin").mkdir(parents=True)
+    (build / "bin").symlink_to("build/bin")
+    src = root / "dot.c"
+    src.write_text("float dot(const float *a, const float *b, int n) { float s = 0; "
+                   "for (int i = 0; i < n; i++) s += a[i] * b[i]; return s; }\n")
+    subprocess.run(["gcc", "-O3", "-shared", "-fPIC", *cpu_flags, "-o", str(build / "build/bin/libggml-cpu.so.0.25.3"),
+                    str(src)], check=True)  # fmt: skip
+    (build / "build/bin/libggml-cuda.so.0.25.3").write_bytes(b"\x7fELF cuda")
+    (build / "build/bin/llama-server").write_bytes(b"\x7fELF server")
+    if compiled:
+        (build / "build/CMakeCache.txt").write_text("CMAKE_BUILD_TYPE:STRING=Release\n")
+    return build
+
+
+def test_the_ship_case_checks_the_received_artifact_itself(tmp_path, monkeypatch):
+    maker, receiver, ship_dir = tmp_path / "maker", tmp_path / "receiver", tmp_path / "ship"
+    monkeypatch.setattr(report, "machine", lambda: {"gpu": "NVIDIA H100 (compute capability 9.0, 81559 MiB)"})
+    monkeypatch.setattr(report, "sh", lambda *argv: CUOBJDUMP if argv[0] == "cuobjdump" else "")
+    baseline = ["-mavx2", "-mfma", "-mf16c"]
+    shipped_build(maker, baseline, compiled=True)
+    got = shipped_build(receiver, baseline, compiled=False)
+    ship_dir.mkdir()
+    (ship_dir / "4fa7460a72c1e963.json").write_text(json.dumps({"path": "x.tar", "sha256": "96a0", "bytes": 97751040,
+                                                               "source": "@local"}))  # fmt: skip
+    said = "[@local] llama.cpp build 4fa7460a72c1e963: receiving it from @local (93 MiB), not compiling it\n"
+    out = command_out(tmp_path, "one", {"maker": (0, 247, 4, "built\n"), "maker_again": (0, 2, 0, ""),
+                                        "receiver": (0, 6, 4, said), "receiver_again": (0, 2, 0, "")})  # fmt: skip
+    args = ["ship", "--root", str(maker), "--receiver", str(receiver), "--ship-dir", str(ship_dir), "--out", str(out),
+            "--jobs", "16", "--state", str(tmp_path / "state")]  # fmt: skip
+    assert report.main(args) == 0
+    ship = json.loads((out / "gpu-ship-proof.json").read_text())["ship"]
+    assert ship["receiver"]["said"] == [said.strip()] and ship["shipped"][0]["bytes"] == 97751040
+    assert ship["same_files"] == {"files": 3, "identical": True, "differ": []}
+    assert ship["cmake_cache"] == {"maker": True, "receiver": False}
+    art = ship["artifact"]
+    assert (art["cubins"], art["cubin_archs"], art["cuda_library"]) == (3, ["sm_90"], "libggml-cuda.so.0.25.3")
+    cpu = art["cpu_code"]["libggml-cpu.so.0.25.3"]
+    assert cpu["avx512_zmm"] == 0 and cpu["avx2_ymm"] > 0 and cpu["instructions"] > 10
+    row = gpu.ship_row(json.loads((out / "gpu-ship-proof.json").read_text()))
+    assert "0 naming an AVX-512 register" in row and "3 files byte for byte the same" in row and "all sm_90" in row
+
+    # the checks can fail: a flipped byte in transit, CPU code tuned to the building host's AVX-512
+    data = bytearray((got / "build/bin/llama-server").read_bytes())
+    data[-1] ^= 1
+    (got / "build/bin/llama-server").write_bytes(bytes(data))
+    subprocess.run(["gcc", "-O3", "-shared", "-fPIC", "-mavx512f", "-mprefer-vector-width=512", "-o",
+                    str(got / "build/bin/libggml-cpu.so.0.25.3"), str(receiver / "dot.c")], check=True)  # fmt: skip
+    assert report.main(args) == 0
+    ship = json.loads((out / "gpu-ship-proof.json").read_text())["ship"]
+    assert ship["same_files"]["differ"] == ["libggml-cpu.so.0.25.3", "llama-server"]
+    assert ship["artifact"]["cpu_code"]["libggml-cpu.so.0.25.3"]["avx512_zmm"] > 0
+    assert "differing: libggml-cpu.so.0.25.3, llama-server" in gpu.ship_row(json.loads(
+        (out / "gpu-ship-proof.json").read_text()))
