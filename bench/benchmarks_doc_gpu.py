@@ -12,12 +12,20 @@ from benchmarks_doc import Results, num, secs, section, source, span
 # --- builds ---------------------------------------------------------------------------------
 
 
+def cpu_code_text(cpu: dict) -> str:
+    """ggml's CPU library checked for AVX-512 and AVX2 registers (the build proofs' ``artifact``)."""
+    return "; ".join(f"{name}: {num(c['instructions'])} instructions, {c['avx512_zmm']} naming an AVX-512 register, "
+                     f"{num(c['avx2_ymm'])} an AVX2 one" for name, c in cpu.items())  # fmt: skip
+
+
 def sm70_row(r: dict) -> str:
     release = re.search(r"release ([\d.]+)", r.get("toolkit") or "")
     compiler = (r.get("host_compiler") or "?").split(" (")[0]
+    baseline = "; ggml's CPU baseline" if "-DGGML_NATIVE=OFF" in (r.get("cmake_args") or []) else ""
+    cpu = f"; {cpu_code_text(r['cpu_code'])}" if r.get("cpu_code") else ""
     return (f"| `sm70-build.json` | the role's cmake arguments for Volta: CUDA {release and release.group(1)}, "
-            f"{compiler} | {secs(r['build_s'], 0)} ({num(r['build_s'] / 60)} min) on {r['jobs']} jobs, exit "
-            f"{r['build_exit_code']}; {r['cubin_count']} cubins, all {', '.join(r['cubin_archs'])} |")  # fmt: skip
+            f"{compiler}{baseline} | {secs(r['build_s'], 0)} ({num(r['build_s'] / 60)} min) on {r['jobs']} jobs, exit "
+            f"{r['build_exit_code']}; {r['cubin_count']} cubins, all {', '.join(r['cubin_archs'])}{cpu} |")  # fmt: skip
 
 
 def right_text(right: dict) -> str:
@@ -81,8 +89,7 @@ def ship_row(r: dict) -> str:
     maker, receiver, art = sh.get("maker") or {}, sh.get("receiver") or {}, sh.get("artifact") or {}
     shipped = (sh.get("shipped") or [{}])[0]
     same = sh.get("same_files") or {}
-    cpu = "; ".join(f"{name}: {num(c['instructions'])} instructions, {c['avx512_zmm']} naming an AVX-512 register, "
-                    f"{num(c['avx2_ymm'])} an AVX2 one" for name, c in (art.get("cpu_code") or {}).items())  # fmt: skip
+    cpu = cpu_code_text(art.get("cpu_code") or {})
     devices = "; ".join((receiver.get("proof") or {}).get("devices_used") or ["no device named"])
     cache = sh.get("cmake_cache") or {}
     files = "byte for byte the same" if same.get("identical") else "differing: " + ", ".join(same.get("differ") or [])
