@@ -105,17 +105,30 @@ def tensors(shape: dict):
 
 
 class Draw:
-    """float16 tensors, on the GPU when there is one (one generator, seeded)."""
+    """float16 tensors, on the GPU when there is one (one generator, seeded); numpy arrays
+    where torch is not installed (``numpy=True``: the GGUF alone needs no torch)."""
 
-    def __init__(self, seed: int = 0):
-        import torch
+    def __init__(self, seed: int = 0, numpy: bool = False):
+        try:
+            import torch
+        except ImportError:
+            if not numpy:
+                raise
+            import numpy as np
 
+            self.torch, self.device, self.gen = None, "cpu (numpy)", np.random.default_rng(seed)
+            return
         self.torch = torch
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
 
     def __call__(self, dims, norm: bool):
         t = self.torch
+        if t is None:
+            import numpy as np
+
+            return np.ones(dims, dtype=np.float32) if norm else \
+                self.gen.normal(0.0, STD, size=dims).astype(np.float16)  # fmt: skip
         if norm:
             return t.ones(dims, dtype=t.float16)
         x = t.empty(dims, dtype=t.float16, device=self.device)
@@ -224,11 +237,11 @@ def write_gguf(shape: dict, out: Path, gguf_py: Path, name: str) -> dict:
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    draw = Draw()
+    draw = Draw(numpy=True)
     total = 0
     for _, gname, dims, norm in specs:
         t = draw(dims, norm)
-        a = t.float().numpy() if norm else t.numpy()
+        a = t if draw.torch is None else t.float().numpy() if norm else t.numpy()
         w.write_tensor_data(a)
         total += a.nbytes
     w.close()

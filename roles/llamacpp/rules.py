@@ -1,5 +1,6 @@
 """The llamacpp role's compatibility rules: the build's CUDA architectures against the
-host's cards (preflight runs them, ``roles/preflight/rules.py``)."""
+host's cards, its CPU code against the host's CPU (preflight runs them,
+``roles/preflight/rules.py``)."""
 
 from __future__ import annotations
 
@@ -49,4 +50,34 @@ def rule_build_covers_gpus(s: Settings, facts: HostFacts) -> Optional[Failure]:
                    "add the missing archs to llamacpp_cuda_archs, or unset it to build for the host's GPUs")
 
 
-RULES = (rule_gpus_known, rule_build_covers_gpus)
+# The /proc/cpuinfo flags each of ggml's x86 extensions (llamacpp_cpu_features) compiles for: its
+# CMake's -m options (ggml/src/ggml-cpu/CMakeLists.txt), GGML_AVX512 being five of them.
+CPUINFO_FLAGS = {
+    "sse42": ("sse4_2",), "avx": ("avx",), "avx2": ("avx2",), "avx_vnni": ("avx_vnni",), "bmi2": ("bmi2",),
+    "fma": ("fma",), "f16c": ("f16c",), "avx512": ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw"),
+    "avx512_vbmi": ("avx512vbmi",), "avx512_vnni": ("avx512_vnni",), "avx512_bf16": ("avx512_bf16",),
+    "amx_tile": ("amx_tile",), "amx_int8": ("amx_int8",), "amx_bf16": ("amx_bf16",),
+}  # fmt: skip
+
+
+def rule_cpu_has_features(s: Settings, facts: HostFacts) -> Optional[Failure]:
+    """The host's CPU has every x86 extension the build's CPU code is made for
+    (``llamacpp_cpu_features``): a build shipped from another host would otherwise die
+    of an illegal instruction here, and one built here would fail its smoke run."""
+    features = s.llamacpp.cpu_features
+    if not features or not facts.cpu_flags:
+        return None
+    flags = set(facts.cpu_flags.split())
+    missing = [f for f in features if not set(CPUINFO_FLAGS.get(f, (f,))) <= flags]
+    if not missing:
+        return None
+    lacking = sorted({flag for f in missing for flag in CPUINFO_FLAGS.get(f, (f,))} - flags)
+    has = [f for f in features if f not in missing]
+    return Failure("cpu-has-features",
+                   f"a CPU without {', '.join(missing)} (its /proc/cpuinfo flags lack {', '.join(lacking)})",
+                   f"every extension of llamacpp_cpu_features {list(features)} on the CPU",
+                   f"set llamacpp_cpu_features to what the rack's oldest CPU has (here {has}), or unset it "
+                   "to build on each CPU for itself")  # fmt: skip
+
+
+RULES = (rule_gpus_known, rule_build_covers_gpus, rule_cpu_has_features)

@@ -35,6 +35,9 @@ class HostFacts:
     """What the kernel said of the driver this boot (``NvidiaKernelLog``)."""
     mig: tuple = ()
     """Each card's MIG mode and instances (``MigStates``)."""
+    cpu_flags: Optional[str] = None
+    """The CPU's ``/proc/cpuinfo`` flags (``CpuFlags``), read where ``llamacpp_cpu_features`` names
+    the build's CPU code; None elsewhere, or where there is none."""
     path_owners: Optional[PathOwnership] = None
     """Owner and mode of each directory root runs or builds from and those above (``PathOwners``); None if not read."""
     service_user: Optional[PasswdEntry] = None

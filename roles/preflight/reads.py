@@ -102,6 +102,7 @@ def gather(settings: Settings, read=read, hub: bool = False) -> HostFacts:
       (``calibration.hub_counts``): preflight's deploy; the audit never asks the hub"""
     cuda = settings.llamacpp.backend == "cuda"
     server, user = settings.general.runs("server"), settings.general.service_user
+    builds = settings.general.runs("llamacpp")
     served_model, served_shape = calibration.served(settings, read)
     return HostFacts(driver=read(NvidiaSmi),
                      module=read(NvidiaKernelModule),
@@ -114,6 +115,8 @@ def gather(settings: Settings, read=read, hub: bool = False) -> HostFacts:
                      pci_cards=tuple(read(NvidiaPciCards)) if cuda else None,
                      kernel_log=read(NvidiaKernelLog) if cuda else None,
                      mig=tuple(read(MigStates)) if cuda else (),
+                     # the CPU a build of llamacpp_cpu_features runs on: the cpu-has-features rule
+                     cpu_flags=read(llamacpp.CpuFlags) if settings.llamacpp.cpu_features and builds else None,
                      # who may write where root runs and builds: the dirs-private rule
                      path_owners=read(PathOwners, paths=paths) if (paths := _private_paths(settings)) else None,
                      service_user=read(SystemUser, user=user) if server else None,

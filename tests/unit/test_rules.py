@@ -51,7 +51,7 @@ def test_reference_v100_host_passes_every_rule():
 
 
 def test_every_rule_is_in_the_table_once():
-    assert len(set(RULES)) == len(RULES) == 15
+    assert len(set(RULES)) == len(RULES) == 16
 
 
 # driver-installed / module / mismatch
@@ -155,6 +155,46 @@ def test_explicit_archs_must_cover_every_gpu():
     assert failure.rule == "build-covers-gpus" and "'70'" in failure.needed
     assert rules_failed(settings(llamacpp_cuda_archs=["70", "75"]), facts) == []
     assert rules_failed(settings(), facts) == []  # unset: build for all of them
+
+
+# cpu-has-features: a build of llamacpp_cpu_features runs only on a CPU with each of them
+
+
+def cpu_flags(fixture: str) -> str:
+    """The CpuFlags fact from its real-output fixture (tests/facts/CpuFlags/)."""
+    from roles.llamacpp.reads import CpuFlags
+
+    data = json.loads((Path(__file__).parents[1] / "facts/CpuFlags" / f"{fixture}.json").read_text())
+    assert CpuFlags().process(data["output"]) == data["fact"]
+    return data["fact"]
+
+
+BASELINE = ["sse42", "avx", "avx2", "bmi2", "fma", "f16c"]
+
+
+def test_a_cpu_without_the_baseline_refuses_the_portable_build():
+    facts = host(cpu_flags=cpu_flags("xeon_x5650_westmere"))
+    failure = evaluate(settings(llamacpp_cpu_features=BASELINE), facts)[0]
+    assert failure.rule == "cpu-has-features"
+    assert failure.found == "a CPU without avx, avx2, bmi2, fma, f16c (its /proc/cpuinfo flags lack avx, avx2, bmi2, f16c, fma)"
+    assert "['sse42', 'avx', 'avx2', 'bmi2', 'fma', 'f16c']" in failure.needed and "['sse42']" in failure.fix
+    assert rules_failed(settings(llamacpp_cpu_features=["sse42"]), facts) == []
+    assert rules_failed(settings(), facts) == []  # unset: built on the host for its own CPU
+
+
+def test_avx512_needs_all_five_of_ggmls_flags():
+    features = BASELINE + ["avx512", "avx512_vnni"]
+    for fixture in ("x86_kvm_guest", "amd_epyc_kvm_guest"):  # Xeon with AMX; EPYC with AVX-512
+        assert rules_failed(settings(llamacpp_cpu_features=features), host(cpu_flags=cpu_flags(fixture))) == []
+    no_vl = " ".join(f for f in cpu_flags("x86_kvm_guest").split() if f != "avx512vl")
+    failure = evaluate(settings(llamacpp_cpu_features=features), host(cpu_flags=no_vl))[0]
+    assert failure.found == "a CPU without avx512 (its /proc/cpuinfo flags lack avx512vl)"
+    amx = evaluate(settings(llamacpp_cpu_features=features + ["amx_int8"]), host(cpu_flags=cpu_flags("amd_epyc_kvm_guest")))
+    assert [f.rule for f in amx] == ["cpu-has-features"] and "lack amx_int8" in amx[0].found
+
+
+def test_no_flags_line_is_not_a_failure():
+    assert rules_failed(settings(llamacpp_cpu_features=BASELINE), host(cpu_flags=None)) == []
 
 
 # toolkit-arch
