@@ -114,6 +114,30 @@ def builds(results: Results) -> str:
     return "\n".join(source(n, r) for n, r, _ in named) + "\n\n" + "\n".join(rows)
 
 
+def cpu_profile_cell(run: dict) -> str:
+    if run.get("computed"):
+        return "computed (" + ", ".join(f"{k} {num(v, 1)} t/s" for k, v in run["tokens_per_second"].items()) + ")"
+    return f"**died: {run.get('signal') or 'rc ' + str(run.get('rc'))}**"
+
+
+def cpu_profiles_body(r: dict) -> str:
+    builds = r.get("builds") or {}
+    lines = [", ".join(f"`{k}` build: exit {b.get('build_exit_code')} in {secs(b.get('build_s'), 0)}, "
+                       f"{cpu_code_text(b.get('cpu_code') or {})}" for k, b in builds.items()) + f"; {r.get('qemu')}.",
+             "", "| CPU | reports | the rule, for the shipped build | shipped build | native build |",
+             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for p in r.get("profiles") or []:
+        rule = p["rule_for_shipped"]
+        verdict = "passes" if rule["passes"] else f"refuses: {rule['found']}"
+        cpu = p["profile"] + (f" (QEMU `{p['qemu_cpu']}`)" if p.get("qemu_cpu") else "")
+        lines.append(f"| {cpu}: {p['what']} | {' '.join(p['cpu_reports'])} | {verdict} | "
+                     f"{cpu_profile_cell(p['shipped'])} | {cpu_profile_cell(p['native'])} |")  # fmt: skip
+    good = r.get("shipped_runs_where_the_rule_passes_and_only_there")
+    lines += ["", "The shipped build computed on every CPU the rule passes and on no other: "
+              + ("yes." if good else "**no**.")]  # fmt: skip
+    return "\n".join(lines)
+
+
 # --- residency ------------------------------------------------------------------------------
 
 
@@ -433,4 +457,4 @@ def gpu_sections() -> dict:
             "gpu_awq": one("gpu-awq", awq_body), "gpu_sandbox": one("gpu-sandbox", sandbox_body),
             "gpu_layers": one("gpu-layers", layers_body), "gpu_sleep": one("gpu-sleep", sleep_body),
             "gpu_sampling": one("gpu-sampling", sampling_body),
-            "host_ram": host_ram}  # fmt: skip
+            "host_ram": host_ram, "cpu_profiles": one("cpu-profiles", cpu_profiles_body)}  # fmt: skip

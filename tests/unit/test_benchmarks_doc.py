@@ -215,3 +215,22 @@ def test_an_affinity_result_renders_each_case():
     assert "| affinity | 144 | 1 | 97% | 95% | 0.041 s / 0.090 s | 0.021 s / 0.050 s |" in text
     assert text.endswith("Why turns failed: affinity: HTTP 503.")
     assert doc.section("affinity", None, doc.affinity_body) == "No result `affinity.json` yet: its script writes it."
+
+
+def test_the_cpu_profiles_table_says_where_each_build_computed():
+    ran = {"computed": True, "rc": 0, "signal": None, "tokens_per_second": {"pp16": 120.5, "tg8": 60.25}}
+    died = {"computed": False, "rc": -4, "signal": "SIGILL", "tokens_per_second": {}}
+    result = {"qemu": "qemu-x86_64 version 7.2.18", "shipped_runs_where_the_rule_passes_and_only_there": True,
+              "builds": {"shipped": {"build_exit_code": 0, "build_s": 600.0, "cpu_code": {
+                  "libggml-cpu.so": {"instructions": 1000, "avx512_zmm": 0, "avx2_ymm": 300}}}},
+              "profiles": [{"profile": "Haswell", "qemu_cpu": "Haswell-v4", "what": "x86-64-v3",
+                            "cpu_reports": ["avx2"], "rule_for_shipped": {"passes": True}, "shipped": ran,
+                            "native": died},
+                           {"profile": "Westmere", "qemu_cpu": "Westmere-v1", "what": "x86-64-v2",
+                            "cpu_reports": ["sse4_2"], "shipped": died, "native": died,
+                            "rule_for_shipped": {"passes": False, "found": "a CPU without avx"}}]}  # fmt: skip
+    body = gpu.cpu_profiles_body(result)
+    assert "| Haswell (QEMU `Haswell-v4`): x86-64-v3 | avx2 | passes | computed (pp16 120.5 t/s, tg8 60.2 t/s) | " \
+           "**died: SIGILL** |" in body  # fmt: skip
+    assert "| refuses: a CPU without avx | **died: SIGILL** |" in body
+    assert "0 naming an AVX-512 register" in body and body.endswith("on no other: yes.")
