@@ -14,7 +14,7 @@ from benchmarks_doc import Results, num, secs, section, source, span
 
 def cpu_code_text(cpu: dict) -> str:
     """ggml's CPU library checked for AVX-512 and AVX2 registers (the build proofs' ``artifact``)."""
-    return "; ".join(f"{name}: {num(c['instructions'])} instructions, {c['avx512_zmm']} naming an AVX-512 register, "
+    return "; ".join(f"{name}: {num(c['instructions'])} instructions, {num(c['avx512_zmm'])} naming an AVX-512 register, "
                      f"{num(c['avx2_ymm'])} an AVX2 one" for name, c in cpu.items())  # fmt: skip
 
 
