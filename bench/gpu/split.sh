@@ -19,7 +19,15 @@ build() {
   echo "build: $(( $(date +%s) - start )) s"
 }
 
+# The GPU proof's v100 phase (proof.py) makes the same shape, Q4_K_M, with the same script and
+# llama.cpp commit: where it ran on this machine first, its file is used, not made again.
+PROOF_27B=/tmp/llamarack-v100/models/gemma3-27b-q4km/model.gguf
+
 model() {
+  local m=$SHARED/model-gemma3-27b
+  if [ ! -e "$m/model.gguf" ] && [ -f "$PROOF_27B" ]; then
+    mkdir -p "$m" && ln -s "$PROOF_27B" "$m/model.gguf" && echo "model: the GPU proof's ($PROOF_27B)"
+  fi
   random_q4_k_m "$W" gemma3-27b
 }
 
