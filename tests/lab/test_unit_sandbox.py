@@ -1,4 +1,5 @@
-"""The served unit's sandbox on a real systemd: rated OK, and llama-server still serves in it.
+"""The served unit on a real systemd: its sandbox rated OK, llama-server still serving in it, and a
+stop with a request open bounded by the unit.
 
 Runs after a deploy of the lab rack (``test_demo_rack.py`` makes one; here
 one host is deployed again, which changes nothing once converged). Needs
@@ -7,6 +8,7 @@ the lab: ``pytest -m lab tests/lab/test_unit_sandbox.py``.
 
 import json
 import re
+import time
 import urllib.request
 
 import pytest
@@ -36,3 +38,30 @@ def test_the_hardened_unit_rates_ok_and_serves(lab_rack):
     # Nothing but the kernel cache is writable to it; the journal has no sandbox denial.
     journal = deploying.sh(lab_rack, HOST, f"journalctl -u {UNIT} -b --no-pager -o cat | tail -n 200")
     assert not re.search(r"Operation not permitted|Permission denied|Read-only file system|status=(226|31)/", journal), journal
+
+
+def test_a_stop_with_a_request_open_ends_at_the_units_bound(lab_rack):
+    """llama-server stops computing on SIGTERM but does not exit while a request is open: the
+    unit's ``TimeoutStopSec=10`` ends the stop, where systemd's default would hold it 90 s."""
+    rc, out = deploying.deploy(lab_rack, HOST)
+    assert rc == 0, out[-6000:]
+    assert deploying.sh(lab_rack, HOST, f"systemctl show -p TimeoutStopUSec {UNIT}") == "TimeoutStopUSec=10s"
+    ip = next(h.ip for h in lab_rack.hosts if h.name == HOST)
+    ctx = int(re.search(r"--ctx-size (\d+)", deploying.sh(lab_rack, HOST, f"systemctl show -p ExecStart {UNIT}"))[1])
+    body = {"prompt": "hello", "n_predict": ctx - 16, "ignore_eos": True, "stream": True}
+    request = urllib.request.Request(f"http://{ip}:8080/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    since = deploying.sh(lab_rack, HOST, "date '+%Y-%m-%d %H:%M:%S'")
+    with urllib.request.urlopen(request, timeout=60) as stream:
+        assert stream.readline().startswith(b"data: "), "no token streamed"
+        start = time.monotonic()
+        deploying.sh(lab_rack, HOST, f"systemctl stop {UNIT}", timeout=120)
+        stopped_s = time.monotonic() - start
+    try:
+        journal = deploying.sh(lab_rack, HOST, f"journalctl -u {UNIT} --since '{since}' --no-pager -o cat")
+        # The request was open at the stop: llama-server held on, and the bound ended it.
+        assert "timed out. Killing" in journal, journal[-3000:]
+        assert stopped_s < 30, f"the stop took {stopped_s:.1f} s"
+    finally:
+        deploying.sh(lab_rack, HOST, f"systemctl start {UNIT}", timeout=300)
+    deploying.completes(lab_rack, HOST)
