@@ -5,6 +5,7 @@
 #   bash bench/gpu/split.sh build   llama-server, ggml-rpc-server, llama-quantize: CUDA + RPC, sm_90
 #   bash bench/gpu/split.sh model   a random-weights Gemma-3-27B Q4_K_M (its f16 in /dev/shm)
 #   bash bench/gpu/split.sh check   bench/gpu/split_ledger.py: $OUT/gpu-split.json
+#   bash bench/gpu/split.sh all     the three in one command, the f16 written while the build runs
 #
 # One card stands for two: an rpc-server on the same card is a second device of llama.cpp's
 # own (RPC0), so llama-server splits the layers over two devices and prints each one's
@@ -33,13 +34,22 @@ model() {
 
 check() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
-  BENCH_COMMAND="bash bench/gpu/split.sh check${*:+ $*}" PYTHONPATH=/tmp/site:$PWD python3 bench/gpu/split_ledger.py --build "$W/build" --model-dir "$W/model" --out "$W/out" "$@" || return 1
+  BENCH_COMMAND="bash bench/gpu/split.sh $step${*:+ $*}" PYTHONPATH=/tmp/site:$PWD python3 bench/gpu/split_ledger.py --build "$W/build" --model-dir "$W/model" --out "$W/out" "$@" || return 1
   cp "$W/out/gpu-split.json" "$OUT/" && tar -C "$W/out" -cJf "$OUT/logs.tar.xz" logs
+}
+
+all() {
+  clone_src "$W" || return 1
+  random_f16 "$W" gemma3-27b > "$OUT/f16.log" 2>&1 &
+  local f16=$!
+  build || { wait "$f16"; return 1; }
+  wait "$f16" || { tail -20 "$OUT/f16.log"; return 1; }
+  model && check "$@"
 }
 
 mkdir -p "$W"
 step=${1:-check}
 case "$step" in
-  build|model|check) shift $(( $# > 0 ? 1 : 0 )); "$step" "$@" ;;
-  *) echo "usage: bash bench/gpu/split.sh build|model|check [split_ledger.py options]" >&2; exit 2 ;;
+  build|model|check|all) shift $(( $# > 0 ? 1 : 0 )); "$step" "$@" ;;
+  *) echo "usage: bash bench/gpu/split.sh build|model|check|all [split_ledger.py options]" >&2; exit 2 ;;
 esac
