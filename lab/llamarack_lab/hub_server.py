@@ -45,6 +45,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 import threading
 from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -335,6 +336,18 @@ class _Handler(BaseHTTPRequestHandler):
                 remaining -= len(chunk)
 
 
+_PRINTING = threading.Lock()
+
+
+def print_record(entry: "Logged") -> None:
+    """One answered request's record as one JSON line, in one write: the hub's threads answer at
+    once, and print()'s separate newline let two records share a line of hub.log."""
+    line = json.dumps(asdict(entry)) + "\n"
+    with _PRINTING:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
 def main(argv=None) -> None:
     """Serve directories as repos: ``hub_server.py --bind 127.0.0.1 --port 8765 org/name=DIR ...``."""
     import argparse
@@ -361,7 +374,7 @@ def main(argv=None) -> None:
         server.corrupt(path)
     for repo in server.repos.values():
         print(f"{server.url}/api/models/{repo.repo_id}/revision/{repo.sha}", flush=True)
-    server.answered = lambda entry: print(json.dumps(asdict(entry)), flush=True)
+    server.answered = print_record
     server.httpd.serve_forever()
 
 

@@ -166,3 +166,31 @@ def test_the_hub_process_takes_its_faults_as_options(tmp_path):
     assert [(r["path"].rsplit("/", 1)[1], r["range"], r["sent"]) for r in records] == [
         ("a.safetensors", None, 4096), ("a.safetensors", "bytes=4096-", 0), ("a.safetensors", "bytes=4096-", 6144),
         ("b.safetensors", None, 1000)]  # fmt: skip
+
+
+def test_each_record_is_one_whole_line_in_one_write(monkeypatch):
+    """The hub answers in threads: a record written in pieces (print's text, then its newline)
+    let two records share one line of hub.log, which a bench then cannot read."""
+    import sys
+    import threading
+
+    from llamarack_lab import hub_server
+
+    writes = []
+
+    class Recorder:
+        def write(self, text):
+            writes.append(text)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", Recorder())
+    entry = hub_server.Logged("GET", "/org/x/resolve/main/a.safetensors", None, "none", status=200)
+    threads = [threading.Thread(target=hub_server.print_record, args=(entry,)) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(writes) == 16
+    assert all(w.endswith("\n") and w.count("\n") == 1 and json.loads(w)["status"] == 200 for w in writes)
