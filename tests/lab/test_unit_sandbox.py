@@ -63,5 +63,7 @@ def test_a_stop_with_a_request_open_ends_at_the_units_bound(lab_rack):
         assert "timed out. Killing" in journal, journal[-3000:]
         assert stopped_ms < 30000, f"the stop took {stopped_ms} ms"
     finally:
-        deploying.sh(lab_rack, HOST, f"systemctl start {UNIT}", timeout=300)
+        # Back as the deploy left it: started, and answering once its model is loaded.
+        deploying.sh(lab_rack, HOST, f"systemctl start {UNIT} && for i in $(seq 240); do "
+                                     f"curl -sf -o /dev/null {url}/health && break; sleep 0.5; done", timeout=300)  # fmt: skip
     deploying.completes(lab_rack, HOST)
