@@ -41,29 +41,30 @@ def test_the_hardened_unit_rates_ok_and_serves(lab_rack):
 
 
 def test_a_stop_with_a_request_open_ends_at_the_units_bound(lab_rack):
-    """llama-server stops computing on SIGTERM but does not exit while a request is open: the
-    unit's ``TimeoutStopSec=10`` ends the stop, where systemd's default would hold it 90 s."""
+    """llama-server stops computing on SIGTERM but, with a request streaming, mostly does not exit:
+    the unit's ``TimeoutStopSec=10`` ends the stop, where systemd's default would hold it 90 s."""
     rc, out = deploying.deploy(lab_rack, HOST)
     assert rc == 0, out[-6000:]
     assert deploying.sh(lab_rack, HOST, f"systemctl show -p TimeoutStopUSec {UNIT}") == "TimeoutStopUSec=10s"
     ctx = int(re.search(r"--ctx-size (\d+)", deploying.sh(lab_rack, HOST, f"systemctl show -p ExecStart {UNIT}"))[1])
     body = json.dumps({"prompt": "hello", "n_predict": ctx - 16, "ignore_eos": True, "stream": True})
     url = "http://127.0.0.1:8080"
-    # On the host, so no SSH round trip lets the requests end first (the tiny model answers a
-    # whole context in about a second): three completions, the stop once one is processing.
-    stop = (f"for i in 1 2 3; do curl -sN {url}/completion -d {shlex.quote(body)} >/dev/null 2>&1 & done; "
-            f"for i in $(seq 200); do curl -s {url}/metrics | grep -q '^llamacpp:requests_processing [1-9]' "
-            f"&& break; sleep 0.05; done; s=$(date +%s%N); systemctl stop {UNIT}; "
-            "echo $(( ($(date +%s%N) - s) / 1000000 ))")  # fmt: skip
-    since = deploying.sh(lab_rack, HOST, "date '+%Y-%m-%d %H:%M:%S'")
-    stopped_ms = int(deploying.sh(lab_rack, HOST, stop, timeout=120).split()[-1])
-    try:
+    # On the host, so no SSH round trip lets the request end first (the tiny model answers a
+    # whole context in about a second): the stop once the first tokens have streamed.
+    stop = (f"rm -f /tmp/stream; curl -sN {url}/completion -d {shlex.quote(body)} >/tmp/stream 2>&1 & "
+            "for i in $(seq 400); do [ -s /tmp/stream ] && break; sleep 0.01; done; "
+            f"s=$(date +%s%N); systemctl stop {UNIT}; echo $(( ($(date +%s%N) - s) / 1000000 ))")  # fmt: skip
+    start = (f"systemctl start {UNIT} && for i in $(seq 240); do "
+             f"curl -sf -o /dev/null {url}/health && break; sleep 0.5; done")  # fmt: skip
+    stops = []
+    for _ in range(3):  # llama-server exits by itself now and then; the bound is seen when it does not
+        since = deploying.sh(lab_rack, HOST, "date '+%Y-%m-%d %H:%M:%S'")
+        stopped_ms = int(deploying.sh(lab_rack, HOST, stop, timeout=120).split()[-1])
         journal = deploying.sh(lab_rack, HOST, f"journalctl -u {UNIT} --since '{since}' --no-pager -o cat")
-        # A request was open at the stop: llama-server held on, and the bound ended it.
-        assert "timed out. Killing" in journal, journal[-3000:]
-        assert stopped_ms < 30000, f"the stop took {stopped_ms} ms"
-    finally:
-        # Back as the deploy left it: started, and answering once its model is loaded.
-        deploying.sh(lab_rack, HOST, f"systemctl start {UNIT} && for i in $(seq 240); do "
-                                     f"curl -sf -o /dev/null {url}/health && break; sleep 0.5; done", timeout=300)  # fmt: skip
+        deploying.sh(lab_rack, HOST, start, timeout=300)  # back as the deploy left it
+        stops.append((stopped_ms, "timed out. Killing" in journal))
+        if stops[-1][1]:
+            break
+    assert stops[-1][1], f"llama-server exited by itself at every stop: {stops}"
+    assert stops[-1][0] < 20000, f"the stop took {stops[-1][0]} ms"
     deploying.completes(lab_rack, HOST)
