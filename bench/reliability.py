@@ -4,12 +4,14 @@
     flock /tmp/llamarack-lab.lock python3 bench/reliability.py [--only FAULT ...] [--reuse] [--list]
 
 Brings the default rack up once (``--reuse``: the rack that is up, left up),
-deploys lab-v100-a and lab-v100-b until they serve the tiny model, then for
-each fault, on a converged host:
+deploys lab-v100-a, lab-v100-b and the gateway lab-gw (HAProxy in front of
+the rack) until the two hosts serve the tiny model, then for each fault, on a
+converged host:
 
 1. takes a snapshot of the deployment (``llamarack_lab.faults.snapshot``);
-2. starts a poller on the served ``/health`` (4 a second, each bounded to 2 s,
-   the lab host's address only), starts a deploy that has new work to do (a
+2. starts two pollers on the served ``/health`` (each 4 a second, each request
+   bounded to 2 s): one through the gateway, as the rack's users reach it, and
+   one on the host's own address; starts a deploy that has new work to do (a
    setting changed: the model converted to f32, a llama.cpp commit, the
    listen address...) and injects the fault into it;
 3. collects the fault's evidence that it acted where it was meant to: what
@@ -19,7 +21,8 @@ each fault, on a converged host:
    the hub sent per GET, packets the firewall rule turned away) and the
    lines of the failed run's output that only the fault explains (ENOSPC in
    the convert step, a SHA-256 mismatch, the rollback, the compiler's #error);
-4. checks: the old deployment answered throughout (poller) and still serves
+4. checks: the rack answered throughout (the gateway's poller; the host's own
+   outage is recorded beside it as ``during_host``) and the host still serves
    after the run (``/health`` and a ``/completion``); no file outside the
    staging areas changed (``faults.changed_outside_staging``);
 5. re-runs without the fault: it must succeed, and the run after it must
@@ -44,7 +47,9 @@ meanwhile.
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime
+import io
 import json
 import os
 import platform
@@ -53,6 +58,7 @@ import shlex
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -67,6 +73,8 @@ from llamarack_lab import rack as rackmod  # noqa: E402
 from llamarack_lab.fake_nvidia import deb  # noqa: E402
 from llamarack_lab.hub_server import HubServer  # noqa: E402
 from llamarack.layout import UNIT_PATH, Layout  # noqa: E402
+from roles.gateway.plan import BACKEND  # noqa: E402
+from roles.gateway.settings import GatewaySettings  # noqa: E402
 from roles.model.sandbox import PIPELINE_USER  # noqa: E402
 from tests.lab.deploying import STATE  # noqa: E402
 
@@ -79,6 +87,7 @@ from reliability_report import (  # noqa: E402
 INVENTORY = ROOT / "inventory/lab.py"
 DEPLOY = ROOT / "deploy.py"
 A, B = "lab-v100-a", "lab-v100-b"
+GATEWAY_PORT = GatewaySettings().port  # the rack's endpoint on the lab's gateway: the setting's default
 NEW_MODEL = ["model_convert_outtype=f32"]  # a new artifact, the same build
 OUT = ROOT / "bench/results/reliability.json"
 LOGS = Path("/tmp/llamarack-reliability")
@@ -384,16 +393,43 @@ def base(ctx: Ctx, hosts) -> tuple:
     return rc, out, s
 
 
+# The gateway's own counters for a server, from HAProxy's stats CSV: what it sent there, the
+# connections it retried there and the requests it moved off it to another, and the checks that
+# took it out of service.
+GATEWAY_COUNTERS = {"sent": "stot", "retried": "wretr", "redispatched": "wredis", "taken_down": "chkdown"}
+
+
+def gateway_counts(rack, ip: str) -> Optional[dict]:
+    """GATEWAY_COUNTERS of the gateway's servers at ``ip`` (summed), read from its stats page;
+    None where the rack has no gateway."""
+    gateway = next((h for h in rack.hosts if h.gateway), None)
+    if gateway is None:
+        return None
+    url = f"http://{gateway.ip}:{GatewaySettings().stats_port}/stats;csv"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        rows = [row for row in csv.DictReader(io.StringIO(r.read().decode().removeprefix("# ")))
+                if row.get("pxname") == BACKEND and (row.get("addr") or "").startswith(f"{ip}:")]  # fmt: skip
+    return {k: sum(int(row.get(col) or 0) for row in rows) for k, col in GATEWAY_COUNTERS.items()}
+
+
+def pollers(rack, ip: str) -> dict:
+    """The failed run's pollers of /health: ``during`` through the rack's gateway (where the
+    rack has one; else the host's own address), ``during_host`` on the host's own address."""
+    gateway = next((h for h in rack.hosts if h.gateway), None)
+    rack_side = faults.Poller(gateway.ip, port=GATEWAY_PORT) if gateway else faults.Poller(ip)
+    return {"during": rack_side.start(), "during_host": faults.Poller(ip).start()}
+
+
 def failed_run(ctx: Ctx, f: Fault) -> dict:
-    """The run with the fault in it, the poller asking /health throughout; then the host back
-    (a reboot waited for) and settled: its rc, output, seconds, log, the poller's summary, and
-    whether the host serves after it."""
+    """The run with the fault in it, the pollers asking /health throughout; then the host back
+    (a reboot waited for) and settled: its rc, output, seconds, log, the pollers' summaries,
+    and whether the host serves after it."""
     rack, ip = ctx.rack, ctx.rack.host(f.victim)["ip"]
     if f.setup:
         f.setup(ctx, f)
     data = [d.replace("BROKEN", broken_commit()) for d in f.data]
-    poller = faults.Poller(ip)
-    poller.start()
+    counted = gateway_counts(rack, ip)
+    polling = pollers(rack, ip)
     log = LOGS / f"{f.name}.log"
     ctx.deploy = faults.Deploy(INVENTORY, DEPLOY, list(f.hosts), data, log=log).start()
     injector = None
@@ -411,9 +447,11 @@ def failed_run(ctx: Ctx, f: Fault) -> dict:
     after_ok = serving(ip, wait=120 if f.restarts else 0)
     # What a dropped run left going on the host (a switch, a convert) ends meanwhile: still watched.
     time.sleep(max(0.0, settled - time.monotonic()))
-    during = poller.stop()
-    return {"rc": rc, "out": out, "seconds": seconds, "log": str(log), "during": during,
-            "serving_after": after_ok and serving(ip)}  # fmt: skip
+    during = {k: p.stop() for k, p in polling.items()}
+    if counted is not None:  # what the gateway did with the host's share of the requests meanwhile
+        during["gateway"] = {k: n - counted[k] for k, n in gateway_counts(rack, ip).items()}
+    return {"rc": rc, "out": out, "seconds": seconds, "log": str(log), "serving_after": after_ok and serving(ip),
+            **during}  # fmt: skip
 
 
 def reruns(ctx: Ctx, f: Fault) -> dict:
@@ -447,7 +485,8 @@ def one(ctx: Ctx, f: Fault) -> dict:
     changed = faults.changed_outside_staging(before, faults.snapshot(rack, f.victim))
     res.update(
         failed_run={"rc": rc, "seconds": run["seconds"], "log": run["log"], "excerpt": excerpt(run["out"])},
-        evidence=evidence, during=run["during"], serving_after=run["serving_after"],
+        evidence=evidence, during=run["during"], during_host=run["during_host"], gateway=run.get("gateway"),
+        serving_after=run["serving_after"],
         changed_outside_staging=[p for p in changed if p not in f.may_change],
         changed_by_the_faults_own_step=[p for p in changed if p in f.may_change],
     )
@@ -467,6 +506,7 @@ def one(ctx: Ctx, f: Fault) -> dict:
         and res.get("other_host_went_on", True)
     )
     res["served_throughout"] = run["during"]["failures"] == 0
+    res["host_served_throughout"] = run["during_host"]["failures"] == 0
     if f.rerun or f.data:
         base(ctx, f.hosts)  # back to the lab's settings for the next fault
     return judge(res)
@@ -521,7 +561,7 @@ def main() -> None:
     try:
         ctx = Ctx(rack)
         t0 = time.monotonic()
-        base(ctx, (A, B))
+        base(ctx, (A, B) + tuple(h.name for h in rack.hosts if h.gateway))
         setup_s = round(time.monotonic() - t0, 1)
         for f in chosen:
             print(f"--- {f.name}: {f.what}", flush=True)

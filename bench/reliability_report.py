@@ -125,6 +125,10 @@ def summary(results: list, chosen: list) -> dict:
         "fired": f"{len(names(lambda r: r.get('fired')))} of {len(results)}",
         "survived": f"{len(names(lambda r: r.get('survived')))} of {len(results)}",
         "nothing_lost": f"{len(names(lambda r: r.get('fired') and r.get('nothing_lost')))} of {len(results)}",
+        # the rack's endpoint (the gateway) answered throughout; and the victim host itself
+        "served_throughout": f"{len(names(lambda r: r.get('fired') and r.get('served_throughout')))} of {len(results)}",
+        "host_served_throughout":
+            f"{len(names(lambda r: r.get('fired') and r.get('host_served_throughout')))} of {len(results)}",
         "not_fired": names(lambda r: not r.get("fired")),
         "not_survived": names(lambda r: r.get("fired") and not r.get("survived")),
         "lost_something": names(lambda r: r.get("fired") and not r.get("nothing_lost")),
@@ -144,20 +148,37 @@ def evidence_cell(r: dict) -> str:
     return ("**no**: " if failed else "") + text + (f" (+{len(r['evidence']) - 1})" if len(r["evidence"]) > 1 else "")
 
 
+def served_cell(during: dict) -> str:
+    """A poller's summary in words: throughout, or its failures and longest outage."""
+    if not during["failures"]:
+        return "throughout"
+    return f"{during['failures']} of {during['requests']} /health failed ({during['longest_outage_s']} s)"
+
+
+def gateway_words(counts: Optional[dict]) -> str:
+    """What the gateway did with the host's share of the requests, where it moved any."""
+    if not counts or not (counts.get("redispatched") or counts.get("taken_down")):
+        return ""
+    return (f"; the gateway sent it {counts['sent']}, moved {counts['redispatched']} to another host"
+            + (f", took it out of service {counts['taken_down']} time(s)" if counts["taken_down"] else ""))
+
+
 def table(report: dict) -> str:
     """The README's table of a results file, each fault judged again from its evidence (a
     result without any, as older files hold, did not fire)."""
     results = [judge(dict(r)) for r in report["faults"]]
     counts = summary(results, [])
-    rows = ["| fault | fired (evidence) | failed run | old deployment served | re-run | changed outside staging | outcome |",
+    rows = ["| fault | fired (evidence) | failed run | served (through the gateway) | re-run | changed outside staging "
+            "| outcome |",
             "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for r in results:
         if "error" in r:
             rows.append(f"| {r['fault']}: {r['what']} | {evidence_cell(r)} | | | | | **not fired** |")
             continue
         run, during = r["failed_run"], r["during"]
-        served = ("throughout" if not during["failures"] else
-                  f"{during['failures']} of {during['requests']} /health failed ({during['longest_outage_s']} s)")
+        served = served_cell(during)
+        if r.get("during_host"):
+            served += f" (the host itself: {served_cell(r['during_host'])}{gateway_words(r.get('gateway'))})"
         served += "; after: yes" if r["serving_after"] else "; after: NO"
         rerun = f"rc {r['rerun']['rc']} ({r['rerun']['seconds']} s), then {r['converged']['changes']} changes"
         rerun += {True: ", state unchanged", False: ", **the host's state changed**"}.get(
@@ -173,7 +194,8 @@ def table(report: dict) -> str:
     m, stamp = report["machine"], report.get("provenance") or {}
     commit = (stamp.get("commit") or "")[:10] + ("" if stamp.get("tree") == "clean" else "+dirty") if stamp \
         else m.get("commit", "?")[:10]  # fmt: skip
-    rows.append(f"\n{counts['fired']} fired; {counts['survived']} survived, nothing lost in {counts['nothing_lost']}; "
+    rows.append(f"\n{counts['fired']} fired; {counts['survived']} survived, nothing lost in {counts['nothing_lost']}, "
+                f"served throughout {counts['served_throughout']} (the host itself {counts['host_served_throughout']}); "
                 f"{m['cpu']}, {m['cores']} cores, {m['date'][:10]}, commit {commit}, "
                 f"{report['total_s']:.0f} s in all; `{report['command']}`")
     return "\n".join(rows)

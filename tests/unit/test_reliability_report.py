@@ -137,9 +137,28 @@ def test_summary_counts_a_fault_that_did_not_fire_as_not_survived_and_not_kept()
     results = [report.judge(dict(result([YES]), fault="a")), report.judge(dict(result([]), fault="b")),
                report.judge(dict(result([YES], served=False), fault="c"))]  # fmt: skip
     assert report.summary(results, ["a", "b", "c", "d"]) == {
-        "fired": "2 of 3", "survived": "1 of 3", "nothing_lost": "2 of 3", "not_fired": ["b"],
-        "not_survived": ["c"], "lost_something": [], "not_run": ["d"],
+        "fired": "2 of 3", "survived": "1 of 3", "nothing_lost": "2 of 3", "served_throughout": "1 of 3",
+        "host_served_throughout": "0 of 3", "not_fired": ["b"], "not_survived": ["c"], "lost_something": [],
+        "not_run": ["d"],
     }  # fmt: skip
+
+
+def test_the_rack_can_serve_throughout_where_the_host_itself_did_not():
+    # A unit switch on the host: its own /health failed 12 times over 3 s, the gateway's never.
+    gap = {"requests": 90, "failures": 12, "longest_outage_s": 3.0}
+    res = report.judge(result([YES], fault="health-fails", what="w", failed_run={"rc": 1, "seconds": 2.0},
+                              during={"requests": 90, "failures": 0, "longest_outage_s": 0.0}, during_host=gap,
+                              gateway={"sent": 50, "retried": 3, "redispatched": 3, "taken_down": 1},
+                              host_served_throughout=False, serving_after=True, rerun={"rc": 0, "seconds": 2.0},
+                              changed_outside_staging=[], changed_by_the_faults_own_step=[],
+                              converged={"rc": 0, "changes": 0, "state_unchanged": True}))  # fmt: skip
+    assert res["outcome"] == "survived"
+    doc = {"faults": [res], "machine": {"cpu": "c", "cores": 2, "date": "2026-01-01"}, "total_s": 1.0,
+           "command": "python3 bench/reliability.py", "provenance": {"commit": "0123456789abcdef", "tree": "clean"}}
+    text = report.table(doc)
+    assert ("| throughout (the host itself: 12 of 90 /health failed (3.0 s); the gateway sent it 50, moved 3 to "
+            "another host, took it out of service 1 time(s)); after: yes |") in text
+    assert "served throughout 1 of 1 (the host itself 0 of 1)" in text
 
 
 def test_the_table_judges_a_results_file_without_evidence_as_not_fired():
