@@ -73,7 +73,7 @@ from llamarack_lab import rack as rackmod  # noqa: E402
 from llamarack_lab.fake_nvidia import deb  # noqa: E402
 from llamarack_lab.hub_server import HubServer  # noqa: E402
 from llamarack.layout import UNIT_PATH, Layout  # noqa: E402
-from roles.gateway.plan import BACKEND  # noqa: E402
+from roles.gateway.plan import BACKEND, server_name  # noqa: E402
 from roles.gateway.settings import GatewaySettings  # noqa: E402
 from roles.model.sandbox import PIPELINE_USER  # noqa: E402
 from tests.lab.deploying import STATE  # noqa: E402
@@ -399,17 +399,25 @@ def base(ctx: Ctx, hosts) -> tuple:
 GATEWAY_COUNTERS = {"sent": "stot", "retried": "wretr", "redispatched": "wredis", "taken_down": "chkdown"}
 
 
-def gateway_counts(rack, ip: str) -> Optional[dict]:
-    """GATEWAY_COUNTERS of the gateway's servers at ``ip`` (summed), read from its stats page;
-    None where the rack has no gateway."""
+def gateway_counts(rack, host: str) -> Optional[dict]:
+    """GATEWAY_COUNTERS of the gateway's servers for ``host`` (its units, summed), read from
+    its stats page; None where the rack has no gateway."""
     gateway = next((h for h in rack.hosts if h.gateway), None)
     if gateway is None:
         return None
     url = f"http://{gateway.ip}:{GatewaySettings().stats_port}/stats;csv"
     with urllib.request.urlopen(url, timeout=10) as r:
         rows = [row for row in csv.DictReader(io.StringIO(r.read().decode().removeprefix("# ")))
-                if row.get("pxname") == BACKEND and (row.get("addr") or "").startswith(f"{ip}:")]  # fmt: skip
+                if row.get("pxname") == BACKEND and unit_of(row.get("svname") or "", host)]  # fmt: skip
+    if not rows:
+        raise RuntimeError(f"the gateway's stats page has no server of {host}")
     return {k: sum(int(row.get(col) or 0) for row in rows) for k, col in GATEWAY_COUNTERS.items()}
+
+
+def unit_of(svname: str, host: str) -> bool:
+    """Whether the gateway's server ``svname`` is one of ``host``'s units (``server_name``)."""
+    prefix = server_name(host, 0)[:-1]
+    return svname.startswith(prefix) and svname[len(prefix):].isdigit()
 
 
 def pollers(rack, ip: str) -> dict:
@@ -428,7 +436,7 @@ def failed_run(ctx: Ctx, f: Fault) -> dict:
     if f.setup:
         f.setup(ctx, f)
     data = [d.replace("BROKEN", broken_commit()) for d in f.data]
-    counted = gateway_counts(rack, ip)
+    counted = gateway_counts(rack, f.victim)
     polling = pollers(rack, ip)
     log = LOGS / f"{f.name}.log"
     ctx.deploy = faults.Deploy(INVENTORY, DEPLOY, list(f.hosts), data, log=log).start()
@@ -449,7 +457,7 @@ def failed_run(ctx: Ctx, f: Fault) -> dict:
     time.sleep(max(0.0, settled - time.monotonic()))
     during = {k: p.stop() for k, p in polling.items()}
     if counted is not None:  # what the gateway did with the host's share of the requests meanwhile
-        during["gateway"] = {k: n - counted[k] for k, n in gateway_counts(rack, ip).items()}
+        during["gateway"] = {k: n - counted[k] for k, n in gateway_counts(rack, f.victim).items()}
     return {"rc": rc, "out": out, "seconds": seconds, "log": str(log), "serving_after": after_ok and serving(ip),
             **during}  # fmt: skip
 
