@@ -267,10 +267,14 @@ def v100_text(q: dict) -> str:
     server = "the `GGML_CUDA_FORCE_CUBLAS` build" if "cublas" in str(q.get("server")) else str(q.get("server"))
     past = q.get("one_layer_past_process_mib")
     fits = "within the card" if q.get("fits_card_one_layer_past") else "past the card"
-    return (f"A {q['shape']} planned for a V100 16 GB ({q['plan_note']}; {num(q.get('at_plan_planned_total_mib'), 1)} "
+    text = (f"A {q['shape']} planned for a V100 16 GB ({q['plan_note']}; {num(q.get('at_plan_planned_total_mib'), 1)} "
             f"of {num(q['card_mib'])} MiB planned), served by {server}, took {num(q.get('at_plan_process_mib'))} "
             f"MiB after a {num(q.get('prompt_tokens'))}-token prompt; one layer more took {num(past)} MiB, {fits}; "
             f"one context step more, {num(q.get('one_ctx_step_past_process_mib'))} MiB.")  # fmt: skip
+    if "cublas" not in str(q.get("server")):
+        text += (" This card's build prefills through MMQ, so it does not take the cuBLAS prefill pool that a V100 "
+                 "takes and the plan counts; the `v100_cublas` phase serves the same plan on the V100's path.")
+    return text
 
 
 def model_text(r: dict) -> str:
