@@ -122,6 +122,23 @@ def test_start_all_stops_the_file_server_when_the_hub_fails(tmp_path, monkeypatc
     assert started and gone(started[0])
 
 
+def printed_lines(proc, n: int, timeout: float = 10.0) -> list:
+    """The next ``n`` lines a process prints (waited for up to ``timeout`` s): the hub prints a
+    request's record once its answer is sent, so after the client has the whole body."""
+    import os
+    import select
+    import time
+
+    out, deadline = b"", time.monotonic() + timeout
+    while out.count(b"\n") < n and time.monotonic() < deadline:
+        if select.select([proc.stdout], [], [], 0.1)[0]:
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                break
+            out += chunk
+    return out.decode().splitlines()
+
+
 def test_the_hub_process_takes_its_faults_as_options(tmp_path):
     """``hub_server.py --drop-after PATH=BYTESxTIMES --corrupt PATH``: the faults the
     reliability bench injects, as options of the lab's hub process."""
@@ -137,9 +154,9 @@ def test_the_hub_process_takes_its_faults_as_options(tmp_path):
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, hub_server.__file__, "--port", str(port),
                              "--drop-after", "a.safetensors=4096x2", "--corrupt", "b.safetensors",
-                             f"org/x={tmp_path}"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+                             f"org/x={tmp_path}"], stdout=subprocess.PIPE, bufsize=0)  # fmt: skip
     try:
-        proc.stdout.readline()  # the listing URL: it serves
+        assert len(printed_lines(proc, 1)) == 1  # the listing URL: it serves
         url = f"http://127.0.0.1:{port}/org/x/resolve/main"
 
         def get(path, start=0):
@@ -158,13 +175,14 @@ def test_the_hub_process_takes_its_faults_as_options(tmp_path):
         assert get("a.safetensors", 4096) == (bytes(range(256)) * 40)[4096:]  # then whole
         wrong = get("b.safetensors")
         assert len(wrong) == 1000 and wrong != b"b" * 1000
+        # each answered request, printed as a JSON line: what a bench counts the hub's bytes from
+        records = [json.loads(line) for line in printed_lines(proc, 4)]
     finally:
         proc.kill()
         proc.wait()
-    # each answered request, printed as a JSON line: what a bench counts the hub's bytes from
-    records = [json.loads(line) for line in proc.stdout.read().splitlines()]
-    assert [(r["path"].rsplit("/", 1)[1], r["range"], r["sent"]) for r in records] == [
-        ("a.safetensors", None, 4096), ("a.safetensors", "bytes=4096-", 0), ("a.safetensors", "bytes=4096-", 6144),
+    # (in any order: each request's thread prints its record once the answer is sent)
+    assert sorted(((r["path"].rsplit("/", 1)[1], r["range"], r["sent"]) for r in records), key=str) == [
+        ("a.safetensors", "bytes=4096-", 0), ("a.safetensors", "bytes=4096-", 6144), ("a.safetensors", None, 4096),
         ("b.safetensors", None, 1000)]  # fmt: skip
 
 
