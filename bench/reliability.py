@@ -402,10 +402,9 @@ GATEWAY_COUNTERS = {"sent": "stot", "retried": "wretr", "redispatched": "wredis"
 def gateway_counts(rack, host: str) -> Optional[dict]:
     """GATEWAY_COUNTERS of the gateway's servers for ``host`` (its units, summed), read from
     its stats page; None where the rack has no gateway."""
-    gateway = next((h for h in rack.hosts if h.gateway), None)
-    if gateway is None:
+    if rack.gateway is None:
         return None
-    url = f"http://{gateway.ip}:{GatewaySettings().stats_port}/stats;csv"
+    url = f"http://{rack.gateway.ip}:{GatewaySettings().stats_port}/stats;csv"
     with urllib.request.urlopen(url, timeout=10) as r:
         rows = [row for row in csv.DictReader(io.StringIO(r.read().decode().removeprefix("# ")))
                 if row.get("pxname") == BACKEND and unit_of(row.get("svname") or "", host)]  # fmt: skip
@@ -423,8 +422,7 @@ def unit_of(svname: str, host: str) -> bool:
 def pollers(rack, ip: str) -> dict:
     """The failed run's pollers of /health: ``during`` through the rack's gateway (where the
     rack has one; else the host's own address), ``during_host`` on the host's own address."""
-    gateway = next((h for h in rack.hosts if h.gateway), None)
-    rack_side = faults.Poller(gateway.ip, port=GATEWAY_PORT) if gateway else faults.Poller(ip)
+    rack_side = faults.Poller(rack.gateway.ip, port=GATEWAY_PORT) if rack.gateway else faults.Poller(ip)
     return {"during": rack_side.start(), "during_host": faults.Poller(ip).start()}
 
 
@@ -569,7 +567,7 @@ def main() -> None:
     try:
         ctx = Ctx(rack)
         t0 = time.monotonic()
-        base(ctx, (A, B) + tuple(h.name for h in rack.hosts if h.gateway))
+        base(ctx, (A, B) + ((rack.gateway.name,) if rack.gateway else ()))
         setup_s = round(time.monotonic() - t0, 1)
         for f in chosen:
             print(f"--- {f.name}: {f.what}", flush=True)

@@ -49,6 +49,11 @@ class Rack:
         return [h for h in self.hosts if not h.gateway]
 
     @property
+    def gateway(self) -> LabHost | None:
+        """The rack's gateway host (HAProxy), None for a rack without one."""
+        return next((h for h in self.hosts if h.gateway), None)
+
+    @property
     def key_path(self) -> Path:
         return self.state_dir / "id_ed25519"
 
