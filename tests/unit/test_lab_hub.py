@@ -6,7 +6,9 @@ detached processes (here on 127.0.0.1 and free ports, never the lab's address).
 
 import json
 import os
+import select
 import socket
+import time
 import urllib.request
 from pathlib import Path
 
@@ -125,10 +127,6 @@ def test_start_all_stops_the_file_server_when_the_hub_fails(tmp_path, monkeypatc
 def printed_lines(proc, n: int, timeout: float = 10.0) -> list:
     """The next ``n`` lines a process prints (waited for up to ``timeout`` s): the hub prints a
     request's record once its answer is sent, so after the client has the whole body."""
-    import os
-    import select
-    import time
-
     out, deadline = b"", time.monotonic() + timeout
     while out.count(b"\n") < n and time.monotonic() < deadline:
         if select.select([proc.stdout], [], [], 0.1)[0]:
